@@ -1,0 +1,55 @@
+# Granary's front door. Every target installs missing Debian packages first
+# (scripts/install-deps, as root) and builds what it needs.
+#
+#   make test         format check, debug and asan builds with the whole suite, fuzzers
+#   make build        debug build only
+#   make release      optimised build (benchmarks)
+#   make bench-manifest  manifest build/load figures at ImageNet scale
+#   make format       reformat project code with clang-format
+#   make clean        remove build/
+
+FUZZ_SECONDS ?= 30
+SHELL := /bin/bash
+
+.PHONY: deps build release test test-debug test-asan fuzz format format-check bench-manifest clean
+
+deps:
+	@scripts/install-deps
+
+build: deps
+	cmake --preset debug >/dev/null
+	cmake --build --preset debug
+
+release: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release
+
+test: deps format-check test-debug test-asan fuzz
+	@echo "make test: all suites passed"
+
+test-debug: deps
+	cmake --preset debug >/dev/null
+	cmake --build --preset debug
+	ctest --preset debug
+
+test-asan: deps
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan
+	ctest --preset asan
+
+fuzz: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz
+	scripts/run-fuzzers build/fuzz $(FUZZ_SECONDS)
+
+format-check: deps
+	scripts/format-check
+
+format: deps
+	scripts/format-check --fix
+
+bench-manifest: release
+	build/release/bench/manifest_bench
+
+clean:
+	rm -rf build

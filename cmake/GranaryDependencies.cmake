@@ -1,0 +1,21 @@
+# Every dependency comes from Debian 12's packages (scripts/install-deps).
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(SQLite3 REQUIRED)
+
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+
+if(GRANARY_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+endif()
+if(GRANARY_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+  find_package(CLI11 REQUIRED)
+endif()

@@ -1,0 +1,24 @@
+# Helpers shared by every module so targets are declared one way.
+
+# Compile options for Granary's own code (never for third-party code).
+function(granary_project_options target)
+  target_compile_options(${target} PRIVATE
+    -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
+    -Wcast-align -Wunused -Woverloaded-virtual -Wconversion -Wsign-conversion
+    -Wnull-dereference -Wdouble-promotion -Wformat=2 -Wimplicit-fallthrough)
+  if(GRANARY_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+endfunction()
+
+# granary_add_test(<name> SOURCES <files...> [LIBS <libs...>] [LABELS <labels...>])
+# One executable per test file; every GoogleTest case becomes a CTest test.
+function(granary_add_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  granary_project_options(${name})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} granary::testing GTest::gmock_main)
+  gtest_discover_tests(${name}
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300)
+endfunction()

@@ -1,0 +1,108 @@
+#include "granary/core/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+namespace granary {
+
+void ScopedFd::Reset() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+Result<ScopedFd> OpenFile(const std::string& path, int flags, mode_t mode) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  return ScopedFd(fd);
+}
+
+Status PreadFull(int fd, void* buf, size_t size, uint64_t offset, std::string_view what) {
+  auto* p = static_cast<char*>(buf);
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pread(fd, p + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, std::string("read ") + std::string(what));
+    }
+    if (n == 0) {
+      return Status::Corruption(std::string(what) + ": file is truncated (wanted " +
+                                std::to_string(size) + " bytes at offset " +
+                                std::to_string(offset) + ", found " + std::to_string(done) + ")");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status PwriteFull(int fd, const void* buf, size_t size, uint64_t offset, std::string_view what) {
+  const auto* p = static_cast<const char*>(buf);
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pwrite(fd, p + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, std::string("write ") + std::string(what));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status SyncData(int fd, std::string_view what) {
+  int rc;
+  do {
+    rc = ::fdatasync(fd);
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) return Status::FromErrno(errno, std::string("sync ") + std::string(what));
+  return Status::Ok();
+}
+
+Result<uint64_t> FileSize(int fd, std::string_view what) {
+  struct stat st;
+  if (::fstat(fd, &st) < 0)
+    return Status::FromErrno(errno, std::string("stat ") + std::string(what));
+  return static_cast<uint64_t>(st.st_size);
+}
+
+Result<std::string> ReadFileToString(const std::string& path) {
+  GRANARY_ASSIGN_OR_RETURN(ScopedFd fd, OpenFile(path, O_RDONLY));
+  GRANARY_ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
+  std::string data(size, '\0');
+  GRANARY_RETURN_IF_ERROR(PreadFull(fd.get(), data.data(), size, 0, path));
+  return data;
+}
+
+Status WriteFileAtomically(const std::string& path, std::string_view contents, mode_t mode) {
+  std::filesystem::path target(path);
+  std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    GRANARY_ASSIGN_OR_RETURN(ScopedFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, mode));
+    Status s = PwriteFull(fd.get(), contents.data(), contents.size(), 0, tmp);
+    if (s.ok()) s = SyncData(fd.get(), tmp);
+    if (!s.ok()) {
+      ::unlink(tmp.c_str());
+      return s;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) < 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Status::FromErrno(err, "rename " + tmp + " to " + path);
+  }
+  auto dfd = OpenFile(dir.string(), O_RDONLY | O_DIRECTORY);
+  if (dfd.ok()) ::fsync(dfd->get());
+  return Status::Ok();
+}
+
+}  // namespace granary

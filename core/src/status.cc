@@ -1,0 +1,76 @@
+#include "granary/core/status.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace granary {
+
+std::string_view StatusCodeName(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kAlreadyExists:
+      return "AlreadyExists";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kOutOfRange:
+      return "OutOfRange";
+    case StatusCode::kCorruption:
+      return "Corruption";
+    case StatusCode::kVersionMismatch:
+      return "VersionMismatch";
+    case StatusCode::kIoError:
+      return "IoError";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kResourceExhausted:
+      return "ResourceExhausted";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kDeadlineExceeded:
+      return "DeadlineExceeded";
+    case StatusCode::kInternal:
+      return "Internal";
+  }
+  return "Unknown";
+}
+
+Status Status::FromErrno(int err, std::string_view what) {
+  std::string message(what);
+  message += ": ";
+  message += std::strerror(err);
+  switch (err) {
+    case EACCES:
+    case EPERM:
+      return PermissionDenied(std::move(message));
+    case ENOENT:
+      return NotFound(std::move(message));
+    case ENOSPC:
+    case EDQUOT:
+      return ResourceExhausted(std::move(message));
+    default:
+      return IoError(std::move(message));
+  }
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  std::string s(StatusCodeName(code_));
+  s += ": ";
+  s += message_;
+  return s;
+}
+
+Status Status::WithContext(std::string_view context) const {
+  if (ok()) return *this;
+  std::string m(context);
+  m += ": ";
+  m += message_;
+  return Status(code_, std::move(m));
+}
+
+}  // namespace granary

@@ -1,0 +1,56 @@
+#pragma once
+
+// Helpers every test may use: scratch directories, free ports, waiting on a
+// condition with a deadline (never a bare sleep), and GoogleTest matchers for
+// Status/Result.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "granary/core/status.h"
+
+namespace granary::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it on
+// destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& rel) const { return path_ + "/" + rel; }
+  // Creates parent directories as needed.
+  void WriteFile(const std::string& rel, const std::string& contents) const;
+
+ private:
+  std::string path_;
+};
+
+// A TCP port on 127.0.0.1 that was free when asked (bind to port 0, read, close).
+uint16_t FreeTcpPort();
+
+// Polls `condition` every `interval` until it holds or `timeout` passes.
+// Returns whether it held.
+bool WaitFor(const std::function<bool()>& condition,
+             std::chrono::milliseconds timeout = std::chrono::seconds(10),
+             std::chrono::milliseconds interval = std::chrono::milliseconds(10));
+
+}  // namespace granary::testing
+
+#define ASSERT_OK(expr)                                             \
+  do {                                                              \
+    const auto& granary_s_ = (expr);                                \
+    ASSERT_TRUE(granary_s_.ok()) << granary_s_.status().ToString(); \
+  } while (0)
+#define EXPECT_OK(expr)                                             \
+  do {                                                              \
+    const auto& granary_s_ = (expr);                                \
+    EXPECT_TRUE(granary_s_.ok()) << granary_s_.status().ToString(); \
+  } while (0)
