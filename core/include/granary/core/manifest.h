@@ -96,6 +96,11 @@ struct ChunkSegment {
   friend bool operator==(const ChunkSegment&, const ChunkSegment&) = default;
 };
 
+class Manifest;
+namespace internal {
+Result<Manifest> DecodeManifestBody(std::string_view body, const ContentId& id);
+}  // namespace internal
+
 class Manifest {
  public:
   Manifest();
@@ -149,6 +154,7 @@ class Manifest {
   size_t MemoryBytes() const;
 
  private:
+  friend Result<Manifest> internal::DecodeManifestBody(std::string_view body, const ContentId& id);
   struct Rep;
   explicit Manifest(std::unique_ptr<Rep> rep);
   std::unique_ptr<Rep> rep_;

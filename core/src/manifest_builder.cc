@@ -1,0 +1,277 @@
+#include "granary/core/manifest_builder.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "granary/core/file.h"
+#include "granary/core/glob.h"
+#include "granary/core/log.h"
+
+namespace granary {
+namespace {
+
+constexpr uint64_t kProgressEvery = 4096;
+
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+std::string Join(const std::string& dir, const char* name) {
+  return dir.empty() ? std::string(name) : dir + "/" + name;
+}
+
+// Opens a directory under the root without following any symlink on the way,
+// so a directory swapped for a link during the walk cannot lead outside.
+int OpenDirBeneath(int root_fd, const std::string& rel) {
+  const char* path = rel.empty() ? "." : rel.c_str();
+  struct open_how how {};
+  how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS;
+  long fd = ::syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
+  if (fd < 0 && errno == ENOSYS) {
+    fd = ::openat(root_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  }
+  return static_cast<int>(fd);
+}
+
+class Walker {
+ public:
+  Walker(const ManifestBuildOptions& options, int root_fd, std::string root_real, GlobSet include,
+         GlobSet exclude)
+      : options_(options),
+        root_fd_(root_fd),
+        root_real_(std::move(root_real)),
+        include_(std::move(include)),
+        exclude_(std::move(exclude)),
+        log_(GetLogger("core")) {}
+
+  void Run(unsigned threads) {
+    queue_.push_back("");
+    pending_ = 1;
+    std::vector<std::thread> workers;
+    workers.reserve(threads);
+    for (unsigned i = 0; i < threads; ++i) workers.emplace_back([this] { WorkLoop(); });
+    for (auto& t : workers) t.join();
+    if (options_.on_progress) options_.on_progress(files_, stats_.directories);
+  }
+
+  std::vector<FileEntry> TakeEntries() { return std::move(entries_); }
+  const WalkStats& stats() const { return stats_; }
+
+ private:
+  struct Local {
+    std::vector<FileEntry> entries;
+    std::vector<std::string> subdirs;
+    WalkStats stats;
+  };
+
+  void WorkLoop() {
+    while (true) {
+      std::string dir;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !queue_.empty() || pending_ == 0; });
+        if (queue_.empty()) return;
+        dir = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      Local local;
+      ReadDirectory(dir, &local);
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& d : local.subdirs) queue_.push_back(std::move(d));
+      pending_ += local.subdirs.size();
+      pending_ -= 1;
+      Merge(local);
+      cv_.notify_all();
+    }
+  }
+
+  // Called with mu_ held.
+  void Merge(Local& local) {
+    uint64_t before = files_;
+    files_ += local.entries.size();
+    for (auto& e : local.entries) entries_.push_back(std::move(e));
+    stats_.directories += local.stats.directories;
+    stats_.skipped_excluded += local.stats.skipped_excluded;
+    stats_.skipped_not_included += local.stats.skipped_not_included;
+    stats_.skipped_special += local.stats.skipped_special;
+    stats_.skipped_symlinks += local.stats.skipped_symlinks;
+    stats_.skipped_unreadable += local.stats.skipped_unreadable;
+    if (options_.on_progress && files_ / kProgressEvery != before / kProgressEvery) {
+      options_.on_progress(files_, stats_.directories);
+    }
+  }
+
+  void Unreadable(Local* local, const std::string& rel, int err) {
+    local->stats.skipped_unreadable++;
+    log_->warn("snapshot of {}: skipping '{}': {}", root_real_, rel, std::strerror(err));
+  }
+
+  void ReadDirectory(const std::string& rel, Local* local) {
+    int fd = OpenDirBeneath(root_fd_, rel);
+    if (fd < 0) {
+      Unreadable(local, rel.empty() ? "." : rel, errno);
+      return;
+    }
+    DIR* d = ::fdopendir(fd);
+    if (d == nullptr) {
+      ::close(fd);
+      Unreadable(local, rel, errno);
+      return;
+    }
+    local->stats.directories++;
+    while (true) {
+      errno = 0;
+      struct dirent* ent = ::readdir(d);
+      if (ent == nullptr) {
+        if (errno != 0) Unreadable(local, rel, errno);
+        break;
+      }
+      const char* name = ent->d_name;
+      if (std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0) continue;
+      Visit(fd, rel, name, ent->d_type, local);
+    }
+    ::closedir(d);
+  }
+
+  void Visit(int dir_fd, const std::string& dir, const char* name, unsigned char type,
+             Local* local) {
+    std::string rel = Join(dir, name);
+    struct stat st;
+    if (type == DT_UNKNOWN || type == DT_REG) {
+      if (::fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        Unreadable(local, rel, errno);
+        return;
+      }
+      type = S_ISDIR(st.st_mode)   ? DT_DIR
+             : S_ISREG(st.st_mode) ? DT_REG
+             : S_ISLNK(st.st_mode) ? DT_LNK
+                                   : DT_UNKNOWN;
+    }
+    switch (type) {
+      case DT_DIR:
+        if (!exclude_.empty() && exclude_.Match(rel)) {
+          local->stats.skipped_excluded++;
+        } else {
+          local->subdirs.push_back(std::move(rel));
+        }
+        return;
+      case DT_REG:
+        AddFile(std::move(rel), st, local);
+        return;
+      case DT_LNK:
+        VisitSymlink(dir_fd, std::move(rel), name, local);
+        return;
+      default:
+        local->stats.skipped_special++;
+        return;
+    }
+  }
+
+  void VisitSymlink(int dir_fd, std::string rel, const char* name, Local* local) {
+    // Resolve the whole chain and require the target to stay inside the root.
+    std::string full = root_real_ + "/" + rel;
+    char resolved[PATH_MAX];
+    if (::realpath(full.c_str(), resolved) == nullptr) {
+      local->stats.skipped_symlinks++;  // dangling or a loop
+      return;
+    }
+    std::string_view target(resolved);
+    if (target.size() <= root_real_.size() || target.substr(0, root_real_.size()) != root_real_ ||
+        (root_real_ != "/" && target[root_real_.size()] != '/')) {
+      local->stats.skipped_symlinks++;
+      return;
+    }
+    struct stat st;
+    if (::fstatat(dir_fd, name, &st, 0) < 0) {
+      local->stats.skipped_symlinks++;
+      return;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      local->stats.skipped_symlinks++;  // directories are never followed: no cycles
+      return;
+    }
+    AddFile(std::move(rel), st, local);
+  }
+
+  void AddFile(std::string rel, const struct stat& st, Local* local) {
+    if (!exclude_.empty() && exclude_.Match(rel)) {
+      local->stats.skipped_excluded++;
+      return;
+    }
+    if (!include_.empty() && !include_.Match(rel)) {
+      local->stats.skipped_not_included++;
+      return;
+    }
+    local->entries.push_back(
+        FileEntry{std::move(rel), static_cast<uint64_t>(st.st_size), MtimeNs(st)});
+  }
+
+  const ManifestBuildOptions& options_;
+  const int root_fd_;
+  const std::string root_real_;
+  const GlobSet include_;
+  const GlobSet exclude_;
+  std::shared_ptr<spdlog::logger> log_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> queue_;   // guarded by mu_
+  size_t pending_ = 0;              // queued + being read; guarded by mu_
+  std::vector<FileEntry> entries_;  // guarded by mu_
+  WalkStats stats_;                 // guarded by mu_
+  uint64_t files_ = 0;              // guarded by mu_
+};
+
+}  // namespace
+
+Result<Manifest> BuildManifest(const ManifestBuildOptions& options) {
+  const std::string what = "snapshot of '" + options.source_root + "'";
+  if (options.threads == 0 || options.threads > 256) {
+    return Status::InvalidArgument(what + ": threads must be 1..256, got " +
+                                   std::to_string(options.threads));
+  }
+  auto include = GlobSet::Compile(options.include);
+  if (!include.ok()) return include.status().WithContext(what + ": include");
+  auto exclude = GlobSet::Compile(options.exclude);
+  if (!exclude.ok()) return exclude.status().WithContext(what + ": exclude");
+
+  char resolved[PATH_MAX];
+  if (options.source_root.empty() || ::realpath(options.source_root.c_str(), resolved) == nullptr) {
+    return Status::FromErrno(options.source_root.empty() ? ENOENT : errno,
+                             what + ": cannot resolve the source root")
+        .WithContext("check that the path exists and is readable");
+  }
+  std::string root_real(resolved);
+  auto root_fd = OpenFile(root_real, O_RDONLY | O_DIRECTORY);
+  if (!root_fd.ok()) {
+    return root_fd.status().WithContext(what + ": the source root must be a readable directory");
+  }
+
+  Walker walker(options, root_fd->get(), root_real, std::move(*include), std::move(*exclude));
+  walker.Run(options.threads);
+
+  ManifestHeaderInfo header;
+  header.source_uri = options.source_uri.empty() ? "file://" + root_real : options.source_uri;
+  header.chunk_size = options.chunk_size;
+  header.include = options.include;
+  header.exclude = options.exclude;
+  header.stats = walker.stats();
+  auto manifest = Manifest::FromEntries(std::move(header), walker.TakeEntries());
+  if (!manifest.ok()) return manifest.status().WithContext(what);
+  return manifest;
+}
+
+}  // namespace granary
