@@ -1,0 +1,277 @@
+#pragma once
+
+// MetadataStore: Granary's control-plane state behind one interface, chosen by
+// URL (docs/metadata-store.md):
+//   redis://[[user]:password@]host[:port][/db][?prefix=..&timeout_ms=..&retry_ms=..]
+//       the cluster store (hiredis); heartbeats are expiring keys, events are
+//       pub/sub messages;
+//   sqlite:///absolute/path/granary.db[?retry_ms=..&poll_ms=..]
+//       the embedded single-host store; the file and schema are created on first
+//       open; several processes may share the file.
+//
+// It holds datasets (with a revision for optimistic concurrency), manifest
+// blobs, live cache nodes (heartbeats that expire), staging progress per dataset
+// and node, registered plans, and change events. The records are plain structs;
+// both backends store them as the same JSON documents.
+//
+// Callers: the cache node (heartbeats, progress), the sidecar (datasets,
+// manifests, nodes), the CLI, the Kubernetes operator and the Slurm plugin.
+//
+// Consistency: every call is atomic on its own (a write is applied whole or not
+// at all, and a list is one snapshot). Datasets carry `revision`: UpdateDataset
+// is a compare-and-set on it. Events are hints that something changed, never the
+// state itself: a consumer re-reads the records it cares about, and on an event
+// of kind kResync re-reads everything, because events were lost.
+//
+// Failures: every call returns a Status. A store that cannot be reached is
+// kUnavailable after the retry budget (Redis reconnects with exponential
+// backoff inside it; SQLite waits for locks up to it). A write returned OK only
+// after the backend acknowledged it. A write that failed with kUnavailable may
+// or may not have been applied; and a retried non-idempotent write whose first
+// attempt was applied but unanswered reports kAlreadyExists (create),
+// kFailedPrecondition (update) or kNotFound (delete): re-read and decide.
+//
+// Thread safety: a MetadataStore may be called from any number of threads at
+// once; each backend serialises calls on its one connection with a mutex, so a
+// call may wait for another thread's call (including its retries). A Watcher
+// has its own connection and is used by one thread at a time; it does not
+// depend on the store that made it and may outlive it. The Clock given in the
+// options must outlive both.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "granary/core/clock.h"
+#include "granary/core/status.h"
+
+namespace granary {
+
+// ---- records ----------------------------------------------------------------
+
+enum class DatasetPhase : uint8_t {
+  kPending,       // created, nothing done yet
+  kSnapshotting,  // walking the source to build the manifest
+  kStaging,       // manifest known; chunks being copied onto cache nodes
+  kReady,         // every chunk staged
+  kFailed,        // see DatasetState::message
+  kDeleting,      // being torn down; cached data being released
+};
+// "Pending", "Snapshotting", ... (the names stored and shown to users).
+std::string_view DatasetPhaseName(DatasetPhase phase);
+Result<DatasetPhase> ParseDatasetPhase(std::string_view name);
+
+struct DatasetSpec {
+  std::string source_uri;             // e.g. file:///lustre/imagenet/train
+  std::vector<std::string> include;   // globs; empty means everything
+  std::vector<std::string> exclude;   // globs
+  uint64_t chunk_size = 16ull << 20;  // bytes; same default as the manifest
+  std::string pool = "default";       // cache pool (DNS-1123 label) that stages it
+  uint32_t replication = 1;           // owners per chunk, >= 1
+
+  friend bool operator==(const DatasetSpec&, const DatasetSpec&) = default;
+};
+
+// Whose rights staging reads the source with (DESIGN.md, security model).
+struct DatasetOwner {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+
+  friend bool operator==(const DatasetOwner&, const DatasetOwner&) = default;
+};
+
+struct DatasetState {
+  DatasetPhase phase = DatasetPhase::kPending;
+  std::string message;  // why Failed, or what is happening; for humans
+
+  friend bool operator==(const DatasetState&, const DatasetState&) = default;
+};
+
+struct DatasetRecord {
+  std::string name;  // DNS-1123 label: ValidateDatasetName
+  DatasetSpec spec;
+  DatasetOwner owner;
+  DatasetState state;
+  std::string manifest_id;  // lowercase hex; empty until snapshotted
+  // Set by the store from its Clock: created_ms on create (kept afterwards),
+  // updated_ms on every create and update. Values passed in are ignored.
+  int64_t created_ms = 0;
+  int64_t updated_ms = 0;
+  // Set by the store: 1 on create, +1 on every update. UpdateDataset applies
+  // only if this equals the stored revision.
+  uint64_t revision = 0;
+
+  friend bool operator==(const DatasetRecord&, const DatasetRecord&) = default;
+};
+
+// A cache node as it announces itself in every heartbeat.
+struct NodeRecord {
+  std::string id;       // e.g. the host name: ValidateNodeId
+  std::string pool;     // DNS-1123 label
+  std::string address;  // host:port where peers and sidecars reach it
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  std::map<std::string, std::string> labels;  // free-form, e.g. "zone" -> "a"
+  int64_t started_ms = 0;                     // when this incarnation of the node started
+  int64_t heartbeat_ms = 0;                   // set by the store on every heartbeat
+
+  friend bool operator==(const NodeRecord&, const NodeRecord&) = default;
+};
+
+// How far one node has staged one dataset. Counters, not bitmaps: which chunks
+// a node holds is its own chunk store's business.
+struct StagingProgress {
+  uint64_t chunks_total = 0;
+  uint64_t chunks_staged = 0;
+  uint64_t bytes_total = 0;
+  uint64_t bytes_staged = 0;
+  uint64_t samples_failed = 0;
+  int64_t updated_ms = 0;  // set by the store on every PutProgress
+
+  friend bool operator==(const StagingProgress&, const StagingProgress&) = default;
+};
+
+// A registered plan (DESIGN.md, "Plan"): enough to recompute every rank's
+// sample order, so cache nodes stage in that order.
+struct PlanRecord {
+  std::string plan_id;  // 1..128 of [A-Za-z0-9._-]
+  uint64_t seed = 0;
+  uint32_t first_epoch = 0;
+  uint32_t world_size = 1;  // >= 1
+  uint32_t batch_size = 1;  // >= 1
+  bool drop_last = false;
+  std::string mode = "global";  // "global" | "chunkwise" | "sequential"
+  uint32_t window_chunks = 1;   // chunkwise shuffle window, >= 1
+  int64_t registered_ms = 0;    // set by the store on every PutPlan
+
+  friend bool operator==(const PlanRecord&, const PlanRecord&) = default;
+};
+
+enum class EventKind : uint8_t {
+  kDataset,   // a dataset was created, updated or deleted; name = dataset
+  kNode,      // a node joined, changed pool/address/capacity/incarnation, or was
+              // removed; name = node id. Expiry publishes nothing: re-list.
+  kProgress,  // staging progress changed; name = dataset
+  kPlan,      // a plan was registered or deleted; name = dataset
+  kResync,    // events may have been lost; re-read everything. name is empty
+};
+std::string_view EventKindName(EventKind kind);  // "dataset", "node", ...
+
+struct Event {
+  EventKind kind = EventKind::kResync;
+  std::string name;
+
+  friend bool operator==(const Event&, const Event&) = default;
+};
+
+// ---- validation (the store applies these; exposed for early checks) --------
+
+// A DNS-1123 label: 1..63 of lowercase [a-z0-9-], starting and ending with an
+// alphanumeric. The error names the rule.
+Status ValidateDatasetName(std::string_view name);
+// 1..253 of [A-Za-z0-9._-], starting with an alphanumeric (host names, k8s
+// node names).
+Status ValidateNodeId(std::string_view id);
+
+// ---- options and the interface ---------------------------------------------
+
+struct MetadataStoreOptions {
+  // Redis: time to establish a connection, and also the limit on each socket
+  // read or write, so a hung server is treated as an unreachable one.
+  // URL: timeout_ms.
+  std::chrono::milliseconds connect_timeout{2000};
+  // Per operation: Redis keeps reconnecting with backoff and retrying for this
+  // long; SQLite waits this long for another process's lock (busy timeout).
+  // Then the call fails kUnavailable. URL: retry_ms.
+  std::chrono::milliseconds retry_budget{5000};
+  // SQLite watchers poll the events table this often. URL: poll_ms.
+  std::chrono::milliseconds poll_interval{100};
+  // SQLite keeps this many most recent events; a watcher further behind gets
+  // kResync.
+  uint32_t sqlite_event_rows = 10000;
+  // Record timestamps; SQLite heartbeat expiry. Null: SystemClock::Default().
+  Clock* clock = nullptr;
+};
+
+// TTLs accepted by Heartbeat.
+inline constexpr std::chrono::milliseconds kMinNodeTtl{10};
+inline constexpr std::chrono::milliseconds kMaxNodeTtl{24 * 3600 * 1000};
+// Manifest blobs larger than this are rejected (Redis's bulk-string limit is
+// 512 MiB; a manifest of ten million files is well under this).
+inline constexpr size_t kMaxManifestBytes = 256u << 20;
+
+class MetadataStore {
+ public:
+  // Change notifications; see the consistency notes above.
+  class Watcher {
+   public:
+    virtual ~Watcher() = default;
+    // Waits up to `timeout` for events and returns those that arrived, oldest
+    // first (empty when none did). After losing its connection or falling
+    // behind, the batch starts with a kResync event. kUnavailable when the
+    // backend cannot be reached within `timeout`; call again to keep trying.
+    virtual Result<std::vector<Event>> Next(std::chrono::milliseconds timeout) = 0;
+  };
+
+  virtual ~MetadataStore() = default;
+
+  // The URL this store was opened with, password replaced by "***".
+  virtual const std::string& url() const = 0;
+
+  // Datasets. Create stamps created_ms/updated_ms and revision 1 and returns
+  // the stored record; kAlreadyExists if the name is taken.
+  virtual Result<DatasetRecord> CreateDataset(const DatasetRecord& record) = 0;
+  virtual Result<DatasetRecord> GetDataset(std::string_view name) = 0;
+  // Sorted by name.
+  virtual Result<std::vector<DatasetRecord>> ListDatasets() = 0;
+  // Replaces spec, owner, state and manifest_id if record.revision is the
+  // stored revision; returns the stored record (revision + 1). kNotFound if
+  // absent, kFailedPrecondition if someone else changed it since it was read.
+  virtual Result<DatasetRecord> UpdateDataset(const DatasetRecord& record) = 0;
+  // Also deletes the dataset's progress and plans (not its manifest: manifests
+  // are content-addressed and may be shared).
+  virtual Status DeleteDataset(std::string_view name) = 0;
+
+  // Manifest blobs, by content id (lowercase hex). Put is idempotent.
+  virtual Status PutManifest(std::string_view manifest_id, std::string_view bytes) = 0;
+  virtual Result<std::string> GetManifest(std::string_view manifest_id) = 0;
+
+  // Registers the node or refreshes it; it is live for `ttl` from now.
+  virtual Status Heartbeat(const NodeRecord& node, std::chrono::milliseconds ttl) = 0;
+  // Live nodes of `pool`, or of every pool when `pool` is empty; sorted by id.
+  virtual Result<std::vector<NodeRecord>> ListNodes(std::string_view pool) = 0;
+  // kNotFound if the node is not live.
+  virtual Status RemoveNode(std::string_view node_id) = 0;
+
+  // Staging progress of `dataset` on `node_id` (replaces the previous value).
+  // kNotFound if the dataset does not exist.
+  virtual Status PutProgress(std::string_view dataset, std::string_view node_id,
+                             const StagingProgress& progress) = 0;
+  // node id -> progress. kNotFound if the dataset does not exist.
+  virtual Result<std::map<std::string, StagingProgress>> ListProgress(std::string_view dataset) = 0;
+
+  // Registers (or replaces, by plan_id) a plan of `dataset`.
+  virtual Status PutPlan(std::string_view dataset, const PlanRecord& plan) = 0;
+  // Sorted by plan_id. kNotFound if the dataset does not exist.
+  virtual Result<std::vector<PlanRecord>> ListPlans(std::string_view dataset) = 0;
+  // kNotFound if the dataset or the plan does not exist.
+  virtual Status DeletePlan(std::string_view dataset, std::string_view plan_id) = 0;
+
+  // A watcher that sees every event published after this call returns. To
+  // follow state without gaps: Watch(), then read, then apply events.
+  virtual Result<std::unique_ptr<Watcher>> Watch() = 0;
+};
+
+// Opens the store named by `url`. Fails fast: kInvalidArgument for a malformed
+// URL (the message lists the accepted forms), kUnavailable when the server
+// cannot be reached now (no retry at open: callers that must wait loop
+// themselves), kCorruption for a SQLite file that is not a Granary database.
+// Query parameters in the URL override the matching options.
+Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
+                                                         const MetadataStoreOptions& options = {});
+
+}  // namespace granary

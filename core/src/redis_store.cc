@@ -1,0 +1,812 @@
+// The Redis backend. Every multi-key change is one Lua script (EVAL), so it is
+// atomic and its event is published in the same step; see
+// docs/metadata-store.md for the key schema the scripts maintain.
+
+#include "redis_store.h"
+
+#include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "granary/core/log.h"
+#include "metadata_store_internal.h"
+
+namespace granary {
+
+namespace redis_internal {
+void ContextDeleter::operator()(redisContext* c) const { redisFree(c); }
+void ReplyDeleter::operator()(redisReply* r) const { freeReplyObject(r); }
+}  // namespace redis_internal
+
+namespace {
+
+using redis_internal::ContextPtr;
+using redis_internal::ReplyPtr;
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+using store_internal::FormatDuration;
+using store_internal::Quote;
+
+constexpr milliseconds kFirstBackoff{25};
+constexpr milliseconds kMaxBackoff{500};
+constexpr size_t kMaxEventsPerBatch = 1024;
+
+// ---- scripts (KEYS and ARGV as documented in docs/metadata-store.md) ----
+
+// KEYS: dataset hash, dataset index. ARGV: name, record, created_ms, channel, event.
+constexpr std::string_view kCreateDataset = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'revision', '1', 'created_ms', ARGV[3], 'record', ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+)lua";
+
+// KEYS: dataset hash. ARGV: expected revision, new revision, record, channel,
+// event. Returns created_ms, or -1 (absent) / -2 (revision differs).
+constexpr std::string_view kUpdateDataset = R"lua(
+local rev = redis.call('HGET', KEYS[1], 'revision')
+if not rev then return -1 end
+if rev ~= ARGV[1] then return -2 end
+redis.call('HSET', KEYS[1], 'revision', ARGV[2], 'record', ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return redis.call('HGET', KEYS[1], 'created_ms')
+)lua";
+
+// KEYS: dataset hash, dataset index, progress hash, plans hash. ARGV: name,
+// channel, event.
+constexpr std::string_view kDeleteDataset = R"lua(
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[3], KEYS[4])
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+)lua";
+
+// KEYS: dataset index. ARGV: dataset key prefix. Returns {name, revision,
+// created_ms, record} per dataset; drops index entries without a hash.
+constexpr std::string_view kListDatasets = R"lua(
+local out = {}
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local v = redis.call('HMGET', ARGV[1] .. name, 'revision', 'created_ms', 'record')
+  if v[1] and v[2] and v[3] then
+    table.insert(out, {name, v[1], v[2], v[3]})
+  else
+    redis.call('SREM', KEYS[1], name)
+  end
+end
+return out
+)lua";
+
+// KEYS: node hash, node index. ARGV: id, record, identity, ttl_ms, channel,
+// event. Publishes only when the node joins or its identity changes, so
+// periodic heartbeats do not flood watchers.
+constexpr std::string_view kHeartbeat = R"lua(
+local old = redis.call('HGET', KEYS[1], 'identity')
+redis.call('HSET', KEYS[1], 'record', ARGV[2], 'identity', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('SADD', KEYS[2], ARGV[1])
+if old ~= ARGV[3] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
+return 1
+)lua";
+
+// KEYS: node index. ARGV: node key prefix. Returns the records of live nodes and
+// prunes index members whose key expired.
+constexpr std::string_view kListNodes = R"lua(
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local v = redis.call('HGET', ARGV[1] .. id, 'record')
+  if v then table.insert(out, v) else redis.call('SREM', KEYS[1], id) end
+end
+return out
+)lua";
+
+// KEYS: node hash, node index. ARGV: id, channel, event.
+constexpr std::string_view kRemoveNode = R"lua(
+local n = redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+if n == 0 then return 0 end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+)lua";
+
+// KEYS: dataset hash, child hash (progress or plans). ARGV: field, value,
+// channel, event.
+constexpr std::string_view kPutChild = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+)lua";
+
+// KEYS: dataset hash, child hash. Returns nil if the dataset is absent.
+constexpr std::string_view kListChildren = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+return redis.call('HGETALL', KEYS[2])
+)lua";
+
+// KEYS: dataset hash, plans hash. ARGV: plan id, channel, event.
+constexpr std::string_view kDeletePlan = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('HDEL', KEYS[2], ARGV[1]) == 0 then return 0 end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+)lua";
+
+timeval ToTimeval(milliseconds d) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(d.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((d.count() % 1000) * 1000);
+  return tv;
+}
+
+std::string_view StrOf(const redisReply* r) { return {r->str, r->len}; }
+
+bool IsString(const redisReply* r) {
+  return r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS;
+}
+
+template <typename T>
+bool ParseInt(std::string_view s, T* out) {
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && ptr == s.data() + s.size();
+}
+
+// Server errors worth waiting out: the server is starting, busy, or failing over.
+bool IsTransient(std::string_view error) {
+  for (std::string_view prefix : {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN"}) {
+    if (error.starts_with(prefix)) return true;
+  }
+  return false;
+}
+
+Status ServerError(std::string_view what, std::string_view url, std::string_view error) {
+  std::string m = std::string(what) + " on " + std::string(url) + ": Redis replied '" +
+                  std::string(error) + "'";
+  if (error.starts_with("NOAUTH") || error.starts_with("WRONGPASS") ||
+      error.starts_with("NOPERM")) {
+    return Status::PermissionDenied(m + "; check the user and password in the URL");
+  }
+  if (error.starts_with("OOM")) {
+    return Status::ResourceExhausted(m + "; Redis reached maxmemory: free memory or raise it");
+  }
+  if (error.starts_with("READONLY")) {
+    return Status::Unavailable(m + "; the URL points at a replica: point it at the primary");
+  }
+  if (error.starts_with("MISCONF")) {
+    return Status::Unavailable(m +
+                               "; Redis refuses writes because it cannot persist: check its "
+                               "disk and log");
+  }
+  return Status::Internal(m + "; this is a bug in Granary or an incompatible server: report it");
+}
+
+Status Malformed(std::string_view what, std::string_view url) {
+  return Status::Internal(std::string(what) + " on " + std::string(url) +
+                          ": unexpected reply shape from Redis; is this Redis 6 or newer?");
+}
+
+// Exponential backoff inside a budget measured on the steady clock.
+class Backoff {
+ public:
+  explicit Backoff(milliseconds budget) : start_(steady_clock::now()), deadline_(start_ + budget) {}
+  explicit Backoff(steady_clock::time_point deadline)
+      : start_(steady_clock::now()), deadline_(deadline) {}
+
+  // Sleeps before the next attempt; false (without sleeping) once the budget is
+  // spent.
+  bool Wait() {
+    auto now = steady_clock::now();
+    if (now >= deadline_) return false;
+    auto pause = std::min<steady_clock::duration>(delay_, deadline_ - now);
+    std::this_thread::sleep_for(pause);
+    delay_ = std::min(delay_ * 2, kMaxBackoff);
+    ++retries_;
+    return true;
+  }
+  milliseconds remaining() const {
+    return std::max(milliseconds(0),
+                    std::chrono::duration_cast<milliseconds>(deadline_ - steady_clock::now()));
+  }
+  std::string Summary() const {
+    return std::to_string(retries_ + 1) + " attempts in " +
+           FormatDuration(std::chrono::duration_cast<milliseconds>(steady_clock::now() - start_));
+  }
+
+ private:
+  steady_clock::time_point start_;
+  steady_clock::time_point deadline_;
+  milliseconds delay_ = kFirstBackoff;
+  int retries_ = 0;
+};
+
+// A connect timeout no longer than what is left of the budget, but never zero
+// (hiredis treats a zero timeout as "block forever").
+milliseconds ConnectTimeout(const RedisConfig& config, const Backoff& backoff) {
+  return std::max(milliseconds(1), std::min(config.connect_timeout, backoff.remaining()));
+}
+
+ReplyPtr RunArgv(redisContext* c, const std::vector<std::string>& args) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  argv.reserve(args.size());
+  lens.reserve(args.size());
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  return ReplyPtr(static_cast<redisReply*>(
+      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
+}
+
+std::string GaveUp(std::string_view what, const RedisConfig& config, std::string_view last_error,
+                   const Backoff& backoff) {
+  return std::string(what) + " on " + config.display_url + ": " + std::string(last_error) +
+         " (gave up after " + backoff.Summary() + ", the retry budget of " +
+         FormatDuration(config.retry_budget) +
+         "); is redis-server running and reachable? The budget is retry_ms in the URL";
+}
+
+// Subscriber connection; see MetadataStore::Watcher.
+class RedisWatcher final : public MetadataStore::Watcher {
+ public:
+  explicit RedisWatcher(RedisConfig config) : config_(std::move(config)) {}
+
+  // Connects and subscribes, retrying within `backoff`.
+  Status Connect(Backoff& backoff, std::string_view what) {
+    std::string last_error;
+    do {
+      auto ctx = RedisConnect(config_, ConnectTimeout(config_, backoff));
+      if (!ctx.ok()) {
+        if (ctx.status().code() != StatusCode::kUnavailable) return ctx.status();
+        last_error = ctx.status().message();
+        continue;
+      }
+      ReplyPtr reply = RunArgv(ctx->get(), {"SUBSCRIBE", Channel()});
+      if (reply == nullptr) {
+        last_error = (*ctx)->errstr;
+        continue;
+      }
+      if (reply->type == REDIS_REPLY_ERROR) {
+        if (IsTransient(StrOf(reply.get()))) {
+          last_error = std::string(StrOf(reply.get()));
+          continue;
+        }
+        return ServerError(what, config_.display_url, StrOf(reply.get()));
+      }
+      context_ = std::move(*ctx);
+      return Status::Ok();
+    } while (backoff.Wait());
+    return Status::Unavailable(GaveUp(what, config_, last_error, backoff));
+  }
+
+  Result<std::vector<Event>> Next(milliseconds timeout) override {
+    const auto deadline = steady_clock::now() + timeout;
+    std::vector<Event> events;
+    while (true) {
+      if (context_ == nullptr) {
+        Backoff backoff(deadline);
+        GRANARY_RETURN_IF_ERROR(Connect(backoff, "watch events"));
+        GetLogger("store")->info("watcher reconnected to {}; consumers resync",
+                                 config_.display_url);
+        degraded_ = false;
+        // Messages published while disconnected are gone: tell the consumer.
+        events.push_back(Event{EventKind::kResync, ""});
+        return events;
+      }
+      bool lost = false;
+      while (events.size() < kMaxEventsPerBatch) {
+        void* raw = nullptr;
+        if (redisGetReplyFromReader(context_.get(), &raw) != REDIS_OK) {
+          lost = true;
+          break;
+        }
+        if (raw == nullptr) break;
+        ReplyPtr reply(static_cast<redisReply*>(raw));
+        AppendMessage(*reply, &events);
+      }
+      if (lost) {
+        Lose(context_->errstr);
+        continue;
+      }
+      if (!events.empty()) return events;
+      auto remaining = deadline - steady_clock::now();
+      if (remaining <= steady_clock::duration::zero()) return events;
+      pollfd pfd{context_->fd, POLLIN, 0};
+      // Round up so a sub-millisecond remainder still waits instead of spinning.
+      auto wait_ms = std::chrono::ceil<milliseconds>(remaining).count();
+      int n = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(wait_ms, 1 << 30)));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(errno, "watch events on " + config_.display_url + ": poll");
+      }
+      if (n == 0) continue;
+      if (redisBufferRead(context_.get()) != REDIS_OK) Lose(context_->errstr);
+    }
+  }
+
+ private:
+  std::string Channel() const { return config_.prefix + ":events"; }
+
+  void Lose(const char* why) {
+    if (!degraded_) {
+      GetLogger("store")->warn("watcher lost its connection to {}: {}; reconnecting",
+                               config_.display_url, why);
+      degraded_ = true;
+    }
+    context_.reset();
+  }
+
+  void AppendMessage(const redisReply& reply, std::vector<Event>* events) {
+    // Pub/sub pushes are ["message", channel, payload]; confirmations of
+    // (un)subscribe look alike with other first elements and are skipped.
+    if (reply.type != REDIS_REPLY_ARRAY || reply.elements != 3 || !IsString(reply.element[0]) ||
+        StrOf(reply.element[0]) != "message" || !IsString(reply.element[2])) {
+      return;
+    }
+    auto event = store_internal::DecodeEvent(StrOf(reply.element[2]));
+    if (event.ok()) {
+      events->push_back(std::move(*event));
+    } else if (!warned_bad_message_) {
+      GetLogger("store")->warn("ignoring a message on {} at {}: {}", Channel(), config_.display_url,
+                               event.status().message());
+      warned_bad_message_ = true;
+    }
+  }
+
+  const RedisConfig config_;
+  ContextPtr context_;  // null while disconnected
+  bool degraded_ = false;
+  bool warned_bad_message_ = false;
+};
+
+}  // namespace
+
+Result<ContextPtr> RedisConnect(const RedisConfig& config, milliseconds timeout) {
+  const std::string where = "connect to " + config.display_url;
+  ContextPtr ctx(redisConnectWithTimeout(config.host.c_str(), config.port, ToTimeval(timeout)));
+  if (ctx == nullptr) return Status::ResourceExhausted(where + ": out of memory");
+  if (ctx->err != 0) {
+    return Status::Unavailable(where + ": " + ctx->errstr +
+                               "; is redis-server running and the URL right?");
+  }
+  // The same limit on every later read and write: a server that stops
+  // answering is a lost connection, not a hang.
+  if (redisSetTimeout(ctx.get(), ToTimeval(config.connect_timeout)) != REDIS_OK ||
+      redisEnableKeepAlive(ctx.get()) != REDIS_OK) {
+    return Status::Unavailable(where + ": setting socket options failed: " + ctx->errstr);
+  }
+  auto run = [&](const std::vector<std::string>& args, std::string_view step) -> Status {
+    ReplyPtr reply = RunArgv(ctx.get(), args);
+    if (reply == nullptr) {
+      return Status::Unavailable(where + ": " + std::string(step) + ": " + ctx->errstr +
+                                 "; is redis-server running and the URL right?");
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+      std::string_view error = StrOf(reply.get());
+      if (IsTransient(error)) {
+        return Status::Unavailable(where + ": " + std::string(step) + ": Redis replied '" +
+                                   std::string(error) + "'; it is starting up, retry shortly");
+      }
+      return ServerError(where + ": " + std::string(step), config.display_url, error);
+    }
+    return Status::Ok();
+  };
+  if (!config.password.empty()) {
+    std::vector<std::string> auth = {"AUTH"};
+    if (!config.user.empty()) auth.push_back(config.user);
+    auth.push_back(config.password);
+    GRANARY_RETURN_IF_ERROR(run(auth, "AUTH"));
+  }
+  if (config.db != 0) {
+    Status s = run({"SELECT", std::to_string(config.db)}, "SELECT " + std::to_string(config.db));
+    if (s.code() == StatusCode::kInternal) {
+      return Status::InvalidArgument(s.message() +
+                                     " (does the server have that many databases? "
+                                     "see 'databases' in redis.conf)");
+    }
+    GRANARY_RETURN_IF_ERROR(s);
+  }
+  GRANARY_RETURN_IF_ERROR(run({"PING"}, "PING"));
+  return ctx;
+}
+
+RedisStore::RedisStore(RedisConfig config) : config_(std::move(config)) {}
+RedisStore::~RedisStore() = default;
+
+Result<std::unique_ptr<MetadataStore>> RedisStore::Open(RedisConfig config) {
+  GRANARY_ASSIGN_OR_RETURN(ContextPtr ctx, RedisConnect(config, config.connect_timeout));
+  std::unique_ptr<RedisStore> store(new RedisStore(std::move(config)));
+  store->context_ = std::move(ctx);
+  return std::unique_ptr<MetadataStore>(std::move(store));
+}
+
+std::string RedisStore::Key(std::string_view kind, std::string_view name) const {
+  std::string key = config_.prefix;
+  key += ':';
+  key += kind;
+  if (!name.empty()) {
+    key += ':';
+    key += name;
+  }
+  return key;
+}
+
+std::string RedisStore::Channel() const { return Key("events", ""); }
+
+Result<ReplyPtr> RedisStore::Command(std::string_view what, const std::vector<std::string>& args) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Backoff backoff(config_.retry_budget);
+  std::string last_error;
+  do {
+    if (context_ == nullptr) {
+      auto ctx = RedisConnect(config_, ConnectTimeout(config_, backoff));
+      if (!ctx.ok()) {
+        // Wrong password or database: waiting will not fix it.
+        if (ctx.status().code() != StatusCode::kUnavailable) return ctx.status();
+        last_error = ctx.status().message();
+      } else {
+        context_ = std::move(*ctx);
+      }
+    }
+    if (context_ != nullptr) {
+      ReplyPtr reply = RunArgv(context_.get(), args);
+      if (reply == nullptr) {
+        last_error = std::string("connection lost: ") + context_->errstr;
+        context_.reset();
+      } else if (reply->type == REDIS_REPLY_ERROR) {
+        std::string_view error = StrOf(reply.get());
+        if (!IsTransient(error)) return ServerError(what, config_.display_url, error);
+        last_error = "Redis replied '" + std::string(error) + "'";
+      } else {
+        if (degraded_) {
+          GetLogger("store")->info("{} reachable again ({})", config_.display_url,
+                                   backoff.Summary());
+          degraded_ = false;
+        }
+        return reply;
+      }
+    }
+    if (!degraded_) {
+      GetLogger("store")->warn("{} on {}: {}; retrying with backoff for up to {}", what,
+                               config_.display_url, last_error,
+                               FormatDuration(config_.retry_budget));
+      degraded_ = true;
+    }
+  } while (backoff.Wait());
+  return Status::Unavailable(GaveUp(what, config_, last_error, backoff));
+}
+
+Result<ReplyPtr> RedisStore::Eval(std::string_view what, std::string_view script,
+                                  const std::vector<std::string>& keys,
+                                  const std::vector<std::string>& argv) {
+  std::vector<std::string> args = {"EVAL", std::string(script), std::to_string(keys.size())};
+  args.insert(args.end(), keys.begin(), keys.end());
+  args.insert(args.end(), argv.begin(), argv.end());
+  return Command(what, args);
+}
+
+Result<DatasetRecord> RedisStore::CreateDataset(const DatasetRecord& record) {
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
+  const std::string what = "create dataset " + Quote(record.name);
+  DatasetRecord stored = record;
+  stored.created_ms = stored.updated_ms = config_.clock->NowMillis();
+  stored.revision = 1;
+  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeDataset(stored));
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply, Eval(what, kCreateDataset, {Key("dataset", record.name), Key("datasets", "")},
+                           {record.name, json, std::to_string(stored.created_ms), Channel(),
+                            store_internal::EncodeEvent({EventKind::kDataset, record.name})}));
+  if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
+  if (reply->integer == 0) {
+    return Status::AlreadyExists(what + " in " + config_.display_url +
+                                 ": it already exists; pick another name, or read and update it");
+  }
+  return stored;
+}
+
+Result<DatasetRecord> RedisStore::GetDataset(std::string_view name) {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
+  const std::string what = "get dataset " + Quote(name);
+  GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply, Command(what, {"HMGET", Key("dataset", name), "revision",
+                                                          "created_ms", "record"}));
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3) {
+    return Malformed(what, config_.display_url);
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    if (!IsString(reply->element[i])) {
+      return Status::NotFound(what + " from " + config_.display_url +
+                              ": it does not exist; check the name against the dataset list");
+    }
+  }
+  uint64_t revision = 0;
+  int64_t created_ms = 0;
+  const std::string where = "dataset " + Quote(name) + " in " + config_.display_url;
+  if (!ParseInt(StrOf(reply->element[0]), &revision) ||
+      !ParseInt(StrOf(reply->element[1]), &created_ms)) {
+    return Status::Corruption("decode " + where +
+                              ": revision or created_ms is not a number; rewrite or delete it");
+  }
+  return store_internal::DecodeDataset(StrOf(reply->element[2]), revision, created_ms, where);
+}
+
+Result<std::vector<DatasetRecord>> RedisStore::ListDatasets() {
+  const std::string what = "list datasets";
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply, Eval(what, kListDatasets, {Key("datasets", "")}, {Key("dataset", "") + ":"}));
+  if (reply->type != REDIS_REPLY_ARRAY) return Malformed(what, config_.display_url);
+  std::vector<DatasetRecord> out;
+  out.reserve(reply->elements);
+  for (size_t i = 0; i < reply->elements; ++i) {
+    const redisReply* row = reply->element[i];
+    if (row->type != REDIS_REPLY_ARRAY || row->elements != 4) {
+      return Malformed(what, config_.display_url);
+    }
+    for (size_t k = 0; k < 4; ++k) {
+      if (!IsString(row->element[k])) return Malformed(what, config_.display_url);
+    }
+    const std::string where =
+        "dataset " + Quote(StrOf(row->element[0])) + " in " + config_.display_url;
+    uint64_t revision = 0;
+    int64_t created_ms = 0;
+    if (!ParseInt(StrOf(row->element[1]), &revision) ||
+        !ParseInt(StrOf(row->element[2]), &created_ms)) {
+      return Status::Corruption("decode " + where +
+                                ": revision or created_ms is not a number; rewrite or delete it");
+    }
+    GRANARY_ASSIGN_OR_RETURN(
+        DatasetRecord r,
+        store_internal::DecodeDataset(StrOf(row->element[3]), revision, created_ms, where));
+    out.push_back(std::move(r));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const DatasetRecord& a, const DatasetRecord& b) { return a.name < b.name; });
+  return out;
+}
+
+Result<DatasetRecord> RedisStore::UpdateDataset(const DatasetRecord& record) {
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
+  const std::string what = "update dataset " + Quote(record.name);
+  DatasetRecord stored = record;
+  stored.updated_ms = config_.clock->NowMillis();
+  stored.revision = record.revision + 1;
+  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeDataset(stored));
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kUpdateDataset, {Key("dataset", record.name)},
+           {std::to_string(record.revision), std::to_string(stored.revision), json, Channel(),
+            store_internal::EncodeEvent({EventKind::kDataset, record.name})}));
+  if (reply->type == REDIS_REPLY_INTEGER && reply->integer == -1) {
+    return Status::NotFound(what + " in " + config_.display_url +
+                            ": it does not exist (deleted?); create it again if it should");
+  }
+  if (reply->type == REDIS_REPLY_INTEGER && reply->integer == -2) {
+    return Status::FailedPrecondition(what + " in " + config_.display_url + ": revision " +
+                                      std::to_string(record.revision) +
+                                      " was changed by someone else; re-read and retry");
+  }
+  if (!IsString(reply.get()) || !ParseInt(StrOf(reply.get()), &stored.created_ms)) {
+    return Malformed(what, config_.display_url);
+  }
+  return stored;
+}
+
+Status RedisStore::DeleteDataset(std::string_view name) {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
+  const std::string what = "delete dataset " + Quote(name);
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kDeleteDataset,
+           {Key("dataset", name), Key("datasets", ""), Key("progress", name), Key("plans", name)},
+           {std::string(name), Channel(),
+            store_internal::EncodeEvent({EventKind::kDataset, std::string(name)})}));
+  if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
+  if (reply->integer == 0) {
+    return Status::NotFound(what + " in " + config_.display_url + ": it does not exist");
+  }
+  return Status::Ok();
+}
+
+Status RedisStore::PutManifest(std::string_view manifest_id, std::string_view bytes) {
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
+  const std::string what = "put manifest " + Quote(manifest_id);
+  if (bytes.size() > kMaxManifestBytes) {
+    return Status::InvalidArgument(
+        what + ": " + std::to_string(bytes.size()) + " bytes is more than the limit of " +
+        std::to_string(kMaxManifestBytes) + "; raise the chunk size or split the dataset");
+  }
+  // NX: the id names the content, so an existing blob is already this one and
+  // rewriting tens of MB would only cost time.
+  GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply, Command(what, {"SET", Key("manifest", manifest_id),
+                                                          std::string(bytes), "NX"}));
+  (void)reply;
+  return Status::Ok();
+}
+
+Result<std::string> RedisStore::GetManifest(std::string_view manifest_id) {
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
+  const std::string what = "get manifest " + Quote(manifest_id);
+  GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply, Command(what, {"GET", Key("manifest", manifest_id)}));
+  if (reply->type == REDIS_REPLY_NIL) {
+    return Status::NotFound(what + " from " + config_.display_url +
+                            ": it is not stored; snapshot the dataset again to rebuild it");
+  }
+  if (!IsString(reply.get())) return Malformed(what, config_.display_url);
+  return std::string(StrOf(reply.get()));
+}
+
+Status RedisStore::Heartbeat(const NodeRecord& node, milliseconds ttl) {
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNode(node, ttl));
+  const std::string what = "heartbeat of node " + Quote(node.id);
+  NodeRecord stored = node;
+  stored.heartbeat_ms = config_.clock->NowMillis();
+  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeNode(stored));
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kHeartbeat, {Key("node", node.id), Key("nodes", "")},
+           {node.id, json, store_internal::NodeIdentity(node), std::to_string(ttl.count()),
+            Channel(), store_internal::EncodeEvent({EventKind::kNode, node.id})}));
+  (void)reply;
+  return Status::Ok();
+}
+
+Result<std::vector<NodeRecord>> RedisStore::ListNodes(std::string_view pool) {
+  if (!pool.empty()) GRANARY_RETURN_IF_ERROR(store_internal::ValidatePoolName(pool));
+  const std::string what = "list nodes";
+  GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply,
+                           Eval(what, kListNodes, {Key("nodes", "")}, {Key("node", "") + ":"}));
+  if (reply->type != REDIS_REPLY_ARRAY) return Malformed(what, config_.display_url);
+  std::vector<NodeRecord> out;
+  for (size_t i = 0; i < reply->elements; ++i) {
+    if (!IsString(reply->element[i])) return Malformed(what, config_.display_url);
+    GRANARY_ASSIGN_OR_RETURN(NodeRecord n,
+                             store_internal::DecodeNode(StrOf(reply->element[i]),
+                                                        "a node record in " + config_.display_url));
+    if (pool.empty() || n.pool == pool) out.push_back(std::move(n));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const NodeRecord& a, const NodeRecord& b) { return a.id < b.id; });
+  return out;
+}
+
+Status RedisStore::RemoveNode(std::string_view node_id) {
+  GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
+  const std::string what = "remove node " + Quote(node_id);
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kRemoveNode, {Key("node", node_id), Key("nodes", "")},
+           {std::string(node_id), Channel(),
+            store_internal::EncodeEvent({EventKind::kNode, std::string(node_id)})}));
+  if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
+  if (reply->integer == 0) {
+    return Status::NotFound(what + " from " + config_.display_url +
+                            ": it is not live (never registered, removed, or its heartbeat "
+                            "expired)");
+  }
+  return Status::Ok();
+}
+
+Status RedisStore::PutChild(std::string_view what, std::string_view dataset,
+                            std::string_view hash_kind, std::string_view field,
+                            const std::string& json, EventKind event) {
+  GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply,
+                           Eval(what, kPutChild, {Key("dataset", dataset), Key(hash_kind, dataset)},
+                                {std::string(field), json, Channel(),
+                                 store_internal::EncodeEvent({event, std::string(dataset)})}));
+  if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
+  if (reply->integer == 0) {
+    return Status::NotFound(std::string(what) + " in " + config_.display_url + ": dataset " +
+                            Quote(dataset) + " does not exist; create it first");
+  }
+  return Status::Ok();
+}
+
+Result<std::map<std::string, std::string>> RedisStore::HashOfDataset(std::string_view what,
+                                                                     std::string_view dataset,
+                                                                     std::string_view hash_kind) {
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kListChildren, {Key("dataset", dataset), Key(hash_kind, dataset)}, {}));
+  if (reply->type == REDIS_REPLY_NIL) {
+    return Status::NotFound(std::string(what) + " from " + config_.display_url + ": dataset " +
+                            Quote(dataset) + " does not exist");
+  }
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements % 2 != 0) {
+    return Malformed(what, config_.display_url);
+  }
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < reply->elements; i += 2) {
+    if (!IsString(reply->element[i]) || !IsString(reply->element[i + 1])) {
+      return Malformed(what, config_.display_url);
+    }
+    out.emplace(StrOf(reply->element[i]), StrOf(reply->element[i + 1]));
+  }
+  return out;
+}
+
+Status RedisStore::PutProgress(std::string_view dataset, std::string_view node_id,
+                               const StagingProgress& progress) {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
+  GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
+  StagingProgress stored = progress;
+  stored.updated_ms = config_.clock->NowMillis();
+  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeProgress(stored));
+  return PutChild("put progress of dataset " + Quote(dataset) + " on node " + Quote(node_id),
+                  dataset, "progress", node_id, json, EventKind::kProgress);
+}
+
+Result<std::map<std::string, StagingProgress>> RedisStore::ListProgress(std::string_view dataset) {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
+  const std::string what = "list progress of dataset " + Quote(dataset);
+  GRANARY_ASSIGN_OR_RETURN(auto raw, HashOfDataset(what, dataset, "progress"));
+  std::map<std::string, StagingProgress> out;
+  for (const auto& [node, json] : raw) {
+    GRANARY_ASSIGN_OR_RETURN(
+        StagingProgress p,
+        store_internal::DecodeProgress(json, "progress of dataset " + Quote(dataset) + " on node " +
+                                                 Quote(node) + " in " + config_.display_url));
+    out.emplace(node, p);
+  }
+  return out;
+}
+
+Status RedisStore::PutPlan(std::string_view dataset, const PlanRecord& plan) {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidatePlan(plan));
+  PlanRecord stored = plan;
+  stored.registered_ms = config_.clock->NowMillis();
+  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodePlan(stored));
+  return PutChild("put plan " + Quote(plan.plan_id) + " of dataset " + Quote(dataset), dataset,
+                  "plans", plan.plan_id, json, EventKind::kPlan);
+}
+
+Result<std::vector<PlanRecord>> RedisStore::ListPlans(std::string_view dataset) {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
+  const std::string what = "list plans of dataset " + Quote(dataset);
+  GRANARY_ASSIGN_OR_RETURN(auto raw, HashOfDataset(what, dataset, "plans"));
+  std::vector<PlanRecord> out;  // sorted: raw is a std::map by plan id
+  for (const auto& [plan_id, json] : raw) {
+    GRANARY_ASSIGN_OR_RETURN(
+        PlanRecord p,
+        store_internal::DecodePlan(json, "plan " + Quote(plan_id) + " of dataset " +
+                                             Quote(dataset) + " in " + config_.display_url));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+Status RedisStore::DeletePlan(std::string_view dataset, std::string_view plan_id) {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidatePlanId(plan_id));
+  const std::string what = "delete plan " + Quote(plan_id) + " of dataset " + Quote(dataset);
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kDeletePlan, {Key("dataset", dataset), Key("plans", dataset)},
+           {std::string(plan_id), Channel(),
+            store_internal::EncodeEvent({EventKind::kPlan, std::string(dataset)})}));
+  if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
+  if (reply->integer == -1) {
+    return Status::NotFound(what + " in " + config_.display_url + ": the dataset does not exist");
+  }
+  if (reply->integer == 0) {
+    return Status::NotFound(what + " in " + config_.display_url +
+                            ": no such plan; list the dataset's plans");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<MetadataStore::Watcher>> RedisStore::Watch() {
+  auto watcher = std::make_unique<RedisWatcher>(config_);
+  Backoff backoff(config_.retry_budget);
+  GRANARY_RETURN_IF_ERROR(watcher->Connect(backoff, "watch events"));
+  return std::unique_ptr<Watcher>(std::move(watcher));
+}
+
+}  // namespace granary

@@ -1,0 +1,716 @@
+// The MetadataStore conformance suite: every test runs unchanged against a real
+// redis-server (started by the RedisServer fixture) and a real SQLite file.
+// Backend-specific failure cases live in redis_store_test.cc and
+// sqlite_store_test.cc.
+
+#include "granary/core/metadata_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "granary/core/clock.h"
+#include "testing/redis_server.h"
+#include "testing/test_util.h"
+
+namespace granary {
+namespace {
+
+// test_util's ASSERT_OK takes a Result; these calls return a bare Status.
+#define ASSERT_STATUS_OK(expr)                               \
+  do {                                                       \
+    const ::granary::Status& granary_st_ = (expr);           \
+    ASSERT_TRUE(granary_st_.ok()) << granary_st_.ToString(); \
+  } while (0)
+
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// ---- backends ----
+
+class SqliteBackend {
+ public:
+  Status SetUp() { return Status::Ok(); }
+  // Every store of one test opens the same file, as processes on one host would.
+  std::string Url() const { return "sqlite://" + dir_.Join("granary.db"); }
+
+ private:
+  testing::TempDir dir_;
+};
+
+class RedisBackend {
+ public:
+  // One server per test process; each test gets its own key prefix.
+  Status SetUp() {
+    static Result<std::unique_ptr<testing::RedisServer>> server = testing::RedisServer::Start();
+    if (!server.ok()) return server.status();
+    static int next_prefix = 0;
+    url_ = (*server)->url(0, "?prefix=t" + std::to_string(++next_prefix));
+    return Status::Ok();
+  }
+  std::string Url() const { return url_; }
+
+ private:
+  std::string url_;
+};
+
+template <typename Backend>
+class MetadataStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Status s = backend_.SetUp();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+  std::unique_ptr<MetadataStore> Open(MetadataStoreOptions options = {}) {
+    auto store = OpenMetadataStore(backend_.Url(), options);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return store.ok() ? std::move(*store) : nullptr;
+  }
+
+  Backend backend_;
+};
+
+class BackendNames {
+ public:
+  template <typename T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, RedisBackend> ? "Redis" : "Sqlite";
+  }
+};
+
+using Backends = ::testing::Types<RedisBackend, SqliteBackend>;
+TYPED_TEST_SUITE(MetadataStoreTest, Backends, BackendNames);
+
+// ---- helpers ----
+
+DatasetRecord MakeDataset(const std::string& name) {
+  DatasetRecord r;
+  r.name = name;
+  r.spec.source_uri = "file:///lustre/" + name;
+  r.spec.include = {"**/*.jpg", "**/*.png"};
+  r.spec.exclude = {"tmp/**"};
+  r.spec.chunk_size = 4 << 20;
+  r.spec.pool = "gpu-a";
+  r.spec.replication = 2;
+  r.owner = {1000, 100};
+  r.state = {DatasetPhase::kPending, "waiting for a snapshot"};
+  return r;
+}
+
+NodeRecord MakeNode(const std::string& id, const std::string& pool) {
+  NodeRecord n;
+  n.id = id;
+  n.pool = pool;
+  n.address = id + ".cluster.local:7070";
+  n.capacity_bytes = 4ull << 40;
+  n.used_bytes = 1ull << 30;
+  n.labels = {{"zone", "a"}, {"nvme", "4x"}};
+  n.started_ms = 1'700'000'000'123;
+  return n;
+}
+
+PlanRecord MakePlan(const std::string& id) {
+  PlanRecord p;
+  p.plan_id = id;
+  p.seed = 0xfedcba9876543210ull;  // above 2^63: must survive JSON exactly
+  p.first_epoch = 3;
+  p.world_size = 64;
+  p.batch_size = 256;
+  p.drop_last = true;
+  p.mode = "chunkwise";
+  p.window_chunks = 8;
+  return p;
+}
+
+std::vector<std::string> NodeIds(const std::vector<NodeRecord>& nodes) {
+  std::vector<std::string> ids;
+  for (const auto& n : nodes) ids.push_back(n.id);
+  return ids;
+}
+
+// Collects events until `want` have arrived or 5 s pass.
+std::vector<Event> Collect(MetadataStore::Watcher& watcher, size_t want) {
+  std::vector<Event> got;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (got.size() < want && std::chrono::steady_clock::now() < deadline) {
+    auto batch = watcher.Next(milliseconds(200));
+    EXPECT_TRUE(batch.ok()) << batch.status().ToString();
+    if (!batch.ok()) break;
+    got.insert(got.end(), batch->begin(), batch->end());
+  }
+  return got;
+}
+
+// ---- datasets ----
+
+TYPED_TEST(MetadataStoreTest, DatasetRoundTripsEveryField) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  DatasetRecord in = MakeDataset("imagenet-train");
+  in.manifest_id = "00112233445566778899aabbccddeeff";
+  in.state.message = "unicode ok: caf\xc3\xa9";
+  auto created = store->CreateDataset(in);
+  ASSERT_OK(created);
+  EXPECT_EQ(created->revision, 1u);
+  EXPECT_GT(created->created_ms, 0);
+  EXPECT_EQ(created->updated_ms, created->created_ms);
+
+  auto got = store->GetDataset("imagenet-train");
+  ASSERT_OK(got);
+  EXPECT_EQ(*got, *created);
+  DatasetRecord expected = in;
+  expected.created_ms = created->created_ms;
+  expected.updated_ms = created->updated_ms;
+  expected.revision = 1;
+  EXPECT_EQ(*got, expected);
+}
+
+TYPED_TEST(MetadataStoreTest, CreateOfExistingNameIsAlreadyExists) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(store->CreateDataset(MakeDataset("cifar")));
+  auto again = store->CreateDataset(MakeDataset("cifar"));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(again.status().message(), HasSubstr("'cifar'"));
+}
+
+TYPED_TEST(MetadataStoreTest, UpdateBumpsRevisionStampsTimeAndKeepsCreated) {
+  ManualClock clock(1'000'000);
+  MetadataStoreOptions options;
+  options.clock = &clock;
+  auto store = this->Open(options);
+  ASSERT_NE(store, nullptr);
+  auto created = store->CreateDataset(MakeDataset("coco"));
+  ASSERT_OK(created);
+  EXPECT_EQ(created->created_ms, 1'000'000);
+
+  clock.Advance(milliseconds(5000));
+  DatasetRecord change = *created;
+  change.state = {DatasetPhase::kReady, "all staged"};
+  change.manifest_id = "abc123";
+  change.created_ms = 42;  // ignored: created_ms belongs to the store
+  auto updated = store->UpdateDataset(change);
+  ASSERT_OK(updated);
+  EXPECT_EQ(updated->revision, 2u);
+  EXPECT_EQ(updated->created_ms, 1'000'000);
+  EXPECT_EQ(updated->updated_ms, 1'005'000);
+  EXPECT_EQ(updated->state.phase, DatasetPhase::kReady);
+
+  auto got = store->GetDataset("coco");
+  ASSERT_OK(got);
+  EXPECT_EQ(*got, *updated);
+}
+
+TYPED_TEST(MetadataStoreTest, UpdateFromStaleRevisionIsFailedPrecondition) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(store->CreateDataset(MakeDataset("coco")));
+  auto a = store->GetDataset("coco");
+  auto b = store->GetDataset("coco");
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  a->state.message = "writer a";
+  b->state.message = "writer b";
+  ASSERT_OK(store->UpdateDataset(*a));
+  auto lost = store->UpdateDataset(*b);
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(lost.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(lost.status().message(), HasSubstr("changed by someone else; re-read and retry"));
+
+  auto got = store->GetDataset("coco");
+  ASSERT_OK(got);
+  EXPECT_EQ(got->state.message, "writer a");
+  EXPECT_EQ(got->revision, 2u);
+  // Re-read and retry works.
+  got->state.message = "writer b";
+  ASSERT_OK(store->UpdateDataset(*got));
+}
+
+TYPED_TEST(MetadataStoreTest, MissingDatasetIsNotFoundEverywhere) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  DatasetRecord ghost = MakeDataset("ghost");
+  ghost.revision = 1;
+  EXPECT_EQ(store->GetDataset("ghost").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->UpdateDataset(ghost).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->DeleteDataset("ghost").code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->PutProgress("ghost", "node-1", {}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->ListProgress("ghost").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->PutPlan("ghost", MakePlan("p1")).code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->ListPlans("ghost").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->DeletePlan("ghost", "p1").code(), StatusCode::kNotFound);
+  EXPECT_THAT(store->GetDataset("ghost").status().message(), HasSubstr("'ghost'"));
+  // Nothing was left behind by the refused writes.
+  auto all = store->ListDatasets();
+  ASSERT_OK(all);
+  EXPECT_TRUE(all->empty());
+}
+
+TYPED_TEST(MetadataStoreTest, ListDatasetsIsSortedByName) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  auto empty = store->ListDatasets();
+  ASSERT_OK(empty);
+  EXPECT_TRUE(empty->empty());
+  for (const char* name : {"zeta", "alpha", "m-1"})
+    ASSERT_OK(store->CreateDataset(MakeDataset(name)));
+  ASSERT_STATUS_OK(store->DeleteDataset("m-1"));
+  ASSERT_OK(store->CreateDataset(MakeDataset("beta")));
+  auto all = store->ListDatasets();
+  ASSERT_OK(all);
+  std::vector<std::string> names;
+  for (const auto& d : *all) names.push_back(d.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"alpha", "beta", "zeta"}));
+  EXPECT_EQ((*all)[0], *store->GetDataset("alpha"));
+}
+
+TYPED_TEST(MetadataStoreTest, BadNamesAndSpecsAreInvalidArgument) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  for (std::string bad :
+       {std::string(""), std::string("Upper"), std::string("-lead"), std::string("trail-"),
+        std::string("under_score"), std::string("a.b"), std::string("sp ace"), std::string(64, 'a'),
+        std::string("caf\xc3\xa9")}) {
+    auto r = store->CreateDataset(MakeDataset(bad));
+    ASSERT_FALSE(r.ok()) << "'" << bad << "'";
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(), HasSubstr("DNS-1123 label"));
+    EXPECT_EQ(store->GetDataset(bad).status().code(), StatusCode::kInvalidArgument);
+  }
+  ASSERT_OK(store->CreateDataset(MakeDataset(std::string(63, 'a'))));
+  ASSERT_OK(store->CreateDataset(MakeDataset("0-9")));
+
+  auto expect_invalid = [&](DatasetRecord r, const std::string& needle) {
+    auto s = store->CreateDataset(r);
+    ASSERT_FALSE(s.ok()) << needle;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.status().message(), HasSubstr(needle));
+  };
+  DatasetRecord r = MakeDataset("specs");
+  r.spec.source_uri.clear();
+  expect_invalid(r, "source_uri");
+  r = MakeDataset("specs");
+  r.spec.chunk_size = 10;
+  expect_invalid(r, "chunk_size");
+  r = MakeDataset("specs");
+  r.spec.replication = 0;
+  expect_invalid(r, "replication");
+  r = MakeDataset("specs");
+  r.spec.pool = "GPU";
+  expect_invalid(r, "pool");
+  r = MakeDataset("specs");
+  r.manifest_id = "not-hex";
+  expect_invalid(r, "manifest id");
+  r = MakeDataset("specs");
+  r.state.message = "\xff\xfe";
+  expect_invalid(r, "UTF-8");
+  EXPECT_EQ(store->GetDataset("specs").status().code(), StatusCode::kNotFound);
+
+  EXPECT_EQ(store->Heartbeat(MakeNode("bad/id", "p"), milliseconds(1000)).code(),
+            StatusCode::kInvalidArgument);
+  NodeRecord n = MakeNode("node-1", "p");
+  n.address = "no-port";
+  EXPECT_THAT(store->Heartbeat(n, milliseconds(1000)).message(), HasSubstr("host:port"));
+  EXPECT_EQ(store->Heartbeat(MakeNode("node-1", "p"), milliseconds(0)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->ListNodes("Bad Pool").status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---- manifests ----
+
+TYPED_TEST(MetadataStoreTest, ManifestBlobsOfSeveralMegabytesRoundTrip) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  std::string blob(6 << 20, '\0');
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (char& c : blob) {  // every byte value, zeros included
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  ASSERT_STATUS_OK(store->PutManifest(id, blob));
+  ASSERT_STATUS_OK(store->PutManifest(id, blob));  // idempotent
+  auto got = store->GetManifest(id);
+  ASSERT_OK(got);
+  EXPECT_TRUE(*got == blob);
+
+  ASSERT_STATUS_OK(store->PutManifest("ee", ""));
+  auto empty = store->GetManifest("ee");
+  ASSERT_OK(empty);
+  EXPECT_TRUE(empty->empty());
+
+  auto missing = store->GetManifest("ffff");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("'ffff'"));
+  EXPECT_EQ(store->PutManifest("XYZ", "x").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->GetManifest("").status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---- nodes ----
+
+TYPED_TEST(MetadataStoreTest, HeartbeatsRegisterRefreshAndFilterByPool) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  const milliseconds ttl(60'000);
+  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-b", "pool-a"), ttl));
+  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-a", "pool-a"), ttl));
+  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-c", "pool-b"), ttl));
+
+  auto all = store->ListNodes("");
+  ASSERT_OK(all);
+  EXPECT_EQ(NodeIds(*all), (std::vector<std::string>{"node-a", "node-b", "node-c"}));
+  auto a = store->ListNodes("pool-a");
+  ASSERT_OK(a);
+  EXPECT_EQ(NodeIds(*a), (std::vector<std::string>{"node-a", "node-b"}));
+  auto none = store->ListNodes("pool-z");
+  ASSERT_OK(none);
+  EXPECT_TRUE(none->empty());
+
+  NodeRecord expected = MakeNode("node-a", "pool-a");
+  expected.heartbeat_ms = (*a)[0].heartbeat_ms;
+  EXPECT_GT(expected.heartbeat_ms, 0);
+  EXPECT_EQ((*a)[0], expected);
+
+  // A refresh replaces the record; a node may move pools.
+  NodeRecord moved = MakeNode("node-a", "pool-b");
+  moved.used_bytes = 7;
+  ASSERT_STATUS_OK(store->Heartbeat(moved, ttl));
+  auto b = store->ListNodes("pool-b");
+  ASSERT_OK(b);
+  ASSERT_EQ(NodeIds(*b), (std::vector<std::string>{"node-a", "node-c"}));
+  EXPECT_EQ((*b)[0].used_bytes, 7u);
+  EXPECT_EQ(NodeIds(*store->ListNodes("pool-a")), (std::vector<std::string>{"node-b"}));
+
+  ASSERT_STATUS_OK(store->RemoveNode("node-b"));
+  EXPECT_EQ(store->RemoveNode("node-b").code(), StatusCode::kNotFound);
+  EXPECT_EQ(NodeIds(*store->ListNodes("")), (std::vector<std::string>{"node-a", "node-c"}));
+}
+
+TYPED_TEST(MetadataStoreTest, NodesExpireWhenHeartbeatsStop) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("short", "p"), milliseconds(300)));
+  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("long", "p"), milliseconds(60'000)));
+  auto now = store->ListNodes("p");
+  ASSERT_OK(now);
+  EXPECT_EQ(NodeIds(*now), (std::vector<std::string>{"long", "short"}));
+
+  EXPECT_TRUE(testing::WaitFor([&] {
+    auto nodes = store->ListNodes("p");
+    return nodes.ok() && NodeIds(*nodes) == std::vector<std::string>{"long"};
+  }));
+  EXPECT_EQ(store->RemoveNode("short").code(), StatusCode::kNotFound);
+  // Heartbeating again brings it back.
+  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("short", "p"), milliseconds(60'000)));
+  EXPECT_EQ(NodeIds(*store->ListNodes("p")), (std::vector<std::string>{"long", "short"}));
+}
+
+// ---- progress and plans ----
+
+TYPED_TEST(MetadataStoreTest, ProgressIsKeptPerNode) {
+  ManualClock clock(5'000);
+  MetadataStoreOptions options;
+  options.clock = &clock;
+  auto store = this->Open(options);
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(store->CreateDataset(MakeDataset("ds")));
+  auto empty = store->ListProgress("ds");
+  ASSERT_OK(empty);
+  EXPECT_TRUE(empty->empty());
+
+  StagingProgress p{10, 3, 1000, 300, 1, 0};
+  ASSERT_STATUS_OK(store->PutProgress("ds", "node-1", p));
+  ASSERT_STATUS_OK(store->PutProgress("ds", "node-2", StagingProgress{10, 0, 1000, 0, 0, 0}));
+  clock.Advance(milliseconds(100));
+  p.chunks_staged = 4;
+  ASSERT_STATUS_OK(store->PutProgress("ds", "node-1", p));
+
+  auto got = store->ListProgress("ds");
+  ASSERT_OK(got);
+  ASSERT_EQ(got->size(), 2u);
+  StagingProgress want = p;
+  want.updated_ms = 5'100;
+  EXPECT_EQ(got->at("node-1"), want);
+  EXPECT_EQ(got->at("node-2").chunks_staged, 0u);
+  EXPECT_EQ(got->at("node-2").updated_ms, 5'000);
+  EXPECT_EQ(store->PutProgress("ds", "bad id", p).code(), StatusCode::kInvalidArgument);
+}
+
+TYPED_TEST(MetadataStoreTest, PlansAreRegisteredListedReplacedAndDeleted) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(store->CreateDataset(MakeDataset("ds")));
+  ASSERT_STATUS_OK(store->PutPlan("ds", MakePlan("plan-b")));
+  ASSERT_STATUS_OK(store->PutPlan("ds", MakePlan("plan-a")));
+  PlanRecord replaced = MakePlan("plan-b");
+  replaced.mode = "sequential";
+  ASSERT_STATUS_OK(store->PutPlan("ds", replaced));
+
+  auto plans = store->ListPlans("ds");
+  ASSERT_OK(plans);
+  ASSERT_EQ(plans->size(), 2u);
+  EXPECT_EQ((*plans)[0].plan_id, "plan-a");
+  PlanRecord want = MakePlan("plan-a");
+  want.registered_ms = (*plans)[0].registered_ms;
+  EXPECT_GT(want.registered_ms, 0);
+  EXPECT_EQ((*plans)[0], want);
+  EXPECT_EQ((*plans)[1].mode, "sequential");
+
+  ASSERT_STATUS_OK(store->DeletePlan("ds", "plan-a"));
+  EXPECT_EQ(store->DeletePlan("ds", "plan-a").code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->ListPlans("ds")->size(), 1u);
+
+  PlanRecord bad = MakePlan("plan-c");
+  bad.mode = "random";
+  auto s = store->PutPlan("ds", bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("global, chunkwise, sequential"));
+  bad = MakePlan("plan-c");
+  bad.world_size = 0;
+  EXPECT_EQ(store->PutPlan("ds", bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->PutPlan("ds", MakePlan("bad/id")).code(), StatusCode::kInvalidArgument);
+}
+
+TYPED_TEST(MetadataStoreTest, DeletingADatasetDeletesItsProgressAndPlans) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(store->CreateDataset(MakeDataset("ds")));
+  ASSERT_OK(store->CreateDataset(MakeDataset("other")));
+  for (const char* ds : {"ds", "other"}) {
+    ASSERT_STATUS_OK(store->PutProgress(ds, "node-1", StagingProgress{1, 1, 1, 1, 0, 0}));
+    ASSERT_STATUS_OK(store->PutPlan(ds, MakePlan("p")));
+  }
+  ASSERT_STATUS_OK(store->DeleteDataset("ds"));
+  EXPECT_EQ(store->ListProgress("ds").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->ListPlans("ds").status().code(), StatusCode::kNotFound);
+
+  // A new dataset of the same name starts empty.
+  ASSERT_OK(store->CreateDataset(MakeDataset("ds")));
+  EXPECT_TRUE(store->ListProgress("ds")->empty());
+  EXPECT_TRUE(store->ListPlans("ds")->empty());
+  // Its neighbour kept everything.
+  EXPECT_EQ(store->ListProgress("other")->size(), 1u);
+  EXPECT_EQ(store->ListPlans("other")->size(), 1u);
+}
+
+// ---- events ----
+
+TYPED_TEST(MetadataStoreTest, WatcherSeesEveryKindOfMutationInOrder) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  auto watcher = store->Watch();
+  ASSERT_OK(watcher);
+  auto quiet = (*watcher)->Next(milliseconds(50));
+  ASSERT_OK(quiet);
+  EXPECT_TRUE(quiet->empty());
+
+  auto created = store->CreateDataset(MakeDataset("ds"));
+  ASSERT_OK(created);
+  ASSERT_OK(store->UpdateDataset(*created));
+  ASSERT_STATUS_OK(store->PutProgress("ds", "node-1", {}));
+  ASSERT_STATUS_OK(store->PutPlan("ds", MakePlan("p")));
+  ASSERT_STATUS_OK(store->DeletePlan("ds", "p"));
+  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-1", "p"), milliseconds(60'000)));
+  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-1", "p"), milliseconds(60'000)));  // no change
+  NodeRecord moved = MakeNode("node-1", "q");
+  ASSERT_STATUS_OK(store->Heartbeat(moved, milliseconds(60'000)));  // changed pool
+  ASSERT_STATUS_OK(store->RemoveNode("node-1"));
+  ASSERT_STATUS_OK(store->PutManifest("aa", "bytes"));  // manifests publish nothing
+  ASSERT_STATUS_OK(store->DeleteDataset("ds"));
+  ASSERT_OK(store->CreateDataset(MakeDataset("ds-x")));
+  // Refused writes publish nothing.
+  EXPECT_EQ(store->CreateDataset(MakeDataset("ds-x")).status().code(), StatusCode::kAlreadyExists);
+  DatasetRecord stale = MakeDataset("ds-x");
+  stale.revision = 7;
+  EXPECT_EQ(store->UpdateDataset(stale).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->RemoveNode("never-there").code(), StatusCode::kNotFound);
+  ASSERT_STATUS_OK(store->DeleteDataset("ds-x"));
+
+  const std::vector<Event> want = {
+      {EventKind::kDataset, "ds"},   {EventKind::kDataset, "ds"},   {EventKind::kProgress, "ds"},
+      {EventKind::kPlan, "ds"},      {EventKind::kPlan, "ds"},      {EventKind::kNode, "node-1"},
+      {EventKind::kNode, "node-1"},  {EventKind::kNode, "node-1"},  {EventKind::kDataset, "ds"},
+      {EventKind::kDataset, "ds-x"}, {EventKind::kDataset, "ds-x"},
+  };
+  EXPECT_EQ(Collect(**watcher, want.size()), want);
+  auto after = (*watcher)->Next(milliseconds(100));
+  ASSERT_OK(after);
+  EXPECT_TRUE(after->empty()) << "more events than mutations";
+}
+
+TYPED_TEST(MetadataStoreTest, WatcherSeesWritesOfAnotherStoreAndOutlivesItsOwn) {
+  auto writer = this->Open();
+  auto reader = this->Open();
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(reader, nullptr);
+  auto watcher = reader->Watch();
+  ASSERT_OK(watcher);
+  reader.reset();  // the watcher has its own connection
+  ASSERT_OK(writer->CreateDataset(MakeDataset("from-elsewhere")));
+  ASSERT_STATUS_OK(writer->Heartbeat(MakeNode("node-9", "p"), milliseconds(60'000)));
+  EXPECT_EQ(Collect(**watcher, 2), (std::vector<Event>{{EventKind::kDataset, "from-elsewhere"},
+                                                       {EventKind::kNode, "node-9"}}));
+}
+
+// ---- concurrency ----
+
+TYPED_TEST(MetadataStoreTest, ConcurrentUpdatesFromThreadsAndInstancesNeverLoseOne) {
+  auto first = this->Open();
+  auto second = this->Open();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  DatasetRecord counter = MakeDataset("counter");
+  counter.state.message = "0";
+  ASSERT_OK(first->CreateDataset(counter));
+
+  constexpr int kThreads = 4;
+  constexpr int kIncrements = 10;
+  constexpr int kMaxAttempts = 2000;  // bounds the loop if the store misbehaves
+  std::atomic<int> conflicts{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    // Two threads on each instance: the store's own mutex and the backend's
+    // cross-connection concurrency are both exercised.
+    MetadataStore* store = (t % 2 == 0 ? first : second).get();
+    threads.emplace_back([store, &conflicts, &failures] {
+      int done = 0;
+      for (int attempt = 0; attempt < kMaxAttempts && done < kIncrements; ++attempt) {
+        auto r = store->GetDataset("counter");
+        if (!r.ok()) {
+          ++failures;
+          return;
+        }
+        r->state.message = std::to_string(std::stoi(r->state.message) + 1);
+        auto u = store->UpdateDataset(*r);
+        if (u.ok()) {
+          ++done;
+        } else if (u.status().code() == StatusCode::kFailedPrecondition) {
+          ++conflicts;
+        } else {
+          ++failures;
+          return;
+        }
+      }
+      if (done != kIncrements) ++failures;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto final_state = second->GetDataset("counter");
+  ASSERT_OK(final_state);
+  EXPECT_EQ(final_state->state.message, std::to_string(kThreads * kIncrements));
+  EXPECT_EQ(final_state->revision, static_cast<uint64_t>(kThreads * kIncrements + 1));
+}
+
+TYPED_TEST(MetadataStoreTest, TwoInstancesWritingAtOnceSeeEachOthersWrites) {
+  auto first = this->Open();
+  auto second = this->Open();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  std::atomic<int> failures{0};
+  auto writer = [&failures](MetadataStore* store, const std::string& prefix) {
+    for (int i = 0; i < 15; ++i) {
+      if (!store->CreateDataset(MakeDataset(prefix + std::to_string(i))).ok()) ++failures;
+      if (!store->Heartbeat(MakeNode(prefix + "node", "p"), milliseconds(60'000)).ok()) ++failures;
+    }
+  };
+  std::thread a(writer, first.get(), "a-");
+  std::thread b(writer, second.get(), "b-");
+  a.join();
+  b.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (MetadataStore* store : {first.get(), second.get()}) {
+    auto all = store->ListDatasets();
+    ASSERT_OK(all);
+    EXPECT_EQ(all->size(), 30u);
+    EXPECT_EQ(NodeIds(*store->ListNodes("p")), (std::vector<std::string>{"a-node", "b-node"}));
+  }
+}
+
+// ---- URLs (no backend needed) ----
+
+TEST(OpenMetadataStoreTest, BadUrlsAreInvalidArgumentListingTheAcceptedForms) {
+  const char* bad[] = {
+      "",
+      "granary.db",
+      "http://example.com/",
+      "redis://",
+      "redis://:@host",
+      "redis://host:",
+      "redis://host:0",
+      "redis://host:65536",
+      "redis://host:abc",
+      "redis://host/db1",
+      "redis://host/1/2",
+      "redis://ho st",
+      "redis://host?unknown=1",
+      "redis://host?prefix=",
+      "redis://host?prefix=a&prefix=b",
+      "redis://host?timeout_ms=0",
+      "redis://host?retry_ms=-5",
+      "redis://host?poll_ms=5",
+      "redis://user@host",
+      "sqlite://relative/granary.db",
+      "sqlite:relative.db",
+      "sqlite://",
+      "sqlite:///var/lib/",
+      "sqlite:///tmp/x.db?prefix=a",
+      "sqlite:///tmp/x.db?retry_ms=abc",
+  };
+  for (const char* url : bad) {
+    auto r = OpenMetadataStore(url);
+    ASSERT_FALSE(r.ok()) << url;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument)
+        << url << ": " << r.status().ToString();
+    EXPECT_THAT(r.status().message(), HasSubstr("redis://[[user]:password@]host[:port][/db]"))
+        << url;
+    EXPECT_THAT(r.status().message(), HasSubstr("sqlite:///absolute/path/granary.db")) << url;
+  }
+  auto unknown = OpenMetadataStore("redis://host?bogus=1");
+  EXPECT_THAT(unknown.status().message(), HasSubstr("'bogus'"));
+  EXPECT_THAT(unknown.status().message(), HasSubstr("prefix, retry_ms, timeout_ms"));
+}
+
+TEST(OpenMetadataStoreTest, PasswordsNeverAppearInMessages) {
+  auto r = OpenMetadataStore("redis://admin:hunter2@host:99999/0");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), Not(HasSubstr("hunter2")));
+  EXPECT_THAT(r.status().message(), HasSubstr("admin:***@host"));
+}
+
+TEST(OpenMetadataStoreTest, BadOptionsAreInvalidArgument) {
+  MetadataStoreOptions options;
+  options.connect_timeout = milliseconds(0);
+  EXPECT_EQ(OpenMetadataStore("sqlite:///tmp/never-created.db", options).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(DatasetNamesTest, PhaseAndKindNamesRoundTrip) {
+  for (auto phase : {DatasetPhase::kPending, DatasetPhase::kSnapshotting, DatasetPhase::kStaging,
+                     DatasetPhase::kReady, DatasetPhase::kFailed, DatasetPhase::kDeleting}) {
+    auto parsed = ParseDatasetPhase(DatasetPhaseName(phase));
+    ASSERT_OK(parsed);
+    EXPECT_EQ(*parsed, phase);
+  }
+  EXPECT_EQ(ParseDatasetPhase("ready").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(EventKindName(EventKind::kResync), "resync");
+  EXPECT_TRUE(ValidateNodeId("gpu-node-01.cluster.local").ok());
+  EXPECT_FALSE(ValidateNodeId("node:1").ok());
+  EXPECT_FALSE(ValidateNodeId(std::string(254, 'n')).ok());
+}
+
+}  // namespace
+}  // namespace granary
