@@ -21,11 +21,16 @@ namespace {
 
 constexpr uint32_t kEmptySlot = 0xFFFFFFFFu;
 
-struct ChunkRecord {
+// A chunk of whole samples, or all the chunks of one sample larger than a chunk
+// (one record for its pieces, so a huge file costs no memory per piece).
+struct ChunkRun {
+  ChunkId first_chunk;
   SampleId first_sample;
-  uint32_t sample_count;
-  uint32_t payload_bytes;
+  uint32_t sample_count;   // 1 for a spanning sample
+  uint32_t payload_bytes;  // whole-sample chunk only; pieces derive theirs from the size
 };
+
+constexpr uint64_t kMaxChunks = 0xFFFFFFFEull;
 
 // A path component: non-empty, not "." or "..", no '/' or NUL, at most NAME_MAX.
 Status CheckComponent(std::string_view name, std::string_view path) {
@@ -104,7 +109,8 @@ struct Manifest::Rep {
   std::vector<ChunkId> chunk;
   std::vector<uint32_t> chunk_offset;
 
-  std::vector<ChunkRecord> chunks;
+  std::vector<ChunkRun> runs;  // sorted by first_chunk
+  uint64_t chunk_count = 0;
   uint64_t total_bytes = 0;
 
   // Path index, built on the first Find(): most users (cache nodes) never need it.
@@ -142,45 +148,60 @@ struct Manifest::Rep {
     const size_t n = sample_count();
     chunk.assign(n, 0);
     chunk_offset.assign(n, 0);
-    chunks.clear();
+    runs.clear();
+    chunk_count = 0;
     total_bytes = 0;
+    auto too_many = [] {
+      return Status::InvalidArgument(
+          "dataset needs more than 2^32-2 chunks; use a larger chunk "
+          "size");
+    };
     bool open = false;
     for (size_t i = 0; i < n; ++i) {
       const auto sample = static_cast<SampleId>(i);
       const uint64_t sz = size[i];
+      if (sz > UINT64_MAX - total_bytes) {
+        return Status::InvalidArgument("dataset is larger than 2^64 bytes");
+      }
       total_bytes += sz;
       if (sz > cs) {
         open = false;
-        uint64_t pieces = (sz + cs - 1) / cs;
-        if (chunks.size() + pieces > 0xFFFFFFFEull) {
-          return Status::InvalidArgument(
-              "dataset needs more than 2^32-2 chunks; use a larger "
-              "chunk size");
-        }
-        chunk[i] = static_cast<ChunkId>(chunks.size());
-        for (uint64_t j = 0; j < pieces; ++j) {
-          uint64_t len = std::min(cs, sz - j * cs);
-          chunks.push_back({sample, 1, static_cast<uint32_t>(len)});
-        }
+        uint64_t pieces = sz / cs + (sz % cs != 0 ? 1 : 0);
+        if (pieces > kMaxChunks - chunk_count) return too_many();
+        chunk[i] = static_cast<ChunkId>(chunk_count);
+        runs.push_back({static_cast<ChunkId>(chunk_count), sample, 1, 0});
+        chunk_count += pieces;
         continue;
       }
-      if (open && chunks.back().payload_bytes + sz > cs) open = false;
+      if (open && runs.back().payload_bytes + sz > cs) open = false;
       if (!open) {
-        if (chunks.size() >= 0xFFFFFFFEull) {
-          return Status::InvalidArgument(
-              "dataset needs more than 2^32-2 chunks; use a larger "
-              "chunk size");
-        }
-        chunks.push_back({sample, 0, 0});
+        if (chunk_count >= kMaxChunks) return too_many();
+        runs.push_back({static_cast<ChunkId>(chunk_count), sample, 0, 0});
+        chunk_count += 1;
         open = true;
       }
-      ChunkRecord& c = chunks.back();
-      chunk[i] = static_cast<ChunkId>(chunks.size() - 1);
+      ChunkRun& c = runs.back();
+      chunk[i] = c.first_chunk;
       chunk_offset[i] = c.payload_bytes;
       c.payload_bytes += static_cast<uint32_t>(sz);
       c.sample_count += 1;
     }
+    runs.shrink_to_fit();
     return Status::Ok();
+  }
+
+  // The chunk `id` (< chunk_count) as a ChunkInfo.
+  ChunkInfo ChunkAt(ChunkId id) const {
+    auto it = std::upper_bound(runs.begin(), runs.end(), id,
+                               [](ChunkId c, const ChunkRun& r) { return c < r.first_chunk; });
+    const ChunkRun& r = *(it - 1);
+    const uint64_t sz = size[r.first_sample];
+    const uint64_t cs = header.chunk_size;
+    if (sz > cs) {
+      uint64_t piece = id - r.first_chunk;
+      return ChunkInfo{id, r.first_sample, 1, static_cast<uint32_t>(std::min(cs, sz - piece * cs))};
+    }
+    return ChunkInfo{id, r.first_sample, r.sample_count, r.payload_bytes};
   }
 
   std::string EncodeBody() const {
@@ -496,7 +517,7 @@ Status Manifest::Save(const std::string& path) const {
 const ContentId& Manifest::id() const { return rep_->content_id; }
 const ManifestHeaderInfo& Manifest::header() const { return rep_->header; }
 size_t Manifest::sample_count() const { return rep_->sample_count(); }
-size_t Manifest::chunk_count() const { return rep_->chunks.size(); }
+size_t Manifest::chunk_count() const { return static_cast<size_t>(rep_->chunk_count); }
 uint64_t Manifest::total_bytes() const { return rep_->total_bytes; }
 size_t Manifest::directory_count() const { return rep_->dir_path.size(); }
 
@@ -543,8 +564,7 @@ Result<ChunkInfo> Manifest::Chunk(ChunkId id) const {
     return Status::OutOfRange("chunk id " + std::to_string(id) + " is past the end (" +
                               std::to_string(chunk_count()) + " chunks)");
   }
-  const ChunkRecord& c = rep_->chunks[id];
-  return ChunkInfo{id, c.first_sample, c.sample_count, c.payload_bytes};
+  return rep_->ChunkAt(id);
 }
 
 Result<std::vector<ChunkSegment>> Manifest::Segments(ChunkId id) const {
@@ -572,8 +592,8 @@ size_t Manifest::MemoryBytes() const {
   bytes += r.sample_dir.capacity() * sizeof(uint32_t) + r.name_end.capacity() * sizeof(uint32_t);
   bytes += r.names.capacity() + r.size.capacity() * sizeof(uint64_t) +
            r.mtime_ns.capacity() * sizeof(int64_t) + r.chunk.capacity() * sizeof(ChunkId) +
-           r.chunk_offset.capacity() * sizeof(uint32_t) +
-           r.chunks.capacity() * sizeof(ChunkRecord) + r.index.capacity() * sizeof(uint32_t);
+           r.chunk_offset.capacity() * sizeof(uint32_t) + r.runs.capacity() * sizeof(ChunkRun) +
+           r.index.capacity() * sizeof(uint32_t);
   return bytes;
 }
 

@@ -122,6 +122,26 @@ TEST(ManifestTest, SegmentsCoverEverySampleOnRandomSizes) {
   ExpectSegmentsCoverSamples(Build(e));
 }
 
+TEST(ManifestTest, HugeSampleCostsNoMemoryPerPiece) {
+  const uint64_t tib = 1ull << 40;
+  Manifest m = Build({{"a", 10, 0}, {"big", tib + 5, 0}, {"c", 20, 0}});
+  EXPECT_EQ(m.chunk_count(), 1 + (1ull << 30) + 1 + 1);
+  EXPECT_LT(m.MemoryBytes(), 4096u);
+  auto last_piece = m.Chunk(static_cast<ChunkId>(1 + (1ull << 30)));
+  ASSERT_TRUE(last_piece.ok());
+  EXPECT_EQ(last_piece->first_sample, 1u);
+  EXPECT_EQ(last_piece->payload_bytes, 5u);
+  auto seg = m.Segments(static_cast<ChunkId>(1 + (1ull << 30)));
+  ASSERT_TRUE(seg.ok());
+  EXPECT_EQ((*seg)[0].sample_offset, tib);
+  EXPECT_EQ(m.ChunkOf(2), static_cast<ChunkId>(m.chunk_count() - 1));
+  auto overflow = Manifest::FromEntries(Header(1ull << 30), {{"a", UINT64_MAX, 0}, {"b", 2, 0}});
+  ASSERT_FALSE(overflow.ok());
+  auto too_many = Manifest::FromEntries(Header(1024), {{"a", 1ull << 60, 0}});
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.status().message().find("larger chunk size"), std::string::npos);
+}
+
 TEST(ManifestTest, EmptyDatasetHasNoChunks) {
   Manifest m = Build({});
   EXPECT_EQ(m.sample_count(), 0u);
