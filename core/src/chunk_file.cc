@@ -130,7 +130,7 @@ Status CheckBitmapTail(const std::string& path, const std::vector<uint8_t>& bitm
                        uint32_t segment_count) {
   if (segment_count % 8 == 0) return Status::Ok();
   auto used = static_cast<uint8_t>((1u << (segment_count % 8)) - 1u);
-  if ((bitmap.back() & ~used) != 0) {
+  if ((unsigned{bitmap.back()} & ~unsigned{used}) != 0) {
     return Corrupt(path,
                    fmt::format("presence bitmap has bits set past segment {}", segment_count - 1));
   }
@@ -501,7 +501,8 @@ Status ChunkWriter::Commit() {
   uint32_t newly_present = 0;
   for (uint32_t i = pending_lo_; i <= pending_hi_; ++i) {
     if (!pending_[i]) continue;
-    bytes[i / 8 - first_byte] = static_cast<uint8_t>(bytes[i / 8 - first_byte] | (1u << (i % 8)));
+    bytes[i / 8 - first_byte] =
+        static_cast<uint8_t>(unsigned{bytes[i / 8 - first_byte]} | (1u << (i % 8)));
     ++newly_present;
   }
   if (Status s = PwriteFull(fd, bytes.data(), bytes.size(), cf::BitmapOffset(count) + first_byte,
@@ -533,7 +534,7 @@ Status ChunkWriter::Drop(uint32_t index) {
   // leave the old bit set over half-new bytes (still caught by the checksum, but
   // present should mean intact).
   const std::string doing = fmt::format("drop segment {} of {}", index, state_.Describe());
-  auto byte = static_cast<uint8_t>(state_.bitmap[index / 8] & ~(1u << (index % 8)));
+  auto byte = static_cast<uint8_t>(unsigned{state_.bitmap[index / 8]} & ~(1u << (index % 8)));
   if (Status s = PwriteFull(state_.fd.get(), &byte, 1,
                             cf::BitmapOffset(segment_count()) + index / 8, state_.path);
       !s.ok()) {

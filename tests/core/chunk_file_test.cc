@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <gmock/gmock.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -295,6 +297,72 @@ TEST_F(ChunkFileTest, OverwrittenPayloadOfPresentSegmentIsDetected) {
   ASSERT_TRUE(IsOk(w->Commit()));
   ASSERT_TRUE(IsOk(r->Refresh()));
   ExpectAllReadable(*r);
+}
+
+// Makes writes at or past `limit` bytes into any file fail (EFBIG) while in
+// scope: a real I/O error in the middle of a Commit, without a fault-injecting
+// file layer.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(uint64_t limit) {
+    ::getrlimit(RLIMIT_FSIZE, &saved_);
+    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);
+    rlimit lower = saved_;
+    lower.rlim_cur = limit;
+    ::setrlimit(RLIMIT_FSIZE, &lower);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &saved_);
+    ::signal(SIGXFSZ, old_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit saved_{};
+  sighandler_t old_handler_;
+};
+
+TEST_F(ChunkFileTest, FailedCommitPoisonsTheWriterAndLeavesSegmentsAbsent) {
+  auto segments = Packed({100, 100, 100});
+  const uint32_t n = 3;
+  // Fail at each write of the commit: the checksums, then the presence bits.
+  for (uint64_t limit : {cf::ChecksumsOffset(n) + 4, cf::BitmapOffset(n)}) {
+    SCOPED_TRACE(limit);
+    std::filesystem::remove(Path());
+    auto w = ChunkWriter::Create(Path(), kKey, segments);
+    ASSERT_TRUE(IsOk(w));
+    ASSERT_TRUE(IsOk(w->Put(0, SegmentBytes(segments[0]))));
+    ASSERT_TRUE(IsOk(w->Commit()));
+    ASSERT_TRUE(IsOk(w->Put(1, SegmentBytes(segments[1]))));
+    Status failed;
+    {
+      FileSizeLimit fail_writes(limit);
+      failed = w->Commit();
+    }
+    ASSERT_FALSE(failed.ok());
+    EXPECT_THAT(failed.message(), HasSubstr("commit chunk file"));
+    EXPECT_FALSE(w->IsPresent(1));
+    // Everything after is refused, though the disk works again.
+    Status again = w->Commit();
+    EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(again.message(), HasSubstr("reopen"));
+    EXPECT_EQ(w->Put(2, SegmentBytes(segments[2])).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(w->Drop(0).code(), StatusCode::kFailedPrecondition);
+    { ChunkWriter closed = std::move(*w); }
+
+    auto r = ChunkReader::Open(Path(), kKey, segments);
+    ASSERT_TRUE(IsOk(r));
+    EXPECT_TRUE(r->IsPresent(0));
+    EXPECT_FALSE(r->IsPresent(1));
+    ASSERT_TRUE(IsOk(r->Read(0)));
+    auto w2 = ChunkWriter::Open(Path(), kKey, segments);
+    ASSERT_TRUE(IsOk(w2));
+    ASSERT_TRUE(IsOk(w2->Put(1, SegmentBytes(segments[1]))));
+    ASSERT_TRUE(IsOk(w2->Commit()));
+    ASSERT_TRUE(IsOk(r->Refresh()));
+    ASSERT_TRUE(IsOk(r->Read(1)));
+  }
 }
 
 TEST_F(ChunkFileTest, DropOfPendingDiscardsThePut) {

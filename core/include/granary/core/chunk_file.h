@@ -80,7 +80,7 @@ struct ChunkFileState {
   uint32_t present_count = 0;
 
   bool IsPresent(uint32_t index) const {
-    return index < segments.size() && ((bitmap[index / 8] >> (index % 8)) & 1u) != 0;
+    return index < segments.size() && ((unsigned{bitmap[index / 8]} >> (index % 8)) & 1u) != 0;
   }
   // "chunk file <path> (dataset <d>, chunk <c>)", for error messages.
   std::string Describe() const;
