@@ -6,12 +6,14 @@
 
 #include <hiredis/hiredis.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/time.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -248,10 +250,13 @@ ReplyPtr RunArgv(redisContext* c, const std::vector<std::string>& args) {
 
 std::string GaveUp(std::string_view what, const RedisConfig& config, std::string_view last_error,
                    const Backoff& backoff) {
-  return std::string(what) + " on " + config.display_url + ": " + std::string(last_error) +
-         " (gave up after " + backoff.Summary() + ", the retry budget of " +
-         FormatDuration(config.retry_budget) +
-         "); is redis-server running and reachable? The budget is retry_ms in the URL";
+  std::string m = std::string(what) + " on " + config.display_url + ": " + std::string(last_error) +
+                  " (gave up after " + backoff.Summary() + ", the retry budget of " +
+                  FormatDuration(config.retry_budget) + "; retry_ms in the URL sets it)";
+  if (last_error.find("redis-server running") == std::string_view::npos) {
+    m += "; is redis-server running and reachable?";
+  }
+  return m;
 }
 
 // Subscriber connection; see MetadataStore::Watcher.
@@ -367,9 +372,23 @@ class RedisWatcher final : public MetadataStore::Watcher {
   bool warned_bad_message_ = false;
 };
 
+// hiredis writes with write(2), so a server that vanishes mid-command would
+// kill the process with SIGPIPE instead of giving us EPIPE to retry on. A
+// handler someone installed on purpose is left alone.
+void IgnoreSigpipeOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+  });
+}
+
 }  // namespace
 
 Result<ContextPtr> RedisConnect(const RedisConfig& config, milliseconds timeout) {
+  IgnoreSigpipeOnce();
   const std::string where = "connect to " + config.display_url;
   ContextPtr ctx(redisConnectWithTimeout(config.host.c_str(), config.port, ToTimeval(timeout)));
   if (ctx == nullptr) return Status::ResourceExhausted(where + ": out of memory");

@@ -35,7 +35,8 @@ std::string RedisBinary() {
   return "redis-server";
 }
 
-// Sends PING on a fresh connection; true on "+PONG". A server loading its
+// Sends PING on a fresh connection; true once the server answers it: "+PONG",
+// or "-NOAUTH" when it was started with --requirepass. A server loading its
 // append-only file answers "-LOADING", which is not ready yet.
 bool Pings(uint16_t port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -51,7 +52,7 @@ bool Pings(uint16_t port) {
       pollfd pfd{fd, POLLIN, 0};
       char buf[16] = {};
       if (::poll(&pfd, 1, 500) == 1 && ::recv(fd, buf, sizeof(buf) - 1, 0) > 0) {
-        ok = std::strncmp(buf, "+PONG", 5) == 0;
+        ok = std::strncmp(buf, "+PONG", 5) == 0 || std::strncmp(buf, "-NOAUTH", 7) == 0;
       }
     }
   }

@@ -9,6 +9,10 @@
 // The binary is $GRANARY_REDIS_SERVER, else /usr/bin/redis-server, else
 // redis-server on $PATH.
 //
+// Call Start() and Restart() from a thread that outlives the server (the
+// test's main thread): the server is started with PR_SET_PDEATHSIG, so it is
+// killed when that thread exits, and a crashed test leaves no server behind.
+//
 // Thread safety: one test thread owns it; port() and url() may be read from any
 // thread while it lives.
 

@@ -31,6 +31,10 @@
 // attempt was applied but unanswered reports kAlreadyExists (create),
 // kFailedPrecondition (update) or kNotFound (delete): re-read and decide.
 //
+// Signals: the Redis backend sets SIGPIPE to SIG_IGN process-wide if it was at
+// its default, because hiredis writes with write(2) and a vanished server must
+// be an error to retry, not the end of the process.
+//
 // Thread safety: a MetadataStore may be called from any number of threads at
 // once; each backend serialises calls on its one connection with a mutex, so a
 // call may wait for another thread's call (including its retries). A Watcher
