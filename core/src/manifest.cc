@@ -173,7 +173,10 @@ struct Manifest::Rep {
         chunk_count += pieces;
         continue;
       }
-      if (open && runs.back().payload_bytes + sz > cs) open = false;
+      if (open && (runs.back().payload_bytes + sz > cs ||
+                   runs.back().sample_count >= kMaxSamplesPerChunk)) {
+        open = false;
+      }
       if (!open) {
         if (chunk_count >= kMaxChunks) return too_many();
         runs.push_back({static_cast<ChunkId>(chunk_count), sample, 0, 0});

@@ -44,13 +44,25 @@ bool WaitFor(const std::function<bool()>& condition,
 
 }  // namespace granary::testing
 
-#define ASSERT_OK(expr)                                             \
-  do {                                                              \
-    const auto& granary_s_ = (expr);                                \
-    ASSERT_TRUE(granary_s_.ok()) << granary_s_.status().ToString(); \
+namespace granary::testing {
+// The Status of a Status or of a Result<T>, for the macros below.
+inline const Status& StatusOf(const Status& s) { return s; }
+template <typename T>
+const Status& StatusOf(const Result<T>& r) {
+  return r.status();
+}
+}  // namespace granary::testing
+
+// Assert/expect that a Status or Result<T> is OK, printing the error if not.
+#define ASSERT_OK(expr)                                         \
+  do {                                                          \
+    const auto& granary_s_ = (expr);                            \
+    ASSERT_TRUE(::granary::testing::StatusOf(granary_s_).ok())  \
+        << ::granary::testing::StatusOf(granary_s_).ToString(); \
   } while (0)
-#define EXPECT_OK(expr)                                             \
-  do {                                                              \
-    const auto& granary_s_ = (expr);                                \
-    EXPECT_TRUE(granary_s_.ok()) << granary_s_.status().ToString(); \
+#define EXPECT_OK(expr)                                         \
+  do {                                                          \
+    const auto& granary_s_ = (expr);                            \
+    EXPECT_TRUE(::granary::testing::StatusOf(granary_s_).ok())  \
+        << ::granary::testing::StatusOf(granary_s_).ToString(); \
   } while (0)

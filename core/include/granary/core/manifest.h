@@ -13,7 +13,8 @@
 //     the current chunk if it fits, else a new chunk is started;
 //   - a sample larger than chunk_size starts a new chunk at offset 0 and fills
 //     ceil(size / chunk_size) consecutive chunks of its own;
-//   - an empty sample takes no bytes and belongs to the current chunk.
+//   - an empty sample takes no bytes and belongs to the current chunk;
+//   - a chunk holding kMaxSamplesPerChunk samples is closed even if bytes remain.
 // So every chunk holds either whole samples or one piece of one large sample.
 //
 // The on-disk encoding is in manifest_format.h and docs/formats.md.
@@ -38,6 +39,9 @@ using ChunkId = uint32_t;
 inline constexpr uint64_t kDefaultChunkSize = 16ull << 20;  // 16 MiB
 inline constexpr uint64_t kMinChunkSize = 1ull << 10;       // 1 KiB (tests)
 inline constexpr uint64_t kMaxChunkSize = 1ull << 30;       // 1 GiB
+// Samples in one chunk at most (a chunk file's segment table stays small even
+// for a dataset of empty files); a chunk that reaches it is closed.
+inline constexpr uint32_t kMaxSamplesPerChunk = 1u << 24;
 
 // One file of the source, as the walk saw it.
 struct FileEntry {
