@@ -213,6 +213,7 @@ class Backoff {
     ++retries_;
     return true;
   }
+  bool first_attempt() const { return retries_ == 0; }
   milliseconds remaining() const {
     return std::max(milliseconds(0),
                     std::chrono::duration_cast<milliseconds>(deadline_ - steady_clock::now()));
@@ -229,10 +230,14 @@ class Backoff {
   int retries_ = 0;
 };
 
-// A connect timeout no longer than what is left of the budget, but never zero
-// (hiredis treats a zero timeout as "block forever").
+// The first attempt of an operation gets the full connect timeout, whatever the
+// budget (a budget of 0 means "try once", not "try for 0 ms"); retries get what
+// is left of the budget, but never so little that a healthy server on another
+// host could not answer.
 milliseconds ConnectTimeout(const RedisConfig& config, const Backoff& backoff) {
-  return std::max(milliseconds(1), std::min(config.connect_timeout, backoff.remaining()));
+  constexpr milliseconds kMinRetryConnect{50};
+  if (backoff.first_attempt()) return config.connect_timeout;
+  return std::min(config.connect_timeout, std::max(kMinRetryConnect, backoff.remaining()));
 }
 
 ReplyPtr RunArgv(redisContext* c, const std::vector<std::string>& args) {
@@ -268,7 +273,10 @@ class RedisWatcher final : public MetadataStore::Watcher {
   Status Connect(Backoff& backoff, std::string_view what) {
     std::string last_error;
     do {
-      auto ctx = RedisConnect(config_, ConnectTimeout(config_, backoff));
+      // Bounded by the caller's deadline too: Next(timeout) must not overrun
+      // by a whole connect timeout against an unresponsive host.
+      auto ctx = RedisConnect(config_, std::min(config_.connect_timeout,
+                                                std::max(milliseconds(50), backoff.remaining())));
       if (!ctx.ok()) {
         if (ctx.status().code() != StatusCode::kUnavailable) return ctx.status();
         last_error = ctx.status().message();
