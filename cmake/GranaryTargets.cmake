@@ -19,7 +19,9 @@ function(granary_add_test name)
   add_executable(${name} ${ARG_SOURCES})
   granary_project_options(${name})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} granary::testing GTest::gmock_main)
-  gtest_discover_tests(${name}
-    DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300)
+  set(props TIMEOUT 300)
+  if(ARG_LABELS)
+    list(APPEND props LABELS "${ARG_LABELS}")
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES ${props})
 endfunction()
