@@ -214,7 +214,7 @@ Result<uint32_t> Placement::IndexOf(std::string_view node_id) const {
 }
 
 uint32_t Placement::Primary(const ContentId& manifest, ChunkId chunk) const {
-  assert(!nodes_.empty() && "Primary() of a placement without nodes");
+  if (nodes_.empty()) return kNoOwner;
   const uint64_t chunk_key = ChunkKey(manifest, chunk);
   Candidate best;
   Score(chunk_key, node_keys_[0], nodes_[0].weight, 0, nullptr, &best);

@@ -202,6 +202,7 @@ TEST(PlacementTest, EmptyPoolHasNoOwners) {
   Placement p = Make({});
   EXPECT_EQ(p.node_count(), 0u);
   EXPECT_TRUE(p.Owners(kManifest, 3, 2).empty());
+  EXPECT_EQ(p.Primary(kManifest, 3), Placement::kNoOwner);
   Placement d;
   EXPECT_TRUE(d.Owners(kManifest, 0, 1).empty());
 }

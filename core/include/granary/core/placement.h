@@ -79,7 +79,8 @@ class Placement {
   std::vector<std::string> OwnerIds(const ContentId& manifest, ChunkId chunk,
                                     uint32_t replication) const;
 
-  // The primary owner (replication 1); node_count() must be > 0.
+  // The primary owner (replication 1), or kNoOwner when there are no nodes.
+  static constexpr uint32_t kNoOwner = 0xFFFFFFFFu;
   uint32_t Primary(const ContentId& manifest, ChunkId chunk) const;
 
   // The chunks of [0, chunk_count) of which `node_id` is one of the `replication`
