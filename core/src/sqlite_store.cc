@@ -96,7 +96,8 @@ class Session {
 
   Status Error(int rc, std::string_view what) const {
     std::string m = std::string(what) + " on " + config_.display_url + ": " +
-                    (db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc));
+                    (db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc)) + " [SQLite " +
+                    std::to_string(db_ != nullptr ? sqlite3_extended_errcode(db_) : rc) + "]";
     switch (rc & 0xff) {
       case SQLITE_BUSY:
       case SQLITE_LOCKED:
@@ -126,7 +127,7 @@ class Session {
       case SQLITE_TOOBIG:
         return Status::InvalidArgument(m + "; the value is larger than SQLite accepts");
       default:
-        return Status::Internal(m + " (SQLite code " + std::to_string(rc) + ")");
+        return Status::Internal(m);
     }
   }
 
@@ -237,7 +238,7 @@ class Transaction {
   bool open_ = true;
 };
 
-Result<DbPtr> OpenConnection(const SqliteConfig& config, bool create, std::string_view what) {
+Result<DbPtr> OpenConnectionOnce(const SqliteConfig& config, bool create, std::string_view what) {
   // A clearer message than SQLite's "unable to open database file".
   std::string dir = config.path.substr(0, config.path.rfind('/'));
   struct stat st {};
@@ -269,6 +270,30 @@ Result<DbPtr> OpenConnection(const SqliteConfig& config, bool create, std::strin
   // crash of this process.
   GRANARY_RETURN_IF_ERROR(session.Exec("PRAGMA synchronous = FULL", what));
   return db;
+}
+
+Status InitSchema(const Session& session, std::string_view what);
+
+// Opens a connection (and, for the store, checks or creates the schema),
+// retrying on "database is locked" until the busy timeout is spent. Needed
+// because switching a new file to WAL upgrades a read lock: when two processes
+// do it at once, SQLite answers one of them SQLITE_BUSY at once instead of
+// calling the busy handler (it would deadlock), and the answer is to retry.
+Result<DbPtr> OpenConnection(const SqliteConfig& config, bool create, bool init_schema,
+                             std::string_view what) {
+  const auto deadline = steady_clock::now() + config.retry_budget;
+  milliseconds pause(5);
+  while (true) {
+    auto db = OpenConnectionOnce(config, create, what);
+    Status status = db.status();
+    if (db.ok() && init_schema) status = InitSchema(Session(db->get(), config), what);
+    if (status.ok()) return db;
+    if (status.code() != StatusCode::kUnavailable || steady_clock::now() >= deadline) {
+      return status;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, milliseconds(100));
+  }
 }
 
 Status InitSchema(const Session& session, std::string_view what) {
@@ -426,8 +451,8 @@ SqliteStore::~SqliteStore() = default;
 
 Result<std::unique_ptr<MetadataStore>> SqliteStore::Open(SqliteConfig config) {
   const std::string what = "open metadata store";
-  GRANARY_ASSIGN_OR_RETURN(DbPtr db, OpenConnection(config, /*create=*/true, what));
-  GRANARY_RETURN_IF_ERROR(InitSchema(Session(db.get(), config), what));
+  GRANARY_ASSIGN_OR_RETURN(DbPtr db,
+                           OpenConnection(config, /*create=*/true, /*init_schema=*/true, what));
   return std::unique_ptr<MetadataStore>(new SqliteStore(std::move(config), std::move(db)));
 }
 
@@ -823,7 +848,8 @@ Status SqliteStore::DeletePlan(std::string_view dataset, std::string_view plan_i
 
 Result<std::unique_ptr<MetadataStore::Watcher>> SqliteStore::Watch() {
   const std::string what = "watch events";
-  GRANARY_ASSIGN_OR_RETURN(DbPtr db, OpenConnection(config_, /*create=*/false, what));
+  GRANARY_ASSIGN_OR_RETURN(DbPtr db,
+                           OpenConnection(config_, /*create=*/false, /*init_schema=*/false, what));
   int64_t last = 0;
   {
     // Start after everything already there, pruned or not.

@@ -23,13 +23,6 @@
 namespace granary {
 namespace {
 
-// test_util's ASSERT_OK takes a Result; these calls return a bare Status.
-#define ASSERT_STATUS_OK(expr)                               \
-  do {                                                       \
-    const ::granary::Status& granary_st_ = (expr);           \
-    ASSERT_TRUE(granary_st_.ok()) << granary_st_.ToString(); \
-  } while (0)
-
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -264,7 +257,7 @@ TYPED_TEST(MetadataStoreTest, ListDatasetsIsSortedByName) {
   EXPECT_TRUE(empty->empty());
   for (const char* name : {"zeta", "alpha", "m-1"})
     ASSERT_OK(store->CreateDataset(MakeDataset(name)));
-  ASSERT_STATUS_OK(store->DeleteDataset("m-1"));
+  ASSERT_OK(store->DeleteDataset("m-1"));
   ASSERT_OK(store->CreateDataset(MakeDataset("beta")));
   auto all = store->ListDatasets();
   ASSERT_OK(all);
@@ -340,13 +333,13 @@ TYPED_TEST(MetadataStoreTest, ManifestBlobsOfSeveralMegabytesRoundTrip) {
     c = static_cast<char>(x);
   }
   const std::string id = "0123456789abcdef0123456789abcdef";
-  ASSERT_STATUS_OK(store->PutManifest(id, blob));
-  ASSERT_STATUS_OK(store->PutManifest(id, blob));  // idempotent
+  ASSERT_OK(store->PutManifest(id, blob));
+  ASSERT_OK(store->PutManifest(id, blob));  // idempotent
   auto got = store->GetManifest(id);
   ASSERT_OK(got);
   EXPECT_TRUE(*got == blob);
 
-  ASSERT_STATUS_OK(store->PutManifest("ee", ""));
+  ASSERT_OK(store->PutManifest("ee", ""));
   auto empty = store->GetManifest("ee");
   ASSERT_OK(empty);
   EXPECT_TRUE(empty->empty());
@@ -364,9 +357,9 @@ TYPED_TEST(MetadataStoreTest, HeartbeatsRegisterRefreshAndFilterByPool) {
   auto store = this->Open();
   ASSERT_NE(store, nullptr);
   const milliseconds ttl(60'000);
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-b", "pool-a"), ttl));
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-a", "pool-a"), ttl));
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-c", "pool-b"), ttl));
+  ASSERT_OK(store->Heartbeat(MakeNode("node-b", "pool-a"), ttl));
+  ASSERT_OK(store->Heartbeat(MakeNode("node-a", "pool-a"), ttl));
+  ASSERT_OK(store->Heartbeat(MakeNode("node-c", "pool-b"), ttl));
 
   auto all = store->ListNodes("");
   ASSERT_OK(all);
@@ -386,14 +379,14 @@ TYPED_TEST(MetadataStoreTest, HeartbeatsRegisterRefreshAndFilterByPool) {
   // A refresh replaces the record; a node may move pools.
   NodeRecord moved = MakeNode("node-a", "pool-b");
   moved.used_bytes = 7;
-  ASSERT_STATUS_OK(store->Heartbeat(moved, ttl));
+  ASSERT_OK(store->Heartbeat(moved, ttl));
   auto b = store->ListNodes("pool-b");
   ASSERT_OK(b);
   ASSERT_EQ(NodeIds(*b), (std::vector<std::string>{"node-a", "node-c"}));
   EXPECT_EQ((*b)[0].used_bytes, 7u);
   EXPECT_EQ(NodeIds(*store->ListNodes("pool-a")), (std::vector<std::string>{"node-b"}));
 
-  ASSERT_STATUS_OK(store->RemoveNode("node-b"));
+  ASSERT_OK(store->RemoveNode("node-b"));
   EXPECT_EQ(store->RemoveNode("node-b").code(), StatusCode::kNotFound);
   EXPECT_EQ(NodeIds(*store->ListNodes("")), (std::vector<std::string>{"node-a", "node-c"}));
 }
@@ -401,8 +394,8 @@ TYPED_TEST(MetadataStoreTest, HeartbeatsRegisterRefreshAndFilterByPool) {
 TYPED_TEST(MetadataStoreTest, NodesExpireWhenHeartbeatsStop) {
   auto store = this->Open();
   ASSERT_NE(store, nullptr);
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("short", "p"), milliseconds(300)));
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("long", "p"), milliseconds(60'000)));
+  ASSERT_OK(store->Heartbeat(MakeNode("short", "p"), milliseconds(300)));
+  ASSERT_OK(store->Heartbeat(MakeNode("long", "p"), milliseconds(60'000)));
   auto now = store->ListNodes("p");
   ASSERT_OK(now);
   EXPECT_EQ(NodeIds(*now), (std::vector<std::string>{"long", "short"}));
@@ -413,7 +406,7 @@ TYPED_TEST(MetadataStoreTest, NodesExpireWhenHeartbeatsStop) {
   }));
   EXPECT_EQ(store->RemoveNode("short").code(), StatusCode::kNotFound);
   // Heartbeating again brings it back.
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("short", "p"), milliseconds(60'000)));
+  ASSERT_OK(store->Heartbeat(MakeNode("short", "p"), milliseconds(60'000)));
   EXPECT_EQ(NodeIds(*store->ListNodes("p")), (std::vector<std::string>{"long", "short"}));
 }
 
@@ -431,11 +424,11 @@ TYPED_TEST(MetadataStoreTest, ProgressIsKeptPerNode) {
   EXPECT_TRUE(empty->empty());
 
   StagingProgress p{10, 3, 1000, 300, 1, 0};
-  ASSERT_STATUS_OK(store->PutProgress("ds", "node-1", p));
-  ASSERT_STATUS_OK(store->PutProgress("ds", "node-2", StagingProgress{10, 0, 1000, 0, 0, 0}));
+  ASSERT_OK(store->PutProgress("ds", "node-1", p));
+  ASSERT_OK(store->PutProgress("ds", "node-2", StagingProgress{10, 0, 1000, 0, 0, 0}));
   clock.Advance(milliseconds(100));
   p.chunks_staged = 4;
-  ASSERT_STATUS_OK(store->PutProgress("ds", "node-1", p));
+  ASSERT_OK(store->PutProgress("ds", "node-1", p));
 
   auto got = store->ListProgress("ds");
   ASSERT_OK(got);
@@ -452,11 +445,11 @@ TYPED_TEST(MetadataStoreTest, PlansAreRegisteredListedReplacedAndDeleted) {
   auto store = this->Open();
   ASSERT_NE(store, nullptr);
   ASSERT_OK(store->CreateDataset(MakeDataset("ds")));
-  ASSERT_STATUS_OK(store->PutPlan("ds", MakePlan("plan-b")));
-  ASSERT_STATUS_OK(store->PutPlan("ds", MakePlan("plan-a")));
+  ASSERT_OK(store->PutPlan("ds", MakePlan("plan-b")));
+  ASSERT_OK(store->PutPlan("ds", MakePlan("plan-a")));
   PlanRecord replaced = MakePlan("plan-b");
   replaced.mode = "sequential";
-  ASSERT_STATUS_OK(store->PutPlan("ds", replaced));
+  ASSERT_OK(store->PutPlan("ds", replaced));
 
   auto plans = store->ListPlans("ds");
   ASSERT_OK(plans);
@@ -468,7 +461,7 @@ TYPED_TEST(MetadataStoreTest, PlansAreRegisteredListedReplacedAndDeleted) {
   EXPECT_EQ((*plans)[0], want);
   EXPECT_EQ((*plans)[1].mode, "sequential");
 
-  ASSERT_STATUS_OK(store->DeletePlan("ds", "plan-a"));
+  ASSERT_OK(store->DeletePlan("ds", "plan-a"));
   EXPECT_EQ(store->DeletePlan("ds", "plan-a").code(), StatusCode::kNotFound);
   EXPECT_EQ(store->ListPlans("ds")->size(), 1u);
 
@@ -489,10 +482,10 @@ TYPED_TEST(MetadataStoreTest, DeletingADatasetDeletesItsProgressAndPlans) {
   ASSERT_OK(store->CreateDataset(MakeDataset("ds")));
   ASSERT_OK(store->CreateDataset(MakeDataset("other")));
   for (const char* ds : {"ds", "other"}) {
-    ASSERT_STATUS_OK(store->PutProgress(ds, "node-1", StagingProgress{1, 1, 1, 1, 0, 0}));
-    ASSERT_STATUS_OK(store->PutPlan(ds, MakePlan("p")));
+    ASSERT_OK(store->PutProgress(ds, "node-1", StagingProgress{1, 1, 1, 1, 0, 0}));
+    ASSERT_OK(store->PutPlan(ds, MakePlan("p")));
   }
-  ASSERT_STATUS_OK(store->DeleteDataset("ds"));
+  ASSERT_OK(store->DeleteDataset("ds"));
   EXPECT_EQ(store->ListProgress("ds").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(store->ListPlans("ds").status().code(), StatusCode::kNotFound);
 
@@ -519,16 +512,16 @@ TYPED_TEST(MetadataStoreTest, WatcherSeesEveryKindOfMutationInOrder) {
   auto created = store->CreateDataset(MakeDataset("ds"));
   ASSERT_OK(created);
   ASSERT_OK(store->UpdateDataset(*created));
-  ASSERT_STATUS_OK(store->PutProgress("ds", "node-1", {}));
-  ASSERT_STATUS_OK(store->PutPlan("ds", MakePlan("p")));
-  ASSERT_STATUS_OK(store->DeletePlan("ds", "p"));
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-1", "p"), milliseconds(60'000)));
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-1", "p"), milliseconds(60'000)));  // no change
+  ASSERT_OK(store->PutProgress("ds", "node-1", {}));
+  ASSERT_OK(store->PutPlan("ds", MakePlan("p")));
+  ASSERT_OK(store->DeletePlan("ds", "p"));
+  ASSERT_OK(store->Heartbeat(MakeNode("node-1", "p"), milliseconds(60'000)));
+  ASSERT_OK(store->Heartbeat(MakeNode("node-1", "p"), milliseconds(60'000)));  // no change
   NodeRecord moved = MakeNode("node-1", "q");
-  ASSERT_STATUS_OK(store->Heartbeat(moved, milliseconds(60'000)));  // changed pool
-  ASSERT_STATUS_OK(store->RemoveNode("node-1"));
-  ASSERT_STATUS_OK(store->PutManifest("aa", "bytes"));  // manifests publish nothing
-  ASSERT_STATUS_OK(store->DeleteDataset("ds"));
+  ASSERT_OK(store->Heartbeat(moved, milliseconds(60'000)));  // changed pool
+  ASSERT_OK(store->RemoveNode("node-1"));
+  ASSERT_OK(store->PutManifest("aa", "bytes"));  // manifests publish nothing
+  ASSERT_OK(store->DeleteDataset("ds"));
   ASSERT_OK(store->CreateDataset(MakeDataset("ds-x")));
   // Refused writes publish nothing.
   EXPECT_EQ(store->CreateDataset(MakeDataset("ds-x")).status().code(), StatusCode::kAlreadyExists);
@@ -536,7 +529,7 @@ TYPED_TEST(MetadataStoreTest, WatcherSeesEveryKindOfMutationInOrder) {
   stale.revision = 7;
   EXPECT_EQ(store->UpdateDataset(stale).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(store->RemoveNode("never-there").code(), StatusCode::kNotFound);
-  ASSERT_STATUS_OK(store->DeleteDataset("ds-x"));
+  ASSERT_OK(store->DeleteDataset("ds-x"));
 
   const std::vector<Event> want = {
       {EventKind::kDataset, "ds"},   {EventKind::kDataset, "ds"},   {EventKind::kProgress, "ds"},
@@ -559,7 +552,7 @@ TYPED_TEST(MetadataStoreTest, WatcherSeesWritesOfAnotherStoreAndOutlivesItsOwn) 
   ASSERT_OK(watcher);
   reader.reset();  // the watcher has its own connection
   ASSERT_OK(writer->CreateDataset(MakeDataset("from-elsewhere")));
-  ASSERT_STATUS_OK(writer->Heartbeat(MakeNode("node-9", "p"), milliseconds(60'000)));
+  ASSERT_OK(writer->Heartbeat(MakeNode("node-9", "p"), milliseconds(60'000)));
   EXPECT_EQ(Collect(**watcher, 2), (std::vector<Event>{{EventKind::kDataset, "from-elsewhere"},
                                                        {EventKind::kNode, "node-9"}}));
 }

@@ -25,12 +25,6 @@ using std::chrono::steady_clock;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-#define ASSERT_STATUS_OK(expr)                               \
-  do {                                                       \
-    const ::granary::Status& granary_st_ = (expr);           \
-    ASSERT_TRUE(granary_st_.ok()) << granary_st_.ToString(); \
-  } while (0)
-
 DatasetRecord MakeDataset(const std::string& name) {
   DatasetRecord r;
   r.name = name;
@@ -137,12 +131,12 @@ TEST_F(RedisStoreTest, AcknowledgedWritesSurviveACrashAndWritesResumeAfterRestar
     auto r = store->CreateDataset(MakeDataset(name));
     EXPECT_TRUE(r.ok()) << name << ": " << r.status().ToString();
     if (r.ok()) acknowledged.push_back(name);
-    ASSERT_STATUS_OK(store->PutProgress(name, "node-1", StagingProgress{1, 1, 1, 1, 0, 0}));
+    ASSERT_OK(store->PutProgress(name, "node-1", StagingProgress{1, 1, 1, 1, 0, 0}));
   };
   for (int i = 0; i < 5; ++i) write("before-" + std::to_string(i));
 
   // A crash: only what Redis fsynced before replying survives.
-  ASSERT_STATUS_OK(server_->Kill());
+  ASSERT_OK(server_->Kill());
   // These block in reconnect-with-backoff until the server is back. They run
   // on their own thread because the fixture must (re)start the server from
   // this one, which outlives it.
@@ -153,13 +147,13 @@ TEST_F(RedisStoreTest, AcknowledgedWritesSurviveACrashAndWritesResumeAfterRestar
   std::this_thread::sleep_for(milliseconds(300));
   Status restarted = server_->Restart();
   writer.join();
-  ASSERT_STATUS_OK(restarted);
+  ASSERT_OK(restarted);
   for (int i = 0; i < 5; ++i) write("after-" + std::to_string(i));
   EXPECT_EQ(acknowledged.size(), 15u);
 
   // Read back through a fresh connection, after one more crash and restart.
-  ASSERT_STATUS_OK(server_->Kill());
-  ASSERT_STATUS_OK(server_->Restart());
+  ASSERT_OK(server_->Kill());
+  ASSERT_OK(server_->Restart());
   auto reader = Open(server_->url());
   ASSERT_NE(reader, nullptr);
   for (const std::string& name : acknowledged) {
@@ -176,7 +170,7 @@ TEST_F(RedisStoreTest, WritesWhileTheServerStaysDownFailAfterTheBudgetThenRecove
   options.retry_budget = milliseconds(500);
   auto store = Open(server_->url(), options);
   ASSERT_NE(store, nullptr);
-  ASSERT_STATUS_OK(server_->Stop());
+  ASSERT_OK(server_->Stop());
 
   const auto start = steady_clock::now();
   auto r = store->CreateDataset(MakeDataset("lost"));
@@ -189,7 +183,7 @@ TEST_F(RedisStoreTest, WritesWhileTheServerStaysDownFailAfterTheBudgetThenRecove
   EXPECT_LT(elapsed, std::chrono::seconds(5));  // ...and no longer
   EXPECT_EQ(store->ListNodes("").status().code(), StatusCode::kUnavailable);
 
-  ASSERT_STATUS_OK(server_->Restart());
+  ASSERT_OK(server_->Restart());
   ASSERT_OK(store->CreateDataset(MakeDataset("lost")));
 }
 
@@ -199,13 +193,13 @@ TEST_F(RedisStoreTest, WatcherReportsTheOutageThenResyncs) {
   auto watcher = store->Watch();
   ASSERT_OK(watcher);
 
-  ASSERT_STATUS_OK(server_->Kill());
+  ASSERT_OK(server_->Kill());
   auto down = (*watcher)->Next(milliseconds(200));
   ASSERT_FALSE(down.ok());
   EXPECT_EQ(down.status().code(), StatusCode::kUnavailable);
   EXPECT_THAT(down.status().message(), HasSubstr(server_->url()));
 
-  ASSERT_STATUS_OK(server_->Restart());
+  ASSERT_OK(server_->Restart());
   std::vector<Event> got;
   for (int i = 0; i < 20 && got.empty(); ++i) {
     auto batch = (*watcher)->Next(milliseconds(250));
@@ -263,10 +257,10 @@ TEST_F(RedisStoreTest, KeysFollowTheDocumentedSchema) {
   auto store = Open(server_->url(0, "?prefix=doc"));
   ASSERT_NE(store, nullptr);
   ASSERT_OK(store->CreateDataset(MakeDataset("ds")));
-  ASSERT_STATUS_OK(store->PutProgress("ds", "node-1", {}));
-  ASSERT_STATUS_OK(store->PutPlan("ds", MakePlan("p")));
-  ASSERT_STATUS_OK(store->PutManifest("aa", "blob"));
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-1"), milliseconds(60'000)));
+  ASSERT_OK(store->PutProgress("ds", "node-1", {}));
+  ASSERT_OK(store->PutPlan("ds", MakePlan("p")));
+  ASSERT_OK(store->PutManifest("aa", "blob"));
+  ASSERT_OK(store->Heartbeat(MakeNode("node-1"), milliseconds(60'000)));
 
   RawRedis raw(server_->port());
   ASSERT_NE(raw.c, nullptr);
@@ -294,7 +288,7 @@ TEST_F(RedisStoreTest, KeysFollowTheDocumentedSchema) {
   // Events go to doc:events as {"kind":..,"name":..}.
   RawRedis sub(server_->port());
   EXPECT_EQ(sub.Run({"SUBSCRIBE", "doc:events"}), "array of 3");
-  ASSERT_STATUS_OK(store->DeleteDataset("ds"));
+  ASSERT_OK(store->DeleteDataset("ds"));
   void* reply = nullptr;
   ASSERT_EQ(redisGetReply(sub.c, &reply), REDIS_OK);
   auto* message = static_cast<redisReply*>(reply);
@@ -309,7 +303,7 @@ TEST_F(RedisStoreTest, KeysFollowTheDocumentedSchema) {
   EXPECT_EQ(raw.Run({"EXISTS", "doc:manifest:aa"}), "1");
 
   // An expired node leaves the index the next time nodes are listed.
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("short"), milliseconds(50)));
+  ASSERT_OK(store->Heartbeat(MakeNode("short"), milliseconds(50)));
   EXPECT_EQ(raw.Run({"SISMEMBER", "doc:nodes", "short"}), "1");
   EXPECT_TRUE(testing::WaitFor([&] { return raw.Run({"EXISTS", "doc:node:short"}) == "0"; }));
   ASSERT_OK(store->ListNodes(""));

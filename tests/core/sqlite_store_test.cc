@@ -27,12 +27,6 @@ using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 using ::testing::HasSubstr;
 
-#define ASSERT_STATUS_OK(expr)                               \
-  do {                                                       \
-    const ::granary::Status& granary_st_ = (expr);           \
-    ASSERT_TRUE(granary_st_.ok()) << granary_st_.ToString(); \
-  } while (0)
-
 DatasetRecord MakeDataset(const std::string& name) {
   DatasetRecord r;
   r.name = name;
@@ -235,7 +229,7 @@ TEST_F(SqliteStoreTest, ExpiryFollowsTheInjectedClock) {
   options.clock = &clock;
   auto store = Open(url(), options);
   ASSERT_NE(store, nullptr);
-  ASSERT_STATUS_OK(store->Heartbeat(MakeNode("node-1"), milliseconds(1000)));
+  ASSERT_OK(store->Heartbeat(MakeNode("node-1"), milliseconds(1000)));
   clock.Advance(milliseconds(999));
   EXPECT_EQ(store->ListNodes("")->size(), 1u);
   clock.Advance(milliseconds(1));
