@@ -15,9 +15,6 @@
 
 namespace granary {
 
-static_assert(DatasetSpec{}.chunk_size == kDefaultChunkSize,
-              "DatasetSpec's default chunk size must be the manifest's");
-
 namespace {
 
 using nlohmann::json;

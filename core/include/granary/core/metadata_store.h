@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "granary/core/clock.h"
+#include "granary/core/manifest.h"
 #include "granary/core/status.h"
 
 namespace granary {
@@ -70,12 +71,12 @@ std::string_view DatasetPhaseName(DatasetPhase phase);
 Result<DatasetPhase> ParseDatasetPhase(std::string_view name);
 
 struct DatasetSpec {
-  std::string source_uri;             // e.g. file:///lustre/imagenet/train
-  std::vector<std::string> include;   // globs; empty means everything
-  std::vector<std::string> exclude;   // globs
-  uint64_t chunk_size = 16ull << 20;  // bytes; same default as the manifest
-  std::string pool = "default";       // cache pool (DNS-1123 label) that stages it
-  uint32_t replication = 1;           // owners per chunk, >= 1
+  std::string source_uri;                   // e.g. file:///lustre/imagenet/train
+  std::vector<std::string> include;         // globs; empty means everything
+  std::vector<std::string> exclude;         // globs
+  uint64_t chunk_size = kDefaultChunkSize;  // bytes (manifest.h)
+  std::string pool = "default";             // cache pool (DNS-1123 label) that stages it
+  uint32_t replication = 1;                 // owners per chunk, >= 1
 
   friend bool operator==(const DatasetSpec&, const DatasetSpec&) = default;
 };
