@@ -15,6 +15,7 @@
 
 #include "granary/core/byte_order.h"
 #include "granary/core/chunk_format.h"
+#include "granary/core/names.h"
 
 namespace granary {
 
@@ -23,29 +24,6 @@ namespace cf = chunk_format;
 namespace {
 
 constexpr std::string_view kRestage = "delete the file and re-stage the chunk";
-
-bool IsDnsLabel(std::string_view name) {
-  if (name.empty() || name.size() > cf::kMaxDatasetNameLength) return false;
-  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
-  for (char c : name) {
-    if (!alnum(c) && c != '-') return false;
-  }
-  return alnum(name.front()) && alnum(name.back());
-}
-
-// Printable form of a dataset name read from disk, which may hold anything.
-std::string Printable(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f) {
-      out += c;
-    } else {
-      out += fmt::format("\\x{:02x}", u);
-    }
-  }
-  return out;
-}
 
 // Empty if `segments` is a valid chunk geometry (payload order, no overlap,
 // within kMaxPayloadSize), else what is wrong. Sets *payload_size to the end of
@@ -203,8 +181,8 @@ Result<internal::ChunkFileState> LoadChunkFile(ScopedFd fd, const std::string& p
   std::string_view dataset = dataset_field.substr(0, dataset_field.find('\0'));
   if (!IsDnsLabel(dataset) ||
       dataset_field.find_first_not_of('\0', dataset.size()) != std::string_view::npos) {
-    return Corrupt(path, fmt::format("dataset name field '{}' is not a NUL-padded DNS-1123 label",
-                                     Printable(dataset_field)));
+    return Corrupt(path, fmt::format("dataset name field {} is not a NUL-padded DNS-1123 label",
+                                     Quoted(dataset_field)));
   }
 
   internal::ChunkFileState state;
@@ -328,18 +306,6 @@ Status SetFileSize(int fd, uint64_t size, bool preallocate, const std::string& p
 }
 
 // fsync, not fdatasync: a directory has no "data" apart from its entries.
-Status SyncDirectoryOf(const std::string& path) {
-  std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  std::string dir = parent.empty() ? std::string(".") : parent.string();
-  GRANARY_ASSIGN_OR_RETURN(ScopedFd dfd, OpenFile(dir, O_RDONLY | O_DIRECTORY));
-  int rc;
-  do {
-    rc = ::fsync(dfd.get());
-  } while (rc < 0 && errno == EINTR);
-  if (rc < 0) return Status::FromErrno(errno, "sync directory " + dir);
-  return Status::Ok();
-}
-
 }  // namespace
 
 std::string internal::ChunkFileState::Describe() const {
@@ -358,9 +324,9 @@ Result<ChunkWriter> ChunkWriter::Create(const std::string& path, const ChunkKey&
   const std::string doing = "create chunk file " + path;
   if (!IsDnsLabel(key.dataset)) {
     return Status::InvalidArgument(fmt::format(
-        "{}: dataset name '{}' is not a DNS-1123 label (1 to {} of [a-z0-9-], starting and "
+        "{}: dataset name {} is not a DNS-1123 label (1 to {} of [a-z0-9-], starting and "
         "ending alphanumeric)",
-        doing, Printable(key.dataset), cf::kMaxDatasetNameLength));
+        doing, Quoted(key.dataset), cf::kMaxDatasetNameLength));
   }
   uint64_t payload_size;
   std::string problem = SegmentProblem(segments, &payload_size);
@@ -423,10 +389,10 @@ Status ChunkWriter::CheckUsable() const {
       state_.Describe(), failed_.message()));
 }
 
-Status ChunkWriter::CheckIndex(uint32_t index, std::string_view doing) const {
-  if (index < segment_count()) return Status::Ok();
+Status internal::ChunkFileState::CheckIndex(uint32_t index, std::string_view doing) const {
+  if (index < segments.size()) return Status::Ok();
   return Status::InvalidArgument(fmt::format("{} segment {} of {}: it has only {} segments", doing,
-                                             index, state_.Describe(), segment_count()));
+                                             index, Describe(), segments.size()));
 }
 
 Status ChunkWriter::Fail(Status status) {
@@ -438,7 +404,7 @@ Status ChunkWriter::Fail(Status status) {
 
 Status ChunkWriter::Put(uint32_t index, std::string_view bytes) {
   GRANARY_RETURN_IF_ERROR(CheckUsable());
-  GRANARY_RETURN_IF_ERROR(CheckIndex(index, "put"));
+  GRANARY_RETURN_IF_ERROR(state_.CheckIndex(index, "put"));
   const ChunkSegment& seg = state_.segments[index];
   if (bytes.size() != seg.length) {
     return Status::InvalidArgument(
@@ -455,9 +421,11 @@ Status ChunkWriter::Put(uint32_t index, std::string_view bytes) {
     pending_[index] = false;  // its old bytes are about to be overwritten
     --pending_count_;
   }
-  GRANARY_RETURN_IF_ERROR(PwriteFull(state_.fd.get(), bytes.data(), bytes.size(),
-                                     uint64_t{state_.header_region_size} + seg.chunk_offset,
-                                     state_.path));
+  if (Status s = PwriteFull(state_.fd.get(), bytes.data(), bytes.size(),
+                            uint64_t{state_.header_region_size} + seg.chunk_offset, state_.path);
+      !s.ok()) {
+    return Fail(std::move(s));  // part of the write may have landed over pending bytes
+  }
   state_.checksums[index] = Checksum64(bytes);
   if (pending_count_ == 0) {
     pending_lo_ = pending_hi_ = index;
@@ -523,7 +491,7 @@ Status ChunkWriter::Commit() {
 
 Status ChunkWriter::Drop(uint32_t index) {
   GRANARY_RETURN_IF_ERROR(CheckUsable());
-  GRANARY_RETURN_IF_ERROR(CheckIndex(index, "drop"));
+  GRANARY_RETURN_IF_ERROR(state_.CheckIndex(index, "drop"));
   if (pending_[index]) {
     pending_[index] = false;
     --pending_count_;
@@ -590,19 +558,13 @@ Status ChunkReader::Refresh() {
   return Status::Ok();
 }
 
-Status ChunkReader::CheckIndex(uint32_t index, std::string_view doing) const {
-  if (index < segment_count()) return Status::Ok();
-  return Status::InvalidArgument(fmt::format("{} segment {} of {}: it has only {} segments", doing,
-                                             index, state_.Describe(), segment_count()));
-}
-
 Result<uint64_t> ChunkReader::PayloadOffset(uint32_t index) const {
-  GRANARY_RETURN_IF_ERROR(CheckIndex(index, "locate"));
+  GRANARY_RETURN_IF_ERROR(state_.CheckIndex(index, "locate"));
   return uint64_t{state_.header_region_size} + state_.segments[index].chunk_offset;
 }
 
 Status ChunkReader::Verify(uint32_t index, std::string_view bytes) const {
-  GRANARY_RETURN_IF_ERROR(CheckIndex(index, "verify"));
+  GRANARY_RETURN_IF_ERROR(state_.CheckIndex(index, "verify"));
   const ChunkSegment& seg = state_.segments[index];
   uint64_t computed = Checksum64(bytes);
   if (bytes.size() == seg.length && computed == state_.checksums[index]) return Status::Ok();
@@ -614,7 +576,7 @@ Status ChunkReader::Verify(uint32_t index, std::string_view bytes) const {
 }
 
 Status ChunkReader::Read(uint32_t index, std::span<char> out) const {
-  GRANARY_RETURN_IF_ERROR(CheckIndex(index, "read"));
+  GRANARY_RETURN_IF_ERROR(state_.CheckIndex(index, "read"));
   const ChunkSegment& seg = state_.segments[index];
   if (out.size() != seg.length) {
     return Status::InvalidArgument(
@@ -633,7 +595,7 @@ Status ChunkReader::Read(uint32_t index, std::span<char> out) const {
 }
 
 Result<std::string> ChunkReader::Read(uint32_t index) const {
-  GRANARY_RETURN_IF_ERROR(CheckIndex(index, "read"));
+  GRANARY_RETURN_IF_ERROR(state_.CheckIndex(index, "read"));
   std::string out(state_.segments[index].length, '\0');
   GRANARY_RETURN_IF_ERROR(Read(index, std::span<char>(out.data(), out.size())));
   return out;

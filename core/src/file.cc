@@ -82,27 +82,35 @@ Result<std::string> ReadFileToString(const std::string& path) {
   return data;
 }
 
-Status WriteFileAtomically(const std::string& path, std::string_view contents, mode_t mode) {
-  std::filesystem::path target(path);
-  std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    GRANARY_ASSIGN_OR_RETURN(ScopedFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, mode));
-    Status s = PwriteFull(fd.get(), contents.data(), contents.size(), 0, tmp);
-    if (s.ok()) s = SyncData(fd.get(), tmp);
-    if (!s.ok()) {
-      ::unlink(tmp.c_str());
-      return s;
-    }
-  }
-  if (::rename(tmp.c_str(), path.c_str()) < 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return Status::FromErrno(err, "rename " + tmp + " to " + path);
-  }
-  auto dfd = OpenFile(dir.string(), O_RDONLY | O_DIRECTORY);
-  if (dfd.ok()) ::fsync(dfd->get());
+Status SyncDirectoryOf(const std::string& path) {
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::string dir = parent.empty() ? std::string(".") : parent.string();
+  GRANARY_ASSIGN_OR_RETURN(ScopedFd dfd, OpenFile(dir, O_RDONLY | O_DIRECTORY));
+  int rc;
+  do {
+    rc = ::fsync(dfd.get());
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) return Status::FromErrno(errno, "sync directory " + dir);
   return Status::Ok();
+}
+
+Status WriteFileAtomically(const std::string& path, std::string_view contents, mode_t mode) {
+  std::string tmp = path + ".tmp.XXXXXX";
+  int raw = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (raw < 0) return Status::FromErrno(errno, "create a temporary file next to " + path);
+  ScopedFd fd(raw);
+  Status s;
+  if (::fchmod(fd.get(), mode) < 0) s = Status::FromErrno(errno, "chmod " + tmp);
+  if (s.ok()) s = PwriteFull(fd.get(), contents.data(), contents.size(), 0, tmp);
+  if (s.ok()) s = SyncData(fd.get(), tmp);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) < 0) {
+    s = Status::FromErrno(errno, "rename " + tmp + " to " + path);
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return SyncDirectoryOf(path);
 }
 
 }  // namespace granary

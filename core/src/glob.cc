@@ -83,24 +83,44 @@ bool MatchComponent(std::string_view p, std::string_view s) {
   return pi == p.size();
 }
 
-bool MatchComponents(const std::vector<std::string>& pat, size_t pi,
-                     const std::vector<std::string_view>& path, size_t si) {
-  while (pi < pat.size()) {
-    if (pat[pi] == "**") {
-      // Collapse runs of "**" and try every split point.
-      while (pi < pat.size() && pat[pi] == "**") ++pi;
-      if (pi == pat.size()) return true;
-      for (size_t k = si; k < path.size(); ++k) {
-        if (MatchComponents(pat, pi, path, k)) return true;
+// Whole pattern against whole path, component by component. "**" makes this a
+// search over split points; remembering each (pattern, path) position already
+// tried keeps it at most patterns x components steps, whatever the input.
+class ComponentMatcher {
+ public:
+  ComponentMatcher(const std::vector<std::string>& pat, const std::vector<std::string_view>& path)
+      : pat_(pat), path_(path), failed_((pat.size() + 1) * (path.size() + 1), false) {}
+
+  bool Match(size_t pi, size_t si) {
+    while (pi < pat_.size()) {
+      if (pat_[pi] == "**") {
+        while (pi < pat_.size() && pat_[pi] == "**") ++pi;  // runs of ** are one
+        if (pi == pat_.size()) return true;
+        for (size_t k = si; k < path_.size(); ++k) {
+          if (MatchMemo(pi, k)) return true;
+        }
+        return false;
       }
-      return false;
+      if (si >= path_.size() || !MatchComponent(pat_[pi], path_[si])) return false;
+      ++pi;
+      ++si;
     }
-    if (si >= path.size() || !MatchComponent(pat[pi], path[si])) return false;
-    ++pi;
-    ++si;
+    return si == path_.size();
   }
-  return si == path.size();
-}
+
+ private:
+  bool MatchMemo(size_t pi, size_t si) {
+    size_t key = pi * (path_.size() + 1) + si;
+    if (failed_[key]) return false;
+    if (Match(pi, si)) return true;
+    failed_[key] = true;
+    return false;
+  }
+
+  const std::vector<std::string>& pat_;
+  const std::vector<std::string_view>& path_;
+  std::vector<bool> failed_;
+};
 
 }  // namespace
 
@@ -142,7 +162,7 @@ bool Glob::Match(std::string_view path) const {
     if (components_[0] == "**") return true;
     return !parts.empty() && MatchComponent(components_[0], parts.back());
   }
-  return MatchComponents(components_, 0, parts, 0);
+  return ComponentMatcher(components_, parts).Match(0, 0);
 }
 
 Result<GlobSet> GlobSet::Compile(const std::vector<std::string>& patterns) {

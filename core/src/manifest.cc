@@ -90,6 +90,50 @@ bool GetString32(ByteReader& r, std::string* s) {
   return true;
 }
 
+// Decompresses one zstd frame that must yield exactly `expected` bytes. The
+// output grows only as decompressed bytes arrive, so a header that lies about
+// the size cannot make the reader allocate more than the frame really holds.
+Result<std::string> Decompress(std::string_view frame, uint64_t expected) {
+  auto corrupt = [](const std::string& what) {
+    return Status::Corruption("manifest is corrupt: cannot decompress the body: " + what +
+                              "; rebuild it with a new snapshot of the dataset");
+  };
+  std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> ctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
+  if (ctx == nullptr) return Status::ResourceExhausted("decode manifest: out of memory");
+  std::string out;
+  ZSTD_inBuffer in{frame.data(), frame.size(), 0};
+  size_t produced = 0;
+  while (true) {
+    if (produced == out.size()) {
+      if (out.size() >= expected) {
+        // Full: the frame must be finished; probe with a byte of room.
+        char probe;
+        ZSTD_outBuffer extra{&probe, 1, 0};
+        size_t rc = ZSTD_decompressStream(ctx.get(), &extra, &in);
+        if (ZSTD_isError(rc)) return corrupt(ZSTD_getErrorName(rc));
+        if (extra.pos != 0) return corrupt("more bytes than the header says");
+        if (rc != 0) return corrupt("the frame is incomplete");
+        break;
+      }
+      uint64_t grown = std::min<uint64_t>(expected, std::max<uint64_t>(out.size() * 2, 1u << 20));
+      out.resize(static_cast<size_t>(grown));
+    }
+    ZSTD_outBuffer o{out.data(), out.size(), produced};
+    size_t rc = ZSTD_decompressStream(ctx.get(), &o, &in);
+    if (ZSTD_isError(rc)) return corrupt(ZSTD_getErrorName(rc));
+    bool progressed = o.pos != produced;
+    produced = o.pos;
+    if (rc == 0) break;  // frame complete
+    if (!progressed && in.pos == in.size) return corrupt("the frame is truncated");
+  }
+  if (produced != expected || in.pos != in.size) {
+    return corrupt("got " + std::to_string(produced) + " bytes, the header says " +
+                   std::to_string(expected));
+  }
+  out.resize(produced);
+  return out;
+}
+
 }  // namespace
 
 struct Manifest::Rep {
@@ -473,12 +517,7 @@ Result<Manifest> Manifest::Decode(std::string_view bytes) {
   }
   unsigned long long frame_size = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (frame_size != body_size) return corrupt("compressed body size disagrees with the header");
-  std::string body(static_cast<size_t>(body_size), '\0');
-  size_t got = ZSTD_decompress(body.data(), body.size(), frame.data(), frame.size());
-  if (ZSTD_isError(got) || got != body_size) {
-    return corrupt(std::string("cannot decompress the body: ") +
-                   (ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short output"));
-  }
+  GRANARY_ASSIGN_OR_RETURN(std::string body, Decompress(frame, body_size));
   if (ContentId::Of(body) != id) return corrupt("content id does not match the content");
   return internal::DecodeManifestBody(body, id);
 }

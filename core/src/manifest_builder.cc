@@ -18,6 +18,7 @@
 #include "granary/core/file.h"
 #include "granary/core/glob.h"
 #include "granary/core/log.h"
+#include "granary/core/manifest_format.h"
 
 namespace granary {
 namespace {
@@ -65,6 +66,10 @@ class Walker {
     for (unsigned i = 0; i < threads; ++i) workers.emplace_back([this] { WorkLoop(); });
     for (auto& t : workers) t.join();
     if (options_.on_progress) options_.on_progress(files_, stats_.directories);
+    if (stats_.skipped_unreadable > 1) {
+      log_->warn("snapshot of {}: skipped {} entries it could not read or represent", root_real_,
+                 stats_.skipped_unreadable);
+    }
   }
 
   std::vector<FileEntry> TakeEntries() { return std::move(entries_); }
@@ -114,9 +119,17 @@ class Walker {
     }
   }
 
-  void Unreadable(Local* local, const std::string& rel, int err) {
+  // Counts an entry that cannot be a sample; logs the first one only (a tree
+  // with many unreadable entries would otherwise flood the log).
+  void Skip(Local* local, const std::string& rel, const std::string& why) {
     local->stats.skipped_unreadable++;
-    log_->warn("snapshot of {}: skipping '{}': {}", root_real_, rel, std::strerror(err));
+    if (!warned_.exchange(true)) {
+      log_->warn("snapshot of {}: skipping '{}': {} (further skips are counted, not logged)",
+                 root_real_, rel, why);
+    }
+  }
+  void Unreadable(Local* local, const std::string& rel, int err) {
+    Skip(local, rel, ErrnoText(err));
   }
 
   void ReadDirectory(const std::string& rel, Local* local) {
@@ -149,6 +162,10 @@ class Walker {
   void Visit(int dir_fd, const std::string& dir, const char* name, unsigned char type,
              Local* local) {
     std::string rel = Join(dir, name);
+    if (rel.size() > manifest_format::kMaxPathLength) {
+      Skip(local, rel.substr(0, 80) + "...", "path is longer than 4095 bytes");
+      return;
+    }
     struct stat st;
     if (type == DT_UNKNOWN || type == DT_REG) {
       if (::fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
@@ -225,6 +242,7 @@ class Walker {
   const GlobSet include_;
   const GlobSet exclude_;
   std::shared_ptr<spdlog::logger> log_;
+  std::atomic<bool> warned_{false};
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -268,7 +268,7 @@ size_t Plan::read_count() const {
 }
 
 std::span<const SampleId> Plan::Batch(size_t index) const {
-  assert(index < batch_count_ && "Plan::Batch index past batch_count()");
+  if (index >= batch_count_) return {};
   const size_t begin = index * spec_.batch_size;
   const size_t size = std::min<size_t>(spec_.batch_size, samples_.size() - begin);
   return std::span<const SampleId>(samples_).subspan(begin, size);

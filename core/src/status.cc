@@ -1,5 +1,7 @@
 #include "granary/core/status.h"
 
+#include <string.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -39,10 +41,16 @@ std::string_view StatusCodeName(StatusCode code) {
   return "Unknown";
 }
 
+std::string ErrnoText(int err) {
+  char buf[256];
+  // GNU strerror_r: returns a pointer to the message, in buf or static.
+  return std::string(::strerror_r(err, buf, sizeof(buf)));
+}
+
 Status Status::FromErrno(int err, std::string_view what) {
   std::string message(what);
   message += ": ";
-  message += std::strerror(err);
+  message += ErrnoText(err);
   switch (err) {
     case EACCES:
     case EPERM:

@@ -51,6 +51,17 @@ TEST(GlobTest, QuestionMarkClassesAndEscapes) {
   EXPECT_FALSE(M("\\*", "a"));
 }
 
+TEST(GlobTest, ManyDoubleStarsStayPolynomial) {
+  // Without memoisation this pattern backtracks exponentially over 2,000 components.
+  std::string path;
+  for (int i = 0; i < 2000; ++i) path += "a/";
+  path += "c";
+  auto g = Glob::Compile("**/a/**/a/**/a/**/a/**/a/**/b");
+  ASSERT_TRUE(g.ok());
+  EXPECT_FALSE(g->Match(path));
+  EXPECT_TRUE(Glob::Compile("**/a/**/a/**/c")->Match(path));
+}
+
 TEST(GlobTest, BadPatternsAreClearErrors) {
   for (const char* bad : {"", "/", "a[bc", "x\\"}) {
     auto g = Glob::Compile(bad);

@@ -1,5 +1,6 @@
 #include "granary/core/manifest_builder.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -128,7 +129,8 @@ TEST_F(ManifestBuilderTest, SpecialFilesAreSkippedAndCounted) {
 }
 
 TEST_F(ManifestBuilderTest, ProgressIsReported) {
-  for (int i = 0; i < 50; ++i) File("f" + std::to_string(i), 1);
+  // More than the 4,096 files between progress reports, in a few directories.
+  for (int i = 0; i < 5000; ++i) File("d" + std::to_string(i % 4) + "/f" + std::to_string(i), 0);
   uint64_t last_files = 0;
   int calls = 0;
   ManifestBuildOptions o;
@@ -137,8 +139,36 @@ TEST_F(ManifestBuilderTest, ProgressIsReported) {
     ++calls;
   };
   ASSERT_TRUE(Snapshot(o).ok());
-  EXPECT_GE(calls, 1);
-  EXPECT_EQ(last_files, 50u);
+  EXPECT_GE(calls, 2);  // at least one periodic report and the final one
+  EXPECT_EQ(last_files, 5000u);
+}
+
+TEST_F(ManifestBuilderTest, OverlongPathsAreSkippedAndCounted) {
+  // 20 nested directories of 200 bytes each: "<dirs>/" is 4020 bytes, so a file
+  // name of 8 bytes fits in 4095 and one of 100 does not. Created level by level
+  // with openat, since the absolute paths are longer than PATH_MAX.
+  File("ok", 1);
+  int fd = ::open(root_.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 20; ++i) {
+    std::string name(200, static_cast<char>('a' + i));
+    ASSERT_EQ(::mkdirat(fd, name.c_str(), 0755), 0);
+    int next = ::openat(fd, name.c_str(), O_RDONLY | O_DIRECTORY);
+    ::close(fd);
+    ASSERT_GE(next, 0);
+    fd = next;
+  }
+  for (const std::string& name : {std::string("fits.jpg"), std::string(100, 'z')}) {
+    int f = ::openat(fd, name.c_str(), O_WRONLY | O_CREAT, 0644);
+    ASSERT_GE(f, 0);
+    ::close(f);
+  }
+  ::close(fd);
+  auto m = Snapshot();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->sample_count(), 2u);
+  EXPECT_EQ(m->PathOf(0).size(), 4028u);  // "aaa.../fits.jpg" sorts before "ok"
+  EXPECT_EQ(m->header().stats.skipped_unreadable, 1u);
 }
 
 TEST_F(ManifestBuilderTest, BadInputsAreClearErrors) {

@@ -434,6 +434,8 @@ TEST(PlanTest, WorkedExampleFromTheDesignNote) {
             (std::vector<SampleId>{7, 1}));
   EXPECT_EQ(std::vector<SampleId>(r0.Batch(1).begin(), r0.Batch(1).end()),
             (std::vector<SampleId>{4}));
+  EXPECT_TRUE(r0.Batch(2).empty());
+  EXPECT_TRUE(r0.Batch(SIZE_MAX).empty());
   EXPECT_EQ(MakePlan(order, 4, 3, 2, false).samples(), (std::vector<SampleId>{9, 0, 3}));
   Plan d2 = MakePlan(order, 4, 2, 2, true);
   EXPECT_EQ(d2.samples(), (std::vector<SampleId>{8, 2}));

@@ -84,6 +84,8 @@ struct ChunkFileState {
   }
   // "chunk file <path> (dataset <d>, chunk <c>)", for error messages.
   std::string Describe() const;
+  // kInvalidArgument unless index < segments.size().
+  Status CheckIndex(uint32_t index, std::string_view doing) const;
 };
 }  // namespace internal
 
@@ -142,7 +144,6 @@ class ChunkWriter {
  private:
   explicit ChunkWriter(internal::ChunkFileState state);
   Status CheckUsable() const;
-  Status CheckIndex(uint32_t index, std::string_view doing) const;
   Status Fail(Status status);
 
   internal::ChunkFileState state_;
@@ -215,7 +216,6 @@ class ChunkReader {
 
  private:
   explicit ChunkReader(internal::ChunkFileState state) : state_(std::move(state)) {}
-  Status CheckIndex(uint32_t index, std::string_view doing) const;
 
   internal::ChunkFileState state_;
 };

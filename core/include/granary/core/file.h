@@ -66,8 +66,13 @@ Result<uint64_t> FileSize(int fd, std::string_view what);
 // Whole file into memory.
 Result<std::string> ReadFileToString(const std::string& path);
 
+// fsync(2) of the directory holding `path`, so a create, link or rename of
+// `path` survives a crash.
+Status SyncDirectoryOf(const std::string& path);
+
 // Writes `contents` to `path` so that a crash leaves either the old file or the
-// new one: temp file in the same directory, fsync, rename, fsync of the directory.
+// new one: a uniquely named temp file in the same directory (safe against
+// concurrent writers of the same path), fsync, rename, fsync of the directory.
 Status WriteFileAtomically(const std::string& path, std::string_view contents, mode_t mode = 0600);
 
 }  // namespace granary

@@ -14,7 +14,8 @@
 //     the target); links to directories (cycles), outside the root or dangling
 //     are skipped and counted;
 //   - sockets, fifos and devices are skipped and counted; entries the walk
-//     cannot read are skipped, counted and logged once each at warn.
+//     cannot read, or whose path is longer than 4095 bytes, are skipped and
+//     counted (the first is logged at warn, then a total at the end).
 //
 // Thread safety: BuildManifest may be called concurrently; each call runs its
 // own worker threads and blocks until they are done.

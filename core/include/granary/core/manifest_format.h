@@ -42,7 +42,7 @@ inline constexpr int kZstdLevel = 6;
 // Limits a reader enforces before allocating, so corrupt input cannot make it
 // allocate without bound.
 inline constexpr uint64_t kMaxBodySize = 1ull << 36;    // 64 GiB
-inline constexpr uint64_t kMaxCompressionRatio = 4096;  // body <= frame * ratio (+1 MiB)
+inline constexpr uint64_t kMaxCompressionRatio = 1024;  // body <= frame * ratio (+1 MiB)
 inline constexpr uint32_t kRootDirectory = 0;           // directory 0 is the root ""
 inline constexpr uint32_t kNoParent = 0xFFFFFFFFu;      // parent of the root
 inline constexpr size_t kMaxNameLength = 255;           // one path component (NAME_MAX)

@@ -128,7 +128,8 @@ class Plan {
   // Samples in batches: the first read_count() of samples().
   size_t read_count() const;
   size_t batch_count() const { return batch_count_; }
-  // Batch `index` (< batch_count()): batch_size ids, fewer for a last partial one.
+  // Batch `index`: batch_size ids, fewer for a last partial one; empty when
+  // index >= batch_count().
   std::span<const SampleId> Batch(size_t index) const;
 
  private:

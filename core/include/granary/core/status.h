@@ -37,6 +37,9 @@ enum class StatusCode : int {
 
 std::string_view StatusCodeName(StatusCode code);
 
+// strerror(err), but safe to call from any thread.
+std::string ErrnoText(int err);
+
 class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
