@@ -5,13 +5,14 @@
 #   make build        debug build only
 #   make release      optimised build (benchmarks)
 #   make bench-manifest  manifest build/load figures at ImageNet scale
+#   make bench-core   placement and plan micro-benchmarks
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
 
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps build release test test-debug test-asan fuzz format format-check bench-manifest clean
+.PHONY: deps build release test test-debug test-asan fuzz format format-check bench-manifest bench-core clean
 
 deps:
 	@scripts/install-deps
@@ -50,6 +51,9 @@ format: deps
 
 bench-manifest: release
 	build/release/bench/manifest_bench
+
+bench-core: release
+	build/release/bench/core_bench
 
 clean:
 	rm -rf build
