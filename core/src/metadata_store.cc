@@ -3,12 +3,18 @@
 
 #include "granary/core/metadata_store.h"
 
+#include <algorithm>
 #include <charconv>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 #include <utility>
 
+#include "granary/core/glob.h"
 #include "granary/core/manifest.h"
+#include "granary/core/names.h"
+#include "granary/core/plan.h"
 #include "metadata_store_internal.h"
 #include "redis_store.h"
 #include "sqlite_store.h"
@@ -18,17 +24,17 @@ namespace granary {
 namespace {
 
 using nlohmann::json;
-using store_internal::Quote;
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+using store_internal::CorruptRecord;
 
-bool IsLowerAlnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
-bool IsAlnum(char c) { return IsLowerAlnum(c) || (c >= 'A' && c <= 'Z'); }
+bool IsAlnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
 
 Status ValidateDnsLabel(std::string_view value, std::string_view what) {
-  bool ok = !value.empty() && value.size() <= 63 && IsLowerAlnum(value.front()) &&
-            IsLowerAlnum(value.back());
-  for (char c : value) ok = ok && (IsLowerAlnum(c) || c == '-');
-  if (ok) return Status::Ok();
-  return Status::InvalidArgument(std::string(what) + " " + Quote(value) +
+  if (IsDnsLabel(value)) return Status::Ok();
+  return Status::InvalidArgument(std::string(what) + " " + Quoted(value) +
                                  " is not a DNS-1123 label: use 1 to 63 lowercase letters, "
                                  "digits or '-', starting and ending with a letter or digit "
                                  "(e.g. 'imagenet-train')");
@@ -39,8 +45,8 @@ Status ValidateToken(std::string_view value, size_t max_len, std::string_view wh
   bool ok = !value.empty() && value.size() <= max_len && IsAlnum(value.front());
   for (char c : value) ok = ok && (IsAlnum(c) || c == '.' || c == '_' || c == '-');
   if (ok) return Status::Ok();
-  return Status::InvalidArgument(std::string(what) + " " + Quote(value) + " is invalid: use 1 to " +
-                                 std::to_string(max_len) +
+  return Status::InvalidArgument(std::string(what) + " " + Quoted(value) +
+                                 " is invalid: use 1 to " + std::to_string(max_len) +
                                  " letters, digits, '.', '_' or '-', starting with a letter or "
                                  "digit");
 }
@@ -58,43 +64,120 @@ Result<std::string> EncodeJson(std::string_view what, Fn&& build) {
   }
 }
 
+// Parses `text` and runs `fill` on it; a parse error, a missing field
+// (nlohmann throws) or an error `fill` returns becomes kCorruption at `where`.
 template <typename T, typename Fn>
 Result<T> DecodeJson(std::string_view text, std::string_view where, Fn&& fill) {
   try {
     json j = json::parse(text);
-    return fill(j);
+    if (!j.is_object()) return CorruptRecord(where, "the document is not a JSON object");
+    Result<T> r = fill(j);
+    if (!r.ok()) return CorruptRecord(where, r.status().message());
+    return r;
   } catch (const json::exception& e) {
-    return Status::Corruption("decode " + std::string(where) + ": " + e.what() +
-                              "; it was written by an incompatible Granary version or edited by "
-                              "hand: rewrite or delete it");
+    return CorruptRecord(where, e.what());
   }
+}
+
+// Typed field readers for decoding. nlohmann's get<T>() converts silently
+// (4294967296 becomes a uint32_t 0, -1 a uint64_t 2^64-1, 2.5 an integer 2),
+// so each reader checks the JSON type and the range first. `path` names the
+// field in messages. A missing key throws, which DecodeJson reports.
+
+template <typename T>
+Result<T> IntField(const json& obj, const char* key, std::string_view path) {
+  const json& v = obj.at(key);
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<uint64_t>();
+    if (std::in_range<T>(u)) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    const auto i = v.get<int64_t>();
+    if (std::in_range<T>(i)) return static_cast<T>(i);
+  }
+  return Status::InvalidArgument(std::string(path) + " is " + Quoted(v.dump()) +
+                                 ", not an integer from " +
+                                 std::to_string(std::numeric_limits<T>::min()) + " to " +
+                                 std::to_string(std::numeric_limits<T>::max()));
+}
+
+Result<std::string> StringField(const json& obj, const char* key, std::string_view path) {
+  const json& v = obj.at(key);
+  if (!v.is_string()) {
+    return Status::InvalidArgument(std::string(path) + " is " + Quoted(v.dump()) +
+                                   ", not a string");
+  }
+  return v.get<std::string>();
+}
+
+Result<bool> BoolField(const json& obj, const char* key, std::string_view path) {
+  const json& v = obj.at(key);
+  if (!v.is_boolean()) {
+    return Status::InvalidArgument(std::string(path) + " is " + Quoted(v.dump()) +
+                                   ", not true or false");
+  }
+  return v.get<bool>();
+}
+
+Result<const json*> ObjectField(const json& obj, const char* key, std::string_view path) {
+  const json& v = obj.at(key);
+  if (!v.is_object()) return Status::InvalidArgument(std::string(path) + " is not an object");
+  return &v;
+}
+
+Result<std::vector<std::string>> StringListField(const json& obj, const char* key,
+                                                 std::string_view path) {
+  const json& v = obj.at(key);
+  bool ok = v.is_array();
+  for (size_t i = 0; ok && i < v.size(); ++i) ok = v[i].is_string();
+  if (!ok) return Status::InvalidArgument(std::string(path) + " is not a list of strings");
+  return v.get<std::vector<std::string>>();
+}
+
+Result<std::map<std::string, std::string>> StringMapField(const json& obj, const char* key,
+                                                          std::string_view path) {
+  const json& v = obj.at(key);
+  bool ok = v.is_object();
+  for (auto it = v.begin(); ok && it != v.end(); ++it) ok = it->is_string();
+  if (!ok) {
+    return Status::InvalidArgument(std::string(path) + " is not an object of string values");
+  }
+  return v.get<std::map<std::string, std::string>>();
+}
+
+Status KeyMismatch(std::string_view field, std::string_view value, std::string_view key) {
+  return Status::InvalidArgument(std::string(field) + " is " + Quoted(value) +
+                                 " but the record is stored under " + Quoted(key));
 }
 
 // ---- URL parsing ----
 
 Status UrlError(std::string_view shown_url, std::string_view problem) {
   return Status::InvalidArgument(
-      "open metadata store " + Quote(shown_url) + ": " + std::string(problem) +
+      "open metadata store " + Quoted(shown_url) + ": " + std::string(problem) +
       "; accepted forms: " + std::string(store_internal::kAcceptedUrlForms));
 }
 
-// The URL with anything between "://" and the last '@' of the authority replaced,
-// so no error message or log line carries a password.
+// The URL with its user info replaced, so no error message or log line carries
+// a password. The user info is everything between "://" (or the start, for a
+// URL without a scheme) and the LAST '@' of the whole URL: exactly what
+// OpenRedis takes as user info, since a password may hold '/', '?', '#' and '@'
+// unencoded. A user name before a ':' is kept; everything after it becomes
+// "***".
 std::string RedactUrl(std::string_view url) {
-  size_t scheme_end = url.find("://");
-  if (scheme_end == std::string_view::npos) return std::string(url);
-  size_t auth_begin = scheme_end + 3;
-  size_t auth_end = url.find_first_of("/?#", auth_begin);
-  if (auth_end == std::string_view::npos) auth_end = url.size();
-  std::string_view authority = url.substr(auth_begin, auth_end - auth_begin);
-  size_t at = authority.rfind('@');
+  const size_t at = url.rfind('@');
   if (at == std::string_view::npos) return std::string(url);
-  std::string_view userinfo = authority.substr(0, at);
-  size_t colon = userinfo.find(':');
-  std::string shown(url.substr(0, auth_begin));
-  shown += colon == std::string_view::npos ? std::string("***")
-                                           : std::string(userinfo.substr(0, colon)) + ":***";
-  shown += url.substr(auth_begin + at);
+  const size_t scheme_end = url.find("://");
+  const size_t begin =
+      scheme_end != std::string_view::npos && scheme_end < at ? scheme_end + 3 : size_t{0};
+  const std::string_view userinfo = url.substr(begin, at - begin);
+  const size_t colon = userinfo.find(':');
+  std::string shown(url.substr(0, begin));
+  if (colon != std::string_view::npos) {
+    shown += userinfo.substr(0, colon);
+    shown += ':';
+  }
+  shown += "***";
+  shown += url.substr(at);
   return shown;
 }
 
@@ -148,11 +231,11 @@ Result<Query> ParseQuery(std::string_view query, std::string_view shown_url,
     if (!accepted.contains(key)) {
       std::string keys;
       for (std::string_view k : accepted) keys += (keys.empty() ? "" : ", ") + std::string(k);
-      return UrlError(shown_url, "unknown query parameter " + Quote(key) + " for " +
+      return UrlError(shown_url, "unknown query parameter " + Quoted(key) + " for " +
                                      std::string(scheme) + " (known: " + keys + ")");
     }
     if (!seen.insert(std::string(key)).second) {
-      return UrlError(shown_url, "query parameter " + Quote(key) + " is given twice");
+      return UrlError(shown_url, "query parameter " + Quoted(key) + " is given twice");
     }
     q.params.emplace_back(key, value);
   }
@@ -164,7 +247,7 @@ Result<std::chrono::milliseconds> ParseMillis(std::string_view key, std::string_
   constexpr uint64_t kMaxMillis = 3'600'000;
   uint64_t v = 0;
   if (!ParseDecimal(value, kMaxMillis, &v) || v == 0) {
-    return UrlError(shown_url, std::string(key) + "=" + Quote(value) +
+    return UrlError(shown_url, std::string(key) + "=" + Quoted(value) +
                                    " is not a whole number of milliseconds from 1 to 3600000");
   }
   return std::chrono::milliseconds(static_cast<int64_t>(v));
@@ -180,6 +263,14 @@ Result<std::unique_ptr<MetadataStore>> OpenRedis(std::string_view url, std::stri
   config.retry_budget = options.retry_budget;
   config.clock = clock;
 
+  // The user info runs to the last '@' (see RedactUrl): no valid host, port,
+  // database or query parameter holds an '@', a password may.
+  std::string_view userinfo;
+  const size_t at = rest.rfind('@');
+  if (at != std::string_view::npos) {
+    userinfo = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+  }
   std::string_view query;
   if (size_t q = rest.find('?'); q != std::string_view::npos) {
     query = rest.substr(q + 1);
@@ -192,9 +283,7 @@ Result<std::unique_ptr<MetadataStore>> OpenRedis(std::string_view url, std::stri
   std::string_view authority = rest.substr(0, slash);
   std::string_view path = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
 
-  if (size_t at = authority.rfind('@'); at != std::string_view::npos) {
-    std::string_view userinfo = authority.substr(0, at);
-    authority = authority.substr(at + 1);
+  if (at != std::string_view::npos) {
     size_t colon = userinfo.find(':');
     if (colon == std::string_view::npos) {
       return UrlError(shown,
@@ -226,7 +315,7 @@ Result<std::unique_ptr<MetadataStore>> OpenRedis(std::string_view url, std::stri
     }
     for (char c : config.host) {
       if (!IsAlnum(c) && c != '.' && c != '-' && c != '_') {
-        return UrlError(shown, "the host " + Quote(config.host) +
+        return UrlError(shown, "the host " + Quoted(config.host) +
                                    " has a character that is not "
                                    "allowed in a host name");
       }
@@ -236,7 +325,7 @@ Result<std::unique_ptr<MetadataStore>> OpenRedis(std::string_view url, std::stri
   if (!port_text.empty()) {
     uint64_t port = 0;
     if (!ParseDecimal(port_text, 65535, &port) || port == 0) {
-      return UrlError(shown, "the port " + Quote(port_text) + " is not a number from 1 to 65535");
+      return UrlError(shown, "the port " + Quoted(port_text) + " is not a number from 1 to 65535");
     }
     config.port = static_cast<uint16_t>(port);
   }
@@ -244,7 +333,7 @@ Result<std::unique_ptr<MetadataStore>> OpenRedis(std::string_view url, std::stri
     uint64_t db = 0;
     if (!ParseDecimal(path.substr(1), 1'000'000, &db)) {
       return UrlError(
-          shown, "the path " + Quote(path) + " is not a database number (e.g. /0, the default)");
+          shown, "the path " + Quoted(path) + " is not a database number (e.g. /0, the default)");
     }
     config.db = static_cast<int>(db);
   }
@@ -256,7 +345,7 @@ Result<std::unique_ptr<MetadataStore>> OpenRedis(std::string_view url, std::stri
       bool ok = !value.empty() && value.size() <= 64;
       for (char c : value) ok = ok && (IsAlnum(c) || c == '.' || c == '_' || c == '-' || c == ':');
       if (!ok) {
-        return UrlError(shown, "prefix=" + Quote(value) +
+        return UrlError(shown, "prefix=" + Quoted(value) +
                                    " must be 1 to 64 letters, digits, '.', '_', '-' or ':'");
       }
       config.prefix = value;
@@ -296,7 +385,7 @@ Result<std::unique_ptr<MetadataStore>> OpenSqlite(std::string_view url, std::str
   config.path = std::string(rest);
   config.display_url = "sqlite://" + config.path;
   if (config.event_rows == 0) {
-    return Status::InvalidArgument("open metadata store " + Quote(shown) +
+    return Status::InvalidArgument("open metadata store " + Quoted(shown) +
                                    ": sqlite_event_rows is 0; keep at least 1 event (default "
                                    "10000)");
   }
@@ -339,7 +428,7 @@ Result<DatasetPhase> ParseDatasetPhase(std::string_view name) {
   for (const auto& [p, n] : kPhaseNames) {
     if (n == name) return p;
   }
-  return Status::InvalidArgument("unknown dataset phase " + Quote(name) +
+  return Status::InvalidArgument("unknown dataset phase " + Quoted(name) +
                                  "; use Pending, Snapshotting, Staging, Ready, Failed or Deleting");
 }
 
@@ -354,45 +443,77 @@ Status ValidateDatasetName(std::string_view name) { return ValidateDnsLabel(name
 
 Status ValidateNodeId(std::string_view id) { return ValidateToken(id, 253, "node id"); }
 
+Result<PlanSpec> ToPlanSpec(const PlanRecord& plan, uint64_t epoch, uint32_t rank) {
+  const std::string what = "plan " + Quoted(plan.plan_id);
+  Result<PlanMode> mode = ParsePlanMode(plan.mode);
+  if (!mode.ok()) return mode.status().WithContext(what);
+  PlanSpec spec;
+  spec.seed = plan.seed;
+  spec.epoch = epoch;
+  spec.world_size = plan.world_size;
+  spec.rank = rank;
+  spec.batch_size = plan.batch_size;
+  spec.drop_last = plan.drop_last;
+  spec.mode = *mode;
+  spec.window = plan.window_chunks;
+  GRANARY_RETURN_IF_ERROR(ValidatePlanSpec(spec).WithContext(what));
+  return spec;
+}
+
 Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
                                                          const MetadataStoreOptions& options) {
   Clock* clock = options.clock != nullptr ? options.clock : SystemClock::Default();
+  const std::string shown = RedactUrl(url);
   if (options.connect_timeout.count() <= 0 || options.retry_budget.count() < 0 ||
       options.poll_interval.count() <= 0) {
     return Status::InvalidArgument(
-        "open metadata store " + Quote(RedactUrl(url)) +
+        "open metadata store " + Quoted(shown) +
         ": connect_timeout and poll_interval must be positive and retry_budget not negative");
   }
   if (url.starts_with("redis://")) return OpenRedis(url, url.substr(8), options, clock);
   if (url.starts_with("sqlite://")) return OpenSqlite(url, url.substr(9), options, clock);
-  size_t colon = url.find(':');
-  return UrlError(RedactUrl(url), colon == std::string_view::npos || colon == 0
-                                      ? std::string("there is no scheme")
-                                      : "unknown scheme " + Quote(url.substr(0, colon)));
+  // The scheme is read from the redacted URL: without "://", what precedes a
+  // ':' may be a user name followed by a password.
+  size_t colon = shown.find(':');
+  return UrlError(shown,
+                  colon == std::string::npos || colon == 0
+                      ? std::string("there is no scheme")
+                      : "unknown scheme " + Quoted(std::string_view(shown).substr(0, colon)));
 }
 
 // ---- shared by the backends ----
 
 namespace store_internal {
 
-std::string Quote(std::string_view s) {
-  constexpr size_t kMaxShown = 80;
-  std::string out = "'";
-  size_t shown = std::min(s.size(), kMaxShown);
-  for (size_t i = 0; i < shown; ++i) {
-    auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 0xf];
-    }
-  }
-  if (s.size() > kMaxShown) out += "...(" + std::to_string(s.size()) + " bytes)";
-  out += "'";
-  return out;
+Status CorruptRecord(std::string_view where, std::string_view problem) {
+  return Status::Corruption("decode " + std::string(where) + ": " + std::string(problem) +
+                            "; it was written by an incompatible Granary version or edited by "
+                            "hand: rewrite or delete it");
+}
+
+Backoff::Backoff(milliseconds budget, milliseconds first, milliseconds max)
+    : start_(steady_clock::now()), deadline_(start_ + budget), delay_(first), max_(max) {}
+
+Backoff::Backoff(steady_clock::time_point deadline)
+    : start_(steady_clock::now()), deadline_(deadline), delay_(kDefaultFirst), max_(kDefaultMax) {}
+
+bool Backoff::Wait() {
+  const auto now = steady_clock::now();
+  if (now >= deadline_) return false;
+  std::this_thread::sleep_for(std::min<steady_clock::duration>(delay_, deadline_ - now));
+  delay_ = std::min(delay_ * 2, max_);
+  ++retries_;
+  return true;
+}
+
+milliseconds Backoff::remaining() const {
+  return std::max(milliseconds(0),
+                  std::chrono::duration_cast<milliseconds>(deadline_ - steady_clock::now()));
+}
+
+std::string Backoff::Summary() const {
+  return std::to_string(retries_ + 1) + " attempts in " +
+         FormatDuration(std::chrono::duration_cast<milliseconds>(steady_clock::now() - start_));
 }
 
 std::string FormatDuration(std::chrono::milliseconds d) {
@@ -407,7 +528,7 @@ Status ValidateManifestId(std::string_view id) {
   bool ok = !id.empty() && id.size() <= 128;
   for (char c : id) ok = ok && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
   if (ok) return Status::Ok();
-  return Status::InvalidArgument("manifest id " + Quote(id) +
+  return Status::InvalidArgument("manifest id " + Quoted(id) +
                                  " is invalid: use the manifest's content id, 1 to 128 lowercase "
                                  "hex digits");
 }
@@ -416,7 +537,7 @@ Status ValidatePlanId(std::string_view id) { return ValidateToken(id, 128, "plan
 
 Status ValidateDataset(const DatasetRecord& record) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(record.name));
-  const std::string what = "dataset " + Quote(record.name) + ": ";
+  const std::string what = "dataset " + Quoted(record.name) + ": ";
   const DatasetSpec& spec = record.spec;
   if (spec.source_uri.empty()) {
     return Status::InvalidArgument(what +
@@ -434,9 +555,13 @@ Status ValidateDataset(const DatasetRecord& record) {
     return Status::InvalidArgument(what + "spec.replication " + std::to_string(spec.replication) +
                                    " is outside 1..16");
   }
-  for (const auto* globs : {&spec.include, &spec.exclude}) {
-    for (const std::string& g : *globs) {
-      if (g.empty()) return Status::InvalidArgument(what + "an include/exclude glob is empty");
+  // Compiled here so a bad glob is refused when the dataset is created, not
+  // when a cache node first snapshots it.
+  for (const auto& [globs, field] :
+       {std::pair{&spec.include, "spec.include"}, std::pair{&spec.exclude, "spec.exclude"}}) {
+    Result<GlobSet> compiled = GlobSet::Compile(*globs);
+    if (!compiled.ok()) {
+      return Status::InvalidArgument(what + field + ": " + compiled.status().message());
     }
   }
   if (DatasetPhaseName(record.state.phase) == "Unknown") {
@@ -450,23 +575,28 @@ Status ValidateDataset(const DatasetRecord& record) {
   return Status::Ok();
 }
 
-Status ValidateNode(const NodeRecord& node, std::chrono::milliseconds ttl) {
+Status ValidateNode(const NodeRecord& node) {
   GRANARY_RETURN_IF_ERROR(ValidateNodeId(node.id));
-  const std::string what = "node " + Quote(node.id);
+  const std::string what = "node " + Quoted(node.id);
   GRANARY_RETURN_IF_ERROR(ValidatePoolName(node.pool).WithContext(what + ": pool"));
   size_t colon = node.address.rfind(':');
   uint64_t port = 0;
   if (colon == std::string::npos || colon == 0 ||
       !ParseDecimal(std::string_view(node.address).substr(colon + 1), 65535, &port) || port == 0) {
-    return Status::InvalidArgument(what + ": address " + Quote(node.address) +
+    return Status::InvalidArgument(what + ": address " + Quoted(node.address) +
                                    " is not host:port (e.g. 10.0.0.7:7070)");
   }
   for (const auto& [key, value] : node.labels) {
     if (key.empty()) return Status::InvalidArgument(what + ": a label has an empty key");
   }
+  return Status::Ok();
+}
+
+Status ValidateNodeTtl(std::string_view node_id, milliseconds ttl) {
   if (ttl < kMinNodeTtl || ttl > kMaxNodeTtl) {
-    return Status::InvalidArgument(what + ": heartbeat ttl " + std::to_string(ttl.count()) +
-                                   " ms is outside " + std::to_string(kMinNodeTtl.count()) + ".." +
+    return Status::InvalidArgument("node " + Quoted(node_id) + ": heartbeat ttl " +
+                                   std::to_string(ttl.count()) + " ms is outside " +
+                                   std::to_string(kMinNodeTtl.count()) + ".." +
                                    std::to_string(kMaxNodeTtl.count()) + " ms");
   }
   return Status::Ok();
@@ -474,21 +604,16 @@ Status ValidateNode(const NodeRecord& node, std::chrono::milliseconds ttl) {
 
 Status ValidatePlan(const PlanRecord& plan) {
   GRANARY_RETURN_IF_ERROR(ValidatePlanId(plan.plan_id));
-  const std::string what = "plan " + Quote(plan.plan_id) + ": ";
-  if (plan.mode != "global" && plan.mode != "chunkwise" && plan.mode != "sequential") {
-    return Status::InvalidArgument(what + "mode " + Quote(plan.mode) +
-                                   " is not one of global, chunkwise, sequential");
-  }
-  if (plan.world_size == 0 || plan.batch_size == 0 || plan.window_chunks == 0) {
-    return Status::InvalidArgument(what + "world_size, batch_size and window_chunks must be >= 1");
-  }
-  return Status::Ok();
+  // One definition of a valid plan: the one the planner applies. A plan that
+  // converts for its first epoch and rank 0 converts for every rank below
+  // world_size and every epoch a uint32_t holds.
+  return ToPlanSpec(plan, plan.first_epoch, 0).status();
 }
 
 // ---- JSON documents (docs/metadata-store.md, "Records") ----
 
 Result<std::string> EncodeDataset(const DatasetRecord& r) {
-  return EncodeJson("dataset " + Quote(r.name), [&] {
+  return EncodeJson("dataset " + Quoted(r.name), [&] {
     return json{
         {"name", r.name},
         {"spec",
@@ -506,36 +631,41 @@ Result<std::string> EncodeDataset(const DatasetRecord& r) {
   });
 }
 
-Result<DatasetRecord> DecodeDataset(std::string_view text, uint64_t revision, int64_t created_ms,
-                                    std::string_view where) {
+Result<DatasetRecord> DecodeDataset(std::string_view text, std::string_view key_name,
+                                    uint64_t revision, int64_t created_ms, std::string_view where) {
   return DecodeJson<DatasetRecord>(text, where, [&](const json& j) -> Result<DatasetRecord> {
     DatasetRecord r;
-    r.name = j.at("name").get<std::string>();
-    const json& spec = j.at("spec");
-    r.spec.source_uri = spec.at("source_uri").get<std::string>();
-    r.spec.include = spec.at("include").get<std::vector<std::string>>();
-    r.spec.exclude = spec.at("exclude").get<std::vector<std::string>>();
-    r.spec.chunk_size = spec.at("chunk_size").get<uint64_t>();
-    r.spec.pool = spec.at("pool").get<std::string>();
-    r.spec.replication = spec.at("replication").get<uint32_t>();
-    r.owner.uid = j.at("owner").at("uid").get<uint32_t>();
-    r.owner.gid = j.at("owner").at("gid").get<uint32_t>();
-    auto phase = ParseDatasetPhase(j.at("state").at("phase").get<std::string>());
-    if (!phase.ok()) {
-      return Status::Corruption("decode " + std::string(where) + ": " + phase.status().message());
-    }
-    r.state.phase = *phase;
-    r.state.message = j.at("state").at("message").get<std::string>();
-    r.manifest_id = j.at("manifest_id").get<std::string>();
-    r.updated_ms = j.at("updated_ms").get<int64_t>();
+    GRANARY_ASSIGN_OR_RETURN(r.name, StringField(j, "name", "name"));
+    GRANARY_ASSIGN_OR_RETURN(const json* spec, ObjectField(j, "spec", "spec"));
+    GRANARY_ASSIGN_OR_RETURN(r.spec.source_uri,
+                             StringField(*spec, "source_uri", "spec.source_uri"));
+    GRANARY_ASSIGN_OR_RETURN(r.spec.include, StringListField(*spec, "include", "spec.include"));
+    GRANARY_ASSIGN_OR_RETURN(r.spec.exclude, StringListField(*spec, "exclude", "spec.exclude"));
+    GRANARY_ASSIGN_OR_RETURN(r.spec.chunk_size,
+                             IntField<uint64_t>(*spec, "chunk_size", "spec.chunk_size"));
+    GRANARY_ASSIGN_OR_RETURN(r.spec.pool, StringField(*spec, "pool", "spec.pool"));
+    GRANARY_ASSIGN_OR_RETURN(r.spec.replication,
+                             IntField<uint32_t>(*spec, "replication", "spec.replication"));
+    GRANARY_ASSIGN_OR_RETURN(const json* owner, ObjectField(j, "owner", "owner"));
+    GRANARY_ASSIGN_OR_RETURN(r.owner.uid, IntField<uint32_t>(*owner, "uid", "owner.uid"));
+    GRANARY_ASSIGN_OR_RETURN(r.owner.gid, IntField<uint32_t>(*owner, "gid", "owner.gid"));
+    GRANARY_ASSIGN_OR_RETURN(const json* state, ObjectField(j, "state", "state"));
+    GRANARY_ASSIGN_OR_RETURN(std::string phase, StringField(*state, "phase", "state.phase"));
+    GRANARY_ASSIGN_OR_RETURN(r.state.phase, ParseDatasetPhase(phase));
+    GRANARY_ASSIGN_OR_RETURN(r.state.message, StringField(*state, "message", "state.message"));
+    GRANARY_ASSIGN_OR_RETURN(r.manifest_id, StringField(j, "manifest_id", "manifest_id"));
+    GRANARY_ASSIGN_OR_RETURN(r.updated_ms, IntField<int64_t>(j, "updated_ms", "updated_ms"));
     r.created_ms = created_ms;
     r.revision = revision;
+    if (r.name != key_name) return KeyMismatch("name", r.name, key_name);
+    if (revision == 0) return Status::InvalidArgument("revision is 0; stored revisions start at 1");
+    GRANARY_RETURN_IF_ERROR(ValidateDataset(r));
     return r;
   });
 }
 
 Result<std::string> EncodeNode(const NodeRecord& n) {
-  return EncodeJson("node " + Quote(n.id), [&] {
+  return EncodeJson("node " + Quoted(n.id), [&] {
     return json{
         {"id", n.id},
         {"pool", n.pool},
@@ -549,17 +679,21 @@ Result<std::string> EncodeNode(const NodeRecord& n) {
   });
 }
 
-Result<NodeRecord> DecodeNode(std::string_view text, std::string_view where) {
+Result<NodeRecord> DecodeNode(std::string_view text, std::string_view key_id,
+                              std::string_view where) {
   return DecodeJson<NodeRecord>(text, where, [&](const json& j) -> Result<NodeRecord> {
     NodeRecord n;
-    n.id = j.at("id").get<std::string>();
-    n.pool = j.at("pool").get<std::string>();
-    n.address = j.at("address").get<std::string>();
-    n.capacity_bytes = j.at("capacity_bytes").get<uint64_t>();
-    n.used_bytes = j.at("used_bytes").get<uint64_t>();
-    n.labels = j.at("labels").get<std::map<std::string, std::string>>();
-    n.started_ms = j.at("started_ms").get<int64_t>();
-    n.heartbeat_ms = j.at("heartbeat_ms").get<int64_t>();
+    GRANARY_ASSIGN_OR_RETURN(n.id, StringField(j, "id", "id"));
+    GRANARY_ASSIGN_OR_RETURN(n.pool, StringField(j, "pool", "pool"));
+    GRANARY_ASSIGN_OR_RETURN(n.address, StringField(j, "address", "address"));
+    GRANARY_ASSIGN_OR_RETURN(n.capacity_bytes,
+                             IntField<uint64_t>(j, "capacity_bytes", "capacity_bytes"));
+    GRANARY_ASSIGN_OR_RETURN(n.used_bytes, IntField<uint64_t>(j, "used_bytes", "used_bytes"));
+    GRANARY_ASSIGN_OR_RETURN(n.labels, StringMapField(j, "labels", "labels"));
+    GRANARY_ASSIGN_OR_RETURN(n.started_ms, IntField<int64_t>(j, "started_ms", "started_ms"));
+    GRANARY_ASSIGN_OR_RETURN(n.heartbeat_ms, IntField<int64_t>(j, "heartbeat_ms", "heartbeat_ms"));
+    if (n.id != key_id) return KeyMismatch("id", n.id, key_id);
+    GRANARY_RETURN_IF_ERROR(ValidateNode(n));
     return n;
   });
 }
@@ -579,21 +713,25 @@ Result<std::string> EncodeProgress(const StagingProgress& p) {
   });
 }
 
-Result<StagingProgress> DecodeProgress(std::string_view text, std::string_view where) {
+Result<StagingProgress> DecodeProgress(std::string_view text, std::string_view key_node_id,
+                                       std::string_view where) {
   return DecodeJson<StagingProgress>(text, where, [&](const json& j) -> Result<StagingProgress> {
     StagingProgress p;
-    p.chunks_total = j.at("chunks_total").get<uint64_t>();
-    p.chunks_staged = j.at("chunks_staged").get<uint64_t>();
-    p.bytes_total = j.at("bytes_total").get<uint64_t>();
-    p.bytes_staged = j.at("bytes_staged").get<uint64_t>();
-    p.samples_failed = j.at("samples_failed").get<uint64_t>();
-    p.updated_ms = j.at("updated_ms").get<int64_t>();
+    GRANARY_ASSIGN_OR_RETURN(p.chunks_total, IntField<uint64_t>(j, "chunks_total", "chunks_total"));
+    GRANARY_ASSIGN_OR_RETURN(p.chunks_staged,
+                             IntField<uint64_t>(j, "chunks_staged", "chunks_staged"));
+    GRANARY_ASSIGN_OR_RETURN(p.bytes_total, IntField<uint64_t>(j, "bytes_total", "bytes_total"));
+    GRANARY_ASSIGN_OR_RETURN(p.bytes_staged, IntField<uint64_t>(j, "bytes_staged", "bytes_staged"));
+    GRANARY_ASSIGN_OR_RETURN(p.samples_failed,
+                             IntField<uint64_t>(j, "samples_failed", "samples_failed"));
+    GRANARY_ASSIGN_OR_RETURN(p.updated_ms, IntField<int64_t>(j, "updated_ms", "updated_ms"));
+    GRANARY_RETURN_IF_ERROR(ValidateNodeId(key_node_id).WithContext("the key's node id"));
     return p;
   });
 }
 
 Result<std::string> EncodePlan(const PlanRecord& p) {
-  return EncodeJson("plan " + Quote(p.plan_id), [&] {
+  return EncodeJson("plan " + Quoted(p.plan_id), [&] {
     return json{
         {"plan_id", p.plan_id},
         {"seed", p.seed},
@@ -608,18 +746,23 @@ Result<std::string> EncodePlan(const PlanRecord& p) {
   });
 }
 
-Result<PlanRecord> DecodePlan(std::string_view text, std::string_view where) {
+Result<PlanRecord> DecodePlan(std::string_view text, std::string_view key_plan_id,
+                              std::string_view where) {
   return DecodeJson<PlanRecord>(text, where, [&](const json& j) -> Result<PlanRecord> {
     PlanRecord p;
-    p.plan_id = j.at("plan_id").get<std::string>();
-    p.seed = j.at("seed").get<uint64_t>();
-    p.first_epoch = j.at("first_epoch").get<uint32_t>();
-    p.world_size = j.at("world_size").get<uint32_t>();
-    p.batch_size = j.at("batch_size").get<uint32_t>();
-    p.drop_last = j.at("drop_last").get<bool>();
-    p.mode = j.at("mode").get<std::string>();
-    p.window_chunks = j.at("window_chunks").get<uint32_t>();
-    p.registered_ms = j.at("registered_ms").get<int64_t>();
+    GRANARY_ASSIGN_OR_RETURN(p.plan_id, StringField(j, "plan_id", "plan_id"));
+    GRANARY_ASSIGN_OR_RETURN(p.seed, IntField<uint64_t>(j, "seed", "seed"));
+    GRANARY_ASSIGN_OR_RETURN(p.first_epoch, IntField<uint32_t>(j, "first_epoch", "first_epoch"));
+    GRANARY_ASSIGN_OR_RETURN(p.world_size, IntField<uint32_t>(j, "world_size", "world_size"));
+    GRANARY_ASSIGN_OR_RETURN(p.batch_size, IntField<uint32_t>(j, "batch_size", "batch_size"));
+    GRANARY_ASSIGN_OR_RETURN(p.drop_last, BoolField(j, "drop_last", "drop_last"));
+    GRANARY_ASSIGN_OR_RETURN(p.mode, StringField(j, "mode", "mode"));
+    GRANARY_ASSIGN_OR_RETURN(p.window_chunks,
+                             IntField<uint32_t>(j, "window_chunks", "window_chunks"));
+    GRANARY_ASSIGN_OR_RETURN(p.registered_ms,
+                             IntField<int64_t>(j, "registered_ms", "registered_ms"));
+    if (p.plan_id != key_plan_id) return KeyMismatch("plan_id", p.plan_id, key_plan_id);
+    GRANARY_RETURN_IF_ERROR(ValidatePlan(p));
     return p;
   });
 }
@@ -630,12 +773,13 @@ std::string EncodeEvent(const Event& event) {
 }
 
 Result<Event> DecodeEvent(std::string_view text) {
-  return DecodeJson<Event>(text, "event " + Quote(text), [&](const json& j) -> Result<Event> {
-    std::string kind = j.at("kind").get<std::string>();
-    for (const auto& [k, name] : kEventKindNames) {
-      if (name == kind) return Event{k, j.at("name").get<std::string>()};
+  return DecodeJson<Event>(text, "event " + Quoted(text), [&](const json& j) -> Result<Event> {
+    GRANARY_ASSIGN_OR_RETURN(std::string kind, StringField(j, "kind", "kind"));
+    GRANARY_ASSIGN_OR_RETURN(std::string name, StringField(j, "name", "name"));
+    for (const auto& [k, kind_name] : kEventKindNames) {
+      if (kind_name == kind) return Event{k, std::move(name)};
     }
-    return Status::Corruption("decode event " + Quote(text) + ": unknown kind " + Quote(kind));
+    return Status::InvalidArgument("unknown kind " + Quoted(kind));
   });
 }
 

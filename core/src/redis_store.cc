@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "granary/core/log.h"
+#include "granary/core/names.h"
 #include "metadata_store_internal.h"
 
 namespace granary {
@@ -33,11 +34,9 @@ using redis_internal::ContextPtr;
 using redis_internal::ReplyPtr;
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
+using store_internal::Backoff;
 using store_internal::FormatDuration;
-using store_internal::Quote;
 
-constexpr milliseconds kFirstBackoff{25};
-constexpr milliseconds kMaxBackoff{500};
 constexpr size_t kMaxEventsPerBatch = 1024;
 
 // ---- scripts (KEYS and ARGV as documented in docs/metadata-store.md) ----
@@ -99,13 +98,13 @@ if old ~= ARGV[3] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 )lua";
 
-// KEYS: node index. ARGV: node key prefix. Returns the records of live nodes and
-// prunes index members whose key expired.
+// KEYS: node index. ARGV: node key prefix. Returns {id, record} per live node
+// and prunes index members whose key expired.
 constexpr std::string_view kListNodes = R"lua(
 local out = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local v = redis.call('HGET', ARGV[1] .. id, 'record')
-  if v then table.insert(out, v) else redis.call('SREM', KEYS[1], id) end
+  if v then table.insert(out, {id, v}) else redis.call('SREM', KEYS[1], id) end
 end
 return out
 )lua";
@@ -195,41 +194,6 @@ Status Malformed(std::string_view what, std::string_view url) {
                           ": unexpected reply shape from Redis; is this Redis 6 or newer?");
 }
 
-// Exponential backoff inside a budget measured on the steady clock.
-class Backoff {
- public:
-  explicit Backoff(milliseconds budget) : start_(steady_clock::now()), deadline_(start_ + budget) {}
-  explicit Backoff(steady_clock::time_point deadline)
-      : start_(steady_clock::now()), deadline_(deadline) {}
-
-  // Sleeps before the next attempt; false (without sleeping) once the budget is
-  // spent.
-  bool Wait() {
-    auto now = steady_clock::now();
-    if (now >= deadline_) return false;
-    auto pause = std::min<steady_clock::duration>(delay_, deadline_ - now);
-    std::this_thread::sleep_for(pause);
-    delay_ = std::min(delay_ * 2, kMaxBackoff);
-    ++retries_;
-    return true;
-  }
-  bool first_attempt() const { return retries_ == 0; }
-  milliseconds remaining() const {
-    return std::max(milliseconds(0),
-                    std::chrono::duration_cast<milliseconds>(deadline_ - steady_clock::now()));
-  }
-  std::string Summary() const {
-    return std::to_string(retries_ + 1) + " attempts in " +
-           FormatDuration(std::chrono::duration_cast<milliseconds>(steady_clock::now() - start_));
-  }
-
- private:
-  steady_clock::time_point start_;
-  steady_clock::time_point deadline_;
-  milliseconds delay_ = kFirstBackoff;
-  int retries_ = 0;
-};
-
 // The first attempt of an operation gets the full connect timeout, whatever the
 // budget (a budget of 0 means "try once", not "try for 0 ms"); retries get what
 // is left of the budget, but never so little that a healthy server on another
@@ -262,6 +226,21 @@ std::string GaveUp(std::string_view what, const RedisConfig& config, std::string
     m += "; is redis-server running and reachable?";
   }
   return m;
+}
+
+// A dataset from the fields of its hash (GetDataset, ListDatasets): revision
+// and created_ms are decimal text beside the JSON record.
+Result<DatasetRecord> DatasetFromHash(std::string_view name, std::string_view revision_text,
+                                      std::string_view created_text, std::string_view record,
+                                      std::string_view where) {
+  uint64_t revision = 0;
+  int64_t created_ms = 0;
+  if (!ParseInt(revision_text, &revision) || !ParseInt(created_text, &created_ms)) {
+    return store_internal::CorruptRecord(where, "revision " + Quoted(revision_text) +
+                                                    " or created_ms " + Quoted(created_text) +
+                                                    " is not a decimal number");
+  }
+  return store_internal::DecodeDataset(record, name, revision, created_ms, where);
 }
 
 // Subscriber connection; see MetadataStore::Watcher.
@@ -468,6 +447,18 @@ std::string RedisStore::Key(std::string_view kind, std::string_view name) const 
 
 std::string RedisStore::Channel() const { return Key("events", ""); }
 
+std::string RedisStore::RecordWhere(std::string_view kind, std::string_view name,
+                                    std::string_view key) const {
+  return std::string(kind) + " " + Quoted(name) + " (key " + Quoted(key) + ") in " +
+         config_.display_url;
+}
+
+std::string RedisStore::FieldWhere(std::string_view record, std::string_view field,
+                                   std::string_view key) const {
+  return std::string(record) + " (field " + Quoted(field) + " of key " + Quoted(key) + ") in " +
+         config_.display_url;
+}
+
 Result<ReplyPtr> RedisStore::Command(std::string_view what, const std::vector<std::string>& args) {
   std::lock_guard<std::mutex> lock(mu_);
   Backoff backoff(config_.retry_budget);
@@ -522,7 +513,7 @@ Result<ReplyPtr> RedisStore::Eval(std::string_view what, std::string_view script
 
 Result<DatasetRecord> RedisStore::CreateDataset(const DatasetRecord& record) {
   GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
-  const std::string what = "create dataset " + Quote(record.name);
+  const std::string what = "create dataset " + Quoted(record.name);
   DatasetRecord stored = record;
   stored.created_ms = stored.updated_ms = config_.clock->NowMillis();
   stored.revision = 1;
@@ -541,7 +532,7 @@ Result<DatasetRecord> RedisStore::CreateDataset(const DatasetRecord& record) {
 
 Result<DatasetRecord> RedisStore::GetDataset(std::string_view name) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
-  const std::string what = "get dataset " + Quote(name);
+  const std::string what = "get dataset " + Quoted(name);
   GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply, Command(what, {"HMGET", Key("dataset", name), "revision",
                                                           "created_ms", "record"}));
   if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3) {
@@ -553,15 +544,9 @@ Result<DatasetRecord> RedisStore::GetDataset(std::string_view name) {
                               ": it does not exist; check the name against the dataset list");
     }
   }
-  uint64_t revision = 0;
-  int64_t created_ms = 0;
-  const std::string where = "dataset " + Quote(name) + " in " + config_.display_url;
-  if (!ParseInt(StrOf(reply->element[0]), &revision) ||
-      !ParseInt(StrOf(reply->element[1]), &created_ms)) {
-    return Status::Corruption("decode " + where +
-                              ": revision or created_ms is not a number; rewrite or delete it");
-  }
-  return store_internal::DecodeDataset(StrOf(reply->element[2]), revision, created_ms, where);
+  return DatasetFromHash(name, StrOf(reply->element[0]), StrOf(reply->element[1]),
+                         StrOf(reply->element[2]),
+                         RecordWhere("dataset", name, Key("dataset", name)));
 }
 
 Result<std::vector<DatasetRecord>> RedisStore::ListDatasets() {
@@ -579,18 +564,11 @@ Result<std::vector<DatasetRecord>> RedisStore::ListDatasets() {
     for (size_t k = 0; k < 4; ++k) {
       if (!IsString(row->element[k])) return Malformed(what, config_.display_url);
     }
-    const std::string where =
-        "dataset " + Quote(StrOf(row->element[0])) + " in " + config_.display_url;
-    uint64_t revision = 0;
-    int64_t created_ms = 0;
-    if (!ParseInt(StrOf(row->element[1]), &revision) ||
-        !ParseInt(StrOf(row->element[2]), &created_ms)) {
-      return Status::Corruption("decode " + where +
-                                ": revision or created_ms is not a number; rewrite or delete it");
-    }
-    GRANARY_ASSIGN_OR_RETURN(
-        DatasetRecord r,
-        store_internal::DecodeDataset(StrOf(row->element[3]), revision, created_ms, where));
+    const std::string_view name = StrOf(row->element[0]);
+    GRANARY_ASSIGN_OR_RETURN(DatasetRecord r,
+                             DatasetFromHash(name, StrOf(row->element[1]), StrOf(row->element[2]),
+                                             StrOf(row->element[3]),
+                                             RecordWhere("dataset", name, Key("dataset", name))));
     out.push_back(std::move(r));
   }
   std::sort(out.begin(), out.end(),
@@ -600,7 +578,7 @@ Result<std::vector<DatasetRecord>> RedisStore::ListDatasets() {
 
 Result<DatasetRecord> RedisStore::UpdateDataset(const DatasetRecord& record) {
   GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
-  const std::string what = "update dataset " + Quote(record.name);
+  const std::string what = "update dataset " + Quoted(record.name);
   DatasetRecord stored = record;
   stored.updated_ms = config_.clock->NowMillis();
   stored.revision = record.revision + 1;
@@ -627,7 +605,7 @@ Result<DatasetRecord> RedisStore::UpdateDataset(const DatasetRecord& record) {
 
 Status RedisStore::DeleteDataset(std::string_view name) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
-  const std::string what = "delete dataset " + Quote(name);
+  const std::string what = "delete dataset " + Quoted(name);
   GRANARY_ASSIGN_OR_RETURN(
       ReplyPtr reply,
       Eval(what, kDeleteDataset,
@@ -643,7 +621,7 @@ Status RedisStore::DeleteDataset(std::string_view name) {
 
 Status RedisStore::PutManifest(std::string_view manifest_id, std::string_view bytes) {
   GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
-  const std::string what = "put manifest " + Quote(manifest_id);
+  const std::string what = "put manifest " + Quoted(manifest_id);
   if (bytes.size() > kMaxManifestBytes) {
     return Status::InvalidArgument(
         what + ": " + std::to_string(bytes.size()) + " bytes is more than the limit of " +
@@ -659,7 +637,7 @@ Status RedisStore::PutManifest(std::string_view manifest_id, std::string_view by
 
 Result<std::string> RedisStore::GetManifest(std::string_view manifest_id) {
   GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
-  const std::string what = "get manifest " + Quote(manifest_id);
+  const std::string what = "get manifest " + Quoted(manifest_id);
   GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply, Command(what, {"GET", Key("manifest", manifest_id)}));
   if (reply->type == REDIS_REPLY_NIL) {
     return Status::NotFound(what + " from " + config_.display_url +
@@ -670,8 +648,9 @@ Result<std::string> RedisStore::GetManifest(std::string_view manifest_id) {
 }
 
 Status RedisStore::Heartbeat(const NodeRecord& node, milliseconds ttl) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNode(node, ttl));
-  const std::string what = "heartbeat of node " + Quote(node.id);
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNode(node));
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNodeTtl(node.id, ttl));
+  const std::string what = "heartbeat of node " + Quoted(node.id);
   NodeRecord stored = node;
   stored.heartbeat_ms = config_.clock->NowMillis();
   GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeNode(stored));
@@ -692,10 +671,15 @@ Result<std::vector<NodeRecord>> RedisStore::ListNodes(std::string_view pool) {
   if (reply->type != REDIS_REPLY_ARRAY) return Malformed(what, config_.display_url);
   std::vector<NodeRecord> out;
   for (size_t i = 0; i < reply->elements; ++i) {
-    if (!IsString(reply->element[i])) return Malformed(what, config_.display_url);
+    const redisReply* row = reply->element[i];
+    if (row->type != REDIS_REPLY_ARRAY || row->elements != 2 || !IsString(row->element[0]) ||
+        !IsString(row->element[1])) {
+      return Malformed(what, config_.display_url);
+    }
+    const std::string_view id = StrOf(row->element[0]);
     GRANARY_ASSIGN_OR_RETURN(NodeRecord n,
-                             store_internal::DecodeNode(StrOf(reply->element[i]),
-                                                        "a node record in " + config_.display_url));
+                             store_internal::DecodeNode(StrOf(row->element[1]), id,
+                                                        RecordWhere("node", id, Key("node", id))));
     if (pool.empty() || n.pool == pool) out.push_back(std::move(n));
   }
   std::sort(out.begin(), out.end(),
@@ -705,7 +689,7 @@ Result<std::vector<NodeRecord>> RedisStore::ListNodes(std::string_view pool) {
 
 Status RedisStore::RemoveNode(std::string_view node_id) {
   GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
-  const std::string what = "remove node " + Quote(node_id);
+  const std::string what = "remove node " + Quoted(node_id);
   GRANARY_ASSIGN_OR_RETURN(
       ReplyPtr reply,
       Eval(what, kRemoveNode, {Key("node", node_id), Key("nodes", "")},
@@ -730,20 +714,20 @@ Status RedisStore::PutChild(std::string_view what, std::string_view dataset,
   if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
   if (reply->integer == 0) {
     return Status::NotFound(std::string(what) + " in " + config_.display_url + ": dataset " +
-                            Quote(dataset) + " does not exist; create it first");
+                            Quoted(dataset) + " does not exist; create it first");
   }
   return Status::Ok();
 }
 
-Result<std::map<std::string, std::string>> RedisStore::HashOfDataset(std::string_view what,
-                                                                     std::string_view dataset,
-                                                                     std::string_view hash_kind) {
+Result<std::map<std::string, std::string>> RedisStore::ListChildren(std::string_view what,
+                                                                    std::string_view dataset,
+                                                                    std::string_view hash_kind) {
   GRANARY_ASSIGN_OR_RETURN(
       ReplyPtr reply,
       Eval(what, kListChildren, {Key("dataset", dataset), Key(hash_kind, dataset)}, {}));
   if (reply->type == REDIS_REPLY_NIL) {
     return Status::NotFound(std::string(what) + " from " + config_.display_url + ": dataset " +
-                            Quote(dataset) + " does not exist");
+                            Quoted(dataset) + " does not exist");
   }
   if (reply->type != REDIS_REPLY_ARRAY || reply->elements % 2 != 0) {
     return Malformed(what, config_.display_url);
@@ -765,20 +749,22 @@ Status RedisStore::PutProgress(std::string_view dataset, std::string_view node_i
   StagingProgress stored = progress;
   stored.updated_ms = config_.clock->NowMillis();
   GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeProgress(stored));
-  return PutChild("put progress of dataset " + Quote(dataset) + " on node " + Quote(node_id),
+  return PutChild("put progress of dataset " + Quoted(dataset) + " on node " + Quoted(node_id),
                   dataset, "progress", node_id, json, EventKind::kProgress);
 }
 
 Result<std::map<std::string, StagingProgress>> RedisStore::ListProgress(std::string_view dataset) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  const std::string what = "list progress of dataset " + Quote(dataset);
-  GRANARY_ASSIGN_OR_RETURN(auto raw, HashOfDataset(what, dataset, "progress"));
+  const std::string what = "list progress of dataset " + Quoted(dataset);
+  GRANARY_ASSIGN_OR_RETURN(auto raw, ListChildren(what, dataset, "progress"));
   std::map<std::string, StagingProgress> out;
   for (const auto& [node, json] : raw) {
     GRANARY_ASSIGN_OR_RETURN(
         StagingProgress p,
-        store_internal::DecodeProgress(json, "progress of dataset " + Quote(dataset) + " on node " +
-                                                 Quote(node) + " in " + config_.display_url));
+        store_internal::DecodeProgress(
+            json, node,
+            FieldWhere("progress of dataset " + Quoted(dataset) + " on node " + Quoted(node), node,
+                       Key("progress", dataset))));
     out.emplace(node, p);
   }
   return out;
@@ -790,20 +776,21 @@ Status RedisStore::PutPlan(std::string_view dataset, const PlanRecord& plan) {
   PlanRecord stored = plan;
   stored.registered_ms = config_.clock->NowMillis();
   GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodePlan(stored));
-  return PutChild("put plan " + Quote(plan.plan_id) + " of dataset " + Quote(dataset), dataset,
+  return PutChild("put plan " + Quoted(plan.plan_id) + " of dataset " + Quoted(dataset), dataset,
                   "plans", plan.plan_id, json, EventKind::kPlan);
 }
 
 Result<std::vector<PlanRecord>> RedisStore::ListPlans(std::string_view dataset) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  const std::string what = "list plans of dataset " + Quote(dataset);
-  GRANARY_ASSIGN_OR_RETURN(auto raw, HashOfDataset(what, dataset, "plans"));
+  const std::string what = "list plans of dataset " + Quoted(dataset);
+  GRANARY_ASSIGN_OR_RETURN(auto raw, ListChildren(what, dataset, "plans"));
   std::vector<PlanRecord> out;  // sorted: raw is a std::map by plan id
   for (const auto& [plan_id, json] : raw) {
     GRANARY_ASSIGN_OR_RETURN(
-        PlanRecord p,
-        store_internal::DecodePlan(json, "plan " + Quote(plan_id) + " of dataset " +
-                                             Quote(dataset) + " in " + config_.display_url));
+        PlanRecord p, store_internal::DecodePlan(
+                          json, plan_id,
+                          FieldWhere("plan " + Quoted(plan_id) + " of dataset " + Quoted(dataset),
+                                     plan_id, Key("plans", dataset))));
     out.push_back(std::move(p));
   }
   return out;
@@ -812,7 +799,7 @@ Result<std::vector<PlanRecord>> RedisStore::ListPlans(std::string_view dataset) 
 Status RedisStore::DeletePlan(std::string_view dataset, std::string_view plan_id) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
   GRANARY_RETURN_IF_ERROR(store_internal::ValidatePlanId(plan_id));
-  const std::string what = "delete plan " + Quote(plan_id) + " of dataset " + Quote(dataset);
+  const std::string what = "delete plan " + Quoted(plan_id) + " of dataset " + Quoted(dataset);
   GRANARY_ASSIGN_OR_RETURN(
       ReplyPtr reply,
       Eval(what, kDeletePlan, {Key("dataset", dataset), Key("plans", dataset)},

@@ -82,6 +82,11 @@ class RedisStore final : public MetadataStore {
   // Key names (docs/metadata-store.md, "Redis key schema").
   std::string Key(std::string_view kind, std::string_view name) const;
   std::string Channel() const;
+  // Where a record was read from, for kCorruption messages: "dataset 'x' (key
+  // 'granary:dataset:x') in redis://..." and the same for a hash field.
+  std::string RecordWhere(std::string_view kind, std::string_view name, std::string_view key) const;
+  std::string FieldWhere(std::string_view record, std::string_view field,
+                         std::string_view key) const;
 
   // Runs one command, reconnecting and retrying on connection errors and on
   // transient server errors (LOADING, BUSY, ...) until the retry budget is
@@ -93,9 +98,13 @@ class RedisStore final : public MetadataStore {
   Result<redis_internal::ReplyPtr> Eval(std::string_view what, std::string_view script,
                                         const std::vector<std::string>& keys,
                                         const std::vector<std::string>& argv);
-  Result<std::map<std::string, std::string>> HashOfDataset(std::string_view what,
-                                                           std::string_view dataset,
-                                                           std::string_view hash_kind);
+  // The progress or plans hash of `dataset` (hash_kind "progress" or "plans"):
+  // field -> JSON, or kNotFound if the dataset does not exist; and a put of
+  // one field, refused the same way. One script each, so the existence check
+  // and the access are atomic.
+  Result<std::map<std::string, std::string>> ListChildren(std::string_view what,
+                                                          std::string_view dataset,
+                                                          std::string_view hash_kind);
   Status PutChild(std::string_view what, std::string_view dataset, std::string_view hash_kind,
                   std::string_view field, const std::string& json, EventKind event);
 

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "granary/core/log.h"
+#include "granary/core/names.h"
 #include "metadata_store_internal.h"
 
 namespace granary {
@@ -28,8 +29,8 @@ namespace {
 using sqlite_internal::DbPtr;
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
+using store_internal::Backoff;
 using store_internal::FormatDuration;
-using store_internal::Quote;
 
 // 'GRNY': marks the file as a Granary store, so a stray SQLite file is refused
 // instead of getting our tables added to it.
@@ -281,19 +282,18 @@ Status InitSchema(const Session& session, std::string_view what);
 // calling the busy handler (it would deadlock), and the answer is to retry.
 Result<DbPtr> OpenConnection(const SqliteConfig& config, bool create, bool init_schema,
                              std::string_view what) {
-  const auto deadline = steady_clock::now() + config.retry_budget;
-  milliseconds pause(5);
-  while (true) {
+  // Short pauses: the lock is held for the few milliseconds of a WAL switch
+  // or a schema creation, not for an outage.
+  Backoff backoff(config.retry_budget, milliseconds(5), milliseconds(100));
+  Status status;
+  do {
     auto db = OpenConnectionOnce(config, create, what);
-    Status status = db.status();
+    status = db.status();
     if (db.ok() && init_schema) status = InitSchema(Session(db->get(), config), what);
     if (status.ok()) return db;
-    if (status.code() != StatusCode::kUnavailable || steady_clock::now() >= deadline) {
-      return status;
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, milliseconds(100));
-  }
+    if (status.code() != StatusCode::kUnavailable) return status;
+  } while (backoff.Wait());
+  return status;
 }
 
 Status InitSchema(const Session& session, std::string_view what) {
@@ -370,7 +370,20 @@ Result<bool> DatasetExists(const Session& session, std::string_view name, std::s
 
 Status NoDataset(std::string_view what, const SqliteConfig& config, std::string_view dataset) {
   return Status::NotFound(std::string(what) + " in " + config.display_url + ": dataset " +
-                          Quote(dataset) + " does not exist; create it first");
+                          Quoted(dataset) + " does not exist; create it first");
+}
+
+// A dataset from its row: revision and created_ms are columns beside the JSON.
+Result<DatasetRecord> DatasetFromRow(const std::string& name, int64_t revision, int64_t created_ms,
+                                     std::string_view record, const SqliteConfig& config) {
+  const std::string where =
+      "dataset " + Quoted(name) + " (row of table datasets) in " + config.display_url;
+  if (revision < 1) {
+    return store_internal::CorruptRecord(
+        where, "revision is " + std::to_string(revision) + "; stored revisions start at 1");
+  }
+  return store_internal::DecodeDataset(record, name, static_cast<uint64_t>(revision), created_ms,
+                                       where);
 }
 
 class SqliteWatcher final : public MetadataStore::Watcher {
@@ -445,6 +458,25 @@ class SqliteWatcher final : public MetadataStore::Watcher {
 
 }  // namespace
 
+namespace sqlite_internal {
+// A table of records that belong to a dataset, keyed by (dataset, key):
+// progress by node id, plans by plan id.
+struct ChildTable {
+  const char* name;
+  const char* upsert;  // binds dataset, key, record
+  const char* select;  // binds dataset; yields key, record in key order
+};
+}  // namespace sqlite_internal
+
+namespace {
+constexpr sqlite_internal::ChildTable kProgressTable = {
+    "progress", "INSERT OR REPLACE INTO progress (dataset, node, record) VALUES (?, ?, ?)",
+    "SELECT node, record FROM progress WHERE dataset = ? ORDER BY node"};
+constexpr sqlite_internal::ChildTable kPlansTable = {
+    "plans", "INSERT OR REPLACE INTO plans (dataset, plan_id, record) VALUES (?, ?, ?)",
+    "SELECT plan_id, record FROM plans WHERE dataset = ? ORDER BY plan_id"};
+}  // namespace
+
 SqliteStore::SqliteStore(SqliteConfig config, DbPtr db)
     : config_(std::move(config)), db_(std::move(db)) {}
 SqliteStore::~SqliteStore() = default;
@@ -458,7 +490,7 @@ Result<std::unique_ptr<MetadataStore>> SqliteStore::Open(SqliteConfig config) {
 
 Result<DatasetRecord> SqliteStore::CreateDataset(const DatasetRecord& record) {
   GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
-  const std::string what = "create dataset " + Quote(record.name);
+  const std::string what = "create dataset " + Quoted(record.name);
   DatasetRecord stored = record;
   stored.created_ms = stored.updated_ms = config_.clock->NowMillis();
   stored.revision = 1;
@@ -484,7 +516,7 @@ Result<DatasetRecord> SqliteStore::CreateDataset(const DatasetRecord& record) {
 
 Result<DatasetRecord> SqliteStore::GetDataset(std::string_view name) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
-  const std::string what = "get dataset " + Quote(name);
+  const std::string what = "get dataset " + Quoted(name);
   std::lock_guard<std::mutex> lock(mu_);
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(
@@ -496,8 +528,7 @@ Result<DatasetRecord> SqliteStore::GetDataset(std::string_view name) {
     return Status::NotFound(what + " from " + config_.display_url +
                             ": it does not exist; check the name against the dataset list");
   }
-  return store_internal::DecodeDataset(s.Text(2), static_cast<uint64_t>(s.Int(0)), s.Int(1),
-                                       "dataset " + Quote(name) + " in " + config_.display_url);
+  return DatasetFromRow(std::string(name), s.Int(0), s.Int(1), s.Text(2), config_);
 }
 
 Result<std::vector<DatasetRecord>> SqliteStore::ListDatasets() {
@@ -513,9 +544,7 @@ Result<std::vector<DatasetRecord>> SqliteStore::ListDatasets() {
     GRANARY_ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
     GRANARY_ASSIGN_OR_RETURN(DatasetRecord r,
-                             store_internal::DecodeDataset(
-                                 s.Text(3), static_cast<uint64_t>(s.Int(1)), s.Int(2),
-                                 "dataset " + Quote(s.Text(0)) + " in " + config_.display_url));
+                             DatasetFromRow(s.Text(0), s.Int(1), s.Int(2), s.Text(3), config_));
     out.push_back(std::move(r));
   }
   return out;
@@ -523,7 +552,7 @@ Result<std::vector<DatasetRecord>> SqliteStore::ListDatasets() {
 
 Result<DatasetRecord> SqliteStore::UpdateDataset(const DatasetRecord& record) {
   GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
-  const std::string what = "update dataset " + Quote(record.name);
+  const std::string what = "update dataset " + Quoted(record.name);
   DatasetRecord stored = record;
   stored.updated_ms = config_.clock->NowMillis();
   stored.revision = record.revision + 1;
@@ -562,7 +591,7 @@ Result<DatasetRecord> SqliteStore::UpdateDataset(const DatasetRecord& record) {
 
 Status SqliteStore::DeleteDataset(std::string_view name) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
-  const std::string what = "delete dataset " + Quote(name);
+  const std::string what = "delete dataset " + Quoted(name);
   std::lock_guard<std::mutex> lock(mu_);
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
@@ -585,7 +614,7 @@ Status SqliteStore::DeleteDataset(std::string_view name) {
 
 Status SqliteStore::PutManifest(std::string_view manifest_id, std::string_view bytes) {
   GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
-  const std::string what = "put manifest " + Quote(manifest_id);
+  const std::string what = "put manifest " + Quoted(manifest_id);
   if (bytes.size() > kMaxManifestBytes) {
     return Status::InvalidArgument(
         what + ": " + std::to_string(bytes.size()) + " bytes is more than the limit of " +
@@ -602,7 +631,7 @@ Status SqliteStore::PutManifest(std::string_view manifest_id, std::string_view b
 
 Result<std::string> SqliteStore::GetManifest(std::string_view manifest_id) {
   GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
-  const std::string what = "get manifest " + Quote(manifest_id);
+  const std::string what = "get manifest " + Quoted(manifest_id);
   std::lock_guard<std::mutex> lock(mu_);
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(
@@ -616,15 +645,19 @@ Result<std::string> SqliteStore::GetManifest(std::string_view manifest_id) {
 }
 
 Status SqliteStore::Heartbeat(const NodeRecord& node, milliseconds ttl) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNode(node, ttl));
-  const std::string what = "heartbeat of node " + Quote(node.id);
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNode(node));
+  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNodeTtl(node.id, ttl));
+  const std::string what = "heartbeat of node " + Quoted(node.id);
+  const std::string identity = store_internal::NodeIdentity(node);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  // Read the clock only once the store is ours: a heartbeat that waited for
+  // another call must not write a stale time (an earlier expiry, or a
+  // heartbeat_ms older than one already stored).
   const int64_t now = config_.clock->NowMillis();
   NodeRecord stored = node;
   stored.heartbeat_ms = now;
   GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeNode(stored));
-  const std::string identity = store_internal::NodeIdentity(node);
-
-  std::lock_guard<std::mutex> lock(mu_);
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
   bool changed = true;
@@ -665,23 +698,29 @@ Status SqliteStore::Heartbeat(const NodeRecord& node, milliseconds ttl) {
 Result<std::vector<NodeRecord>> SqliteStore::ListNodes(std::string_view pool) {
   if (!pool.empty()) GRANARY_RETURN_IF_ERROR(store_internal::ValidatePoolName(pool));
   const std::string what = "list nodes";
-  const int64_t now = config_.clock->NowMillis();
   std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = config_.clock->NowMillis();  // after the lock, as in Heartbeat
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(session,
-                         "SELECT record FROM nodes WHERE expires_at > ? AND (? = '' OR pool = ?) "
-                         "ORDER BY id",
-                         what));
+      Statement s, Statement::Prepare(session,
+                                      "SELECT id, pool, record FROM nodes WHERE expires_at > ? AND "
+                                      "(? = '' OR pool = ?) ORDER BY id",
+                                      what));
   s.Bind(1, now).Bind(2, pool).Bind(3, pool);
   std::vector<NodeRecord> out;
   while (true) {
     GRANARY_ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    GRANARY_ASSIGN_OR_RETURN(
-        NodeRecord n,
-        store_internal::DecodeNode(s.Text(0), "a node record in " + config_.display_url));
+    const std::string id = s.Text(0);
+    const std::string where =
+        "node " + Quoted(id) + " (row of table nodes) in " + config_.display_url;
+    GRANARY_ASSIGN_OR_RETURN(NodeRecord n, store_internal::DecodeNode(s.Text(2), id, where));
+    // The pool column is what the query filtered on: it must be the record's.
+    if (n.pool != s.Text(1)) {
+      return store_internal::CorruptRecord(where, "the pool column " + Quoted(s.Text(1)) +
+                                                      " differs from the record's pool " +
+                                                      Quoted(n.pool));
+    }
     out.push_back(std::move(n));
   }
   return out;
@@ -689,9 +728,9 @@ Result<std::vector<NodeRecord>> SqliteStore::ListNodes(std::string_view pool) {
 
 Status SqliteStore::RemoveNode(std::string_view node_id) {
   GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
-  const std::string what = "remove node " + Quote(node_id);
-  const int64_t now = config_.clock->NowMillis();
+  const std::string what = "remove node " + Quoted(node_id);
   std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = config_.clock->NowMillis();  // after the lock, as in Heartbeat
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
   bool live = false;
@@ -714,119 +753,107 @@ Status SqliteStore::RemoveNode(std::string_view node_id) {
   return tx.Commit();
 }
 
-Status SqliteStore::PutProgress(std::string_view dataset, std::string_view node_id,
-                                const StagingProgress& progress) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
-  const std::string what =
-      "put progress of dataset " + Quote(dataset) + " on node " + Quote(node_id);
-  StagingProgress stored = progress;
-  stored.updated_ms = config_.clock->NowMillis();
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeProgress(stored));
-
+Status SqliteStore::PutChild(std::string_view what, const sqlite_internal::ChildTable& table,
+                             std::string_view dataset, std::string_view key,
+                             const std::string& json, EventKind event) {
   std::lock_guard<std::mutex> lock(mu_);
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
   GRANARY_ASSIGN_OR_RETURN(bool exists, DatasetExists(session, dataset, what));
   if (!exists) return NoDataset(what, config_, dataset);
-  GRANARY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(session,
-                         "INSERT OR REPLACE INTO progress (dataset, node, record) VALUES (?, ?, ?)",
-                         what));
-  GRANARY_RETURN_IF_ERROR(s.Bind(1, dataset).Bind(2, node_id).Bind(3, json).Run());
-  GRANARY_RETURN_IF_ERROR(Publish(session, EventKind::kProgress, dataset, what));
+  GRANARY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(session, table.upsert, what));
+  GRANARY_RETURN_IF_ERROR(s.Bind(1, dataset).Bind(2, key).Bind(3, json).Run());
+  GRANARY_RETURN_IF_ERROR(Publish(session, event, dataset, what));
   return tx.Commit();
+}
+
+Result<std::map<std::string, std::string>> SqliteStore::ListChildren(
+    std::string_view what, const sqlite_internal::ChildTable& table, std::string_view dataset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Session session(db_.get(), config_);
+  // One read transaction: the existence check and the rows are one snapshot.
+  GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, false, what));
+  GRANARY_ASSIGN_OR_RETURN(bool exists, DatasetExists(session, dataset, what));
+  if (!exists) {
+    return Status::NotFound(std::string(what) + " from " + config_.display_url + ": dataset " +
+                            Quoted(dataset) + " does not exist");
+  }
+  GRANARY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(session, table.select, what));
+  s.Bind(1, dataset);
+  std::map<std::string, std::string> out;
+  while (true) {
+    GRANARY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.emplace(s.Text(0), s.Text(1));
+  }
+  GRANARY_RETURN_IF_ERROR(tx.Commit());
+  return out;
+}
+
+std::string SqliteStore::RowWhere(std::string_view record, const sqlite_internal::ChildTable& table,
+                                  std::string_view dataset, std::string_view key) const {
+  return std::string(record) + " (row " + Quoted(dataset) + ", " + Quoted(key) + " of table " +
+         table.name + ") in " + config_.display_url;
+}
+
+Status SqliteStore::PutProgress(std::string_view dataset, std::string_view node_id,
+                                const StagingProgress& progress) {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
+  GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
+  StagingProgress stored = progress;
+  stored.updated_ms = config_.clock->NowMillis();
+  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeProgress(stored));
+  return PutChild("put progress of dataset " + Quoted(dataset) + " on node " + Quoted(node_id),
+                  kProgressTable, dataset, node_id, json, EventKind::kProgress);
 }
 
 Result<std::map<std::string, StagingProgress>> SqliteStore::ListProgress(std::string_view dataset) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  const std::string what = "list progress of dataset " + Quote(dataset);
-  std::lock_guard<std::mutex> lock(mu_);
-  Session session(db_.get(), config_);
-  GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, false, what));
-  GRANARY_ASSIGN_OR_RETURN(bool exists, DatasetExists(session, dataset, what));
-  if (!exists) {
-    return Status::NotFound(what + " from " + config_.display_url + ": dataset " + Quote(dataset) +
-                            " does not exist");
-  }
-  GRANARY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(session, "SELECT node, record FROM progress WHERE dataset = ?", what));
-  s.Bind(1, dataset);
+  const std::string what = "list progress of dataset " + Quoted(dataset);
+  GRANARY_ASSIGN_OR_RETURN(auto raw, ListChildren(what, kProgressTable, dataset));
   std::map<std::string, StagingProgress> out;
-  while (true) {
-    GRANARY_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    std::string node = s.Text(0);
-    GRANARY_ASSIGN_OR_RETURN(StagingProgress p,
-                             store_internal::DecodeProgress(
-                                 s.Text(1), "progress of dataset " + Quote(dataset) + " on node " +
-                                                Quote(node) + " in " + config_.display_url));
-    out.emplace(std::move(node), p);
+  for (const auto& [node, json] : raw) {
+    GRANARY_ASSIGN_OR_RETURN(
+        StagingProgress p,
+        store_internal::DecodeProgress(
+            json, node,
+            RowWhere("progress of dataset " + Quoted(dataset) + " on node " + Quoted(node),
+                     kProgressTable, dataset, node)));
+    out.emplace(node, p);
   }
-  GRANARY_RETURN_IF_ERROR(tx.Commit());
   return out;
 }
 
 Status SqliteStore::PutPlan(std::string_view dataset, const PlanRecord& plan) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
   GRANARY_RETURN_IF_ERROR(store_internal::ValidatePlan(plan));
-  const std::string what = "put plan " + Quote(plan.plan_id) + " of dataset " + Quote(dataset);
   PlanRecord stored = plan;
   stored.registered_ms = config_.clock->NowMillis();
   GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodePlan(stored));
-
-  std::lock_guard<std::mutex> lock(mu_);
-  Session session(db_.get(), config_);
-  GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
-  GRANARY_ASSIGN_OR_RETURN(bool exists, DatasetExists(session, dataset, what));
-  if (!exists) return NoDataset(what, config_, dataset);
-  GRANARY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(session,
-                         "INSERT OR REPLACE INTO plans (dataset, plan_id, record) VALUES (?, ?, ?)",
-                         what));
-  GRANARY_RETURN_IF_ERROR(s.Bind(1, dataset).Bind(2, plan.plan_id).Bind(3, json).Run());
-  GRANARY_RETURN_IF_ERROR(Publish(session, EventKind::kPlan, dataset, what));
-  return tx.Commit();
+  return PutChild("put plan " + Quoted(plan.plan_id) + " of dataset " + Quoted(dataset),
+                  kPlansTable, dataset, plan.plan_id, json, EventKind::kPlan);
 }
 
 Result<std::vector<PlanRecord>> SqliteStore::ListPlans(std::string_view dataset) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  const std::string what = "list plans of dataset " + Quote(dataset);
-  std::lock_guard<std::mutex> lock(mu_);
-  Session session(db_.get(), config_);
-  GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, false, what));
-  GRANARY_ASSIGN_OR_RETURN(bool exists, DatasetExists(session, dataset, what));
-  if (!exists) {
-    return Status::NotFound(what + " from " + config_.display_url + ": dataset " + Quote(dataset) +
-                            " does not exist");
-  }
-  GRANARY_ASSIGN_OR_RETURN(Statement s,
-                           Statement::Prepare(session,
-                                              "SELECT plan_id, record FROM plans WHERE dataset = ? "
-                                              "ORDER BY plan_id",
-                                              what));
-  s.Bind(1, dataset);
-  std::vector<PlanRecord> out;
-  while (true) {
-    GRANARY_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
+  const std::string what = "list plans of dataset " + Quoted(dataset);
+  GRANARY_ASSIGN_OR_RETURN(auto raw, ListChildren(what, kPlansTable, dataset));
+  std::vector<PlanRecord> out;  // sorted: raw is a std::map by plan id
+  for (const auto& [plan_id, json] : raw) {
     GRANARY_ASSIGN_OR_RETURN(
-        PlanRecord p,
-        store_internal::DecodePlan(s.Text(1), "plan " + Quote(s.Text(0)) + " of dataset " +
-                                                  Quote(dataset) + " in " + config_.display_url));
+        PlanRecord p, store_internal::DecodePlan(
+                          json, plan_id,
+                          RowWhere("plan " + Quoted(plan_id) + " of dataset " + Quoted(dataset),
+                                   kPlansTable, dataset, plan_id)));
     out.push_back(std::move(p));
   }
-  GRANARY_RETURN_IF_ERROR(tx.Commit());
   return out;
 }
 
 Status SqliteStore::DeletePlan(std::string_view dataset, std::string_view plan_id) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
   GRANARY_RETURN_IF_ERROR(store_internal::ValidatePlanId(plan_id));
-  const std::string what = "delete plan " + Quote(plan_id) + " of dataset " + Quote(dataset);
+  const std::string what = "delete plan " + Quoted(plan_id) + " of dataset " + Quoted(dataset);
   std::lock_guard<std::mutex> lock(mu_);
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));

@@ -10,9 +10,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "granary/core/metadata_store.h"
 
@@ -34,6 +36,7 @@ struct DbDeleter {
   void operator()(sqlite3* db) const;
 };
 using DbPtr = std::unique_ptr<sqlite3, DbDeleter>;
+struct ChildTable;  // progress or plans (sqlite_store.cc)
 }  // namespace sqlite_internal
 
 class SqliteStore final : public MetadataStore {
@@ -69,6 +72,20 @@ class SqliteStore final : public MetadataStore {
 
  private:
   SqliteStore(SqliteConfig config, sqlite_internal::DbPtr db);
+
+  // The shape PutProgress/PutPlan and ListProgress/ListPlans share: a row of
+  // `table` for (dataset, key), written or listed only if the dataset exists
+  // (kNotFound otherwise), in one transaction with the existence check.
+  Status PutChild(std::string_view what, const sqlite_internal::ChildTable& table,
+                  std::string_view dataset, std::string_view key, const std::string& json,
+                  EventKind event);
+  // key -> JSON record.
+  Result<std::map<std::string, std::string>> ListChildren(std::string_view what,
+                                                          const sqlite_internal::ChildTable& table,
+                                                          std::string_view dataset);
+  // Where a child record was read from, for kCorruption messages.
+  std::string RowWhere(std::string_view record, const sqlite_internal::ChildTable& table,
+                       std::string_view dataset, std::string_view key) const;
 
   const SqliteConfig config_;
   std::mutex mu_;

@@ -1,23 +1,25 @@
 // SQLite-only behaviour of the metadata store: two processes on one file, a
 // file locked by someone else, files that are corrupt, foreign or newer,
-// expiry by the injected clock, and watchers that fall behind pruning.
+// records damaged behind the store's back, expiry by the injected clock, and
+// watchers that fall behind pruning.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <sqlite3.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "granary/core/clock.h"
 #include "granary/core/metadata_store.h"
+#include "testing/child_process.h"
+#include "testing/store_records.h"
 #include "testing/test_util.h"
 
 namespace granary {
@@ -25,22 +27,12 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
+using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
-DatasetRecord MakeDataset(const std::string& name) {
-  DatasetRecord r;
-  r.name = name;
-  r.spec.source_uri = "file:///data/" + name;
-  return r;
-}
-
-NodeRecord MakeNode(const std::string& id) {
-  NodeRecord n;
-  n.id = id;
-  n.pool = "default";
-  n.address = "10.0.0.1:7070";
-  return n;
-}
+using testing::MakeDataset;
+using testing::MakeNode;
+using testing::MakePlan;
 
 bool HasDataset(MetadataStore& store, const std::string& name) {
   return store.GetDataset(name).ok();
@@ -69,6 +61,25 @@ class SqliteStoreTest : public ::testing::Test {
         << sql << ": " << (error != nullptr ? error : "");
     sqlite3_free(error);
   }
+  // The text in column 0 of the first row of `sql`, whose ?s take `params`.
+  static std::string RawQuery(sqlite3* db, const char* sql,
+                              const std::vector<std::string>& params) {
+    sqlite3_stmt* stmt = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    for (size_t i = 0; i < params.size(); ++i) {
+      sqlite3_bind_text(stmt, static_cast<int>(i + 1), params[i].c_str(), -1, SQLITE_TRANSIENT);
+    }
+    std::string out;
+    const int rc = sqlite3_step(stmt);
+    if (rc == SQLITE_ROW) {
+      const auto* text = sqlite3_column_text(stmt, 0);
+      if (text != nullptr) out = reinterpret_cast<const char*>(text);
+    } else {
+      EXPECT_EQ(rc, SQLITE_DONE) << sql << ": " << sqlite3_errmsg(db);
+    }
+    sqlite3_finalize(stmt);
+    return out;
+  }
 
   testing::TempDir dir_;
 };
@@ -89,9 +100,10 @@ int ChildWritesAndWaitsForParent(const std::string& url) {
 TEST_F(SqliteStoreTest, TwoProcessesWritingAtOnceSeeEachOthersWrites) {
   // Fork before this process opens the file: SQLite connections must not
   // cross fork(). The schema is created by whichever process gets there first.
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) ::_exit(ChildWritesAndWaitsForParent(url()));
+  // `child` kills and reaps the process if an assertion below returns early.
+  auto child = testing::ChildProcess::Start(
+      [url = url()](int /*control_fd*/) { return ChildWritesAndWaitsForParent(url); });
+  ASSERT_OK(child);
 
   auto store = Open(url());
   ASSERT_NE(store, nullptr);
@@ -100,17 +112,10 @@ TEST_F(SqliteStoreTest, TwoProcessesWritingAtOnceSeeEachOthersWrites) {
   }
   EXPECT_TRUE(
       testing::WaitFor([&] { return HasDataset(*store, "child-9"); }, std::chrono::seconds(20)));
-  int wstatus = 0;
-  bool exited = testing::WaitFor([&] { return ::waitpid(child, &wstatus, WNOHANG) == child; },
-                                 std::chrono::seconds(25));
-  if (!exited) {
-    ::kill(child, SIGKILL);
-    ::waitpid(child, &wstatus, 0);
-  }
-  ASSERT_TRUE(exited) << "child did not finish";
-  ASSERT_TRUE(WIFEXITED(wstatus));
-  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "child exit codes: 2 open, 3 create, 4 heartbeat, "
-                                        "5 never saw the parent's writes";
+  auto code = (*child)->Wait(std::chrono::seconds(25));
+  ASSERT_OK(code);
+  EXPECT_EQ(*code, 0) << "child exit codes: 2 open, 3 create, 4 heartbeat, "
+                         "5 never saw the parent's writes";
   auto all = store->ListDatasets();
   ASSERT_OK(all);
   EXPECT_EQ(all->size(), 20u);
@@ -235,6 +240,193 @@ TEST_F(SqliteStoreTest, ExpiryFollowsTheInjectedClock) {
   clock.Advance(milliseconds(1));
   EXPECT_TRUE(store->ListNodes("")->empty());
   EXPECT_EQ(store->RemoveNode("node-1").code(), StatusCode::kNotFound);
+}
+
+// A clock whose next reading can be held up: after Arm(), the next
+// NowMillis() blocks until Release(). Counts readings.
+class GateClock final : public Clock {
+ public:
+  explicit GateClock(int64_t now_ms) : now_ms_(now_ms) {}
+
+  int64_t NowMillis() const override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++readings_;
+    if (armed_) {
+      armed_ = false;
+      blocked_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return released_; });
+      blocked_ = false;
+    }
+    return now_ms_;
+  }
+  void Arm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = true;
+    released_ = false;
+  }
+  bool WaitUntilBlocked(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return blocked_; });
+  }
+  void Release(int64_t now_ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    now_ms_ = now_ms;
+    released_ = true;
+    cv_.notify_all();
+  }
+  int readings() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return readings_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  int64_t now_ms_;              // guarded by mu_
+  mutable bool armed_ = false;  // guarded by mu_
+  mutable bool blocked_ = false;
+  bool released_ = true;
+  mutable int readings_ = 0;
+};
+
+TEST_F(SqliteStoreTest, HeartbeatReadsTheClockOnlyOnceItHoldsTheStore) {
+  GateClock clock(1'000'000);
+  MetadataStoreOptions options;
+  options.clock = &clock;
+  auto store = Open(url(), options);
+  ASSERT_NE(store, nullptr);
+
+  Status first_status;
+  Status second_status;
+  std::thread first;
+  std::thread second;
+  struct Joiner {  // releases and joins whatever an assertion leaves running
+    GateClock& clock;
+    std::thread& a;
+    std::thread& b;
+    ~Joiner() {
+      clock.Release(2'000'000);
+      if (a.joinable()) a.join();
+      if (b.joinable()) b.join();
+    }
+  } joiner{clock, first, second};
+
+  // The first heartbeat stops while reading the clock...
+  clock.Arm();
+  first = std::thread([&] { first_status = store->Heartbeat(MakeNode("node-a"), 60'000ms); });
+  ASSERT_TRUE(clock.WaitUntilBlocked(std::chrono::seconds(30)));
+  // ...so a second one must wait for the store before it reads the time.
+  const int readings = clock.readings();
+  second = std::thread([&] { second_status = store->Heartbeat(MakeNode("node-b"), 60'000ms); });
+  EXPECT_FALSE(testing::WaitFor([&] { return clock.readings() > readings; }, milliseconds(300)))
+      << "the second heartbeat read the clock while the first one held the store";
+  clock.Release(2'000'000);
+  first.join();
+  second.join();
+  ASSERT_OK(first_status);
+  ASSERT_OK(second_status);
+
+  // Both stamped the time they wrote at, not a time from before they waited.
+  auto nodes = store->ListNodes("");
+  ASSERT_OK(nodes);
+  ASSERT_EQ(nodes->size(), 2u);
+  EXPECT_EQ((*nodes)[0].heartbeat_ms, 2'000'000);
+  EXPECT_EQ((*nodes)[1].heartbeat_ms, 2'000'000);
+}
+
+TEST_F(SqliteStoreTest, DamagedRecordsReadBackAsCorruptionNamingTheRow) {
+  auto store = Open(url());
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(store->CreateDataset(MakeDataset("ds")));
+  ASSERT_OK(store->PutPlan("ds", MakePlan("p")));
+  ASSERT_OK(store->PutProgress("ds", "node-1", {}));
+  ASSERT_OK(store->Heartbeat(MakeNode("node-1"), std::chrono::seconds(600)));
+  sqlite3* raw = RawOpen();
+  struct Row {
+    const char* select;
+    const char* update;  // ?1 the record, then the key columns
+    std::vector<std::string> key;
+    std::string shown;  // how the message names it
+  };
+  auto row_of = [](testing::StoredRecord record) -> Row {
+    switch (record) {
+      case testing::StoredRecord::kDataset:
+        return {"SELECT record FROM datasets WHERE name = ?",
+                "UPDATE datasets SET record = ?1 WHERE name = ?2",
+                {"ds"},
+                "dataset 'ds' (row of table datasets)"};
+      case testing::StoredRecord::kNode:
+        return {"SELECT record FROM nodes WHERE id = ?",
+                "UPDATE nodes SET record = ?1 WHERE id = ?2",
+                {"node-1"},
+                "node 'node-1' (row of table nodes)"};
+      case testing::StoredRecord::kProgress:
+        return {"SELECT record FROM progress WHERE dataset = ? AND node = ?",
+                "UPDATE progress SET record = ?1 WHERE dataset = ?2 AND node = ?3",
+                {"ds", "node-1"},
+                "(row 'ds', 'node-1' of table progress)"};
+      case testing::StoredRecord::kPlan:
+        return {"SELECT record FROM plans WHERE dataset = ? AND plan_id = ?",
+                "UPDATE plans SET record = ?1 WHERE dataset = ?2 AND plan_id = ?3",
+                {"ds", "p"},
+                "(row 'ds', 'p' of table plans)"};
+    }
+    return {};
+  };
+  auto reads = [&](testing::StoredRecord record) -> std::vector<Status> {
+    switch (record) {
+      case testing::StoredRecord::kDataset:
+        return {store->GetDataset("ds").status(), store->ListDatasets().status()};
+      case testing::StoredRecord::kNode:
+        return {store->ListNodes("").status(), store->ListNodes("default").status()};
+      case testing::StoredRecord::kProgress:
+        return {store->ListProgress("ds").status()};
+      case testing::StoredRecord::kPlan:
+        return {store->ListPlans("ds").status()};
+    }
+    return {};
+  };
+
+  for (const auto& c : testing::RecordCorruptions()) {
+    SCOPED_TRACE(c.from + " -> " + c.to);
+    const Row row = row_of(c.record);
+    const std::string good = RawQuery(raw, row.select, row.key);
+    std::string bad = good;
+    const size_t at = bad.find(c.from);
+    ASSERT_NE(at, std::string::npos) << good;
+    bad.replace(at, c.from.size(), c.to);
+    std::vector<std::string> params = {bad};
+    params.insert(params.end(), row.key.begin(), row.key.end());
+    RawQuery(raw, row.update, params);
+    for (const Status& s : reads(c.record)) {
+      EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+      EXPECT_THAT(s.message(), HasSubstr(row.shown));
+      EXPECT_THAT(s.message(), HasSubstr(path()));
+      EXPECT_THAT(s.message(), HasSubstr(c.problem));
+      EXPECT_THAT(s.message(), HasSubstr("rewrite or delete it"));
+    }
+    params[0] = good;
+    RawQuery(raw, row.update, params);
+    for (const Status& s : reads(c.record)) EXPECT_OK(s);
+  }
+
+  // The columns beside the JSON are checked too.
+  RawExec(raw, "UPDATE datasets SET revision = 0 WHERE name = 'ds'");
+  auto got = store->GetDataset("ds");
+  EXPECT_EQ(got.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(got.status().message(), HasSubstr("revision is 0"));
+  RawExec(raw, "UPDATE datasets SET revision = 1 WHERE name = 'ds'");
+  RawExec(raw, "UPDATE nodes SET pool = 'other' WHERE id = 'node-1'");
+  auto nodes = store->ListNodes("");
+  EXPECT_EQ(nodes.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(nodes.status().message(), HasSubstr("the pool column 'other'"));
+  RawExec(raw, "UPDATE nodes SET pool = 'default' WHERE id = 'node-1'");
+  RawExec(raw, "UPDATE progress SET node = 'bad id' WHERE node = 'node-1'");
+  auto progress = store->ListProgress("ds");
+  EXPECT_EQ(progress.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(progress.status().message(), HasSubstr("node id 'bad id'"));
+  sqlite3_close(raw);
 }
 
 TEST_F(SqliteStoreTest, WatcherThatFallsBehindPruningGetsResyncFirst) {

@@ -1,23 +1,30 @@
 // The MetadataStore conformance suite: every test runs unchanged against a real
-// redis-server (started by the RedisServer fixture) and a real SQLite file.
-// Backend-specific failure cases live in redis_store_test.cc and
-// sqlite_store_test.cc.
+// redis-server (started by the RedisServer fixture), a real SQLite file, and a
+// real SQLite file that a second process uses at the same time. Backend-specific
+// failure cases live in redis_store_test.cc and tests/core/sqlite_store_test.cc.
 
 #include "granary/core/metadata_store.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "granary/core/clock.h"
+#include "granary/core/plan.h"
+#include "testing/child_process.h"
 #include "testing/redis_server.h"
+#include "testing/store_records.h"
 #include "testing/test_util.h"
 
 namespace granary {
@@ -31,7 +38,11 @@ using ::testing::Not;
 
 class SqliteBackend {
  public:
+  // SQLite expires nodes by the store's Clock (Redis by its own).
+  static constexpr bool kExpiryFollowsStoreClock = true;
+
   Status SetUp() { return Status::Ok(); }
+  Status TearDown() { return Status::Ok(); }
   // Every store of one test opens the same file, as processes on one host would.
   std::string Url() const { return "sqlite://" + dir_.Join("granary.db"); }
 
@@ -39,8 +50,86 @@ class SqliteBackend {
   testing::TempDir dir_;
 };
 
+// What the helper process of SqliteTwoProcessesBackend does, until told to
+// stop on control_fd: write a manifest blob of its own, read it back, list
+// datasets, round after round. Manifests publish no events and appear in no
+// list, so the cases under test cannot see the helper except through the
+// file's locks. After its first round it sends a byte on control_fd, so every
+// case starts with the helper running. The exit code says what went wrong.
+enum HelperExit : int {
+  kHelperOk = 0,
+  kHelperOpenFailed = 2,
+  kHelperWriteFailed = 3,
+  kHelperReadBackWrong = 4,
+  kHelperListFailed = 5,
+  kHelperNeverStopped = 6,
+};
+
+int RunSharingHelper(const std::string& url, int control_fd) {
+  auto store = OpenMetadataStore(url);
+  if (!store.ok()) return kHelperOpenFailed;
+  // Bounds the loop (at least a millisecond a round: over a minute) should the
+  // parent never ask it to stop; the parent's death ends it sooner.
+  constexpr int kMaxRounds = 60'000;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    pollfd pfd{control_fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 1) != 0) return kHelperOk;  // asked to stop (or the parent is gone)
+    char id[32];
+    std::snprintf(id, sizeof(id), "f00d%08x", static_cast<unsigned>(round));
+    const std::string blob(1024, static_cast<char>(round));
+    if (!(*store)->PutManifest(id, blob).ok()) return kHelperWriteFailed;
+    auto back = (*store)->GetManifest(id);
+    if (!back.ok() || *back != blob) return kHelperReadBackWrong;
+    if (!(*store)->ListDatasets().ok()) return kHelperListFailed;
+    if (round == 0) {
+      const char ready = 'r';
+      (void)::send(control_fd, &ready, 1, MSG_NOSIGNAL);
+    }
+  }
+  return kHelperNeverStopped;
+}
+
+// The SQLite file shared by two processes at once: a helper child process
+// opens the same file before the test starts and keeps writing and reading
+// through its own store until the test ends, so every case runs while another
+// process takes the file's locks. (The race to create the schema is
+// sqlite_store_test's TwoProcessesWritingAtOnceSeeEachOthersWrites.)
+class SqliteTwoProcessesBackend {
+ public:
+  static constexpr bool kExpiryFollowsStoreClock = true;
+
+  Status SetUp() {
+    // Fork before this process opens the file: SQLite connections must not
+    // cross fork().
+    GRANARY_ASSIGN_OR_RETURN(helper_, testing::ChildProcess::Start([url = Url()](int control_fd) {
+                               return RunSharingHelper(url, control_fd);
+                             }));
+    return helper_->AwaitReady(std::chrono::seconds(30));
+  }
+  // Stops the helper and reports how it fared. If the test never gets here,
+  // helper_'s destructor kills and reaps it.
+  Status TearDown() {
+    if (helper_ == nullptr) return Status::Ok();
+    helper_->RequestStop();
+    GRANARY_ASSIGN_OR_RETURN(int code, helper_->Wait(std::chrono::seconds(30)));
+    if (code != kHelperOk) {
+      return Status::Internal(
+          "the second process sharing the SQLite file exited with " + std::to_string(code) +
+          " (2 open, 3 write, 4 read back wrong, 5 list, 6 never asked to stop)");
+    }
+    return Status::Ok();
+  }
+  std::string Url() const { return "sqlite://" + dir_.Join("granary.db"); }
+
+ private:
+  testing::TempDir dir_;
+  std::unique_ptr<testing::ChildProcess> helper_;  // after dir_: reaped before it is removed
+};
+
 class RedisBackend {
  public:
+  static constexpr bool kExpiryFollowsStoreClock = false;
+
   // One server per test process; each test gets its own key prefix.
   Status SetUp() {
     static Result<std::unique_ptr<testing::RedisServer>> server = testing::RedisServer::Start();
@@ -49,6 +138,7 @@ class RedisBackend {
     url_ = (*server)->url(0, "?prefix=t" + std::to_string(++next_prefix));
     return Status::Ok();
   }
+  Status TearDown() { return Status::Ok(); }
   std::string Url() const { return url_; }
 
  private:
@@ -61,6 +151,10 @@ class MetadataStoreTest : public ::testing::Test {
   void SetUp() override {
     Status s = backend_.SetUp();
     ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  void TearDown() override {
+    Status s = backend_.TearDown();
+    EXPECT_TRUE(s.ok()) << s.ToString();
   }
 
   std::unique_ptr<MetadataStore> Open(MetadataStoreOptions options = {}) {
@@ -76,53 +170,20 @@ class BackendNames {
  public:
   template <typename T>
   static std::string GetName(int) {
-    return std::is_same_v<T, RedisBackend> ? "Redis" : "Sqlite";
+    if (std::is_same_v<T, RedisBackend>) return "Redis";
+    if (std::is_same_v<T, SqliteTwoProcessesBackend>) return "SqliteTwoProcesses";
+    return "Sqlite";
   }
 };
 
-using Backends = ::testing::Types<RedisBackend, SqliteBackend>;
+using Backends = ::testing::Types<RedisBackend, SqliteBackend, SqliteTwoProcessesBackend>;
 TYPED_TEST_SUITE(MetadataStoreTest, Backends, BackendNames);
 
 // ---- helpers ----
 
-DatasetRecord MakeDataset(const std::string& name) {
-  DatasetRecord r;
-  r.name = name;
-  r.spec.source_uri = "file:///lustre/" + name;
-  r.spec.include = {"**/*.jpg", "**/*.png"};
-  r.spec.exclude = {"tmp/**"};
-  r.spec.chunk_size = 4 << 20;
-  r.spec.pool = "gpu-a";
-  r.spec.replication = 2;
-  r.owner = {1000, 100};
-  r.state = {DatasetPhase::kPending, "waiting for a snapshot"};
-  return r;
-}
-
-NodeRecord MakeNode(const std::string& id, const std::string& pool) {
-  NodeRecord n;
-  n.id = id;
-  n.pool = pool;
-  n.address = id + ".cluster.local:7070";
-  n.capacity_bytes = 4ull << 40;
-  n.used_bytes = 1ull << 30;
-  n.labels = {{"zone", "a"}, {"nvme", "4x"}};
-  n.started_ms = 1'700'000'000'123;
-  return n;
-}
-
-PlanRecord MakePlan(const std::string& id) {
-  PlanRecord p;
-  p.plan_id = id;
-  p.seed = 0xfedcba9876543210ull;  // above 2^63: must survive JSON exactly
-  p.first_epoch = 3;
-  p.world_size = 64;
-  p.batch_size = 256;
-  p.drop_last = true;
-  p.mode = "chunkwise";
-  p.window_chunks = 8;
-  return p;
-}
+using testing::MakeDataset;
+using testing::MakeNode;
+using testing::MakePlan;
 
 std::vector<std::string> NodeIds(const std::vector<NodeRecord>& nodes) {
   std::vector<std::string> ids;
@@ -130,10 +191,11 @@ std::vector<std::string> NodeIds(const std::vector<NodeRecord>& nodes) {
   return ids;
 }
 
-// Collects events until `want` have arrived or 5 s pass.
+// Collects events until `want` have arrived or 30 s pass (a deadline for a
+// broken store, not a speed limit: it returns as soon as they are in).
 std::vector<Event> Collect(MetadataStore::Watcher& watcher, size_t want) {
   std::vector<Event> got;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (got.size() < want && std::chrono::steady_clock::now() < deadline) {
     auto batch = watcher.Next(milliseconds(200));
     EXPECT_TRUE(batch.ok()) << batch.status().ToString();
@@ -307,6 +369,14 @@ TYPED_TEST(MetadataStoreTest, BadNamesAndSpecsAreInvalidArgument) {
   r = MakeDataset("specs");
   r.state.message = "\xff\xfe";
   expect_invalid(r, "UTF-8");
+  // Globs are compiled at create time, not when a node first snapshots.
+  r = MakeDataset("specs");
+  r.spec.include = {"**/*.jpg", "train/[a-"};
+  expect_invalid(r, "spec.include");
+  expect_invalid(r, "train/[a-");
+  r = MakeDataset("specs");
+  r.spec.exclude = {"tmp\\"};
+  expect_invalid(r, "spec.exclude");
   EXPECT_EQ(store->GetDataset("specs").status().code(), StatusCode::kNotFound);
 
   EXPECT_EQ(store->Heartbeat(MakeNode("bad/id", "p"), milliseconds(1000)).code(),
@@ -392,21 +462,38 @@ TYPED_TEST(MetadataStoreTest, HeartbeatsRegisterRefreshAndFilterByPool) {
 }
 
 TYPED_TEST(MetadataStoreTest, NodesExpireWhenHeartbeatsStop) {
-  auto store = this->Open();
+  // SQLite expires nodes by the store's Clock: moving the ManualClock past the
+  // TTL expires "short" at once. Redis expires them by its own clock: the short
+  // TTL runs out by itself. No assertion depends on a call finishing within
+  // the TTL: that "short" was registered shows in its join event.
+  ManualClock clock;
+  MetadataStoreOptions options;
+  options.clock = &clock;
+  auto store = this->Open(options);
   ASSERT_NE(store, nullptr);
-  ASSERT_OK(store->Heartbeat(MakeNode("short", "p"), milliseconds(300)));
-  ASSERT_OK(store->Heartbeat(MakeNode("long", "p"), milliseconds(60'000)));
-  auto now = store->ListNodes("p");
-  ASSERT_OK(now);
-  EXPECT_EQ(NodeIds(*now), (std::vector<std::string>{"long", "short"}));
+  auto watcher = store->Watch();
+  ASSERT_OK(watcher);
+  const milliseconds short_ttl(200);
+  const milliseconds long_ttl(600'000);
+  ASSERT_OK(store->Heartbeat(MakeNode("short", "p"), short_ttl));
+  ASSERT_OK(store->Heartbeat(MakeNode("long", "p"), long_ttl));
+  EXPECT_EQ(Collect(**watcher, 2),
+            (std::vector<Event>{{EventKind::kNode, "short"}, {EventKind::kNode, "long"}}));
+  if constexpr (TypeParam::kExpiryFollowsStoreClock) {
+    // Time stands still, so nothing has expired yet.
+    EXPECT_EQ(NodeIds(*store->ListNodes("p")), (std::vector<std::string>{"long", "short"}));
+  }
 
-  EXPECT_TRUE(testing::WaitFor([&] {
-    auto nodes = store->ListNodes("p");
-    return nodes.ok() && NodeIds(*nodes) == std::vector<std::string>{"long"};
-  }));
+  clock.Advance(short_ttl);
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        auto nodes = store->ListNodes("p");
+        return nodes.ok() && NodeIds(*nodes) == std::vector<std::string>{"long"};
+      },
+      std::chrono::seconds(30)));
   EXPECT_EQ(store->RemoveNode("short").code(), StatusCode::kNotFound);
   // Heartbeating again brings it back.
-  ASSERT_OK(store->Heartbeat(MakeNode("short", "p"), milliseconds(60'000)));
+  ASSERT_OK(store->Heartbeat(MakeNode("short", "p"), long_ttl));
   EXPECT_EQ(NodeIds(*store->ListNodes("p")), (std::vector<std::string>{"long", "short"}));
 }
 
@@ -473,6 +560,11 @@ TYPED_TEST(MetadataStoreTest, PlansAreRegisteredListedReplacedAndDeleted) {
   bad = MakePlan("plan-c");
   bad.world_size = 0;
   EXPECT_EQ(store->PutPlan("ds", bad).code(), StatusCode::kInvalidArgument);
+  bad = MakePlan("plan-c");
+  bad.window_chunks = 0;
+  s = store->PutPlan("ds", bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("window"));
   EXPECT_EQ(store->PutPlan("ds", MakePlan("bad/id")).code(), StatusCode::kInvalidArgument);
 }
 
@@ -684,6 +776,43 @@ TEST(OpenMetadataStoreTest, PasswordsNeverAppearInMessages) {
   EXPECT_THAT(r.status().message(), HasSubstr("admin:***@host"));
 }
 
+TEST(OpenMetadataStoreTest, PasswordsWithReservedCharactersNeverAppearInMessages) {
+  // Users paste passwords unencoded: everything up to the last '@' is user
+  // info, whatever '/', '?', '#', ':' or '@' it holds.
+  for (const std::string& password : std::vector<std::string>{
+           "SECRETa/SECRETb", "SECRETa?SECRETb", "SECRETa#SECRETb", "SECRETa@SECRETb",
+           "SECRETa:SECRETb", "SECRETa/?#@:SECRETb", "SECRETa/0"}) {
+    const std::string user_info = "admin:" + password + "@";
+    for (const std::string& url : {
+             "redis://" + user_info,                    // the host is missing
+             "redis://" + user_info + "/0",             // the host is missing
+             "redis://:" + password + "@host:0/0",      // bad port
+             "redis://" + user_info + "ho st/0",        // bad host
+             "redis://" + user_info + "host/db1",       // bad database
+             "redis://" + user_info + "host?bogus=1",   // unknown parameter
+             "redis://" + user_info + "host#fragment",  // a fragment
+             "redis://admin:" + password + "%zz@host",  // bad percent-encoding
+             "rediss://" + user_info + "host",          // unknown scheme
+             user_info + "host:6379",                   // no scheme
+             std::string("SECRETc@host:6379"),          // no scheme, no user
+         }) {
+      auto r = OpenMetadataStore(url);
+      ASSERT_FALSE(r.ok()) << url;
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+      EXPECT_THAT(r.status().message(), Not(HasSubstr("SECRET"))) << url;
+      EXPECT_THAT(r.status().message(), HasSubstr("***@")) << url;
+    }
+    MetadataStoreOptions bad_options;
+    bad_options.poll_interval = milliseconds(0);
+    auto r = OpenMetadataStore("redis://" + user_info + "host", bad_options);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(), Not(HasSubstr("SECRET")));
+  }
+  auto r = OpenMetadataStore("redis://admin:pa/ss@host:0/0");
+  EXPECT_THAT(r.status().message(), HasSubstr("'redis://admin:***@host:0/0'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("the port '0'"));
+}
+
 TEST(OpenMetadataStoreTest, BadOptionsAreInvalidArgument) {
   MetadataStoreOptions options;
   options.connect_timeout = milliseconds(0);
@@ -703,6 +832,49 @@ TEST(DatasetNamesTest, PhaseAndKindNamesRoundTrip) {
   EXPECT_TRUE(ValidateNodeId("gpu-node-01.cluster.local").ok());
   EXPECT_FALSE(ValidateNodeId("node:1").ok());
   EXPECT_FALSE(ValidateNodeId(std::string(254, 'n')).ok());
+}
+
+TEST(PlanRecordTest, DefaultsAreThoseOfPlanSpec) {
+  const PlanRecord record;
+  const PlanSpec spec;
+  EXPECT_EQ(record.window_chunks, spec.window);
+  EXPECT_EQ(record.mode, PlanModeName(spec.mode));
+  EXPECT_EQ(record.world_size, spec.world_size);
+  EXPECT_EQ(record.batch_size, spec.batch_size);
+  EXPECT_EQ(record.drop_last, spec.drop_last);
+  auto converted = ToPlanSpec(record, 0, 0);
+  ASSERT_OK(converted);
+  EXPECT_EQ(*converted, spec);
+}
+
+TEST(PlanRecordTest, ToPlanSpecCarriesEveryFieldAndValidates) {
+  const PlanRecord record = MakePlan("job-42");
+  auto spec = ToPlanSpec(record, 7, 63);
+  ASSERT_OK(spec);
+  PlanSpec want;
+  want.seed = record.seed;
+  want.epoch = 7;
+  want.world_size = 64;
+  want.rank = 63;
+  want.batch_size = 256;
+  want.drop_last = true;
+  want.mode = PlanMode::kChunkwise;
+  want.window = 4;
+  EXPECT_EQ(*spec, want);
+
+  auto bad_rank = ToPlanSpec(record, 7, 64);
+  EXPECT_EQ(bad_rank.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_rank.status().message(), HasSubstr("plan 'job-42'"));
+  EXPECT_THAT(bad_rank.status().message(), HasSubstr("rank 64"));
+  EXPECT_EQ(ToPlanSpec(record, kMaxPlanEpoch + 1, 0).status().code(), StatusCode::kInvalidArgument);
+  PlanRecord bad_mode = record;
+  bad_mode.mode = "Global";
+  auto mode = ToPlanSpec(bad_mode, 0, 0);
+  EXPECT_EQ(mode.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(mode.status().message(), HasSubstr("global, chunkwise, sequential"));
+  PlanRecord no_window = record;
+  no_window.window_chunks = 0;
+  EXPECT_EQ(ToPlanSpec(no_window, 0, 0).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

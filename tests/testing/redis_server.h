@@ -9,6 +9,10 @@
 // The binary is $GRANARY_REDIS_SERVER, else /usr/bin/redis-server, else
 // redis-server on $PATH.
 //
+// Start() and Restart() wait until the server answers PING and its INFO reports
+// our child's process id, so a server another test process started on the
+// same port is never mistaken for ours.
+//
 // Call Start() and Restart() from a thread that outlives the server (the
 // test's main thread): the server is started with PR_SET_PDEATHSIG, so it is
 // killed when that thread exits, and a crashed test leaves no server behind.
@@ -33,6 +37,8 @@ class RedisServer {
   // Starts a server; `extra_args` are appended to its command line (e.g.
   // {"--requirepass", "secret"}).
   static Result<std::unique_ptr<RedisServer>> Start(std::vector<std::string> extra_args = {});
+  // The redis-server binary the fixture runs (see above).
+  static std::string Binary();
   ~RedisServer();
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
@@ -49,6 +55,7 @@ class RedisServer {
   Status Kill();
   // Stops it if it is running (SIGTERM), then starts it again on the same port
   // and directory and waits until it answers. After Kill(), a crash restart.
+  // Retries a few times if the port is taken meanwhile, then fails saying so.
   Status Restart();
 
  private:
@@ -60,6 +67,7 @@ class RedisServer {
 
   TempDir dir_;
   std::vector<std::string> extra_args_;
+  std::string password_;  // --requirepass in extra_args_, for INFO
   uint16_t port_ = 0;
   pid_t pid_ = -1;
 };

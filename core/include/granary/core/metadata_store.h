@@ -52,6 +52,7 @@
 
 #include "granary/core/clock.h"
 #include "granary/core/manifest.h"
+#include "granary/core/plan.h"
 #include "granary/core/status.h"
 
 namespace granary {
@@ -141,20 +142,28 @@ struct StagingProgress {
 };
 
 // A registered plan (DESIGN.md, "Plan"): enough to recompute every rank's
-// sample order, so cache nodes stage in that order.
+// sample order, so cache nodes stage in that order. The fields are PlanSpec's
+// (plan.h) without the epoch and rank, which vary; ToPlanSpec adds them. The
+// defaults are PlanSpec's.
 struct PlanRecord {
   std::string plan_id;  // 1..128 of [A-Za-z0-9._-]
   uint64_t seed = 0;
-  uint32_t first_epoch = 0;
-  uint32_t world_size = 1;  // >= 1
-  uint32_t batch_size = 1;  // >= 1
+  uint32_t first_epoch = 0;  // the epoch the job starts (or resumes) at
+  uint32_t world_size = 1;   // >= 1
+  uint32_t batch_size = 1;   // >= 1
   bool drop_last = false;
-  std::string mode = "global";  // "global" | "chunkwise" | "sequential"
-  uint32_t window_chunks = 1;   // chunkwise shuffle window, >= 1
-  int64_t registered_ms = 0;    // set by the store on every PutPlan
+  std::string mode = "global";  // PlanModeName: "global" | "chunkwise" | "sequential"
+  uint32_t window_chunks = kDefaultChunkWindow;  // PlanSpec::window (chunkwise), >= 1
+  int64_t registered_ms = 0;                     // set by the store on every PutPlan
 
   friend bool operator==(const PlanRecord&, const PlanRecord&) = default;
 };
+
+// The PlanSpec of `plan` for one epoch (an absolute epoch number, as in
+// PlanSpec::epoch, not one relative to first_epoch) and one rank.
+// kInvalidArgument naming the plan if the mode is unknown or the spec fails
+// ValidatePlanSpec (e.g. rank >= world_size).
+Result<PlanSpec> ToPlanSpec(const PlanRecord& plan, uint64_t epoch, uint32_t rank);
 
 enum class EventKind : uint8_t {
   kDataset,   // a dataset was created, updated or deleted; name = dataset
@@ -271,11 +280,21 @@ class MetadataStore {
   virtual Result<std::unique_ptr<Watcher>> Watch() = 0;
 };
 
-// Opens the store named by `url`. Fails fast: kInvalidArgument for a malformed
-// URL (the message lists the accepted forms), kUnavailable when the server
-// cannot be reached now (no retry at open: callers that must wait loop
-// themselves), kCorruption for a SQLite file that is not a Granary database.
-// Query parameters in the URL override the matching options.
+// Opens the store named by `url`. Query parameters in the URL override the
+// matching options. Errors:
+//   kInvalidArgument  a malformed URL (the message lists the accepted forms);
+//   kUnavailable      Redis: the server cannot be reached now. Redis is tried
+//                     once, without retries: callers that must wait loop
+//                     themselves. SQLite: the file stayed locked by other
+//                     processes for retry_ms (SQLite open does wait and retry
+//                     within retry_ms, e.g. while another process creates the
+//                     schema);
+//   kPermissionDenied a wrong Redis password;
+//   kCorruption       a file that is not a SQLite database, or damaged;
+//   kFailedPrecondition a SQLite database that is not a Granary store (other
+//                     tables, no Granary mark): it is left untouched;
+//   kVersionMismatch  a Granary store of another schema version;
+//   kNotFound         the SQLite file's directory does not exist.
 Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
                                                          const MetadataStoreOptions& options = {});
 
