@@ -2,7 +2,8 @@
 
 // What the two MetadataStore backends share, so they cannot disagree: input
 // validation, the JSON documents records are stored as (docs/metadata-store.md),
-// retry backoff, and message helpers. Private to granary_core.
+// retry backoff, and message helpers. RecordStore (record_store.h) applies the
+// validation and the documents for both. Private to granary_core.
 //
 // Thread safety: the functions are pure; a Backoff belongs to the one call
 // that made it.

@@ -141,6 +141,11 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 )lua";
 
+// The hash of a dataset's progress or plans (docs/metadata-store.md).
+std::string_view ChildHash(store_internal::RecordStore::RecordKind kind) {
+  return kind == store_internal::RecordStore::RecordKind::kProgress ? "progress" : "plans";
+}
+
 timeval ToTimeval(milliseconds d) {
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(d.count() / 1000);
@@ -226,21 +231,6 @@ std::string GaveUp(std::string_view what, const RedisConfig& config, std::string
     m += "; is redis-server running and reachable?";
   }
   return m;
-}
-
-// A dataset from the fields of its hash (GetDataset, ListDatasets): revision
-// and created_ms are decimal text beside the JSON record.
-Result<DatasetRecord> DatasetFromHash(std::string_view name, std::string_view revision_text,
-                                      std::string_view created_text, std::string_view record,
-                                      std::string_view where) {
-  uint64_t revision = 0;
-  int64_t created_ms = 0;
-  if (!ParseInt(revision_text, &revision) || !ParseInt(created_text, &created_ms)) {
-    return store_internal::CorruptRecord(where, "revision " + Quoted(revision_text) +
-                                                    " or created_ms " + Quoted(created_text) +
-                                                    " is not a decimal number");
-  }
-  return store_internal::DecodeDataset(record, name, revision, created_ms, where);
 }
 
 // Subscriber connection; see MetadataStore::Watcher.
@@ -424,7 +414,8 @@ Result<ContextPtr> RedisConnect(const RedisConfig& config, milliseconds timeout)
   return ctx;
 }
 
-RedisStore::RedisStore(RedisConfig config) : config_(std::move(config)) {}
+RedisStore::RedisStore(RedisConfig config)
+    : RecordStore(config.clock), config_(std::move(config)) {}
 RedisStore::~RedisStore() = default;
 
 Result<std::unique_ptr<MetadataStore>> RedisStore::Open(RedisConfig config) {
@@ -447,20 +438,36 @@ std::string RedisStore::Key(std::string_view kind, std::string_view name) const 
 
 std::string RedisStore::Channel() const { return Key("events", ""); }
 
-std::string RedisStore::RecordWhere(std::string_view kind, std::string_view name,
-                                    std::string_view key) const {
-  return std::string(kind) + " " + Quoted(name) + " (key " + Quoted(key) + ") in " +
-         config_.display_url;
+std::string RedisStore::Location(RecordKind kind, std::string_view name,
+                                 std::string_view key) const {
+  switch (kind) {
+    case RecordKind::kDataset:
+      return "key " + Quoted(Key("dataset", name));
+    case RecordKind::kNode:
+      return "key " + Quoted(Key("node", name));
+    case RecordKind::kProgress:
+    case RecordKind::kPlan:
+      return "field " + Quoted(key) + " of key " + Quoted(Key(ChildHash(kind), name));
+  }
+  return {};
 }
 
-std::string RedisStore::FieldWhere(std::string_view record, std::string_view field,
-                                   std::string_view key) const {
-  return std::string(record) + " (field " + Quoted(field) + " of key " + Quoted(key) + ") in " +
-         config_.display_url;
+Result<RedisStore::DatasetRow> RedisStore::DatasetFromHash(std::string_view name,
+                                                           std::string_view revision_text,
+                                                           std::string_view created_text,
+                                                           std::string_view record) const {
+  DatasetRow row;
+  if (!ParseInt(revision_text, &row.revision) || !ParseInt(created_text, &row.created_ms)) {
+    return store_internal::CorruptRecord(Where(RecordKind::kDataset, name),
+                                         "revision " + Quoted(revision_text) + " or created_ms " +
+                                             Quoted(created_text) + " is not a decimal number");
+  }
+  row.name = name;
+  row.record = record;
+  return row;
 }
 
 Result<ReplyPtr> RedisStore::Command(std::string_view what, const std::vector<std::string>& args) {
-  std::lock_guard<std::mutex> lock(mu_);
   Backoff backoff(config_.retry_budget);
   std::string last_error;
   do {
@@ -511,51 +518,38 @@ Result<ReplyPtr> RedisStore::Eval(std::string_view what, std::string_view script
   return Command(what, args);
 }
 
-Result<DatasetRecord> RedisStore::CreateDataset(const DatasetRecord& record) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
-  const std::string what = "create dataset " + Quoted(record.name);
-  DatasetRecord stored = record;
-  stored.created_ms = stored.updated_ms = config_.clock->NowMillis();
-  stored.revision = 1;
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeDataset(stored));
-  GRANARY_ASSIGN_OR_RETURN(
-      ReplyPtr reply, Eval(what, kCreateDataset, {Key("dataset", record.name), Key("datasets", "")},
-                           {record.name, json, std::to_string(stored.created_ms), Channel(),
-                            store_internal::EncodeEvent({EventKind::kDataset, record.name})}));
+Result<bool> RedisStore::InsertDataset(std::string_view what, std::string_view name,
+                                       int64_t created_ms, const std::string& record,
+                                       const Event& event) {
+  GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply,
+                           Eval(what, kCreateDataset, {Key("dataset", name), Key("datasets", "")},
+                                {std::string(name), record, std::to_string(created_ms), Channel(),
+                                 store_internal::EncodeEvent(event)}));
   if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
-  if (reply->integer == 0) {
-    return Status::AlreadyExists(what + " in " + config_.display_url +
-                                 ": it already exists; pick another name, or read and update it");
-  }
-  return stored;
+  return reply->integer != 0;
 }
 
-Result<DatasetRecord> RedisStore::GetDataset(std::string_view name) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
-  const std::string what = "get dataset " + Quoted(name);
+Result<std::optional<RedisStore::DatasetRow>> RedisStore::ReadDataset(std::string_view what,
+                                                                      std::string_view name) {
   GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply, Command(what, {"HMGET", Key("dataset", name), "revision",
                                                           "created_ms", "record"}));
   if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3) {
     return Malformed(what, config_.display_url);
   }
   for (size_t i = 0; i < 3; ++i) {
-    if (!IsString(reply->element[i])) {
-      return Status::NotFound(what + " from " + config_.display_url +
-                              ": it does not exist; check the name against the dataset list");
-    }
+    if (!IsString(reply->element[i])) return std::optional<DatasetRow>();
   }
-  return DatasetFromHash(name, StrOf(reply->element[0]), StrOf(reply->element[1]),
-                         StrOf(reply->element[2]),
-                         RecordWhere("dataset", name, Key("dataset", name)));
+  GRANARY_ASSIGN_OR_RETURN(DatasetRow row,
+                           DatasetFromHash(name, StrOf(reply->element[0]), StrOf(reply->element[1]),
+                                           StrOf(reply->element[2])));
+  return std::optional<DatasetRow>(std::move(row));
 }
 
-Result<std::vector<DatasetRecord>> RedisStore::ListDatasets() {
-  const std::string what = "list datasets";
+Status RedisStore::ReadDatasets(std::string_view what,
+                                const std::function<Status(const DatasetRow&)>& each) {
   GRANARY_ASSIGN_OR_RETURN(
       ReplyPtr reply, Eval(what, kListDatasets, {Key("datasets", "")}, {Key("dataset", "") + ":"}));
   if (reply->type != REDIS_REPLY_ARRAY) return Malformed(what, config_.display_url);
-  std::vector<DatasetRecord> out;
-  out.reserve(reply->elements);
   for (size_t i = 0; i < reply->elements; ++i) {
     const redisReply* row = reply->element[i];
     if (row->type != REDIS_REPLY_ARRAY || row->elements != 4) {
@@ -564,69 +558,45 @@ Result<std::vector<DatasetRecord>> RedisStore::ListDatasets() {
     for (size_t k = 0; k < 4; ++k) {
       if (!IsString(row->element[k])) return Malformed(what, config_.display_url);
     }
-    const std::string_view name = StrOf(row->element[0]);
-    GRANARY_ASSIGN_OR_RETURN(DatasetRecord r,
-                             DatasetFromHash(name, StrOf(row->element[1]), StrOf(row->element[2]),
-                                             StrOf(row->element[3]),
-                                             RecordWhere("dataset", name, Key("dataset", name))));
-    out.push_back(std::move(r));
-  }
-  std::sort(out.begin(), out.end(),
-            [](const DatasetRecord& a, const DatasetRecord& b) { return a.name < b.name; });
-  return out;
-}
-
-Result<DatasetRecord> RedisStore::UpdateDataset(const DatasetRecord& record) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
-  const std::string what = "update dataset " + Quoted(record.name);
-  DatasetRecord stored = record;
-  stored.updated_ms = config_.clock->NowMillis();
-  stored.revision = record.revision + 1;
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeDataset(stored));
-  GRANARY_ASSIGN_OR_RETURN(
-      ReplyPtr reply,
-      Eval(what, kUpdateDataset, {Key("dataset", record.name)},
-           {std::to_string(record.revision), std::to_string(stored.revision), json, Channel(),
-            store_internal::EncodeEvent({EventKind::kDataset, record.name})}));
-  if (reply->type == REDIS_REPLY_INTEGER && reply->integer == -1) {
-    return Status::NotFound(what + " in " + config_.display_url +
-                            ": it does not exist (deleted?); create it again if it should");
-  }
-  if (reply->type == REDIS_REPLY_INTEGER && reply->integer == -2) {
-    return Status::FailedPrecondition(what + " in " + config_.display_url + ": revision " +
-                                      std::to_string(record.revision) +
-                                      " was changed by someone else; re-read and retry");
-  }
-  if (!IsString(reply.get()) || !ParseInt(StrOf(reply.get()), &stored.created_ms)) {
-    return Malformed(what, config_.display_url);
-  }
-  return stored;
-}
-
-Status RedisStore::DeleteDataset(std::string_view name) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
-  const std::string what = "delete dataset " + Quoted(name);
-  GRANARY_ASSIGN_OR_RETURN(
-      ReplyPtr reply,
-      Eval(what, kDeleteDataset,
-           {Key("dataset", name), Key("datasets", ""), Key("progress", name), Key("plans", name)},
-           {std::string(name), Channel(),
-            store_internal::EncodeEvent({EventKind::kDataset, std::string(name)})}));
-  if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
-  if (reply->integer == 0) {
-    return Status::NotFound(what + " in " + config_.display_url + ": it does not exist");
+    GRANARY_ASSIGN_OR_RETURN(DatasetRow dataset,
+                             DatasetFromHash(StrOf(row->element[0]), StrOf(row->element[1]),
+                                             StrOf(row->element[2]), StrOf(row->element[3])));
+    GRANARY_RETURN_IF_ERROR(each(dataset));
   }
   return Status::Ok();
 }
 
-Status RedisStore::PutManifest(std::string_view manifest_id, std::string_view bytes) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
-  const std::string what = "put manifest " + Quoted(manifest_id);
-  if (bytes.size() > kMaxManifestBytes) {
-    return Status::InvalidArgument(
-        what + ": " + std::to_string(bytes.size()) + " bytes is more than the limit of " +
-        std::to_string(kMaxManifestBytes) + "; raise the chunk size or split the dataset");
+Result<RedisStore::DatasetSwap> RedisStore::SwapDataset(
+    std::string_view what, std::string_view name, uint64_t expected_revision, uint64_t new_revision,
+    const std::string& record, const Event& event) {
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply, Eval(what, kUpdateDataset, {Key("dataset", name)},
+                           {std::to_string(expected_revision), std::to_string(new_revision), record,
+                            Channel(), store_internal::EncodeEvent(event)}));
+  DatasetSwap swap;
+  if (reply->type == REDIS_REPLY_INTEGER && reply->integer == -1) {
+    swap.outcome = DatasetSwap::Outcome::kAbsent;
+  } else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == -2) {
+    swap.outcome = DatasetSwap::Outcome::kRevisionDiffers;
+  } else if (!IsString(reply.get()) || !ParseInt(StrOf(reply.get()), &swap.created_ms)) {
+    return Malformed(what, config_.display_url);
   }
+  return swap;
+}
+
+Result<bool> RedisStore::EraseDataset(std::string_view what, std::string_view name,
+                                      const Event& event) {
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kDeleteDataset,
+           {Key("dataset", name), Key("datasets", ""), Key("progress", name), Key("plans", name)},
+           {std::string(name), Channel(), store_internal::EncodeEvent(event)}));
+  if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
+  return reply->integer != 0;
+}
+
+Status RedisStore::WriteManifest(std::string_view what, std::string_view manifest_id,
+                                 std::string_view bytes) {
   // NX: the id names the content, so an existing blob is already this one and
   // rewriting tens of MB would only cost time.
   GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply, Command(what, {"SET", Key("manifest", manifest_id),
@@ -635,185 +605,95 @@ Status RedisStore::PutManifest(std::string_view manifest_id, std::string_view by
   return Status::Ok();
 }
 
-Result<std::string> RedisStore::GetManifest(std::string_view manifest_id) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
-  const std::string what = "get manifest " + Quoted(manifest_id);
+Result<std::optional<std::string>> RedisStore::ReadManifest(std::string_view what,
+                                                            std::string_view manifest_id) {
   GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply, Command(what, {"GET", Key("manifest", manifest_id)}));
-  if (reply->type == REDIS_REPLY_NIL) {
-    return Status::NotFound(what + " from " + config_.display_url +
-                            ": it is not stored; snapshot the dataset again to rebuild it");
-  }
+  if (reply->type == REDIS_REPLY_NIL) return std::optional<std::string>();
   if (!IsString(reply.get())) return Malformed(what, config_.display_url);
-  return std::string(StrOf(reply.get()));
+  return std::optional<std::string>(StrOf(reply.get()));
 }
 
-Status RedisStore::Heartbeat(const NodeRecord& node, milliseconds ttl) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNode(node));
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNodeTtl(node.id, ttl));
-  const std::string what = "heartbeat of node " + Quoted(node.id);
-  NodeRecord stored = node;
-  stored.heartbeat_ms = config_.clock->NowMillis();
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeNode(stored));
-  GRANARY_ASSIGN_OR_RETURN(
-      ReplyPtr reply,
-      Eval(what, kHeartbeat, {Key("node", node.id), Key("nodes", "")},
-           {node.id, json, store_internal::NodeIdentity(node), std::to_string(ttl.count()),
-            Channel(), store_internal::EncodeEvent({EventKind::kNode, node.id})}));
+Status RedisStore::WriteNode(std::string_view what, const NodeRecord& node,
+                             const std::string& identity, const std::string& record,
+                             int64_t /*now_ms: Redis expires the key by its own clock*/,
+                             milliseconds ttl, const Event& event) {
+  GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply,
+                           Eval(what, kHeartbeat, {Key("node", node.id), Key("nodes", "")},
+                                {node.id, record, identity, std::to_string(ttl.count()), Channel(),
+                                 store_internal::EncodeEvent(event)}));
   (void)reply;
   return Status::Ok();
 }
 
-Result<std::vector<NodeRecord>> RedisStore::ListNodes(std::string_view pool) {
-  if (!pool.empty()) GRANARY_RETURN_IF_ERROR(store_internal::ValidatePoolName(pool));
-  const std::string what = "list nodes";
+// Every pool: the caller filters (docs/metadata-store.md).
+Status RedisStore::ReadNodes(std::string_view what, std::string_view /*pool*/,
+                             const std::function<Status(const NodeRow&)>& each) {
   GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply,
                            Eval(what, kListNodes, {Key("nodes", "")}, {Key("node", "") + ":"}));
   if (reply->type != REDIS_REPLY_ARRAY) return Malformed(what, config_.display_url);
-  std::vector<NodeRecord> out;
   for (size_t i = 0; i < reply->elements; ++i) {
     const redisReply* row = reply->element[i];
     if (row->type != REDIS_REPLY_ARRAY || row->elements != 2 || !IsString(row->element[0]) ||
         !IsString(row->element[1])) {
       return Malformed(what, config_.display_url);
     }
-    const std::string_view id = StrOf(row->element[0]);
-    GRANARY_ASSIGN_OR_RETURN(NodeRecord n,
-                             store_internal::DecodeNode(StrOf(row->element[1]), id,
-                                                        RecordWhere("node", id, Key("node", id))));
-    if (pool.empty() || n.pool == pool) out.push_back(std::move(n));
-  }
-  std::sort(out.begin(), out.end(),
-            [](const NodeRecord& a, const NodeRecord& b) { return a.id < b.id; });
-  return out;
-}
-
-Status RedisStore::RemoveNode(std::string_view node_id) {
-  GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
-  const std::string what = "remove node " + Quoted(node_id);
-  GRANARY_ASSIGN_OR_RETURN(
-      ReplyPtr reply,
-      Eval(what, kRemoveNode, {Key("node", node_id), Key("nodes", "")},
-           {std::string(node_id), Channel(),
-            store_internal::EncodeEvent({EventKind::kNode, std::string(node_id)})}));
-  if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
-  if (reply->integer == 0) {
-    return Status::NotFound(what + " from " + config_.display_url +
-                            ": it is not live (never registered, removed, or its heartbeat "
-                            "expired)");
+    NodeRow node;
+    node.id = StrOf(row->element[0]);
+    node.record = StrOf(row->element[1]);
+    GRANARY_RETURN_IF_ERROR(each(node));
   }
   return Status::Ok();
 }
 
-Status RedisStore::PutChild(std::string_view what, std::string_view dataset,
-                            std::string_view hash_kind, std::string_view field,
-                            const std::string& json, EventKind event) {
-  GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply,
-                           Eval(what, kPutChild, {Key("dataset", dataset), Key(hash_kind, dataset)},
-                                {std::string(field), json, Channel(),
-                                 store_internal::EncodeEvent({event, std::string(dataset)})}));
+Result<bool> RedisStore::EraseNode(std::string_view what, std::string_view node_id,
+                                   const Event& event) {
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply, Eval(what, kRemoveNode, {Key("node", node_id), Key("nodes", "")},
+                           {std::string(node_id), Channel(), store_internal::EncodeEvent(event)}));
   if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
-  if (reply->integer == 0) {
-    return Status::NotFound(std::string(what) + " in " + config_.display_url + ": dataset " +
-                            Quoted(dataset) + " does not exist; create it first");
-  }
-  return Status::Ok();
+  return reply->integer != 0;
 }
 
-Result<std::map<std::string, std::string>> RedisStore::ListChildren(std::string_view what,
-                                                                    std::string_view dataset,
-                                                                    std::string_view hash_kind) {
+Result<bool> RedisStore::WriteChild(std::string_view what, RecordKind kind,
+                                    std::string_view dataset, std::string_view key,
+                                    const std::string& record, const Event& event) {
   GRANARY_ASSIGN_OR_RETURN(
       ReplyPtr reply,
-      Eval(what, kListChildren, {Key("dataset", dataset), Key(hash_kind, dataset)}, {}));
-  if (reply->type == REDIS_REPLY_NIL) {
-    return Status::NotFound(std::string(what) + " from " + config_.display_url + ": dataset " +
-                            Quoted(dataset) + " does not exist");
-  }
+      Eval(what, kPutChild, {Key("dataset", dataset), Key(ChildHash(kind), dataset)},
+           {std::string(key), record, Channel(), store_internal::EncodeEvent(event)}));
+  if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
+  return reply->integer != 0;
+}
+
+Result<std::optional<std::map<std::string, std::string>>> RedisStore::ReadChildren(
+    std::string_view what, RecordKind kind, std::string_view dataset) {
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kListChildren, {Key("dataset", dataset), Key(ChildHash(kind), dataset)}, {}));
+  using Children = std::map<std::string, std::string>;
+  if (reply->type == REDIS_REPLY_NIL) return std::optional<Children>();
   if (reply->type != REDIS_REPLY_ARRAY || reply->elements % 2 != 0) {
     return Malformed(what, config_.display_url);
   }
-  std::map<std::string, std::string> out;
+  Children out;
   for (size_t i = 0; i < reply->elements; i += 2) {
     if (!IsString(reply->element[i]) || !IsString(reply->element[i + 1])) {
       return Malformed(what, config_.display_url);
     }
     out.emplace(StrOf(reply->element[i]), StrOf(reply->element[i + 1]));
   }
-  return out;
+  return std::optional<Children>(std::move(out));
 }
 
-Status RedisStore::PutProgress(std::string_view dataset, std::string_view node_id,
-                               const StagingProgress& progress) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
-  StagingProgress stored = progress;
-  stored.updated_ms = config_.clock->NowMillis();
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeProgress(stored));
-  return PutChild("put progress of dataset " + Quoted(dataset) + " on node " + Quoted(node_id),
-                  dataset, "progress", node_id, json, EventKind::kProgress);
-}
-
-Result<std::map<std::string, StagingProgress>> RedisStore::ListProgress(std::string_view dataset) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  const std::string what = "list progress of dataset " + Quoted(dataset);
-  GRANARY_ASSIGN_OR_RETURN(auto raw, ListChildren(what, dataset, "progress"));
-  std::map<std::string, StagingProgress> out;
-  for (const auto& [node, json] : raw) {
-    GRANARY_ASSIGN_OR_RETURN(
-        StagingProgress p,
-        store_internal::DecodeProgress(
-            json, node,
-            FieldWhere("progress of dataset " + Quoted(dataset) + " on node " + Quoted(node), node,
-                       Key("progress", dataset))));
-    out.emplace(node, p);
-  }
-  return out;
-}
-
-Status RedisStore::PutPlan(std::string_view dataset, const PlanRecord& plan) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidatePlan(plan));
-  PlanRecord stored = plan;
-  stored.registered_ms = config_.clock->NowMillis();
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodePlan(stored));
-  return PutChild("put plan " + Quoted(plan.plan_id) + " of dataset " + Quoted(dataset), dataset,
-                  "plans", plan.plan_id, json, EventKind::kPlan);
-}
-
-Result<std::vector<PlanRecord>> RedisStore::ListPlans(std::string_view dataset) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  const std::string what = "list plans of dataset " + Quoted(dataset);
-  GRANARY_ASSIGN_OR_RETURN(auto raw, ListChildren(what, dataset, "plans"));
-  std::vector<PlanRecord> out;  // sorted: raw is a std::map by plan id
-  for (const auto& [plan_id, json] : raw) {
-    GRANARY_ASSIGN_OR_RETURN(
-        PlanRecord p, store_internal::DecodePlan(
-                          json, plan_id,
-                          FieldWhere("plan " + Quoted(plan_id) + " of dataset " + Quoted(dataset),
-                                     plan_id, Key("plans", dataset))));
-    out.push_back(std::move(p));
-  }
-  return out;
-}
-
-Status RedisStore::DeletePlan(std::string_view dataset, std::string_view plan_id) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidatePlanId(plan_id));
-  const std::string what = "delete plan " + Quoted(plan_id) + " of dataset " + Quoted(dataset);
+Result<RedisStore::PlanErase> RedisStore::ErasePlan(std::string_view what, std::string_view dataset,
+                                                    std::string_view plan_id, const Event& event) {
   GRANARY_ASSIGN_OR_RETURN(
-      ReplyPtr reply,
-      Eval(what, kDeletePlan, {Key("dataset", dataset), Key("plans", dataset)},
-           {std::string(plan_id), Channel(),
-            store_internal::EncodeEvent({EventKind::kPlan, std::string(dataset)})}));
+      ReplyPtr reply, Eval(what, kDeletePlan, {Key("dataset", dataset), Key("plans", dataset)},
+                           {std::string(plan_id), Channel(), store_internal::EncodeEvent(event)}));
   if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
-  if (reply->integer == -1) {
-    return Status::NotFound(what + " in " + config_.display_url + ": the dataset does not exist");
-  }
-  if (reply->integer == 0) {
-    return Status::NotFound(what + " in " + config_.display_url +
-                            ": no such plan; list the dataset's plans");
-  }
-  return Status::Ok();
+  if (reply->integer == -1) return PlanErase::kNoDataset;
+  if (reply->integer == 0) return PlanErase::kNoPlan;
+  return PlanErase::kErased;
 }
 
 Result<std::unique_ptr<MetadataStore::Watcher>> RedisStore::Watch() {

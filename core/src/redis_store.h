@@ -4,17 +4,23 @@
 // API, one connection per store and one per watcher). Key schema, scripts and
 // failure behaviour: docs/metadata-store.md.
 //
-// Made only by OpenMetadataStore. Thread safety: as MetadataStore says; every
-// call holds mu_ for its whole duration, retries and backoff included.
+// Made only by OpenMetadataStore. What it implements are RecordStore's storage
+// primitives; the records' validation, encoding and errors are RecordStore's.
+// Thread safety: as MetadataStore says; RecordStore holds its mutex around
+// every primitive, retries and backoff included.
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "granary/core/metadata_store.h"
+#include "record_store.h"
 
 struct redisContext;
 struct redisReply;
@@ -45,73 +51,75 @@ using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
 using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
 }  // namespace redis_internal
 
-class RedisStore final : public MetadataStore {
+class RedisStore final : public store_internal::RecordStore {
  public:
   // Connects once (no retry) and checks the server answers.
   static Result<std::unique_ptr<MetadataStore>> Open(RedisConfig config);
   ~RedisStore() override;
 
   const std::string& url() const override { return config_.display_url; }
-
-  Result<DatasetRecord> CreateDataset(const DatasetRecord& record) override;
-  Result<DatasetRecord> GetDataset(std::string_view name) override;
-  Result<std::vector<DatasetRecord>> ListDatasets() override;
-  Result<DatasetRecord> UpdateDataset(const DatasetRecord& record) override;
-  Status DeleteDataset(std::string_view name) override;
-
-  Status PutManifest(std::string_view manifest_id, std::string_view bytes) override;
-  Result<std::string> GetManifest(std::string_view manifest_id) override;
-
-  Status Heartbeat(const NodeRecord& node, std::chrono::milliseconds ttl) override;
-  Result<std::vector<NodeRecord>> ListNodes(std::string_view pool) override;
-  Status RemoveNode(std::string_view node_id) override;
-
-  Status PutProgress(std::string_view dataset, std::string_view node_id,
-                     const StagingProgress& progress) override;
-  Result<std::map<std::string, StagingProgress>> ListProgress(std::string_view dataset) override;
-
-  Status PutPlan(std::string_view dataset, const PlanRecord& plan) override;
-  Result<std::vector<PlanRecord>> ListPlans(std::string_view dataset) override;
-  Status DeletePlan(std::string_view dataset, std::string_view plan_id) override;
-
   Result<std::unique_ptr<Watcher>> Watch() override;
 
  private:
   explicit RedisStore(RedisConfig config);
 
+  // The storage primitives (record_store.h), one script or command each.
+  Result<bool> InsertDataset(std::string_view what, std::string_view name, int64_t created_ms,
+                             const std::string& record, const Event& event) override;
+  Result<std::optional<DatasetRow>> ReadDataset(std::string_view what,
+                                                std::string_view name) override;
+  Status ReadDatasets(std::string_view what,
+                      const std::function<Status(const DatasetRow&)>& each) override;
+  Result<DatasetSwap> SwapDataset(std::string_view what, std::string_view name,
+                                  uint64_t expected_revision, uint64_t new_revision,
+                                  const std::string& record, const Event& event) override;
+  Result<bool> EraseDataset(std::string_view what, std::string_view name,
+                            const Event& event) override;
+  Status WriteManifest(std::string_view what, std::string_view manifest_id,
+                       std::string_view bytes) override;
+  Result<std::optional<std::string>> ReadManifest(std::string_view what,
+                                                  std::string_view manifest_id) override;
+  Status WriteNode(std::string_view what, const NodeRecord& node, const std::string& identity,
+                   const std::string& record, int64_t now_ms, std::chrono::milliseconds ttl,
+                   const Event& event) override;
+  Status ReadNodes(std::string_view what, std::string_view pool,
+                   const std::function<Status(const NodeRow&)>& each) override;
+  Result<bool> EraseNode(std::string_view what, std::string_view node_id,
+                         const Event& event) override;
+  Result<bool> WriteChild(std::string_view what, RecordKind kind, std::string_view dataset,
+                          std::string_view key, const std::string& record,
+                          const Event& event) override;
+  Result<std::optional<std::map<std::string, std::string>>> ReadChildren(
+      std::string_view what, RecordKind kind, std::string_view dataset) override;
+  Result<PlanErase> ErasePlan(std::string_view what, std::string_view dataset,
+                              std::string_view plan_id, const Event& event) override;
+  // "key 'granary:dataset:x'", "field 'n1' of key 'granary:progress:x'".
+  std::string Location(RecordKind kind, std::string_view name, std::string_view key) const override;
+
   // Key names (docs/metadata-store.md, "Redis key schema").
   std::string Key(std::string_view kind, std::string_view name) const;
   std::string Channel() const;
-  // Where a record was read from, for kCorruption messages: "dataset 'x' (key
-  // 'granary:dataset:x') in redis://..." and the same for a hash field.
-  std::string RecordWhere(std::string_view kind, std::string_view name, std::string_view key) const;
-  std::string FieldWhere(std::string_view record, std::string_view field,
-                         std::string_view key) const;
+  // A dataset from the fields of its hash: revision and created_ms are decimal
+  // text beside the JSON record.
+  Result<DatasetRow> DatasetFromHash(std::string_view name, std::string_view revision_text,
+                                     std::string_view created_text, std::string_view record) const;
 
   // Runs one command, reconnecting and retrying on connection errors and on
   // transient server errors (LOADING, BUSY, ...) until the retry budget is
   // spent. A server error reply that is not transient is returned as a Status.
-  // `what` says what the caller was doing, for messages.
+  // `what` says what the caller was doing, for messages. Called only from the
+  // primitives, so with RecordStore's mutex held, which guards the members
+  // below.
   Result<redis_internal::ReplyPtr> Command(std::string_view what,
                                            const std::vector<std::string>& args);
   // EVAL of `script` with `keys` and `argv`.
   Result<redis_internal::ReplyPtr> Eval(std::string_view what, std::string_view script,
                                         const std::vector<std::string>& keys,
                                         const std::vector<std::string>& argv);
-  // The progress or plans hash of `dataset` (hash_kind "progress" or "plans"):
-  // field -> JSON, or kNotFound if the dataset does not exist; and a put of
-  // one field, refused the same way. One script each, so the existence check
-  // and the access are atomic.
-  Result<std::map<std::string, std::string>> ListChildren(std::string_view what,
-                                                          std::string_view dataset,
-                                                          std::string_view hash_kind);
-  Status PutChild(std::string_view what, std::string_view dataset, std::string_view hash_kind,
-                  std::string_view field, const std::string& json, EventKind event);
 
   const RedisConfig config_;
-  std::mutex mu_;
-  redis_internal::ContextPtr context_;  // guarded by mu_; null while disconnected
-  bool degraded_ = false;               // guarded by mu_; warned about the current outage
+  redis_internal::ContextPtr context_;  // null while disconnected
+  bool degraded_ = false;               // warned about the current outage
 };
 
 // Connects, authenticates and selects the database; kUnavailable naming the URL

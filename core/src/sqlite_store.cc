@@ -335,14 +335,13 @@ Status InitSchema(const Session& session, std::string_view what) {
   return tx.Commit();
 }
 
-Status Publish(const Session& session, EventKind kind, std::string_view name,
-               std::string_view what) {
+Status Publish(const Session& session, const Event& event, std::string_view what) {
   {
     GRANARY_ASSIGN_OR_RETURN(
         Statement s, Statement::Prepare(
                          session, "INSERT INTO events (kind, name, at_ms) VALUES (?, ?, ?)", what));
-    GRANARY_RETURN_IF_ERROR(s.Bind(1, EventKindName(kind))
-                                .Bind(2, name)
+    GRANARY_RETURN_IF_ERROR(s.Bind(1, EventKindName(event.kind))
+                                .Bind(2, event.name)
                                 .Bind(3, session.config().clock->NowMillis())
                                 .Run());
   }
@@ -366,24 +365,6 @@ Result<bool> DatasetExists(const Session& session, std::string_view name, std::s
   GRANARY_ASSIGN_OR_RETURN(
       Statement s, Statement::Prepare(session, "SELECT 1 FROM datasets WHERE name = ?", what));
   return s.Bind(1, name).Step();
-}
-
-Status NoDataset(std::string_view what, const SqliteConfig& config, std::string_view dataset) {
-  return Status::NotFound(std::string(what) + " in " + config.display_url + ": dataset " +
-                          Quoted(dataset) + " does not exist; create it first");
-}
-
-// A dataset from its row: revision and created_ms are columns beside the JSON.
-Result<DatasetRecord> DatasetFromRow(const std::string& name, int64_t revision, int64_t created_ms,
-                                     std::string_view record, const SqliteConfig& config) {
-  const std::string where =
-      "dataset " + Quoted(name) + " (row of table datasets) in " + config.display_url;
-  if (revision < 1) {
-    return store_internal::CorruptRecord(
-        where, "revision is " + std::to_string(revision) + "; stored revisions start at 1");
-  }
-  return store_internal::DecodeDataset(record, name, static_cast<uint64_t>(revision), created_ms,
-                                       where);
 }
 
 class SqliteWatcher final : public MetadataStore::Watcher {
@@ -458,7 +439,7 @@ class SqliteWatcher final : public MetadataStore::Watcher {
 
 }  // namespace
 
-namespace sqlite_internal {
+namespace {
 // A table of records that belong to a dataset, keyed by (dataset, key):
 // progress by node id, plans by plan id.
 struct ChildTable {
@@ -466,19 +447,20 @@ struct ChildTable {
   const char* upsert;  // binds dataset, key, record
   const char* select;  // binds dataset; yields key, record in key order
 };
-}  // namespace sqlite_internal
-
-namespace {
-constexpr sqlite_internal::ChildTable kProgressTable = {
+constexpr ChildTable kProgressTable = {
     "progress", "INSERT OR REPLACE INTO progress (dataset, node, record) VALUES (?, ?, ?)",
     "SELECT node, record FROM progress WHERE dataset = ? ORDER BY node"};
-constexpr sqlite_internal::ChildTable kPlansTable = {
+constexpr ChildTable kPlansTable = {
     "plans", "INSERT OR REPLACE INTO plans (dataset, plan_id, record) VALUES (?, ?, ?)",
     "SELECT plan_id, record FROM plans WHERE dataset = ? ORDER BY plan_id"};
+
+const ChildTable& TableOf(store_internal::RecordStore::RecordKind kind) {
+  return kind == store_internal::RecordStore::RecordKind::kProgress ? kProgressTable : kPlansTable;
+}
 }  // namespace
 
 SqliteStore::SqliteStore(SqliteConfig config, DbPtr db)
-    : config_(std::move(config)), db_(std::move(db)) {}
+    : RecordStore(config.clock), config_(std::move(config)), db_(std::move(db)) {}
 SqliteStore::~SqliteStore() = default;
 
 Result<std::unique_ptr<MetadataStore>> SqliteStore::Open(SqliteConfig config) {
@@ -488,15 +470,39 @@ Result<std::unique_ptr<MetadataStore>> SqliteStore::Open(SqliteConfig config) {
   return std::unique_ptr<MetadataStore>(new SqliteStore(std::move(config), std::move(db)));
 }
 
-Result<DatasetRecord> SqliteStore::CreateDataset(const DatasetRecord& record) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
-  const std::string what = "create dataset " + Quoted(record.name);
-  DatasetRecord stored = record;
-  stored.created_ms = stored.updated_ms = config_.clock->NowMillis();
-  stored.revision = 1;
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeDataset(stored));
+std::string SqliteStore::Location(RecordKind kind, std::string_view name,
+                                  std::string_view key) const {
+  switch (kind) {
+    case RecordKind::kDataset:
+      return "row of table datasets";
+    case RecordKind::kNode:
+      return "row of table nodes";
+    case RecordKind::kProgress:
+    case RecordKind::kPlan:
+      return "row " + Quoted(name) + ", " + Quoted(key) + " of table " + TableOf(kind).name;
+  }
+  return {};
+}
 
-  std::lock_guard<std::mutex> lock(mu_);
+Result<SqliteStore::DatasetRow> SqliteStore::DatasetFromRow(std::string name, int64_t revision,
+                                                            int64_t created_ms,
+                                                            std::string record) const {
+  if (revision < 1) {
+    return store_internal::CorruptRecord(
+        Where(RecordKind::kDataset, name),
+        "revision is " + std::to_string(revision) + "; stored revisions start at 1");
+  }
+  DatasetRow row;
+  row.name = std::move(name);
+  row.revision = static_cast<uint64_t>(revision);
+  row.created_ms = created_ms;
+  row.record = std::move(record);
+  return row;
+}
+
+Result<bool> SqliteStore::InsertDataset(std::string_view what, std::string_view name,
+                                        int64_t created_ms, const std::string& record,
+                                        const Event& event) {
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
   GRANARY_ASSIGN_OR_RETURN(
@@ -504,123 +510,99 @@ Result<DatasetRecord> SqliteStore::CreateDataset(const DatasetRecord& record) {
                                       "INSERT INTO datasets (name, revision, created_ms, record) "
                                       "VALUES (?, 1, ?, ?) ON CONFLICT (name) DO NOTHING",
                                       what));
-  GRANARY_RETURN_IF_ERROR(s.Bind(1, record.name).Bind(2, stored.created_ms).Bind(3, json).Run());
-  if (sqlite3_changes(db_.get()) == 0) {
-    return Status::AlreadyExists(what + " in " + config_.display_url +
-                                 ": it already exists; pick another name, or read and update it");
-  }
-  GRANARY_RETURN_IF_ERROR(Publish(session, EventKind::kDataset, record.name, what));
+  GRANARY_RETURN_IF_ERROR(s.Bind(1, name).Bind(2, created_ms).Bind(3, record).Run());
+  if (sqlite3_changes(db_.get()) == 0) return false;
+  GRANARY_RETURN_IF_ERROR(Publish(session, event, what));
   GRANARY_RETURN_IF_ERROR(tx.Commit());
-  return stored;
+  return true;
 }
 
-Result<DatasetRecord> SqliteStore::GetDataset(std::string_view name) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
-  const std::string what = "get dataset " + Quoted(name);
-  std::lock_guard<std::mutex> lock(mu_);
+Result<std::optional<SqliteStore::DatasetRow>> SqliteStore::ReadDataset(std::string_view what,
+                                                                        std::string_view name) {
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(
       Statement s,
       Statement::Prepare(session,
                          "SELECT revision, created_ms, record FROM datasets WHERE name = ?", what));
   GRANARY_ASSIGN_OR_RETURN(bool row, s.Bind(1, name).Step());
-  if (!row) {
-    return Status::NotFound(what + " from " + config_.display_url +
-                            ": it does not exist; check the name against the dataset list");
-  }
-  return DatasetFromRow(std::string(name), s.Int(0), s.Int(1), s.Text(2), config_);
+  if (!row) return std::optional<DatasetRow>();
+  GRANARY_ASSIGN_OR_RETURN(DatasetRow dataset,
+                           DatasetFromRow(std::string(name), s.Int(0), s.Int(1), s.Text(2)));
+  return std::optional<DatasetRow>(std::move(dataset));
 }
 
-Result<std::vector<DatasetRecord>> SqliteStore::ListDatasets() {
-  const std::string what = "list datasets";
-  std::lock_guard<std::mutex> lock(mu_);
+Status SqliteStore::ReadDatasets(std::string_view what,
+                                 const std::function<Status(const DatasetRow&)>& each) {
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(
       Statement s,
       Statement::Prepare(
           session, "SELECT name, revision, created_ms, record FROM datasets ORDER BY name", what));
-  std::vector<DatasetRecord> out;
   while (true) {
     GRANARY_ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    GRANARY_ASSIGN_OR_RETURN(DatasetRecord r,
-                             DatasetFromRow(s.Text(0), s.Int(1), s.Int(2), s.Text(3), config_));
-    out.push_back(std::move(r));
+    GRANARY_ASSIGN_OR_RETURN(DatasetRow dataset,
+                             DatasetFromRow(s.Text(0), s.Int(1), s.Int(2), s.Text(3)));
+    GRANARY_RETURN_IF_ERROR(each(dataset));
   }
-  return out;
+  return Status::Ok();
 }
 
-Result<DatasetRecord> SqliteStore::UpdateDataset(const DatasetRecord& record) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateDataset(record));
-  const std::string what = "update dataset " + Quoted(record.name);
-  DatasetRecord stored = record;
-  stored.updated_ms = config_.clock->NowMillis();
-  stored.revision = record.revision + 1;
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeDataset(stored));
-
-  std::lock_guard<std::mutex> lock(mu_);
+Result<SqliteStore::DatasetSwap> SqliteStore::SwapDataset(
+    std::string_view what, std::string_view name, uint64_t expected_revision, uint64_t new_revision,
+    const std::string& record, const Event& event) {
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
+  DatasetSwap swap;
   {
     GRANARY_ASSIGN_OR_RETURN(
         Statement s,
         Statement::Prepare(session, "SELECT revision, created_ms FROM datasets WHERE name = ?",
                            what));
-    GRANARY_ASSIGN_OR_RETURN(bool row, s.Bind(1, record.name).Step());
+    GRANARY_ASSIGN_OR_RETURN(bool row, s.Bind(1, name).Step());
     if (!row) {
-      return Status::NotFound(what + " in " + config_.display_url +
-                              ": it does not exist (deleted?); create it again if it should");
+      swap.outcome = DatasetSwap::Outcome::kAbsent;
+      return swap;
     }
-    if (static_cast<uint64_t>(s.Int(0)) != record.revision) {
-      return Status::FailedPrecondition(what + " in " + config_.display_url + ": revision " +
-                                        std::to_string(record.revision) +
-                                        " was changed by someone else; re-read and retry");
+    if (static_cast<uint64_t>(s.Int(0)) != expected_revision) {
+      swap.outcome = DatasetSwap::Outcome::kRevisionDiffers;
+      return swap;
     }
-    stored.created_ms = s.Int(1);
+    swap.created_ms = s.Int(1);
   }
   GRANARY_ASSIGN_OR_RETURN(
       Statement u,
       Statement::Prepare(session, "UPDATE datasets SET revision = ?, record = ? WHERE name = ?",
                          what));
   GRANARY_RETURN_IF_ERROR(
-      u.Bind(1, static_cast<int64_t>(stored.revision)).Bind(2, json).Bind(3, record.name).Run());
-  GRANARY_RETURN_IF_ERROR(Publish(session, EventKind::kDataset, record.name, what));
+      u.Bind(1, static_cast<int64_t>(new_revision)).Bind(2, record).Bind(3, name).Run());
+  GRANARY_RETURN_IF_ERROR(Publish(session, event, what));
   GRANARY_RETURN_IF_ERROR(tx.Commit());
-  return stored;
+  return swap;
 }
 
-Status SqliteStore::DeleteDataset(std::string_view name) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
-  const std::string what = "delete dataset " + Quoted(name);
-  std::lock_guard<std::mutex> lock(mu_);
+Result<bool> SqliteStore::EraseDataset(std::string_view what, std::string_view name,
+                                       const Event& event) {
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
   {
     GRANARY_ASSIGN_OR_RETURN(
         Statement s, Statement::Prepare(session, "DELETE FROM datasets WHERE name = ?", what));
     GRANARY_RETURN_IF_ERROR(s.Bind(1, name).Run());
-    if (sqlite3_changes(db_.get()) == 0) {
-      return Status::NotFound(what + " in " + config_.display_url + ": it does not exist");
-    }
+    if (sqlite3_changes(db_.get()) == 0) return false;
   }
   for (const char* sql :
        {"DELETE FROM progress WHERE dataset = ?", "DELETE FROM plans WHERE dataset = ?"}) {
     GRANARY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(session, sql, what));
     GRANARY_RETURN_IF_ERROR(s.Bind(1, name).Run());
   }
-  GRANARY_RETURN_IF_ERROR(Publish(session, EventKind::kDataset, name, what));
-  return tx.Commit();
+  GRANARY_RETURN_IF_ERROR(Publish(session, event, what));
+  GRANARY_RETURN_IF_ERROR(tx.Commit());
+  return true;
 }
 
-Status SqliteStore::PutManifest(std::string_view manifest_id, std::string_view bytes) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
-  const std::string what = "put manifest " + Quoted(manifest_id);
-  if (bytes.size() > kMaxManifestBytes) {
-    return Status::InvalidArgument(
-        what + ": " + std::to_string(bytes.size()) + " bytes is more than the limit of " +
-        std::to_string(kMaxManifestBytes) + "; raise the chunk size or split the dataset");
-  }
-  std::lock_guard<std::mutex> lock(mu_);
+Status SqliteStore::WriteManifest(std::string_view what, std::string_view manifest_id,
+                                  std::string_view bytes) {
   Session session(db_.get(), config_);
   // OR IGNORE: the id names the content, so an existing blob is already this one.
   GRANARY_ASSIGN_OR_RETURN(
@@ -629,35 +611,19 @@ Status SqliteStore::PutManifest(std::string_view manifest_id, std::string_view b
   return s.Bind(1, manifest_id).BindBlob(2, bytes).Run();
 }
 
-Result<std::string> SqliteStore::GetManifest(std::string_view manifest_id) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateManifestId(manifest_id));
-  const std::string what = "get manifest " + Quoted(manifest_id);
-  std::lock_guard<std::mutex> lock(mu_);
+Result<std::optional<std::string>> SqliteStore::ReadManifest(std::string_view what,
+                                                             std::string_view manifest_id) {
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(
       Statement s, Statement::Prepare(session, "SELECT bytes FROM manifests WHERE id = ?", what));
   GRANARY_ASSIGN_OR_RETURN(bool row, s.Bind(1, manifest_id).Step());
-  if (!row) {
-    return Status::NotFound(what + " from " + config_.display_url +
-                            ": it is not stored; snapshot the dataset again to rebuild it");
-  }
-  return s.Text(0);
+  if (!row) return std::optional<std::string>();
+  return std::optional<std::string>(s.Text(0));
 }
 
-Status SqliteStore::Heartbeat(const NodeRecord& node, milliseconds ttl) {
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNode(node));
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidateNodeTtl(node.id, ttl));
-  const std::string what = "heartbeat of node " + Quoted(node.id);
-  const std::string identity = store_internal::NodeIdentity(node);
-
-  std::lock_guard<std::mutex> lock(mu_);
-  // Read the clock only once the store is ours: a heartbeat that waited for
-  // another call must not write a stale time (an earlier expiry, or a
-  // heartbeat_ms older than one already stored).
-  const int64_t now = config_.clock->NowMillis();
-  NodeRecord stored = node;
-  stored.heartbeat_ms = now;
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeNode(stored));
+Status SqliteStore::WriteNode(std::string_view what, const NodeRecord& node,
+                              const std::string& identity, const std::string& record,
+                              int64_t now_ms, milliseconds ttl, const Event& event) {
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
   bool changed = true;
@@ -666,7 +632,7 @@ Status SqliteStore::Heartbeat(const NodeRecord& node, milliseconds ttl) {
         Statement s,
         Statement::Prepare(session, "SELECT identity FROM nodes WHERE id = ? AND expires_at > ?",
                            what));
-    GRANARY_ASSIGN_OR_RETURN(bool row, s.Bind(1, node.id).Bind(2, now).Step());
+    GRANARY_ASSIGN_OR_RETURN(bool row, s.Bind(1, node.id).Bind(2, now_ms).Step());
     changed = !row || s.Text(0) != identity;
   }
   {
@@ -681,25 +647,25 @@ Status SqliteStore::Heartbeat(const NodeRecord& node, milliseconds ttl) {
     GRANARY_RETURN_IF_ERROR(s.Bind(1, node.id)
                                 .Bind(2, node.pool)
                                 .Bind(3, identity)
-                                .Bind(4, json)
-                                .Bind(5, now + ttl.count())
+                                .Bind(4, record)
+                                .Bind(5, now_ms + ttl.count())
                                 .Run());
   }
   {
     // Expired rows are dead weight; heartbeats are frequent enough to sweep them.
     GRANARY_ASSIGN_OR_RETURN(
         Statement s, Statement::Prepare(session, "DELETE FROM nodes WHERE expires_at <= ?", what));
-    GRANARY_RETURN_IF_ERROR(s.Bind(1, now).Run());
+    GRANARY_RETURN_IF_ERROR(s.Bind(1, now_ms).Run());
   }
-  if (changed) GRANARY_RETURN_IF_ERROR(Publish(session, EventKind::kNode, node.id, what));
+  if (changed) GRANARY_RETURN_IF_ERROR(Publish(session, event, what));
   return tx.Commit();
 }
 
-Result<std::vector<NodeRecord>> SqliteStore::ListNodes(std::string_view pool) {
-  if (!pool.empty()) GRANARY_RETURN_IF_ERROR(store_internal::ValidatePoolName(pool));
-  const std::string what = "list nodes";
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = config_.clock->NowMillis();  // after the lock, as in Heartbeat
+Status SqliteStore::ReadNodes(std::string_view what, std::string_view pool,
+                              const std::function<Status(const NodeRow&)>& each) {
+  // Read with RecordStore's mutex held, as Heartbeat's time is: never stale
+  // after a wait for another call.
+  const int64_t now = config_.clock->NowMillis();
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(
       Statement s, Statement::Prepare(session,
@@ -707,30 +673,21 @@ Result<std::vector<NodeRecord>> SqliteStore::ListNodes(std::string_view pool) {
                                       "(? = '' OR pool = ?) ORDER BY id",
                                       what));
   s.Bind(1, now).Bind(2, pool).Bind(3, pool);
-  std::vector<NodeRecord> out;
   while (true) {
     GRANARY_ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    const std::string id = s.Text(0);
-    const std::string where =
-        "node " + Quoted(id) + " (row of table nodes) in " + config_.display_url;
-    GRANARY_ASSIGN_OR_RETURN(NodeRecord n, store_internal::DecodeNode(s.Text(2), id, where));
-    // The pool column is what the query filtered on: it must be the record's.
-    if (n.pool != s.Text(1)) {
-      return store_internal::CorruptRecord(where, "the pool column " + Quoted(s.Text(1)) +
-                                                      " differs from the record's pool " +
-                                                      Quoted(n.pool));
-    }
-    out.push_back(std::move(n));
+    NodeRow node;
+    node.id = s.Text(0);
+    node.pool_column = s.Text(1);
+    node.record = s.Text(2);
+    GRANARY_RETURN_IF_ERROR(each(node));
   }
-  return out;
+  return Status::Ok();
 }
 
-Status SqliteStore::RemoveNode(std::string_view node_id) {
-  GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
-  const std::string what = "remove node " + Quoted(node_id);
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = config_.clock->NowMillis();  // after the lock, as in Heartbeat
+Result<bool> SqliteStore::EraseNode(std::string_view what, std::string_view node_id,
+                                    const Event& event) {
+  const int64_t now = config_.clock->NowMillis();  // under the mutex, as in ReadNodes
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
   bool live = false;
@@ -743,134 +700,62 @@ Status SqliteStore::RemoveNode(std::string_view node_id) {
   GRANARY_ASSIGN_OR_RETURN(Statement s,
                            Statement::Prepare(session, "DELETE FROM nodes WHERE id = ?", what));
   GRANARY_RETURN_IF_ERROR(s.Bind(1, node_id).Run());
-  if (!live) {
-    GRANARY_RETURN_IF_ERROR(tx.Commit());  // the sweep of an expired row is still worth keeping
-    return Status::NotFound(what + " from " + config_.display_url +
-                            ": it is not live (never registered, removed, or its heartbeat "
-                            "expired)");
-  }
-  GRANARY_RETURN_IF_ERROR(Publish(session, EventKind::kNode, node_id, what));
-  return tx.Commit();
+  // Not live: the sweep of an expired row is still worth keeping.
+  if (live) GRANARY_RETURN_IF_ERROR(Publish(session, event, what));
+  GRANARY_RETURN_IF_ERROR(tx.Commit());
+  return live;
 }
 
-Status SqliteStore::PutChild(std::string_view what, const sqlite_internal::ChildTable& table,
-                             std::string_view dataset, std::string_view key,
-                             const std::string& json, EventKind event) {
-  std::lock_guard<std::mutex> lock(mu_);
+Result<bool> SqliteStore::WriteChild(std::string_view what, RecordKind kind,
+                                     std::string_view dataset, std::string_view key,
+                                     const std::string& record, const Event& event) {
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
   GRANARY_ASSIGN_OR_RETURN(bool exists, DatasetExists(session, dataset, what));
-  if (!exists) return NoDataset(what, config_, dataset);
-  GRANARY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(session, table.upsert, what));
-  GRANARY_RETURN_IF_ERROR(s.Bind(1, dataset).Bind(2, key).Bind(3, json).Run());
-  GRANARY_RETURN_IF_ERROR(Publish(session, event, dataset, what));
-  return tx.Commit();
+  if (!exists) return false;
+  GRANARY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(session, TableOf(kind).upsert, what));
+  GRANARY_RETURN_IF_ERROR(s.Bind(1, dataset).Bind(2, key).Bind(3, record).Run());
+  GRANARY_RETURN_IF_ERROR(Publish(session, event, what));
+  GRANARY_RETURN_IF_ERROR(tx.Commit());
+  return true;
 }
 
-Result<std::map<std::string, std::string>> SqliteStore::ListChildren(
-    std::string_view what, const sqlite_internal::ChildTable& table, std::string_view dataset) {
-  std::lock_guard<std::mutex> lock(mu_);
+Result<std::optional<std::map<std::string, std::string>>> SqliteStore::ReadChildren(
+    std::string_view what, RecordKind kind, std::string_view dataset) {
+  using Children = std::map<std::string, std::string>;
   Session session(db_.get(), config_);
   // One read transaction: the existence check and the rows are one snapshot.
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, false, what));
   GRANARY_ASSIGN_OR_RETURN(bool exists, DatasetExists(session, dataset, what));
-  if (!exists) {
-    return Status::NotFound(std::string(what) + " from " + config_.display_url + ": dataset " +
-                            Quoted(dataset) + " does not exist");
-  }
-  GRANARY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(session, table.select, what));
+  if (!exists) return std::optional<Children>();
+  GRANARY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(session, TableOf(kind).select, what));
   s.Bind(1, dataset);
-  std::map<std::string, std::string> out;
+  Children out;
   while (true) {
     GRANARY_ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
     out.emplace(s.Text(0), s.Text(1));
   }
   GRANARY_RETURN_IF_ERROR(tx.Commit());
-  return out;
+  return std::optional<Children>(std::move(out));
 }
 
-std::string SqliteStore::RowWhere(std::string_view record, const sqlite_internal::ChildTable& table,
-                                  std::string_view dataset, std::string_view key) const {
-  return std::string(record) + " (row " + Quoted(dataset) + ", " + Quoted(key) + " of table " +
-         table.name + ") in " + config_.display_url;
-}
-
-Status SqliteStore::PutProgress(std::string_view dataset, std::string_view node_id,
-                                const StagingProgress& progress) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
-  StagingProgress stored = progress;
-  stored.updated_ms = config_.clock->NowMillis();
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodeProgress(stored));
-  return PutChild("put progress of dataset " + Quoted(dataset) + " on node " + Quoted(node_id),
-                  kProgressTable, dataset, node_id, json, EventKind::kProgress);
-}
-
-Result<std::map<std::string, StagingProgress>> SqliteStore::ListProgress(std::string_view dataset) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  const std::string what = "list progress of dataset " + Quoted(dataset);
-  GRANARY_ASSIGN_OR_RETURN(auto raw, ListChildren(what, kProgressTable, dataset));
-  std::map<std::string, StagingProgress> out;
-  for (const auto& [node, json] : raw) {
-    GRANARY_ASSIGN_OR_RETURN(
-        StagingProgress p,
-        store_internal::DecodeProgress(
-            json, node,
-            RowWhere("progress of dataset " + Quoted(dataset) + " on node " + Quoted(node),
-                     kProgressTable, dataset, node)));
-    out.emplace(node, p);
-  }
-  return out;
-}
-
-Status SqliteStore::PutPlan(std::string_view dataset, const PlanRecord& plan) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidatePlan(plan));
-  PlanRecord stored = plan;
-  stored.registered_ms = config_.clock->NowMillis();
-  GRANARY_ASSIGN_OR_RETURN(std::string json, store_internal::EncodePlan(stored));
-  return PutChild("put plan " + Quoted(plan.plan_id) + " of dataset " + Quoted(dataset),
-                  kPlansTable, dataset, plan.plan_id, json, EventKind::kPlan);
-}
-
-Result<std::vector<PlanRecord>> SqliteStore::ListPlans(std::string_view dataset) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  const std::string what = "list plans of dataset " + Quoted(dataset);
-  GRANARY_ASSIGN_OR_RETURN(auto raw, ListChildren(what, kPlansTable, dataset));
-  std::vector<PlanRecord> out;  // sorted: raw is a std::map by plan id
-  for (const auto& [plan_id, json] : raw) {
-    GRANARY_ASSIGN_OR_RETURN(
-        PlanRecord p, store_internal::DecodePlan(
-                          json, plan_id,
-                          RowWhere("plan " + Quoted(plan_id) + " of dataset " + Quoted(dataset),
-                                   kPlansTable, dataset, plan_id)));
-    out.push_back(std::move(p));
-  }
-  return out;
-}
-
-Status SqliteStore::DeletePlan(std::string_view dataset, std::string_view plan_id) {
-  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(dataset));
-  GRANARY_RETURN_IF_ERROR(store_internal::ValidatePlanId(plan_id));
-  const std::string what = "delete plan " + Quoted(plan_id) + " of dataset " + Quoted(dataset);
-  std::lock_guard<std::mutex> lock(mu_);
+Result<SqliteStore::PlanErase> SqliteStore::ErasePlan(std::string_view what,
+                                                      std::string_view dataset,
+                                                      std::string_view plan_id,
+                                                      const Event& event) {
   Session session(db_.get(), config_);
   GRANARY_ASSIGN_OR_RETURN(Transaction tx, Transaction::Begin(session, true, what));
   GRANARY_ASSIGN_OR_RETURN(bool exists, DatasetExists(session, dataset, what));
-  if (!exists) {
-    return Status::NotFound(what + " in " + config_.display_url + ": the dataset does not exist");
-  }
+  if (!exists) return PlanErase::kNoDataset;
   GRANARY_ASSIGN_OR_RETURN(
       Statement s,
       Statement::Prepare(session, "DELETE FROM plans WHERE dataset = ? AND plan_id = ?", what));
   GRANARY_RETURN_IF_ERROR(s.Bind(1, dataset).Bind(2, plan_id).Run());
-  if (sqlite3_changes(db_.get()) == 0) {
-    return Status::NotFound(what + " in " + config_.display_url +
-                            ": no such plan; list the dataset's plans");
-  }
-  GRANARY_RETURN_IF_ERROR(Publish(session, EventKind::kPlan, dataset, what));
-  return tx.Commit();
+  if (sqlite3_changes(db_.get()) == 0) return PlanErase::kNoPlan;
+  GRANARY_RETURN_IF_ERROR(Publish(session, event, what));
+  GRANARY_RETURN_IF_ERROR(tx.Commit());
+  return PlanErase::kErased;
 }
 
 Result<std::unique_ptr<MetadataStore::Watcher>> SqliteStore::Watch() {
