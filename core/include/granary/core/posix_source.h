@@ -1,0 +1,119 @@
+#pragma once
+
+// PosixSource: the Source driver for a mounted file system (a Lustre, GPFS or
+// NFS path, or a local directory), reading with the dataset owner's rights.
+//
+// How one Read goes (docs/source-and-identity.md):
+//   1. the path is checked lexically: relative, no empty, '.' or '..'
+//      components, no NUL, at most 4095 bytes; the range must lie inside the
+//      manifest's size. Failures cost no open;
+//   2. a slot of the in-flight limit is taken (Read waits, TryRead does not);
+//   3. on an IdentityExecutor worker running as the owner, the file is opened
+//      relative to an O_PATH descriptor of the root with openat2(2) and
+//      RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, so neither '..' nor a symlink
+//      (including one swapped in after the snapshot) leads outside the root;
+//      symlinks that stay inside are followed, as the manifest includes them.
+//      The open is O_NONBLOCK, so a FIFO swapped in cannot hang it;
+//   4. fstat of the opened descriptor must show a regular file with the
+//      manifest's size and mtime (ns), else kFailedPrecondition ("changed since
+//      the snapshot") and nothing is read;
+//   5. pread until the range is read; end of file first is "changed";
+//   6. fstat again: a size or mtime that moved during the read is "changed",
+//      so bytes from a file rewritten meanwhile are never returned.
+// Kernels without openat2 (before 5.6, or a seccomp filter that refuses it)
+// get a component-by-component walk with O_NOFOLLOW instead: as safe, but
+// symlinks are refused (kUnsafePath) rather than followed.
+//
+// The root itself is opened once, in Open, as the owner: the owner needs search
+// rights on every directory down to it, as they would to read it themselves.
+//
+// Callers: the cache node, one PosixSource per dataset.
+// Thread safety: as Source: any number of threads may call Read, TryRead and
+// Counters at once. The IdentityExecutor must outlive the source.
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "granary/core/file.h"
+#include "granary/core/identity.h"
+#include "granary/core/source.h"
+#include "granary/core/status.h"
+
+namespace granary {
+
+// Points in a read where PosixSourceOptions::stage_hook is called.
+enum class SourceReadStage : uint8_t {
+  kBeforeOpen,  // holding a slot, as the owner, before the open
+  kChecked,     // opened and checked against the manifest, before the first read
+  kRead,        // every byte read, before the final check
+};
+
+inline constexpr uint32_t kDefaultSourceInFlight = 16;
+inline constexpr uint32_t kMaxSourceInFlight = 65536;
+
+struct PosixSourceOptions {
+  // The source root: a directory on a mounted file system.
+  std::string root;
+  // Shown in messages; default "file://" + root.
+  std::string uri;
+  // Whose rights every access uses (ResolveOwnerIdentity of the dataset owner).
+  Identity owner;
+  // Runs the accesses as `owner`; required; must outlive the source.
+  IdentityExecutor* executor = nullptr;
+  // Reads in flight at most (the cache node's "source concurrency"). 1..65536.
+  uint32_t max_in_flight = kDefaultSourceInFlight;
+  // false: never use openat2, as on kernels before 5.6 (tests use it to cover
+  // that path).
+  bool use_openat2 = true;
+  // Called at each SourceReadStage on the executor thread, as the owner. For
+  // tests and fault injection (e.g. changing a file mid-read); leave empty.
+  std::function<void(SourceReadStage stage, const SourceFile& file)> stage_hook;
+};
+
+class PosixSource final : public Source {
+ public:
+  // Opens the root as `owner`. kInvalidArgument for bad options or a root that
+  // is not a directory; kNotFound, kPermissionDenied when the owner cannot
+  // reach the root; what IdentityExecutor::Run returns for an owner it refuses.
+  static Result<std::unique_ptr<PosixSource>> Open(PosixSourceOptions options);
+
+  // The root path in a file:// URI ("file:///lustre/x" -> "/lustre/x");
+  // kInvalidArgument for another scheme, a host part or a relative path.
+  static Result<std::string> RootFromUri(std::string_view uri);
+
+  Status Read(const SourceFile& file, uint64_t offset, std::span<char> out) override;
+  Status TryRead(const SourceFile& file, uint64_t offset, std::span<char> out) override;
+  SourceCounters Counters() const override;
+  const std::string& uri() const override { return options_.uri; }
+  uint32_t max_in_flight() const override { return options_.max_in_flight; }
+
+  const Identity& owner() const { return options_.owner; }
+  // False when Open found openat2 missing or refused and fell back to the walk.
+  bool uses_openat2() const { return use_openat2_; }
+
+ private:
+  PosixSource(PosixSourceOptions options, ScopedFd root, bool use_openat2);
+
+  // Checks that need no I/O; counted as kInvalidRequest.
+  Status CheckRequest(const SourceFile& file, uint64_t offset, size_t length);
+  // Steps 3-6, on the executor thread.
+  Status ReadAsOwner(const SourceFile& file, uint64_t offset, std::span<char> out);
+  Result<ScopedFd> OpenBeneath(const SourceFile& file);
+  Status Fail(SourceErrorKind kind, Status status);
+  std::string What(const SourceFile& file, uint64_t offset, size_t length) const;
+
+  const PosixSourceOptions options_;
+  const ScopedFd root_;  // O_PATH | O_DIRECTORY
+  const bool use_openat2_;
+  SourceMeter meter_;
+  InFlightLimit limit_;
+  std::array<std::atomic<bool>, kSourceErrorKinds> warned_{};  // one warn log per kind
+};
+
+}  // namespace granary

@@ -1,0 +1,397 @@
+#include "granary/core/posix_source.h"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <limits>
+
+#include "granary/core/log.h"
+#include "granary/core/names.h"
+
+namespace granary {
+namespace {
+
+constexpr size_t kMaxPathBytes = PATH_MAX - 1;  // 4095, as the manifest walk
+constexpr int kMaxEintrRetries = 100;
+// Flags of every file open: O_NONBLOCK so a FIFO swapped in for a file cannot
+// block the open waiting for a writer (regular files ignore it).
+constexpr int kFileOpenFlags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+std::string_view FileType(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISLNK(mode)) return "a symlink";
+  return "not a regular file";
+}
+
+long OpenAt2(int dir_fd, const char* path, int flags, uint64_t resolve) {
+  struct open_how how {};
+  how.flags = static_cast<__u64>(static_cast<unsigned int>(flags));
+  how.resolve = resolve;
+  long fd = -1;
+  for (int i = 0; i < kMaxEintrRetries; ++i) {
+    fd = ::syscall(SYS_openat2, dir_fd, path, &how, sizeof(how));
+    if (fd >= 0 || errno != EINTR) break;
+  }
+  return fd;
+}
+
+int OpenAt(int dir_fd, const char* path, int flags) {
+  int fd = -1;
+  for (int i = 0; i < kMaxEintrRetries; ++i) {
+    fd = ::openat(dir_fd, path, flags);
+    if (fd >= 0 || errno != EINTR) break;
+  }
+  return fd;
+}
+
+// Compares what fstat says of the open file with the manifest. Empty when equal.
+std::string Mismatch(const struct stat& st, const SourceFile& file) {
+  if (!S_ISREG(st.st_mode)) return "it is " + std::string(FileType(st.st_mode)) + " now";
+  std::string diff;
+  if (static_cast<uint64_t>(st.st_size) != file.size) {
+    diff = "size " + std::to_string(st.st_size) + " bytes, snapshot " + std::to_string(file.size);
+  }
+  if (MtimeNs(st) != file.mtime_ns) {
+    if (!diff.empty()) diff += "; ";
+    diff +=
+        "mtime " + std::to_string(MtimeNs(st)) + " ns, snapshot " + std::to_string(file.mtime_ns);
+  }
+  return diff;
+}
+
+}  // namespace
+
+Result<std::string> PosixSource::RootFromUri(std::string_view uri) {
+  constexpr std::string_view kScheme = "file://";
+  if (uri.substr(0, kScheme.size()) != kScheme) {
+    return Status::InvalidArgument("source URI " + Quoted(uri) +
+                                   ": the POSIX source reads only file:///absolute/path URIs");
+  }
+  std::string_view path = uri.substr(kScheme.size());
+  if (path.empty() || path.front() != '/') {
+    return Status::InvalidArgument("source URI " + Quoted(uri) +
+                                   ": expected file:///absolute/path (three slashes: no host "
+                                   "part, an absolute path)");
+  }
+  if (path.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument("source URI " + Quoted(uri) + ": contains a NUL byte");
+  }
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  return std::string(path);
+}
+
+Result<std::unique_ptr<PosixSource>> PosixSource::Open(PosixSourceOptions options) {
+  const std::string what = "open source root " + Quoted(options.root);
+  if (options.executor == nullptr) {
+    return Status::InvalidArgument(what + ": no IdentityExecutor given (a bug in the caller)");
+  }
+  if (options.root.empty() || options.root.find('\0') != std::string::npos) {
+    return Status::InvalidArgument(what + ": the root must be a non-empty path without NUL bytes");
+  }
+  if (options.max_in_flight == 0 || options.max_in_flight > kMaxSourceInFlight) {
+    return Status::InvalidArgument(what + ": max_in_flight must be 1.." +
+                                   std::to_string(kMaxSourceInFlight) + ", got " +
+                                   std::to_string(options.max_in_flight));
+  }
+  if (options.uri.empty()) options.uri = "file://" + options.root;
+
+  ScopedFd root;
+  bool use_openat2 = options.use_openat2;
+  const std::string as = " as " + options.owner.ToString();
+  Status opened = options.executor->Run(options.owner, [&]() -> Status {
+    auto refused = [&](int err) -> Status {
+      switch (err) {
+        case ENOENT:
+          return Status::NotFound(what + as + ": it does not exist; check the dataset's source");
+        case EACCES:
+        case EPERM:
+          return Status::PermissionDenied(
+              what + as + ": " + ErrnoText(err) +
+              "; the dataset's owner needs search (x) permission on the root and every "
+              "directory above it, as they would to read it themselves");
+        case ENOTDIR:
+          return Status::InvalidArgument(what +
+                                         ": it is not a directory (or a path component "
+                                         "is not); the source must be a directory");
+        default:
+          return Status::FromErrno(err, what + as);
+      }
+    };
+    // O_PATH needs no rights on the root itself: the lookup of "." below
+    // checks that the owner may search it.
+    int fd = OpenAt(AT_FDCWD, options.root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return refused(errno);
+    ScopedFd candidate(fd);
+    int dot = OpenAt(candidate.get(), ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dot < 0) return refused(errno);
+    ::close(dot);
+    root = std::move(candidate);
+    if (use_openat2) {
+      long probe = OpenAt2(root.get(), ".", O_PATH | O_DIRECTORY | O_CLOEXEC,
+                           RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+      int err = errno;
+      if (probe >= 0) {
+        ::close(static_cast<int>(probe));
+      } else if (err == ENOSYS || err == EPERM) {
+        // ENOSYS: before Linux 5.6. EPERM: a seccomp filter (older container
+        // runtimes) that does not know the call; "." itself was searchable.
+        GetLogger("core")->warn(
+            "{}: openat2 is not available ({}); opening files component by component "
+            "without following symlinks instead",
+            what, ErrnoText(err));
+        use_openat2 = false;
+      } else {
+        return Status::FromErrno(err, what + as + ": openat2");
+      }
+    }
+    return Status::Ok();
+  });
+  GRANARY_RETURN_IF_ERROR(opened);
+  return std::unique_ptr<PosixSource>(
+      new PosixSource(std::move(options), std::move(root), use_openat2));
+}
+
+PosixSource::PosixSource(PosixSourceOptions options, ScopedFd root, bool use_openat2)
+    : options_(std::move(options)),
+      root_(std::move(root)),
+      use_openat2_(use_openat2),
+      limit_(options_.max_in_flight) {}
+
+std::string PosixSource::What(const SourceFile& file, uint64_t offset, size_t length) const {
+  std::string s = "read " + Quoted(file.path);
+  if (offset != 0 || length != file.size) {
+    s += " (bytes " + std::to_string(offset) + ".." + std::to_string(offset + length) + " of " +
+         std::to_string(file.size) + ")";
+  }
+  s += " from " + Quoted(options_.uri) + " as owner " + options_.owner.ToString();
+  return s;
+}
+
+Status PosixSource::Fail(SourceErrorKind kind, Status status) {
+  meter_.CountError(kind);
+  if (!warned_[static_cast<size_t>(kind)].exchange(true, std::memory_order_relaxed)) {
+    GetLogger("core")->warn("source error ({}; logged once per kind, counted always): {}",
+                            SourceErrorKindName(kind), status.message());
+  }
+  return status;
+}
+
+Status PosixSource::CheckRequest(const SourceFile& file, uint64_t offset, size_t length) {
+  const std::string& p = file.path;
+  auto invalid = [&](std::string_view why) {
+    return Fail(SourceErrorKind::kInvalidRequest,
+                Status::InvalidArgument("read " + Quoted(p) + " from " + Quoted(options_.uri) +
+                                        ": " + std::string(why) +
+                                        "; sample paths come from the manifest, so the manifest "
+                                        "or the request is corrupt"));
+  };
+  if (p.empty()) return invalid("the path is empty");
+  if (p.size() > kMaxPathBytes) return invalid("the path is longer than 4095 bytes");
+  if (p.find('\0') != std::string::npos) return invalid("the path contains a NUL byte");
+  if (p.front() == '/') return invalid("the path is absolute; it must be relative to the root");
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find('/', start);
+    if (end == std::string::npos) end = p.size();
+    std::string_view part(p.data() + start, end - start);
+    if (part.empty()) return invalid("the path has an empty component ('//' or a trailing '/')");
+    if (part == "." || part == "..") return invalid("the path has a '.' or '..' component");
+    start = end + 1;
+  }
+  if (file.size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+    return invalid("the recorded size is larger than any file can be");
+  }
+  if (offset > file.size || length > file.size - offset) {
+    return Fail(SourceErrorKind::kInvalidRequest,
+                Status::OutOfRange(What(file, offset, 0) + ": the range " + std::to_string(offset) +
+                                   "+" + std::to_string(length) +
+                                   " goes past the end of the file (" + std::to_string(file.size) +
+                                   " bytes in the snapshot); a bug in the caller"));
+  }
+  return Status::Ok();
+}
+
+Status PosixSource::Read(const SourceFile& file, uint64_t offset, std::span<char> out) {
+  GRANARY_RETURN_IF_ERROR(CheckRequest(file, offset, out.size()));
+  limit_.Acquire();
+  InFlightLimit::Slot slot(&limit_);
+  return ReadAsOwner(file, offset, out);
+}
+
+Status PosixSource::TryRead(const SourceFile& file, uint64_t offset, std::span<char> out) {
+  GRANARY_RETURN_IF_ERROR(CheckRequest(file, offset, out.size()));
+  if (!limit_.TryAcquire()) {
+    meter_.CountBusy();
+    return Status::ResourceExhausted(What(file, offset, out.size()) + ": " +
+                                     std::to_string(limit_.limit()) +
+                                     " source reads are in flight already; retry later, or call "
+                                     "Read, which waits for a slot");
+  }
+  InFlightLimit::Slot slot(&limit_);
+  return ReadAsOwner(file, offset, out);
+}
+
+Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::span<char> out) {
+  bool ran = false;
+  Status status = options_.executor->Run(options_.owner, [&]() -> Status {
+    ran = true;
+    const std::string what = What(file, offset, out.size());
+    auto hook = [&](SourceReadStage stage) {
+      if (options_.stage_hook) options_.stage_hook(stage, file);
+    };
+    auto changed = [&](const std::string& how) {
+      return Fail(SourceErrorKind::kChanged,
+                  Status::FailedPrecondition(what + ": changed since the snapshot (" + how +
+                                             "); re-snapshot the dataset"));
+    };
+
+    hook(SourceReadStage::kBeforeOpen);
+    GRANARY_ASSIGN_OR_RETURN(ScopedFd fd, OpenBeneath(file));
+
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) {
+      return Fail(SourceErrorKind::kIo, Status::FromErrno(errno, what + ": fstat"));
+    }
+    if (std::string diff = Mismatch(st, file); !diff.empty()) return changed(diff);
+    hook(SourceReadStage::kChecked);
+
+    size_t done = 0;
+    int interrupted = 0;
+    while (done < out.size()) {
+      ssize_t n = ::pread(fd.get(), out.data() + done, out.size() - done,
+                          static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR && ++interrupted < kMaxEintrRetries) continue;
+        return Fail(errno == EACCES || errno == EPERM ? SourceErrorKind::kPermissionDenied
+                                                      : SourceErrorKind::kIo,
+                    Status::FromErrno(errno, what));
+      }
+      meter_.CountRead(static_cast<uint64_t>(n));
+      if (n == 0) {
+        return changed("the file ended after " + std::to_string(offset + done) + " of " +
+                       std::to_string(file.size) + " bytes during the read");
+      }
+      done += static_cast<size_t>(n);
+    }
+    hook(SourceReadStage::kRead);
+
+    if (::fstat(fd.get(), &st) != 0) {
+      return Fail(SourceErrorKind::kIo, Status::FromErrno(errno, what + ": fstat after the read"));
+    }
+    if (std::string diff = Mismatch(st, file); !diff.empty()) {
+      return changed(diff + ", during the read");
+    }
+    return Status::Ok();
+  });
+  if (status.ok()) {
+    meter_.CountCompleted();
+    return status;
+  }
+  // The closure counted its own errors; if it never ran, the executor refused
+  // the owner's identity.
+  if (!ran) {
+    return Fail(SourceErrorKind::kIdentity, status.WithContext(What(file, offset, out.size())));
+  }
+  return status;
+}
+
+Result<ScopedFd> PosixSource::OpenBeneath(const SourceFile& file) {
+  const std::string what = What(file, 0, static_cast<size_t>(file.size));
+  meter_.CountOpen();
+  int fd = -1;
+  int err = 0;
+  if (use_openat2_) {
+    long r = OpenAt2(root_.get(), file.path.c_str(), kFileOpenFlags,
+                     RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+    err = errno;
+    fd = static_cast<int>(r);
+  } else {
+    // Walk the directories without following any symlink, then open the file
+    // the same way; each step is relative to a descriptor already checked.
+    ScopedFd dir;
+    int at = root_.get();
+    size_t start = 0;
+    for (;;) {
+      size_t slash = file.path.find('/', start);
+      if (slash == std::string::npos) break;
+      std::string part = file.path.substr(start, slash - start);
+      int next = OpenAt(at, part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (next < 0) {
+        err = errno;
+        struct stat st;
+        if (err == ENOTDIR && ::fstatat(at, part.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISLNK(st.st_mode)) {
+          err = ELOOP;  // a symlinked directory: refused like a symlinked file
+        }
+        break;
+      }
+      dir = ScopedFd(next);
+      at = next;
+      start = slash + 1;
+    }
+    if (err == 0) {
+      fd = OpenAt(at, file.path.c_str() + start, kFileOpenFlags | O_NOFOLLOW);
+      err = errno;
+    }
+  }
+  if (fd >= 0) return ScopedFd(fd);
+
+  switch (err) {
+    case ENOENT:
+      return Fail(SourceErrorKind::kNotFound,
+                  Status::NotFound(what + ": it no longer exists (deleted or renamed since the "
+                                          "snapshot); re-snapshot the dataset"));
+    case ENOTDIR:
+      return Fail(SourceErrorKind::kNotFound,
+                  Status::NotFound(what + ": a directory on its path is no longer a directory; "
+                                          "re-snapshot the dataset"));
+    case EACCES:
+    case EPERM:
+      return Fail(SourceErrorKind::kPermissionDenied,
+                  Status::PermissionDenied(
+                      what + ": " + ErrnoText(err) +
+                      "; the dataset's owner may not read this file at the source: grant them "
+                      "read access to it (and search access to its directories), or have a "
+                      "user who can read it own the dataset"));
+    case EXDEV:
+      return Fail(SourceErrorKind::kUnsafePath,
+                  Status::PermissionDenied(
+                      what + ": it resolves outside the source root (a symlink or '..' leading "
+                             "out of it, perhaps swapped in since the snapshot); refused. Remove "
+                             "the link or re-snapshot the dataset"));
+    case ELOOP:
+      if (!use_openat2_) {
+        return Fail(SourceErrorKind::kUnsafePath,
+                    Status::PermissionDenied(
+                        what + ": its path goes through a symlink, and without openat2 (Linux "
+                               "5.6+) symlinks in a source are not followed; refused. Replace "
+                               "the link by the file, or run on a newer kernel"));
+      }
+      return Fail(SourceErrorKind::kUnsafePath,
+                  Status::PermissionDenied(what + ": too many levels of symlinks (a loop?); "
+                                                  "refused. Fix the link at the source"));
+    default:
+      return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what + ": open"));
+  }
+}
+
+SourceCounters PosixSource::Counters() const {
+  SourceCounters c;
+  meter_.Fill(&c);
+  limit_.Fill(&c);
+  return c;
+}
+
+}  // namespace granary
