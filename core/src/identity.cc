@@ -93,8 +93,10 @@ Status SwitchThreadIdentity(const Identity& who) {
   const std::string what = "switch a source thread to " + who.ToString();
   std::vector<gid_t> groups(who.groups.begin(), who.groups.end());
   if (::syscall(kSysSetgroups, groups.size(), groups.empty() ? nullptr : groups.data()) != 0) {
-    return Status::FromErrno(errno, what + ": setgroups")
-        .WithContext("check that the cache node has CAP_SETGID");
+    int err = errno;
+    return Status::PermissionDenied(what + ": setgroups: " + ErrnoText(err) +
+                                    "; the cache node needs CAP_SETGID, and every group must be "
+                                    "mapped in its user namespace");
   }
   // setfsgid/setfsuid return the previous id and never report failure: the
   // second call's return is the id in force after the first.
@@ -271,7 +273,8 @@ Status IdentityExecutor::RunErased(const Identity& who, Status (*thunk)(void*), 
     queue_.push_back(&task);
   }
   cv_.notify_one();
-  task.done.acquire();
+  std::unique_lock<std::mutex> lock(task.mu);
+  task.cv.wait(lock, [&] { return task.finished; });
   return std::move(task.result);
 }
 
@@ -307,7 +310,12 @@ void IdentityExecutor::WorkerLoop() {
     } else {
       task->result = std::move(ready);
     }
-    task->done.release();  // `task` lives on the caller's stack: not touched after this
+    {
+      // `task` lives on the caller's stack: not touched after this block.
+      std::lock_guard<std::mutex> lock(task->mu);
+      task->finished = true;
+      task->cv.notify_one();
+    }
   }
 }
 

@@ -110,7 +110,9 @@ Result<std::unique_ptr<PosixSource>> PosixSource::Open(PosixSourceOptions option
   ScopedFd root;
   bool use_openat2 = options.use_openat2;
   const std::string as = " as " + options.owner.ToString();
+  bool ran = false;
   Status opened = options.executor->Run(options.owner, [&]() -> Status {
+    ran = true;
     auto refused = [&](int err) -> Status {
       switch (err) {
         case ENOENT:
@@ -158,6 +160,7 @@ Result<std::unique_ptr<PosixSource>> PosixSource::Open(PosixSourceOptions option
     }
     return Status::Ok();
   });
+  if (!ran) return opened.WithContext(what);  // the executor refused the owner
   GRANARY_RETURN_IF_ERROR(opened);
   return std::unique_ptr<PosixSource>(
       new PosixSource(std::move(options), std::move(root), use_openat2));
@@ -247,13 +250,14 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
   bool ran = false;
   Status status = options_.executor->Run(options_.owner, [&]() -> Status {
     ran = true;
-    const std::string what = What(file, offset, out.size());
+    // Messages are built only on the error paths.
+    auto what = [&] { return What(file, offset, out.size()); };
     auto hook = [&](SourceReadStage stage) {
       if (options_.stage_hook) options_.stage_hook(stage, file);
     };
     auto changed = [&](const std::string& how) {
       return Fail(SourceErrorKind::kChanged,
-                  Status::FailedPrecondition(what + ": changed since the snapshot (" + how +
+                  Status::FailedPrecondition(what() + ": changed since the snapshot (" + how +
                                              "); re-snapshot the dataset"));
     };
 
@@ -262,7 +266,8 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
 
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) {
-      return Fail(SourceErrorKind::kIo, Status::FromErrno(errno, what + ": fstat"));
+      int err = errno;
+      return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": fstat"));
     }
     if (std::string diff = Mismatch(st, file); !diff.empty()) return changed(diff);
     hook(SourceReadStage::kChecked);
@@ -273,10 +278,11 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
       ssize_t n = ::pread(fd.get(), out.data() + done, out.size() - done,
                           static_cast<off_t>(offset + done));
       if (n < 0) {
-        if (errno == EINTR && ++interrupted < kMaxEintrRetries) continue;
-        return Fail(errno == EACCES || errno == EPERM ? SourceErrorKind::kPermissionDenied
-                                                      : SourceErrorKind::kIo,
-                    Status::FromErrno(errno, what));
+        int err = errno;
+        if (err == EINTR && ++interrupted < kMaxEintrRetries) continue;
+        return Fail(err == EACCES || err == EPERM ? SourceErrorKind::kPermissionDenied
+                                                  : SourceErrorKind::kIo,
+                    Status::FromErrno(err, what()));
       }
       meter_.CountRead(static_cast<uint64_t>(n));
       if (n == 0) {
@@ -288,7 +294,8 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
     hook(SourceReadStage::kRead);
 
     if (::fstat(fd.get(), &st) != 0) {
-      return Fail(SourceErrorKind::kIo, Status::FromErrno(errno, what + ": fstat after the read"));
+      int err = errno;
+      return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": fstat after the read"));
     }
     if (std::string diff = Mismatch(st, file); !diff.empty()) {
       return changed(diff + ", during the read");
@@ -308,7 +315,6 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
 }
 
 Result<ScopedFd> PosixSource::OpenBeneath(const SourceFile& file) {
-  const std::string what = What(file, 0, static_cast<size_t>(file.size));
   meter_.CountOpen();
   int fd = -1;
   int err = 0;
@@ -347,6 +353,7 @@ Result<ScopedFd> PosixSource::OpenBeneath(const SourceFile& file) {
     }
   }
   if (fd >= 0) return ScopedFd(fd);
+  const std::string what = What(file, 0, static_cast<size_t>(file.size));
 
   switch (err) {
     case ENOENT:

@@ -49,7 +49,6 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <semaphore>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -150,7 +149,11 @@ class IdentityExecutor {
     Status (*thunk)(void*) = nullptr;
     void* arg = nullptr;
     Status result;
-    std::binary_semaphore done{0};
+    // The worker sets `finished` and notifies under `mu`, so the caller (whose
+    // stack holds the task) cannot return before the worker lets go of it.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;  // guarded by mu
   };
 
   IdentityExecutor(bool can_switch, Identity process);
