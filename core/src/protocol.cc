@@ -1108,6 +1108,10 @@ Status FrameDecoder::Fail(Status status) {
 }
 
 Status FrameDecoder::CheckHeader() {
+  static const std::string kLimitAdvice =
+      "; the peer ignores the limits (advertised in HELLO_REPLY): close the connection";
+  static const std::string kShapeAdvice =
+      "; the peer does not follow the protocol it negotiated: close the connection";
   const char* b = header_bytes_;
   if (std::memcmp(b + pf::kMagicOffset, pf::kMagic, sizeof(pf::kMagic)) != 0) {
     return Fail(Status::InvalidArgument(
@@ -1137,29 +1141,32 @@ Status FrameDecoder::CheckHeader() {
   }
   if (flags != 0) {
     return Fail(Status::InvalidArgument("read " + FrameWhat(h) + ": reserved header flags are " +
-                                        std::to_string(flags) + ", must be 0"));
+                                        std::to_string(flags) + ", must be 0" + kShapeAdvice));
   }
   if (h.body_length > limits_.max_body_bytes) {
     return Fail(Status::OutOfRange("read " + FrameWhat(h) + ": body of " +
                                    std::to_string(h.body_length) + " bytes exceeds the limit of " +
-                                   std::to_string(limits_.max_body_bytes) + " bytes"));
+                                   std::to_string(limits_.max_body_bytes) + " bytes" +
+                                   kLimitAdvice));
   }
   if (h.payload_length != 0) {
     if (direction_ == FrameDirection::kRequests) {
-      return Fail(Status::InvalidArgument("read " + FrameWhat(h) +
-                                          ": requests carry no payload, this one announces " +
-                                          std::to_string(h.payload_length) + " bytes"));
+      return Fail(Status::InvalidArgument(
+          "read " + FrameWhat(h) + ": requests carry no payload, this one announces " +
+          std::to_string(h.payload_length) + " bytes" + kShapeAdvice));
     }
     if (h.type != pf::kTypeReadReply) {
       return Fail(Status::InvalidArgument("read " + FrameWhat(h) +
                                           ": only READ_REPLY frames carry a payload, this one "
                                           "announces " +
-                                          std::to_string(h.payload_length) + " bytes"));
+                                          std::to_string(h.payload_length) + " bytes" +
+                                          kShapeAdvice));
     }
     if (h.payload_length > limits_.max_read_bytes) {
-      return Fail(Status::OutOfRange(
-          "read " + FrameWhat(h) + ": payload of " + std::to_string(h.payload_length) +
-          " bytes exceeds the limit of " + std::to_string(limits_.max_read_bytes) + " bytes"));
+      return Fail(
+          Status::OutOfRange("read " + FrameWhat(h) + ": payload of " +
+                             std::to_string(h.payload_length) + " bytes exceeds the limit of " +
+                             std::to_string(limits_.max_read_bytes) + " bytes" + kLimitAdvice));
     }
   }
   // Both terms are within their (capped) limits above: the sum cannot overflow.
@@ -1167,7 +1174,8 @@ Status FrameDecoder::CheckHeader() {
   if (total > limits_.max_message_bytes) {
     return Fail(Status::OutOfRange("read " + FrameWhat(h) + ": frame of " + std::to_string(total) +
                                    " bytes exceeds the limit of " +
-                                   std::to_string(limits_.max_message_bytes) + " bytes"));
+                                   std::to_string(limits_.max_message_bytes) + " bytes" +
+                                   kLimitAdvice));
   }
   return Status::Ok();
 }
