@@ -260,10 +260,14 @@ struct Candidate {
   ChunkKey key;
 };
 
-// What validating one candidate found.
+// What validating one candidate found: keep it, remove it (`problem`: it is
+// provably not a sound chunk file of its place), skip it (it vanished), or
+// stop (`error`: it could not be checked, so it is neither kept nor deleted).
 struct CheckedFile {
-  bool keep = false;
-  std::string problem;  // why it is to be removed
+  enum class Verdict { kKeep, kRemove, kVanished, kError };
+  Verdict verdict = Verdict::kError;
+  std::string problem;
+  Status error;
   uint32_t segment_count = 0;
   uint64_t payload_size = 0;
   std::vector<bool> present;
@@ -271,43 +275,45 @@ struct CheckedFile {
   uint32_t dropped_corrupt = 0;
 };
 
-CheckedFile CheckChunkFile(const Candidate& c, ChunkScanMode mode) {
+// Damage (kCorruption), another format version, or a sound file of another
+// chunk is grounds for deleting a file; an I/O error, a permission problem or
+// running out of descriptors is not: it says nothing about the file.
+CheckedFile Reject(const Status& s) {
   CheckedFile out;
-  auto header = ChunkReader::ReadHeader(c.path);
-  if (!header.ok()) {
-    out.problem = header.status().ToString();
-    return out;
+  if (s.code() == StatusCode::kCorruption || s.code() == StatusCode::kVersionMismatch ||
+      s.code() == StatusCode::kFailedPrecondition) {
+    out.verdict = CheckedFile::Verdict::kRemove;
+    out.problem = s.ToString();
+  } else if (s.code() == StatusCode::kNotFound) {
+    out.verdict = CheckedFile::Verdict::kVanished;
+  } else {
+    out.verdict = CheckedFile::Verdict::kError;
+    out.error = s;
   }
+  return out;
+}
+
+CheckedFile CheckChunkFile(const Candidate& c, ChunkScanMode mode) {
+  auto header = ChunkReader::ReadHeader(c.path);
+  if (!header.ok()) return Reject(header.status());
   if (!(header->key == c.key)) {
-    out.problem =
-        fmt::format("it holds {}, not the chunk its path names", DescribeChunk(header->key));
-    return out;
+    return Reject(Status::FailedPrecondition(
+        fmt::format("it holds {}, not the chunk its path names", DescribeChunk(header->key))));
   }
   auto reader = ChunkReader::Open(c.path, header->key, header->segments);
-  if (!reader.ok()) {
-    out.problem = reader.status().ToString();
-    return out;
-  }
+  if (!reader.ok()) return Reject(reader.status());
+  CheckedFile out;
   out.segment_count = reader->segment_count();
   out.payload_size = header->payload_size;
   if (mode == ChunkScanMode::kVerifyPayload) {
-    auto scan = reader->Scan(ChunkScanMode::kVerifyPayload);
-    if (!scan.ok()) {
-      out.problem = scan.status().ToString();
-      return out;
-    }
+    auto scan = reader->Scan(ChunkScanMode::kVerifyPayload);  // errors are I/O only
+    if (!scan.ok()) return Reject(scan.status());
     if (!scan->corrupt.empty()) {
       // Marked absent on disk, so the next scan agrees and they get re-staged.
       auto writer = ChunkWriter::Open(c.path, c.key, header->segments);
-      if (!writer.ok()) {
-        out.problem = writer.status().ToString();
-        return out;
-      }
+      if (!writer.ok()) return Reject(writer.status());
       for (uint32_t index : scan->corrupt) {
-        if (Status s = writer->Drop(index); !s.ok()) {
-          out.problem = s.ToString();
-          return out;
-        }
+        if (Status s = writer->Drop(index); !s.ok()) return Reject(s);
       }
       out.dropped_corrupt = static_cast<uint32_t>(scan->corrupt.size());
     }
@@ -318,7 +324,7 @@ CheckedFile CheckChunkFile(const Candidate& c, ChunkScanMode mode) {
     for (uint32_t i = 0; i < out.segment_count; ++i) out.present[i] = reader->IsPresent(i);
     out.present_count = reader->present_count();
   }
-  out.keep = true;
+  out.verdict = CheckedFile::Verdict::kKeep;
   return out;
 }
 
@@ -513,7 +519,15 @@ Status ChunkStore::Scan() {
   // 3. Remove what failed, then index the rest. No other thread sees the store
   //    yet, but the index is mu_'s all the same.
   for (size_t i = 0; i < candidates.size(); ++i) {
-    if (checked[i].keep) continue;
+    const CheckedFile& c = checked[i];
+    if (c.verdict == CheckedFile::Verdict::kError) {
+      return WithHint(
+          c.error.WithContext(fmt::format("{}: validate {}", doing, candidates[i].path)),
+          "fix the cause and restart; the file is left as it was");
+    }
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (checked[i].verdict != CheckedFile::Verdict::kRemove) continue;
     GRANARY_RETURN_IF_ERROR(remove_file(candidates[i].path, checked[i].problem));
     ++scan_.removed_invalid_files;
     warn(fmt::format("removed {}: {}", candidates[i].path, checked[i].problem));
@@ -521,7 +535,7 @@ Status ChunkStore::Scan() {
   std::lock_guard lock(mu_);
   for (size_t i = 0; i < candidates.size(); ++i) {
     CheckedFile& c = checked[i];
-    if (!c.keep) continue;
+    if (c.verdict != CheckedFile::Verdict::kKeep) continue;
     auto entry = std::make_shared<Entry>();
     entry->state = EntryState::kReady;
     entry->bytes = ChunkBytes(c.segment_count, c.payload_size);

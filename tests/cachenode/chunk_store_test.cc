@@ -603,6 +603,53 @@ TEST_F(ChunkStoreTest, OtherFormatVersionIsRemovedAtScan) {
   EXPECT_FALSE(fs::exists(path));
 }
 
+// A file that cannot be read says nothing about its contents: the scan stops
+// and leaves it, rather than delete a chunk that may be sound.
+TEST_F(ChunkStoreTest, UnreadableChunkFileFailsOpenAndIsKept) {
+  // As root, permission bits do not stop us: the child drops to nobody, in a
+  // directory nobody owns.
+  fs::permissions(dir_.path(), fs::perms::owner_all | fs::perms::group_read |
+                                   fs::perms::group_exec | fs::perms::others_read |
+                                   fs::perms::others_exec);
+  const std::string owned = dir_.Join("owned");
+  fs::create_directories(owned);
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(owned.c_str(), 65534, 65534), 0);
+  }
+  auto child = testing::ChildProcess::Start([owned](int) {
+    if (::geteuid() == 0) {
+      if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+          ::setresuid(65534, 65534, 65534) != 0) {
+        return 2;
+      }
+    }
+    const std::string root = owned + "/store";
+    std::string path;
+    {
+      auto store = ChunkStore::Open(root, 10 << 20);
+      if (!store.ok()) return 3;
+      if (!(*store)->CreateChunk(Key(0), Geometry()).ok()) return 4;
+      if (!(*store)->CreateChunk(Key(1), Geometry()).ok()) return 5;
+      path = (*store)->ChunkPath(Key(1));
+    }
+    if (::chmod(path.c_str(), 0) != 0) return 6;
+    auto refused = ChunkStore::Open(root, 10 << 20);
+    std::fprintf(stderr, "child: %s\n", refused.status().ToString().c_str());
+    if (refused.status().code() != StatusCode::kPermissionDenied) return 7;
+    if (refused.status().message().find(path) == std::string::npos) return 8;
+    if (refused.status().message().find("left as it was") == std::string::npos) return 9;
+    if (!fs::exists(path)) return 10;
+    if (::chmod(path.c_str(), 0600) != 0) return 11;
+    auto store = ChunkStore::Open(root, 10 << 20);
+    if (!store.ok() || (*store)->scan_report().chunk_files != 2) return 12;
+    return 0;
+  });
+  ASSERT_OK(child);
+  auto code = (*child)->Wait(10s);
+  ASSERT_OK(code);
+  EXPECT_EQ(*code, 0) << "see the child's stderr; exit codes are its checks in order";
+}
+
 TEST_F(ChunkStoreTest, VerifyingScanDropsCorruptSegmentsDurably) {
   const auto segments = Geometry();
   std::string path;
