@@ -172,8 +172,8 @@ class ChunkStore : public std::enable_shared_from_this<ChunkStore> {
                                             std::span<const ChunkSegment> segments);
 
   // Opens a chunk in the store for reading; any number of readers at once, and
-  // alongside its writer. Same errors as OpenChunkWriter but never kUnavailable
-  // for a writer; kCorruption if the file was damaged since the scan.
+  // alongside its writer. Same errors as OpenChunkWriter (except that an open
+  // writer is no obstacle); kCorruption if the file was damaged since the scan.
   Result<StoredChunkReader> OpenChunkReader(const ChunkKey& key,
                                             std::span<const ChunkSegment> segments);
 
