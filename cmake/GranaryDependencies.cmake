@@ -11,6 +11,16 @@ pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 
+# granary::daemon (the daemons' /metrics, /healthz, /readyz).
+# prometheus-cpp ships a CMake config: prometheus-cpp::core is the registry,
+# metric types and text exposition.
+find_package(prometheus-cpp CONFIG REQUIRED)
+# cpp-httplib: Debian builds it as a library (libcpp-httplib.so) with OpenSSL,
+# zlib and brotli support, and its pkg-config file carries the matching
+# -DCPPHTTPLIB_* flags, which must agree with that build (they change class
+# layouts). Hence pkg-config rather than the bare header.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+
 if(GRANARY_BUILD_TESTS)
   find_package(GTest REQUIRED)
   include(GoogleTest)
