@@ -1,0 +1,524 @@
+#include "granary/core/peer_client.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <variant>
+
+#include "granary/core/hash.h"
+#include "granary/core/names.h"
+
+namespace granary {
+namespace {
+
+namespace pf = protocol_format;
+using Clock = std::chrono::steady_clock;
+
+// Bytes asked of recv(2) at once for frame headers and bodies. Payloads are
+// received straight into the result, whatever their size.
+constexpr size_t kReceiveChunk = 64u << 10;
+// A host name is at most 253 characters (RFC 1035); IPv6 literals are shorter.
+constexpr size_t kMaxHostLength = 253;
+// Bounds the retry loops around EINTR and spurious wake-ups; the deadline
+// bounds them in time.
+constexpr int kMaxPollRounds = 1'000'000;
+
+// Milliseconds left until `deadline` for poll(2), rounded up so that a wait
+// never ends before the deadline; 0 when it has passed.
+int PollTimeout(Clock::time_point deadline) {
+  auto left = deadline - Clock::now();
+  if (left <= Clock::duration::zero()) return 0;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::min<int64_t>(ms, 1'000'000));
+}
+
+// Waits until `fd` is ready for `events` or the deadline passes: true when ready
+// (or in error, which the next call reports), false on timeout.
+Result<bool> WaitReady(int fd, short events, Clock::time_point deadline) {
+  for (int round = 0; round < kMaxPollRounds; ++round) {
+    pollfd p{fd, events, 0};
+    int timeout = PollTimeout(deadline);
+    int n = ::poll(&p, 1, timeout);
+    if (n > 0) return true;
+    if (n == 0) {
+      if (Clock::now() >= deadline) return false;
+      continue;
+    }
+    if (errno == EINTR) continue;
+    return Status::FromErrno(errno, "poll on a cache node connection");
+  }
+  return false;
+}
+
+bool IsHostChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '-' || c == '_';
+}
+
+bool IsIpv6Char(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') || c == ':' ||
+         c == '.';
+}
+
+Status BadAddress(std::string_view text, std::string_view why) {
+  return Status::InvalidArgument("cache node address " + Quoted(text) + ": " + std::string(why) +
+                                 "; write host:port, e.g. 127.0.0.1:7070, node-3:7070 or "
+                                 "[::1]:7070");
+}
+
+std::string_view ResponseName(const ResponseMessage& m) {
+  static constexpr std::string_view kNames[] = {"HELLO_REPLY", "PONG", "STAT_REPLY", "READ_REPLY",
+                                                "ERROR"};
+  return kNames[m.index()];
+}
+
+}  // namespace
+
+std::string PeerAddress::ToString() const {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+Result<PeerAddress> ParsePeerAddress(std::string_view text) {
+  PeerAddress out;
+  std::string_view port;
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == std::string_view::npos) return BadAddress(text, "'[' without ']'");
+    std::string_view host = text.substr(1, close - 1);
+    if (host.empty() || !std::all_of(host.begin(), host.end(), IsIpv6Char) ||
+        host.find(':') == std::string_view::npos) {
+      return BadAddress(text, "the bracketed host is not an IPv6 address");
+    }
+    if (close + 1 >= text.size() || text[close + 1] != ':') {
+      return BadAddress(text, "no ':port' after the bracketed host");
+    }
+    out.host = std::string(host);
+    port = text.substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string_view::npos) return BadAddress(text, "no port");
+    std::string_view host = text.substr(0, colon);
+    if (host.find(':') != std::string_view::npos) {
+      return BadAddress(text, "an IPv6 host must be in brackets");
+    }
+    if (host.empty()) return BadAddress(text, "no host");
+    if (host.size() > kMaxHostLength) return BadAddress(text, "the host name is too long");
+    if (!std::all_of(host.begin(), host.end(), IsHostChar)) {
+      return BadAddress(text, "the host has characters a host name cannot have");
+    }
+    out.host = std::string(host);
+    port = text.substr(colon + 1);
+  }
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return BadAddress(text, "the port is not a number from 0 to 65535");
+  }
+  uint32_t value = 0;
+  for (char c : port) value = value * 10 + static_cast<uint32_t>(c - '0');
+  if (value > 65535) return BadAddress(text, "the port is not a number from 0 to 65535");
+  out.port = static_cast<uint16_t>(value);
+  return out;
+}
+
+Status PeerClientOptions::Validate() const {
+  if (connect_timeout.count() <= 0) {
+    return Status::InvalidArgument("peer client options: connect_timeout must be positive");
+  }
+  if (call_timeout.count() <= 0) {
+    return Status::InvalidArgument("peer client options: call_timeout must be positive");
+  }
+  if (Status s = limits.Validate(); !s.ok()) return s.WithContext("peer client options: limits");
+  auto hello = EncodeRequest(1, HelloRequest{pf::kMinVersion, pf::kMaxVersion, client_name});
+  if (!hello.ok()) return hello.status().WithContext("peer client options: client_name");
+  return Status::Ok();
+}
+
+std::string_view PeerReadResult::bytes(size_t item) const {
+  const ReadReplyItem& it = reply_.items.at(item);
+  if (!it.status.ok()) return {};
+  return std::string_view(payload_).substr(offsets_[item], it.length);
+}
+
+PeerClient::PeerClient(PeerAddress address, PeerClientOptions options)
+    : address_(std::move(address)), options_(std::move(options)), limits_(options_.limits) {}
+
+PeerClient::PeerClient(PeerClient&&) noexcept = default;
+PeerClient& PeerClient::operator=(PeerClient&&) noexcept = default;
+PeerClient::~PeerClient() = default;
+
+Result<PeerClient> PeerClient::Connect(std::string_view address, const PeerClientOptions& options) {
+  GRANARY_RETURN_IF_ERROR(options.Validate());
+  GRANARY_ASSIGN_OR_RETURN(PeerAddress parsed, ParsePeerAddress(address));
+  if (parsed.port == 0) return BadAddress(address, "port 0 names no server");
+  PeerClient client(std::move(parsed), options);
+  GRANARY_RETURN_IF_ERROR(client.Open(Clock::now() + options.connect_timeout));
+  return client;
+}
+
+void PeerClient::Close() {
+  fd_.Reset();
+  in_.clear();
+  in_begin_ = 0;
+}
+
+Status PeerClient::Fail(Status status) {
+  Close();
+  return status;
+}
+
+Status PeerClient::EnsureConnected() {
+  if (fd_.valid()) {
+    // Between calls nothing may arrive. Anything readable now is the end of
+    // the connection (the server's idle timeout, a restart: EOF or a reset) or
+    // an unsolicited ERROR announcing it: replace the connection before
+    // sending, instead of failing this call for it.
+    bool stale = in_begin_ < in_.size();
+    if (!stale) {
+      pollfd p{fd_.get(), POLLIN, 0};
+      stale = ::poll(&p, 1, 0) != 0;
+    }
+    if (!stale) return Status::Ok();
+    Close();
+  }
+  return Open(Clock::now() + options_.connect_timeout);
+}
+
+Status PeerClient::Open(Clock::time_point deadline) {
+  Close();
+  const std::string where = "connect to cache node " + address_.ToString();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(address_.port);
+  int gai = ::getaddrinfo(address_.host.c_str(), port.c_str(), &hints, &found);
+  if (gai != 0) {
+    return Status::Unavailable(where + ": cannot resolve " + Quoted(address_.host) + ": " +
+                               ::gai_strerror(gai) + "; check the name and the resolver");
+  }
+  Status last = Status::Unavailable(where + ": the name resolves to no address");
+  ScopedFd fd;
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    ScopedFd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!s.valid()) {
+      last = Status::FromErrno(errno, where + ": socket");
+      continue;
+    }
+    int rc = ::connect(s.get(), ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno != EINPROGRESS && errno != EINTR) {
+      last = Status::Unavailable(where + ": " + ErrnoText(errno) +
+                                 "; check that the cache node runs and listens there");
+      continue;
+    }
+    if (rc != 0) {
+      Result<bool> ready = WaitReady(s.get(), POLLOUT, deadline);
+      if (!ready.ok()) {
+        last = ready.status();
+        continue;
+      }
+      if (!*ready) {
+        ::freeaddrinfo(found);
+        return Status::DeadlineExceeded(where + ": no connection within the connect timeout of " +
+                                        std::to_string(options_.connect_timeout.count()) +
+                                        " ms; check the network or raise connect_timeout");
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+      if (err != 0) {
+        last = Status::Unavailable(where + ": " + ErrnoText(err) +
+                                   "; check that the cache node runs and listens there");
+        continue;
+      }
+    }
+    fd = std::move(s);
+    break;
+  }
+  ::freeaddrinfo(found);
+  if (!fd.valid()) return last;
+  int one = 1;
+  // Requests are small and each waits for its reply: do not let Nagle hold them.
+  (void)::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+
+  fd_ = std::move(fd);
+  decoder_ = FrameDecoder(FrameDirection::kResponses, options_.limits, PayloadMode::kDetached);
+  const uint64_t id = next_request_id_++;
+  HelloRequest hello{pf::kMinVersion, pf::kMaxVersion, options_.client_name};
+  Result<std::string> encoded = EncodeRequest(id, hello);  // Validate() checked the name
+  if (!encoded.ok()) return Fail(encoded.status());
+  const std::string& bytes = *encoded;
+  GRANARY_ASSIGN_OR_RETURN(
+      ResponseMessage response,
+      Exchange(id, bytes, nullptr, deadline, "HELLO to cache node " + address_.ToString()));
+  const auto* reply = std::get_if<HelloReply>(&response);
+  if (reply == nullptr) {
+    return Fail(Status::InvalidArgument(where + ": the server answered HELLO with " +
+                                        std::string(ResponseName(response)) +
+                                        "; it does not speak the protocol"));
+  }
+  if (reply->version < pf::kMinVersion || reply->version > pf::kMaxVersion) {
+    return Fail(Status::VersionMismatch(
+        where + ": the server chose protocol version " + std::to_string(reply->version) +
+        ", outside the offered " + std::to_string(pf::kMinVersion) + ".." +
+        std::to_string(pf::kMaxVersion) + "; upgrade the older side"));
+  }
+  version_ = reply->version;
+  server_name_ = reply->peer_name;
+  limits_ = CommonLimits(options_.limits, reply->limits);
+  // Nothing is buffered in the decoder between frames: a fresh one with the
+  // common limits loses nothing.
+  decoder_ = FrameDecoder(FrameDirection::kResponses, limits_, PayloadMode::kDetached);
+  decoder_.ExpectVersion(version_);
+  if (++connections_ > 1) ++reconnects_;
+  return Status::Ok();
+}
+
+Status PeerClient::SendAll(std::string_view bytes, Clock::time_point deadline,
+                           std::string_view doing) {
+  size_t sent = 0;
+  for (int round = 0; sent < bytes.size() && round < kMaxPollRounds; ++round) {
+    ssize_t n =
+        ::send(fd_.get(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      GRANARY_ASSIGN_OR_RETURN(bool ready, WaitReady(fd_.get(), POLLOUT, deadline));
+      if (!ready) {
+        return Status::DeadlineExceeded(
+            std::string(doing) + ": the server took " + std::to_string(sent) + " of " +
+            std::to_string(bytes.size()) + " request bytes before the timeout");
+      }
+      continue;
+    }
+    return Status::Unavailable(std::string(doing) +
+                               ": sending failed: " + ErrnoText(n < 0 ? errno : EPIPE) +
+                               "; the connection is closed, the next call reconnects");
+  }
+  if (sent < bytes.size()) {
+    return Status::DeadlineExceeded(std::string(doing) + ": sending did not finish");
+  }
+  return Status::Ok();
+}
+
+Result<size_t> PeerClient::Receive(Clock::time_point deadline, std::string_view doing) {
+  if (in_begin_ == in_.size()) {
+    in_.clear();
+    in_begin_ = 0;
+  }
+  for (int round = 0; round < kMaxPollRounds; ++round) {
+    const size_t old = in_.size();
+    in_.resize(old + kReceiveChunk);
+    ssize_t n = ::recv(fd_.get(), in_.data() + old, kReceiveChunk, MSG_DONTWAIT);
+    in_.resize(old + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    if (n >= 0) return static_cast<size_t>(n);
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return Status::Unavailable(std::string(doing) + ": receiving failed: " + ErrnoText(errno) +
+                                 "; the connection is closed, the next call reconnects");
+    }
+    GRANARY_ASSIGN_OR_RETURN(bool ready, WaitReady(fd_.get(), POLLIN, deadline));
+    if (!ready) {
+      return Status::DeadlineExceeded(std::string(doing) +
+                                      ": no complete reply within the timeout; the connection is "
+                                      "closed, the next call reconnects");
+    }
+  }
+  return Status::DeadlineExceeded(std::string(doing) + ": receiving did not finish");
+}
+
+Status PeerClient::ReceiveInto(char* dst, size_t got, size_t size, Clock::time_point deadline,
+                               std::string_view doing) {
+  for (int round = 0; got < size && round < kMaxPollRounds; ++round) {
+    ssize_t n = ::recv(fd_.get(), dst + got, size - got, MSG_DONTWAIT);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      return Status::Unavailable(std::string(doing) + ": the server closed the connection after " +
+                                 std::to_string(got) + " of " + std::to_string(size) +
+                                 " payload bytes; the next call reconnects");
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return Status::Unavailable(std::string(doing) + ": receiving the payload failed: " +
+                                 ErrnoText(errno) + "; the next call reconnects");
+    }
+    GRANARY_ASSIGN_OR_RETURN(bool ready, WaitReady(fd_.get(), POLLIN, deadline));
+    if (!ready) {
+      return Status::DeadlineExceeded(std::string(doing) + ": got " + std::to_string(got) + " of " +
+                                      std::to_string(size) +
+                                      " payload bytes within the timeout; the connection is "
+                                      "closed, the next call reconnects");
+    }
+  }
+  if (got < size) return Status::DeadlineExceeded(std::string(doing) + ": payload incomplete");
+  return Status::Ok();
+}
+
+Result<ResponseMessage> PeerClient::Exchange(uint64_t request_id, const std::string& bytes,
+                                             std::string* payload, Clock::time_point deadline,
+                                             std::string_view doing) {
+  if (Status s = SendAll(bytes, deadline, doing); !s.ok()) return Fail(std::move(s));
+  // Bounded by the deadline (every Receive waits at most until it) and by the
+  // decoder's limits (a frame is at most max_message_bytes).
+  for (int round = 0; !decoder_.has_frame(); ++round) {
+    if (round >= kMaxPollRounds) {
+      return Fail(Status::DeadlineExceeded(std::string(doing) + ": reply never completed"));
+    }
+    if (in_begin_ < in_.size()) {
+      Result<size_t> used = decoder_.Feed(std::string_view(in_).substr(in_begin_));
+      if (!used.ok()) {
+        return Fail(used.status().WithContext(std::string(doing) +
+                                              ": the server's reply is not the protocol"));
+      }
+      in_begin_ += *used;
+      continue;
+    }
+    Result<size_t> n = Receive(deadline, doing);
+    if (!n.ok()) return Fail(n.status());
+    if (*n == 0) {
+      Status cut = decoder_.Finish();
+      return Fail(Status::Unavailable(std::string(doing) + ": the server closed the connection" +
+                                      (cut.ok() ? std::string() : " (" + cut.message() + ")") +
+                                      "; the next call reconnects"));
+    }
+  }
+  Frame frame = decoder_.TakeFrame();
+  const uint64_t payload_length = decoder_.payload_remaining();
+  if (payload_length > 0) {
+    // The decoder accepted the header: a READ_REPLY within max_read_bytes.
+    if (payload == nullptr) {
+      return Fail(Status::InvalidArgument(
+          std::string(doing) + ": the server answered with a READ_REPLY carrying " +
+          std::to_string(payload_length) + " payload bytes; it does not follow the protocol"));
+    }
+    const auto size = static_cast<size_t>(payload_length);
+    payload->resize(size);
+    size_t have = std::min(size, in_.size() - in_begin_);
+    std::memcpy(payload->data(), in_.data() + in_begin_, have);
+    in_begin_ += have;
+    decoder_.ConsumePayload(have);
+    if (Status s = ReceiveInto(payload->data(), have, size, deadline, doing); !s.ok()) {
+      return Fail(std::move(s));
+    }
+    decoder_.ConsumePayload(size - have);
+  }
+  Result<ResponseMessage> decoded = DecodeResponse(frame, limits_);
+  if (!decoded.ok()) {
+    return Fail(
+        decoded.status().WithContext(std::string(doing) + ": the server's reply does not decode"));
+  }
+  ResponseMessage& response = *decoded;
+  const auto* error = std::get_if<ErrorReply>(&response);
+  if (frame.header.request_id != request_id) {
+    if (error != nullptr && frame.header.request_id == 0) {
+      // The server gave up on the connection (overloaded, draining, idle, or
+      // our own bytes were bad): its status, with what we were doing.
+      return Fail(Status(
+          error->status.code(),
+          std::string(doing) + ": the server closed the connection: " + error->status.message()));
+    }
+    return Fail(Status::InvalidArgument(
+        std::string(doing) + ": the server answered request " +
+        std::to_string(frame.header.request_id) + " with " + std::string(ResponseName(response)) +
+        " while request " + std::to_string(request_id) +
+        " was waiting; it does not follow the protocol, the connection is closed"));
+  }
+  if (error != nullptr) {
+    Status status(error->status.code(), std::string(doing) + ": " + error->status.message());
+    if (error->closing) return Fail(std::move(status));
+    return status;
+  }
+  return std::move(response);
+}
+
+Result<ResponseMessage> PeerClient::Call(const RequestMessage& request, std::string* payload) {
+  // A request this client's own limits reject is the caller's mistake whether
+  // or not a server is reachable: say so before connecting.
+  if (auto own = EncodeRequest(1, request, EncodeOptions{pf::kMaxVersion, options_.limits});
+      !own.ok()) {
+    return own.status();
+  }
+  GRANARY_RETURN_IF_ERROR(EnsureConnected());
+  const uint64_t id = next_request_id_++;
+  Result<std::string> bytes = EncodeRequest(id, request, EncodeOptions{version_, limits_});
+  if (!bytes.ok()) {
+    return bytes.status().WithContext("the limits of cache node " + address_.ToString() + " (" +
+                                      server_name_ + ")");
+  }
+  static constexpr std::string_view kNames[] = {"HELLO", "PING", "STAT", "READ"};
+  const std::string doing = std::string(kNames[request.index()]) + " request " +
+                            std::to_string(id) + " to cache node " + address_.ToString();
+  return Exchange(id, *bytes, payload, Clock::now() + options_.call_timeout, doing);
+}
+
+Result<PeerReadResult> PeerClient::Read(const ReadRequest& request) {
+  PeerReadResult result;
+  GRANARY_ASSIGN_OR_RETURN(ResponseMessage response, Call(request, &result.payload_));
+  auto* reply = std::get_if<ReadReply>(&response);
+  const std::string doing = "READ from cache node " + address_.ToString();
+  if (reply == nullptr) {
+    return Fail(Status::InvalidArgument(doing + ": the server answered with " +
+                                        std::string(ResponseName(response)) +
+                                        "; it does not follow the protocol"));
+  }
+  if (Status s = CheckReadReply(request, *reply); !s.ok()) {
+    return Fail(s.WithContext(doing + ": the reply does not match the request"));
+  }
+  result.reply_ = std::move(*reply);
+  result.offsets_.reserve(result.reply_.items.size());
+  uint64_t offset = 0;
+  for (size_t i = 0; i < result.reply_.items.size(); ++i) {
+    ReadReplyItem& item = result.reply_.items[i];
+    result.offsets_.push_back(offset);
+    offset += item.length;
+    if (!options_.verify_checksums || !item.status.ok() || !item.checksum.has_value()) continue;
+    uint64_t actual = Checksum64(result.bytes(i));
+    if (actual != *item.checksum) {
+      item.status = Status::Corruption(
+          "item " + std::to_string(i) + " of READ from cache node " + address_.ToString() +
+          ": its bytes hash to " + std::to_string(actual) + ", the server sent checksum " +
+          std::to_string(*item.checksum) + "; the bytes are not used, read it again");
+      item.checksum.reset();
+      item.length = 0;
+    }
+  }
+  return result;
+}
+
+Status PeerClient::Ping() {
+  GRANARY_ASSIGN_OR_RETURN(ResponseMessage response, Call(PingRequest{}, nullptr));
+  if (!std::holds_alternative<PongReply>(response)) {
+    return Fail(Status::InvalidArgument(
+        "PING to cache node " + address_.ToString() + ": the server answered with " +
+        std::string(ResponseName(response)) + "; it does not follow the protocol"));
+  }
+  return Status::Ok();
+}
+
+Result<StatReply> PeerClient::Stat(const StatRequest& request) {
+  GRANARY_ASSIGN_OR_RETURN(ResponseMessage response, Call(request, nullptr));
+  auto* reply = std::get_if<StatReply>(&response);
+  if (reply == nullptr) {
+    return Fail(Status::InvalidArgument(
+        "STAT to cache node " + address_.ToString() + ": the server answered with " +
+        std::string(ResponseName(response)) + "; it does not follow the protocol"));
+  }
+  return std::move(*reply);
+}
+
+}  // namespace granary
