@@ -10,6 +10,7 @@ find_package(SQLite3 REQUIRED)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+find_package(Boost 1.74 REQUIRED)  # header-only Asio, for granary::cachenode's server only
 
 # granary::daemon (the daemons' /metrics, /healthz, /readyz).
 # prometheus-cpp ships a CMake config: prometheus-cpp::core is the registry,
