@@ -1,0 +1,275 @@
+#pragma once
+
+// Stager: the cache node's staging engine for one (dataset, manifest) on this
+// node. It copies the chunks this node owns from the dataset's Source into the
+// ChunkStore, in the order the registered plans will first read them, and
+// fills single segments on demand for readers that ask for something not
+// staged yet. docs/cachenode.md ("Staging") describes the policy.
+//
+// What it does:
+//  - bulk staging: `threads` workers each take the next owned chunk in staging
+//    order that is not complete in the store, read every missing segment from
+//    the source, Put each, and Commit once, so each sample (each piece of a
+//    sample larger than a chunk) is opened once and never re-read once
+//    present. A restart resumes from what the store says is present.
+//  - on demand: FetchSegment/FetchSample read what is missing right away,
+//    ahead of the bulk queue (bulk workers start no new source read while an
+//    on-demand read is pending), store it and return its bytes. A segment is
+//    read from the source by at most one caller at a time: a FetchSegment for
+//    a segment that a bulk worker (or another FetchSegment) is reading waits
+//    for that read and shares its bytes, and bytes read on demand for a chunk
+//    a bulk worker holds are committed by that worker.
+//  - per-sample source errors (changed since the snapshot, gone, permission
+//    denied, ...) are recorded per sample and counted by kind; such a sample
+//    never yields bytes, and the rest of its chunk is still staged.
+//  - capacity: when the next chunk does not fit the store, bulk staging stops
+//    taking chunks (state kCapacity). What is staged is then the prefix of the
+//    staging order that fit (up to the chunks in flight on other threads).
+//    A full file system (ENOSPC) pauses it too (kDiskFull) and is retried with
+//    a bounded exponential backoff, or at Resume().
+//
+// What it does not do: compute placement or plans (the daemon passes the
+// owned chunks and the staging order), drop chunks it no longer owns (the
+// daemon does, with ChunkStore::DropChunk), or serve segments that are already
+// staged to the network (the serving layer reads the store directly).
+//
+// Who calls it: the cache-node daemon, one Stager per (dataset, manifest) it
+// stages; its serving path calls FetchSample/FetchSegment on a miss.
+//
+// Thread safety: every public method may be called from any number of threads
+// at once, except the destructor (no call may be running or start once it
+// has begun). The Manifest and the Source must outlive the Stager. All
+// mutable state is guarded by Stager::mu_, which is never held across source
+// reads or store I/O.
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "granary/cachenode/chunk_store.h"
+#include "granary/core/manifest.h"
+#include "granary/core/metadata_store.h"
+#include "granary/core/source.h"
+#include "granary/core/status.h"
+
+namespace granary {
+
+enum class StagingState : uint8_t {
+  kIdle,      // not started, or paused by Pause()
+  kStaging,   // owned chunks remain and workers are taking them
+  kComplete,  // every owned chunk is staged (each segment present or its sample failed)
+  kCapacity,  // the next chunk does not fit the store's capacity: staging stopped there
+  kDiskFull,  // the file system refused a create (ENOSPC): paused, retried with backoff
+  kStopped,   // Stop() was called
+};
+
+// "idle", "staging", "complete", "capacity", "disk_full", "stopped".
+std::string_view StagingStateName(StagingState state);
+
+// Which SourceErrorKind a Status returned by Source::Read counts as.
+SourceErrorKind SourceErrorKindOf(const Status& status);
+
+inline constexpr uint32_t kMaxStagerThreads = 1024;
+
+struct StagerOptions {
+  // The dataset's name (a DNS-1123 label): the chunk store's key.
+  std::string dataset;
+  // Bulk staging workers, 1..kMaxStagerThreads: the source concurrency. Keep it
+  // below the Source's max_in_flight() so that on-demand reads find a slot.
+  uint32_t threads = 4;
+  // Sample ids in the order they will first be read across all ranks
+  // (FirstReadOrder of the registered plans, concatenated). Chunks are staged
+  // in the order their first sample appears here, then the chunks it does not
+  // mention in chunk order. Empty: chunk order. Duplicates are allowed.
+  std::vector<SampleId> order;
+  // ENOSPC retries: the first after disk_full_backoff, each next one after
+  // twice the previous wait, up to disk_full_backoff_max; after
+  // disk_full_retries failed retries staging waits for Resume().
+  std::chrono::milliseconds disk_full_backoff{1000};
+  std::chrono::milliseconds disk_full_backoff_max{30000};
+  uint32_t disk_full_retries = 8;
+};
+
+// A snapshot of a Stager's progress (Stager::Progress).
+struct StagerProgress {
+  StagingState state = StagingState::kIdle;
+  uint64_t chunks_owned = 0;
+  // Owned chunks with nothing left to stage: every segment present or its
+  // sample failed. What StagingProgress::chunks_staged publishes.
+  uint64_t chunks_staged = 0;
+  uint64_t chunks_complete = 0;  // owned chunks with every segment present
+  uint64_t chunks_failed = 0;    // owned chunks the store refused to open or write (last_error)
+  uint64_t bytes_owned = 0;      // payload bytes of the owned chunks
+  uint64_t bytes_staged = 0;     // payload bytes of their present segments
+  std::array<uint64_t, kSourceErrorKinds> samples_failed{};  // by SourceErrorKind
+  uint64_t queue_depth = 0;           // owned chunks not staged and not in flight
+  uint64_t chunks_in_flight = 0;      // chunks a bulk worker holds now
+  uint64_t on_demand_fetches = 0;     // FetchSegment calls that read the source themselves
+  uint64_t on_demand_shared = 0;      // FetchSegment calls that shared a read in flight
+  uint64_t on_demand_not_stored = 0;  // segments read on demand that could not be stored
+  // Why staging is paused or why a chunk failed (kCapacity, kDiskFull, a store
+  // error); OK otherwise.
+  Status last_error;
+
+  uint64_t samples_failed_total() const {
+    uint64_t total = 0;
+    for (uint64_t n : samples_failed) total += n;
+    return total;
+  }
+  uint64_t samples_failed_of(SourceErrorKind kind) const {
+    return samples_failed[static_cast<size_t>(kind)];
+  }
+  // What is owned but not staged (what the dataset's state reports under kCapacity).
+  uint64_t chunks_not_staged() const { return chunks_owned - chunks_staged; }
+  uint64_t bytes_not_staged() const { return bytes_owned - bytes_staged; }
+  // For MetadataStore::PutProgress (updated_ms is the store's).
+  StagingProgress ToStagingProgress() const;
+};
+
+class Stager {
+ public:
+  // A stager for `manifest` of options.dataset, reading `source` (already
+  // bound to the dataset owner's identity) into `store`, owning `owned`
+  // (chunk ids, any order, duplicates allowed). Reads what the store already
+  // holds of the owned chunks; starts no thread (Start does). kInvalidArgument
+  // for a bad dataset name, thread count, chunk id or sample id in the order.
+  static Result<std::unique_ptr<Stager>> Create(const Manifest& manifest, Source& source,
+                                                std::shared_ptr<ChunkStore> store,
+                                                std::span<const ChunkId> owned,
+                                                StagerOptions options);
+
+  // Stop()s.
+  ~Stager();
+  Stager(const Stager&) = delete;
+  Stager& operator=(const Stager&) = delete;
+
+  // Starts the bulk workers. kFailedPrecondition if started already or stopped.
+  Status Start();
+
+  // Replaces the owned chunks (placement changed). Newly owned chunks are
+  // staged (a pause for capacity is lifted, to try again); chunks no longer
+  // owned are left in the store for the daemon to drop, and one a worker is
+  // filling now is finished first. kInvalidArgument for an id past the
+  // manifest's chunks (nothing changes).
+  Status SetOwnedChunks(std::span<const ChunkId> owned);
+
+  // Pause: bulk workers take no new chunk (those in flight finish). Resume:
+  // undoes Pause and also lifts a kCapacity or kDiskFull pause (the daemon
+  // calls it after freeing space). On-demand fetches work throughout.
+  void Pause();
+  void Resume();
+
+  // Stops bulk staging and joins the workers: a worker finishes the source
+  // read it is in, commits the segments it has read (only whole, read bytes
+  // are ever committed), and exits. Idempotent. FetchSegment still works.
+  void Stop();
+
+  // The bytes of segment `index` of owned chunk `chunk`: from the store if
+  // present, else read from the source now, stored (the chunk file is created
+  // if needed) and returned. Errors: kInvalidArgument (bad chunk or index),
+  // kFailedPrecondition (a chunk this node does not own: read it from its
+  // owner, or from the source), the sample's recorded source error (see
+  // Source::Read), kCorruption (the stored copy fails its checksum), or a
+  // store error reading it. A segment read from the source is returned even
+  // when it cannot be stored (capacity, full disk): counted in
+  // on_demand_not_stored.
+  Result<std::string> FetchSegment(ChunkId chunk, uint32_t index);
+  // The whole sample: FetchSegment of each of its pieces, concatenated.
+  Result<std::string> FetchSample(SampleId sample);
+
+  StagerProgress Progress() const;
+  // The source error recorded for `sample` (OK if none).
+  Status SampleError(SampleId sample) const;
+  // Every chunk of the manifest in staging order (owned or not).
+  const std::vector<ChunkId>& chunk_order() const { return chunk_order_; }
+  const std::string& dataset() const { return options_.dataset; }
+
+ private:
+  // One source read of one segment, shared by everyone who needs it. Fields
+  // are guarded by mu_; `bytes` is written only by the reader before `done`.
+  struct Fill {
+    bool done = false;
+    bool put = false;  // handed to the chunk's writer (present after its commit)
+    Status status;
+    std::string bytes;
+  };
+  struct ChunkState {
+    bool owned = false;
+    bool done = false;         // nothing left to stage
+    bool active = false;       // a bulk worker has taken it
+    bool writer_held = false;  // someone holds (or is opening) its store writer
+    bool failed = false;       // the store refused it
+    uint32_t segment_count = 0;
+    uint64_t payload = 0;
+    uint64_t present_bytes = 0;
+    uint32_t present_segments = 0;
+  };
+  enum class Outcome { kDone, kStopped, kCapacity, kDiskFull, kFailed };
+  using FillKey = std::pair<ChunkId, uint32_t>;
+
+  Stager(const Manifest& manifest, Source& source, std::shared_ptr<ChunkStore> store,
+         StagerOptions options, std::vector<ChunkId> chunk_order);
+
+  void WorkerLoop();
+  // A chunk for a worker to take, or false; mu_ held.
+  bool NextChunkLocked(ChunkId* chunk);
+  Outcome StageChunk(ChunkId chunk);
+  // Opens the chunk's writer, creating the file if needed. Only by the holder.
+  Result<StoredChunkWriter> OpenWriter(ChunkId chunk, std::span<const ChunkSegment> segments);
+  // The holder's last step: puts every read, unput fill of `chunk`, commits,
+  // updates the chunk's state and releases the hold. `writer` may be null (it
+  // could not be opened): the fills are then discarded.
+  void DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segments,
+                       StoredChunkWriter* writer);
+  Status ReadFromSource(const ChunkSegment& segment, std::string* out);
+  Result<std::string> ReadFromStore(ChunkId chunk, std::span<const ChunkSegment> segments,
+                                    uint32_t index);
+  void RecordFailureLocked(SampleId sample, const Status& status);
+  void RefreshFromStoreLocked(ChunkId chunk);
+  void UpdateDoneLocked(ChunkId chunk, std::span<const ChunkSegment> segments,
+                        const std::vector<bool>& present);
+  StagingState StateLocked() const;
+  ChunkKey Key(ChunkId chunk) const { return ChunkKey{options_.dataset, manifest_.id(), chunk}; }
+
+  const Manifest& manifest_;
+  Source& source_;
+  const std::shared_ptr<ChunkStore> store_;
+  const StagerOptions options_;
+  const std::vector<ChunkId> chunk_order_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;                                // any change of the state below
+  std::vector<ChunkState> chunks_;                            // guarded by mu_; by chunk id
+  std::map<FillKey, std::shared_ptr<Fill>> fills_;            // guarded by mu_
+  std::map<SampleId, Status> failed_samples_;                 // guarded by mu_
+  std::array<uint64_t, kSourceErrorKinds> failed_by_kind_{};  // guarded by mu_
+  size_t cursor_ = 0;               // guarded by mu_: chunk_order_ before it needs nothing
+  bool started_ = false;            // guarded by mu_
+  bool stopping_ = false;           // guarded by mu_
+  bool paused_ = false;             // guarded by mu_
+  bool capacity_ = false;           // guarded by mu_
+  bool disk_full_ = false;          // guarded by mu_
+  uint32_t disk_full_retries_ = 0;  // guarded by mu_
+  std::chrono::milliseconds disk_full_wait_{0};               // guarded by mu_
+  std::chrono::steady_clock::time_point disk_full_retry_at_;  // guarded by mu_
+  Status last_error_;                                         // guarded by mu_
+  uint32_t on_demand_pending_ = 0;                            // guarded by mu_
+  uint64_t in_flight_ = 0;                                    // guarded by mu_
+  uint64_t on_demand_fetches_ = 0;                            // guarded by mu_
+  uint64_t on_demand_shared_ = 0;                             // guarded by mu_
+  uint64_t on_demand_not_stored_ = 0;                         // guarded by mu_
+  std::vector<std::thread> workers_;                          // started by Start, joined by Stop
+  std::mutex join_mu_;                                        // serialises Stop's joins
+};
+
+}  // namespace granary

@@ -1,0 +1,641 @@
+// The cache node's staging engine on real files: a generated source tree of a
+// few hundred small files and a few larger than a chunk (64 KiB chunks), a
+// real PosixSource and a real ChunkStore in temporary directories. Every byte
+// staged equals the source and each segment is read from the source once
+// (bulk, on demand, across restarts); the staging order is followed; on-demand
+// fetches share reads and go ahead of bulk staging; changed files are per-sample
+// errors; capacity stops staging at a prefix of the order; Stop never leaves
+// wrong bytes present; bad inputs are refused.
+
+#include "granary/cachenode/stager.h"
+
+#include <gmock/gmock.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "granary/core/identity.h"
+#include "granary/core/manifest_builder.h"
+#include "granary/core/names.h"
+#include "granary/core/posix_source.h"
+#include "testing/test_util.h"
+
+namespace granary {
+namespace {
+
+namespace fs = std::filesystem;
+using ::granary::testing::TempDir;
+using ::granary::testing::WaitFor;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+constexpr uint64_t kChunkSize = 64 << 10;
+constexpr uint64_t kBigCapacity = 1ull << 30;
+constexpr char kDataset[] = "imagenet";
+
+// Deterministic bytes, different for every name (and every version).
+std::string Bytes(const std::string& name, size_t size) {
+  std::string out(size, '\0');
+  uint64_t x = std::hash<std::string>{}(name) | 1;
+  for (auto& c : out) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    c = static_cast<char>(x >> 56);
+  }
+  return out;
+}
+
+// A Source that records every read and can hold reads at a gate.
+class GatedSource final : public Source {
+ public:
+  explicit GatedSource(Source& inner) : inner_(inner) {}
+
+  Status Read(const SourceFile& file, uint64_t offset, std::span<char> out) override {
+    Gate(file, offset);
+    return inner_.Read(file, offset, out);
+  }
+  Status TryRead(const SourceFile& file, uint64_t offset, std::span<char> out) override {
+    Gate(file, offset);
+    return inner_.TryRead(file, offset, out);
+  }
+  SourceCounters Counters() const override { return inner_.Counters(); }
+  const std::string& uri() const override { return inner_.uri(); }
+  uint32_t max_in_flight() const override { return inner_.max_in_flight(); }
+
+  // Reads for which `hold` returns true wait until Open().
+  void HoldIf(std::function<bool(const SourceFile&, uint64_t)> hold) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_ = std::move(hold);
+    open_ = false;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  int held() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_;
+  }
+  std::vector<std::pair<std::string, uint64_t>> log() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return log_;
+  }
+
+ private:
+  void Gate(const SourceFile& file, uint64_t offset) {
+    std::unique_lock<std::mutex> lock(mu_);
+    log_.emplace_back(file.path, offset);
+    if (!open_ && hold_ && hold_(file, offset)) {
+      ++held_;
+      cv_.wait(lock, [&] { return open_; });
+      --held_;
+    }
+  }
+
+  Source& inner_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<bool(const SourceFile&, uint64_t)> hold_;
+  bool open_ = true;
+  int held_ = 0;
+  std::vector<std::pair<std::string, uint64_t>> log_;
+};
+
+class StagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = IdentityExecutor::Start({.threads = 8});
+    ASSERT_OK(e);
+    executor_ = std::move(*e);
+    root_ = dir_.Join("source");
+    store_dir_ = dir_.Join("store");
+    // 300 small files in a few directories, and three larger than a chunk.
+    std::mt19937 rng(42);
+    for (int i = 0; i < 300; ++i) {
+      const std::string rel = "d" + std::to_string(i % 7) + "/f" + std::to_string(i) + ".bin";
+      Write(rel, 1 + rng() % 6000);
+    }
+    Write("big/a.bin", 150'000);
+    Write("big/b.bin", 200'000);
+    Write("big/c.bin", 70'000);
+    Snapshot();
+  }
+
+  void Write(const std::string& rel, size_t size) {
+    sizes_[rel] = size;
+    dir_.WriteFile("source/" + rel, Bytes(rel, size));
+  }
+  std::string Expected(const ChunkSegment& s) const {
+    const std::string path = manifest_->PathOf(s.sample);
+    return Bytes(path, sizes_.at(path)).substr(s.sample_offset, s.length);
+  }
+
+  void Snapshot() {
+    ManifestBuildOptions options;
+    options.source_root = root_;
+    options.chunk_size = kChunkSize;
+    options.threads = 2;
+    auto m = BuildManifest(options);
+    ASSERT_OK(m);
+    manifest_ = std::make_unique<Manifest>(std::move(*m));
+    ASSERT_GT(manifest_->chunk_count(), 20u);
+    total_segments_ = 0;
+    for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) {
+      total_segments_ += manifest_->Segments(c)->size();
+    }
+  }
+
+  // A fresh source (fresh counters) and store (a "restart" when one existed).
+  void OpenSourceAndStore(uint64_t capacity = kBigCapacity) {
+    stager_.reset();
+    gated_.reset();
+    store_.reset();
+    source_.reset();
+    PosixSourceOptions o;
+    o.root = root_;
+    o.owner = ProcessIdentity();
+    o.executor = executor_.get();
+    o.max_in_flight = 16;
+    auto s = PosixSource::Open(std::move(o));
+    ASSERT_OK(s);
+    source_ = std::move(*s);
+    gated_ = std::make_unique<GatedSource>(*source_);
+    auto store = ChunkStore::Open(store_dir_, capacity);
+    ASSERT_OK(store);
+    store_ = std::move(*store);
+  }
+
+  std::vector<ChunkId> AllChunks() const {
+    std::vector<ChunkId> all(manifest_->chunk_count());
+    for (ChunkId c = 0; c < all.size(); ++c) all[c] = c;
+    return all;
+  }
+
+  void CreateStager(std::vector<ChunkId> owned, StagerOptions options = {}) {
+    options.dataset = kDataset;
+    auto s = Stager::Create(*manifest_, *gated_, store_, owned, std::move(options));
+    ASSERT_OK(s);
+    stager_ = std::move(*s);
+  }
+  StagerOptions Threads(uint32_t n) {
+    StagerOptions o;
+    o.threads = n;
+    return o;
+  }
+
+  bool WaitForState(StagingState state) {
+    return WaitFor([&] { return stager_->Progress().state == state; }, 20s);
+  }
+
+  ChunkKey Key(ChunkId c) const { return ChunkKey{kDataset, manifest_->id(), c}; }
+
+  // Verifies every present segment of `chunk` (checksum and source bytes);
+  // returns how many are present.
+  size_t VerifyChunk(ChunkId chunk) {
+    if (!store_->HasChunk(Key(chunk))) return 0;
+    auto segments = manifest_->Segments(chunk);
+    EXPECT_OK(segments);
+    auto reader = store_->OpenChunkReader(Key(chunk), *segments);
+    EXPECT_OK(reader);
+    if (!reader.ok()) return 0;
+    auto scan = (*reader)->Scan(ChunkScanMode::kVerifyPayload);
+    EXPECT_OK(scan);
+    EXPECT_TRUE(scan->corrupt.empty()) << "chunk " << chunk;
+    size_t present = 0;
+    for (uint32_t i = 0; i < segments->size(); ++i) {
+      if (!(*reader)->IsPresent(i)) continue;
+      ++present;
+      auto bytes = (*reader)->Read(i);
+      EXPECT_OK(bytes);
+      EXPECT_TRUE(bytes.ok() && *bytes == Expected((*segments)[i]))
+          << "chunk " << chunk << " segment " << i;
+    }
+    return present;
+  }
+  size_t VerifyAll() {
+    size_t present = 0;
+    for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) present += VerifyChunk(c);
+    return present;
+  }
+  bool ChunkComplete(ChunkId c) const {
+    auto chunk = store_->Chunk(Key(c));
+    return chunk.ok() && chunk->complete();
+  }
+  // How often the source was asked for each (path, offset).
+  std::map<std::pair<std::string, uint64_t>, int> ReadCounts() const {
+    std::map<std::pair<std::string, uint64_t>, int> counts;
+    for (const auto& r : gated_->log()) ++counts[r];
+    return counts;
+  }
+
+  TempDir dir_;
+  std::string root_;
+  std::string store_dir_;
+  std::map<std::string, size_t> sizes_;
+  std::unique_ptr<IdentityExecutor> executor_;
+  std::unique_ptr<Manifest> manifest_;
+  size_t total_segments_ = 0;
+  std::unique_ptr<PosixSource> source_;
+  std::unique_ptr<GatedSource> gated_;
+  std::shared_ptr<ChunkStore> store_;
+  std::unique_ptr<Stager> stager_;
+};
+
+TEST_F(StagerTest, StagesEverythingOnceAndARestartReadsNothing) {
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(4));
+  EXPECT_EQ(stager_->Progress().state, StagingState::kIdle);
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+
+  EXPECT_EQ(VerifyAll(), total_segments_);
+  for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) EXPECT_TRUE(ChunkComplete(c)) << c;
+  // One open per segment: a sample per small file, one per piece of a big one.
+  const size_t pieces = 3 + 4 + 2;  // 150000, 200000, 70000 bytes in 64 KiB chunks
+  EXPECT_EQ(total_segments_, manifest_->sample_count() - 3 + pieces);
+  SourceCounters counters = source_->Counters();
+  EXPECT_EQ(counters.opens, total_segments_);
+  EXPECT_EQ(counters.bytes, manifest_->total_bytes());
+  EXPECT_EQ(counters.errors_total(), 0u);
+  for (const auto& [read, n] : ReadCounts()) EXPECT_EQ(n, 1) << read.first << "@" << read.second;
+
+  StagerProgress p = stager_->Progress();
+  EXPECT_EQ(p.chunks_owned, manifest_->chunk_count());
+  EXPECT_EQ(p.chunks_staged, p.chunks_owned);
+  EXPECT_EQ(p.chunks_complete, p.chunks_owned);
+  EXPECT_EQ(p.bytes_owned, manifest_->total_bytes());
+  EXPECT_EQ(p.bytes_staged, manifest_->total_bytes());
+  EXPECT_EQ(p.queue_depth, 0u);
+  EXPECT_EQ(p.samples_failed_total(), 0u);
+  EXPECT_EQ(p.chunks_not_staged(), 0u);
+  StagingProgress published = p.ToStagingProgress();
+  EXPECT_EQ(published.chunks_total, p.chunks_owned);
+  EXPECT_EQ(published.bytes_staged, manifest_->total_bytes());
+
+  // Restart: a new store scan, a new source, a new stager: nothing to read.
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(4));
+  EXPECT_EQ(stager_->Progress().state, StagingState::kComplete);
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  auto bytes = stager_->FetchSample(0);
+  ASSERT_OK(bytes);
+  EXPECT_EQ(*bytes, Bytes(manifest_->PathOf(0), manifest_->SizeOf(0)));
+  EXPECT_EQ(source_->Counters().opens, 0u);
+  stager_->Stop();
+  EXPECT_EQ(stager_->Progress().state, StagingState::kStopped);
+}
+
+TEST_F(StagerTest, StopMidwayLeavesOnlyRightBytesAndARestartReadsOnlyTheRest) {
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(2));
+  std::atomic<int> reads{0};
+  gated_->HoldIf([&](const SourceFile&, uint64_t) { return ++reads > 120; });
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitFor([&] { return gated_->held() == 2; }, 20s));
+  std::thread stopper([&] { stager_->Stop(); });
+  ASSERT_TRUE(WaitFor([&] { return stager_->Progress().state == StagingState::kStopped; }, 20s));
+  gated_->Open();
+  stopper.join();
+  EXPECT_EQ(stager_->Progress().state, StagingState::kStopped);
+
+  // Every segment read was committed (the two held reads finished first), and
+  // every present segment is intact and right.
+  const size_t read_before = gated_->log().size();
+  EXPECT_EQ(read_before, 122u);
+  EXPECT_EQ(VerifyAll(), read_before);
+  EXPECT_LT(read_before, total_segments_);
+
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(3));
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  EXPECT_EQ(source_->Counters().opens, total_segments_ - read_before);
+  EXPECT_EQ(VerifyAll(), total_segments_);
+}
+
+TEST_F(StagerTest, FollowsTheStagingOrderExactlyWithOneThread) {
+  OpenSourceAndStore();
+  std::vector<SampleId> order(manifest_->sample_count());
+  for (SampleId s = 0; s < order.size(); ++s) order[s] = s;
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  order.resize(order.size() / 3);  // chunks it never names come after, in chunk order
+  StagerOptions options = Threads(1);
+  options.order = order;
+  CreateStager(AllChunks(), options);
+
+  // The expected chunk order, computed here independently.
+  std::vector<ChunkId> expected;
+  std::set<ChunkId> seen;
+  for (SampleId s : order) {
+    auto info = manifest_->Sample(s);
+    ASSERT_OK(info);
+    for (uint32_t p = 0; p < info->chunk_count; ++p) {
+      if (seen.insert(info->chunk + p).second) expected.push_back(info->chunk + p);
+    }
+  }
+  for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) {
+    if (!seen.contains(c)) expected.push_back(c);
+  }
+  EXPECT_EQ(stager_->chunk_order(), expected);
+  EXPECT_NE(expected, AllChunks());
+
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  // The reads, mapped back to (chunk, segment), are the chunks in that order,
+  // each chunk's segments in payload order.
+  std::map<std::pair<std::string, uint64_t>, std::pair<ChunkId, uint32_t>> where;
+  std::vector<std::pair<ChunkId, uint32_t>> expected_reads;
+  for (ChunkId c : expected) {
+    auto segments = manifest_->Segments(c);
+    for (uint32_t i = 0; i < segments->size(); ++i) {
+      where[{manifest_->PathOf((*segments)[i].sample), (*segments)[i].sample_offset}] = {c, i};
+      expected_reads.emplace_back(c, i);
+    }
+  }
+  std::vector<std::pair<ChunkId, uint32_t>> reads;
+  for (const auto& r : gated_->log()) reads.push_back(where.at(r));
+  EXPECT_EQ(reads, expected_reads);
+}
+
+TEST_F(StagerTest, FetchNowReadsAheadOfBulkStagingAndIsNeverReadAgain) {
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(2));
+  ASSERT_OK(stager_->Start());
+  stager_->Pause();
+  // Hold bulk reads of the first chunk in the order (at most the one read a
+  // worker may have started before the pause).
+  const ChunkId last = stager_->chunk_order().back();
+  auto last_segments = manifest_->Segments(last);
+  ASSERT_OK(last_segments);
+  const SampleId wanted = last_segments->back().sample;
+  gated_->HoldIf(
+      [&](const SourceFile& f, uint64_t) { return f.path != manifest_->PathOf(wanted); });
+  stager_->Resume();
+  ASSERT_TRUE(WaitFor([&] { return gated_->held() >= 1; }, 20s));
+
+  // Bulk staging is stuck far from `last`: the fetch does not wait for it.
+  auto bytes = stager_->FetchSample(wanted);
+  ASSERT_OK(bytes);
+  EXPECT_EQ(*bytes, Bytes(manifest_->PathOf(wanted), manifest_->SizeOf(wanted)));
+  EXPECT_EQ(stager_->Progress().on_demand_fetches, 1u);
+  EXPECT_TRUE(store_->HasChunk(Key(last)));
+  auto present = store_->PresentSegments(Key(last));
+  ASSERT_OK(present);
+  EXPECT_TRUE(present->back());
+  // A second fetch is served from the store.
+  auto again = stager_->FetchSample(wanted);
+  ASSERT_OK(again);
+  EXPECT_EQ(*again, *bytes);
+  EXPECT_EQ(stager_->Progress().on_demand_fetches, 1u);
+
+  gated_->Open();
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  EXPECT_EQ(source_->Counters().opens, total_segments_);
+  for (const auto& [read, n] : ReadCounts()) EXPECT_EQ(n, 1) << read.first << "@" << read.second;
+  EXPECT_EQ(VerifyAll(), total_segments_);
+}
+
+TEST_F(StagerTest, FetchNowOfAChunkABulkWorkerHoldsIsCommittedByTheWorker) {
+  OpenSourceAndStore();
+  // The first chunk in chunk order with at least 4 segments.
+  ChunkId chunk = 0;
+  std::vector<ChunkSegment> segments;
+  for (; chunk < manifest_->chunk_count(); ++chunk) {
+    segments = *manifest_->Segments(chunk);
+    if (segments.size() >= 4) break;
+  }
+  ASSERT_GE(segments.size(), 4u);
+  CreateStager({chunk}, Threads(1));
+  const std::string first_path = manifest_->PathOf(segments[0].sample);
+  gated_->HoldIf([&](const SourceFile& f, uint64_t) { return f.path == first_path; });
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitFor([&] { return gated_->held() == 1; }, 20s));
+
+  // The worker holds the chunk and waits on segment 0; segment 3 comes now.
+  auto bytes = stager_->FetchSegment(chunk, 3);
+  ASSERT_OK(bytes);
+  EXPECT_EQ(*bytes, Expected(segments[3]));
+  // So does segment 0, sharing the worker's read once it is let through.
+  std::thread sharer([&] {
+    auto b = stager_->FetchSegment(chunk, 0);
+    EXPECT_OK(b);
+    EXPECT_TRUE(b.ok() && *b == Expected(segments[0]));
+  });
+  ASSERT_TRUE(WaitFor([&] { return stager_->Progress().on_demand_shared == 1; }, 20s));
+  gated_->Open();
+  sharer.join();
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  EXPECT_EQ(source_->Counters().opens, segments.size());
+  for (const auto& [read, n] : ReadCounts()) EXPECT_EQ(n, 1) << read.first << "@" << read.second;
+  EXPECT_EQ(VerifyChunk(chunk), segments.size());
+  EXPECT_EQ(stager_->Progress().on_demand_fetches, 1u);
+}
+
+TEST_F(StagerTest, ConcurrentFetchesOfOneSampleShareOneSourceRead) {
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(1));  // not started: on demand only
+  const SampleId wanted = 17;
+  const std::string path = manifest_->PathOf(wanted);
+  gated_->HoldIf([&](const SourceFile& f, uint64_t) { return f.path == path; });
+  constexpr int kThreads = 8;
+  std::vector<std::thread> threads;
+  std::atomic<int> right{0};
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      auto b = stager_->FetchSample(wanted);
+      if (b.ok() && *b == Bytes(path, manifest_->SizeOf(wanted))) ++right;
+    });
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] { return gated_->held() == 1 && stager_->Progress().on_demand_shared == kThreads - 1; },
+      20s));
+  gated_->Open();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(right, kThreads);
+  EXPECT_EQ(source_->Counters().opens, 1u);
+  EXPECT_EQ(stager_->Progress().on_demand_fetches, 1u);
+  EXPECT_EQ(VerifyChunk(manifest_->ChunkOf(wanted)), 1u);
+}
+
+TEST_F(StagerTest, ChangedAndVanishedFilesArePerSampleErrors) {
+  // Sample 5 is rewritten after the snapshot (same size, other bytes and
+  // mtime), sample 9 is deleted.
+  const std::string changed = manifest_->PathOf(5);
+  const std::string gone = manifest_->PathOf(9);
+  const ChunkId chunk = manifest_->ChunkOf(5);
+  dir_.WriteFile("source/" + changed, Bytes(changed + "v2", manifest_->SizeOf(5)));
+  const auto mtime = fs::last_write_time(root_ + "/" + changed);
+  fs::last_write_time(root_ + "/" + changed, mtime + 5s);
+  fs::remove(root_ + "/" + gone);
+
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(3));
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  StagerProgress p = stager_->Progress();
+  EXPECT_EQ(p.samples_failed_of(SourceErrorKind::kChanged), 1u);
+  EXPECT_EQ(p.samples_failed_of(SourceErrorKind::kNotFound), 1u);
+  EXPECT_EQ(p.samples_failed_total(), 2u);
+  EXPECT_EQ(p.chunks_staged, p.chunks_owned);
+  EXPECT_EQ(p.ToStagingProgress().samples_failed, 2u);
+  EXPECT_EQ(p.bytes_staged, manifest_->total_bytes() - manifest_->SizeOf(5) - manifest_->SizeOf(9));
+  EXPECT_EQ(stager_->SampleError(5).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stager_->SampleError(9).code(), StatusCode::kNotFound);
+  EXPECT_OK(stager_->SampleError(6));
+
+  // Never served; the rest of the chunk is.
+  auto fetched = stager_->FetchSample(5);
+  EXPECT_EQ(fetched.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(fetched.status().message(), HasSubstr(Quoted(changed)));
+  EXPECT_EQ(stager_->FetchSample(9).status().code(), StatusCode::kNotFound);
+  auto segments = manifest_->Segments(chunk);
+  auto present = store_->PresentSegments(Key(chunk));
+  ASSERT_OK(present);
+  for (uint32_t i = 0; i < segments->size(); ++i) {
+    const SampleId s = (*segments)[i].sample;
+    EXPECT_EQ((*present)[i], s != 5 && s != 9) << "sample " << s;
+  }
+  EXPECT_EQ(VerifyAll(), total_segments_ - 2);
+  // The failed samples cost one open each, like the others.
+  EXPECT_EQ(source_->Counters().opens, total_segments_);
+}
+
+TEST_F(StagerTest, CapacityStopsAtAPrefixOfTheOrderAndServingGoesOn) {
+  std::vector<SampleId> order(manifest_->sample_count());
+  for (SampleId s = 0; s < order.size(); ++s) order[s] = s;
+  std::shuffle(order.begin(), order.end(), std::mt19937(3));
+  // Room for exactly the first 5 chunks of the order, and a byte short of the 6th.
+  OpenSourceAndStore();
+  StagerOptions options = Threads(1);
+  options.order = order;
+  CreateStager(AllChunks(), options);
+  const std::vector<ChunkId> chunk_order = stager_->chunk_order();
+  uint64_t capacity = 0;
+  for (size_t i = 0; i < 5; ++i) {
+    capacity += store_->ChunkBytes(*manifest_->Segments(chunk_order[i]));
+  }
+  const uint64_t sixth = store_->ChunkBytes(*manifest_->Segments(chunk_order[5]));
+  capacity += sixth - 1;
+  stager_.reset();
+  OpenSourceAndStore(capacity);
+  CreateStager(AllChunks(), options);
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kCapacity));
+
+  EXPECT_LE(store_->used_bytes(), capacity);
+  for (size_t i = 0; i < chunk_order.size(); ++i) {
+    EXPECT_EQ(ChunkComplete(chunk_order[i]), i < 5) << "position " << i;
+    EXPECT_EQ(store_->HasChunk(Key(chunk_order[i])), i < 5) << "position " << i;
+  }
+  StagerProgress p = stager_->Progress();
+  EXPECT_EQ(p.chunks_staged, 5u);
+  EXPECT_EQ(p.chunks_not_staged(), manifest_->chunk_count() - 5);
+  EXPECT_EQ(p.last_error.code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(p.last_error.message(), HasSubstr("raise the capacity"));
+
+  // Staged samples are served from the store; an unstaged one is read from
+  // the source and returned, but cannot be stored.
+  const SampleId staged = manifest_->Segments(chunk_order[0])->front().sample;
+  const size_t opens = source_->Counters().opens;
+  auto b = stager_->FetchSample(staged);
+  ASSERT_OK(b);
+  EXPECT_EQ(*b, Bytes(manifest_->PathOf(staged), manifest_->SizeOf(staged)));
+  EXPECT_EQ(source_->Counters().opens, opens);
+  const SampleId unstaged = manifest_->Segments(chunk_order[5])->front().sample;
+  auto u = stager_->FetchSample(unstaged);
+  ASSERT_OK(u);
+  EXPECT_EQ(*u, Bytes(manifest_->PathOf(unstaged), manifest_->SizeOf(unstaged)));
+  EXPECT_GE(stager_->Progress().on_demand_not_stored, 1u);
+  EXPECT_LE(store_->used_bytes(), capacity);
+  EXPECT_EQ(stager_->Progress().state, StagingState::kCapacity);
+}
+
+TEST_F(StagerTest, NewlyOwnedChunksGetStaged) {
+  OpenSourceAndStore();
+  std::vector<ChunkId> even;
+  for (ChunkId c = 0; c < manifest_->chunk_count(); c += 2) even.push_back(c);
+  CreateStager(even, Threads(2));
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) {
+    EXPECT_EQ(store_->HasChunk(Key(c)), c % 2 == 0) << c;
+  }
+  EXPECT_EQ(stager_->Progress().chunks_owned, even.size());
+  // Not owned: the caller is told to go elsewhere.
+  EXPECT_EQ(stager_->FetchSegment(1, 0).status().code(), StatusCode::kFailedPrecondition);
+
+  ASSERT_OK(stager_->SetOwnedChunks(AllChunks()));
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  EXPECT_EQ(stager_->Progress().chunks_owned, manifest_->chunk_count());
+  EXPECT_EQ(VerifyAll(), total_segments_);
+  EXPECT_EQ(source_->Counters().opens, total_segments_);
+  // Ownership shrinking leaves the files alone.
+  ASSERT_OK(stager_->SetOwnedChunks(std::vector<ChunkId>{0}));
+  EXPECT_EQ(stager_->Progress().chunks_owned, 1u);
+  EXPECT_TRUE(store_->HasChunk(Key(1)));
+}
+
+TEST_F(StagerTest, BadInputsAreRefusedClearly) {
+  OpenSourceAndStore();
+  auto create = [&](std::vector<ChunkId> owned, StagerOptions o) {
+    return Stager::Create(*manifest_, *gated_, store_, owned, std::move(o)).status();
+  };
+  StagerOptions o;
+  o.dataset = "Not A Label";
+  Status s = create({0}, o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("DNS-1123"));
+  o.dataset = kDataset;
+  o.threads = 0;
+  EXPECT_EQ(create({0}, o).code(), StatusCode::kInvalidArgument);
+  o.threads = kMaxStagerThreads + 1;
+  EXPECT_EQ(create({0}, o).code(), StatusCode::kInvalidArgument);
+  o.threads = 2;
+  s = create({static_cast<ChunkId>(manifest_->chunk_count())}, o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("past the manifest"));
+  o.order = {0, static_cast<SampleId>(manifest_->sample_count())};
+  s = create({0}, o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("staging order"));
+  o.order.clear();
+  o.disk_full_backoff = 0ms;
+  EXPECT_EQ(create({0}, o).code(), StatusCode::kInvalidArgument);
+  StagerOptions named;
+  named.dataset = kDataset;
+  EXPECT_EQ(Stager::Create(*manifest_, *gated_, nullptr, {}, named).status().code(),
+            StatusCode::kInvalidArgument);
+
+  CreateStager({0}, Threads(1));
+  EXPECT_EQ(
+      stager_->FetchSegment(static_cast<ChunkId>(manifest_->chunk_count()), 0).status().code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(stager_->FetchSegment(0, 1u << 30).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(stager_->FetchSample(static_cast<SampleId>(manifest_->sample_count())).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(stager_->SetOwnedChunks(std::vector<ChunkId>{1u << 30}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(stager_->Progress().chunks_owned, 1u);  // unchanged
+  ASSERT_OK(stager_->Start());
+  EXPECT_EQ(stager_->Start().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  stager_->Stop();
+  stager_->Stop();  // idempotent
+  EXPECT_EQ(stager_->Start().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(StagingStateName(StagingState::kDiskFull), "disk_full");
+  EXPECT_EQ(SourceErrorKindOf(Status::FailedPrecondition("x")), SourceErrorKind::kChanged);
+}
+
+}  // namespace
+}  // namespace granary
