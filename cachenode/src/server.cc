@@ -1202,10 +1202,8 @@ ServiceResult ServerCore::RunService(const std::variant<ReadRequest, StatRequest
   };
   if (const auto* read = std::get_if<ReadRequest>(&request)) {
     Result<ReadAnswer> answer = service_->Read(*read);
-    out.items = read->items.size();
     if (!answer.ok()) {
       Add(counters_.service_errors);
-      out.item_errors = out.items;
       error(answer.status());
       return out;
     }
@@ -1215,7 +1213,6 @@ ServiceResult ServerCore::RunService(const std::variant<ReadRequest, StatRequest
                    : Result<OutgoingFrame>(check);
     if (!frame.ok()) {
       Add(counters_.internal_errors);
-      out.item_errors = out.items;
       Status internal = Status::Internal("the read service's answer to READ request " +
                                          std::to_string(request_id) +
                                          " does not match it: " + frame.status().message() +
@@ -1224,6 +1221,7 @@ ServiceResult ServerCore::RunService(const std::variant<ReadRequest, StatRequest
       error(internal);
       return out;
     }
+    out.items = read->items.size();
     for (const ReadReplyItem& item : answer->reply().items) {
       if (!item.status.ok()) ++out.item_errors;
     }
@@ -1349,7 +1347,7 @@ void ServerCore::Stop() {
     }
     w->thread.join();
   }
-  if (acceptor_) log_->info("cache node server {} stopped", Quoted(options_.node_name));
+  if (!running.empty()) log_->info("cache node server {} stopped", Quoted(options_.node_name));
 }
 
 ServerCounters ServerCore::Counters() const {

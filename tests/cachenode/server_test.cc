@@ -963,6 +963,29 @@ TEST(ServerTest, ClientReconnectsAfterTheServerRestarts) {
   EXPECT_EQ(client.reconnects(), 1u);
 }
 
+TEST(ServerTest, ClientTimesOutOnASlowServiceAndReconnects) {
+  Fixture f;
+  PeerClientOptions o = ClientOptions();
+  o.call_timeout = 200ms;
+  auto client = PeerClient::Connect(Address(*f.server), o);
+  ASSERT_OK(client);
+  ReadRequest request = ReadOf({{ReadKind::kSample, 3, 0, 5}});
+  f.service->Gate();
+  const auto start = Clock::now();
+  auto slow = client->Read(request);
+  ASSERT_FALSE(slow.ok());
+  EXPECT_EQ(slow.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_GE(Clock::now() - start, 200ms);
+  EXPECT_FALSE(client->connected());
+  f.service->Open();
+  auto result = client->Read(request);
+  ASSERT_OK(result);
+  f.ExpectExact(request, *result);
+  EXPECT_EQ(client->reconnects(), 1u);
+  // The abandoned connection's late reply finds it closed: nothing stays behind.
+  ASSERT_TRUE(WaitFor([&] { return f.server->Counters().connections_open == 1; }));
+}
+
 TEST(ServerTest, LatencyIsRecordedForEveryAnsweredRequest) {
   Fixture f;
   PeerClient client = f.Client();

@@ -116,7 +116,8 @@ struct ServerCounters {
   uint64_t ping_requests_total = 0;
   uint64_t stat_requests_total = 0;
   uint64_t read_requests_total = 0;
-  // READ items answered, and those of them that failed (per-item status).
+  // Items of the READs answered with a READ_REPLY, and those of them that
+  // failed (per-item status). A READ answered with an ERROR counts no items.
   uint64_t read_items_total = 0;
   uint64_t read_item_errors_total = 0;
 
@@ -183,7 +184,8 @@ class Server {
   // Closes the listener; stops reading new requests; lets requests already
   // decoded be answered until options.drain_timeout; closes every connection;
   // waits for ReadService calls in progress to return (it cannot interrupt
-  // them); joins every thread. Idempotent.
+  // them); joins every thread. Idempotent. Not from a loop or service thread
+  // (it waits for them).
   void Stop();
 
   ServerCounters Counters() const;
