@@ -371,10 +371,10 @@ TEST_F(StagerTest, FollowsTheStagingOrderExactlyWithOneThread) {
 TEST_F(StagerTest, FetchNowReadsAheadOfBulkStagingAndIsNeverReadAgain) {
   OpenSourceAndStore();
   CreateStager(AllChunks(), Threads(2));
+  stager_->Pause();  // before Start: the workers take nothing until Resume
   ASSERT_OK(stager_->Start());
-  stager_->Pause();
-  // Hold bulk reads of the first chunk in the order (at most the one read a
-  // worker may have started before the pause).
+  EXPECT_EQ(stager_->Progress().state, StagingState::kIdle);
+  // Hold every bulk read but those of the sample fetched below.
   const ChunkId last = stager_->chunk_order().back();
   auto last_segments = manifest_->Segments(last);
   ASSERT_OK(last_segments);
