@@ -31,7 +31,7 @@
 
 #include "granary/core/log.h"
 #include "granary/core/names.h"
-#include "granary/core/peer_client.h"
+#include "granary/core/net_address.h"
 #include "granary/core/protocol_format.h"
 
 namespace granary {
@@ -211,7 +211,7 @@ class ServerCore {
   ServerCore(const ServerCore&) = delete;
   ServerCore& operator=(const ServerCore&) = delete;
 
-  Status Start(const PeerAddress& listen);
+  Status Start(const NetAddress& listen);
   void Stop();
   uint16_t port() const { return port_; }
   ServerCounters Counters() const;
@@ -967,7 +967,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 // ---------------------------------------------------------------------------
 
-Status ServerCore::Start(const PeerAddress& listen) {
+Status ServerCore::Start(const NetAddress& listen) {
   const std::string where = "cache node server: listen on " + listen.ToString();
   try {
     workers_.reserve(options_.io_threads);
@@ -1097,7 +1097,7 @@ void ServerCore::OnAccepted(Worker& target, Socket socket) {
   ErrorCode ec;
   tcp::endpoint remote = socket.remote_endpoint(ec);
   gauge->peer_address = ec ? std::string("unknown peer")
-                           : PeerAddress{remote.address().to_string(), remote.port()}.ToString();
+                           : NetAddress{remote.address().to_string(), remote.port()}.ToString();
   Add(counters_.connections_accepted);
   Add(counters_.connections_open);
   {
@@ -1426,8 +1426,8 @@ Result<std::unique_ptr<Server>> Server::Start(std::shared_ptr<ReadService> servi
         "answers READ and STAT");
   }
   GRANARY_RETURN_IF_ERROR(options.Validate());
-  Result<PeerAddress> listen = ParsePeerAddress(options.listen);
-  if (!listen.ok()) return listen.status().WithContext("cache node server options: listen");
+  Result<NetAddress> listen = ParseNetAddress(options.listen, "listen address");
+  if (!listen.ok()) return listen.status().WithContext("cache node server options");
   auto impl = std::make_unique<Impl>(std::move(service), options);
   GRANARY_RETURN_IF_ERROR(impl->Start(*listen));
   return std::unique_ptr<Server>(new Server(std::move(impl)));

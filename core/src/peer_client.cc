@@ -25,8 +25,6 @@ using Clock = std::chrono::steady_clock;
 // Bytes asked of recv(2) at once for frame headers and bodies. Payloads are
 // received straight into the result, whatever their size.
 constexpr size_t kReceiveChunk = 64u << 10;
-// A host name is at most 253 characters (RFC 1035); IPv6 literals are shorter.
-constexpr size_t kMaxHostLength = 253;
 // Bounds the retry loops around EINTR and spurious wake-ups; the deadline
 // bounds them in time.
 constexpr int kMaxPollRounds = 1'000'000;
@@ -58,22 +56,6 @@ Result<bool> WaitReady(int fd, short events, Clock::time_point deadline) {
   return false;
 }
 
-bool IsHostChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '-' || c == '_';
-}
-
-bool IsIpv6Char(char c) {
-  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') || c == ':' ||
-         c == '.';
-}
-
-Status BadAddress(std::string_view text, std::string_view why) {
-  return Status::InvalidArgument("cache node address " + Quoted(text) + ": " + std::string(why) +
-                                 "; write host:port, e.g. 127.0.0.1:7070, node-3:7070 or "
-                                 "[::1]:7070");
-}
-
 std::string_view ResponseName(const ResponseMessage& m) {
   static constexpr std::string_view kNames[] = {"HELLO_REPLY", "PONG", "STAT_REPLY", "READ_REPLY",
                                                 "ERROR"};
@@ -81,53 +63,6 @@ std::string_view ResponseName(const ResponseMessage& m) {
 }
 
 }  // namespace
-
-std::string PeerAddress::ToString() const {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
-}
-
-Result<PeerAddress> ParsePeerAddress(std::string_view text) {
-  PeerAddress out;
-  std::string_view port;
-  if (!text.empty() && text.front() == '[') {
-    size_t close = text.find(']');
-    if (close == std::string_view::npos) return BadAddress(text, "'[' without ']'");
-    std::string_view host = text.substr(1, close - 1);
-    if (host.empty() || !std::all_of(host.begin(), host.end(), IsIpv6Char) ||
-        host.find(':') == std::string_view::npos) {
-      return BadAddress(text, "the bracketed host is not an IPv6 address");
-    }
-    if (close + 1 >= text.size() || text[close + 1] != ':') {
-      return BadAddress(text, "no ':port' after the bracketed host");
-    }
-    out.host = std::string(host);
-    port = text.substr(close + 2);
-  } else {
-    size_t colon = text.rfind(':');
-    if (colon == std::string_view::npos) return BadAddress(text, "no port");
-    std::string_view host = text.substr(0, colon);
-    if (host.find(':') != std::string_view::npos) {
-      return BadAddress(text, "an IPv6 host must be in brackets");
-    }
-    if (host.empty()) return BadAddress(text, "no host");
-    if (host.size() > kMaxHostLength) return BadAddress(text, "the host name is too long");
-    if (!std::all_of(host.begin(), host.end(), IsHostChar)) {
-      return BadAddress(text, "the host has characters a host name cannot have");
-    }
-    out.host = std::string(host);
-    port = text.substr(colon + 1);
-  }
-  if (port.empty() || port.size() > 5 ||
-      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return BadAddress(text, "the port is not a number from 0 to 65535");
-  }
-  uint32_t value = 0;
-  for (char c : port) value = value * 10 + static_cast<uint32_t>(c - '0');
-  if (value > 65535) return BadAddress(text, "the port is not a number from 0 to 65535");
-  out.port = static_cast<uint16_t>(value);
-  return out;
-}
 
 Status PeerClientOptions::Validate() const {
   if (connect_timeout.count() <= 0) {
@@ -148,7 +83,7 @@ std::string_view PeerReadResult::bytes(size_t item) const {
   return std::string_view(payload_).substr(offsets_[item], it.length);
 }
 
-PeerClient::PeerClient(PeerAddress address, PeerClientOptions options)
+PeerClient::PeerClient(NetAddress address, PeerClientOptions options)
     : address_(std::move(address)), options_(std::move(options)), limits_(options_.limits) {}
 
 PeerClient::PeerClient(PeerClient&&) noexcept = default;
@@ -157,8 +92,12 @@ PeerClient::~PeerClient() = default;
 
 Result<PeerClient> PeerClient::Connect(std::string_view address, const PeerClientOptions& options) {
   GRANARY_RETURN_IF_ERROR(options.Validate());
-  GRANARY_ASSIGN_OR_RETURN(PeerAddress parsed, ParsePeerAddress(address));
-  if (parsed.port == 0) return BadAddress(address, "port 0 names no server");
+  GRANARY_ASSIGN_OR_RETURN(NetAddress parsed, ParseNetAddress(address, "cache node address"));
+  if (parsed.port == 0) {
+    return Status::InvalidArgument("cache node address " + Quoted(address) +
+                                   " has port 0, which names no server; write the port the cache "
+                                   "node listens on");
+  }
   PeerClient client(std::move(parsed), options);
   GRANARY_RETURN_IF_ERROR(client.Open(Clock::now() + options.connect_timeout));
   return client;

@@ -3,7 +3,6 @@
 // cpp-httplib is included here only: it is large, and Debian builds it as a
 // library whose -D flags (from pkg-config) must match; no other translation
 // unit needs to see it.
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <httplib.h>
 #include <netdb.h>
@@ -49,34 +48,11 @@ std::shared_ptr<spdlog::logger> Logger() { return GetLogger("observability"); }
 
 bool IsAsciiLower(char c) { return c >= 'a' && c <= 'z'; }
 bool IsAsciiDigit(char c) { return c >= '0' && c <= '9'; }
-bool IsAsciiAlnum(char c) { return IsAsciiLower(c) || IsAsciiDigit(c) || (c >= 'A' && c <= 'Z'); }
 
-// ---- listen addresses ----
-
-// What to write instead, for every address error.
+// What to write instead, when an address cannot be bound.
 constexpr char kListenExample[] =
     "write host:port, e.g. 127.0.0.1:9464 (this host only), 0.0.0.0:9464 (all interfaces) or "
     "[::1]:9464; port 0 picks a free port";
-
-bool IsHostName(std::string_view host) {
-  if (host.empty() || host.size() > 253) return false;
-  return std::all_of(host.begin(), host.end(),
-                     [](char c) { return IsAsciiAlnum(c) || c == '.' || c == '-'; });
-}
-
-bool IsIpv6Literal(std::string_view host) {
-  // A zone ("fe80::1%eth0") is allowed; inet_pton does not read it.
-  std::string_view addr = host.substr(0, host.find('%'));
-  if (addr.size() != host.size()) {
-    std::string_view zone = host.substr(addr.size() + 1);
-    if (zone.empty() || zone.size() > 15 ||
-        !std::all_of(zone.begin(), zone.end(), [](char c) { return IsAsciiAlnum(c); })) {
-      return false;
-    }
-  }
-  in6_addr out{};
-  return ::inet_pton(AF_INET6, std::string(addr).c_str(), &out) == 1;
-}
 
 // The addresses `host` stands for, IPv4 first, as numeric strings. Literals
 // never touch the resolver.
@@ -296,41 +272,6 @@ std::string_view HttpErrorText(int status) {
 
 }  // namespace
 
-// ---- ListenAddress ----
-
-std::string ListenAddress::ToString() const {
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
-Result<ListenAddress> ParseListenAddress(std::string_view text) {
-  auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument("listen address " + Quoted(text) + " " + std::string(why) +
-                                   "; " + kListenExample);
-  };
-  const size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos) return bad("has no port");
-  std::string_view host = text.substr(0, colon);
-  const std::string_view port_text = text.substr(colon + 1);
-  if (host.empty()) return bad("has no host");
-  if (host.front() == '[') {
-    if (host.size() < 3 || host.back() != ']') return bad("has an unclosed '['");
-    host = host.substr(1, host.size() - 2);
-    if (!IsIpv6Literal(host)) return bad("has a bracketed host that is not an IPv6 address");
-  } else if (host.find(':') != std::string_view::npos) {
-    return bad("has an IPv6 host without brackets");
-  } else if (!IsHostName(host)) {
-    return bad("has a host that is neither an IP address nor a host name");
-  }
-  if (port_text.empty() || port_text.size() > 5 ||
-      !std::all_of(port_text.begin(), port_text.end(), IsAsciiDigit)) {
-    return bad("has a port that is not a number");
-  }
-  const unsigned long port = std::stoul(std::string(port_text));
-  if (port > 65535) return bad("has a port above 65535");
-  return ListenAddress{std::string(host), static_cast<uint16_t>(port)};
-}
-
 // ---- ObservabilityServer ----
 
 class ObservabilityServer::Impl {
@@ -376,7 +317,7 @@ class ObservabilityServer::Impl {
     });
   }
 
-  Status Bind(const ListenAddress& requested, const std::string& what) {
+  Status Bind(const NetAddress& requested, const std::string& what) {
     Result<std::vector<std::string>> hosts = ResolveHost(requested.host);
     if (!hosts.ok()) return hosts.status().WithContext(what);
     // A name is bound at its first address (IPv4 first: "localhost" is then
@@ -389,7 +330,7 @@ class ObservabilityServer::Impl {
       port = requested.port;
     }
     if (port <= 0 || port > 65535) return ExplainBindFailure(what, host, requested.port);
-    address_ = ListenAddress{host, static_cast<uint16_t>(port)};
+    address_ = NetAddress{host, static_cast<uint16_t>(port)};
     return Status::Ok();
   }
 
@@ -442,7 +383,7 @@ class ObservabilityServer::Impl {
     Logger()->info("stopped serving /metrics, /healthz, /readyz on {}", address_.ToString());
   }
 
-  const ListenAddress& address() const { return address_; }
+  const NetAddress& address() const { return address_; }
 
  private:
   void HandleSafely(const httplib::Request& req, httplib::Response& res) {
@@ -496,7 +437,7 @@ class ObservabilityServer::Impl {
   const ReadinessCheck readiness_;
   const std::unique_ptr<WorkerPool> pool_;  // outlives server_'s use of it
   httplib::Server server_;
-  ListenAddress address_;
+  NetAddress address_;
   int listen_fd_ = -1;  // the socket cpp-httplib bound; it owns it
 
   std::thread listener_;  // runs server_.listen_after_bind()
@@ -514,7 +455,7 @@ Result<std::unique_ptr<ObservabilityServer>> ObservabilityServer::Start(
     return Status::InvalidArgument(what + ": no metrics registry was given (a bug in the caller)");
   }
   GRANARY_RETURN_IF_ERROR(CheckOptions(options).WithContext(what + ": options"));
-  Result<ListenAddress> requested = ParseListenAddress(listen);
+  Result<NetAddress> requested = ParseNetAddress(listen, "listen address");
   if (!requested.ok()) return requested.status().WithContext(what);
   Result<std::unique_ptr<WorkerPool>> pool =
       WorkerPool::Start(options.worker_threads, options.max_queued_connections);
@@ -532,7 +473,7 @@ ObservabilityServer::ObservabilityServer(std::unique_ptr<Impl> impl) : impl_(std
 
 ObservabilityServer::~ObservabilityServer() { Stop(); }
 
-const ListenAddress& ObservabilityServer::address() const { return impl_->address(); }
+const NetAddress& ObservabilityServer::address() const { return impl_->address(); }
 
 void ObservabilityServer::Stop() { impl_->Stop(); }
 

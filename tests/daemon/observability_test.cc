@@ -267,64 +267,6 @@ bool HaveIpv6Loopback() {
   return ok;
 }
 
-// ---- listen addresses ----
-
-TEST(ListenAddressTest, ParsesHostAndPort) {
-  struct Case {
-    const char* text;
-    const char* host;
-    uint16_t port;
-  };
-  for (const Case& c :
-       {Case{"127.0.0.1:9464", "127.0.0.1", 9464}, Case{"0.0.0.0:0", "0.0.0.0", 0},
-        Case{"localhost:65535", "localhost", 65535}, Case{"[::1]:80", "::1", 80},
-        Case{"[::]:1", "::", 1}, Case{"cache-7.example.org:9464", "cache-7.example.org", 9464}}) {
-    Result<ListenAddress> a = ParseListenAddress(c.text);
-    ASSERT_OK(a);
-    EXPECT_EQ(a->host, c.host) << c.text;
-    EXPECT_EQ(a->port, c.port) << c.text;
-    EXPECT_EQ(a->ToString(), c.text);
-  }
-}
-
-TEST(ListenAddressTest, RejectsBadAddressesNamingThem) {
-  struct Case {
-    std::string text;
-    const char* why;
-  };
-  for (const Case& c : {
-           Case{"", "has no port"},
-           Case{"127.0.0.1", "has no port"},
-           Case{":9464", "has no host"},
-           Case{"127.0.0.1:", "not a number"},
-           Case{"127.0.0.1:http", "not a number"},
-           Case{"127.0.0.1:-1", "not a number"},
-           Case{"127.0.0.1:+80", "not a number"},
-           Case{"127.0.0.1:65536", "above 65535"},
-           Case{"nope:99999", "above 65535"},
-           Case{"127.0.0.1:0000080", "not a number"},
-           Case{"::1:9464", "IPv6 host without brackets"},
-           Case{"[::1:9464", "unclosed"},
-           Case{"[]:9464", "unclosed"},
-           Case{"[nope]:9464", "not an IPv6 address"},
-           Case{"[127.0.0.1]:9464", "not an IPv6 address"},
-           Case{"[fe80::1%]:9464", "not an IPv6 address"},
-           Case{"bad host:80", "neither an IP address nor a host name"},
-           Case{"host/x:80", "neither an IP address nor a host name"},
-           Case{std::string("a\0b:80", 6), "neither an IP address nor a host name"},
-           Case{"\x01\xff:80", "neither an IP address nor a host name"},
-           Case{std::string(300, 'a') + ":80", "neither an IP address nor a host name"},
-           Case{"127.0.0.1:80 ", "not a number"},
-       }) {
-    Result<ListenAddress> a = ParseListenAddress(c.text);
-    ASSERT_FALSE(a.ok()) << "accepted " << c.text;
-    EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_THAT(a.status().message(), HasSubstr(c.why)) << c.text;
-    EXPECT_THAT(a.status().message(), StartsWith("listen address '"));
-    EXPECT_THAT(a.status().message(), HasSubstr("e.g. 127.0.0.1:9464"));
-  }
-}
-
 // ---- the endpoints ----
 
 class ObservabilityServerTest : public ::testing::Test {
@@ -803,8 +745,9 @@ TEST(ObservabilityBind, BadAddressesAreClearErrors) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("'nope:99999'"));
-  EXPECT_THAT(bad.status().message(), HasSubstr("above 65535"));
-  EXPECT_THAT(bad.status().message(), HasSubstr("e.g. 127.0.0.1:9464"));
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("listen address 'nope:99999' has a port above 65535"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("write host:port"));
 
   // TEST-NET-1 (RFC 5737) is on no host.
   bad = ObservabilityServer::Start("192.0.2.1:0", NewRegistry(), nullptr);

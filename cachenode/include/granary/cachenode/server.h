@@ -61,7 +61,7 @@
 namespace granary {
 
 struct ServerOptions {
-  // "host:port" or "[ipv6]:port" (ParsePeerAddress in peer_client.h). Port 0
+  // "host:port" or "[ipv6]:port" (ParseNetAddress in net_address.h). Port 0
   // picks a free port: read it with Server::port().
   std::string listen = "127.0.0.1:0";
   // Sent in HELLO_REPLY: 1..255 bytes of graphic ASCII, e.g. the node id.

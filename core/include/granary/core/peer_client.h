@@ -40,7 +40,6 @@
 //
 // Thread safety: a PeerClient is used by one thread at a time (calls are not
 // synchronised; use one client per thread). Different clients are independent.
-// ParsePeerAddress is pure.
 
 #include <chrono>
 #include <cstdint>
@@ -49,25 +48,11 @@
 #include <vector>
 
 #include "granary/core/file.h"
+#include "granary/core/net_address.h"
 #include "granary/core/protocol.h"
 #include "granary/core/status.h"
 
 namespace granary {
-
-// Where a cache node listens.
-struct PeerAddress {
-  std::string host;   // "127.0.0.1", "::1" (no brackets), "node-3.cluster"
-  uint16_t port = 0;  // 0 only in listen addresses: any free port
-
-  // "127.0.0.1:7070", "[::1]:7070".
-  std::string ToString() const;
-};
-
-// Parses "host:port" or "[ipv6]:port". The host is an IPv4 literal, a
-// bracketed IPv6 literal or a host name (checked for form only, resolved when
-// connecting or binding); the port is 0..65535. kInvalidArgument naming the
-// text and the expected form otherwise.
-Result<PeerAddress> ParsePeerAddress(std::string_view text);
 
 struct PeerClientOptions {
   // Sent in HELLO: 1..255 bytes of graphic ASCII, e.g. "sidecar/job-42@gpu-3".
@@ -107,7 +92,7 @@ class PeerReadResult {
 
 class PeerClient {
  public:
-  // Connects to `address` ("host:port", ParsePeerAddress) and does HELLO.
+  // Connects to `address` ("host:port", ParseNetAddress in net_address.h) and does HELLO.
   static Result<PeerClient> Connect(std::string_view address,
                                     const PeerClientOptions& options = {});
 
@@ -129,7 +114,7 @@ class PeerClient {
   void Close();
 
   bool connected() const { return fd_.valid(); }
-  const PeerAddress& address() const { return address_; }
+  const NetAddress& address() const { return address_; }
   // Of the current connection (from its HELLO_REPLY); kept after it closes.
   uint16_t version() const { return version_; }
   const std::string& server_name() const { return server_name_; }
@@ -139,7 +124,7 @@ class PeerClient {
   uint64_t reconnects() const { return reconnects_; }
 
  private:
-  PeerClient(PeerAddress address, PeerClientOptions options);
+  PeerClient(NetAddress address, PeerClientOptions options);
 
   using Clock = std::chrono::steady_clock;
 
@@ -161,7 +146,7 @@ class PeerClient {
                      std::string_view doing);
   Status Fail(Status status);
 
-  PeerAddress address_;
+  NetAddress address_;
   PeerClientOptions options_;
   ScopedFd fd_;
   FrameDecoder decoder_{FrameDirection::kResponses};

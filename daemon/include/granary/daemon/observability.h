@@ -49,29 +49,19 @@
 #include <string_view>
 #include <vector>
 
+#include "granary/core/net_address.h"
 #include "granary/core/status.h"
 
 namespace granary {
 
 // ---- listen addresses ----
 
-// Where an endpoint listens. The host is always explicit: a daemon listens on
-// all interfaces only when its config says 0.0.0.0 (or [::]).
-struct ListenAddress {
-  std::string host;   // "127.0.0.1", "0.0.0.0", "localhost", "::1" (no brackets)
-  uint16_t port = 0;  // 0: any free port, chosen when binding
-
-  // "127.0.0.1:9464", "[::1]:9464".
-  std::string ToString() const;
-};
+// Listen addresses are NetAddress (granary/core/net_address.h). The host is
+// always explicit: a daemon listens on all interfaces only when its config says
+// 0.0.0.0 (or [::]).
 
 // The host a daemon's metrics endpoint uses unless its config says otherwise.
 inline constexpr std::string_view kDefaultObservabilityHost = "127.0.0.1";
-
-// Parses "host:port" or "[ipv6]:port" (port 0..65535). The host is an IPv4 or
-// bracketed IPv6 literal or a host name; it is checked for form only (names are
-// resolved when binding). kInvalidArgument, naming the text, otherwise.
-Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // ---- the endpoint ----
 
@@ -100,7 +90,7 @@ struct ObservabilityOptions {
 
 class ObservabilityServer {
  public:
-  // Binds `listen` ("host:port", see ParseListenAddress) and serves until
+  // Binds `listen` ("host:port", see ParseNetAddress) and serves until
   // Stop(). `registry` must not be null. A null `readiness` means ready
   // whenever the server runs. Errors: kInvalidArgument (bad address, options
   // or registry), kUnavailable (address in use or not on this host, name does
@@ -115,7 +105,7 @@ class ObservabilityServer {
   ObservabilityServer& operator=(const ObservabilityServer&) = delete;
 
   // The bound address; its port is the one chosen when port 0 was asked for.
-  const ListenAddress& address() const;
+  const NetAddress& address() const;
   uint16_t port() const { return address().port; }
 
   // Closes the listening socket, lets the workers finish (bounded by the
