@@ -38,6 +38,9 @@
 namespace granary {
 namespace {
 
+using ::granary::testing::ReadAll;
+using ::granary::testing::WriteAll;
+
 namespace fs = std::filesystem;
 using ::granary::testing::TempDir;
 using ::testing::HasSubstr;
@@ -117,19 +120,6 @@ uint64_t BytesOnDisk(const ChunkStore& store) {
     total += (size + store.block_size() - 1) / store.block_size() * store.block_size();
   }
   return total;
-}
-
-std::string ReadAll(const std::string& path) {
-  auto data = ReadFileToString(path);
-  EXPECT_TRUE(data.ok()) << data.status().ToString();
-  return data.ok() ? *data : std::string();
-}
-
-void WriteAll(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-  out.close();
-  ASSERT_TRUE(out.good()) << "cannot write " << path;
 }
 
 mode_t ModeOf(const std::string& path) {

@@ -33,6 +33,8 @@
 namespace granary {
 namespace {
 
+using ::granary::testing::Bytes;
+
 namespace fs = std::filesystem;
 using ::granary::testing::TempDir;
 using ::granary::testing::WaitFor;
@@ -42,17 +44,6 @@ using namespace std::chrono_literals;
 constexpr uint64_t kChunkSize = 64 << 10;
 constexpr uint64_t kBigCapacity = 1ull << 30;
 constexpr char kDataset[] = "imagenet";
-
-// Deterministic bytes, different for every name (and every version).
-std::string Bytes(const std::string& name, size_t size) {
-  std::string out(size, '\0');
-  uint64_t x = std::hash<std::string>{}(name) | 1;
-  for (auto& c : out) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    c = static_cast<char>(x >> 56);
-  }
-  return out;
-}
 
 // A Source that records every read and can hold reads at a gate.
 class GatedSource final : public Source {

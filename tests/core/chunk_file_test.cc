@@ -25,6 +25,9 @@
 namespace granary {
 namespace {
 
+using ::granary::testing::ReadAll;
+using ::granary::testing::WriteAll;
+
 namespace cf = chunk_format;
 using ::granary::testing::TempDir;
 using ::testing::HasSubstr;
@@ -53,21 +56,6 @@ std::string SegmentBytes(const ChunkSegment& s) {
     c = static_cast<char>(x >> 56);
   }
   return out;
-}
-
-std::string ReadAll(const std::string& path) {
-  auto data = ReadFileToString(path);
-  EXPECT_TRUE(data.ok()) << data.status().ToString();
-  return data.ok() ? *data : std::string();
-}
-
-// Replaces a file's bytes without fsync: tests write thousands of damaged
-// variants, and durability is not what they check.
-void WriteAll(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-  out.close();
-  ASSERT_TRUE(out.good()) << "cannot write " << path;
 }
 
 // Makes a hand-edited header region consistent again, so that a test reaches

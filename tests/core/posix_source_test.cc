@@ -26,6 +26,8 @@
 namespace granary {
 namespace {
 
+using ::granary::testing::Bytes;
+
 namespace fs = std::filesystem;
 using ::granary::testing::TempDir;
 using ::granary::testing::WaitFor;
@@ -34,17 +36,6 @@ using ::testing::HasSubstr;
 constexpr uint32_t kNobody = 65534;
 
 bool IsRoot() { return ::geteuid() == 0; }
-
-// Deterministic bytes, different for every name.
-std::string Bytes(const std::string& name, size_t size) {
-  std::string out(size, '\0');
-  uint64_t x = std::hash<std::string>{}(name) | 1;
-  for (auto& c : out) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    c = static_cast<char>(x >> 56);
-  }
-  return out;
-}
 
 std::string ThreadStatusIds() {
   std::ifstream in("/proc/thread-self/status");

@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "granary/core/file.h"
+
 namespace granary::testing {
 
 TempDir::TempDir() {
@@ -37,6 +39,29 @@ void TempDir::WriteFile(const std::string& rel, const std::string& contents) con
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
   if (!out) throw std::runtime_error("cannot write " + p.string());
+}
+
+std::string ReadAll(const std::string& path) {
+  auto data = ReadFileToString(path);
+  EXPECT_TRUE(data.ok()) << data.status().ToString();
+  return data.ok() ? *data : std::string();
+}
+
+void WriteAll(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  out.close();
+  ASSERT_TRUE(out.good()) << "cannot write " << path;
+}
+
+std::string Bytes(const std::string& name, size_t size) {
+  std::string out(size, '\0');
+  uint64_t x = std::hash<std::string>{}(name) | 1;
+  for (auto& c : out) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    c = static_cast<char>(x >> 56);
+  }
+  return out;
 }
 
 uint16_t FreeTcpPort() {

@@ -33,6 +33,16 @@ class TempDir {
   std::string path_;
 };
 
+// A whole file's bytes; an empty string (and a test failure) if it cannot be read.
+std::string ReadAll(const std::string& path);
+
+// Replaces a file's bytes without fsync: tests write many damaged variants of
+// files, and durability is not what they check. Fails the test on error.
+void WriteAll(const std::string& path, const std::string& data);
+
+// `size` deterministic pseudo-random bytes, different for every `name`.
+std::string Bytes(const std::string& name, size_t size);
+
 // A TCP port on 127.0.0.1 that was free when asked (bind to port 0, read, close).
 uint16_t FreeTcpPort();
 
