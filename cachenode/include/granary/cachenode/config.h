@@ -1,0 +1,114 @@
+#pragma once
+
+// The cache node daemon's configuration: the YAML file named by
+// `granary-cachenode --config FILE`, read into a CacheNodeConfig whose every
+// field is checked (type, range, form, and the rules between fields) before the
+// daemon does anything. Nothing is opened, bound or created here: the store
+// URL, the data directory and the addresses are checked for their form only,
+// and the parts that use them report what goes wrong at run time.
+//
+// Who calls it: the daemon's main (LoadCacheNodeConfig once at start-up, then
+// the fields go into ChunkStoreOptions, StagerOptions, ServerOptions,
+// OpenMetadataStore and the heartbeat loop). docs/cachenode.md,
+// "Configuration", lists every key; examples/cachenode.yaml is a complete file.
+//
+// Every bad value is kInvalidArgument naming the file, the line, the key, the
+// bad value and what to write (ConfigMap, core/config.h), e.g.
+//   "/etc/granary/cachenode.yaml:4: key 'worker_threads': 0 is out of range; write 1 to 64"
+//   "cachenode.yaml:9: key 'heartbeat_ttl': 3s must exceed twice 'heartbeat_interval' (2s, line 8);
+//   ..."
+// Unknown keys are rejected with the nearest known key as a suggestion.
+//
+// Thread safety: plain values and pure functions (LoadCacheNodeConfig reads
+// one file; the host-name default calls gethostname).
+
+#include <spdlog/common.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "granary/core/chunk_file.h"
+#include "granary/core/net_address.h"
+#include "granary/core/status.h"
+
+namespace granary {
+
+// Ranges of the counts (inclusive).
+inline constexpr uint32_t kMaxCacheNodeSourceConcurrency = 1024;  // = kMaxStagerThreads
+inline constexpr uint32_t kMaxCacheNodeWorkerThreads = 64;
+inline constexpr uint32_t kMaxCacheNodeServiceThreads = 256;
+inline constexpr uint32_t kMaxCacheNodeScanThreads = 64;  // = ChunkStore::kMaxScanThreads
+inline constexpr uint32_t kMaxCacheNodeConnections = 65536;
+
+// The default ports: the protocol's and the metrics endpoint's (9464 is the
+// port OpenTelemetry's Prometheus exporter uses).
+inline constexpr uint16_t kDefaultCacheNodePort = 7070;
+inline constexpr uint16_t kDefaultMetricsPort = 9464;
+
+struct CacheNodeConfig {
+  // `node_id`: the node's name in the store (ValidateNodeId: 1..253 of
+  // [A-Za-z0-9._-], starting with an alphanumeric). Default: the host name.
+  std::string node_id;
+  // `pool`: the pool whose datasets this node stages, a DNS-1123 label.
+  std::string pool = "default";
+  // `listen`: where the protocol is served (sidecars and peers). Default
+  // 0.0.0.0:7070: every interface, because readers are on other hosts. Port 0
+  // picks a free port (tests).
+  NetAddress listen{"0.0.0.0", kDefaultCacheNodePort};
+  // `advertise`: host:port that peers and sidecars are told (NodeRecord::
+  // address). Default: listen's host, or the host name if listen's host is a
+  // wildcard (0.0.0.0, ::), with listen's port. A port of 0 here (only when
+  // listen's port is 0 and advertise is not given) means "the port the server
+  // bound": the daemon fills it in after Server::Start.
+  NetAddress advertise;
+  // `data_dir`: the chunk store's root (ChunkStore::Open), an absolute path.
+  std::string data_dir;
+  // `capacity`: bytes the chunk store may use, > 0 ("800GiB").
+  uint64_t capacity_bytes = 0;
+  // `metadata_store`: the store URL (OpenMetadataStore), redis://host... or
+  // sqlite:///absolute/path. Only the form of its start is checked here.
+  std::string metadata_store;
+  // `source_concurrency`: source reads in flight (StagerOptions::threads).
+  uint32_t source_concurrency = 16;
+  // `worker_threads`: event loops serving the protocol (ServerOptions::io_threads).
+  uint32_t worker_threads = 2;
+  // `service_threads`: threads reading chunks for requests (ServerOptions::service_threads).
+  uint32_t service_threads = 4;
+  // `max_connections`: protocol connections open at once (ServerOptions::max_connections).
+  uint32_t max_connections = 1024;
+  // `metrics_listen`: /metrics, /healthz and /readyz. Default 127.0.0.1:9464:
+  // the endpoint has no authentication, so exposing it is the admin's choice.
+  NetAddress metrics_listen{"127.0.0.1", kDefaultMetricsPort};
+  // `heartbeat_interval` and `heartbeat_ttl`: how often the node heartbeats,
+  // and how long the store keeps it alive without one. The TTL must exceed
+  // twice the interval (one lost heartbeat must not expire the node) and lie
+  // within kMinNodeTtl..kMaxNodeTtl (metadata_store.h).
+  std::chrono::milliseconds heartbeat_interval{2000};
+  std::chrono::milliseconds heartbeat_ttl{10000};
+  // `drain_timeout`: on SIGTERM, how long in-flight requests may finish
+  // (ServerOptions::drain_timeout); > 0.
+  std::chrono::milliseconds drain_timeout{5000};
+  // `log_level`: trace, debug, info, warn, error, off (ParseLogLevel).
+  spdlog::level::level_enum log_level = spdlog::level::info;
+  // `scan_mode`: how the start-up scan checks chunk files: "presence" (trust
+  // the bitmap; seconds) or "verify" (read and checksum every segment; minutes
+  // per terabyte). ChunkStoreOptions::scan_mode.
+  ChunkScanMode scan_mode = ChunkScanMode::kPresence;
+  // `scan_threads`: threads of the start-up scan (ChunkStoreOptions::scan_threads).
+  uint32_t scan_threads = 4;
+};
+
+// Parses a whole configuration document. `source_name` (the file path, or
+// e.g. "<test>") starts every error message.
+Result<CacheNodeConfig> ParseCacheNodeConfig(std::string_view text, std::string source_name);
+
+// Reads and parses the file at `path`. A missing or unreadable file, or a
+// directory, is an error naming the path.
+Result<CacheNodeConfig> LoadCacheNodeConfig(const std::string& path);
+
+// "presence" / "verify": the YAML names of ChunkScanMode.
+std::string_view ChunkScanModeName(ChunkScanMode mode);
+
+}  // namespace granary

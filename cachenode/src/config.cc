@@ -1,0 +1,311 @@
+#include "granary/cachenode/config.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+#include <utility>
+
+#include "granary/core/config.h"
+#include "granary/core/file.h"
+#include "granary/core/log.h"
+#include "granary/core/metadata_store.h"
+#include "granary/core/names.h"
+
+namespace granary {
+namespace {
+
+// A duration as messages show it: "2s", or "250ms" if not whole seconds.
+std::string DurationText(std::chrono::milliseconds d) {
+  if (d.count() % 1000 == 0) return std::to_string(d.count() / 1000) + "s";
+  return std::to_string(d.count()) + "ms";
+}
+
+// Reads an optional count and checks lo <= value <= hi.
+Status OptionalCount(ConfigMap& m, std::string_view key, uint32_t lo, uint32_t hi, uint32_t* out) {
+  GRANARY_RETURN_IF_ERROR(m.Optional(key, out));
+  if (*out < lo || *out > hi) {
+    return Status::InvalidArgument(m.Where(key) + ": " + std::to_string(*out) +
+                                   " is out of range; write " + std::to_string(lo) + " to " +
+                                   std::to_string(hi));
+  }
+  return Status::Ok();
+}
+
+// Reads an optional string; *given says whether the key had a value (a key
+// with an empty YAML value counts as absent, as everywhere in ConfigMap).
+Status OptionalString(ConfigMap& m, std::string_view key, std::string* out, bool* given) {
+  constexpr std::string_view kUnset = "\x01unset";
+  std::string text(kUnset);
+  GRANARY_RETURN_IF_ERROR(m.Optional(key, &text));
+  *given = text != kUnset;
+  if (*given) *out = std::move(text);
+  return Status::Ok();
+}
+
+Status OptionalAddress(ConfigMap& m, std::string_view key, std::string_view what, NetAddress* out) {
+  std::string text;
+  bool given = false;
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, key, &text, &given));
+  if (!given) return Status::Ok();
+  Result<NetAddress> address = ParseNetAddress(text, what);
+  if (!address.ok())
+    return Status::InvalidArgument(m.Where(key) + ": " + address.status().message());
+  *out = *address;
+  return Status::Ok();
+}
+
+Status OptionalPositiveDuration(ConfigMap& m, std::string_view key,
+                                std::chrono::milliseconds* out) {
+  GRANARY_RETURN_IF_ERROR(m.Optional(key, out));
+  if (out->count() <= 0) {
+    return Status::InvalidArgument(m.Where(key) + ": " + DurationText(*out) +
+                                   " is not a positive duration; write e.g. 250ms, 2s or 1m");
+  }
+  return Status::Ok();
+}
+
+bool IsWildcardHost(std::string_view host) { return host == "0.0.0.0" || host == "::"; }
+
+Result<std::string> HostName() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) {
+    return Status::FromErrno(errno, "read the host name (gethostname)");
+  }
+  return std::string(host);
+}
+
+bool HasControlCharacter(std::string_view s) {
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
+Status CheckStoreUrl(ConfigMap& m, const std::string& url) {
+  constexpr std::string_view kRedis = "redis://";
+  constexpr std::string_view kSqlite = "sqlite:///";
+  const std::string where = m.Where("metadata_store") + ": " + Quoted(url);
+  const std::string_view u = url;
+  if (HasControlCharacter(u) || u.find(' ') != std::string_view::npos) {
+    return Status::InvalidArgument(where +
+                                   " contains a space or a control character; write the URL "
+                                   "without them (percent-encode a password)");
+  }
+  if (u.starts_with(kRedis)) {
+    std::string_view rest = u.substr(kRedis.size());
+    if (rest.empty() || rest.front() == '/' || rest.front() == '?') {
+      return Status::InvalidArgument(
+          where +
+          " names no Redis host; write redis://host[:port][/db], e.g. redis://10.0.0.2:6379");
+    }
+    return Status::Ok();
+  }
+  if (u.starts_with(kSqlite)) {
+    std::string_view rest = u.substr(kSqlite.size());
+    if (rest.empty() || rest.front() == '?') {
+      return Status::InvalidArgument(
+          where + " names no database file; write sqlite:///absolute/path/granary.db");
+    }
+    return Status::Ok();
+  }
+  if (u.starts_with("sqlite:")) {
+    return Status::InvalidArgument(
+        where +
+        " is not an absolute SQLite path; write sqlite:///absolute/path/granary.db "
+        "(three slashes, then the path from /)");
+  }
+  return Status::InvalidArgument(where +
+                                 " is not a metadata store URL; write redis://host[:port][/db] "
+                                 "or sqlite:///absolute/path/granary.db");
+}
+
+Status Parse(ConfigMap& m, CacheNodeConfig* c) {
+  // node_id: default the host name, which must then be a valid node id too.
+  bool node_id_given = false;
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "node_id", &c->node_id, &node_id_given));
+  if (node_id_given) {
+    Status valid = ValidateNodeId(c->node_id);
+    if (!valid.ok()) {
+      return Status::InvalidArgument(m.Where("node_id") + ": " + Quoted(c->node_id) +
+                                     " is not a node id (" + valid.message() +
+                                     "); write e.g. gpu-7 or node-3.cluster");
+    }
+  } else {
+    Result<std::string> host = HostName();
+    if (!host.ok()) return host.status().WithContext(m.Where("node_id") + " (not set)");
+    Status valid = ValidateNodeId(*host);
+    if (!valid.ok()) {
+      return Status::InvalidArgument(m.Where("node_id") + ": not set, and the host name " +
+                                     Quoted(*host) + " is not a node id (" + valid.message() +
+                                     "); set node_id, e.g. node_id: gpu-7");
+    }
+    c->node_id = *host;
+  }
+
+  GRANARY_RETURN_IF_ERROR(m.Optional("pool", &c->pool));
+  if (!IsDnsLabel(c->pool)) {
+    return Status::InvalidArgument(
+        m.Where("pool") + ": " + Quoted(c->pool) +
+        " is not a pool name; write a DNS-1123 label: 1..63 of lowercase a-z, 0-9 and '-', "
+        "starting and ending with a letter or digit, e.g. default or a100-east");
+  }
+
+  GRANARY_RETURN_IF_ERROR(OptionalAddress(m, "listen", "listen address", &c->listen));
+  GRANARY_RETURN_IF_ERROR(
+      OptionalAddress(m, "metrics_listen", "metrics listen address", &c->metrics_listen));
+  std::string advertise_text;
+  bool advertise_given = false;
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "advertise", &advertise_text, &advertise_given));
+  if (advertise_given) {
+    GRANARY_RETURN_IF_ERROR(OptionalAddress(m, "advertise", "advertised address", &c->advertise));
+    if (c->advertise.port == 0 || IsWildcardHost(c->advertise.host)) {
+      return Status::InvalidArgument(
+          m.Where("advertise") + ": " + Quoted(c->advertise.ToString()) +
+          " is not an address others can connect to (port 0 or a wildcard host); write the "
+          "host name or IP and port peers reach this node at, e.g. gpu-7.cluster:7070");
+    }
+  } else {
+    c->advertise = c->listen;
+    if (IsWildcardHost(c->listen.host)) {
+      Result<std::string> host = HostName();
+      if (!host.ok()) return host.status().WithContext(m.Where("advertise") + " (not set)");
+      c->advertise.host = *host;
+    }
+  }
+  if (c->listen.port != 0 && c->listen.port == c->metrics_listen.port &&
+      (c->listen.host == c->metrics_listen.host || IsWildcardHost(c->listen.host) ||
+       IsWildcardHost(c->metrics_listen.host))) {
+    // Blame the key that is written in the file (metrics_listen if both are).
+    const bool metrics_given = m.Has("metrics_listen");
+    return Status::InvalidArgument(
+        m.Where(metrics_given ? "metrics_listen" : "listen") + ": 'listen' (" +
+        Quoted(c->listen.ToString()) + ") and 'metrics_listen' (" +
+        Quoted(c->metrics_listen.ToString()) + (metrics_given ? "" : ", the default") +
+        ") use the same port; give one of them another port");
+  }
+
+  GRANARY_RETURN_IF_ERROR(m.Required("data_dir", &c->data_dir));
+  if (c->data_dir.empty() || c->data_dir.front() != '/') {
+    return Status::InvalidArgument(m.Where("data_dir") + ": " + Quoted(c->data_dir) +
+                                   " is not an absolute path; write the full path of the "
+                                   "directory on local NVMe, e.g. /nvme/granary");
+  }
+  if (HasControlCharacter(c->data_dir)) {
+    return Status::InvalidArgument(m.Where("data_dir") + ": " + Quoted(c->data_dir) +
+                                   " contains a control character; write a plain path");
+  }
+
+  ByteSize capacity;
+  GRANARY_RETURN_IF_ERROR(m.Required("capacity", &capacity));
+  if (capacity.bytes == 0) {
+    return Status::InvalidArgument(m.Where("capacity") +
+                                   ": 0 bytes leaves nothing to stage; write the bytes the "
+                                   "chunk store may use, e.g. 800GiB");
+  }
+  c->capacity_bytes = capacity.bytes;
+
+  GRANARY_RETURN_IF_ERROR(m.Required("metadata_store", &c->metadata_store));
+  GRANARY_RETURN_IF_ERROR(CheckStoreUrl(m, c->metadata_store));
+
+  GRANARY_RETURN_IF_ERROR(OptionalCount(m, "source_concurrency", 1, kMaxCacheNodeSourceConcurrency,
+                                        &c->source_concurrency));
+  GRANARY_RETURN_IF_ERROR(
+      OptionalCount(m, "worker_threads", 1, kMaxCacheNodeWorkerThreads, &c->worker_threads));
+  GRANARY_RETURN_IF_ERROR(
+      OptionalCount(m, "service_threads", 1, kMaxCacheNodeServiceThreads, &c->service_threads));
+  GRANARY_RETURN_IF_ERROR(
+      OptionalCount(m, "max_connections", 1, kMaxCacheNodeConnections, &c->max_connections));
+  GRANARY_RETURN_IF_ERROR(
+      OptionalCount(m, "scan_threads", 1, kMaxCacheNodeScanThreads, &c->scan_threads));
+
+  GRANARY_RETURN_IF_ERROR(
+      OptionalPositiveDuration(m, "heartbeat_interval", &c->heartbeat_interval));
+  GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "heartbeat_ttl", &c->heartbeat_ttl));
+  GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "drain_timeout", &c->drain_timeout));
+  if (c->heartbeat_ttl < kMinNodeTtl || c->heartbeat_ttl > kMaxNodeTtl) {
+    return Status::InvalidArgument(m.Where("heartbeat_ttl") + ": " +
+                                   DurationText(c->heartbeat_ttl) + " is out of range; write " +
+                                   DurationText(kMinNodeTtl) + " to " + DurationText(kMaxNodeTtl));
+  }
+  if (c->heartbeat_ttl <= 2 * c->heartbeat_interval) {
+    // Blame heartbeat_ttl unless only heartbeat_interval is written.
+    const bool ttl_given = m.Has("heartbeat_ttl");
+    const bool interval_given = m.Has("heartbeat_interval");
+    return Status::InvalidArgument(
+        m.Where(ttl_given || !interval_given ? "heartbeat_ttl" : "heartbeat_interval") +
+        ": 'heartbeat_ttl' (" + DurationText(c->heartbeat_ttl) +
+        (ttl_given ? std::string() : ", the default") +
+        ") must exceed twice 'heartbeat_interval' (" + DurationText(c->heartbeat_interval) +
+        (interval_given ? std::string() : ", the default") +
+        "), so that one lost heartbeat does not expire the node; write a heartbeat_ttl above " +
+        DurationText(2 * c->heartbeat_interval) + " or a shorter heartbeat_interval");
+  }
+
+  std::string level = "info";
+  GRANARY_RETURN_IF_ERROR(m.Optional("log_level", &level));
+  Result<spdlog::level::level_enum> parsed_level = ParseLogLevel(level);
+  if (!parsed_level.ok()) {
+    return Status::InvalidArgument(m.Where("log_level") + ": " + Quoted(level) +
+                                   " is not a log level; write one of trace, debug, info, warn, "
+                                   "error, off");
+  }
+  c->log_level = *parsed_level;
+
+  std::string scan = "presence";
+  GRANARY_RETURN_IF_ERROR(m.Optional("scan_mode", &scan));
+  if (scan == "presence") {
+    c->scan_mode = ChunkScanMode::kPresence;
+  } else if (scan == "verify") {
+    c->scan_mode = ChunkScanMode::kVerifyPayload;
+  } else {
+    return Status::InvalidArgument(m.Where("scan_mode") + ": " + Quoted(scan) +
+                                   " is not a scan mode; write presence (trust the bitmaps) or "
+                                   "verify (checksum every staged segment at start-up)");
+  }
+
+  return m.Finish();
+}
+
+}  // namespace
+
+std::string_view ChunkScanModeName(ChunkScanMode mode) {
+  switch (mode) {
+    case ChunkScanMode::kPresence:
+      return "presence";
+    case ChunkScanMode::kVerifyPayload:
+      return "verify";
+  }
+  return "unknown";
+}
+
+Result<CacheNodeConfig> ParseCacheNodeConfig(std::string_view text, std::string source_name) {
+  GRANARY_ASSIGN_OR_RETURN(ConfigMap m, ConfigMap::FromText(text, std::move(source_name)));
+  CacheNodeConfig config;
+  GRANARY_RETURN_IF_ERROR(Parse(m, &config));
+  return config;
+}
+
+Result<CacheNodeConfig> LoadCacheNodeConfig(const std::string& path) {
+  const std::string what = "read the cache node configuration " + Quoted(path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    Status s = Status::FromErrno(errno, what);
+    return Status(s.code(), s.message() + "; check the path given with --config");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(what + ": it is " +
+                                   (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
+                                   "; pass the YAML file itself with --config");
+  }
+  Result<std::string> text = ReadFileToString(path);
+  if (!text.ok()) {
+    return Status(text.status().code(),
+                  what + ": " + text.status().message() +
+                      "; make the file readable by the user the daemon runs as");
+  }
+  return ParseCacheNodeConfig(*text, path);
+}
+
+}  // namespace granary
