@@ -1,0 +1,426 @@
+#include "granary/cachenode/chunk_read_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "granary/core/hash.h"
+#include "granary/core/log.h"
+#include "granary/core/names.h"
+
+namespace granary {
+namespace {
+
+std::string ManifestName(std::string_view dataset, const ContentId& id) {
+  return "dataset " + Quoted(dataset) + " with manifest " + id.ToHex();
+}
+
+std::string ItemName(const ReadItem& item) {
+  return (item.kind == ReadKind::kSample ? "sample " : "chunk ") + std::to_string(item.id) +
+         " bytes [" + std::to_string(item.offset) + ", " +
+         std::to_string(item.offset + item.length) + ")";
+}
+
+// Whether [offset, offset + length) fits in `size` bytes, without overflow.
+bool RangeFits(uint64_t offset, uint64_t length, uint64_t size) {
+  return offset <= size && length <= size - offset;
+}
+
+}  // namespace
+
+// Reads the items of one READ: keeps the chunk readers it opened for the rest
+// of the request, so that a batch of samples from one chunk opens it once.
+class ChunkReadService::ItemReader {
+ public:
+  ItemReader(ChunkReadService& service, const Served& served, const std::string& dataset)
+      : service_(service), served_(served), dataset_(dataset) {}
+
+  // Appends bytes [offset, offset + length) of the item to `out`.
+  Status ReadItem(const ReadItem& item, std::string* out, bool* on_demand) {
+    const Manifest& manifest = *served_.manifest;
+    const uint64_t begin = item.offset;
+    const uint64_t end = item.offset + item.length;  // offset < 2^64 - 2^32 (codec)
+    if (item.kind == ReadKind::kSample) {
+      if (item.id >= manifest.sample_count()) {
+        return Status::OutOfRange("reading " + ItemName(item) + " of " + Name() +
+                                  ": the manifest has " + std::to_string(manifest.sample_count()) +
+                                  " samples");
+      }
+      const uint64_t size = manifest.SizeOf(item.id);
+      if (!RangeFits(item.offset, item.length, size)) {
+        return Status::OutOfRange("reading " + ItemName(item) + " of " + Name() +
+                                  ": the sample has " + std::to_string(size) + " bytes");
+      }
+      const uint64_t chunk_size = manifest.chunk_size();
+      const uint64_t pieces = size > chunk_size ? (size + chunk_size - 1) / chunk_size : 1;
+      const ChunkId first = manifest.ChunkOf(item.id);
+      for (uint64_t p = 0; p < pieces; ++p) {
+        const ChunkId chunk = first + static_cast<ChunkId>(p);
+        GRANARY_ASSIGN_OR_RETURN(const std::vector<ChunkSegment>* segments, Segments(chunk));
+        bool found = false;
+        for (uint32_t i = 0; i < segments->size(); ++i) {
+          const ChunkSegment& s = (*segments)[i];
+          if (s.sample != item.id) continue;
+          found = true;
+          GRANARY_RETURN_IF_ERROR(
+              AppendOverlap(chunk, *segments, i, s.sample_offset, begin, end, out, on_demand));
+        }
+        if (!found) {
+          return Status::Internal("reading " + ItemName(item) + " of " + Name() + ": chunk " +
+                                  std::to_string(chunk) +
+                                  " has no piece of it; the manifest is inconsistent");
+        }
+      }
+    } else {
+      if (item.id >= manifest.chunk_count()) {
+        return Status::OutOfRange("reading " + ItemName(item) + " of " + Name() +
+                                  ": the manifest has " + std::to_string(manifest.chunk_count()) +
+                                  " chunks");
+      }
+      GRANARY_ASSIGN_OR_RETURN(ChunkInfo info, manifest.Chunk(item.id));
+      if (!RangeFits(item.offset, item.length, info.payload_bytes)) {
+        return Status::OutOfRange("reading " + ItemName(item) + " of " + Name() +
+                                  ": the chunk has " + std::to_string(info.payload_bytes) +
+                                  " payload bytes");
+      }
+      GRANARY_ASSIGN_OR_RETURN(const std::vector<ChunkSegment>* segments, Segments(item.id));
+      for (uint32_t i = 0; i < segments->size(); ++i) {
+        GRANARY_RETURN_IF_ERROR(AppendOverlap(item.id, *segments, i, (*segments)[i].chunk_offset,
+                                              begin, end, out, on_demand));
+      }
+    }
+    if (out->size() != item.length) {
+      return Status::Internal("reading " + ItemName(item) + " of " + Name() +
+                              ": the segments hold " + std::to_string(out->size()) +
+                              " of its bytes; the manifest is inconsistent");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  struct OpenChunk {
+    std::vector<ChunkSegment> segments;
+    std::optional<StoredChunkReader> reader;  // none: not in the store (or unreadable)
+  };
+
+  std::string Name() const { return ManifestName(dataset_, served_.manifest->id()); }
+  ChunkKey Key(ChunkId chunk) const { return ChunkKey{dataset_, served_.manifest->id(), chunk}; }
+
+  Result<OpenChunk*> Open(ChunkId chunk) {
+    auto it = chunks_.find(chunk);
+    if (it != chunks_.end()) return &it->second;
+    OpenChunk open;
+    GRANARY_ASSIGN_OR_RETURN(open.segments, served_.manifest->Segments(chunk));
+    auto reader = service_.store_->OpenChunkReader(Key(chunk), open.segments);
+    if (reader.ok()) {
+      open.reader.emplace(std::move(*reader));
+    } else if (reader.status().code() != StatusCode::kNotFound) {
+      // On demand decides: the store's index says what is present.
+      GetLogger("cachenode")
+          ->warn("reading {} chunk {}: {}", Name(), chunk, reader.status().ToString());
+    }
+    return &chunks_.emplace(chunk, std::move(open)).first->second;
+  }
+  Result<const std::vector<ChunkSegment>*> Segments(ChunkId chunk) {
+    GRANARY_ASSIGN_OR_RETURN(OpenChunk * open, Open(chunk));
+    return &open->segments;
+  }
+
+  // Appends the part of segment `index` (covering [seg_begin, seg_begin +
+  // length) of the item's address space) that overlaps [begin, end).
+  Status AppendOverlap(ChunkId chunk, const std::vector<ChunkSegment>& segments, uint32_t index,
+                       uint64_t seg_begin, uint64_t begin, uint64_t end, std::string* out,
+                       bool* on_demand) {
+    const uint64_t seg_end = seg_begin + segments[index].length;
+    if (seg_end <= begin || seg_begin >= end) return Status::Ok();
+    GRANARY_ASSIGN_OR_RETURN(std::string bytes, ReadSegment(chunk, index, on_demand));
+    const uint64_t from = std::max(begin, seg_begin) - seg_begin;
+    const uint64_t to = std::min(end, seg_end) - seg_begin;
+    out->append(bytes, from, to - from);
+    return Status::Ok();
+  }
+
+  // The verified bytes of one segment: from its chunk file, else on demand; a
+  // copy failing its checksum is dropped and fetched again.
+  Result<std::string> ReadSegment(ChunkId chunk, uint32_t index, bool* on_demand) {
+    GRANARY_ASSIGN_OR_RETURN(OpenChunk * open, Open(chunk));
+    if (open->reader.has_value() && (*open->reader)->IsPresent(index)) {
+      auto bytes = (*open->reader)->Read(index);
+      if (bytes.ok()) return bytes;
+      if (bytes.status().code() == StatusCode::kCorruption) {
+        return Restage(chunk, open->segments, index, bytes.status(), on_demand);
+      }
+      if (bytes.status().code() != StatusCode::kNotFound) return bytes.status();
+    }
+    *on_demand = true;
+    auto fetched = served_.stager->FetchSegment(chunk, index);
+    if (fetched.ok()) return fetched;
+    if (fetched.status().code() == StatusCode::kCorruption) {
+      return Restage(chunk, open->segments, index, fetched.status(), on_demand);
+    }
+    return Classify(open->segments[index].sample, fetched.status());
+  }
+
+  // A chunk this node does not hold is kNotFound on the wire (protocol.md);
+  // the Stager says kFailedPrecondition for it, which is also what a changed
+  // source file is, so only a sample without a recorded source error is mapped.
+  Status Classify(SampleId sample, const Status& status) const {
+    if (status.code() == StatusCode::kFailedPrecondition &&
+        served_.stager->SampleError(sample).ok()) {
+      return Status::NotFound(status.message() + " (node " + Quoted(service_.options_.node_name) +
+                              ")");
+    }
+    return status;
+  }
+
+  Result<std::string> Restage(ChunkId chunk, const std::vector<ChunkSegment>& segments,
+                              uint32_t index, const Status& corruption, bool* on_demand) {
+    service_.checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    const std::string what = "re-staging segment " + std::to_string(index) + " of chunk " +
+                             std::to_string(chunk) + " of " + Name();
+    GetLogger("cachenode")->warn("{} after a checksum failure: {}", what, corruption.ToString());
+    Status dropped = Status::Ok();
+    for (uint32_t attempt = 0; attempt < std::max(service_.options_.drop_attempts, 1u); ++attempt) {
+      auto writer = service_.store_->OpenChunkWriter(Key(chunk), segments);
+      if (writer.ok()) {
+        dropped = writer->Drop(index);
+        break;
+      }
+      dropped = writer.status();
+      if (dropped.code() != StatusCode::kUnavailable) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a writer is open: wait
+    }
+    if (!dropped.ok()) {
+      return Status::Corruption(what +
+                                ": the stored copy failed its checksum and could not be "
+                                "dropped (" +
+                                dropped.ToString() + "); retry the read");
+    }
+    *on_demand = true;
+    auto fetched = served_.stager->FetchSegment(chunk, index);
+    if (!fetched.ok()) {
+      if (fetched.status().code() == StatusCode::kCorruption) {
+        return Status::Corruption(what + ": the copy fetched again failed its checksum too (" +
+                                  fetched.status().ToString() + "); retry the read");
+      }
+      return Classify(segments[index].sample, fetched.status());
+    }
+    service_.restaged_segments_.fetch_add(1, std::memory_order_relaxed);
+    // Our reader's view of the chunk is stale now: reopen on the next use.
+    chunks_.erase(chunk);
+    return fetched;
+  }
+
+  ChunkReadService& service_;
+  const Served& served_;
+  const std::string& dataset_;
+  std::map<ChunkId, OpenChunk> chunks_;
+};
+
+ChunkReadService::ChunkReadService(std::shared_ptr<ChunkStore> store,
+                                   ChunkReadServiceOptions options)
+    : store_(std::move(store)), options_(std::move(options)) {}
+
+Status ChunkReadService::Add(std::shared_ptr<const Manifest> manifest,
+                             std::shared_ptr<Stager> stager) {
+  if (manifest == nullptr || stager == nullptr) {
+    return Status::InvalidArgument(
+        "adding a dataset to the read service: the manifest and the stager must not be null");
+  }
+  const std::string what = "adding " + ManifestName(stager->dataset(), manifest->id()) +
+                           " to the read service of node " + Quoted(options_.node_name);
+  if (stager->chunk_order().size() != manifest->chunk_count()) {
+    return Status::InvalidArgument(
+        what + ": the stager has " + std::to_string(stager->chunk_order().size()) +
+        " chunks and the manifest " + std::to_string(manifest->chunk_count()) +
+        "; create the stager over this manifest");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto key = std::pair(stager->dataset(), manifest->id());
+  if (served_.count(key) != 0) {
+    return Status::AlreadyExists(what + ": it is served already; Remove it first");
+  }
+  served_.emplace(std::move(key), Served{std::move(manifest), std::move(stager)});
+  return Status::Ok();
+}
+
+Status ChunkReadService::Remove(std::string_view dataset, const ContentId& manifest_id) {
+  Served removed;  // destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = served_.find(std::pair(std::string(dataset), manifest_id));
+  if (it == served_.end()) {
+    return Status::NotFound("removing " + ManifestName(dataset, manifest_id) +
+                            " from the read service of node " + Quoted(options_.node_name) +
+                            ": it is not served");
+  }
+  removed = std::move(it->second);
+  served_.erase(it);
+  return Status::Ok();
+}
+
+size_t ChunkReadService::dataset_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return served_.size();
+}
+
+Result<ChunkReadService::Served> ChunkReadService::Find(std::string_view dataset,
+                                                        const ContentId& manifest_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = served_.find(std::pair(std::string(dataset), manifest_id));
+  if (it == served_.end()) {
+    return Status::NotFound(ManifestName(dataset, manifest_id) + " is not served by node " +
+                            Quoted(options_.node_name) +
+                            "; check the dataset's placement or register it here");
+  }
+  return it->second;
+}
+
+void ChunkReadService::CountError(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOutOfRange:
+      items_out_of_range_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    case StatusCode::kCorruption:
+      items_corrupt_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    default:
+      break;
+  }
+  items_other_error_.fetch_add(1, std::memory_order_relaxed);
+}
+
+Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
+  reads_.fetch_add(1, std::memory_order_relaxed);
+  auto served = Find(request.dataset, request.manifest_id);
+  if (!served.ok()) {
+    reads_not_found_.fetch_add(1, std::memory_order_relaxed);
+    return served.status();
+  }
+  ItemReader reader(*this, *served, request.dataset);
+  ReadAnswer answer;
+  for (const ReadItem& item : request.items) {
+    std::string bytes;
+    bytes.reserve(item.length);
+    bool on_demand = false;
+    Status status = reader.ReadItem(item, &bytes, &on_demand);
+    if (!status.ok()) {
+      if (item.kind == ReadKind::kSample && item.id < served->manifest->sample_count() &&
+          !served->stager->SampleError(item.id).ok()) {
+        items_source_error_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        CountError(status);
+      }
+      answer.AddError(std::move(status));
+      continue;
+    }
+    items_ok_.fetch_add(1, std::memory_order_relaxed);
+    (on_demand ? items_on_demand_ : items_from_disk_).fetch_add(1, std::memory_order_relaxed);
+    bytes_served_.fetch_add(bytes.size(), std::memory_order_relaxed);
+    const uint64_t checksum = Checksum64(bytes);
+    answer.AddBytes(std::move(bytes), checksum);
+  }
+  return answer;
+}
+
+Result<StatReply> ChunkReadService::Stat(const StatRequest& request) {
+  StatReply reply;
+  auto add = [&](std::string key, uint64_t value) {
+    reply.entries.push_back(StatEntry{std::move(key), value});
+  };
+  if (request.dataset.empty()) {
+    std::vector<Served> all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [key, served] : served_) all.push_back(served);
+    }
+    StagerProgress sum;
+    uint64_t complete = 0;
+    for (const Served& s : all) {
+      const StagerProgress p = s.stager->Progress();
+      sum.chunks_owned += p.chunks_owned;
+      sum.chunks_staged += p.chunks_staged;
+      sum.bytes_owned += p.bytes_owned;
+      sum.bytes_staged += p.bytes_staged;
+      sum.on_demand_fetches += p.on_demand_fetches;
+      if (p.state == StagingState::kComplete) ++complete;
+    }
+    add("datasets_served", all.size());
+    add("datasets_complete", complete);
+    add("chunks_owned", sum.chunks_owned);
+    add("chunks_staged", sum.chunks_staged);
+    add("bytes_owned", sum.bytes_owned);
+    add("bytes_staged", sum.bytes_staged);
+    add("on_demand_fetches", sum.on_demand_fetches);
+    const ChunkStoreStats store = store_->Stats();
+    add("store_capacity_bytes", store.capacity_bytes);
+    add("store_used_bytes", store.used_bytes);
+    const ChunkReadServiceCounters c = Counters();
+    add("reads", c.reads);
+    add("reads_not_found", c.reads_not_found);
+    add("items_ok", c.items_ok);
+    add("items_from_disk", c.items_from_disk);
+    add("items_on_demand", c.items_on_demand);
+    add("items_out_of_range", c.items_out_of_range);
+    add("items_source_error", c.items_source_error);
+    add("items_corrupt", c.items_corrupt);
+    add("items_other_error", c.items_other_error);
+    add("bytes_served", c.bytes_served);
+    add("checksum_failures", c.checksum_failures);
+    add("restaged_segments", c.restaged_segments);
+    return reply;
+  }
+  std::optional<Served> found;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, served] : served_) {
+      if (key.first != request.dataset) continue;
+      if (request.manifest_id == ContentId{} || key.second == request.manifest_id) {
+        found = served;
+        break;
+      }
+    }
+  }
+  if (!found.has_value()) {
+    return Status::NotFound("stat of " + ManifestName(request.dataset, request.manifest_id) +
+                            ": it is not served by node " + Quoted(options_.node_name));
+  }
+  const StagerProgress p = found->stager->Progress();
+  add("state_" + std::string(StagingStateName(p.state)), 1);
+  add("chunks_owned", p.chunks_owned);
+  add("chunks_staged", p.chunks_staged);
+  add("chunks_complete", p.chunks_complete);
+  add("chunks_failed", p.chunks_failed);
+  add("bytes_owned", p.bytes_owned);
+  add("bytes_staged", p.bytes_staged);
+  add("queue_depth", p.queue_depth);
+  add("chunks_in_flight", p.chunks_in_flight);
+  add("on_demand_fetches", p.on_demand_fetches);
+  add("on_demand_shared", p.on_demand_shared);
+  add("on_demand_not_stored", p.on_demand_not_stored);
+  for (size_t k = 0; k < kSourceErrorKinds; ++k) {
+    add("samples_failed_" + std::string(SourceErrorKindName(static_cast<SourceErrorKind>(k))),
+        p.samples_failed[k]);
+  }
+  return reply;
+}
+
+ChunkReadServiceCounters ChunkReadService::Counters() const {
+  ChunkReadServiceCounters c;
+  c.reads = reads_.load(std::memory_order_relaxed);
+  c.reads_not_found = reads_not_found_.load(std::memory_order_relaxed);
+  c.items_ok = items_ok_.load(std::memory_order_relaxed);
+  c.items_from_disk = items_from_disk_.load(std::memory_order_relaxed);
+  c.items_on_demand = items_on_demand_.load(std::memory_order_relaxed);
+  c.items_out_of_range = items_out_of_range_.load(std::memory_order_relaxed);
+  c.items_source_error = items_source_error_.load(std::memory_order_relaxed);
+  c.items_corrupt = items_corrupt_.load(std::memory_order_relaxed);
+  c.items_other_error = items_other_error_.load(std::memory_order_relaxed);
+  c.bytes_served = bytes_served_.load(std::memory_order_relaxed);
+  c.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
+  c.restaged_segments = restaged_segments_.load(std::memory_order_relaxed);
+  return c;
+}
+
+}  // namespace granary

@@ -1,0 +1,461 @@
+// The cache node's ReadService over its chunk store and stager, on real files:
+// a generated source tree (small files and a few larger than a chunk, 64 KiB
+// chunks), a real PosixSource, ChunkStore and Stager in temporary directories,
+// and the real Server + PeerClient on 127.0.0.1. Batched reads equal the
+// source; unstaged samples come on demand; a flipped payload byte is detected,
+// counted, served correct and re-staged; changed source files and bad ids are
+// per-item errors; unknown datasets fail the request and the connection keeps
+// serving; concurrent readers get the right bytes.
+
+#include "granary/cachenode/chunk_read_service.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "granary/cachenode/server.h"
+#include "granary/core/hash.h"
+#include "granary/core/identity.h"
+#include "granary/core/manifest_builder.h"
+#include "granary/core/names.h"
+#include "granary/core/peer_client.h"
+#include "granary/core/posix_source.h"
+#include "testing/test_util.h"
+
+namespace granary {
+namespace {
+
+namespace fs = std::filesystem;
+using ::granary::testing::Bytes;
+using ::granary::testing::TempDir;
+using ::granary::testing::WaitFor;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+constexpr uint64_t kChunkSize = 64 << 10;
+constexpr char kDataset[] = "imagenet";
+
+class ChunkReadServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = IdentityExecutor::Start({.threads = 4});
+    ASSERT_OK(e);
+    executor_ = std::move(*e);
+    root_ = dir_.Join("source");
+    std::mt19937 rng(7);
+    for (int i = 0; i < 200; ++i) {
+      Write("d" + std::to_string(i % 5) + "/f" + std::to_string(i) + ".bin", 1 + rng() % 5000);
+    }
+    Write("big/a.bin", 150'000);  // three pieces
+    Write("big/b.bin", 70'000);   // two pieces
+    ManifestBuildOptions options;
+    options.source_root = root_;
+    options.chunk_size = kChunkSize;
+    options.threads = 2;
+    auto m = BuildManifest(options);
+    ASSERT_OK(m);
+    manifest_ = std::make_shared<const Manifest>(std::move(*m));
+    ASSERT_GT(manifest_->chunk_count(), 8u);
+
+    PosixSourceOptions o;
+    o.root = root_;
+    o.owner = ProcessIdentity();
+    o.executor = executor_.get();
+    o.max_in_flight = 16;
+    auto s = PosixSource::Open(std::move(o));
+    ASSERT_OK(s);
+    source_ = std::move(*s);
+    auto store = ChunkStore::Open(dir_.Join("store"), 1ull << 30);
+    ASSERT_OK(store);
+    store_ = std::move(*store);
+    ChunkReadServiceOptions so;
+    so.node_name = "node-a";
+    service_ = std::make_shared<ChunkReadService>(store_, so);
+  }
+  void TearDown() override {
+    service_.reset();
+    stager_.reset();
+  }
+
+  void Write(const std::string& rel, size_t size) {
+    sizes_[rel] = size;
+    dir_.WriteFile("source/" + rel, Bytes(rel, size));
+  }
+  std::string Expected(SampleId id) const {
+    const std::string path = manifest_->PathOf(id);
+    return Bytes(path, sizes_.at(path));
+  }
+  std::string ChunkPayload(ChunkId chunk) const {
+    std::string out;
+    const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk);
+    for (const ChunkSegment& s : segments) {
+      out += Expected(s.sample).substr(s.sample_offset, s.length);
+    }
+    return out;
+  }
+
+  // A stager owning `owned` (all chunks if empty), registered with the service.
+  void Serve(std::vector<ChunkId> owned = {}, bool start = false) {
+    if (owned.empty()) {
+      for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) owned.push_back(c);
+    }
+    StagerOptions o;
+    o.dataset = kDataset;
+    o.threads = 2;
+    auto s = Stager::Create(*manifest_, *source_, store_, owned, o);
+    ASSERT_OK(s);
+    stager_ = std::shared_ptr<Stager>(std::move(*s));
+    ASSERT_OK(service_->Add(manifest_, stager_));
+    if (start) {
+      ASSERT_OK(stager_->Start());
+      ASSERT_TRUE(
+          WaitFor([&] { return stager_->Progress().state == StagingState::kComplete; }, 20s));
+    }
+  }
+
+  ReadRequest Request(std::vector<ReadItem> items) const {
+    ReadRequest r;
+    r.dataset = kDataset;
+    r.manifest_id = manifest_->id();
+    r.items = std::move(items);
+    return r;
+  }
+  static ReadItem Sample(SampleId id, uint64_t offset, uint32_t length) {
+    return ReadItem{ReadKind::kSample, id, offset, length};
+  }
+  ReadItem WholeSample(SampleId id) const {
+    return Sample(id, 0, static_cast<uint32_t>(manifest_->SizeOf(id)));
+  }
+  static ReadItem ChunkRange(ChunkId id, uint64_t offset, uint32_t length) {
+    return ReadItem{ReadKind::kChunkRange, id, offset, length};
+  }
+
+  // The bytes of item `i` of an answer (all pieces are memory).
+  static std::string ItemBytes(const ReadAnswer& answer, size_t i) {
+    size_t piece = 0;
+    for (size_t k = 0; k < i; ++k) {
+      if (answer.reply().items[k].status.ok() && answer.reply().items[k].length > 0) ++piece;
+    }
+    const auto* view = std::get_if<std::string_view>(&answer.payload().at(piece));
+    return view == nullptr ? std::string() : std::string(*view);
+  }
+
+  SampleId Find(const std::string& path) const {
+    auto id = manifest_->Find(path);
+    EXPECT_OK(id);
+    return id.ok() ? *id : 0;
+  }
+  ChunkKey Key(ChunkId c) const { return ChunkKey{kDataset, manifest_->id(), c}; }
+
+  TempDir dir_;
+  std::string root_;
+  std::map<std::string, size_t> sizes_;
+  std::unique_ptr<IdentityExecutor> executor_;
+  std::shared_ptr<const Manifest> manifest_;
+  std::unique_ptr<Source> source_;
+  std::shared_ptr<ChunkStore> store_;
+  std::shared_ptr<Stager> stager_;
+  std::shared_ptr<ChunkReadService> service_;
+};
+
+TEST_F(ChunkReadServiceTest, BatchedReadOfStagedSamplesEqualsTheSource) {
+  Serve({}, /*start=*/true);
+  std::vector<ReadItem> items;
+  for (SampleId id = 0; id < manifest_->sample_count(); ++id) items.push_back(WholeSample(id));
+  auto answer = service_->Read(Request(items));
+  ASSERT_OK(answer);
+  ASSERT_EQ(answer->item_count(), items.size());
+  for (SampleId id = 0; id < manifest_->sample_count(); ++id) {
+    const ReadReplyItem& item = answer->reply().items[id];
+    ASSERT_OK(item.status);
+    ASSERT_EQ(item.length, manifest_->SizeOf(id));
+    const std::string bytes = ItemBytes(*answer, id);
+    EXPECT_EQ(bytes, Expected(id)) << "sample " << id;
+    EXPECT_EQ(item.checksum, Checksum64(bytes));
+  }
+  const ChunkReadServiceCounters c = service_->Counters();
+  EXPECT_EQ(c.items_from_disk, manifest_->sample_count());
+  EXPECT_EQ(c.items_on_demand, 0u);
+  EXPECT_EQ(c.checksum_failures, 0u);
+}
+
+TEST_F(ChunkReadServiceTest, UnstagedSamplesComeOnDemandAndAreStored) {
+  Serve();  // bulk staging never started
+  const SampleId big = Find("big/a.bin");
+  const SampleId small = Find("d3/f8.bin");
+  auto answer = service_->Read(
+      Request({WholeSample(small), WholeSample(big), Sample(big, kChunkSize - 10, 70'000)}));
+  ASSERT_OK(answer);
+  ASSERT_EQ(answer->item_count(), 3u);
+  for (size_t i = 0; i < 3; ++i) ASSERT_OK(answer->reply().items[i].status);
+  EXPECT_EQ(ItemBytes(*answer, 0), Expected(small));
+  EXPECT_EQ(ItemBytes(*answer, 1), Expected(big));
+  EXPECT_EQ(ItemBytes(*answer, 2), Expected(big).substr(kChunkSize - 10, 70'000));
+  EXPECT_EQ(service_->Counters().items_on_demand, 3u);
+  // Stored: the next read comes from disk.
+  EXPECT_TRUE(store_->HasChunk(Key(manifest_->ChunkOf(small))));
+  auto again = service_->Read(Request({WholeSample(small), WholeSample(big)}));
+  ASSERT_OK(again);
+  EXPECT_EQ(ItemBytes(*again, 0), Expected(small));
+  EXPECT_EQ(ItemBytes(*again, 1), Expected(big));
+  EXPECT_EQ(service_->Counters().items_from_disk, 2u);
+}
+
+TEST_F(ChunkReadServiceTest, ChunkRangesSpanSegments) {
+  Serve();
+  const ChunkId chunk = 1;
+  const std::string payload = ChunkPayload(chunk);
+  ASSERT_GT(payload.size(), 1000u);
+  const uint32_t len = static_cast<uint32_t>(payload.size() - 200);
+  auto answer = service_->Read(Request(
+      {ChunkRange(chunk, 100, len), ChunkRange(chunk, 0, static_cast<uint32_t>(payload.size())),
+       ChunkRange(chunk, payload.size() - 1, 2), ChunkRange(chunk, payload.size(), 1),
+       ChunkRange(static_cast<ChunkId>(manifest_->chunk_count()), 0, 1)}));
+  ASSERT_OK(answer);
+  ASSERT_OK(answer->reply().items[0].status);
+  ASSERT_OK(answer->reply().items[1].status);
+  EXPECT_EQ(ItemBytes(*answer, 0), payload.substr(100, len));
+  EXPECT_EQ(ItemBytes(*answer, 1), payload);
+  for (size_t i = 2; i < 5; ++i) {
+    EXPECT_EQ(answer->reply().items[i].status.code(), StatusCode::kOutOfRange) << i;
+    EXPECT_EQ(answer->reply().items[i].length, 0u);
+  }
+  EXPECT_THAT(answer->reply().items[2].status.message(), HasSubstr("payload bytes"));
+  EXPECT_EQ(service_->Counters().items_out_of_range, 3u);
+}
+
+TEST_F(ChunkReadServiceTest, FlippedPayloadByteIsDetectedRestagedAndServedCorrect) {
+  Serve({}, /*start=*/true);
+  const SampleId id = Find("d1/f11.bin");
+  const ChunkId chunk = manifest_->ChunkOf(id);
+  auto segments = manifest_->Segments(chunk);
+  ASSERT_OK(segments);
+  uint32_t index = 0;
+  while ((*segments)[index].sample != id) ++index;
+  {
+    auto reader = store_->OpenChunkReader(Key(chunk), *segments);
+    ASSERT_OK(reader);
+    auto offset = (*reader)->PayloadOffset(index);
+    ASSERT_OK(offset);
+    const int fd = ::open(store_->ChunkPath(Key(chunk)).c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char byte = 0;
+    const off_t at = static_cast<off_t>(*offset + 3);
+    ASSERT_EQ(::pread(fd, &byte, 1, at), 1);
+    byte = static_cast<char>(byte ^ 0x40);
+    ASSERT_EQ(::pwrite(fd, &byte, 1, at), 1);
+    ::close(fd);
+    EXPECT_EQ((*reader)->Read(index).status().code(), StatusCode::kCorruption);
+  }
+  auto answer = service_->Read(Request({WholeSample(id), WholeSample(id)}));
+  ASSERT_OK(answer);
+  ASSERT_OK(answer->reply().items[0].status);
+  ASSERT_OK(answer->reply().items[1].status);
+  EXPECT_EQ(ItemBytes(*answer, 0), Expected(id));
+  EXPECT_EQ(ItemBytes(*answer, 1), Expected(id));
+  const ChunkReadServiceCounters c = service_->Counters();
+  EXPECT_EQ(c.checksum_failures, 1u);
+  EXPECT_EQ(c.restaged_segments, 1u);
+  // Re-staged: present again, and the file itself now verifies.
+  auto present = store_->PresentSegments(Key(chunk));
+  ASSERT_OK(present);
+  EXPECT_TRUE((*present)[index]);
+  auto reader = store_->OpenChunkReader(Key(chunk), *segments);
+  ASSERT_OK(reader);
+  auto bytes = (*reader)->Read(index);
+  ASSERT_OK(bytes);
+  EXPECT_EQ(*bytes, Expected(id));
+}
+
+TEST_F(ChunkReadServiceTest, ChangedSourceFileIsAPerItemErrorWithNoBytes) {
+  const std::string changed = "d2/f7.bin";
+  Serve();
+  dir_.WriteFile("source/" + changed, Bytes(changed + "v2", sizes_[changed]));
+  const auto mtime = fs::last_write_time(root_ + "/" + changed);
+  fs::last_write_time(root_ + "/" + changed, mtime + 5s);
+  const SampleId id = Find(changed);
+  const SampleId other = Find("d2/f12.bin");
+  auto answer = service_->Read(Request({WholeSample(id), WholeSample(other), WholeSample(id)}));
+  ASSERT_OK(answer);
+  ASSERT_EQ(answer->item_count(), 3u);
+  for (size_t i : {0u, 2u}) {
+    const ReadReplyItem& item = answer->reply().items[i];
+    EXPECT_EQ(item.status.code(), StatusCode::kFailedPrecondition) << item.status.ToString();
+    EXPECT_THAT(item.status.message(), HasSubstr(Quoted(changed)));
+    EXPECT_EQ(item.length, 0u);
+  }
+  ASSERT_OK(answer->reply().items[1].status);
+  ASSERT_EQ(answer->payload().size(), 1u);  // only the good item has bytes
+  EXPECT_EQ(ItemBytes(*answer, 1), Expected(other));
+  EXPECT_EQ(service_->Counters().items_source_error, 2u);
+}
+
+TEST_F(ChunkReadServiceTest, BadRequestsAndIds) {
+  const SampleId owned_sample = Find("d0/f0.bin");
+  const SampleId foreign = Find("big/a.bin");
+  ASSERT_NE(manifest_->ChunkOf(owned_sample), manifest_->ChunkOf(foreign));
+  Serve({manifest_->ChunkOf(owned_sample)});  // owns that chunk only
+  const SampleId count = static_cast<SampleId>(manifest_->sample_count());
+  // Unknown dataset or manifest: the whole request.
+  ReadRequest unknown = Request({WholeSample(0)});
+  unknown.dataset = "other";
+  auto r = service_->Read(unknown);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr("is not served by node 'node-a'"));
+  ReadRequest stale = Request({WholeSample(0)});
+  stale.manifest_id = ContentId{1, 2};
+  EXPECT_EQ(service_->Read(stale).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(service_->Counters().reads_not_found, 2u);
+
+  const SampleId in_chunk0 = owned_sample;
+  const uint32_t size0 = static_cast<uint32_t>(manifest_->SizeOf(in_chunk0));
+  auto answer = service_->Read(Request({
+      Sample(count, 0, 1),               // past the manifest
+      Sample(in_chunk0, size0, 1),       // past the sample's end
+      Sample(in_chunk0, 1, size0),       // overlapping its end
+      Sample(in_chunk0, ~0ull - 10, 5),  // offset near 2^64
+      WholeSample(foreign),              // a chunk this node does not own
+      WholeSample(in_chunk0),            // fine
+  }));
+  ASSERT_OK(answer);
+  ASSERT_EQ(answer->item_count(), 6u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(answer->reply().items[i].status.code(), StatusCode::kOutOfRange)
+        << i << ": " << answer->reply().items[i].status.ToString();
+  }
+  EXPECT_EQ(answer->reply().items[4].status.code(), StatusCode::kNotFound)
+      << answer->reply().items[4].status.ToString();
+  EXPECT_THAT(answer->reply().items[4].status.message(), HasSubstr("does not own"));
+  ASSERT_OK(answer->reply().items[5].status);
+  EXPECT_EQ(ItemBytes(*answer, 5), Expected(in_chunk0));
+
+  // Registry misuse.
+  EXPECT_EQ(service_->Add(manifest_, stager_).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(service_->Add(nullptr, stager_).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_->Add(manifest_, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_->Remove("other", manifest_->id()).code(), StatusCode::kNotFound);
+  ASSERT_OK(service_->Remove(kDataset, manifest_->id()));
+  EXPECT_EQ(service_->dataset_count(), 0u);
+  EXPECT_EQ(service_->Read(Request({WholeSample(0)})).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(ChunkReadServiceTest, StatNodeAndDataset) {
+  Serve({}, /*start=*/true);
+  auto node = service_->Stat(StatRequest{});
+  ASSERT_OK(node);
+  std::map<std::string, uint64_t> entries;
+  for (const StatEntry& e : node->entries) {
+    EXPECT_TRUE(entries.emplace(e.key, e.value).second) << "duplicate " << e.key;
+  }
+  EXPECT_EQ(entries["datasets_served"], 1u);
+  EXPECT_EQ(entries["datasets_complete"], 1u);
+  EXPECT_EQ(entries["chunks_owned"], manifest_->chunk_count());
+  EXPECT_EQ(entries["bytes_staged"], entries["bytes_owned"]);
+  auto ds = service_->Stat(StatRequest{kDataset, manifest_->id()});
+  ASSERT_OK(ds);
+  entries.clear();
+  for (const StatEntry& e : ds->entries) entries.emplace(e.key, e.value);
+  EXPECT_EQ(entries["state_complete"], 1u);
+  EXPECT_EQ(entries["chunks_staged"], manifest_->chunk_count());
+  EXPECT_OK(service_->Stat(StatRequest{kDataset, ContentId{}}));
+  EXPECT_EQ(service_->Stat(StatRequest{"nope", ContentId{}}).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(service_->Stat(StatRequest{kDataset, ContentId{3, 4}}).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(ChunkReadServiceTest, ConcurrentReadersDuringBulkStaging) {
+  Serve();
+  ASSERT_OK(stager_->Start());  // bulk staging races the readers
+  std::atomic<int> wrong{0};
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<uint32_t>(t));
+      for (int round = 0; round < 10; ++round) {
+        std::vector<ReadItem> items;
+        for (int k = 0; k < 16; ++k) {
+          items.push_back(WholeSample(static_cast<SampleId>(rng() % manifest_->sample_count())));
+        }
+        auto answer = service_->Read(Request(items));
+        if (!answer.ok()) {
+          ++wrong;
+          continue;
+        }
+        for (size_t i = 0; i < items.size(); ++i) {
+          if (answer->reply().items[i].status.ok() &&
+              ItemBytes(*answer, i) == Expected(items[i].id)) {
+            ++ok;
+          } else {
+            ++wrong;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(ok.load(), 4 * 10 * 16);
+  ASSERT_TRUE(WaitFor([&] { return stager_->Progress().state == StagingState::kComplete; }, 20s));
+}
+
+TEST_F(ChunkReadServiceTest, EndToEndThroughServerAndPeerClient) {
+  Serve({}, /*start=*/true);
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.node_name = "node-a";
+  auto server = Server::Start(service_, options);
+  ASSERT_OK(server);
+  PeerClientOptions co;
+  co.client_name = "chunk-read-service-test";
+  co.connect_timeout = 5s;
+  co.call_timeout = 10s;
+  auto client = PeerClient::Connect("127.0.0.1:" + std::to_string((*server)->port()), co);
+  ASSERT_OK(client);
+
+  const SampleId big = Find("big/a.bin");
+  std::vector<ReadItem> items;
+  for (SampleId id = 0; id < 50; ++id) items.push_back(WholeSample(id));
+  items.push_back(WholeSample(big));
+  items.push_back(Sample(static_cast<SampleId>(manifest_->sample_count()), 0, 1));
+  items.push_back(ChunkRange(0, 0, 1000));
+  auto reply = client->Read(Request(items));
+  ASSERT_OK(reply);
+  ASSERT_EQ(reply->size(), items.size());
+  for (SampleId id = 0; id < 50; ++id) {
+    ASSERT_OK(reply->status(id));
+    EXPECT_EQ(reply->bytes(id), Expected(id)) << id;
+  }
+  ASSERT_OK(reply->status(50));
+  EXPECT_EQ(reply->bytes(50), Expected(big));
+  EXPECT_EQ(reply->status(51).code(), StatusCode::kOutOfRange);
+  ASSERT_OK(reply->status(52));
+  EXPECT_EQ(reply->bytes(52), ChunkPayload(0).substr(0, 1000));
+
+  ReadRequest unknown = Request({WholeSample(0)});
+  unknown.dataset = "other";
+  auto failed = client->Read(unknown);
+  EXPECT_EQ(failed.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(failed.status().message(), HasSubstr("not served by node"));
+
+  // The connection keeps serving.
+  auto again = client->Read(Request({WholeSample(3)}));
+  ASSERT_OK(again);
+  EXPECT_EQ(again->bytes(0), Expected(3));
+  auto stat = client->Stat(StatRequest{kDataset, manifest_->id()});
+  ASSERT_OK(stat);
+  EXPECT_FALSE(stat->entries.empty());
+  (*server)->Stop();
+}
+
+}  // namespace
+}  // namespace granary
