@@ -208,8 +208,12 @@ class ChunkReadService::ItemReader {
       return Classify(segments[index].sample, fetched.status());
     }
     service_.restaged_segments_.fetch_add(1, std::memory_order_relaxed);
-    // Our reader's view of the chunk is stale now: reopen on the next use.
-    chunks_.erase(chunk);
+    // Our reader's view of the chunk is stale now (the segment was dropped and
+    // put again): refresh it, or read the rest of the chunk through the Stager.
+    // The entry stays: callers iterate over its segment list.
+    if (auto it = chunks_.find(chunk); it != chunks_.end() && it->second.reader.has_value()) {
+      if (!it->second.reader->Refresh().ok()) it->second.reader.reset();
+    }
     return fetched;
   }
 
