@@ -34,7 +34,8 @@ Status OptionalCount(ConfigMap& m, std::string_view key, uint32_t lo, uint32_t h
 }
 
 // Reads an optional string; *given says whether the key had a value (a key
-// with an empty YAML value counts as absent, as everywhere in ConfigMap).
+// with an empty YAML value counts as absent, as everywhere in ConfigMap). The
+// sentinel starts with a control byte, which no accepted value contains.
 Status OptionalString(ConfigMap& m, std::string_view key, std::string* out, bool* given) {
   constexpr std::string_view kUnset = "\x01unset";
   std::string text(kUnset);
@@ -50,8 +51,9 @@ Status OptionalAddress(ConfigMap& m, std::string_view key, std::string_view what
   GRANARY_RETURN_IF_ERROR(OptionalString(m, key, &text, &given));
   if (!given) return Status::Ok();
   Result<NetAddress> address = ParseNetAddress(text, what);
-  if (!address.ok())
+  if (!address.ok()) {
     return Status::InvalidArgument(m.Where(key) + ": " + address.status().message());
+  }
   *out = *address;
   return Status::Ok();
 }
@@ -128,9 +130,8 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
   if (node_id_given) {
     Status valid = ValidateNodeId(c->node_id);
     if (!valid.ok()) {
-      return Status::InvalidArgument(m.Where("node_id") + ": " + Quoted(c->node_id) +
-                                     " is not a node id (" + valid.message() +
-                                     "); write e.g. gpu-7 or node-3.cluster");
+      return Status::InvalidArgument(m.Where("node_id") + ": " + valid.message() +
+                                     "; write e.g. gpu-7 or node-3.cluster");
     }
   } else {
     Result<std::string> host = HostName();
