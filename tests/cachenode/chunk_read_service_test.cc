@@ -275,6 +275,43 @@ TEST_F(ChunkReadServiceTest, FlippedPayloadByteIsDetectedRestagedAndServedCorrec
   EXPECT_EQ(*bytes, Expected(id));
 }
 
+// A corrupt stored copy whose source file changed since: it can be neither
+// served nor re-staged, so the item fails and no byte of it is sent.
+TEST_F(ChunkReadServiceTest, CorruptCopyOfAChangedFileIsNeverServed) {
+  Serve({}, /*start=*/true);
+  const std::string changed = "d4/f9.bin";
+  const SampleId id = Find(changed);
+  const ChunkId chunk = manifest_->ChunkOf(id);
+  auto segments = manifest_->Segments(chunk);
+  ASSERT_OK(segments);
+  uint32_t index = 0;
+  while ((*segments)[index].sample != id) ++index;
+  auto reader = store_->OpenChunkReader(Key(chunk), *segments);
+  ASSERT_OK(reader);
+  auto offset = (*reader)->PayloadOffset(index);
+  ASSERT_OK(offset);
+  const int fd = ::open(store_->ChunkPath(Key(chunk)).c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const char zero = 0;
+  char byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(*offset)), 1);
+  const char flipped = static_cast<char>(byte == zero ? 1 : 0);
+  ASSERT_EQ(::pwrite(fd, &flipped, 1, static_cast<off_t>(*offset)), 1);
+  ::close(fd);
+  dir_.WriteFile("source/" + changed, Bytes(changed + "v2", sizes_[changed]));
+  const auto mtime = fs::last_write_time(root_ + "/" + changed);
+  fs::last_write_time(root_ + "/" + changed, mtime + 5s);
+
+  auto answer = service_->Read(Request({WholeSample(id)}));
+  ASSERT_OK(answer);
+  ASSERT_EQ(answer->item_count(), 1u);
+  EXPECT_EQ(answer->reply().items[0].status.code(), StatusCode::kFailedPrecondition)
+      << answer->reply().items[0].status.ToString();
+  EXPECT_TRUE(answer->payload().empty());
+  EXPECT_EQ(service_->Counters().checksum_failures, 1u);
+  EXPECT_EQ(service_->Counters().restaged_segments, 0u);
+}
+
 TEST_F(ChunkReadServiceTest, ChangedSourceFileIsAPerItemErrorWithNoBytes) {
   const std::string changed = "d2/f7.bin";
   Serve();
