@@ -39,6 +39,7 @@ class ChunkReadService::ItemReader {
 
   // Appends bytes [offset, offset + length) of the item to `out`.
   Status ReadItem(const ReadItem& item, std::string* out, bool* on_demand) {
+    source_error_ = false;
     const Manifest& manifest = *served_.manifest;
     const uint64_t begin = item.offset;
     const uint64_t end = item.offset + item.length;  // offset < 2^64 - 2^32 (codec)
@@ -98,6 +99,9 @@ class ChunkReadService::ItemReader {
     }
     return Status::Ok();
   }
+
+  // Whether the last item failed on a sample's recorded source error.
+  bool source_error() const { return source_error_; }
 
  private:
   struct OpenChunk {
@@ -166,9 +170,10 @@ class ChunkReadService::ItemReader {
   // A chunk this node does not hold is kNotFound on the wire (protocol.md);
   // the Stager says kFailedPrecondition for it, which is also what a changed
   // source file is, so only a sample without a recorded source error is mapped.
-  Status Classify(SampleId sample, const Status& status) const {
-    if (status.code() == StatusCode::kFailedPrecondition &&
-        served_.stager->SampleError(sample).ok()) {
+  Status Classify(SampleId sample, const Status& status) {
+    const bool recorded = !served_.stager->SampleError(sample).ok();
+    source_error_ = source_error_ || recorded;
+    if (status.code() == StatusCode::kFailedPrecondition && !recorded) {
       return Status::NotFound(status.message() + " (node " + Quoted(service_.options_.node_name) +
                               ")");
     }
@@ -219,6 +224,7 @@ class ChunkReadService::ItemReader {
 
   ChunkReadService& service_;
   const Served& served_;
+  bool source_error_ = false;
   const std::string& dataset_;
   std::map<ChunkId, OpenChunk> chunks_;
 };
@@ -310,8 +316,7 @@ Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
     bool on_demand = false;
     Status status = reader.ReadItem(item, &bytes, &on_demand);
     if (!status.ok()) {
-      if (item.kind == ReadKind::kSample && item.id < served->manifest->sample_count() &&
-          !served->stager->SampleError(item.id).ok()) {
+      if (reader.source_error()) {
         items_source_error_.fetch_add(1, std::memory_order_relaxed);
       } else {
         CountError(status);

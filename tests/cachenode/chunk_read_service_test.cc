@@ -320,10 +320,12 @@ TEST_F(ChunkReadServiceTest, ChangedSourceFileIsAPerItemErrorWithNoBytes) {
   fs::last_write_time(root_ + "/" + changed, mtime + 5s);
   const SampleId id = Find(changed);
   const SampleId other = Find("d2/f12.bin");
-  auto answer = service_->Read(Request({WholeSample(id), WholeSample(other), WholeSample(id)}));
+  auto answer = service_->Read(
+      Request({WholeSample(id), WholeSample(other), WholeSample(id),
+               ChunkRange(manifest_->ChunkOf(id), manifest_->ChunkOffsetOf(id), 1)}));
   ASSERT_OK(answer);
-  ASSERT_EQ(answer->item_count(), 3u);
-  for (size_t i : {0u, 2u}) {
+  ASSERT_EQ(answer->item_count(), 4u);
+  for (size_t i : {0u, 2u, 3u}) {
     const ReadReplyItem& item = answer->reply().items[i];
     EXPECT_EQ(item.status.code(), StatusCode::kFailedPrecondition) << item.status.ToString();
     EXPECT_THAT(item.status.message(), HasSubstr(Quoted(changed)));
@@ -332,7 +334,8 @@ TEST_F(ChunkReadServiceTest, ChangedSourceFileIsAPerItemErrorWithNoBytes) {
   ASSERT_OK(answer->reply().items[1].status);
   ASSERT_EQ(answer->payload().size(), 1u);  // only the good item has bytes
   EXPECT_EQ(ItemBytes(*answer, 1), Expected(other));
-  EXPECT_EQ(service_->Counters().items_source_error, 2u);
+  EXPECT_EQ(service_->Counters().items_source_error, 3u);
+  EXPECT_EQ(service_->Counters().items_other_error, 0u);
 }
 
 TEST_F(ChunkReadServiceTest, BadRequestsAndIds) {
