@@ -241,11 +241,10 @@ Status ChunkReadService::Add(std::shared_ptr<const Manifest> manifest,
   }
   const std::string what = "adding " + ManifestName(stager->dataset(), manifest->id()) +
                            " to the read service of node " + Quoted(options_.node_name);
-  if (stager->chunk_order().size() != manifest->chunk_count()) {
-    return Status::InvalidArgument(
-        what + ": the stager has " + std::to_string(stager->chunk_order().size()) +
-        " chunks and the manifest " + std::to_string(manifest->chunk_count()) +
-        "; create the stager over this manifest");
+  if (stager->manifest()->id() != manifest->id()) {
+    return Status::InvalidArgument(what + ": the stager stages manifest " +
+                                   stager->manifest()->id().ToHex() +
+                                   "; create the stager over this manifest");
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto key = std::pair(stager->dataset(), manifest->id());

@@ -59,7 +59,8 @@ StagingProgress StagerProgress::ToStagingProgress() const {
   return p;
 }
 
-Result<std::unique_ptr<Stager>> Stager::Create(const Manifest& manifest, Source& source,
+Result<std::unique_ptr<Stager>> Stager::Create(std::shared_ptr<const Manifest> manifest,
+                                               std::shared_ptr<Source> source,
                                                std::shared_ptr<ChunkStore> store,
                                                std::span<const ChunkId> owned,
                                                StagerOptions options) {
@@ -69,6 +70,13 @@ Result<std::unique_ptr<Stager>> Stager::Create(const Manifest& manifest, Source&
         doing +
         ": the dataset name is not a DNS-1123 label (1..63 of "
         "[a-z0-9-], alphanumeric at both ends); pass the dataset's name");
+  }
+  if (manifest == nullptr) {
+    return Status::InvalidArgument(doing + ": no manifest given; load the dataset's manifest");
+  }
+  if (source == nullptr) {
+    return Status::InvalidArgument(doing +
+                                   ": no source given; open the dataset's source as its owner");
   }
   if (store == nullptr) {
     return Status::InvalidArgument(doing +
@@ -83,8 +91,8 @@ Result<std::unique_ptr<Stager>> Stager::Create(const Manifest& manifest, Source&
     return Status::InvalidArgument(
         doing + ": disk_full_backoff must be > 0 and disk_full_backoff_max >= it");
   }
-  const size_t chunk_count = manifest.chunk_count();
-  const size_t sample_count = manifest.sample_count();
+  const size_t chunk_count = manifest->chunk_count();
+  const size_t sample_count = manifest->sample_count();
   for (ChunkId c : owned) {
     if (c >= chunk_count) {
       return Status::InvalidArgument(doing + ": owned chunk " + std::to_string(c) +
@@ -96,7 +104,7 @@ Result<std::unique_ptr<Stager>> Stager::Create(const Manifest& manifest, Source&
   std::vector<ChunkId> chunk_order;
   chunk_order.reserve(chunk_count);
   std::vector<bool> seen(chunk_count, false);
-  const uint64_t chunk_size = manifest.chunk_size();
+  const uint64_t chunk_size = manifest->chunk_size();
   for (SampleId s : options.order) {
     if (s >= sample_count) {
       return Status::InvalidArgument(doing + ": the staging order names sample " +
@@ -104,8 +112,8 @@ Result<std::unique_ptr<Stager>> Stager::Create(const Manifest& manifest, Source&
                                      std::to_string(sample_count) +
                                      " samples; compute the order from this manifest's plans");
     }
-    const ChunkId first = manifest.ChunkOf(s);
-    const uint64_t size = manifest.SizeOf(s);
+    const ChunkId first = manifest->ChunkOf(s);
+    const uint64_t size = manifest->SizeOf(s);
     const uint64_t pieces = size > chunk_size ? (size + chunk_size - 1) / chunk_size : 1;
     for (uint64_t p = 0; p < pieces; ++p) {
       const ChunkId c = first + static_cast<ChunkId>(p);
@@ -118,12 +126,13 @@ Result<std::unique_ptr<Stager>> Stager::Create(const Manifest& manifest, Source&
   for (size_t c = 0; c < chunk_count; ++c) {
     if (!seen[c]) chunk_order.push_back(static_cast<ChunkId>(c));
   }
-  std::unique_ptr<Stager> stager(
-      new Stager(manifest, source, std::move(store), std::move(options), std::move(chunk_order)));
+  std::unique_ptr<Stager> stager(new Stager(std::move(manifest), std::move(source),
+                                            std::move(store), std::move(options),
+                                            std::move(chunk_order)));
   {
     std::lock_guard<std::mutex> lock(stager->mu_);
     for (size_t c = 0; c < chunk_count; ++c) {
-      GRANARY_ASSIGN_OR_RETURN(ChunkInfo info, manifest.Chunk(static_cast<ChunkId>(c)));
+      GRANARY_ASSIGN_OR_RETURN(ChunkInfo info, stager->manifest_->Chunk(static_cast<ChunkId>(c)));
       stager->chunks_[c].payload = info.payload_bytes;
     }
     for (ChunkId c : owned) {
@@ -135,14 +144,15 @@ Result<std::unique_ptr<Stager>> Stager::Create(const Manifest& manifest, Source&
   return stager;
 }
 
-Stager::Stager(const Manifest& manifest, Source& source, std::shared_ptr<ChunkStore> store,
-               StagerOptions options, std::vector<ChunkId> chunk_order)
-    : manifest_(manifest),
-      source_(source),
+Stager::Stager(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Source> source,
+               std::shared_ptr<ChunkStore> store, StagerOptions options,
+               std::vector<ChunkId> chunk_order)
+    : manifest_(std::move(manifest)),
+      source_(std::move(source)),
       store_(std::move(store)),
       options_(std::move(options)),
       chunk_order_(std::move(chunk_order)),
-      chunks_(manifest.chunk_count()) {}
+      chunks_(manifest_->chunk_count()) {}
 
 Stager::~Stager() { Stop(); }
 
@@ -161,7 +171,7 @@ Status Stager::Start() {
 }
 
 Status Stager::SetOwnedChunks(std::span<const ChunkId> owned) {
-  const size_t chunk_count = manifest_.chunk_count();
+  const size_t chunk_count = manifest_->chunk_count();
   for (ChunkId c : owned) {
     if (c >= chunk_count) {
       return Status::InvalidArgument("setting the owned chunks of dataset " +
@@ -295,7 +305,7 @@ void Stager::WorkerLoop() {
 
 Stager::Outcome Stager::StageChunk(ChunkId chunk) {
   auto log = GetLogger("cachenode");
-  auto segments_or = manifest_.Segments(chunk);
+  auto segments_or = manifest_->Segments(chunk);
   if (!segments_or.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     last_error_ = segments_or.status().WithContext("staging " + ChunkName(options_.dataset, chunk));
@@ -481,10 +491,10 @@ void Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segmen
 }
 
 Status Stager::ReadFromSource(const ChunkSegment& segment, std::string* out) {
-  SourceFile file{manifest_.PathOf(segment.sample), manifest_.SizeOf(segment.sample),
-                  manifest_.MtimeOf(segment.sample)};
+  SourceFile file{manifest_->PathOf(segment.sample), manifest_->SizeOf(segment.sample),
+                  manifest_->MtimeOf(segment.sample)};
   out->assign(segment.length, '\0');
-  Status s = source_.Read(file, segment.sample_offset, std::span<char>(out->data(), out->size()));
+  Status s = source_->Read(file, segment.sample_offset, std::span<char>(out->data(), out->size()));
   if (!s.ok()) out->clear();
   return s;
 }
@@ -498,11 +508,11 @@ Result<std::string> Stager::ReadFromStore(ChunkId chunk, std::span<const ChunkSe
 Result<std::string> Stager::FetchSegment(ChunkId chunk, uint32_t index) {
   const std::string what =
       "fetching segment " + std::to_string(index) + " of " + ChunkName(options_.dataset, chunk);
-  if (chunk >= manifest_.chunk_count()) {
+  if (chunk >= manifest_->chunk_count()) {
     return Status::InvalidArgument(what + ": the manifest has " +
-                                   std::to_string(manifest_.chunk_count()) + " chunks");
+                                   std::to_string(manifest_->chunk_count()) + " chunks");
   }
-  GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> segments, manifest_.Segments(chunk));
+  GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> segments, manifest_->Segments(chunk));
   if (index >= segments.size()) {
     return Status::InvalidArgument(what + ": the chunk has " + std::to_string(segments.size()) +
                                    " segments");
@@ -568,20 +578,20 @@ Result<std::string> Stager::FetchSegment(ChunkId chunk, uint32_t index) {
 }
 
 Result<std::string> Stager::FetchSample(SampleId sample) {
-  if (sample >= manifest_.sample_count()) {
+  if (sample >= manifest_->sample_count()) {
     return Status::InvalidArgument("fetching sample " + std::to_string(sample) + " of dataset " +
                                    Quoted(options_.dataset) + ": the manifest has " +
-                                   std::to_string(manifest_.sample_count()) + " samples");
+                                   std::to_string(manifest_->sample_count()) + " samples");
   }
-  const uint64_t size = manifest_.SizeOf(sample);
-  const uint64_t chunk_size = manifest_.chunk_size();
+  const uint64_t size = manifest_->SizeOf(sample);
+  const uint64_t chunk_size = manifest_->chunk_size();
   const uint64_t pieces = size > chunk_size ? (size + chunk_size - 1) / chunk_size : 1;
-  const ChunkId first = manifest_.ChunkOf(sample);
+  const ChunkId first = manifest_->ChunkOf(sample);
   std::string out;
   out.reserve(size);
   for (uint64_t p = 0; p < pieces; ++p) {
     const ChunkId chunk = first + static_cast<ChunkId>(p);
-    GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> segments, manifest_.Segments(chunk));
+    GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> segments, manifest_->Segments(chunk));
     auto it = std::find_if(segments.begin(), segments.end(),
                            [&](const ChunkSegment& s) { return s.sample == sample; });
     if (it == segments.end()) {
@@ -611,7 +621,7 @@ void Stager::RefreshFromStoreLocked(ChunkId chunk) {
   state.done = false;
   state.present_bytes = 0;
   state.present_segments = 0;
-  auto segments = manifest_.Segments(chunk);
+  auto segments = manifest_->Segments(chunk);
   if (!segments.ok()) return;  // cannot happen for an id below chunk_count
   state.segment_count = static_cast<uint32_t>(segments->size());
   auto present = store_->PresentSegments(Key(chunk));

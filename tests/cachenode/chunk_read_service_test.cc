@@ -110,7 +110,7 @@ class ChunkReadServiceTest : public ::testing::Test {
     StagerOptions o;
     o.dataset = kDataset;
     o.threads = 2;
-    auto s = Stager::Create(*manifest_, *source_, store_, owned, o);
+    auto s = Stager::Create(manifest_, source_, store_, owned, o);
     ASSERT_OK(s);
     stager_ = std::shared_ptr<Stager>(std::move(*s));
     ASSERT_OK(service_->Add(manifest_, stager_));
@@ -160,7 +160,7 @@ class ChunkReadServiceTest : public ::testing::Test {
   std::map<std::string, size_t> sizes_;
   std::unique_ptr<IdentityExecutor> executor_;
   std::shared_ptr<const Manifest> manifest_;
-  std::unique_ptr<Source> source_;
+  std::shared_ptr<Source> source_;
   std::shared_ptr<ChunkStore> store_;
   std::shared_ptr<Stager> stager_;
   std::shared_ptr<ChunkReadService> service_;
@@ -385,6 +385,30 @@ TEST_F(ChunkReadServiceTest, BadRequestsAndIds) {
   ASSERT_OK(service_->Remove(kDataset, manifest_->id()));
   EXPECT_EQ(service_->dataset_count(), 0u);
   EXPECT_EQ(service_->Read(Request({WholeSample(0)})).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(ChunkReadServiceTest, AddRefusesAStagerOfAnotherManifestWithTheSameChunkCount) {
+  Serve();
+  ASSERT_OK(service_->Remove(kDataset, manifest_->id()));
+  // The same tree snapshotted again after one file's mtime moved: same
+  // geometry, another manifest id.
+  const fs::path touched = fs::path(root_) / manifest_->PathOf(0);
+  fs::last_write_time(touched, fs::last_write_time(touched) + 5s);
+  ManifestBuildOptions options;
+  options.source_root = root_;
+  options.chunk_size = kChunkSize;
+  options.threads = 2;
+  auto m = BuildManifest(options);
+  ASSERT_OK(m);
+  auto other = std::make_shared<const Manifest>(std::move(*m));
+  ASSERT_EQ(other->chunk_count(), manifest_->chunk_count());
+  ASSERT_NE(other->id(), manifest_->id());
+  Status s = service_->Add(other, stager_);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("create the stager over this manifest"));
+  EXPECT_EQ(service_->dataset_count(), 0u);
+  EXPECT_EQ(stager_->manifest(), manifest_);
+  EXPECT_EQ(stager_->source(), source_);
 }
 
 TEST_F(ChunkReadServiceTest, StatNodeAndDataset) {

@@ -48,19 +48,19 @@ constexpr char kDataset[] = "imagenet";
 // A Source that records every read and can hold reads at a gate.
 class GatedSource final : public Source {
  public:
-  explicit GatedSource(Source& inner) : inner_(inner) {}
+  explicit GatedSource(std::shared_ptr<Source> inner) : inner_(std::move(inner)) {}
 
   Status Read(const SourceFile& file, uint64_t offset, std::span<char> out) override {
     Gate(file, offset);
-    return inner_.Read(file, offset, out);
+    return inner_->Read(file, offset, out);
   }
   Status TryRead(const SourceFile& file, uint64_t offset, std::span<char> out) override {
     Gate(file, offset);
-    return inner_.TryRead(file, offset, out);
+    return inner_->TryRead(file, offset, out);
   }
-  SourceCounters Counters() const override { return inner_.Counters(); }
-  const std::string& uri() const override { return inner_.uri(); }
-  uint32_t max_in_flight() const override { return inner_.max_in_flight(); }
+  SourceCounters Counters() const override { return inner_->Counters(); }
+  const std::string& uri() const override { return inner_->uri(); }
+  uint32_t max_in_flight() const override { return inner_->max_in_flight(); }
 
   // Reads for which `hold` returns true wait until Open().
   void HoldIf(std::function<bool(const SourceFile&, uint64_t)> hold) {
@@ -93,7 +93,7 @@ class GatedSource final : public Source {
     }
   }
 
-  Source& inner_;
+  const std::shared_ptr<Source> inner_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::function<bool(const SourceFile&, uint64_t)> hold_;
@@ -138,7 +138,7 @@ class StagerTest : public ::testing::Test {
     options.threads = 2;
     auto m = BuildManifest(options);
     ASSERT_OK(m);
-    manifest_ = std::make_unique<Manifest>(std::move(*m));
+    manifest_ = std::make_shared<const Manifest>(std::move(*m));
     ASSERT_GT(manifest_->chunk_count(), 20u);
     total_segments_ = 0;
     for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) {
@@ -160,7 +160,7 @@ class StagerTest : public ::testing::Test {
     auto s = PosixSource::Open(std::move(o));
     ASSERT_OK(s);
     source_ = std::move(*s);
-    gated_ = std::make_unique<GatedSource>(*source_);
+    gated_ = std::make_shared<GatedSource>(source_);
     auto store = ChunkStore::Open(store_dir_, capacity);
     ASSERT_OK(store);
     store_ = std::move(*store);
@@ -174,7 +174,7 @@ class StagerTest : public ::testing::Test {
 
   void CreateStager(std::vector<ChunkId> owned, StagerOptions options = {}) {
     options.dataset = kDataset;
-    auto s = Stager::Create(*manifest_, *gated_, store_, owned, std::move(options));
+    auto s = Stager::Create(manifest_, gated_, store_, owned, std::move(options));
     ASSERT_OK(s);
     stager_ = std::move(*s);
   }
@@ -234,10 +234,10 @@ class StagerTest : public ::testing::Test {
   std::string store_dir_;
   std::map<std::string, size_t> sizes_;
   std::unique_ptr<IdentityExecutor> executor_;
-  std::unique_ptr<Manifest> manifest_;
+  std::shared_ptr<const Manifest> manifest_;
   size_t total_segments_ = 0;
-  std::unique_ptr<PosixSource> source_;
-  std::unique_ptr<GatedSource> gated_;
+  std::shared_ptr<PosixSource> source_;
+  std::shared_ptr<GatedSource> gated_;
   std::shared_ptr<ChunkStore> store_;
   std::unique_ptr<Stager> stager_;
 };
@@ -580,7 +580,7 @@ TEST_F(StagerTest, NewlyOwnedChunksGetStaged) {
 TEST_F(StagerTest, BadInputsAreRefusedClearly) {
   OpenSourceAndStore();
   auto create = [&](std::vector<ChunkId> owned, StagerOptions o) {
-    return Stager::Create(*manifest_, *gated_, store_, owned, std::move(o)).status();
+    return Stager::Create(manifest_, gated_, store_, owned, std::move(o)).status();
   };
   StagerOptions o;
   o.dataset = "Not A Label";
@@ -605,8 +605,14 @@ TEST_F(StagerTest, BadInputsAreRefusedClearly) {
   EXPECT_EQ(create({0}, o).code(), StatusCode::kInvalidArgument);
   StagerOptions named;
   named.dataset = kDataset;
-  EXPECT_EQ(Stager::Create(*manifest_, *gated_, nullptr, {}, named).status().code(),
+  EXPECT_EQ(Stager::Create(manifest_, gated_, nullptr, {}, named).status().code(),
             StatusCode::kInvalidArgument);
+  s = Stager::Create(nullptr, gated_, store_, {}, named).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("no manifest"));
+  s = Stager::Create(manifest_, nullptr, store_, {}, named).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("no source"));
 
   CreateStager({0}, Threads(1));
   EXPECT_EQ(

@@ -78,8 +78,9 @@ class ChunkReadService final : public ReadService {
   ChunkReadService& operator=(const ChunkReadService&) = delete;
 
   // Serves `manifest` of `stager->dataset()` from now on. The stager must have
-  // been created over `manifest` and this service's store. kInvalidArgument for
-  // null arguments or a mismatched stager; kAlreadyExists if served already.
+  // been created over `manifest` (the same manifest id) and this service's
+  // store. kInvalidArgument for null arguments or a stager of another
+  // manifest; kAlreadyExists if served already.
   Status Add(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Stager> stager);
   // Stops serving it (READs in progress finish). kNotFound if not served.
   Status Remove(std::string_view dataset, const ContentId& manifest_id);
@@ -95,8 +96,7 @@ class ChunkReadService final : public ReadService {
 
  private:
   struct Served {
-    // Declared first so that the stager (which refers to it) is destroyed first.
-    std::shared_ptr<const Manifest> manifest;
+    std::shared_ptr<const Manifest> manifest;  // the stager's own (same id)
     std::shared_ptr<Stager> stager;
   };
   struct KeyLess {

@@ -38,7 +38,8 @@
 //
 // Thread safety: every public method may be called from any number of threads
 // at once, except the destructor (no call may be running or start once it
-// has begun). The Manifest and the Source must outlive the Stager. All
+// has begun). The Stager shares ownership of its Manifest, Source and
+// ChunkStore, so none of them can be destroyed under it. All
 // mutable state is guarded by Stager::mu_, which is never held across source
 // reads or store I/O.
 
@@ -143,7 +144,10 @@ class Stager {
   // (chunk ids, any order, duplicates allowed). Reads what the store already
   // holds of the owned chunks; starts no thread (Start does). kInvalidArgument
   // for a bad dataset name, thread count, chunk id or sample id in the order.
-  static Result<std::unique_ptr<Stager>> Create(const Manifest& manifest, Source& source,
+  // kInvalidArgument for a null manifest, source or store too. The Stager
+  // shares ownership of all three: none can die under it.
+  static Result<std::unique_ptr<Stager>> Create(std::shared_ptr<const Manifest> manifest,
+                                                std::shared_ptr<Source> source,
                                                 std::shared_ptr<ChunkStore> store,
                                                 std::span<const ChunkId> owned,
                                                 StagerOptions options);
@@ -193,6 +197,8 @@ class Stager {
   // Every chunk of the manifest in staging order (owned or not).
   const std::vector<ChunkId>& chunk_order() const { return chunk_order_; }
   const std::string& dataset() const { return options_.dataset; }
+  const std::shared_ptr<const Manifest>& manifest() const { return manifest_; }
+  const std::shared_ptr<Source>& source() const { return source_; }
 
  private:
   // One source read of one segment, shared by everyone who needs it. Fields
@@ -217,8 +223,9 @@ class Stager {
   enum class Outcome { kDone, kStopped, kCapacity, kDiskFull, kFailed };
   using FillKey = std::pair<ChunkId, uint32_t>;
 
-  Stager(const Manifest& manifest, Source& source, std::shared_ptr<ChunkStore> store,
-         StagerOptions options, std::vector<ChunkId> chunk_order);
+  Stager(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Source> source,
+         std::shared_ptr<ChunkStore> store, StagerOptions options,
+         std::vector<ChunkId> chunk_order);
 
   void WorkerLoop();
   // A chunk for a worker to take, or false; mu_ held.
@@ -239,10 +246,10 @@ class Stager {
   void UpdateDoneLocked(ChunkId chunk, std::span<const ChunkSegment> segments,
                         const std::vector<bool>& present);
   StagingState StateLocked() const;
-  ChunkKey Key(ChunkId chunk) const { return ChunkKey{options_.dataset, manifest_.id(), chunk}; }
+  ChunkKey Key(ChunkId chunk) const { return ChunkKey{options_.dataset, manifest_->id(), chunk}; }
 
-  const Manifest& manifest_;
-  Source& source_;
+  const std::shared_ptr<const Manifest> manifest_;
+  const std::shared_ptr<Source> source_;
   const std::shared_ptr<ChunkStore> store_;
   const StagerOptions options_;
   const std::vector<ChunkId> chunk_order_;
