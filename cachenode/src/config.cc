@@ -225,6 +225,7 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
       OptionalPositiveDuration(m, "heartbeat_interval", &c->heartbeat_interval));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "heartbeat_ttl", &c->heartbeat_ttl));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "drain_timeout", &c->drain_timeout));
+  GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "startup_timeout", &c->startup_timeout));
   if (c->heartbeat_ttl < kMinNodeTtl || c->heartbeat_ttl > kMaxNodeTtl) {
     return Status::InvalidArgument(m.Where("heartbeat_ttl") + ": " +
                                    DurationText(c->heartbeat_ttl) + " is out of range; write " +

@@ -104,6 +104,7 @@ TEST(CacheNodeConfigTest, TheExampleFileParses) {
   EXPECT_EQ(c->heartbeat_interval, std::chrono::seconds(2));
   EXPECT_EQ(c->heartbeat_ttl, std::chrono::seconds(10));
   EXPECT_EQ(c->drain_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(c->startup_timeout, std::chrono::seconds(30));
   EXPECT_EQ(c->log_level, spdlog::level::info);
   EXPECT_EQ(c->scan_mode, ChunkScanMode::kPresence);
   EXPECT_EQ(c->scan_threads, 4u);
@@ -130,7 +131,7 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
     ++keys;
     EXPECT_NE(example.find("\n" + key + ": "), std::string::npos) << key << " not in the example";
   }
-  EXPECT_EQ(keys, 18u) << msg;
+  EXPECT_EQ(keys, 19u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {
@@ -182,6 +183,7 @@ TEST(CacheNodeConfigTest, EveryFieldSet) {
                      "heartbeat_interval: 250ms\n"
                      "heartbeat_ttl: 501ms\n"
                      "drain_timeout: 1m\n"
+                     "startup_timeout: 750ms\n"
                      "log_level: debug\n"
                      "scan_mode: verify\n";
   Result<CacheNodeConfig> c = ParseCacheNodeConfig(text, "node.yaml");
@@ -200,6 +202,7 @@ TEST(CacheNodeConfigTest, EveryFieldSet) {
   EXPECT_EQ(c->heartbeat_interval, std::chrono::milliseconds(250));
   EXPECT_EQ(c->heartbeat_ttl, std::chrono::milliseconds(501));
   EXPECT_EQ(c->drain_timeout, std::chrono::minutes(1));
+  EXPECT_EQ(c->startup_timeout, std::chrono::milliseconds(750));
   EXPECT_EQ(c->log_level, spdlog::level::debug);
   EXPECT_EQ(c->scan_mode, ChunkScanMode::kVerifyPayload);
 }
@@ -336,7 +339,7 @@ TEST(CacheNodeConfigTest, BadCounts) {
 }
 
 TEST(CacheNodeConfigTest, BadDurations) {
-  for (const char* key : {"heartbeat_interval", "heartbeat_ttl", "drain_timeout"}) {
+  for (const char* key : {"heartbeat_interval", "heartbeat_ttl", "drain_timeout", "startup_timeout"}) {
     ExpectBadValue(key, "0s", "0s is not a positive duration", "e.g. 250ms");
     ExpectBadValue(key, "0", "0s is not a positive duration", "e.g. 250ms");
     for (const char* bad : {"-1s", "5 parsecs", "fast", "2d", "1.2.3s"}) {

@@ -90,6 +90,9 @@ struct CacheNodeConfig {
   // `drain_timeout`: on SIGTERM, how long in-flight requests may finish
   // (ServerOptions::drain_timeout); > 0.
   std::chrono::milliseconds drain_timeout{5000};
+  // `startup_timeout`: how long start-up keeps trying to reach the metadata
+  // store before the daemon gives up (exit status 1); > 0.
+  std::chrono::milliseconds startup_timeout{30000};
   // `log_level`: trace, debug, info, warn, error, off (ParseLogLevel).
   spdlog::level::level_enum log_level = spdlog::level::info;
   // `scan_mode`: how the start-up scan checks chunk files: "presence" (trust

@@ -1,0 +1,841 @@
+#include "granary/cachenode/cache_node.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cache_node_metrics.h"
+#include "granary/cachenode/chunk_read_service.h"
+#include "granary/cachenode/chunk_store.h"
+#include "granary/cachenode/server.h"
+#include "granary/cachenode/stager.h"
+#include "granary/core/identity.h"
+#include "granary/core/log.h"
+#include "granary/core/manifest.h"
+#include "granary/core/metadata_store.h"
+#include "granary/core/names.h"
+#include "granary/core/placement.h"
+#include "granary/core/plan.h"
+#include "granary/core/posix_source.h"
+#include "granary/daemon/observability.h"
+
+namespace granary {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Source reads a dataset's source allows beyond the bulk workers, so that an
+// on-demand read never waits for bulk staging to release a slot.
+constexpr uint32_t kOnDemandSourceSlots = 4;
+// How long a dataset that could not be set up waits before the next attempt.
+constexpr int kActivationRetryTicks = 10;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string PlanFingerprint(const std::vector<PlanRecord>& plans) {
+  std::string key;
+  for (const PlanRecord& p : plans) {
+    key += p.plan_id + "/" + std::to_string(p.seed) + "/" + std::to_string(p.first_epoch) + "/" +
+           std::to_string(p.world_size) + "/" + std::to_string(p.batch_size) + "/" +
+           (p.drop_last ? "1" : "0") + "/" + p.mode + "/" + std::to_string(p.window_chunks) + ";";
+  }
+  return key;
+}
+
+// The order in which the registered plans first read the samples: each plan's
+// first epoch, rank by rank in lockstep, oldest plan first. A plan that does
+// not compute (a bad record) is skipped with a warning: it cannot be read
+// either, so it has no order to follow.
+std::vector<SampleId> PlansReadOrder(const std::string& dataset, const Manifest& manifest,
+                                     std::vector<PlanRecord> plans) {
+  std::stable_sort(plans.begin(), plans.end(), [](const PlanRecord& a, const PlanRecord& b) {
+    return a.registered_ms < b.registered_ms;
+  });
+  std::vector<SampleId> order;
+  for (const PlanRecord& plan : plans) {
+    Result<PlanSpec> spec = ToPlanSpec(plan, plan.first_epoch, 0);
+    Result<std::vector<SampleId>> epoch =
+        spec.ok() ? EpochOrder(manifest, *spec) : Result<std::vector<SampleId>>(spec.status());
+    Result<std::vector<SampleId>> first =
+        epoch.ok() ? FirstReadOrder(*epoch, *spec) : Result<std::vector<SampleId>>(epoch.status());
+    if (!first.ok()) {
+      GetLogger("cachenode")
+          ->warn("ignoring plan {} of dataset {} for the staging order: {}", Quoted(plan.plan_id),
+                 Quoted(dataset), first.status().ToString());
+      continue;
+    }
+    order.insert(order.end(), first->begin(), first->end());
+  }
+  return order;
+}
+
+bool IsStaged(DatasetPhase phase) {
+  return phase == DatasetPhase::kStaging || phase == DatasetPhase::kReady;
+}
+
+std::string Plural(uint64_t n, const std::string& what) {
+  return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+}
+
+}  // namespace
+
+// One dataset this node stages and serves.
+struct ActiveDataset {
+  std::string name;
+  DatasetRecord record;  // as last seen
+  ContentId manifest_id;
+  std::shared_ptr<const Manifest> manifest;
+  std::shared_ptr<PosixSource> source;
+  std::shared_ptr<Stager> stager;
+  std::vector<ChunkId> owned;  // ascending
+  std::set<ChunkId> to_drop;   // held, no longer owned: dropped once the dataset is Ready
+  std::string plans_key;       // PlanFingerprint of the plans the order came from
+  StagingProgress published;   // last PutProgress that succeeded
+  bool published_once = false;
+  DatasetMetrics metrics;
+  DatasetMetricState metric_state;  // guarded by CacheNode::Impl::datasets_mu_
+};
+
+class CacheNode::Impl {
+ public:
+  explicit Impl(CacheNodeConfig config) : config_(std::move(config)) {}
+  ~Impl() { Stop(); }
+
+  Status Start();
+  void Stop();
+
+  uint16_t port() const { return server_ ? server_->port() : 0; }
+  uint16_t metrics_port() const { return observability_ ? observability_->port() : 0; }
+  const NetAddress& advertise() const { return advertise_; }
+  const std::string& node_id() const { return config_.node_id; }
+  size_t active_datasets() const {
+    std::lock_guard<std::mutex> lock(datasets_mu_);
+    return datasets_.size();
+  }
+
+ private:
+  Status OpenStore();
+  Status Heartbeat();
+  void ControlLoop();
+  void MetricsLoop();
+  // One pass: read nodes and datasets, start/stop/re-own stagers, publish
+  // progress, update dataset phases. Errors of the store are noted for /readyz.
+  void Reconcile();
+  Result<std::shared_ptr<ActiveDataset>> Activate(const DatasetRecord& record,
+                                                  const Placement& placement);
+  void Deactivate(const std::string& name, bool drop_chunks, const std::string& why);
+  Status Restage(ActiveDataset& ds, std::vector<PlanRecord> plans);
+  void Reown(ActiveDataset& ds, const Placement& placement);
+  void PublishProgress(ActiveDataset& ds);
+  void UpdatePhase(ActiveDataset& ds, const std::vector<NodeRecord>& nodes);
+  void SetDatasetMessage(const std::string& name, const std::string& message);
+  void DropDisowned(ActiveDataset& ds, const std::string& why);
+  void DropOrphans(const std::vector<DatasetRecord>& datasets);
+  Result<std::vector<ChunkId>> Owned(const ActiveDataset& ds, const Placement& placement) const;
+  void NoteStoreError(const Status& status);
+  void NoteStoreOk();
+  Status Readiness() const;
+  void RefreshMetrics();
+
+  const CacheNodeConfig config_;
+  NetAddress advertise_;
+  int64_t started_ms_ = 0;
+  std::shared_ptr<spdlog::logger> log_ = GetLogger("cachenode");
+
+  std::unique_ptr<MetadataStore> store_;
+  std::unique_ptr<MetadataStore::Watcher> watcher_;  // control thread only
+  std::shared_ptr<ChunkStore> chunks_;
+  std::unique_ptr<IdentityExecutor> executor_;
+  std::shared_ptr<ChunkReadService> reads_;
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  CacheNodeMetrics metrics_;
+  NodeMetricState node_metric_state_;  // metrics thread only
+  std::unique_ptr<ObservabilityServer> observability_;
+
+  // Written by the control thread; read by the metrics thread and accessors.
+  mutable std::mutex datasets_mu_;
+  std::map<std::string, std::shared_ptr<ActiveDataset>> datasets_;
+
+  // Control-thread state.
+  std::map<std::string, std::pair<std::string, int>>
+      activation_failures_;  // name -> (error, ticks)
+  std::vector<NodeRecord> live_nodes_;
+
+  std::atomic<bool> store_ok_{false};
+  std::atomic<bool> registered_{false};
+  mutable std::mutex state_mu_;
+  std::condition_variable state_cv_;
+  bool stopping_ = false;    // guarded by state_mu_
+  std::string store_error_;  // guarded by state_mu_
+  bool started_ = false;
+  bool stopped_ = false;
+  std::thread control_;
+  std::thread metrics_thread_;
+};
+
+// ---- start and stop ---------------------------------------------------------
+
+Status CacheNode::Impl::OpenStore() {
+  const auto deadline = SteadyClock::now() + config_.startup_timeout;
+  Status last;
+  for (int attempt = 0;; ++attempt) {
+    Result<std::unique_ptr<MetadataStore>> store = OpenMetadataStore(config_.metadata_store);
+    if (store.ok()) {
+      store_ = std::move(*store);
+      return Status::Ok();
+    }
+    last = store.status();
+    // Only an unreachable store is worth waiting for; a bad URL, a wrong
+    // password or a foreign database will not get better.
+    if (last.code() != StatusCode::kUnavailable || SteadyClock::now() >= deadline) break;
+    if (attempt == 0) {
+      log_->warn("the metadata store is not reachable yet ({}); retrying for up to {} ms",
+                 last.ToString(), config_.startup_timeout.count());
+    }
+    std::this_thread::sleep_for(std::min<SteadyClock::duration>(std::chrono::milliseconds(250),
+                                                                deadline - SteadyClock::now()));
+  }
+  return Status(last.code(), "opening the metadata store: " + last.message() +
+                                 " (check `metadata_store` in the config and that the store runs)");
+}
+
+Status CacheNode::Impl::Start() {
+  started_ms_ = NowMs();
+  SetLogLevel(config_.log_level);
+  GRANARY_RETURN_IF_ERROR(OpenStore());
+
+  ChunkStoreOptions store_options;
+  store_options.scan_mode = config_.scan_mode;
+  store_options.scan_threads = config_.scan_threads;
+  Result<std::shared_ptr<ChunkStore>> chunks =
+      ChunkStore::Open(config_.data_dir, config_.capacity_bytes, store_options);
+  if (!chunks.ok()) {
+    return Status(chunks.status().code(),
+                  "opening the chunk store (`data_dir`): " + chunks.status().message());
+  }
+  chunks_ = std::move(*chunks);
+
+  IdentityExecutorOptions executor_options;
+  executor_options.threads =
+      std::min(1024u, 2 * (config_.source_concurrency + kOnDemandSourceSlots));
+  GRANARY_ASSIGN_OR_RETURN(executor_, IdentityExecutor::Start(executor_options));
+  if (!executor_->can_switch()) {
+    log_->warn("running without CAP_SETUID/CAP_SETGID: only datasets owned by uid {} can be staged",
+               executor_->process_identity().uid);
+  }
+
+  ChunkReadServiceOptions read_options;
+  read_options.node_name = config_.node_id;
+  reads_ = std::make_shared<ChunkReadService>(chunks_, read_options);
+
+  ServerOptions server_options;
+  server_options.listen = config_.listen.ToString();
+  server_options.node_name = config_.node_id;
+  server_options.io_threads = config_.worker_threads;
+  server_options.service_threads = config_.service_threads;
+  server_options.max_connections = config_.max_connections;
+  server_options.drain_timeout = config_.drain_timeout;
+  Result<std::unique_ptr<Server>> server = Server::Start(reads_, server_options);
+  if (!server.ok()) {
+    return Status(server.status().code(),
+                  "starting the server on `listen`: " + server.status().message());
+  }
+  server_ = std::move(*server);
+  advertise_ = config_.advertise;
+  if (advertise_.port == 0) advertise_.port = server_->port();
+
+  registry_ = std::make_shared<prometheus::Registry>();
+  GRANARY_ASSIGN_OR_RETURN(metrics_, CacheNodeMetrics::Declare(*registry_));
+  Result<std::unique_ptr<ObservabilityServer>> observability = ObservabilityServer::Start(
+      config_.metrics_listen.ToString(), registry_, [this] { return Readiness(); });
+  if (!observability.ok()) {
+    return Status(
+        observability.status().code(),
+        "starting the metrics endpoint on `metrics_listen`: " + observability.status().message());
+  }
+  observability_ = std::move(*observability);
+
+  // The first heartbeat registers the node; without it the node is not part
+  // of placement, so start-up fails rather than run unseen.
+  GRANARY_RETURN_IF_ERROR(Heartbeat());
+  registered_ = true;
+  started_ = true;
+  log_->info("node {} of pool {} serving on {} (advertised as {}), metrics on {}",
+             Quoted(config_.node_id), Quoted(config_.pool),
+             config_.listen.host + ":" + std::to_string(server_->port()), advertise_.ToString(),
+             observability_->address().ToString());
+  control_ = std::thread([this] { ControlLoop(); });
+  metrics_thread_ = std::thread([this] { MetricsLoop(); });
+  return Status::Ok();
+}
+
+void CacheNode::Impl::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    stopping_ = true;
+  }
+  state_cv_.notify_all();
+  if (control_.joinable()) control_.join();
+  if (metrics_thread_.joinable()) metrics_thread_.join();
+  // Deregister first so that sidecars and peers stop routing here while the
+  // server drains what is in flight.
+  if (store_ && registered_) {
+    Status removed = store_->RemoveNode(config_.node_id);
+    if (!removed.ok() && removed.code() != StatusCode::kNotFound) {
+      log_->warn("deregistering node {}: {} (it expires after heartbeat_ttl)",
+                 Quoted(config_.node_id), removed.ToString());
+    }
+  }
+  if (server_) server_->Stop();
+  std::map<std::string, std::shared_ptr<ActiveDataset>> datasets;
+  {
+    std::lock_guard<std::mutex> lock(datasets_mu_);
+    datasets.swap(datasets_);
+  }
+  for (auto& [name, ds] : datasets) {
+    (void)reads_->Remove(name, ds->manifest_id);
+    ds->stager->Stop();
+    if (store_ && registered_) PublishProgress(*ds);
+  }
+  datasets.clear();
+  if (observability_) observability_->Stop();
+  if (started_) log_->info("node {} stopped", Quoted(config_.node_id));
+}
+
+Status CacheNode::Impl::Heartbeat() {
+  NodeRecord node;
+  node.id = config_.node_id;
+  node.pool = config_.pool;
+  node.address = advertise_.ToString();
+  node.capacity_bytes = chunks_->capacity();
+  node.used_bytes = chunks_->used_bytes();
+  node.started_ms = started_ms_;
+  Status status = store_->Heartbeat(node, config_.heartbeat_ttl);
+  if (!status.ok()) {
+    return Status(status.code(), "registering node " + Quoted(config_.node_id) +
+                                     " in the metadata store: " + status.message());
+  }
+  return Status::Ok();
+}
+
+// ---- readiness --------------------------------------------------------------
+
+void CacheNode::Impl::NoteStoreError(const Status& status) {
+  metrics_.store_errors->Increment();
+  const bool was_ok = store_ok_.exchange(false);
+  std::string message = status.ToString();
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (store_error_ == message && !was_ok) return;
+    store_error_ = message;
+  }
+  log_->warn("metadata store: {} (still serving; retrying)", message);
+}
+
+void CacheNode::Impl::NoteStoreOk() {
+  if (!store_ok_.exchange(true)) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!store_error_.empty()) log_->info("metadata store reachable again");
+    store_error_.clear();
+  }
+}
+
+Status CacheNode::Impl::Readiness() const {
+  if (!registered_) return Status::Unavailable("not registered in the metadata store yet");
+  if (!store_ok_) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    return Status::Unavailable("metadata store " + store_->url() + " unreachable: " +
+                               (store_error_.empty() ? "no answer yet" : store_error_));
+  }
+  return Status::Ok();
+}
+
+// ---- the control loop -------------------------------------------------------
+
+void CacheNode::Impl::ControlLoop() {
+  auto next_tick = SteadyClock::now();
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(state_mu_);
+      if (stopping_) return;
+    }
+    if (SteadyClock::now() >= next_tick) {
+      next_tick = SteadyClock::now() + config_.heartbeat_interval;
+      Status beat = Heartbeat();
+      if (beat.ok()) {
+        NoteStoreOk();
+      } else {
+        NoteStoreError(beat);
+      }
+      Reconcile();
+    }
+    // Wait for events until the next tick, in short slices so Stop is quick.
+    const auto slice = std::min<SteadyClock::duration>(
+        std::chrono::milliseconds(100),
+        std::max<SteadyClock::duration>(next_tick - SteadyClock::now(), SteadyClock::duration(0)));
+    if (!watcher_) {
+      Result<std::unique_ptr<MetadataStore::Watcher>> watcher = store_->Watch();
+      if (watcher.ok()) {
+        watcher_ = std::move(*watcher);
+        next_tick = SteadyClock::now();  // read everything after the watch began
+        continue;
+      }
+    }
+    if (watcher_) {
+      Result<std::vector<Event>> events =
+          watcher_->Next(std::chrono::duration_cast<std::chrono::milliseconds>(slice));
+      if (!events.ok()) continue;  // the watcher reconnects on the next call
+      bool relevant = false;
+      for (const Event& e : *events) relevant = relevant || e.kind != EventKind::kProgress;
+      if (relevant) next_tick = SteadyClock::now();
+    } else {
+      std::unique_lock<std::mutex> lock(state_mu_);
+      state_cv_.wait_for(lock, slice, [this] { return stopping_; });
+    }
+  }
+}
+
+Result<std::vector<ChunkId>> CacheNode::Impl::Owned(const ActiveDataset& ds,
+                                                    const Placement& placement) const {
+  return placement.ChunksOwnedBy(ds.manifest_id, ds.manifest->chunk_count(), config_.node_id,
+                                 std::max<uint32_t>(1, ds.record.spec.replication));
+}
+
+void CacheNode::Impl::Reconcile() {
+  Result<std::vector<NodeRecord>> nodes = store_->ListNodes(config_.pool);
+  if (!nodes.ok()) return NoteStoreError(nodes.status());
+  Result<std::vector<DatasetRecord>> datasets = store_->ListDatasets();
+  if (!datasets.ok()) return NoteStoreError(datasets.status());
+
+  // This node is alive whatever the list says (its heartbeat may have been
+  // lost with a restarted store): never compute an ownership without it.
+  live_nodes_ = std::move(*nodes);
+  if (std::none_of(live_nodes_.begin(), live_nodes_.end(),
+                   [&](const NodeRecord& n) { return n.id == config_.node_id; })) {
+    NodeRecord self;
+    self.id = config_.node_id;
+    self.pool = config_.pool;
+    self.capacity_bytes = chunks_->capacity();
+    live_nodes_.push_back(self);
+  }
+  std::vector<PlacementNode> placement_nodes;
+  for (const NodeRecord& n : live_nodes_) {
+    placement_nodes.push_back(
+        PlacementNode{n.id, n.capacity_bytes > 0 ? static_cast<double>(n.capacity_bytes) : 1.0});
+  }
+  Result<Placement> placement = Placement::Create(std::move(placement_nodes));
+  if (!placement.ok()) {
+    log_->error("computing placement over the nodes of pool {}: {}", Quoted(config_.pool),
+                placement.status().ToString());
+    return;
+  }
+
+  std::map<std::string, const DatasetRecord*> wanted;
+  for (const DatasetRecord& d : *datasets) {
+    if (d.spec.pool == config_.pool && IsStaged(d.state.phase) && !d.manifest_id.empty()) {
+      wanted[d.name] = &d;
+    }
+  }
+
+  // Stop what is no longer wanted (or wanted with another manifest). Chunks
+  // are kept across a pause (Pending, Snapshotting, Failed with the same
+  // manifest): it may come back. They go when the dataset is deleted, moved
+  // to another pool or re-snapshotted.
+  std::vector<std::pair<std::string, std::string>> stale;  // name, active manifest id
+  {
+    std::lock_guard<std::mutex> lock(datasets_mu_);
+    for (const auto& [name, ds] : datasets_) {
+      auto it = wanted.find(name);
+      if (it == wanted.end() || it->second->manifest_id != ds->record.manifest_id) {
+        stale.emplace_back(name, ds->record.manifest_id);
+      }
+    }
+  }
+  for (const auto& [name, manifest_id] : stale) {
+    auto it = std::find_if(datasets->begin(), datasets->end(),
+                           [&](const DatasetRecord& d) { return d.name == name; });
+    const bool keep = it != datasets->end() && it->spec.pool == config_.pool &&
+                      it->manifest_id == manifest_id && !IsStaged(it->state.phase) &&
+                      it->state.phase != DatasetPhase::kDeleting;
+    const std::string why = it == datasets->end()
+                                ? "was deleted"
+                                : "is now " + std::string(DatasetPhaseName(it->state.phase));
+    Deactivate(name, !keep, why);
+  }
+  DropOrphans(*datasets);
+
+  for (const auto& [name, record] : wanted) {
+    std::shared_ptr<ActiveDataset> ds;
+    {
+      std::lock_guard<std::mutex> lock(datasets_mu_);
+      if (auto it = datasets_.find(name); it != datasets_.end()) ds = it->second;
+    }
+    if (!ds) {
+      auto failure = activation_failures_.find(name);
+      if (failure != activation_failures_.end() && --failure->second.second > 0) continue;
+      Result<std::shared_ptr<ActiveDataset>> activated = Activate(*record, *placement);
+      if (!activated.ok()) {
+        const std::string message = activated.status().ToString();
+        if (failure == activation_failures_.end() || failure->second.first != message) {
+          log_->warn("cannot stage dataset {}: {} (retrying)", Quoted(name), message);
+          SetDatasetMessage(name, "node " + config_.node_id + " cannot stage it: " + message);
+        }
+        activation_failures_[name] = {message, kActivationRetryTicks};
+        continue;
+      }
+      activation_failures_.erase(name);
+      ds = *activated;
+      std::lock_guard<std::mutex> lock(datasets_mu_);
+      datasets_[name] = ds;
+    } else {
+      ds->record = *record;
+      Reown(*ds, *placement);
+      Result<std::vector<PlanRecord>> plans = store_->ListPlans(name);
+      if (plans.ok() && PlanFingerprint(*plans) != ds->plans_key) {
+        Status restaged = Restage(*ds, std::move(*plans));
+        if (!restaged.ok()) {
+          log_->warn("re-ordering the staging of dataset {}: {}", Quoted(name),
+                     restaged.ToString());
+        }
+      }
+    }
+    PublishProgress(*ds);
+    UpdatePhase(*ds, live_nodes_);
+  }
+}
+
+Result<std::shared_ptr<ActiveDataset>> CacheNode::Impl::Activate(const DatasetRecord& record,
+                                                                 const Placement& placement) {
+  auto ds = std::make_shared<ActiveDataset>();
+  ds->name = record.name;
+  ds->record = record;
+  GRANARY_ASSIGN_OR_RETURN(ds->manifest_id, ContentId::Parse(record.manifest_id));
+  GRANARY_ASSIGN_OR_RETURN(std::string blob, store_->GetManifest(record.manifest_id));
+  Result<Manifest> manifest = Manifest::Decode(blob);
+  if (!manifest.ok()) {
+    return Status(manifest.status().code(),
+                  "decoding manifest " + record.manifest_id + ": " + manifest.status().message());
+  }
+  if (!(manifest->id() == ds->manifest_id)) {
+    return Status::Corruption("the store's manifest blob " + record.manifest_id +
+                              " decodes to manifest " + manifest->id().ToHex() +
+                              "; re-snapshot the dataset");
+  }
+  ds->manifest = std::make_shared<const Manifest>(std::move(*manifest));
+
+  GRANARY_ASSIGN_OR_RETURN(std::string root, PosixSource::RootFromUri(record.spec.source_uri));
+  GRANARY_ASSIGN_OR_RETURN(Identity owner,
+                           ResolveOwnerIdentity(record.owner.uid, record.owner.gid));
+  PosixSourceOptions source_options;
+  source_options.root = root;
+  source_options.uri = record.spec.source_uri;
+  source_options.owner = owner;
+  source_options.executor = executor_.get();
+  source_options.max_in_flight = config_.source_concurrency + kOnDemandSourceSlots;
+  Result<std::unique_ptr<PosixSource>> source = PosixSource::Open(source_options);
+  if (!source.ok()) {
+    return Status(source.status().code(),
+                  "opening the source as " + owner.ToString() + ": " + source.status().message());
+  }
+  ds->source = std::move(*source);
+  GRANARY_ASSIGN_OR_RETURN(ds->owned, Owned(*ds, placement));
+
+  // What the store holds of this manifest but this node does not own (a
+  // restart after membership changed) goes once the dataset is Ready.
+  if (Result<std::vector<StoredChunk>> held = chunks_->Chunks(ds->name, ds->manifest_id);
+      held.ok()) {
+    for (const StoredChunk& c : *held) {
+      if (!std::binary_search(ds->owned.begin(), ds->owned.end(), c.chunk)) {
+        ds->to_drop.insert(c.chunk);
+      }
+    }
+  }
+  GRANARY_ASSIGN_OR_RETURN(ds->metrics, metrics_.ForDataset(ds->name));
+
+  Result<std::vector<PlanRecord>> plans = store_->ListPlans(ds->name);
+  if (!plans.ok()) return plans.status();
+  GRANARY_RETURN_IF_ERROR(Restage(*ds, std::move(*plans)));
+  log_->info("staging dataset {} (manifest {}, {}, {} bytes) from {} as {}: {} of {} chunks here",
+             Quoted(ds->name), record.manifest_id, Plural(ds->manifest->sample_count(), "file"),
+             ds->manifest->total_bytes(), record.spec.source_uri, owner.ToString(),
+             ds->owned.size(), ds->manifest->chunk_count());
+  return ds;
+}
+
+// (Re)creates the dataset's Stager with the order of `plans` and puts it in
+// service. A running one is replaced: READs in that instant see the dataset
+// as not served (kNotFound) and readers retry or fall back.
+Status CacheNode::Impl::Restage(ActiveDataset& ds, std::vector<PlanRecord> plans) {
+  StagerOptions options;
+  options.dataset = ds.name;
+  options.threads = config_.source_concurrency;
+  const std::string key = PlanFingerprint(plans);
+  options.order = PlansReadOrder(ds.name, *ds.manifest, std::move(plans));
+  const bool ordered = !options.order.empty();
+  GRANARY_ASSIGN_OR_RETURN(
+      std::unique_ptr<Stager> created,
+      Stager::Create(ds.manifest, ds.source, chunks_, ds.owned, std::move(options)));
+  std::shared_ptr<Stager> stager = std::move(created);
+  if (ds.stager) {
+    (void)reads_->Remove(ds.name, ds.manifest_id);
+    ds.stager->Stop();
+  }
+  {
+    std::lock_guard<std::mutex> lock(datasets_mu_);
+    ds.stager = stager;
+    ds.plans_key = key;
+  }
+  GRANARY_RETURN_IF_ERROR(reads_->Add(ds.manifest, stager));
+  GRANARY_RETURN_IF_ERROR(stager->Start());
+  log_->info("dataset {}: staging in {} order", Quoted(ds.name),
+             ordered ? "the registered plans'" : "chunk");
+  return Status::Ok();
+}
+
+void CacheNode::Impl::Reown(ActiveDataset& ds, const Placement& placement) {
+  Result<std::vector<ChunkId>> owned = Owned(ds, placement);
+  if (!owned.ok()) {
+    log_->error("computing the chunks of dataset {} this node owns: {}", Quoted(ds.name),
+                owned.status().ToString());
+    return;
+  }
+  if (*owned == ds.owned) return;
+  Status set = ds.stager->SetOwnedChunks(*owned);
+  if (!set.ok()) {
+    log_->error("re-owning dataset {}: {}", Quoted(ds.name), set.ToString());
+    return;
+  }
+  uint64_t gained = 0;
+  for (ChunkId c : *owned) {
+    if (!std::binary_search(ds.owned.begin(), ds.owned.end(), c)) ++gained;
+    ds.to_drop.erase(c);
+  }
+  uint64_t lost = 0;
+  for (ChunkId c : ds.owned) {
+    if (!std::binary_search(owned->begin(), owned->end(), c)) {
+      ++lost;
+      ds.to_drop.insert(c);
+    }
+  }
+  log_->info("dataset {}: membership changed ({} live nodes): {} chunks gained, {} given up",
+             Quoted(ds.name), live_nodes_.size(), gained, lost);
+  std::lock_guard<std::mutex> lock(datasets_mu_);
+  ds.owned = std::move(*owned);
+}
+
+void CacheNode::Impl::Deactivate(const std::string& name, bool drop_chunks,
+                                 const std::string& why) {
+  std::shared_ptr<ActiveDataset> ds;
+  {
+    std::lock_guard<std::mutex> lock(datasets_mu_);
+    auto it = datasets_.find(name);
+    if (it == datasets_.end()) return;
+    ds = it->second;
+    datasets_.erase(it);
+  }
+  (void)reads_->Remove(name, ds->manifest_id);
+  ds->stager->Stop();
+  log_->info("dataset {} {}: stopped staging it{}", Quoted(name), why,
+             drop_chunks ? " and dropping its chunks" : "");
+  if (drop_chunks) {
+    Status dropped = chunks_->DropManifest(name, ds->manifest_id);
+    if (!dropped.ok() && dropped.code() != StatusCode::kNotFound) {
+      log_->warn("dropping the chunks of dataset {}: {}", Quoted(name), dropped.ToString());
+    }
+  }
+}
+
+// Chunks of datasets the store no longer has (deleted while this node was
+// down), of other pools, or of manifests the dataset no longer uses.
+void CacheNode::Impl::DropOrphans(const std::vector<DatasetRecord>& datasets) {
+  for (const StoredManifest& held : chunks_->Manifests()) {
+    auto it = std::find_if(datasets.begin(), datasets.end(),
+                           [&](const DatasetRecord& d) { return d.name == held.dataset; });
+    bool orphan = it == datasets.end() || it->spec.pool != config_.pool ||
+                  it->state.phase == DatasetPhase::kDeleting;
+    if (!orphan && !it->manifest_id.empty()) orphan = it->manifest_id != held.manifest_id.ToHex();
+    if (!orphan) continue;
+    {
+      std::lock_guard<std::mutex> lock(datasets_mu_);
+      auto active = datasets_.find(held.dataset);
+      if (active != datasets_.end() && active->second->manifest_id == held.manifest_id) continue;
+    }
+    Status dropped = chunks_->DropManifest(held.dataset, held.manifest_id);
+    if (dropped.ok()) {
+      log_->info(
+          "dropped {} of dataset {} manifest {}: {}", Plural(held.chunk_count, "chunk"),
+          Quoted(held.dataset), held.manifest_id.ToHex(),
+          it == datasets.end() ? "the dataset no longer exists" : "not used by this pool any more");
+    } else if (dropped.code() != StatusCode::kNotFound) {
+      log_->warn("dropping the chunks of dataset {}: {}", Quoted(held.dataset), dropped.ToString());
+    }
+  }
+}
+
+void CacheNode::Impl::DropDisowned(ActiveDataset& ds, const std::string& why) {
+  if (ds.to_drop.empty()) return;
+  uint64_t dropped = 0;
+  for (auto it = ds.to_drop.begin(); it != ds.to_drop.end();) {
+    Status status = chunks_->DropChunk(ChunkKey{ds.name, ds.manifest_id, *it});
+    if (status.ok() || status.code() == StatusCode::kNotFound) {
+      if (status.ok()) ++dropped;
+      it = ds.to_drop.erase(it);
+    } else {
+      ++it;  // in use (a writer open): next time
+    }
+  }
+  if (dropped > 0) {
+    log_->info("dataset {}: dropped {} this node no longer owns ({})", Quoted(ds.name),
+               Plural(dropped, "chunk"), why);
+  }
+}
+
+void CacheNode::Impl::PublishProgress(ActiveDataset& ds) {
+  StagingProgress progress = ds.stager->Progress().ToStagingProgress();
+  progress.updated_ms = 0;
+  if (ds.published_once && progress == ds.published) return;
+  Status put = store_->PutProgress(ds.name, config_.node_id, progress);
+  if (!put.ok()) {
+    if (put.code() != StatusCode::kNotFound) NoteStoreError(put);
+    return;
+  }
+  ds.published = progress;
+  ds.published_once = true;
+}
+
+void CacheNode::Impl::SetDatasetMessage(const std::string& name, const std::string& message) {
+  Result<DatasetRecord> record = store_->GetDataset(name);
+  if (!record.ok() || record->state.message == message) return;
+  record->state.message = message;
+  // A conflict means someone else just wrote: the next tick looks again.
+  (void)store_->UpdateDataset(*record);
+}
+
+void CacheNode::Impl::UpdatePhase(ActiveDataset& ds, const std::vector<NodeRecord>& nodes) {
+  const StagerProgress mine = ds.stager->Progress();
+  if (mine.state == StagingState::kCapacity && !ds.to_drop.empty()) {
+    // Chunks this node gave up are in the way of the ones it owns now.
+    DropDisowned(ds, "to make room for the chunks it owns now");
+    ds.stager->Resume();
+  }
+
+  Result<std::map<std::string, StagingProgress>> all = store_->ListProgress(ds.name);
+  if (!all.ok()) {
+    if (all.status().code() != StatusCode::kNotFound) NoteStoreError(all.status());
+    return;
+  }
+  const uint64_t replicas =
+      std::min<uint64_t>(std::max<uint32_t>(1, ds.record.spec.replication), nodes.size());
+  uint64_t total = 0;
+  uint64_t staged = 0;
+  uint64_t failed = 0;
+  uint64_t bytes = 0;
+  bool complete = true;
+  for (const NodeRecord& n : nodes) {
+    auto it = all->find(n.id);
+    if (it == all->end()) {
+      complete = false;
+      continue;
+    }
+    total += it->second.chunks_total;
+    staged += it->second.chunks_staged;
+    failed += it->second.samples_failed;
+    bytes += it->second.bytes_staged;
+    complete = complete && it->second.chunks_staged == it->second.chunks_total;
+  }
+  // Every node's share adds up to the whole dataset only once they all
+  // computed placement over the same membership.
+  complete = complete && total == ds.manifest->chunk_count() * replicas;
+
+  DatasetRecord record = ds.record;
+  const DatasetPhase phase = record.state.phase;
+  std::string message;
+  if (complete && phase == DatasetPhase::kStaging) {
+    record.state.phase = DatasetPhase::kReady;
+    message = "staged on " + Plural(nodes.size(), "node") + ": " +
+              Plural(ds.manifest->chunk_count(), "chunk") + ", " + std::to_string(bytes) + " bytes";
+    if (failed > 0) message += "; " + Plural(failed, "sample") + " failed (see the node logs)";
+  } else if (!complete && phase == DatasetPhase::kReady) {
+    record.state.phase = DatasetPhase::kStaging;
+    message = "re-staging after a change of the nodes of pool " + config_.pool + ": " +
+              std::to_string(staged) + " of " + std::to_string(total) + " chunks staged";
+  } else if (!complete && mine.state == StagingState::kCapacity &&
+             record.state.message.rfind("does not fit", 0) != 0) {
+    message = "does not fit: node " + config_.node_id + " holds " +
+              std::to_string(mine.chunks_staged) + " of the " + std::to_string(mine.chunks_owned) +
+              " chunks it owns (" + std::to_string(mine.bytes_staged) + " of " +
+              std::to_string(mine.bytes_owned) + " bytes) within its capacity of " +
+              std::to_string(chunks_->capacity()) +
+              " bytes; it staged what the plans read first and serves the rest from the source";
+  }
+  if (complete) DropDisowned(ds, "the dataset is Ready on the new owners");
+  if (message.empty()) return;
+  record.state.message = message;
+  Result<DatasetRecord> updated = store_->UpdateDataset(record);
+  if (updated.ok()) {
+    if (updated->state.phase != phase) {
+      log_->info("dataset {}: {} -> {}: {}", Quoted(ds.name), DatasetPhaseName(phase),
+                 DatasetPhaseName(updated->state.phase), message);
+    }
+    ds.record = *updated;
+  }
+}
+
+// ---- metrics ------------------------------------------------------------------
+
+void CacheNode::Impl::MetricsLoop() {
+  for (;;) {
+    RefreshMetrics();
+    std::unique_lock<std::mutex> lock(state_mu_);
+    if (state_cv_.wait_for(lock, kMetricsRefreshInterval, [this] { return stopping_; })) return;
+  }
+}
+
+void CacheNode::Impl::RefreshMetrics() {
+  UpdateNodeMetrics(metrics_, node_metric_state_, chunks_->Stats(), server_->Counters(),
+                    reads_->Counters());
+  std::lock_guard<std::mutex> lock(datasets_mu_);
+  metrics_.datasets->Set(static_cast<double>(datasets_.size()));
+  for (auto& [name, ds] : datasets_) {
+    UpdateDatasetMetrics(ds->metrics, ds->metric_state, ds->stager->Progress(),
+                         ds->source->Counters());
+  }
+}
+
+// ---- CacheNode ------------------------------------------------------------------
+
+Result<std::unique_ptr<CacheNode>> CacheNode::Start(const CacheNodeConfig& config) {
+  auto impl = std::make_unique<Impl>(config);
+  Status started = impl->Start();
+  if (!started.ok()) {
+    impl->Stop();
+    return started;
+  }
+  return std::unique_ptr<CacheNode>(new CacheNode(std::move(impl)));
+}
+
+CacheNode::CacheNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CacheNode::~CacheNode() { Stop(); }
+void CacheNode::Stop() { impl_->Stop(); }
+uint16_t CacheNode::port() const { return impl_->port(); }
+uint16_t CacheNode::metrics_port() const { return impl_->metrics_port(); }
+const NetAddress& CacheNode::advertise() const { return impl_->advertise(); }
+const std::string& CacheNode::node_id() const { return impl_->node_id(); }
+size_t CacheNode::active_datasets() const { return impl_->active_datasets(); }
+
+}  // namespace granary

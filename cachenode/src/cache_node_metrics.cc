@@ -1,0 +1,271 @@
+#include "cache_node_metrics.h"
+
+#include <string>
+#include <vector>
+
+namespace granary {
+namespace {
+
+// Advances `counter` by how much `now` grew since *last; a value that went
+// backwards (the component restarted) only resets *last.
+void Advance(prometheus::Counter* counter, uint64_t now, uint64_t* last) {
+  if (now > *last) counter->Increment(static_cast<double>(now - *last));
+  *last = now;
+}
+
+void SetGauge(prometheus::Gauge* gauge, uint64_t value) { gauge->Set(static_cast<double>(value)); }
+
+}  // namespace
+
+Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registry) {
+  MetricRegistrar r(registry, "cachenode");
+  CacheNodeMetrics m;
+  const std::vector<std::string> dataset = {"dataset"};
+
+  // Staging, per dataset.
+  GRANARY_ASSIGN_OR_RETURN(m.source_opens,
+                           r.AddCounterFamily("granary_cachenode_source_opens_total",
+                                              "Files opened on the dataset's source.", dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.source_read_calls,
+      r.AddCounterFamily("granary_cachenode_source_read_calls_total",
+                         "Read calls issued to the dataset's source.", dataset));
+  GRANARY_ASSIGN_OR_RETURN(m.source_read_bytes,
+                           r.AddCounterFamily("granary_cachenode_source_read_bytes_total",
+                                              "Bytes read from the dataset's source.", dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.source_errors,
+      r.AddCounterFamily("granary_cachenode_source_errors_total",
+                         "Failed source reads, by kind (changed, not_found, permission_denied, "
+                         "unsafe_path, identity, invalid_request, io).",
+                         {"dataset", "kind"}));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.staged_samples,
+      r.AddCounterFamily("granary_cachenode_staged_samples_total",
+                         "Samples (pieces of samples larger than a chunk count one each) read "
+                         "whole from the source, for bulk staging or on demand.",
+                         dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.on_demand_fetches,
+      r.AddCounterFamily("granary_cachenode_on_demand_fetches_total",
+                         "Segments read from the source for a reader, ahead of bulk staging.",
+                         dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.staged_bytes, r.AddGaugeFamily("granary_cachenode_staged_bytes",
+                                       "Payload bytes of the owned chunks staged here.", dataset));
+  GRANARY_ASSIGN_OR_RETURN(m.staged_chunks,
+                           r.AddGaugeFamily("granary_cachenode_staged_chunks",
+                                            "Owned chunks with nothing left to stage.", dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.owned_bytes, r.AddGaugeFamily("granary_cachenode_owned_bytes",
+                                      "Payload bytes of the chunks this node owns.", dataset));
+  GRANARY_ASSIGN_OR_RETURN(m.owned_chunks,
+                           r.AddGaugeFamily("granary_cachenode_owned_chunks",
+                                            "Chunks placement gives this node.", dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.queue_chunks,
+      r.AddGaugeFamily("granary_cachenode_staging_queue_chunks",
+                       "Owned chunks neither staged nor being staged (the staging queue).",
+                       dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.sample_errors,
+      r.AddGaugeFamily("granary_cachenode_sample_errors",
+                       "Samples that cannot be staged (changed since the snapshot, gone, "
+                       "permission denied, ...).",
+                       dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.staging_state,
+      r.AddGaugeFamily("granary_cachenode_staging_state",
+                       "Staging state: 0 idle, 1 staging, 2 complete, 3 capacity (does not "
+                       "fit), 4 disk full (paused), 5 stopped.",
+                       dataset));
+
+  // Serving.
+  GRANARY_ASSIGN_OR_RETURN(auto requests,
+                           r.AddCounterFamily("granary_cachenode_requests_total",
+                                              "Protocol requests answered, by type.", {"type"}));
+  GRANARY_ASSIGN_OR_RETURN(m.requests_hello, requests.WithLabels({"hello"}));
+  GRANARY_ASSIGN_OR_RETURN(m.requests_ping, requests.WithLabels({"ping"}));
+  GRANARY_ASSIGN_OR_RETURN(m.requests_stat, requests.WithLabels({"stat"}));
+  GRANARY_ASSIGN_OR_RETURN(m.requests_read, requests.WithLabels({"read"}));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.request_errors,
+      r.AddCounterFamily("granary_cachenode_request_errors_total",
+                         "Protocol errors by class (framing, truncated, message, policy, service, "
+                         "internal, timeout, send).",
+                         {"class"}));
+  GRANARY_ASSIGN_OR_RETURN(m.served_items, r.AddCounter("granary_cachenode_served_items_total",
+                                                        "READ items answered, OK or failed."));
+  GRANARY_ASSIGN_OR_RETURN(m.served_item_errors,
+                           r.AddCounter("granary_cachenode_served_item_errors_total",
+                                        "READ items answered with an error."));
+  GRANARY_ASSIGN_OR_RETURN(m.served_bytes, r.AddCounter("granary_cachenode_served_bytes_total",
+                                                        "Payload bytes of READ replies sent."));
+  GRANARY_ASSIGN_OR_RETURN(m.sendfile_bytes, r.AddCounter("granary_cachenode_sendfile_bytes_total",
+                                                          "Payload bytes sent with sendfile(2)."));
+  GRANARY_ASSIGN_OR_RETURN(m.received_bytes,
+                           r.AddCounter("granary_cachenode_received_bytes_total",
+                                        "Bytes received on protocol connections."));
+  GRANARY_ASSIGN_OR_RETURN(m.connections_accepted,
+                           r.AddCounter("granary_cachenode_connections_accepted_total",
+                                        "Protocol connections accepted."));
+  GRANARY_ASSIGN_OR_RETURN(m.connections_rejected,
+                           r.AddCounter("granary_cachenode_connections_rejected_total",
+                                        "Protocol connections refused over max_connections."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.connections, r.AddGauge("granary_cachenode_connections", "Protocol connections open."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.buffered_bytes,
+      r.AddGauge("granary_cachenode_buffered_bytes",
+                 "Bytes the protocol connections hold in memory (buffers, replies waiting)."));
+  prometheus::Histogram::BucketBoundaries bounds(kServerLatencyBucketsSeconds.begin(),
+                                                 kServerLatencyBucketsSeconds.end());
+  GRANARY_ASSIGN_OR_RETURN(
+      m.request_duration,
+      r.AddHistogram("granary_cachenode_request_duration_seconds",
+                     "From a request decoded to the last byte of its reply sent.", bounds));
+  GRANARY_ASSIGN_OR_RETURN(m.items_from_disk,
+                           r.AddCounter("granary_cachenode_items_from_disk_total",
+                                        "READ items served wholly from the chunk files."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.items_on_demand, r.AddCounter("granary_cachenode_items_on_demand_total",
+                                      "READ items with a part fetched from the source on demand."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.checksum_failures,
+      r.AddCounter("granary_cachenode_checksum_failures_total",
+                   "Segments read from a chunk file that failed their checksum."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.restaged_segments,
+      r.AddCounter("granary_cachenode_restaged_segments_total",
+                   "Segments that failed their checksum, dropped and fetched again."));
+
+  // The chunk store and the node.
+  GRANARY_ASSIGN_OR_RETURN(
+      m.capacity, r.AddGauge("granary_cachenode_capacity_bytes", "Bytes the chunk store may use."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.used, r.AddGauge("granary_cachenode_used_bytes", "Bytes the chunk store uses."));
+  GRANARY_ASSIGN_OR_RETURN(m.filesystem_available,
+                           r.AddGauge("granary_cachenode_filesystem_available_bytes",
+                                      "Bytes the file system of the data directory has left."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.chunks, r.AddGauge("granary_cachenode_chunks", "Chunk files in the chunk store."));
+  GRANARY_ASSIGN_OR_RETURN(m.creates_refused,
+                           r.AddCounter("granary_cachenode_chunk_creates_refused_total",
+                                        "Chunk creates refused: past the capacity."));
+  GRANARY_ASSIGN_OR_RETURN(m.creates_no_space,
+                           r.AddCounter("granary_cachenode_chunk_creates_no_space_total",
+                                        "Chunk creates failed: the file system was full."));
+  GRANARY_ASSIGN_OR_RETURN(m.datasets, r.AddGauge("granary_cachenode_datasets",
+                                                  "Datasets this node stages and serves."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.store_errors,
+      r.AddCounter("granary_cachenode_store_errors_total",
+                   "Metadata store calls that failed (heartbeats, listings, progress)."));
+  return m;
+}
+
+Result<DatasetMetrics> CacheNodeMetrics::ForDataset(const std::string& dataset) const {
+  DatasetMetrics d;
+  const std::vector<std::string> labels = {dataset};
+  GRANARY_ASSIGN_OR_RETURN(d.source_opens, source_opens.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.source_read_calls, source_read_calls.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.source_read_bytes, source_read_bytes.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.staged_samples, staged_samples.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.on_demand_fetches, on_demand_fetches.WithLabels(labels));
+  for (size_t k = 0; k < kSourceErrorKinds; ++k) {
+    GRANARY_ASSIGN_OR_RETURN(
+        d.source_errors[k],
+        source_errors.WithLabels(
+            {dataset, std::string(SourceErrorKindName(static_cast<SourceErrorKind>(k)))}));
+  }
+  GRANARY_ASSIGN_OR_RETURN(d.staged_bytes, staged_bytes.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.staged_chunks, staged_chunks.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.owned_bytes, owned_bytes.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.owned_chunks, owned_chunks.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.queue_chunks, queue_chunks.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.sample_errors, sample_errors.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.staging_state, staging_state.WithLabels(labels));
+  return d;
+}
+
+void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
+                       const ChunkStoreStats& store, const ServerCounters& server,
+                       const ChunkReadServiceCounters& reads) {
+  ServerCounters& s = last.server;
+  Advance(m.requests_hello, server.hello_requests_total, &s.hello_requests_total);
+  Advance(m.requests_ping, server.ping_requests_total, &s.ping_requests_total);
+  Advance(m.requests_stat, server.stat_requests_total, &s.stat_requests_total);
+  Advance(m.requests_read, server.read_requests_total, &s.read_requests_total);
+  const std::pair<const char*, uint64_t ServerCounters::*> errors[] = {
+      {"framing", &ServerCounters::framing_errors_total},
+      {"truncated", &ServerCounters::truncated_frames_total},
+      {"message", &ServerCounters::message_errors_total},
+      {"policy", &ServerCounters::policy_errors_total},
+      {"service", &ServerCounters::service_errors_total},
+      {"internal", &ServerCounters::internal_errors_total},
+      {"timeout", &ServerCounters::timeouts_total},
+      {"send", &ServerCounters::send_errors_total},
+  };
+  for (const auto& [name, field] : errors) {
+    Result<prometheus::Counter*> counter = m.request_errors.WithLabels({name});
+    if (counter.ok()) Advance(*counter, server.*field, &(s.*field));
+  }
+  Advance(m.served_items, server.read_items_total, &s.read_items_total);
+  Advance(m.served_item_errors, server.read_item_errors_total, &s.read_item_errors_total);
+  Advance(m.served_bytes, server.payload_bytes_total, &s.payload_bytes_total);
+  Advance(m.sendfile_bytes, server.sendfile_bytes_total, &s.sendfile_bytes_total);
+  Advance(m.received_bytes, server.received_bytes_total, &s.received_bytes_total);
+  Advance(m.connections_accepted, server.connections_accepted_total, &s.connections_accepted_total);
+  Advance(m.connections_rejected, server.connections_rejected_total, &s.connections_rejected_total);
+  SetGauge(m.connections, server.connections_open);
+  SetGauge(m.buffered_bytes, server.buffered_bytes);
+
+  // The histogram: the new observations per bucket since the last refresh.
+  if (server.latency_count > s.latency_count) {
+    std::vector<double> increments(server.latency_buckets.size());
+    for (size_t i = 0; i < increments.size(); ++i) {
+      const uint64_t now = server.latency_buckets[i];
+      const uint64_t before = s.latency_buckets[i];
+      increments[i] = now > before ? static_cast<double>(now - before) : 0.0;
+    }
+    const double sum = server.latency_sum_seconds - s.latency_sum_seconds;
+    m.request_duration->ObserveMultiple(increments, sum > 0 ? sum : 0.0);
+  }
+  s.latency_buckets = server.latency_buckets;
+  s.latency_count = server.latency_count;
+  s.latency_sum_seconds = server.latency_sum_seconds;
+
+  ChunkReadServiceCounters& r = last.reads;
+  Advance(m.items_from_disk, reads.items_from_disk, &r.items_from_disk);
+  Advance(m.items_on_demand, reads.items_on_demand, &r.items_on_demand);
+  Advance(m.checksum_failures, reads.checksum_failures, &r.checksum_failures);
+  Advance(m.restaged_segments, reads.restaged_segments, &r.restaged_segments);
+
+  SetGauge(m.capacity, store.capacity_bytes);
+  SetGauge(m.used, store.used_bytes);
+  SetGauge(m.filesystem_available, store.filesystem_available_bytes);
+  SetGauge(m.chunks, store.chunk_count);
+  Advance(m.creates_refused, store.creates_refused_total, &last.creates_refused);
+  Advance(m.creates_no_space, store.creates_no_space_total, &last.creates_no_space);
+}
+
+void UpdateDatasetMetrics(const DatasetMetrics& m, DatasetMetricState& last,
+                          const StagerProgress& progress, const SourceCounters& source) {
+  Advance(m.source_opens, source.opens, &last.opens);
+  Advance(m.source_read_calls, source.read_calls, &last.read_calls);
+  Advance(m.source_read_bytes, source.bytes, &last.bytes);
+  Advance(m.staged_samples, source.completed, &last.completed);
+  Advance(m.on_demand_fetches, progress.on_demand_fetches, &last.on_demand);
+  for (size_t k = 0; k < kSourceErrorKinds; ++k) {
+    Advance(m.source_errors[k], source.errors[k], &last.errors[k]);
+  }
+  SetGauge(m.staged_bytes, progress.bytes_staged);
+  SetGauge(m.staged_chunks, progress.chunks_staged);
+  SetGauge(m.owned_bytes, progress.bytes_owned);
+  SetGauge(m.owned_chunks, progress.chunks_owned);
+  SetGauge(m.queue_chunks, progress.queue_depth);
+  SetGauge(m.sample_errors, progress.samples_failed_total());
+  m.staging_state->Set(static_cast<double>(progress.state));
+}
+
+}  // namespace granary

@@ -1,0 +1,127 @@
+#pragma once
+
+// The cache node's Prometheus metrics: declared once (CacheNodeMetrics::
+// Declare, under the naming rules of daemon/observability.h), and refreshed
+// from the components' snapshots (ChunkStore::Stats, Server::Counters,
+// ChunkReadService::Counters, Stager::Progress, Source::Counters) every
+// kMetricsRefreshInterval by the daemon's metrics thread. The components keep
+// plain atomics on their hot paths; this is the only place that turns them
+// into prometheus-cpp metrics. docs/cachenode.md ("Metrics") lists them.
+//
+// Counters are advanced by the difference from the last snapshot (a *State
+// struct remembers it), so a component that restarts from zero (a dataset's
+// new Source after a re-activation) continues the series instead of going
+// backwards.
+//
+// Who calls it: cache_node.cc only. Thread safety: Declare and ForDataset on
+// one thread at a time; each Update* with its own State from one thread at a
+// time (the metric objects themselves are thread-safe).
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "granary/cachenode/chunk_read_service.h"
+#include "granary/cachenode/chunk_store.h"
+#include "granary/cachenode/server.h"
+#include "granary/cachenode/stager.h"
+#include "granary/core/source.h"
+#include "granary/daemon/observability.h"
+
+namespace granary {
+
+inline constexpr std::chrono::milliseconds kMetricsRefreshInterval{500};
+
+// The metrics of one dataset (label dataset="<name>").
+struct DatasetMetrics {
+  prometheus::Counter* source_opens = nullptr;
+  prometheus::Counter* source_read_calls = nullptr;
+  prometheus::Counter* source_read_bytes = nullptr;
+  prometheus::Counter* staged_samples = nullptr;
+  prometheus::Counter* on_demand_fetches = nullptr;
+  std::array<prometheus::Counter*, kSourceErrorKinds> source_errors{};  // by SourceErrorKind
+  prometheus::Gauge* staged_bytes = nullptr;
+  prometheus::Gauge* staged_chunks = nullptr;
+  prometheus::Gauge* owned_bytes = nullptr;
+  prometheus::Gauge* owned_chunks = nullptr;
+  prometheus::Gauge* queue_chunks = nullptr;
+  prometheus::Gauge* sample_errors = nullptr;
+  prometheus::Gauge* staging_state = nullptr;
+};
+
+// What the counters of one dataset were at the last refresh.
+struct DatasetMetricState {
+  uint64_t opens = 0;
+  uint64_t read_calls = 0;
+  uint64_t bytes = 0;
+  uint64_t completed = 0;
+  uint64_t on_demand = 0;
+  std::array<uint64_t, kSourceErrorKinds> errors{};
+};
+
+// What the node-wide counters were at the last refresh.
+struct NodeMetricState {
+  ServerCounters server;
+  ChunkReadServiceCounters reads;
+  uint64_t creates_refused = 0;
+  uint64_t creates_no_space = 0;
+};
+
+struct CacheNodeMetrics {
+  MetricFamily<prometheus::Counter> source_opens;
+  MetricFamily<prometheus::Counter> source_read_calls;
+  MetricFamily<prometheus::Counter> source_read_bytes;
+  MetricFamily<prometheus::Counter> source_errors;  // dataset, kind
+  MetricFamily<prometheus::Counter> staged_samples;
+  MetricFamily<prometheus::Counter> on_demand_fetches;
+  MetricFamily<prometheus::Gauge> staged_bytes;
+  MetricFamily<prometheus::Gauge> staged_chunks;
+  MetricFamily<prometheus::Gauge> owned_bytes;
+  MetricFamily<prometheus::Gauge> owned_chunks;
+  MetricFamily<prometheus::Gauge> queue_chunks;
+  MetricFamily<prometheus::Gauge> sample_errors;
+  MetricFamily<prometheus::Gauge> staging_state;
+
+  prometheus::Counter* requests_hello = nullptr;
+  prometheus::Counter* requests_ping = nullptr;
+  prometheus::Counter* requests_stat = nullptr;
+  prometheus::Counter* requests_read = nullptr;
+  MetricFamily<prometheus::Counter> request_errors;  // class
+  prometheus::Counter* served_items = nullptr;
+  prometheus::Counter* served_item_errors = nullptr;
+  prometheus::Counter* served_bytes = nullptr;
+  prometheus::Counter* sendfile_bytes = nullptr;
+  prometheus::Counter* received_bytes = nullptr;
+  prometheus::Counter* connections_accepted = nullptr;
+  prometheus::Counter* connections_rejected = nullptr;
+  prometheus::Gauge* connections = nullptr;
+  prometheus::Gauge* buffered_bytes = nullptr;
+  prometheus::Histogram* request_duration = nullptr;
+
+  prometheus::Counter* items_from_disk = nullptr;
+  prometheus::Counter* items_on_demand = nullptr;
+  prometheus::Counter* checksum_failures = nullptr;
+  prometheus::Counter* restaged_segments = nullptr;
+
+  prometheus::Gauge* capacity = nullptr;
+  prometheus::Gauge* used = nullptr;
+  prometheus::Gauge* filesystem_available = nullptr;
+  prometheus::Gauge* chunks = nullptr;
+  prometheus::Counter* creates_refused = nullptr;
+  prometheus::Counter* creates_no_space = nullptr;
+  prometheus::Gauge* datasets = nullptr;
+  prometheus::Counter* store_errors = nullptr;
+
+  static Result<CacheNodeMetrics> Declare(prometheus::Registry& registry);
+  // The metrics of one dataset, created on first use.
+  Result<DatasetMetrics> ForDataset(const std::string& dataset) const;
+};
+
+void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
+                       const ChunkStoreStats& store, const ServerCounters& server,
+                       const ChunkReadServiceCounters& reads);
+void UpdateDatasetMetrics(const DatasetMetrics& m, DatasetMetricState& last,
+                          const StagerProgress& progress, const SourceCounters& source);
+
+}  // namespace granary
