@@ -310,7 +310,6 @@ void CacheNode::Impl::Stop() {
   for (auto& [name, ds] : datasets) {
     (void)reads_->Remove(name, ds->manifest_id);
     ds->stager->Stop();
-    if (store_ && registered_) PublishProgress(*ds);
   }
   datasets.clear();
   if (observability_) observability_->Stop();
@@ -650,6 +649,7 @@ void CacheNode::Impl::Deactivate(const std::string& name, bool drop_chunks,
   }
   (void)reads_->Remove(name, ds->manifest_id);
   ds->stager->Stop();
+  ClearDatasetGauges(ds->metrics);
   log_->info("dataset {} {}: stopped staging it{}", Quoted(name), why,
              drop_chunks ? " and dropping its chunks" : "");
   if (drop_chunks) {

@@ -249,6 +249,13 @@ void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
   Advance(m.creates_no_space, store.creates_no_space_total, &last.creates_no_space);
 }
 
+void ClearDatasetGauges(const DatasetMetrics& m) {
+  for (prometheus::Gauge* g : {m.staged_bytes, m.staged_chunks, m.owned_bytes, m.owned_chunks,
+                               m.queue_chunks, m.sample_errors, m.staging_state}) {
+    g->Set(0);
+  }
+}
+
 void UpdateDatasetMetrics(const DatasetMetrics& m, DatasetMetricState& last,
                           const StagerProgress& progress, const SourceCounters& source) {
   Advance(m.source_opens, source.opens, &last.opens);

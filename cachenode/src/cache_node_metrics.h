@@ -121,6 +121,9 @@ struct CacheNodeMetrics {
 void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
                        const ChunkStoreStats& store, const ServerCounters& server,
                        const ChunkReadServiceCounters& reads);
+// Zeroes the gauges of a dataset this node no longer stages (the counters
+// keep their totals).
+void ClearDatasetGauges(const DatasetMetrics& m);
 void UpdateDatasetMetrics(const DatasetMetrics& m, DatasetMetricState& last,
                           const StagerProgress& progress, const SourceCounters& source);
 
