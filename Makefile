@@ -4,6 +4,7 @@
 #   make test         format check, debug and asan builds with the whole suite, fuzzers
 #   make build        debug build only
 #   make release      optimised build (benchmarks)
+#   make demo         stage a generated (or DIR=...) dataset with one cache node
 #   make bench-manifest  manifest build/load figures at ImageNet scale
 #   make bench-core   placement and plan micro-benchmarks
 #   make format       reformat project code with clang-format
@@ -12,7 +13,7 @@
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps build release test test-debug test-asan fuzz format format-check bench-manifest bench-core clean
+.PHONY: deps build release demo test test-debug test-asan fuzz format format-check bench-manifest bench-core clean
 
 deps:
 	@scripts/install-deps
@@ -48,6 +49,9 @@ format-check: deps
 
 format: deps
 	scripts/format-check --fix
+
+demo: release
+	scripts/demo-staging $(DIR)
 
 bench-manifest: release
 	build/release/bench/manifest_bench
