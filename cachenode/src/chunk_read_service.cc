@@ -1,9 +1,7 @@
 #include "granary/cachenode/chunk_read_service.h"
 
 #include <algorithm>
-#include <chrono>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "granary/core/hash.h"
@@ -180,38 +178,18 @@ class ChunkReadService::ItemReader {
     return status;
   }
 
+  // A stored copy failed its checksum: the Stager drops it and reads the
+  // segment from the source again, coordinated with its own writer hold (a
+  // bulk worker filling the chunk puts and commits the fresh bytes).
   Result<std::string> Restage(ChunkId chunk, const std::vector<ChunkSegment>& segments,
                               uint32_t index, const Status& corruption, bool* on_demand) {
     service_.checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-    const std::string what = "re-staging segment " + std::to_string(index) + " of chunk " +
-                             std::to_string(chunk) + " of " + Name();
-    GetLogger("cachenode")->warn("{} after a checksum failure: {}", what, corruption.ToString());
-    Status dropped = Status::Ok();
-    for (uint32_t attempt = 0; attempt < std::max(service_.options_.drop_attempts, 1u); ++attempt) {
-      auto writer = service_.store_->OpenChunkWriter(Key(chunk), segments);
-      if (writer.ok()) {
-        dropped = writer->Drop(index);
-        break;
-      }
-      dropped = writer.status();
-      if (dropped.code() != StatusCode::kUnavailable) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a writer is open: wait
-    }
-    if (!dropped.ok()) {
-      return Status::Corruption(what +
-                                ": the stored copy failed its checksum and could not be "
-                                "dropped (" +
-                                dropped.ToString() + "); retry the read");
-    }
+    GetLogger("cachenode")
+        ->warn("re-staging segment {} of chunk {} of {} after a checksum failure: {}", index, chunk,
+               Name(), corruption.ToString());
     *on_demand = true;
-    auto fetched = served_.stager->FetchSegment(chunk, index);
-    if (!fetched.ok()) {
-      if (fetched.status().code() == StatusCode::kCorruption) {
-        return Status::Corruption(what + ": the copy fetched again failed its checksum too (" +
-                                  fetched.status().ToString() + "); retry the read");
-      }
-      return Classify(segments[index].sample, fetched.status());
-    }
+    auto fetched = served_.stager->DropAndRefetch(chunk, index);
+    if (!fetched.ok()) return Classify(segments[index].sample, fetched.status());
     service_.restaged_segments_.fetch_add(1, std::memory_order_relaxed);
     // Our reader's view of the chunk is stale now (the segment was dropped and
     // put again): refresh it, or read the rest of the chunk through the Stager.

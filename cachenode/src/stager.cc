@@ -1,6 +1,7 @@
 #include "granary/cachenode/stager.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "granary/core/log.h"
@@ -11,6 +12,16 @@ namespace {
 
 std::string ChunkName(const std::string& dataset, ChunkId chunk) {
   return "chunk " + std::to_string(chunk) + " of dataset " + Quoted(dataset);
+}
+
+// Puts a segment read from the source. A present segment is kept, unless the
+// bytes replace a stored copy that failed its checksum: that is dropped first.
+Status PutFill(StoredChunkWriter& writer, uint32_t index, const std::string& bytes, bool replace) {
+  if (writer.IsPresent(index)) {
+    if (!replace) return Status::Ok();
+    GRANARY_RETURN_IF_ERROR(writer.Drop(index));
+  }
+  return writer.Put(index, bytes);
 }
 
 }  // namespace
@@ -343,7 +354,8 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
   }
   auto writer = OpenWriter(chunk, segments);
   if (!writer.ok()) {
-    DrainAndRelease(chunk, segments, nullptr);
+    // Nothing to store with: the fills are discarded (an error of its own).
+    static_cast<void>(DrainAndRelease(chunk, segments, std::nullopt));
     const Status& s = writer.status();
     std::lock_guard<std::mutex> lock(mu_);
     last_error_ = s;
@@ -402,22 +414,26 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
       cv_.wait(lock, [&] { return fill->done; });
     }
     bool put_it = false;
+    bool replace = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (fill->status.ok() && !fill->put) {
         fill->put = true;
         put_it = true;
+        replace = fill->replace;
       }
     }
-    if (put_it) put_error = writer->Put(i, fill->bytes);
+    if (put_it) put_error = PutFill(*writer, i, fill->bytes, replace);
   }
   if (!put_error.ok()) {
     // The writer refuses further calls: nothing put is committed.
     std::lock_guard<std::mutex> lock(mu_);
     last_error_ = put_error.WithContext("staging " + ChunkName(options_.dataset, chunk));
   }
-  DrainAndRelease(chunk, segments, put_error.ok() ? &*writer : nullptr);
-  if (!put_error.ok()) return Outcome::kFailed;
+  std::optional<StoredChunkWriter> open(std::move(*writer));
+  if (!put_error.ok()) open.reset();  // it refuses further calls: close it, drop the fills
+  const Status stored = DrainAndRelease(chunk, segments, std::move(open));
+  if (!put_error.ok() || !stored.ok()) return Outcome::kFailed;
   return stopped ? Outcome::kStopped : Outcome::kDone;
 }
 
@@ -430,28 +446,33 @@ Result<StoredChunkWriter> Stager::OpenWriter(ChunkId chunk,
   return store_->OpenChunkWriter(key, segments);
 }
 
-void Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segments,
-                             StoredChunkWriter* writer) {
+Status Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segments,
+                               std::optional<StoredChunkWriter> writer) {
   const FillKey lo{chunk, 0};
   const FillKey hi{chunk + 1, 0};
-  bool broken = writer == nullptr;
-  for (int round = 0;; ++round) {
-    std::vector<std::pair<uint32_t, std::shared_ptr<Fill>>> todo;
+  bool broken = !writer.has_value();
+  Status first_error;
+  for (;;) {
+    struct Todo {
+      uint32_t index;
+      bool replace;
+      std::shared_ptr<Fill> fill;
+    };
+    std::vector<Todo> todo;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto it = fills_.lower_bound(lo); it != fills_.end() && it->first < hi; ++it) {
         Fill& f = *it->second;
         if (f.done && f.status.ok() && !f.put) {
           f.put = true;
-          todo.emplace_back(it->first.second, it->second);
+          todo.push_back(Todo{it->first.second, f.replace, it->second});
         }
       }
     }
     Status status;
     if (!broken) {
-      for (auto& [index, fill] : todo) {
-        if (writer->IsPresent(index)) continue;
-        status = writer->Put(index, fill->bytes);
+      for (const Todo& t : todo) {
+        status = PutFill(*writer, t.index, t.fill->bytes, t.replace);
         if (!status.ok()) break;
       }
       if (status.ok()) status = writer->Commit();
@@ -460,6 +481,7 @@ void Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segmen
     std::lock_guard<std::mutex> lock(mu_);
     if (!status.ok()) {
       last_error_ = status.WithContext("storing " + ChunkName(options_.dataset, chunk));
+      if (first_error.ok()) first_error = last_error_;
       GetLogger("cachenode")->warn("{}", last_error_.ToString());
     }
     // Every fill handed to the writer is now present (or lost with a broken
@@ -483,9 +505,12 @@ void Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segmen
       if (it->second->done && it->second->status.ok() && !it->second->put) more = true;
     }
     if (!more || broken) {
+      // The store allows one writer per chunk: close ours before the next
+      // holder may open one (closing a file; no sync, no source I/O).
+      writer.reset();
       chunks_[chunk].writer_held = false;
       cv_.notify_all();
-      return;
+      return first_error;
     }
   }
 }
@@ -506,8 +531,16 @@ Result<std::string> Stager::ReadFromStore(ChunkId chunk, std::span<const ChunkSe
 }
 
 Result<std::string> Stager::FetchSegment(ChunkId chunk, uint32_t index) {
-  const std::string what =
-      "fetching segment " + std::to_string(index) + " of " + ChunkName(options_.dataset, chunk);
+  return Fetch(chunk, index, /*replace=*/false);
+}
+
+Result<std::string> Stager::DropAndRefetch(ChunkId chunk, uint32_t index) {
+  return Fetch(chunk, index, /*replace=*/true);
+}
+
+Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
+  const std::string what = std::string(replace ? "re-fetching" : "fetching") + " segment " +
+                           std::to_string(index) + " of " + ChunkName(options_.dataset, chunk);
   if (chunk >= manifest_->chunk_count()) {
     return Status::InvalidArgument(what + ": the manifest has " +
                                    std::to_string(manifest_->chunk_count()) + " chunks");
@@ -526,20 +559,30 @@ Result<std::string> Stager::FetchSegment(ChunkId chunk, uint32_t index) {
                                         ": this node does not own the chunk; read it "
                                         "from its owner or from the source");
     }
+    if (replace) ++refetches_;
     if (auto f = failed_samples_.find(segment.sample); f != failed_samples_.end()) {
       return f->second;
     }
     if (auto it = fills_.find({chunk, index}); it != fills_.end()) {
-      // Someone is reading it (or has read it and not committed yet): share.
+      // Someone is reading it (or has read it and not committed yet): share
+      // the fresh bytes. A stored copy being replaced is dropped by whoever
+      // puts them (unless they were handed over already: then the next reader
+      // to find it corrupt refetches it again).
       fill = it->second;
+      if (replace) fill->replace = true;
       ++on_demand_shared_;
       cv_.wait(lock, [&] { return fill->done; });
       if (!fill->status.ok()) return fill->status;
       return fill->bytes;
     }
-    auto present = store_->PresentSegments(Key(chunk));
-    if (!(present.ok() && index < present->size() && (*present)[index])) {
+    bool present = false;
+    if (!replace) {
+      auto bits = store_->PresentSegments(Key(chunk));
+      present = bits.ok() && index < bits->size() && (*bits)[index];
+    }
+    if (!present) {
       fill = std::make_shared<Fill>();
+      fill->replace = replace;
       fills_.emplace(FillKey{chunk, index}, fill);
       ++on_demand_pending_;
       ++on_demand_fetches_;
@@ -562,7 +605,7 @@ Result<std::string> Stager::FetchSegment(ChunkId chunk, uint32_t index) {
     } else if (!chunks_[chunk].writer_held) {
       chunks_[chunk].writer_held = true;  // store it ourselves
       hold = true;
-    }  // else the holder commits it before letting go
+    }  // else the holder (a bulk worker) puts it, dropping a replaced copy first, and commits
     cv_.notify_all();
   }
   if (!read.ok()) return read;
@@ -572,7 +615,10 @@ Result<std::string> Stager::FetchSegment(ChunkId chunk, uint32_t index) {
       GetLogger("cachenode")
           ->warn("{}: read from the source but not stored: {}", what, writer.status().ToString());
     }
-    DrainAndRelease(chunk, segments, writer.ok() ? &*writer : nullptr);
+    // A store error is logged and counted (on_demand_not_stored): the reader
+    // gets its bytes all the same.
+    static_cast<void>(DrainAndRelease(
+        chunk, segments, writer.ok() ? std::optional(std::move(*writer)) : std::nullopt));
   }
   return bytes;
 }
@@ -687,6 +733,7 @@ StagerProgress Stager::Progress() const {
   p.on_demand_fetches = on_demand_fetches_;
   p.on_demand_shared = on_demand_shared_;
   p.on_demand_not_stored = on_demand_not_stored_;
+  p.refetches = refetches_;
   p.last_error = last_error_;
   return p;
 }

@@ -28,6 +28,7 @@
 #include "granary/core/names.h"
 #include "granary/core/peer_client.h"
 #include "granary/core/posix_source.h"
+#include "testing/source_fixture.h"
 #include "testing/test_util.h"
 
 namespace granary {
@@ -35,6 +36,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::granary::testing::Bytes;
+using ::granary::testing::OpenPosixSourceAsProcess;
+using ::granary::testing::ScriptedSource;
 using ::granary::testing::TempDir;
 using ::granary::testing::WaitFor;
 using ::testing::HasSubstr;
@@ -65,14 +68,9 @@ class ChunkReadServiceTest : public ::testing::Test {
     manifest_ = std::make_shared<const Manifest>(std::move(*m));
     ASSERT_GT(manifest_->chunk_count(), 8u);
 
-    PosixSourceOptions o;
-    o.root = root_;
-    o.owner = ProcessIdentity();
-    o.executor = executor_.get();
-    o.max_in_flight = 16;
-    auto s = PosixSource::Open(std::move(o));
+    auto s = OpenPosixSourceAsProcess(root_, executor_.get());
     ASSERT_OK(s);
-    source_ = std::move(*s);
+    source_ = std::make_shared<ScriptedSource>(std::move(*s));
     auto store = ChunkStore::Open(dir_.Join("store"), 1ull << 30);
     ASSERT_OK(store);
     store_ = std::move(*store);
@@ -154,13 +152,50 @@ class ChunkReadServiceTest : public ::testing::Test {
     return id.ok() ? *id : 0;
   }
   ChunkKey Key(ChunkId c) const { return ChunkKey{kDataset, manifest_->id(), c}; }
+  // The index of sample `id`'s (first) segment in its chunk.
+  uint32_t IndexOf(SampleId id) const {
+    const std::vector<ChunkSegment> segments = *manifest_->Segments(manifest_->ChunkOf(id));
+    uint32_t index = 0;
+    while (segments[index].sample != id) ++index;
+    return index;
+  }
+  // Flips one payload byte of a stored segment in its chunk file, behind the
+  // store's back: its checksum no longer matches.
+  void FlipPayloadByte(ChunkId chunk, uint32_t index) {
+    auto segments = manifest_->Segments(chunk);
+    ASSERT_OK(segments);
+    auto reader = store_->OpenChunkReader(Key(chunk), *segments);
+    ASSERT_OK(reader);
+    auto offset = (*reader)->PayloadOffset(index);
+    ASSERT_OK(offset);
+    const int fd = ::open(store_->ChunkPath(Key(chunk)).c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char byte = 0;
+    const auto at = static_cast<off_t>(*offset + (*segments)[index].length / 2);
+    ASSERT_EQ(::pread(fd, &byte, 1, at), 1);
+    byte = static_cast<char>(byte ^ 0x40);
+    ASSERT_EQ(::pwrite(fd, &byte, 1, at), 1);
+    ::close(fd);
+    ASSERT_EQ((*reader)->Read(index).status().code(), StatusCode::kCorruption);
+  }
+  // Every segment of `chunk` is present and passes its checksum.
+  void ExpectChunkIntact(ChunkId chunk) {
+    auto segments = manifest_->Segments(chunk);
+    ASSERT_OK(segments);
+    auto reader = store_->OpenChunkReader(Key(chunk), *segments);
+    ASSERT_OK(reader);
+    auto scan = (*reader)->Scan(ChunkScanMode::kVerifyPayload);
+    ASSERT_OK(scan);
+    EXPECT_TRUE(scan->corrupt.empty()) << "chunk " << chunk;
+    EXPECT_EQ((*reader)->present_count(), (*reader)->segment_count()) << "chunk " << chunk;
+  }
 
   TempDir dir_;
   std::string root_;
   std::map<std::string, size_t> sizes_;
   std::unique_ptr<IdentityExecutor> executor_;
   std::shared_ptr<const Manifest> manifest_;
-  std::shared_ptr<Source> source_;
+  std::shared_ptr<ScriptedSource> source_;
   std::shared_ptr<ChunkStore> store_;
   std::shared_ptr<Stager> stager_;
   std::shared_ptr<ChunkReadService> service_;
@@ -238,23 +273,8 @@ TEST_F(ChunkReadServiceTest, FlippedPayloadByteIsDetectedRestagedAndServedCorrec
   const ChunkId chunk = manifest_->ChunkOf(id);
   auto segments = manifest_->Segments(chunk);
   ASSERT_OK(segments);
-  uint32_t index = 0;
-  while ((*segments)[index].sample != id) ++index;
-  {
-    auto reader = store_->OpenChunkReader(Key(chunk), *segments);
-    ASSERT_OK(reader);
-    auto offset = (*reader)->PayloadOffset(index);
-    ASSERT_OK(offset);
-    const int fd = ::open(store_->ChunkPath(Key(chunk)).c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    char byte = 0;
-    const off_t at = static_cast<off_t>(*offset + 3);
-    ASSERT_EQ(::pread(fd, &byte, 1, at), 1);
-    byte = static_cast<char>(byte ^ 0x40);
-    ASSERT_EQ(::pwrite(fd, &byte, 1, at), 1);
-    ::close(fd);
-    EXPECT_EQ((*reader)->Read(index).status().code(), StatusCode::kCorruption);
-  }
+  const uint32_t index = IndexOf(id);
+  FlipPayloadByte(chunk, index);
   auto answer = service_->Read(Request({WholeSample(id), WholeSample(id)}));
   ASSERT_OK(answer);
   ASSERT_OK(answer->reply().items[0].status);
@@ -275,6 +295,106 @@ TEST_F(ChunkReadServiceTest, FlippedPayloadByteIsDetectedRestagedAndServedCorrec
   EXPECT_EQ(*bytes, Expected(id));
 }
 
+// The chunk holding the corrupt segment is being filled by a bulk worker (it
+// holds the chunk's writer, stopped in a source read): the reader is answered
+// at once with fresh bytes, and the worker replaces the stored copy.
+TEST_F(ChunkReadServiceTest, CorruptSegmentOfAChunkBeingStagedIsServedAtOnceAndReplaced) {
+  ChunkId chunk = 0;
+  std::vector<ChunkSegment> segments;
+  for (; chunk < manifest_->chunk_count(); ++chunk) {
+    segments = *manifest_->Segments(chunk);
+    if (segments.size() >= 4) break;
+  }
+  ASSERT_GE(segments.size(), 4u);
+  Serve({chunk});
+  ASSERT_OK(stager_->FetchSegment(chunk, 0));
+  ASSERT_OK(stager_->FetchSegment(chunk, 1));
+  FlipPayloadByte(chunk, 0);
+  const std::string held_path = manifest_->PathOf(segments[2].sample);
+  source_->HoldIf([&](const SourceFile& f, uint64_t) { return f.path == held_path; });
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitFor([&] { return source_->held() == 1; }, 20s));
+
+  const SampleId id = segments[0].sample;
+  auto answer = service_->Read(Request({WholeSample(id)}));
+  ASSERT_OK(answer);
+  ASSERT_OK(answer->reply().items[0].status);
+  EXPECT_EQ(ItemBytes(*answer, 0), Expected(id));
+  EXPECT_EQ(source_->held(), 1);  // the worker still holds the chunk
+  EXPECT_EQ(service_->Counters().checksum_failures, 1u);
+  EXPECT_EQ(service_->Counters().restaged_segments, 1u);
+
+  source_->Open();
+  ASSERT_TRUE(WaitFor([&] { return stager_->Progress().state == StagingState::kComplete; }, 20s));
+  ExpectChunkIntact(chunk);
+  auto again = service_->Read(Request({WholeSample(id)}));
+  ASSERT_OK(again);
+  EXPECT_EQ(ItemBytes(*again, 0), Expected(id));
+  EXPECT_EQ(service_->Counters().checksum_failures, 1u);
+}
+
+// Many rounds of: a chunk with a corrupt stored segment is handed to bulk
+// staging while readers read the whole chunk. Whoever holds the writer, the
+// readers get the right bytes or nothing else (no kCorruption, no
+// kUnavailable), and the chunk ends up intact.
+TEST_F(ChunkReadServiceTest, CorruptionRacingBulkStagingOfTheSameChunkNeverServesWrongBytes) {
+  ChunkId chunk = 0;
+  for (; chunk < manifest_->chunk_count(); ++chunk) {
+    if (manifest_->Segments(chunk)->size() >= 4) break;
+  }
+  ASSERT_LT(chunk, manifest_->chunk_count());
+  const std::string payload = ChunkPayload(chunk);
+  const uint32_t segment_count = static_cast<uint32_t>(manifest_->Segments(chunk)->size());
+  Serve({chunk});
+  stager_->Pause();
+  ASSERT_OK(stager_->Start());
+  constexpr int kRounds = 25;
+  std::atomic<int> wrong{0};
+  std::atomic<int> right{0};
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    // Start again from a chunk file holding only a corrupt copy of one segment.
+    ASSERT_OK(stager_->SetOwnedChunks({}));
+    if (store_->HasChunk(Key(chunk))) ASSERT_OK(store_->DropChunk(Key(chunk)));
+    ASSERT_OK(stager_->SetOwnedChunks(std::vector<ChunkId>{chunk}));
+    const uint32_t bad = static_cast<uint32_t>(round) % segment_count;
+    ASSERT_OK(stager_->FetchSegment(chunk, bad));
+    FlipPayloadByte(chunk, bad);
+
+    std::vector<std::thread> readers;
+    for (int t = 0; t < 2; ++t) {
+      readers.emplace_back([&] {
+        auto answer =
+            service_->Read(Request({ChunkRange(chunk, 0, static_cast<uint32_t>(payload.size()))}));
+        if (answer.ok() && answer->reply().items[0].status.ok() &&
+            ItemBytes(*answer, 0) == payload) {
+          ++right;
+        } else {
+          ++wrong;
+          ADD_FAILURE() << (answer.ok() ? answer->reply().items[0].status.ToString()
+                                        : answer.status().ToString());
+        }
+      });
+    }
+    stager_->Resume();
+    for (auto& r : readers) r.join();
+    // Complete, and no worker still committing a replacement handed to it.
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          const StagerProgress p = stager_->Progress();
+          return p.state == StagingState::kComplete && p.chunks_in_flight == 0;
+        },
+        20s));
+    stager_->Pause();
+    EXPECT_EQ(stager_->Progress().chunks_failed, 0u) << stager_->Progress().last_error.ToString();
+    ExpectChunkIntact(chunk);
+  }
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(right.load(), 2 * kRounds);
+  EXPECT_GE(service_->Counters().checksum_failures, static_cast<uint64_t>(kRounds));
+  EXPECT_EQ(service_->Counters().items_corrupt, 0u);
+}
+
 // A corrupt stored copy whose source file changed since: it can be neither
 // served nor re-staged, so the item fails and no byte of it is sent.
 TEST_F(ChunkReadServiceTest, CorruptCopyOfAChangedFileIsNeverServed) {
@@ -282,22 +402,8 @@ TEST_F(ChunkReadServiceTest, CorruptCopyOfAChangedFileIsNeverServed) {
   const std::string changed = "d4/f9.bin";
   const SampleId id = Find(changed);
   const ChunkId chunk = manifest_->ChunkOf(id);
-  auto segments = manifest_->Segments(chunk);
-  ASSERT_OK(segments);
-  uint32_t index = 0;
-  while ((*segments)[index].sample != id) ++index;
-  auto reader = store_->OpenChunkReader(Key(chunk), *segments);
-  ASSERT_OK(reader);
-  auto offset = (*reader)->PayloadOffset(index);
-  ASSERT_OK(offset);
-  const int fd = ::open(store_->ChunkPath(Key(chunk)).c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  const char zero = 0;
-  char byte = 0;
-  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(*offset)), 1);
-  const char flipped = static_cast<char>(byte == zero ? 1 : 0);
-  ASSERT_EQ(::pwrite(fd, &flipped, 1, static_cast<off_t>(*offset)), 1);
-  ::close(fd);
+  const uint32_t index = IndexOf(id);
+  FlipPayloadByte(chunk, index);
   dir_.WriteFile("source/" + changed, Bytes(changed + "v2", sizes_[changed]));
   const auto mtime = fs::last_write_time(root_ + "/" + changed);
   fs::last_write_time(root_ + "/" + changed, mtime + 5s);

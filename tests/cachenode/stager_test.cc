@@ -28,14 +28,16 @@
 #include "granary/core/manifest_builder.h"
 #include "granary/core/names.h"
 #include "granary/core/posix_source.h"
+#include "testing/source_fixture.h"
 #include "testing/test_util.h"
 
 namespace granary {
 namespace {
 
-using ::granary::testing::Bytes;
-
 namespace fs = std::filesystem;
+using ::granary::testing::Bytes;
+using ::granary::testing::OpenPosixSourceAsProcess;
+using ::granary::testing::ScriptedSource;
 using ::granary::testing::TempDir;
 using ::granary::testing::WaitFor;
 using ::testing::HasSubstr;
@@ -44,63 +46,6 @@ using namespace std::chrono_literals;
 constexpr uint64_t kChunkSize = 64 << 10;
 constexpr uint64_t kBigCapacity = 1ull << 30;
 constexpr char kDataset[] = "imagenet";
-
-// A Source that records every read and can hold reads at a gate.
-class GatedSource final : public Source {
- public:
-  explicit GatedSource(std::shared_ptr<Source> inner) : inner_(std::move(inner)) {}
-
-  Status Read(const SourceFile& file, uint64_t offset, std::span<char> out) override {
-    Gate(file, offset);
-    return inner_->Read(file, offset, out);
-  }
-  Status TryRead(const SourceFile& file, uint64_t offset, std::span<char> out) override {
-    Gate(file, offset);
-    return inner_->TryRead(file, offset, out);
-  }
-  SourceCounters Counters() const override { return inner_->Counters(); }
-  const std::string& uri() const override { return inner_->uri(); }
-  uint32_t max_in_flight() const override { return inner_->max_in_flight(); }
-
-  // Reads for which `hold` returns true wait until Open().
-  void HoldIf(std::function<bool(const SourceFile&, uint64_t)> hold) {
-    std::lock_guard<std::mutex> lock(mu_);
-    hold_ = std::move(hold);
-    open_ = false;
-  }
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  int held() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return held_;
-  }
-  std::vector<std::pair<std::string, uint64_t>> log() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return log_;
-  }
-
- private:
-  void Gate(const SourceFile& file, uint64_t offset) {
-    std::unique_lock<std::mutex> lock(mu_);
-    log_.emplace_back(file.path, offset);
-    if (!open_ && hold_ && hold_(file, offset)) {
-      ++held_;
-      cv_.wait(lock, [&] { return open_; });
-      --held_;
-    }
-  }
-
-  const std::shared_ptr<Source> inner_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::function<bool(const SourceFile&, uint64_t)> hold_;
-  bool open_ = true;
-  int held_ = 0;
-  std::vector<std::pair<std::string, uint64_t>> log_;
-};
 
 class StagerTest : public ::testing::Test {
  protected:
@@ -152,15 +97,10 @@ class StagerTest : public ::testing::Test {
     gated_.reset();
     store_.reset();
     source_.reset();
-    PosixSourceOptions o;
-    o.root = root_;
-    o.owner = ProcessIdentity();
-    o.executor = executor_.get();
-    o.max_in_flight = 16;
-    auto s = PosixSource::Open(std::move(o));
+    auto s = OpenPosixSourceAsProcess(root_, executor_.get());
     ASSERT_OK(s);
     source_ = std::move(*s);
-    gated_ = std::make_shared<GatedSource>(source_);
+    gated_ = std::make_shared<ScriptedSource>(source_);
     auto store = ChunkStore::Open(store_dir_, capacity);
     ASSERT_OK(store);
     store_ = std::move(*store);
@@ -237,7 +177,7 @@ class StagerTest : public ::testing::Test {
   std::shared_ptr<const Manifest> manifest_;
   size_t total_segments_ = 0;
   std::shared_ptr<PosixSource> source_;
-  std::shared_ptr<GatedSource> gated_;
+  std::shared_ptr<ScriptedSource> gated_;
   std::shared_ptr<ChunkStore> store_;
   std::unique_ptr<Stager> stager_;
 };
@@ -457,6 +397,62 @@ TEST_F(StagerTest, ConcurrentFetchesOfOneSampleShareOneSourceRead) {
   EXPECT_EQ(source_->Counters().opens, 1u);
   EXPECT_EQ(stager_->Progress().on_demand_fetches, 1u);
   EXPECT_EQ(VerifyChunk(manifest_->ChunkOf(wanted)), 1u);
+}
+
+// A reader's DropAndRefetch of a segment of the chunk a bulk worker is filling
+// (holding its writer) is answered at once from its own source read; the
+// worker drops the old copy, puts the fresh bytes and commits them.
+TEST_F(StagerTest, DropAndRefetchIsHandedToTheBulkWorkerHoldingTheChunk) {
+  OpenSourceAndStore();
+  // A chunk of several segments, the first two staged on demand.
+  ChunkId chunk = 0;
+  std::vector<ChunkSegment> segments;
+  for (; chunk < manifest_->chunk_count(); ++chunk) {
+    segments = *manifest_->Segments(chunk);
+    if (segments.size() >= 4) break;
+  }
+  ASSERT_GE(segments.size(), 4u);
+  CreateStager({chunk}, Threads(2));
+  ASSERT_OK(stager_->FetchSegment(chunk, 0));
+  ASSERT_OK(stager_->FetchSegment(chunk, 1));
+  const size_t opens = source_->Counters().opens;
+  // The bulk worker takes the chunk and stops in the read of segment 2,
+  // holding the chunk's writer.
+  const std::string held_path = manifest_->PathOf(segments[2].sample);
+  gated_->HoldIf([&](const SourceFile& f, uint64_t) { return f.path == held_path; });
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitFor([&] { return gated_->held() == 1; }, 20s));
+  EXPECT_EQ(stager_->Progress().chunks_in_flight, 1u);
+
+  auto bytes = stager_->DropAndRefetch(chunk, 0);
+  ASSERT_OK(bytes);
+  EXPECT_EQ(*bytes, Expected(segments[0]));
+  EXPECT_EQ(gated_->held(), 1);  // answered while the worker still holds the chunk
+  EXPECT_EQ(source_->Counters().opens, opens + 1);
+  EXPECT_EQ(stager_->Progress().refetches, 1u);
+
+  gated_->Open();
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  EXPECT_EQ(VerifyChunk(chunk), segments.size());
+  // Replaced by the worker, and read from the source once more only.
+  EXPECT_EQ(source_->Counters().opens, opens + 1 + segments.size() - 2);
+  auto again = stager_->FetchSegment(chunk, 0);
+  ASSERT_OK(again);
+  EXPECT_EQ(*again, Expected(segments[0]));
+  EXPECT_EQ(source_->Counters().opens, opens + 1 + segments.size() - 2);
+
+  // With no writer held, the caller replaces the copy itself.
+  auto third = stager_->DropAndRefetch(chunk, 1);
+  ASSERT_OK(third);
+  EXPECT_EQ(*third, Expected(segments[1]));
+  EXPECT_EQ(VerifyChunk(chunk), segments.size());
+  EXPECT_TRUE(ChunkComplete(chunk));
+  // Bad calls.
+  EXPECT_EQ(stager_->DropAndRefetch(chunk, static_cast<uint32_t>(segments.size())).status().code(),
+            StatusCode::kInvalidArgument);
+  const ChunkId other = static_cast<ChunkId>((chunk + 1) % manifest_->chunk_count());
+  EXPECT_EQ(stager_->DropAndRefetch(other, 0).status().code(),
+            StatusCode::kFailedPrecondition);  // not owned
 }
 
 TEST_F(StagerTest, ChangedAndVanishedFilesArePerSampleErrors) {

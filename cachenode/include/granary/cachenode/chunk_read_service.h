@@ -10,9 +10,11 @@
 //    unverified bytes);
 //  - a segment not present is fetched on demand (Stager::FetchSegment): read
 //    from the source now, ahead of bulk staging, stored, and served;
-//  - a segment failing its checksum is dropped (StoredChunkWriter::Drop),
-//    fetched again through the Stager, served correct, and counted
-//    (checksum_failures: granary_cachenode_checksum_failures_total);
+//  - a segment failing its checksum is read from the source again and its
+//    stored copy replaced by the Stager (Stager::DropAndRefetch, which owns
+//    every writer of the chunk, so it never races bulk staging), served
+//    correct, and counted (checksum_failures:
+//    granary_cachenode_checksum_failures_total);
 //  - per-sample source errors (changed since the snapshot, gone, permission)
 //    fail the item with the source's message and no bytes; ids and ranges past
 //    the manifest are kOutOfRange per item; an unknown (dataset, manifest)
@@ -48,10 +50,6 @@ namespace granary {
 struct ChunkReadServiceOptions {
   // Names this node in error messages ("... is not served by node X").
   std::string node_name = "granary-cachenode";
-  // A corrupt segment whose chunk has a writer open elsewhere (a bulk worker)
-  // cannot be dropped at once; the drop is retried this many times, 10 ms
-  // apart, before the item fails with kCorruption ("retry").
-  uint32_t drop_attempts = 100;
 };
 
 // Totals since the service was created (for /metrics and STAT).
@@ -63,7 +61,7 @@ struct ChunkReadServiceCounters {
   uint64_t items_on_demand = 0;     // OK items with at least one segment fetched on demand
   uint64_t items_out_of_range = 0;  // kOutOfRange: id or range past the manifest
   uint64_t items_source_error = 0;  // per-sample source errors (changed, gone, permission, ...)
-  uint64_t items_corrupt = 0;       // kCorruption: could not be re-staged in time
+  uint64_t items_corrupt = 0;       // kCorruption (e.g. a store read failing it on demand)
   uint64_t items_other_error = 0;   // any other per-item error (store I/O, not owned, ...)
   uint64_t bytes_served = 0;        // bytes of OK items
   uint64_t checksum_failures = 0;   // segments read from disk that failed their checksum

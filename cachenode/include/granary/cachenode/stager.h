@@ -50,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -118,6 +119,7 @@ struct StagerProgress {
   uint64_t on_demand_fetches = 0;     // FetchSegment calls that read the source themselves
   uint64_t on_demand_shared = 0;      // FetchSegment calls that shared a read in flight
   uint64_t on_demand_not_stored = 0;  // segments read on demand that could not be stored
+  uint64_t refetches = 0;             // DropAndRefetch calls (stored copies found corrupt)
   // Why staging is paused or why a chunk failed (kCapacity, kDiskFull, a store
   // error); OK otherwise.
   Status last_error;
@@ -188,6 +190,17 @@ class Stager {
   // when it cannot be stored (capacity, full disk): counted in
   // on_demand_not_stored.
   Result<std::string> FetchSegment(ChunkId chunk, uint32_t index);
+  // For a reader that found the stored copy of segment `index` failing its
+  // checksum: reads it from the source again, replaces the stored copy (drop,
+  // put, commit) and returns the fresh bytes. The replacement goes through the
+  // same writer hold as everything else: if a bulk worker holds the chunk's
+  // writer, the fresh bytes are handed to it (it drops the bad copy, puts and
+  // commits them before letting go) and returned at once; the caller never
+  // waits for the worker, and no writer contention (kUnavailable) reaches it.
+  // A read of the segment already in flight is shared. Errors as FetchSegment
+  // (never kCorruption: the store is not read). The bytes are returned even if
+  // they cannot be stored (counted in on_demand_not_stored).
+  Result<std::string> DropAndRefetch(ChunkId chunk, uint32_t index);
   // The whole sample: FetchSegment of each of its pieces, concatenated.
   Result<std::string> FetchSample(SampleId sample);
 
@@ -205,7 +218,8 @@ class Stager {
   // are guarded by mu_; `bytes` is written only by the reader before `done`.
   struct Fill {
     bool done = false;
-    bool put = false;  // handed to the chunk's writer (present after its commit)
+    bool put = false;      // handed to the chunk's writer (present after its commit)
+    bool replace = false;  // the stored copy failed its checksum: drop it before the put
     Status status;
     std::string bytes;
   };
@@ -234,11 +248,14 @@ class Stager {
   // Opens the chunk's writer, creating the file if needed. Only by the holder.
   Result<StoredChunkWriter> OpenWriter(ChunkId chunk, std::span<const ChunkSegment> segments);
   // The holder's last step: puts every read, unput fill of `chunk`, commits,
-  // updates the chunk's state and releases the hold. `writer` may be null (it
-  // could not be opened): the fills are then discarded.
-  void DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segments,
-                       StoredChunkWriter* writer);
+  // updates the chunk's state, closes the writer and releases the hold.
+  // `writer` may be empty (it could not be opened, or a Put failed): the fills
+  // are then discarded. Returns the first store error (OK if none).
+  Status DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segments,
+                         std::optional<StoredChunkWriter> writer);
   Status ReadFromSource(const ChunkSegment& segment, std::string* out);
+  // FetchSegment (replace false) and DropAndRefetch (replace true).
+  Result<std::string> Fetch(ChunkId chunk, uint32_t index, bool replace);
   Result<std::string> ReadFromStore(ChunkId chunk, std::span<const ChunkSegment> segments,
                                     uint32_t index);
   void RecordFailureLocked(SampleId sample, const Status& status);
@@ -275,6 +292,7 @@ class Stager {
   uint64_t on_demand_fetches_ = 0;                            // guarded by mu_
   uint64_t on_demand_shared_ = 0;                             // guarded by mu_
   uint64_t on_demand_not_stored_ = 0;                         // guarded by mu_
+  uint64_t refetches_ = 0;                                    // guarded by mu_
   std::vector<std::thread> workers_;                          // started by Start, joined by Stop
   std::mutex join_mu_;                                        // serialises Stop's joins
 };

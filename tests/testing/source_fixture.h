@@ -1,0 +1,73 @@
+#pragma once
+
+// Sources for the cache node's tests (stager_test, chunk_read_service_test):
+//  - OpenPosixSourceAsProcess: a real PosixSource over a directory, read as
+//    this process's own identity (no privilege needed);
+//  - ScriptedSource: a Source over a real one that logs every read and can
+//    hold reads at a gate or run a hook before them (to fail a read with EIO,
+//    or to make it wait for something), for the cases a real file system
+//    cannot produce on cue.
+//
+// Thread safety: ScriptedSource may be used from any number of threads, like
+// any Source; its hook runs on the reading thread, outside its lock.
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "granary/core/identity.h"
+#include "granary/core/posix_source.h"
+#include "granary/core/source.h"
+#include "granary/core/status.h"
+
+namespace granary::testing {
+
+// A PosixSource over `root` whose reads run on `executor` as ProcessIdentity().
+Result<std::shared_ptr<PosixSource>> OpenPosixSourceAsProcess(const std::string& root,
+                                                              IdentityExecutor* executor,
+                                                              uint32_t max_in_flight = 16);
+
+class ScriptedSource final : public Source {
+ public:
+  // Runs before a read reaches the inner source; a non-OK Status fails the
+  // read with it (the inner source is not asked).
+  using Hook = std::function<Status(const SourceFile& file, uint64_t offset)>;
+
+  explicit ScriptedSource(std::shared_ptr<Source> inner) : inner_(std::move(inner)) {}
+
+  Status Read(const SourceFile& file, uint64_t offset, std::span<char> out) override;
+  Status TryRead(const SourceFile& file, uint64_t offset, std::span<char> out) override;
+  SourceCounters Counters() const override { return inner_->Counters(); }
+  const std::string& uri() const override { return inner_->uri(); }
+  uint32_t max_in_flight() const override { return inner_->max_in_flight(); }
+
+  // Reads for which `hold` returns true wait until Open().
+  void HoldIf(std::function<bool(const SourceFile&, uint64_t)> hold);
+  void Open();
+  // Reads waiting at the gate now.
+  int held() const;
+  void SetHook(Hook hook);
+  // Every read asked for, in order: (path, offset).
+  std::vector<std::pair<std::string, uint64_t>> log() const;
+
+ private:
+  // Logs, gates and runs the hook; OK: ask the inner source.
+  Status Intercept(const SourceFile& file, uint64_t offset);
+
+  const std::shared_ptr<Source> inner_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<bool(const SourceFile&, uint64_t)> hold_;  // guarded by mu_
+  bool open_ = true;                                       // guarded by mu_
+  int held_ = 0;                                           // guarded by mu_
+  Hook hook_;                                              // guarded by mu_
+  std::vector<std::pair<std::string, uint64_t>> log_;      // guarded by mu_
+};
+
+}  // namespace granary::testing
