@@ -433,7 +433,15 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
   std::optional<StoredChunkWriter> open(std::move(*writer));
   if (!put_error.ok()) open.reset();  // it refuses further calls: close it, drop the fills
   const Status stored = DrainAndRelease(chunk, segments, std::move(open));
-  if (!put_error.ok() || !stored.ok()) return Outcome::kFailed;
+  const Status& error = put_error.ok() ? stored : put_error;
+  if (error.code() == StatusCode::kResourceExhausted) {
+    // ENOSPC or EDQUOT from a Put or the Commit of a chunk whose file exists
+    // (not preallocated, or the file system shrank under it): pause and retry
+    // like a refused create; what was put is read again then.
+    log->warn("staging dataset {}: {}; pausing", Quoted(options_.dataset), error.ToString());
+    return Outcome::kDiskFull;
+  }
+  if (!error.ok()) return Outcome::kFailed;
   return stopped ? Outcome::kStopped : Outcome::kDone;
 }
 

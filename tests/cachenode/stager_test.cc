@@ -9,11 +9,15 @@
 
 #include "granary/cachenode/stager.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -92,7 +96,7 @@ class StagerTest : public ::testing::Test {
   }
 
   // A fresh source (fresh counters) and store (a "restart" when one existed).
-  void OpenSourceAndStore(uint64_t capacity = kBigCapacity) {
+  void OpenSourceAndStore(uint64_t capacity = kBigCapacity, ChunkStoreOptions store_options = {}) {
     stager_.reset();
     gated_.reset();
     store_.reset();
@@ -101,7 +105,7 @@ class StagerTest : public ::testing::Test {
     ASSERT_OK(s);
     source_ = std::move(*s);
     gated_ = std::make_shared<ScriptedSource>(source_);
-    auto store = ChunkStore::Open(store_dir_, capacity);
+    auto store = ChunkStore::Open(store_dir_, capacity, store_options);
     ASSERT_OK(store);
     store_ = std::move(*store);
   }
@@ -496,6 +500,61 @@ TEST_F(StagerTest, ChangedAndVanishedFilesArePerSampleErrors) {
   EXPECT_EQ(VerifyAll(), total_segments_ - 2);
   // The failed samples cost one open each, like the others.
   EXPECT_EQ(source_->Counters().opens, total_segments_);
+}
+
+// The file system fills up under chunk files that exist already (created
+// without preallocation): the Puts fail with ENOSPC. Staging pauses as
+// disk_full, fails no chunk, and finishes once space is back.
+TEST_F(StagerTest, AFullFileSystemUnderExistingChunkFilesPausesAndIsRetried) {
+  const std::string mnt = dir_.Join("small");
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=2m") != 0) {
+    GTEST_SKIP() << "cannot mount a 2 MiB tmpfs here (" << std::strerror(errno)
+                 << "); the test needs CAP_SYS_ADMIN";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  store_dir_ = mnt + "/store";
+  ChunkStoreOptions sparse;
+  sparse.preallocate = false;
+  OpenSourceAndStore(kBigCapacity, sparse);
+  StagerOptions options = Threads(2);
+  options.disk_full_backoff = 20ms;
+  options.disk_full_backoff_max = 100ms;
+  options.disk_full_retries = 1000;  // keeps retrying until the space is back
+  CreateStager(AllChunks(), options);
+  stager_->Pause();
+  ASSERT_OK(stager_->Start());
+  // Every chunk file exists, holding its first segment only.
+  for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) ASSERT_OK(stager_->FetchSegment(c, 0));
+  // Fill the file system.
+  const std::string filler = mnt + "/filler";
+  const int fd = ::open(filler.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  const std::string block(4096, 'x');
+  int err = 0;
+  for (int i = 0; i < 1024 && err == 0; ++i) {
+    if (::write(fd, block.data(), block.size()) < 0) err = errno;
+  }
+  ::close(fd);
+  ASSERT_EQ(err, ENOSPC);
+
+  stager_->Resume();
+  ASSERT_TRUE(WaitForState(StagingState::kDiskFull));
+  StagerProgress p = stager_->Progress();
+  EXPECT_EQ(p.chunks_failed, 0u);
+  EXPECT_EQ(p.last_error.code(), StatusCode::kResourceExhausted) << p.last_error.ToString();
+  EXPECT_LT(p.chunks_complete, p.chunks_owned);
+
+  fs::remove(filler);
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  p = stager_->Progress();
+  EXPECT_EQ(p.chunks_failed, 0u);
+  EXPECT_EQ(p.chunks_complete, p.chunks_owned);
+  EXPECT_EQ(VerifyAll(), total_segments_);
+  stager_.reset();
 }
 
 TEST_F(StagerTest, CapacityStopsAtAPrefixOfTheOrderAndServingGoesOn) {

@@ -25,8 +25,10 @@
 //  - capacity: when the next chunk does not fit the store, bulk staging stops
 //    taking chunks (state kCapacity). What is staged is then the prefix of the
 //    staging order that fit (up to the chunks in flight on other threads).
-//    A full file system (ENOSPC) pauses it too (kDiskFull) and is retried with
-//    a bounded exponential backoff, or at Resume().
+//    A full file system (ENOSPC or EDQUOT, from creating a chunk file or from
+//    a Put or Commit into an existing one) pauses it too (kDiskFull), without
+//    failing the chunk, and is retried with a bounded exponential backoff, or
+//    at Resume().
 //
 // What it does not do: compute placement or plans (the daemon passes the
 // owned chunks and the staging order), drop chunks it no longer owns (the
@@ -71,7 +73,7 @@ enum class StagingState : uint8_t {
   kStaging,   // owned chunks remain and workers are taking them
   kComplete,  // every owned chunk is staged (each segment present or its sample failed)
   kCapacity,  // the next chunk does not fit the store's capacity: staging stopped there
-  kDiskFull,  // the file system refused a create (ENOSPC): paused, retried with backoff
+  kDiskFull,  // the file system is full (ENOSPC, EDQUOT): paused, retried with backoff
   kStopped,   // Stop() was called
 };
 
