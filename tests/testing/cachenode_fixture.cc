@@ -399,6 +399,39 @@ Result<double> CacheNode::MetricValue(std::string_view name,
   return *sum;
 }
 
+Result<double> CacheNode::WaitForMetric(std::string_view name,
+                                        const std::map<std::string, std::string>& labels,
+                                        const std::function<bool(double)>& holds,
+                                        milliseconds timeout) const {
+  const auto deadline = steady_clock::now() + timeout;
+  std::string last;
+  while (true) {
+    auto value = MetricValue(name, labels);
+    if (value.ok() && holds(*value)) return *value;
+    last = value.ok() ? "the last value was " + std::to_string(*value) : value.status().ToString();
+    if (steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  std::string wanted(name);
+  for (const auto& [k, v] : labels) wanted += " " + k + "=" + Quoted(v);
+  return Status::DeadlineExceeded(id() + ": " + wanted +
+                                  " did not reach the expected value within " +
+                                  std::to_string(timeout.count()) + " ms; " + last);
+}
+
+std::vector<std::string> CacheNode::ChunkFiles() const {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(options_.data_dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file() && it->path().extension() == ".chunk") {
+      files.push_back(it->path().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 Result<PeerClient> CacheNode::Connect(milliseconds call_timeout) const {
   PeerClientOptions o;
   o.client_name = "integration-test";

@@ -157,9 +157,18 @@ class CacheNode {
   // SumSamples over a fresh scrape; kNotFound if no sample matches.
   Result<double> MetricValue(std::string_view name,
                              const std::map<std::string, std::string>& labels = {}) const;
+  // Waits until `holds(value)` for MetricValue(name, labels) (metrics are
+  // refreshed about every 500 ms): the value then. At the deadline
+  // kDeadlineExceeded with the last value or error.
+  Result<double> WaitForMetric(std::string_view name,
+                               const std::map<std::string, std::string>& labels,
+                               const std::function<bool(double)>& holds,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(20)) const;
   // A PeerClient connected to this node.
   Result<PeerClient> Connect(
       std::chrono::milliseconds call_timeout = std::chrono::seconds(20)) const;
+  // The chunk files (*.chunk) under the data dir, sorted.
+  std::vector<std::string> ChunkFiles() const;
 
  private:
   void ChoosePorts();
