@@ -14,6 +14,13 @@ std::string ChunkName(const std::string& dataset, ChunkId chunk) {
   return "chunk " + std::to_string(chunk) + " of dataset " + Quoted(dataset);
 }
 
+// How many chunks sample `sample` spans (pieces of a sample larger than a chunk).
+uint64_t PieceCount(const Manifest& manifest, SampleId sample) {
+  const uint64_t size = manifest.SizeOf(sample);
+  const uint64_t chunk_size = manifest.chunk_size();
+  return size > chunk_size ? (size + chunk_size - 1) / chunk_size : 1;
+}
+
 // Puts a segment read from the source. A present segment is kept, unless the
 // bytes replace a stored copy that failed its checksum: that is dropped first.
 Status PutFill(StoredChunkWriter& writer, uint32_t index, const std::string& bytes, bool replace) {
@@ -97,6 +104,12 @@ Result<std::unique_ptr<Stager>> Stager::Create(std::shared_ptr<const Manifest> m
     return Status::InvalidArgument(doing + ": threads is " + std::to_string(options.threads) +
                                    "; use 1.." + std::to_string(kMaxStagerThreads));
   }
+  if (options.io_retries > kMaxIoRetries || options.io_retry_backoff.count() < 0) {
+    return Status::InvalidArgument(
+        doing + ": io_retries is " + std::to_string(options.io_retries) + " and io_retry_backoff " +
+        std::to_string(options.io_retry_backoff.count()) + " ms; use 0.." +
+        std::to_string(kMaxIoRetries) + " retries and a backoff >= 0");
+  }
   if (options.disk_full_backoff.count() <= 0 ||
       options.disk_full_backoff_max < options.disk_full_backoff) {
     return Status::InvalidArgument(
@@ -115,7 +128,6 @@ Result<std::unique_ptr<Stager>> Stager::Create(std::shared_ptr<const Manifest> m
   std::vector<ChunkId> chunk_order;
   chunk_order.reserve(chunk_count);
   std::vector<bool> seen(chunk_count, false);
-  const uint64_t chunk_size = manifest->chunk_size();
   for (SampleId s : options.order) {
     if (s >= sample_count) {
       return Status::InvalidArgument(doing + ": the staging order names sample " +
@@ -124,8 +136,7 @@ Result<std::unique_ptr<Stager>> Stager::Create(std::shared_ptr<const Manifest> m
                                      " samples; compute the order from this manifest's plans");
     }
     const ChunkId first = manifest->ChunkOf(s);
-    const uint64_t size = manifest->SizeOf(s);
-    const uint64_t pieces = size > chunk_size ? (size + chunk_size - 1) / chunk_size : 1;
+    const uint64_t pieces = PieceCount(*manifest, s);
     for (uint64_t p = 0; p < pieces; ++p) {
       const ChunkId c = first + static_cast<ChunkId>(p);
       if (c < chunk_count && !seen[c]) {
@@ -217,6 +228,11 @@ void Stager::Pause() {
 
 void Stager::Resume() {
   std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SampleId> transient;
+  for (const auto& [sample, status] : failed_samples_) {
+    if (SourceErrorKindOf(status) == SourceErrorKind::kIo) transient.push_back(sample);
+  }
+  for (SampleId sample : transient) ForgetFailureLocked(sample);
   paused_ = false;
   capacity_ = false;
   disk_full_ = false;
@@ -399,7 +415,7 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
     }
     if (mine) {
       std::string bytes;
-      Status read = ReadFromSource(segment, &bytes);
+      Status read = ReadFromSource(segment, &bytes, /*bulk=*/true, options_.io_retries);
       std::lock_guard<std::mutex> lock(mu_);
       fill->bytes = std::move(bytes);
       fill->status = read;
@@ -523,13 +539,25 @@ Status Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segm
   }
 }
 
-Status Stager::ReadFromSource(const ChunkSegment& segment, std::string* out) {
+Status Stager::ReadFromSource(const ChunkSegment& segment, std::string* out, bool bulk,
+                              uint32_t retries) {
   SourceFile file{manifest_->PathOf(segment.sample), manifest_->SizeOf(segment.sample),
                   manifest_->MtimeOf(segment.sample)};
-  out->assign(segment.length, '\0');
-  Status s = source_->Read(file, segment.sample_offset, std::span<char>(out->data(), out->size()));
-  if (!s.ok()) out->clear();
-  return s;
+  std::chrono::milliseconds wait = options_.io_retry_backoff;
+  for (uint32_t attempt = 0;; ++attempt) {
+    out->assign(segment.length, '\0');
+    Status s =
+        source_->Read(file, segment.sample_offset, std::span<char>(out->data(), out->size()));
+    if (s.ok()) return s;
+    out->clear();
+    // Changed, gone, permission, ...: facts about the snapshot, final at once.
+    if (SourceErrorKindOf(s) != SourceErrorKind::kIo || attempt >= retries) return s;
+    std::unique_lock<std::mutex> lock(mu_);
+    ++source_retries_;
+    // Stop() cuts a bulk worker's wait short (its error is then recorded).
+    if (cv_.wait_for(lock, wait, [&] { return bulk && stopping_; })) return s;
+    wait *= 2;
+  }
 }
 
 Result<std::string> Stager::ReadFromStore(ChunkId chunk, std::span<const ChunkSegment> segments,
@@ -560,6 +588,7 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
   }
   const ChunkSegment& segment = segments[index];
   std::shared_ptr<Fill> fill;
+  uint32_t retries = options_.io_retries;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (!chunks_[chunk].owned) {
@@ -569,7 +598,10 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
     }
     if (replace) ++refetches_;
     if (auto f = failed_samples_.find(segment.sample); f != failed_samples_.end()) {
-      return f->second;
+      if (SourceErrorKindOf(f->second) != SourceErrorKind::kIo) return f->second;
+      // A transient error, retried already: ask the source once more now.
+      ForgetFailureLocked(segment.sample);
+      retries = 0;
     }
     if (auto it = fills_.find({chunk, index}); it != fills_.end()) {
       // Someone is reading it (or has read it and not committed yet): share
@@ -599,7 +631,7 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
   if (fill == nullptr) return ReadFromStore(chunk, segments, index);
 
   std::string bytes;
-  Status read = ReadFromSource(segment, &bytes);
+  Status read = ReadFromSource(segment, &bytes, /*bulk=*/false, retries);
   bool hold = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -638,8 +670,7 @@ Result<std::string> Stager::FetchSample(SampleId sample) {
                                    std::to_string(manifest_->sample_count()) + " samples");
   }
   const uint64_t size = manifest_->SizeOf(sample);
-  const uint64_t chunk_size = manifest_->chunk_size();
-  const uint64_t pieces = size > chunk_size ? (size + chunk_size - 1) / chunk_size : 1;
+  const uint64_t pieces = PieceCount(*manifest_, sample);
   const ChunkId first = manifest_->ChunkOf(sample);
   std::string out;
   out.reserve(size);
@@ -668,6 +699,24 @@ void Stager::RecordFailureLocked(SampleId sample, const Status& status) {
         ->debug("staging dataset {}: sample {} failed: {}", Quoted(options_.dataset), sample,
                 status.ToString());
   }
+}
+
+void Stager::ForgetFailureLocked(SampleId sample) {
+  auto it = failed_samples_.find(sample);
+  if (it == failed_samples_.end()) return;
+  --failed_by_kind_[static_cast<size_t>(SourceErrorKindOf(it->second))];
+  failed_samples_.erase(it);
+  // Its chunks have something to stage again.
+  const ChunkId first = manifest_->ChunkOf(sample);
+  const uint64_t pieces = PieceCount(*manifest_, sample);
+  for (uint64_t p = 0; p < pieces; ++p) {
+    const ChunkId c = first + static_cast<ChunkId>(p);
+    if (c < chunks_.size() && chunks_[c].present_segments < chunks_[c].segment_count) {
+      chunks_[c].done = false;
+    }
+  }
+  cursor_ = 0;
+  cv_.notify_all();
 }
 
 void Stager::RefreshFromStoreLocked(ChunkId chunk) {
@@ -742,6 +791,7 @@ StagerProgress Stager::Progress() const {
   p.on_demand_shared = on_demand_shared_;
   p.on_demand_not_stored = on_demand_not_stored_;
   p.refetches = refetches_;
+  p.source_retries = source_retries_;
   p.last_error = last_error_;
   return p;
 }

@@ -166,6 +166,10 @@ class StagerTest : public ::testing::Test {
     auto chunk = store_->Chunk(Key(c));
     return chunk.ok() && chunk->complete();
   }
+  // How often the source was asked for `path` at `offset`.
+  int ReadsOf(const std::string& path, uint64_t offset = 0) const {
+    return ReadCounts()[{path, offset}];
+  }
   // How often the source was asked for each (path, offset).
   std::map<std::pair<std::string, uint64_t>, int> ReadCounts() const {
     std::map<std::pair<std::string, uint64_t>, int> counts;
@@ -557,6 +561,69 @@ TEST_F(StagerTest, AFullFileSystemUnderExistingChunkFilesPausesAndIsRetried) {
   stager_.reset();
 }
 
+// Transient source errors (EIO) are retried with a backoff; one outlasting the
+// retries is recorded as kIo but is not final: an on-demand fetch asks the
+// source again, and Resume() re-queues it for bulk staging.
+TEST_F(StagerTest, TransientSourceErrorsAreRetriedAndNeverFinal) {
+  OpenSourceAndStore();
+  const std::string flaky = manifest_->PathOf(7);  // fails twice, then reads
+  const std::string dead = manifest_->PathOf(11);  // fails four times
+  const SampleId big = *manifest_->Find("big/a.bin");
+  const std::string broken = manifest_->PathOf(big);  // fails until repaired (3 pieces)
+  ASSERT_GT(manifest_->SizeOf(big), 2 * kChunkSize);
+  std::atomic<int> flaky_left{2};
+  std::atomic<int> dead_left{4};
+  std::atomic<bool> repaired{false};
+  gated_->SetHook([&](const SourceFile& f, uint64_t) {
+    const bool fail = (f.path == flaky && flaky_left.fetch_sub(1) > 0) ||
+                      (f.path == dead && dead_left.fetch_sub(1) > 0) ||
+                      (f.path == broken && !repaired);
+    return fail ? Status::IoError("read " + Quoted(f.path) + ": Input/output error (injected)")
+                : Status::Ok();
+  });
+  StagerOptions options = Threads(3);
+  options.io_retries = 3;
+  options.io_retry_backoff = 5ms;
+  CreateStager(AllChunks(), options);
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  StagerProgress p = stager_->Progress();
+  EXPECT_EQ(p.samples_failed_of(SourceErrorKind::kIo), 2u);  // dead and broken
+  EXPECT_EQ(p.samples_failed_total(), 2u);
+  EXPECT_OK(stager_->SampleError(7));
+  EXPECT_EQ(stager_->SampleError(11).code(), StatusCode::kIoError);
+  EXPECT_EQ(stager_->SampleError(big).code(), StatusCode::kIoError);
+  EXPECT_EQ(ReadsOf(flaky), 3);  // two failures and the read
+  EXPECT_EQ(ReadsOf(dead), 4);   // the read and three retries
+  EXPECT_GE(p.source_retries, 2u + 3u);
+
+  // On demand: asked once more (no retries), and it reads now.
+  auto bytes = stager_->FetchSample(11);
+  ASSERT_OK(bytes);
+  EXPECT_EQ(*bytes, Bytes(dead, manifest_->SizeOf(11)));
+  EXPECT_OK(stager_->SampleError(11));
+  EXPECT_EQ(ReadsOf(dead), 5);
+  EXPECT_EQ(stager_->Progress().samples_failed_of(SourceErrorKind::kIo), 1u);
+  // Still broken: one attempt, the error again, still counted once.
+  const int broken_reads = ReadsOf(broken);
+  EXPECT_EQ(stager_->FetchSegment(manifest_->ChunkOf(big), 0).status().code(),
+            StatusCode::kIoError);
+  EXPECT_EQ(ReadsOf(broken), broken_reads + 1);
+  EXPECT_EQ(stager_->Progress().samples_failed_of(SourceErrorKind::kIo), 1u);
+
+  // Repaired: Resume re-queues it and bulk staging stages all its pieces.
+  repaired = true;
+  stager_->Resume();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const StagerProgress q = stager_->Progress();
+        return q.state == StagingState::kComplete && q.samples_failed_total() == 0 &&
+               q.chunks_complete == q.chunks_owned && q.chunks_in_flight == 0;
+      },
+      20s));
+  EXPECT_EQ(VerifyAll(), total_segments_);
+}
+
 TEST_F(StagerTest, CapacityStopsAtAPrefixOfTheOrderAndServingGoesOn) {
   std::vector<SampleId> order(manifest_->sample_count());
   for (SampleId s = 0; s < order.size(); ++s) order[s] = s;
@@ -656,6 +723,14 @@ TEST_F(StagerTest, BadInputsAreRefusedClearly) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("staging order"));
   o.order.clear();
+  o.io_retries = kMaxIoRetries + 1;
+  s = create({0}, o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("io_retries"));
+  o.io_retries = 3;
+  o.io_retry_backoff = -1ms;
+  EXPECT_EQ(create({0}, o).code(), StatusCode::kInvalidArgument);
+  o.io_retry_backoff = 200ms;
   o.disk_full_backoff = 0ms;
   EXPECT_EQ(create({0}, o).code(), StatusCode::kInvalidArgument);
   StagerOptions named;

@@ -21,7 +21,11 @@
 //    a bulk worker holds are committed by that worker.
 //  - per-sample source errors (changed since the snapshot, gone, permission
 //    denied, ...) are recorded per sample and counted by kind; such a sample
-//    never yields bytes, and the rest of its chunk is still staged.
+//    never yields bytes, and the rest of its chunk is still staged. A
+//    transient error (kIo: EIO, a time-out) is first retried io_retries times
+//    with a backoff; once recorded, it is not final: an on-demand fetch of the
+//    sample asks the source once more, and Resume() re-queues every such
+//    sample for bulk staging.
 //  - capacity: when the next chunk does not fit the store, bulk staging stops
 //    taking chunks (state kCapacity). What is staged is then the prefix of the
 //    staging order that fit (up to the chunks in flight on other threads).
@@ -84,6 +88,7 @@ std::string_view StagingStateName(StagingState state);
 SourceErrorKind SourceErrorKindOf(const Status& status);
 
 inline constexpr uint32_t kMaxStagerThreads = 1024;
+inline constexpr uint32_t kMaxIoRetries = 100;
 
 struct StagerOptions {
   // The dataset's name (a DNS-1123 label): the chunk store's key.
@@ -96,6 +101,12 @@ struct StagerOptions {
   // in the order their first sample appears here, then the chunks it does not
   // mention in chunk order. Empty: chunk order. Duplicates are allowed.
   std::vector<SampleId> order;
+  // A source read failing with a transient error (SourceErrorKind::kIo: EIO,
+  // a time-out, ...) is tried again up to io_retries times, the first after
+  // io_retry_backoff, each next one after twice the previous wait, before the
+  // sample is recorded as failed. 0..kMaxIoRetries; a backoff >= 0.
+  uint32_t io_retries = 3;
+  std::chrono::milliseconds io_retry_backoff{200};
   // ENOSPC retries: the first after disk_full_backoff, each next one after
   // twice the previous wait, up to disk_full_backoff_max; after
   // disk_full_retries failed retries staging waits for Resume().
@@ -122,6 +133,7 @@ struct StagerProgress {
   uint64_t on_demand_shared = 0;      // FetchSegment calls that shared a read in flight
   uint64_t on_demand_not_stored = 0;  // segments read on demand that could not be stored
   uint64_t refetches = 0;             // DropAndRefetch calls (stored copies found corrupt)
+  uint64_t source_retries = 0;        // source reads tried again after a transient (kIo) error
   // Why staging is paused or why a chunk failed (kCapacity, kDiskFull, a store
   // error); OK otherwise.
   Status last_error;
@@ -173,7 +185,9 @@ class Stager {
 
   // Pause: bulk workers take no new chunk (those in flight finish). Resume:
   // undoes Pause and also lifts a kCapacity or kDiskFull pause (the daemon
-  // calls it after freeing space). On-demand fetches work throughout.
+  // calls it after freeing space), and forgets recorded transient (kIo)
+  // sample errors so that bulk staging tries those samples again. On-demand
+  // fetches work throughout.
   void Pause();
   void Resume();
 
@@ -187,7 +201,9 @@ class Stager {
   // if needed) and returned. Errors: kInvalidArgument (bad chunk or index),
   // kFailedPrecondition (a chunk this node does not own: read it from its
   // owner, or from the source), the sample's recorded source error (see
-  // Source::Read), kCorruption (the stored copy fails its checksum), or a
+  // Source::Read; a recorded transient kIo error is not returned as such: the
+  // source is asked once more, without retries, and the record dropped on
+  // success), kCorruption (the stored copy fails its checksum), or a
   // store error reading it. A segment read from the source is returned even
   // when it cannot be stored (capacity, full disk): counted in
   // on_demand_not_stored.
@@ -255,12 +271,17 @@ class Stager {
   // are then discarded. Returns the first store error (OK if none).
   Status DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segments,
                          std::optional<StoredChunkWriter> writer);
-  Status ReadFromSource(const ChunkSegment& segment, std::string* out);
+  // One segment from the source, tried again `retries` times after a kIo
+  // error (io_retry_backoff, doubling). A bulk read's waits end at Stop().
+  Status ReadFromSource(const ChunkSegment& segment, std::string* out, bool bulk, uint32_t retries);
   // FetchSegment (replace false) and DropAndRefetch (replace true).
   Result<std::string> Fetch(ChunkId chunk, uint32_t index, bool replace);
   Result<std::string> ReadFromStore(ChunkId chunk, std::span<const ChunkSegment> segments,
                                     uint32_t index);
   void RecordFailureLocked(SampleId sample, const Status& status);
+  // Forgets a recorded failure (a transient one being tried again): its
+  // chunks are staged again.
+  void ForgetFailureLocked(SampleId sample);
   void RefreshFromStoreLocked(ChunkId chunk);
   void UpdateDoneLocked(ChunkId chunk, std::span<const ChunkSegment> segments,
                         const std::vector<bool>& present);
@@ -295,6 +316,7 @@ class Stager {
   uint64_t on_demand_shared_ = 0;                             // guarded by mu_
   uint64_t on_demand_not_stored_ = 0;                         // guarded by mu_
   uint64_t refetches_ = 0;                                    // guarded by mu_
+  uint64_t source_retries_ = 0;                               // guarded by mu_
   std::vector<std::thread> workers_;                          // started by Start, joined by Stop
   std::mutex join_mu_;                                        // serialises Stop's joins
 };
