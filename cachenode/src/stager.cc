@@ -255,6 +255,11 @@ void Stager::Stop() {
   workers_.clear();
 }
 
+bool Stager::BulkMayReadLocked() const {
+  const uint32_t reserve = std::max<uint32_t>(1, options_.threads / 2);
+  return on_demand_pending_ < reserve || on_demand_since_bulk_ >= kBulkReadEveryOnDemand;
+}
+
 // mu_ held. Advances cursor_ past chunks that need nothing, then returns the
 // first owned, unfinished chunk no worker has.
 bool Stager::NextChunkLocked(ChunkId* chunk) {
@@ -397,12 +402,13 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
     bool mine = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // On-demand reads go first: start no new source read while one waits.
-      cv_.wait(lock, [&] { return on_demand_pending_ == 0 || stopping_; });
+      // On-demand reads go first, but not forever (BulkMayReadLocked).
+      cv_.wait(lock, [&] { return BulkMayReadLocked() || stopping_; });
       if (stopping_) {
         stopped = true;
         break;
       }
+      on_demand_since_bulk_ = 0;
       if (failed_samples_.contains(segment.sample)) continue;
       auto it = fills_.find({chunk, i});
       if (it != fills_.end()) {
@@ -625,7 +631,9 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
       fill->replace = replace;
       fills_.emplace(FillKey{chunk, index}, fill);
       ++on_demand_pending_;
+      ++on_demand_since_bulk_;
       ++on_demand_fetches_;
+      cv_.notify_all();  // a bulk worker waiting for its share may go now
     }
   }
   if (fill == nullptr) return ReadFromStore(chunk, segments, index);

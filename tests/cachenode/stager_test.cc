@@ -51,6 +51,9 @@ constexpr uint64_t kChunkSize = 64 << 10;
 constexpr uint64_t kBigCapacity = 1ull << 30;
 constexpr char kDataset[] = "imagenet";
 
+// Set on the threads of a test that play on-demand readers.
+thread_local bool t_on_demand_reader = false;
+
 class StagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -621,6 +624,73 @@ TEST_F(StagerTest, TransientSourceErrorsAreRetriedAndNeverFinal) {
                q.chunks_complete == q.chunks_owned && q.chunks_in_flight == 0;
       },
       20s));
+  EXPECT_EQ(VerifyAll(), total_segments_);
+}
+
+// A continuous stream of on-demand reads that never lets the number pending
+// drop to zero (each reader's read finishes only once the next one has
+// started) does not starve bulk staging: it still completes.
+TEST_F(StagerTest, ContinuousOnDemandReadsDoNotStarveBulkStaging) {
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(1));
+  // The readers' chunk, staged beforehand: they replace two of its segments
+  // over and over, each replacement a source read.
+  ChunkId hot = 0;
+  while (hot + 1 < manifest_->chunk_count() && manifest_->Segments(hot)->size() < 2) ++hot;
+  const uint32_t hot_segments = static_cast<uint32_t>(manifest_->Segments(hot)->size());
+  ASSERT_GE(hot_segments, 2u);
+  for (uint32_t i = 0; i < hot_segments; ++i) ASSERT_OK(stager_->FetchSegment(hot, i));
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t started = 0;  // guarded by mu
+  bool stop = false;     // guarded by mu
+  gated_->SetHook([&](const SourceFile&, uint64_t) {
+    if (!t_on_demand_reader) return Status::Ok();
+    std::unique_lock<std::mutex> lock(mu);
+    const uint64_t me = started++;
+    cv.notify_all();
+    cv.wait(lock, [&] { return stop || started > me + 1; });  // relay to the next read
+    return Status::Ok();
+  });
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> readers;
+  for (uint32_t r = 0; r < 2; ++r) {
+    readers.emplace_back([&, r] {
+      t_on_demand_reader = true;
+      const ChunkSegment segment = (*manifest_->Segments(hot))[r];
+      for (int i = 0; i < 100'000; ++i) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (stop) return;
+        }
+        auto bytes = stager_->DropAndRefetch(hot, r);
+        if (!bytes.ok() || *bytes != Expected(segment)) ++wrong;
+      }
+    });
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return started >= 4;
+      },
+      20s));
+  ASSERT_OK(stager_->Start());
+  const bool completed = WaitForState(StagingState::kComplete);
+  uint64_t on_demand_reads = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    on_demand_reads = started;
+    stop = true;
+    cv.notify_all();
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_TRUE(completed) << stager_->Progress().chunks_staged << " of "
+                         << stager_->Progress().chunks_owned << " chunks staged";
+  EXPECT_EQ(wrong.load(), 0);
+  // The stream went on throughout (about kBulkReadEveryOnDemand on-demand
+  // reads per bulk read; with bulk reads waiting for none pending, bulk
+  // staging never gets past the first chunk).
+  EXPECT_GE(on_demand_reads, total_segments_ - hot_segments);
   EXPECT_EQ(VerifyAll(), total_segments_);
 }
 

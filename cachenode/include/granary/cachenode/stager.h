@@ -13,8 +13,11 @@
 //    sample larger than a chunk) is opened once and never re-read once
 //    present. A restart resumes from what the store says is present.
 //  - on demand: FetchSegment/FetchSample read what is missing right away,
-//    ahead of the bulk queue (bulk workers start no new source read while an
-//    on-demand read is pending), store it and return its bytes. A segment is
+//    ahead of the bulk queue, store it and return its bytes. Bulk workers
+//    yield the source to on-demand reads, but keep a share of it: a bulk read
+//    may start while fewer than max(1, threads / 2) on-demand reads are
+//    pending, and in any case after every kBulkReadEveryOnDemand on-demand
+//    reads, so a continuous stream of misses cannot starve bulk staging. A segment is
 //    read from the source by at most one caller at a time: a FetchSegment for
 //    a segment that a bulk worker (or another FetchSegment) is reading waits
 //    for that read and shares its bytes, and bytes read on demand for a chunk
@@ -89,6 +92,11 @@ SourceErrorKind SourceErrorKindOf(const Status& status);
 
 inline constexpr uint32_t kMaxStagerThreads = 1024;
 inline constexpr uint32_t kMaxIoRetries = 100;
+// Bulk staging's share of the source under on-demand load: a bulk worker may
+// start a source read while fewer than max(1, threads / 2) on-demand reads
+// are pending, and in any case once this many on-demand reads have started
+// since the last bulk read started.
+inline constexpr uint32_t kBulkReadEveryOnDemand = 4;
 
 struct StagerOptions {
   // The dataset's name (a DNS-1123 label): the chunk store's key.
@@ -260,6 +268,9 @@ class Stager {
          std::vector<ChunkId> chunk_order);
 
   void WorkerLoop();
+  // Whether a bulk worker may start a source read now (the fairness policy
+  // above); mu_ held.
+  bool BulkMayReadLocked() const;
   // A chunk for a worker to take, or false; mu_ held.
   bool NextChunkLocked(ChunkId* chunk);
   Outcome StageChunk(ChunkId chunk);
@@ -311,14 +322,15 @@ class Stager {
   std::chrono::steady_clock::time_point disk_full_retry_at_;  // guarded by mu_
   Status last_error_;                                         // guarded by mu_
   uint32_t on_demand_pending_ = 0;                            // guarded by mu_
-  uint64_t in_flight_ = 0;                                    // guarded by mu_
-  uint64_t on_demand_fetches_ = 0;                            // guarded by mu_
-  uint64_t on_demand_shared_ = 0;                             // guarded by mu_
-  uint64_t on_demand_not_stored_ = 0;                         // guarded by mu_
-  uint64_t refetches_ = 0;                                    // guarded by mu_
-  uint64_t source_retries_ = 0;                               // guarded by mu_
-  std::vector<std::thread> workers_;                          // started by Start, joined by Stop
-  std::mutex join_mu_;                                        // serialises Stop's joins
+  uint32_t on_demand_since_bulk_ = 0;  // guarded by mu_: on-demand reads since a bulk one
+  uint64_t in_flight_ = 0;             // guarded by mu_
+  uint64_t on_demand_fetches_ = 0;     // guarded by mu_
+  uint64_t on_demand_shared_ = 0;      // guarded by mu_
+  uint64_t on_demand_not_stored_ = 0;  // guarded by mu_
+  uint64_t refetches_ = 0;             // guarded by mu_
+  uint64_t source_retries_ = 0;        // guarded by mu_
+  std::vector<std::thread> workers_;   // started by Start, joined by Stop
+  std::mutex join_mu_;                 // serialises Stop's joins
 };
 
 }  // namespace granary
