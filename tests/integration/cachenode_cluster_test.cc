@@ -122,7 +122,8 @@ TEST(CacheNodeClusterTest, ThreeNodesStageEverySampleOnceAndServeTheSourceBytes)
       CacheNode& node = (*cluster)->node(i);
       if (node.id() == *owner) continue;
       auto got = reader.ReadFrom(node.id(), {id});
-      EXPECT_EQ(got[0].status.code(), StatusCode::kFailedPrecondition)
+      EXPECT_EQ(StatusCodeName(got[0].status.code()),
+                StatusCodeName(StatusCode::kFailedPrecondition))
           << "sample " << id << " from non-owner " << node.id() << ": " << got[0].status.ToString();
       EXPECT_THAT(got[0].status.message(), HasSubstr("read it from its owner"));
       EXPECT_THAT(got[0].status.message(), HasSubstr(node.id()));

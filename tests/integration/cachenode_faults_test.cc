@@ -193,7 +193,8 @@ TEST(CacheNodeFaultsTest, SourceChangedAfterTheSnapshotIsAPerItemErrorNeverBytes
     EXPECT_EQ(pass.failed.size(), 3u) << FirstFailures(pass);
     for (SampleId id : {same_size, other_size}) {
       ASSERT_TRUE(pass.failed.contains(id)) << "sample " << id << " was served";
-      EXPECT_EQ(pass.failed.at(id).code(), StatusCode::kFailedPrecondition)
+      EXPECT_EQ(StatusCodeName(pass.failed.at(id).code()),
+                StatusCodeName(StatusCode::kFailedPrecondition))
           << pass.failed.at(id).ToString();
     }
     ASSERT_TRUE(pass.failed.contains(deleted)) << "the deleted sample was served";
@@ -608,7 +609,13 @@ TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
   EXPECT_OK(
       node.WaitForMetric("granary_cachenode_connections", {}, [](double v) { return v <= 1; }));
   const uint64_t rss_after = RssBytes(node.process()->pid());
-  EXPECT_LT(rss_after, rss_before + (256u << 20))
+  // ASan's quarantine holds up to 256 MiB of freed memory on top.
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr uint64_t kRssGrowthLimit = 768ull << 20;
+#else
+  constexpr uint64_t kRssGrowthLimit = 256ull << 20;
+#endif
+  EXPECT_LT(rss_after, rss_before + kRssGrowthLimit)
       << "RSS grew from " << rss_before << " to " << rss_after << " bytes";
 }
 
@@ -655,7 +662,8 @@ TEST(CacheNodeFaultsTest, DatasetOfAnUnprivilegedOwnerCannotStageARootOnlyFile) 
   EXPECT_TRUE(pass.wrong.empty());
   ASSERT_EQ(pass.failed.size(), 1u) << FirstFailures(pass);
   ASSERT_TRUE(pass.failed.contains(secret)) << FirstFailures(pass);
-  EXPECT_EQ(pass.failed.at(secret).code(), StatusCode::kPermissionDenied)
+  EXPECT_EQ(StatusCodeName(pass.failed.at(secret).code()),
+            StatusCodeName(StatusCode::kPermissionDenied))
       << pass.failed.at(secret).ToString();
   EXPECT_OK((*cluster)->node(0).WaitForMetric(
       "granary_cachenode_sample_errors", {{"dataset", ds->name}}, [](double v) { return v == 1; }));

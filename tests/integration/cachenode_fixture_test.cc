@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <prometheus/counter.h>
 #include <prometheus/registry.h>
@@ -58,6 +59,33 @@ TEST(DaemonProcessTest, LogsStdoutAndStderrAndReportsTheExitCode) {
   const std::string log = (*p)->ReadLog();
   EXPECT_THAT(log, HasSubstr("to-stdout\n"));
   EXPECT_THAT(log, HasSubstr("to-stderr\n"));
+}
+
+TEST(DaemonProcessTest, ASanitizerReportInTheLogFailsTheTest) {
+  TempDir dir;
+  EXPECT_NONFATAL_FAILURE(
+      {
+        auto p = StartShell(dir, "echo 'x.cc:1:2: runtime error: signed integer overflow'");
+        ASSERT_OK(p);
+        ASSERT_OK((*p)->Wait(10s));
+        EXPECT_THAT((*p)->SanitizerReport(), HasSubstr("runtime error: signed integer overflow"));
+      },
+      "sh logged a sanitizer report: x.cc:1:2: runtime error: signed integer overflow");
+  // A later process on the same log only answers for what it logged itself.
+  auto clean = StartShell(dir, "echo fine");
+  ASSERT_OK(clean);
+  ASSERT_OK((*clean)->Wait(10s));
+  EXPECT_EQ((*clean)->SanitizerReport(), "");
+  // And a handle told not to check does not.
+  DaemonProcessOptions o;
+  o.binary = "/bin/sh";
+  o.args = {"-c", "echo '==1==ERROR: AddressSanitizer: heap-use-after-free'"};
+  o.log_path = dir.Join("unchecked.log");
+  o.fail_on_sanitizer_report = false;
+  auto unchecked = DaemonProcess::Start(o);
+  ASSERT_OK(unchecked);
+  ASSERT_OK((*unchecked)->Wait(10s));
+  EXPECT_THAT((*unchecked)->SanitizerReport(), HasSubstr("heap-use-after-free"));
 }
 
 TEST(DaemonProcessTest, AppendsToAnExistingLog) {

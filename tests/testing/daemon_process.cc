@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
@@ -92,6 +93,7 @@ Result<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(DaemonProcessOptions
 
   GRANARY_ASSIGN_OR_RETURN(ScopedFd log,
                            OpenFile(o.log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  GRANARY_ASSIGN_OR_RETURN(process->log_start_, FileSize(log.get(), o.log_path));
   GRANARY_ASSIGN_OR_RETURN(ScopedFd null_fd, OpenFile("/dev/null", O_RDONLY | O_CLOEXEC));
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) return Status::FromErrno(errno, doing + ": pipe");
@@ -142,7 +144,25 @@ Result<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(DaemonProcessOptions
 
 DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) (void)Kill();
+  if (options_.fail_on_sanitizer_report) {
+    const std::string report = SanitizerReport();
+    if (!report.empty()) ADD_FAILURE() << name() << " logged a sanitizer report: " << report;
+  }
   PrintLogIfTestFailed();
+}
+
+std::string DaemonProcess::SanitizerReport() const {
+  const std::string whole = ReadLog();
+  const std::string log = whole.substr(std::min<size_t>(whole.size(), log_start_));
+  for (const char* marker : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                             "runtime error:", "WARNING: ThreadSanitizer"}) {
+    const size_t at = log.find(marker);
+    if (at == std::string::npos) continue;
+    const size_t start = log.rfind('\n', at);
+    const size_t begin = start == std::string::npos ? 0 : start + 1;
+    return log.substr(begin, log.find('\n', at) - begin);
+  }
+  return {};
 }
 
 void DaemonProcess::Reaped(int wstatus) {

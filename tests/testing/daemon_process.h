@@ -9,9 +9,10 @@
 // by the time the handle is destroyed, the log's tail is printed to the test's
 // stderr, so a failing run shows what the daemon said. The child is always
 // gone when the handle is: the destructor kills (SIGKILL) and reaps a child
-// still running. It is also killed (PR_SET_PDEATHSIG) if the thread that
-// started it dies, so a crashed test leaves nothing behind: start daemons from
-// the test's main thread.
+// still running, and fails the test if what this process logged holds a
+// sanitizer report. It is also killed (PR_SET_PDEATHSIG) if the thread that
+// started it dies, so a crashed test leaves nothing behind: start daemons
+// from the test's main thread.
 //
 // The child gets no descriptor of the test but stdin (/dev/null), stdout and
 // stderr (the log), whatever the test had open and whether or not it was
@@ -25,6 +26,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +44,10 @@ struct DaemonProcessOptions {
   std::vector<std::string> env;
   // For messages and the printed log ("node-1"); default: the binary's base name.
   std::string name;
+  // When the handle is destroyed, fail the test if the log holds a sanitizer
+  // report (AddressSanitizer, LeakSanitizer, UBSan's "runtime error:"), so a
+  // report from a daemon the test then kills is not lost with its log.
+  bool fail_on_sanitizer_report = true;
 };
 
 // How a reaped process ended.
@@ -98,6 +104,9 @@ class DaemonProcess {
   // destructor does the same. Printed at most once per handle.
   void PrintLogIfTestFailed();
 
+  // The first line of a sanitizer report this process logged, or empty.
+  std::string SanitizerReport() const;
+
  private:
   explicit DaemonProcess(DaemonProcessOptions options) : options_(std::move(options)) {}
   void Reaped(int wstatus);
@@ -105,6 +114,7 @@ class DaemonProcess {
   DaemonProcessOptions options_;
   pid_t pid_ = -1;  // -1 once reaped
   std::optional<ExitStatus> exit_status_;
+  uint64_t log_start_ = 0;  // the log's size when this process started
   bool log_printed_ = false;
 };
 
