@@ -7,13 +7,14 @@
 #   make demo         stage a generated (or DIR=...) dataset with one cache node
 #   make bench-manifest  manifest build/load figures at ImageNet scale
 #   make bench-core   placement and plan micro-benchmarks
+#   make bench-cachenode  cache node staging and serving figures (about 1.5 minutes, 7 GB in /tmp)
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
 
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps build release demo test test-debug test-asan fuzz format format-check bench-manifest bench-core clean
+.PHONY: deps build release demo test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode clean
 
 deps:
 	@scripts/install-deps
@@ -58,6 +59,9 @@ bench-manifest: release
 
 bench-core: release
 	build/release/bench/core_bench
+
+bench-cachenode: release
+	build/release/bench/cachenode_bench
 
 clean:
 	rm -rf build
