@@ -187,6 +187,7 @@ Status Stager::Start() {
   started_ = true;
   workers_.reserve(options_.threads);
   for (uint32_t i = 0; i < options_.threads; ++i) {
+    ++workers_running_;
     workers_.emplace_back([this] { WorkerLoop(); });
   }
   return Status::Ok();
@@ -249,6 +250,35 @@ void Stager::Stop() {
     stopping_ = true;
     cv_.notify_all();
   }
+  JoinWorkers();
+}
+
+bool Stager::Stop(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> join_lock(join_mu_);
+  uint32_t running = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+    cv_.wait_for(lock, timeout, [&] { return workers_running_ == 0; });
+    running = workers_running_;
+  }
+  if (running > 0) {
+    // Each is blocked in a source read (a hung mount, a stalled service) that
+    // nothing here can cancel. Detaching them is not safe (they use this
+    // object), so they stay: a later Stop() or the destructor joins them.
+    GetLogger("cachenode")
+        ->warn(
+            "stopping the stager of dataset {}: {} bulk worker(s) still in a source read after "
+            "{} ms; left running (the destructor waits for them)",
+            Quoted(options_.dataset), running, timeout.count());
+    return false;
+  }
+  JoinWorkers();
+  return true;
+}
+
+void Stager::JoinWorkers() {
   for (std::thread& t : workers_) {
     if (t.joinable()) t.join();
   }
@@ -333,6 +363,8 @@ void Stager::WorkerLoop() {
     }
     cv_.notify_all();
   }
+  --workers_running_;
+  cv_.notify_all();
 }
 
 Stager::Outcome Stager::StageChunk(ChunkId chunk) {

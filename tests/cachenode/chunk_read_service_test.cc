@@ -79,6 +79,7 @@ class ChunkReadServiceTest : public ::testing::Test {
     service_ = std::make_shared<ChunkReadService>(store_, so);
   }
   void TearDown() override {
+    if (source_ != nullptr) source_->Open();  // never join a worker held at the gate
     service_.reset();
     stager_.reset();
   }

@@ -83,6 +83,13 @@ class StagerTest : public ::testing::Test {
     return Bytes(path, sizes_.at(path)).substr(s.sample_offset, s.length);
   }
 
+  // A test that failed with reads held at the gate must not hang in the
+  // Stager's destructor (it joins workers blocked in those reads).
+  void TearDown() override {
+    if (gated_ != nullptr) gated_->Open();
+    stager_.reset();
+  }
+
   void Snapshot() {
     ManifestBuildOptions options;
     options.source_root = root_;
@@ -692,6 +699,33 @@ TEST_F(StagerTest, ContinuousOnDemandReadsDoNotStarveBulkStaging) {
   // staging never gets past the first chunk).
   EXPECT_GE(on_demand_reads, total_segments_ - hot_segments);
   EXPECT_EQ(VerifyAll(), total_segments_);
+}
+
+// A source read that hangs (held at the gate) cannot be cancelled; Stop with a
+// timeout stops waiting for it and says so, fetches keep working, and once the
+// read returns the worker exits and is joined.
+TEST_F(StagerTest, StopWithATimeoutDoesNotWaitForAHungSourceRead) {
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(2));
+  const ChunkId first = stager_->chunk_order().front();
+  const std::string hung = manifest_->PathOf(manifest_->Segments(first)->front().sample);
+  gated_->HoldIf(
+      [&](const SourceFile& f, uint64_t offset) { return f.path == hung && offset == 0; });
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitFor([&] { return gated_->held() == 1; }, 20s));
+  EXPECT_FALSE(stager_->Stop(50ms));
+  EXPECT_EQ(stager_->Progress().state, StagingState::kStopped);
+  EXPECT_EQ(gated_->held(), 1);
+  const ChunkId last = stager_->chunk_order().back();
+  const SampleId other = manifest_->Segments(last)->back().sample;
+  auto bytes = stager_->FetchSample(other);
+  ASSERT_OK(bytes);
+  EXPECT_EQ(*bytes, Bytes(manifest_->PathOf(other), manifest_->SizeOf(other)));
+  gated_->Open();  // the read returns
+  EXPECT_TRUE(stager_->Stop(20s));
+  EXPECT_TRUE(stager_->Stop(0ms));  // idempotent
+  EXPECT_EQ(stager_->Start().code(), StatusCode::kFailedPrecondition);
+  VerifyAll();  // whatever is present is right
 }
 
 TEST_F(StagerTest, CapacityStopsAtAPrefixOfTheOrderAndServingGoesOn) {

@@ -47,8 +47,8 @@
 //
 // Thread safety: every public method may be called from any number of threads
 // at once, except the destructor (no call may be running or start once it
-// has begun). The Stager shares ownership of its Manifest, Source and
-// ChunkStore, so none of them can be destroyed under it. All
+// has begun; it joins the workers, waiting for any source read in flight). The Stager shares
+// ownership of its Manifest, Source and ChunkStore, so none of them can be destroyed under it. All
 // mutable state is guarded by Stager::mu_, which is never held across source
 // reads or store I/O.
 
@@ -201,8 +201,19 @@ class Stager {
 
   // Stops bulk staging and joins the workers: a worker finishes the source
   // read it is in, commits the segments it has read (only whole, read bytes
-  // are ever committed), and exits. Idempotent. FetchSegment still works.
+  // are ever committed), and exits; a worker waiting to retry a transient
+  // error stops waiting. Idempotent. FetchSegment still works. Waits as long
+  // as the slowest source read in flight: forever if a read hangs.
   void Stop();
+  // Stop, waiting at most `timeout` for the workers: true if they all exited
+  // (and were joined). False if some are still blocked in a source read past
+  // the timeout: a blocked read (pread on a hung mount, ...) cannot be
+  // cancelled, only no longer waited for. Those workers are left running, not
+  // detached (they use this object); they exit when their read returns and
+  // are joined by a later Stop() or by the destructor, which therefore still
+  // waits for them. A daemon that must exit now should exit the process
+  // without destroying the Stager.
+  bool Stop(std::chrono::milliseconds timeout);
 
   // The bytes of segment `index` of owned chunk `chunk`: from the store if
   // present, else read from the source now, stored (the chunk file is created
@@ -268,6 +279,8 @@ class Stager {
          std::vector<ChunkId> chunk_order);
 
   void WorkerLoop();
+  // Joins every worker thread; join_mu_ held, stopping_ set.
+  void JoinWorkers();
   // Whether a bulk worker may start a source read now (the fairness policy
   // above); mu_ held.
   bool BulkMayReadLocked() const;
@@ -329,6 +342,7 @@ class Stager {
   uint64_t on_demand_not_stored_ = 0;  // guarded by mu_
   uint64_t refetches_ = 0;             // guarded by mu_
   uint64_t source_retries_ = 0;        // guarded by mu_
+  uint32_t workers_running_ = 0;       // guarded by mu_: workers not yet out of WorkerLoop
   std::vector<std::thread> workers_;   // started by Start, joined by Stop
   std::mutex join_mu_;                 // serialises Stop's joins
 };
