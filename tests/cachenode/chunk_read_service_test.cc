@@ -24,7 +24,6 @@
 #include "granary/cachenode/server.h"
 #include "granary/core/hash.h"
 #include "granary/core/identity.h"
-#include "granary/core/manifest_builder.h"
 #include "granary/core/names.h"
 #include "granary/core/peer_client.h"
 #include "granary/core/posix_source.h"
@@ -36,8 +35,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::granary::testing::Bytes;
+using ::granary::testing::FirstChunkWithSegments;
 using ::granary::testing::OpenPosixSourceAsProcess;
 using ::granary::testing::ScriptedSource;
+using ::granary::testing::SnapshotTree;
 using ::granary::testing::TempDir;
 using ::granary::testing::WaitFor;
 using ::testing::HasSubstr;
@@ -59,13 +60,9 @@ class ChunkReadServiceTest : public ::testing::Test {
     }
     Write("big/a.bin", 150'000);  // three pieces
     Write("big/b.bin", 70'000);   // two pieces
-    ManifestBuildOptions options;
-    options.source_root = root_;
-    options.chunk_size = kChunkSize;
-    options.threads = 2;
-    auto m = BuildManifest(options);
+    auto m = SnapshotTree(root_, kChunkSize);
     ASSERT_OK(m);
-    manifest_ = std::make_shared<const Manifest>(std::move(*m));
+    manifest_ = std::move(*m);
     ASSERT_GT(manifest_->chunk_count(), 8u);
 
     auto s = OpenPosixSourceAsProcess(root_, executor_.get());
@@ -300,13 +297,10 @@ TEST_F(ChunkReadServiceTest, FlippedPayloadByteIsDetectedRestagedAndServedCorrec
 // holds the chunk's writer, stopped in a source read): the reader is answered
 // at once with fresh bytes, and the worker replaces the stored copy.
 TEST_F(ChunkReadServiceTest, CorruptSegmentOfAChunkBeingStagedIsServedAtOnceAndReplaced) {
-  ChunkId chunk = 0;
-  std::vector<ChunkSegment> segments;
-  for (; chunk < manifest_->chunk_count(); ++chunk) {
-    segments = *manifest_->Segments(chunk);
-    if (segments.size() >= 4) break;
-  }
-  ASSERT_GE(segments.size(), 4u);
+  auto found = FirstChunkWithSegments(*manifest_, 4);
+  ASSERT_OK(found);
+  const ChunkId chunk = *found;
+  const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk);
   Serve({chunk});
   ASSERT_OK(stager_->FetchSegment(chunk, 0));
   ASSERT_OK(stager_->FetchSegment(chunk, 1));
@@ -339,11 +333,9 @@ TEST_F(ChunkReadServiceTest, CorruptSegmentOfAChunkBeingStagedIsServedAtOnceAndR
 // readers get the right bytes or nothing else (no kCorruption, no
 // kUnavailable), and the chunk ends up intact.
 TEST_F(ChunkReadServiceTest, CorruptionRacingBulkStagingOfTheSameChunkNeverServesWrongBytes) {
-  ChunkId chunk = 0;
-  for (; chunk < manifest_->chunk_count(); ++chunk) {
-    if (manifest_->Segments(chunk)->size() >= 4) break;
-  }
-  ASSERT_LT(chunk, manifest_->chunk_count());
+  auto found = FirstChunkWithSegments(*manifest_, 4);
+  ASSERT_OK(found);
+  const ChunkId chunk = *found;
   const std::string payload = ChunkPayload(chunk);
   const uint32_t segment_count = static_cast<uint32_t>(manifest_->Segments(chunk)->size());
   Serve({chunk});
@@ -501,13 +493,9 @@ TEST_F(ChunkReadServiceTest, AddRefusesAStagerOfAnotherManifestWithTheSameChunkC
   // geometry, another manifest id.
   const fs::path touched = fs::path(root_) / manifest_->PathOf(0);
   fs::last_write_time(touched, fs::last_write_time(touched) + 5s);
-  ManifestBuildOptions options;
-  options.source_root = root_;
-  options.chunk_size = kChunkSize;
-  options.threads = 2;
-  auto m = BuildManifest(options);
+  auto m = SnapshotTree(root_, kChunkSize);
   ASSERT_OK(m);
-  auto other = std::make_shared<const Manifest>(std::move(*m));
+  const std::shared_ptr<const Manifest> other = *m;
   ASSERT_EQ(other->chunk_count(), manifest_->chunk_count());
   ASSERT_NE(other->id(), manifest_->id());
   Status s = service_->Add(other, stager_);

@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "granary/core/identity.h"
-#include "granary/core/manifest_builder.h"
 #include "granary/core/names.h"
 #include "granary/core/posix_source.h"
 #include "testing/source_fixture.h"
@@ -40,8 +39,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::granary::testing::Bytes;
+using ::granary::testing::FirstChunkWithSegments;
 using ::granary::testing::OpenPosixSourceAsProcess;
 using ::granary::testing::ScriptedSource;
+using ::granary::testing::SnapshotTree;
 using ::granary::testing::TempDir;
 using ::granary::testing::WaitFor;
 using ::testing::HasSubstr;
@@ -91,13 +92,9 @@ class StagerTest : public ::testing::Test {
   }
 
   void Snapshot() {
-    ManifestBuildOptions options;
-    options.source_root = root_;
-    options.chunk_size = kChunkSize;
-    options.threads = 2;
-    auto m = BuildManifest(options);
+    auto m = SnapshotTree(root_, kChunkSize);
     ASSERT_OK(m);
-    manifest_ = std::make_shared<const Manifest>(std::move(*m));
+    manifest_ = std::move(*m);
     ASSERT_GT(manifest_->chunk_count(), 20u);
     total_segments_ = 0;
     for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) {
@@ -358,13 +355,10 @@ TEST_F(StagerTest, FetchNowReadsAheadOfBulkStagingAndIsNeverReadAgain) {
 TEST_F(StagerTest, FetchNowOfAChunkABulkWorkerHoldsIsCommittedByTheWorker) {
   OpenSourceAndStore();
   // The first chunk in chunk order with at least 4 segments.
-  ChunkId chunk = 0;
-  std::vector<ChunkSegment> segments;
-  for (; chunk < manifest_->chunk_count(); ++chunk) {
-    segments = *manifest_->Segments(chunk);
-    if (segments.size() >= 4) break;
-  }
-  ASSERT_GE(segments.size(), 4u);
+  auto found = FirstChunkWithSegments(*manifest_, 4);
+  ASSERT_OK(found);
+  const ChunkId chunk = *found;
+  const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk);
   CreateStager({chunk}, Threads(1));
   const std::string first_path = manifest_->PathOf(segments[0].sample);
   gated_->HoldIf([&](const SourceFile& f, uint64_t) { return f.path == first_path; });
@@ -423,13 +417,10 @@ TEST_F(StagerTest, ConcurrentFetchesOfOneSampleShareOneSourceRead) {
 TEST_F(StagerTest, DropAndRefetchIsHandedToTheBulkWorkerHoldingTheChunk) {
   OpenSourceAndStore();
   // A chunk of several segments, the first two staged on demand.
-  ChunkId chunk = 0;
-  std::vector<ChunkSegment> segments;
-  for (; chunk < manifest_->chunk_count(); ++chunk) {
-    segments = *manifest_->Segments(chunk);
-    if (segments.size() >= 4) break;
-  }
-  ASSERT_GE(segments.size(), 4u);
+  auto found = FirstChunkWithSegments(*manifest_, 4);
+  ASSERT_OK(found);
+  const ChunkId chunk = *found;
+  const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk);
   CreateStager({chunk}, Threads(2));
   ASSERT_OK(stager_->FetchSegment(chunk, 0));
   ASSERT_OK(stager_->FetchSegment(chunk, 1));
@@ -642,10 +633,10 @@ TEST_F(StagerTest, ContinuousOnDemandReadsDoNotStarveBulkStaging) {
   CreateStager(AllChunks(), Threads(1));
   // The readers' chunk, staged beforehand: they replace two of its segments
   // over and over, each replacement a source read.
-  ChunkId hot = 0;
-  while (hot + 1 < manifest_->chunk_count() && manifest_->Segments(hot)->size() < 2) ++hot;
+  auto found = FirstChunkWithSegments(*manifest_, 2);
+  ASSERT_OK(found);
+  const ChunkId hot = *found;
   const uint32_t hot_segments = static_cast<uint32_t>(manifest_->Segments(hot)->size());
-  ASSERT_GE(hot_segments, 2u);
   for (uint32_t i = 0; i < hot_segments; ++i) ASSERT_OK(stager_->FetchSegment(hot, i));
   std::mutex mu;
   std::condition_variable cv;

@@ -1,6 +1,26 @@
 #include "testing/source_fixture.h"
 
+#include "granary/core/manifest_builder.h"
+
 namespace granary::testing {
+
+Result<std::shared_ptr<const Manifest>> SnapshotTree(const std::string& root, uint64_t chunk_size) {
+  ManifestBuildOptions options;
+  options.source_root = root;
+  options.chunk_size = chunk_size;
+  options.threads = 2;
+  GRANARY_ASSIGN_OR_RETURN(Manifest manifest, BuildManifest(options));
+  return std::make_shared<const Manifest>(std::move(manifest));
+}
+
+Result<ChunkId> FirstChunkWithSegments(const Manifest& manifest, size_t segments) {
+  for (ChunkId c = 0; c < manifest.chunk_count(); ++c) {
+    GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> s, manifest.Segments(c));
+    if (s.size() >= segments) return c;
+  }
+  return Status::NotFound("no chunk of manifest " + manifest.id().ToHex() + " has " +
+                          std::to_string(segments) + " segments; generate more small files");
+}
 
 Result<std::shared_ptr<PosixSource>> OpenPosixSourceAsProcess(const std::string& root,
                                                               IdentityExecutor* executor,

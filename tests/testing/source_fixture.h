@@ -1,6 +1,9 @@
 #pragma once
 
 // Sources for the cache node's tests (stager_test, chunk_read_service_test):
+//  - SnapshotTree: the manifest of a generated source tree;
+//  - FirstChunkWithSegments: a chunk of several samples, for tests that need
+//    one chunk with work left in it;
 //  - OpenPosixSourceAsProcess: a real PosixSource over a directory, read as
 //    this process's own identity (no privilege needed);
 //  - ScriptedSource: a Source over a real one that logs every read and can
@@ -22,11 +25,19 @@
 #include <vector>
 
 #include "granary/core/identity.h"
+#include "granary/core/manifest.h"
 #include "granary/core/posix_source.h"
 #include "granary/core/source.h"
 #include "granary/core/status.h"
 
 namespace granary::testing {
+
+// The manifest of the tree under `root` (BuildManifest, two threads).
+Result<std::shared_ptr<const Manifest>> SnapshotTree(const std::string& root, uint64_t chunk_size);
+
+// The first chunk of `manifest` holding at least `segments` segments, or
+// kNotFound.
+Result<ChunkId> FirstChunkWithSegments(const Manifest& manifest, size_t segments);
 
 // A PosixSource over `root` whose reads run on `executor` as ProcessIdentity().
 Result<std::shared_ptr<PosixSource>> OpenPosixSourceAsProcess(const std::string& root,
