@@ -14,14 +14,17 @@
 //    present. A restart resumes from what the store says is present.
 //  - on demand: FetchSegment/FetchSample read what is missing right away,
 //    ahead of the bulk queue, store it and return its bytes. Bulk workers
-//    yield the source to on-demand reads, but keep a share of it: a bulk read
+//    yield the source to on-demand reads but keep a share of it: a bulk read
 //    may start while fewer than max(1, threads / 2) on-demand reads are
 //    pending, and in any case after every kBulkReadEveryOnDemand on-demand
-//    reads, so a continuous stream of misses cannot starve bulk staging. A segment is
-//    read from the source by at most one caller at a time: a FetchSegment for
-//    a segment that a bulk worker (or another FetchSegment) is reading waits
-//    for that read and shares its bytes, and bytes read on demand for a chunk
-//    a bulk worker holds are committed by that worker.
+//    reads, so a continuous stream of misses cannot starve bulk staging. A
+//    segment is read from the source by at most one caller at a time: a
+//    FetchSegment for a segment that a bulk worker (or another FetchSegment)
+//    is reading waits for that read and shares its bytes, and bytes read on
+//    demand for a chunk a bulk worker holds are committed by that worker.
+//  - re-staging: DropAndRefetch replaces a stored copy a reader found corrupt,
+//    under the same writer hold (handed to the bulk worker filling the chunk,
+//    if one is).
 //  - per-sample source errors (changed since the snapshot, gone, permission
 //    denied, ...) are recorded per sample and counted by kind; such a sample
 //    never yields bytes, and the rest of its chunk is still staged. A
@@ -47,10 +50,12 @@
 //
 // Thread safety: every public method may be called from any number of threads
 // at once, except the destructor (no call may be running or start once it
-// has begun; it joins the workers, waiting for any source read in flight). The Stager shares
-// ownership of its Manifest, Source and ChunkStore, so none of them can be destroyed under it. All
-// mutable state is guarded by Stager::mu_, which is never held across source
-// reads or store I/O.
+// has begun; it joins the workers, waiting for any source read in flight).
+// The Stager shares ownership of its Manifest, Source and ChunkStore, so none
+// of them can be destroyed under it. All mutable state is guarded by
+// Stager::mu_, which is never held across source reads or store writes (it is
+// held for store index look-ups and to close a chunk writer before releasing
+// the chunk's hold, so that the next holder can open one).
 
 #include <array>
 #include <chrono>
