@@ -465,7 +465,9 @@ void CacheNode::Impl::Reconcile() {
       }
     }
   }
-  for (const auto& [name, manifest_id] : stale) {
+  for (const auto& entry : stale) {
+    const std::string& name = entry.first;
+    const std::string& manifest_id = entry.second;
     auto it = std::find_if(datasets->begin(), datasets->end(),
                            [&](const DatasetRecord& d) { return d.name == name; });
     const bool keep = it != datasets->end() && it->spec.pool == config_.pool &&

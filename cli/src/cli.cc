@@ -550,8 +550,9 @@ Status Cli::DatasetShow(const std::string& name) {
   if (!progress.empty()) {
     std::vector<std::vector<std::string>> rows = {{"NODE", "CHUNKS", "BYTES", "FAILED", "LIVE"}};
     for (const auto& [node, p] : progress) {
-      const bool live = std::any_of(nodes.begin(), nodes.end(),
-                                    [&](const NodeRecord& n) { return n.id == node; });
+      const std::string& id = node;  // (clang 14 cannot capture a structured binding)
+      const bool live =
+          std::any_of(nodes.begin(), nodes.end(), [&](const NodeRecord& n) { return n.id == id; });
       rows.push_back({node, std::to_string(p.chunks_staged) + "/" + std::to_string(p.chunks_total),
                       HumanBytes(p.bytes_staged) + "/" + HumanBytes(p.bytes_total),
                       std::to_string(p.samples_failed), live ? "yes" : "no"});
@@ -741,8 +742,9 @@ Status Cli::ClusterStatus() {
   json pool_list = json::array();
   std::vector<std::vector<std::string>> pool_rows = {{"POOL", "NODES", "USED", "CAPACITY"}};
   for (const auto& [pool, usage] : pools) {
+    const std::string& name = pool;  // (clang 14 cannot capture a structured binding)
     const auto count = std::count_if(nodes.begin(), nodes.end(),
-                                     [&](const NodeRecord& n) { return n.pool == pool; });
+                                     [&](const NodeRecord& n) { return n.pool == name; });
     pool_list.push_back({{"pool", pool},
                          {"nodes", count},
                          {"used_bytes", usage.first},
