@@ -173,6 +173,7 @@ class CacheNode::Impl {
   std::map<std::string, std::pair<std::string, int>>
       activation_failures_;  // name -> (error, ticks)
   std::vector<NodeRecord> live_nodes_;
+  bool plans_changed_ = true;  // re-read the datasets' plans on the next pass
 
   std::atomic<bool> store_ok_{false};
   std::atomic<bool> registered_{false};
@@ -391,6 +392,7 @@ void CacheNode::Impl::ControlLoop() {
       Result<std::unique_ptr<MetadataStore::Watcher>> watcher = store_->Watch();
       if (watcher.ok()) {
         watcher_ = std::move(*watcher);
+        plans_changed_ = true;
         next_tick = SteadyClock::now();  // read everything after the watch began
         continue;
       }
@@ -400,7 +402,11 @@ void CacheNode::Impl::ControlLoop() {
           watcher_->Next(std::chrono::duration_cast<std::chrono::milliseconds>(slice));
       if (!events.ok()) continue;  // the watcher reconnects on the next call
       bool relevant = false;
-      for (const Event& e : *events) relevant = relevant || e.kind != EventKind::kProgress;
+      for (const Event& e : *events) {
+        relevant = relevant || e.kind != EventKind::kProgress;
+        plans_changed_ =
+            plans_changed_ || e.kind == EventKind::kPlan || e.kind == EventKind::kResync;
+      }
       if (relevant) next_tick = SteadyClock::now();
     } else {
       std::unique_lock<std::mutex> lock(state_mu_);
@@ -480,6 +486,10 @@ void CacheNode::Impl::Reconcile() {
   }
   DropOrphans(*datasets);
 
+  // Plans are read again only after a plan event, a resync or without a
+  // watcher (activation reads them anyway).
+  if (!watcher_) plans_changed_ = true;
+  bool plans_read = true;
   for (const auto& [name, record] : wanted) {
     std::shared_ptr<ActiveDataset> ds;
     {
@@ -506,18 +516,22 @@ void CacheNode::Impl::Reconcile() {
     } else {
       ds->record = *record;
       Reown(*ds, *placement);
-      Result<std::vector<PlanRecord>> plans = store_->ListPlans(name);
-      if (plans.ok() && PlanFingerprint(*plans) != ds->plans_key) {
-        Status restaged = Restage(*ds, std::move(*plans));
-        if (!restaged.ok()) {
-          log_->warn("re-ordering the staging of dataset {}: {}", Quoted(name),
-                     restaged.ToString());
+      if (plans_changed_) {
+        Result<std::vector<PlanRecord>> plans = store_->ListPlans(name);
+        plans_read = plans_read && plans.ok();
+        if (plans.ok() && PlanFingerprint(*plans) != ds->plans_key) {
+          Status restaged = Restage(*ds, std::move(*plans));
+          if (!restaged.ok()) {
+            log_->warn("re-ordering the staging of dataset {}: {}", Quoted(name),
+                       restaged.ToString());
+          }
         }
       }
     }
     PublishProgress(*ds);
     UpdatePhase(*ds, live_nodes_);
   }
+  if (plans_read) plans_changed_ = false;
 }
 
 Result<std::shared_ptr<ActiveDataset>> CacheNode::Impl::Activate(const DatasetRecord& record,
@@ -743,26 +757,14 @@ void CacheNode::Impl::UpdatePhase(ActiveDataset& ds, const std::vector<NodeRecor
   }
   const uint64_t replicas =
       std::min<uint64_t>(std::max<uint32_t>(1, ds.record.spec.replication), nodes.size());
-  uint64_t total = 0;
-  uint64_t staged = 0;
-  uint64_t failed = 0;
-  uint64_t bytes = 0;
-  bool complete = true;
-  for (const NodeRecord& n : nodes) {
-    auto it = all->find(n.id);
-    if (it == all->end()) {
-      complete = false;
-      continue;
-    }
-    total += it->second.chunks_total;
-    staged += it->second.chunks_staged;
-    failed += it->second.samples_failed;
-    bytes += it->second.bytes_staged;
-    complete = complete && it->second.chunks_staged == it->second.chunks_total;
-  }
+  const ProgressSummary summary = SummarizeProgress(*all, nodes);
+  const uint64_t total = summary.total.chunks_total;
+  const uint64_t staged = summary.total.chunks_staged;
+  const uint64_t failed = summary.total.samples_failed;
+  const uint64_t bytes = summary.total.bytes_staged;
   // Every node's share adds up to the whole dataset only once they all
   // computed placement over the same membership.
-  complete = complete && total == ds.manifest->chunk_count() * replicas;
+  const bool complete = summary.all_staged && total == ds.manifest->chunk_count() * replicas;
 
   DatasetRecord record = ds.record;
   const DatasetPhase phase = record.state.phase;

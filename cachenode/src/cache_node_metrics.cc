@@ -1,6 +1,8 @@
 #include "cache_node_metrics.h"
 
+#include <array>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace granary {
@@ -12,6 +14,19 @@ void Advance(prometheus::Counter* counter, uint64_t now, uint64_t* last) {
   if (now > *last) counter->Increment(static_cast<double>(now - *last));
   *last = now;
 }
+
+// The server's error counters by the `class` label of request_errors_total.
+constexpr std::array<std::pair<const char*, uint64_t ServerCounters::*>, kRequestErrorClassCount>
+    kRequestErrorClasses = {{
+        {"framing", &ServerCounters::framing_errors_total},
+        {"truncated", &ServerCounters::truncated_frames_total},
+        {"message", &ServerCounters::message_errors_total},
+        {"policy", &ServerCounters::policy_errors_total},
+        {"service", &ServerCounters::service_errors_total},
+        {"internal", &ServerCounters::internal_errors_total},
+        {"timeout", &ServerCounters::timeouts_total},
+        {"send", &ServerCounters::send_errors_total},
+    }};
 
 void SetGauge(prometheus::Gauge* gauge, uint64_t value) { gauge->Set(static_cast<double>(value)); }
 
@@ -89,11 +104,15 @@ Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registr
   GRANARY_ASSIGN_OR_RETURN(m.requests_stat, requests.WithLabels({"stat"}));
   GRANARY_ASSIGN_OR_RETURN(m.requests_read, requests.WithLabels({"read"}));
   GRANARY_ASSIGN_OR_RETURN(
-      m.request_errors,
+      auto request_errors,
       r.AddCounterFamily("granary_cachenode_request_errors_total",
                          "Protocol errors by class (framing, truncated, message, policy, service, "
                          "internal, timeout, send).",
                          {"class"}));
+  for (size_t i = 0; i < kRequestErrorClasses.size(); ++i) {
+    GRANARY_ASSIGN_OR_RETURN(m.request_errors[i],
+                             request_errors.WithLabels({kRequestErrorClasses[i].first}));
+  }
   GRANARY_ASSIGN_OR_RETURN(m.served_items, r.AddCounter("granary_cachenode_served_items_total",
                                                         "READ items answered, OK or failed."));
   GRANARY_ASSIGN_OR_RETURN(m.served_item_errors,
@@ -196,19 +215,9 @@ void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
   Advance(m.requests_ping, server.ping_requests_total, &s.ping_requests_total);
   Advance(m.requests_stat, server.stat_requests_total, &s.stat_requests_total);
   Advance(m.requests_read, server.read_requests_total, &s.read_requests_total);
-  const std::pair<const char*, uint64_t ServerCounters::*> errors[] = {
-      {"framing", &ServerCounters::framing_errors_total},
-      {"truncated", &ServerCounters::truncated_frames_total},
-      {"message", &ServerCounters::message_errors_total},
-      {"policy", &ServerCounters::policy_errors_total},
-      {"service", &ServerCounters::service_errors_total},
-      {"internal", &ServerCounters::internal_errors_total},
-      {"timeout", &ServerCounters::timeouts_total},
-      {"send", &ServerCounters::send_errors_total},
-  };
-  for (const auto& [name, field] : errors) {
-    Result<prometheus::Counter*> counter = m.request_errors.WithLabels({name});
-    if (counter.ok()) Advance(*counter, server.*field, &(s.*field));
+  for (size_t i = 0; i < kRequestErrorClasses.size(); ++i) {
+    const auto field = kRequestErrorClasses[i].second;
+    Advance(m.request_errors[i], server.*field, &(s.*field));
   }
   Advance(m.served_items, server.read_items_total, &s.read_items_total);
   Advance(m.served_item_errors, server.read_item_errors_total, &s.read_item_errors_total);

@@ -32,6 +32,8 @@
 namespace granary {
 
 inline constexpr std::chrono::milliseconds kMetricsRefreshInterval{500};
+// Classes of granary_cachenode_request_errors_total (framing ... send).
+inline constexpr size_t kRequestErrorClassCount = 8;
 
 // The metrics of one dataset (label dataset="<name>").
 struct DatasetMetrics {
@@ -87,7 +89,9 @@ struct CacheNodeMetrics {
   prometheus::Counter* requests_ping = nullptr;
   prometheus::Counter* requests_stat = nullptr;
   prometheus::Counter* requests_read = nullptr;
-  MetricFamily<prometheus::Counter> request_errors;  // class
+  // request_errors_total by class, in the order of kRequestErrorClasses
+  // (cache_node_metrics.cc).
+  std::array<prometheus::Counter*, kRequestErrorClassCount> request_errors{};
   prometheus::Counter* served_items = nullptr;
   prometheus::Counter* served_item_errors = nullptr;
   prometheus::Counter* served_bytes = nullptr;

@@ -85,38 +85,6 @@ int ExitCodeOf(const Status& status) {
   }
 }
 
-// Totals of a dataset's progress over the nodes that reported.
-struct ProgressTotals {
-  uint64_t chunks_total = 0;
-  uint64_t chunks_staged = 0;
-  uint64_t bytes_total = 0;
-  uint64_t bytes_staged = 0;
-  uint64_t samples_failed = 0;
-  size_t nodes = 0;
-
-  double fraction() const {
-    if (bytes_total == 0) return chunks_total == 0 ? 0.0 : 1.0;
-    return static_cast<double>(bytes_staged) / static_cast<double>(bytes_total);
-  }
-};
-
-// Counts only the live nodes: a dead node's last report is history.
-ProgressTotals SumProgress(const std::map<std::string, StagingProgress>& progress,
-                           const std::vector<NodeRecord>& live) {
-  ProgressTotals t;
-  for (const NodeRecord& n : live) {
-    auto it = progress.find(n.id);
-    if (it == progress.end()) continue;
-    t.chunks_total += it->second.chunks_total;
-    t.chunks_staged += it->second.chunks_staged;
-    t.bytes_total += it->second.bytes_total;
-    t.bytes_staged += it->second.bytes_staged;
-    t.samples_failed += it->second.samples_failed;
-    ++t.nodes;
-  }
-  return t;
-}
-
 json DatasetJson(const DatasetRecord& d) {
   return json{{"name", d.name},
               {"phase", DatasetPhaseName(d.state.phase)},
@@ -134,13 +102,13 @@ json DatasetJson(const DatasetRecord& d) {
               {"revision", d.revision}};
 }
 
-json ProgressJson(const ProgressTotals& t) {
-  return json{{"nodes", t.nodes},
-              {"chunks_total", t.chunks_total},
-              {"chunks_staged", t.chunks_staged},
-              {"bytes_total", t.bytes_total},
-              {"bytes_staged", t.bytes_staged},
-              {"samples_failed", t.samples_failed}};
+json ProgressJson(const ProgressSummary& s) {
+  return json{{"nodes", s.nodes_reporting},
+              {"chunks_total", s.total.chunks_total},
+              {"chunks_staged", s.total.chunks_staged},
+              {"bytes_total", s.total.bytes_total},
+              {"bytes_staged", s.total.bytes_staged},
+              {"samples_failed", s.total.samples_failed}};
 }
 
 // A plain table: columns padded to their widest cell.
@@ -157,6 +125,17 @@ void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& 
       if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
     }
     out << line << "\n";
+  }
+}
+
+// mkdir -p of the directory holding `path` (mode 0700 for what it creates).
+// Failures are left for the open that follows to report.
+void CreateParentDirectories(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos || slash == 0) return;
+  for (size_t end = path.find('/', 1); end != std::string::npos && end <= slash;
+       end = path.find('/', end + 1)) {
+    mkdir(path.substr(0, end).c_str(), 0700);
   }
 }
 
@@ -268,13 +247,7 @@ class Cli {
     if (url.rfind("sqlite://", 0) == 0) {
       // The embedded store's directory is created on first use.
       const std::string path = url.substr(std::strlen("sqlite://"));
-      const size_t slash = path.find_last_of('/');
-      if (slash != std::string::npos && slash > 0) {
-        const std::string dir = path.substr(0, path.find('?') < slash ? path.size() : slash);
-        for (size_t i = 1; i <= dir.size(); ++i) {
-          if (i == dir.size() || dir[i] == '/') mkdir(dir.substr(0, i).c_str(), 0700);
-        }
-      }
+      CreateParentDirectories(path.substr(0, path.find('?')));
     }
     Result<std::unique_ptr<MetadataStore>> store = OpenMetadataStore(url);
     if (!store.ok()) {
@@ -494,7 +467,8 @@ Status Cli::DatasetList() {
   std::vector<std::vector<std::string>> rows = {{"NAME", "PHASE", "POOL", "STAGED", "SOURCE"}};
   for (const DatasetRecord& d : datasets) {
     Result<std::map<std::string, StagingProgress>> progress = store_->ListProgress(d.name);
-    const ProgressTotals t = progress.ok() ? SumProgress(*progress, nodes) : ProgressTotals{};
+    const ProgressSummary t =
+        progress.ok() ? SummarizeProgress(*progress, nodes) : ProgressSummary{};
     json j = DatasetJson(d);
     j["progress"] = ProgressJson(t);
     list.push_back(j);
@@ -519,7 +493,7 @@ Status Cli::DatasetShow(const std::string& name) {
   GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, store_->ListNodes(d.spec.pool));
   GRANARY_ASSIGN_OR_RETURN(auto progress, store_->ListProgress(name));
   GRANARY_ASSIGN_OR_RETURN(std::vector<PlanRecord> plans, store_->ListPlans(name));
-  const ProgressTotals t = SumProgress(progress, nodes);
+  const ProgressSummary t = SummarizeProgress(progress, nodes);
   if (json_output()) {
     json j = DatasetJson(d);
     j["progress"] = ProgressJson(t);
@@ -543,9 +517,10 @@ Status Cli::DatasetShow(const std::string& name) {
        << "owner:       uid " << d.owner.uid << " gid " << d.owner.gid << "\n"
        << "manifest:    " << (d.manifest_id.empty() ? "(none yet)" : d.manifest_id) << "\n"
        << "plans:       " << plans.size() << "\n"
-       << "staged:      " << HumanBytes(t.bytes_staged) << " of " << HumanBytes(t.bytes_total)
-       << " on " << t.nodes << " of " << nodes.size() << " live nodes";
-  if (t.samples_failed > 0) out_ << "; " << t.samples_failed << " samples failed";
+       << "staged:      " << HumanBytes(t.total.bytes_staged) << " of "
+       << HumanBytes(t.total.bytes_total) << " on " << t.nodes_reporting << " of " << nodes.size()
+       << " live nodes";
+  if (t.total.samples_failed > 0) out_ << "; " << t.total.samples_failed << " samples failed";
   out_ << "\n";
   if (!progress.empty()) {
     std::vector<std::vector<std::string>> rows = {{"NODE", "CHUNKS", "BYTES", "FAILED", "LIVE"}};
@@ -608,17 +583,20 @@ Status Cli::DatasetWait(const std::string& name) {
     GRANARY_ASSIGN_OR_RETURN(DatasetRecord d, store_->GetDataset(name));
     GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, store_->ListNodes(d.spec.pool));
     Result<std::map<std::string, StagingProgress>> progress = store_->ListProgress(name);
-    const ProgressTotals t = progress.ok() ? SumProgress(*progress, nodes) : ProgressTotals{};
+    const ProgressSummary t =
+        progress.ok() ? SummarizeProgress(*progress, nodes) : ProgressSummary{};
     const double elapsed = std::chrono::duration<double>(SteadyClock::now() - start).count();
     if (!have_first) {
-      first_bytes = t.bytes_staged;
+      first_bytes = t.total.bytes_staged;
       have_first = true;
     }
-    const double rate =
-        elapsed > 0.5
-            ? static_cast<double>(t.bytes_staged - std::min(t.bytes_staged, first_bytes)) / elapsed
-            : 0.0;
-    const double eta = rate > 0 ? static_cast<double>(t.bytes_total - t.bytes_staged) / rate : -1;
+    const double rate = elapsed > 0.5
+                            ? static_cast<double>(t.total.bytes_staged -
+                                                  std::min(t.total.bytes_staged, first_bytes)) /
+                                  elapsed
+                            : 0.0;
+    const double eta =
+        rate > 0 ? static_cast<double>(t.total.bytes_total - t.total.bytes_staged) / rate : -1;
     const bool done = d.state.phase == DatasetPhase::kReady ||
                       (wait_for_ == "staging" && d.state.phase == DatasetPhase::kStaging);
     const int width = 30;
@@ -626,8 +604,8 @@ Status Cli::DatasetWait(const std::string& name) {
     std::ostringstream bar;
     bar << name << " [" << std::string(static_cast<size_t>(filled), '#')
         << std::string(static_cast<size_t>(width - filled), '.') << "] " << std::fixed
-        << std::setprecision(1) << 100 * t.fraction() << "%  " << HumanBytes(t.bytes_staged) << "/"
-        << HumanBytes(t.bytes_total) << "  " << HumanBytes(static_cast<uint64_t>(rate))
+        << std::setprecision(1) << 100 * t.fraction() << "%  " << HumanBytes(t.total.bytes_staged)
+        << "/" << HumanBytes(t.total.bytes_total) << "  " << HumanBytes(static_cast<uint64_t>(rate))
         << "/s  ETA " << (done ? "0s" : HumanDuration(eta)) << "  "
         << DatasetPhaseName(d.state.phase);
     Progress(bar.str(), done || d.state.phase == DatasetPhase::kFailed);
@@ -757,14 +735,15 @@ Status Cli::ClusterStatus() {
   std::vector<std::vector<std::string>> dataset_rows = {{"DATASET", "PHASE", "STAGED", "MESSAGE"}};
   for (const DatasetRecord& d : datasets) {
     Result<std::map<std::string, StagingProgress>> progress = store_->ListProgress(d.name);
-    const ProgressTotals t = progress.ok() ? SumProgress(*progress, nodes) : ProgressTotals{};
+    const ProgressSummary t =
+        progress.ok() ? SummarizeProgress(*progress, nodes) : ProgressSummary{};
     dataset_list.push_back({{"name", d.name},
                             {"phase", DatasetPhaseName(d.state.phase)},
                             {"message", d.state.message},
                             {"progress", ProgressJson(t)}});
     std::ostringstream staged;
     staged << std::fixed << std::setprecision(1) << 100 * t.fraction() << "% of "
-           << HumanBytes(t.bytes_total);
+           << HumanBytes(t.total.bytes_total);
     dataset_rows.push_back(
         {d.name, std::string(DatasetPhaseName(d.state.phase)), staged.str(), d.state.message});
   }

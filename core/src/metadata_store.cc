@@ -443,6 +443,37 @@ Status ValidateDatasetName(std::string_view name) { return ValidateDnsLabel(name
 
 Status ValidateNodeId(std::string_view id) { return ValidateToken(id, 253, "node id"); }
 
+double ProgressSummary::fraction() const {
+  if (total.bytes_total > 0) {
+    return static_cast<double>(total.bytes_staged) / static_cast<double>(total.bytes_total);
+  }
+  if (total.chunks_total > 0) {
+    return static_cast<double>(total.chunks_staged) / static_cast<double>(total.chunks_total);
+  }
+  return 0.0;
+}
+
+ProgressSummary SummarizeProgress(const std::map<std::string, StagingProgress>& progress,
+                                  const std::vector<NodeRecord>& live_nodes) {
+  ProgressSummary s;
+  for (const NodeRecord& node : live_nodes) {
+    auto it = progress.find(node.id);
+    if (it == progress.end()) {
+      s.all_staged = false;
+      continue;
+    }
+    const StagingProgress& p = it->second;
+    s.total.chunks_total += p.chunks_total;
+    s.total.chunks_staged += p.chunks_staged;
+    s.total.bytes_total += p.bytes_total;
+    s.total.bytes_staged += p.bytes_staged;
+    s.total.samples_failed += p.samples_failed;
+    s.all_staged = s.all_staged && p.chunks_staged == p.chunks_total;
+    ++s.nodes_reporting;
+  }
+  return s;
+}
+
 Result<PlanSpec> ToPlanSpec(const PlanRecord& plan, uint64_t epoch, uint32_t rank) {
   const std::string what = "plan " + Quoted(plan.plan_id);
   Result<PlanMode> mode = ParsePlanMode(plan.mode);

@@ -141,6 +141,21 @@ struct StagingProgress {
   friend bool operator==(const StagingProgress&, const StagingProgress&) = default;
 };
 
+// A dataset's progress over the live nodes of its pool (a dead node's last
+// report is history and is not counted). What the cache nodes decide Ready
+// on and what the CLI shows.
+struct ProgressSummary {
+  StagingProgress total;       // sums over the live nodes that reported (updated_ms 0)
+  size_t nodes_reporting = 0;  // live nodes with a report
+  // Every live node reported and has its share staged (chunks_staged == chunks_total).
+  bool all_staged = true;
+
+  // bytes_staged / bytes_total (chunks when there are no bytes; 0 with nothing).
+  double fraction() const;
+};
+ProgressSummary SummarizeProgress(const std::map<std::string, StagingProgress>& progress,
+                                  const std::vector<NodeRecord>& live_nodes);
+
 // A registered plan (DESIGN.md, "Plan"): enough to recompute every rank's
 // sample order, so cache nodes stage in that order. The fields are PlanSpec's
 // (plan.h) without the epoch and rank, which vary; ToPlanSpec adds them. The
