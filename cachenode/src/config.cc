@@ -12,116 +12,10 @@
 #include "granary/core/log.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
+#include "granary/daemon/config_keys.h"
 
 namespace granary {
 namespace {
-
-// A duration as messages show it: "2s", or "250ms" if not whole seconds.
-std::string DurationText(std::chrono::milliseconds d) {
-  if (d.count() % 1000 == 0) return std::to_string(d.count() / 1000) + "s";
-  return std::to_string(d.count()) + "ms";
-}
-
-// Reads an optional count and checks lo <= value <= hi.
-Status OptionalCount(ConfigMap& m, std::string_view key, uint32_t lo, uint32_t hi, uint32_t* out) {
-  GRANARY_RETURN_IF_ERROR(m.Optional(key, out));
-  if (*out < lo || *out > hi) {
-    return Status::InvalidArgument(m.Where(key) + ": " + std::to_string(*out) +
-                                   " is out of range; write " + std::to_string(lo) + " to " +
-                                   std::to_string(hi));
-  }
-  return Status::Ok();
-}
-
-// Reads an optional string; *given says whether the key had a value (a key
-// with an empty YAML value counts as absent, as everywhere in ConfigMap). The
-// sentinel starts with a control byte, which no accepted value contains.
-Status OptionalString(ConfigMap& m, std::string_view key, std::string* out, bool* given) {
-  constexpr std::string_view kUnset = "\x01unset";
-  std::string text(kUnset);
-  GRANARY_RETURN_IF_ERROR(m.Optional(key, &text));
-  *given = text != kUnset;
-  if (*given) *out = std::move(text);
-  return Status::Ok();
-}
-
-Status OptionalAddress(ConfigMap& m, std::string_view key, std::string_view what, NetAddress* out) {
-  std::string text;
-  bool given = false;
-  GRANARY_RETURN_IF_ERROR(OptionalString(m, key, &text, &given));
-  if (!given) return Status::Ok();
-  Result<NetAddress> address = ParseNetAddress(text, what);
-  if (!address.ok()) {
-    return Status::InvalidArgument(m.Where(key) + ": " + address.status().message());
-  }
-  *out = *address;
-  return Status::Ok();
-}
-
-Status OptionalPositiveDuration(ConfigMap& m, std::string_view key,
-                                std::chrono::milliseconds* out) {
-  GRANARY_RETURN_IF_ERROR(m.Optional(key, out));
-  if (out->count() <= 0) {
-    return Status::InvalidArgument(m.Where(key) + ": " + DurationText(*out) +
-                                   " is not a positive duration; write e.g. 250ms, 2s or 1m");
-  }
-  return Status::Ok();
-}
-
-bool IsWildcardHost(std::string_view host) { return host == "0.0.0.0" || host == "::"; }
-
-Result<std::string> HostName() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0) {
-    return Status::FromErrno(errno, "read the host name (gethostname)");
-  }
-  return std::string(host);
-}
-
-bool HasControlCharacter(std::string_view s) {
-  for (char c : s) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return true;
-  }
-  return false;
-}
-
-Status CheckStoreUrl(ConfigMap& m, const std::string& url) {
-  constexpr std::string_view kRedis = "redis://";
-  constexpr std::string_view kSqlite = "sqlite:///";
-  const std::string where = m.Where("metadata_store") + ": " + Quoted(url);
-  const std::string_view u = url;
-  if (HasControlCharacter(u) || u.find(' ') != std::string_view::npos) {
-    return Status::InvalidArgument(where +
-                                   " contains a space or a control character; write the URL "
-                                   "without them (percent-encode a password)");
-  }
-  if (u.starts_with(kRedis)) {
-    std::string_view rest = u.substr(kRedis.size());
-    if (rest.empty() || rest.front() == '/' || rest.front() == '?') {
-      return Status::InvalidArgument(
-          where +
-          " names no Redis host; write redis://host[:port][/db], e.g. redis://10.0.0.2:6379");
-    }
-    return Status::Ok();
-  }
-  if (u.starts_with(kSqlite)) {
-    std::string_view rest = u.substr(kSqlite.size());
-    if (rest.empty() || rest.front() == '?') {
-      return Status::InvalidArgument(
-          where + " names no database file; write sqlite:///absolute/path/granary.db");
-    }
-    return Status::Ok();
-  }
-  if (u.starts_with("sqlite:")) {
-    return Status::InvalidArgument(
-        where +
-        " is not an absolute SQLite path; write sqlite:///absolute/path/granary.db "
-        "(three slashes, then the path from /)");
-  }
-  return Status::InvalidArgument(where +
-                                 " is not a metadata store URL; write redis://host[:port][/db] "
-                                 "or sqlite:///absolute/path/granary.db");
-}
 
 Status Parse(ConfigMap& m, CacheNodeConfig* c) {
   // node_id: default the host name, which must then be a valid node id too.
@@ -208,7 +102,7 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
   c->capacity_bytes = capacity.bytes;
 
   GRANARY_RETURN_IF_ERROR(m.Required("metadata_store", &c->metadata_store));
-  GRANARY_RETURN_IF_ERROR(CheckStoreUrl(m, c->metadata_store));
+  GRANARY_RETURN_IF_ERROR(CheckStoreUrl(m, "metadata_store", c->metadata_store));
 
   GRANARY_RETURN_IF_ERROR(OptionalCount(m, "source_concurrency", 1, kMaxCacheNodeSourceConcurrency,
                                         &c->source_concurrency));
@@ -245,15 +139,7 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
         DurationText(2 * c->heartbeat_interval) + " or a shorter heartbeat_interval");
   }
 
-  std::string level = "info";
-  GRANARY_RETURN_IF_ERROR(m.Optional("log_level", &level));
-  Result<spdlog::level::level_enum> parsed_level = ParseLogLevel(level);
-  if (!parsed_level.ok()) {
-    return Status::InvalidArgument(m.Where("log_level") + ": " + Quoted(level) +
-                                   " is not a log level; write one of trace, debug, info, warn, "
-                                   "error, off");
-  }
-  c->log_level = *parsed_level;
+  GRANARY_RETURN_IF_ERROR(OptionalLogLevel(m, "log_level", &c->log_level));
 
   std::string scan = "presence";
   GRANARY_RETURN_IF_ERROR(m.Optional("scan_mode", &scan));
@@ -290,24 +176,8 @@ Result<CacheNodeConfig> ParseCacheNodeConfig(std::string_view text, std::string 
 }
 
 Result<CacheNodeConfig> LoadCacheNodeConfig(const std::string& path) {
-  const std::string what = "read the cache node configuration " + Quoted(path);
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    Status s = Status::FromErrno(errno, what);
-    return Status(s.code(), s.message() + "; check the path given with --config");
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return Status::InvalidArgument(what + ": it is " +
-                                   (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
-                                   "; pass the YAML file itself with --config");
-  }
-  Result<std::string> text = ReadFileToString(path);
-  if (!text.ok()) {
-    return Status(text.status().code(),
-                  what + ": " + text.status().message() +
-                      "; make the file readable by the user the daemon runs as");
-  }
-  return ParseCacheNodeConfig(*text, path);
+  GRANARY_ASSIGN_OR_RETURN(std::string text, ReadConfigFile(path, "cache node"));
+  return ParseCacheNodeConfig(text, path);
 }
 
 }  // namespace granary
