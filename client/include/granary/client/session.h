@@ -1,0 +1,250 @@
+#pragma once
+
+// Session: what a training process holds to read one dataset through the
+// local granary-sidecar (libgranary-client; docs/client.md). It speaks the
+// sidecar protocol (sidecar_protocol.h, docs/protocol.md "Sidecar protocol")
+// over a Unix socket and maps the sidecar's shared-memory arena read-only, so
+// sample bytes are read in place: no payload crosses the socket and none is
+// copied unless the caller asks for a copy (Read).
+//
+//   auto session = Session::Open("imagenet");           // $GRANARY_SOCKET
+//   GRANARY_ASSIGN_OR_RETURN(SampleView v, (*session)->Get(42));
+//   Use(v.bytes());                                     // valid until released
+//   (*session)->Release(v);
+//
+// Pins: every SampleView handed out pins its range of the arena in the
+// sidecar until Release(view). Releases are queued and sent with the next GET
+// or NEXT (or by Flush()), so releasing costs no round trip. Closing the
+// session (or the process dying) drops every pin it held.
+//
+// Lookahead: Get() asks the sidecar for up to options.lookahead samples that
+// follow the requested one in an active plan of the dataset and are already in
+// the arena ("hints"). They are kept in a small table, so a later Get() of one
+// of them needs no round trip; hints not used are released, oldest first, once
+// the table holds more than 2 × lookahead, and all of them at close.
+//
+// Trust: a reply is checked before anything in it is used: request id, reply
+// type, the ids asked for, and that every range lies inside the mapping (an
+// out-of-range item becomes a kCorruption item), so a sidecar that lies makes a
+// call fail, never makes the client read outside its mapping. The mapping's
+// file must be at least as large as the arena (checked with fstat); the client
+// also seals it against shrinking when the descriptor allows it.
+//
+// Errors: a broken connection (the sidecar closed it, died, sent bytes that
+// are not the protocol, or a call timed out) is kUnavailable naming the socket
+// path, and the session stays broken: every later call fails the same way
+// (open a new Session). Views already handed out stay mapped, but their pins
+// are gone. An ERROR reply is that call's Status. A per-sample failure is that
+// sample's Result.
+//
+// Fork: a Session belongs to the process that opened it. In a forked child
+// every call fails kFailedPrecondition (open a new Session there), Release is
+// a no-op, and destroying it only unmaps and closes its descriptor: the child
+// never writes to the parent's connection.
+//
+// Thread safety: every method may be called from any thread. Calls that talk
+// to the sidecar are serialised (one request in flight per session); Release
+// never waits for one of them (it only queues), so it is safe from
+// destructors.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "granary/core/file.h"
+#include "granary/core/hash.h"
+#include "granary/core/sidecar_protocol.h"
+#include "granary/core/status.h"
+
+namespace granary::client {
+
+// Where the sidecar listens when neither the options nor $GRANARY_SOCKET say.
+inline constexpr std::string_view kDefaultSocketPath = "/run/granary/sidecar.sock";
+inline constexpr std::string_view kSocketEnvVar = "GRANARY_SOCKET";
+// A Get's lookahead is capped so that ids + hints fit in one reply.
+inline constexpr uint32_t kMaxLookahead = 1024;
+
+struct SessionOptions {
+  // Empty: $GRANARY_SOCKET, else kDefaultSocketPath.
+  std::string socket_path;
+  // Sent in HELLO (1..255 graphic ASCII). Empty: "client/<pid>".
+  std::string client_name;
+  // Connecting plus HELLO and OPEN.
+  std::chrono::milliseconds connect_timeout{10'000};
+  // One call's whole round trip.
+  std::chrono::milliseconds call_timeout{120'000};
+  // Hints asked for with each Get (0: none), at most kMaxLookahead.
+  uint32_t lookahead = 64;
+  // Check each sample's XXH3-64 against the checksum the sidecar sent (a
+  // mismatch is a kCorruption item). The sidecar verified it already; this is
+  // for tests and for the suspicious.
+  bool verify_checksums = false;
+
+  // Positive timeouts, a lookahead within the cap, a client name the protocol
+  // accepts (after defaults are applied). kInvalidArgument naming the field.
+  Status Validate() const;
+};
+
+// The socket path Open uses for `configured` (see SessionOptions).
+std::string ResolveSocketPath(std::string_view configured);
+// "client/<pid>".
+std::string DefaultClientName();
+
+// OK for a manifest path a LOOKUP may name: relative, non-empty components,
+// none "." or "..", no NUL, at most sidecar_protocol::kMaxPathLength bytes.
+// kInvalidArgument naming the path (Quoted) otherwise.
+Status ValidateSamplePath(std::string_view path);
+
+struct DatasetInfo {
+  std::string name;
+  ContentId manifest_id;
+  uint64_t sample_count = 0;
+  uint64_t total_bytes = 0;
+  uint64_t chunk_count = 0;
+};
+
+// A pinned sample in the arena: `data` points into the read-only mapping and
+// stays valid (holding these bytes) until the view is released or the session
+// destroyed.
+struct SampleView {
+  uint32_t id = 0;
+  const char* data = nullptr;
+  uint64_t size = 0;
+  uint64_t checksum = 0;  // XXH3-64 of the bytes, as the sidecar recorded it
+  uint64_t token = 0;     // the pin; 0 for a view that holds none
+
+  std::string_view bytes() const { return {data, static_cast<size_t>(size)}; }
+};
+
+class Session {
+ public:
+  // Connects to the sidecar, HELLO, OPEN `dataset`, maps the arena. Errors:
+  // kInvalidArgument (options, dataset name), kUnavailable (nothing listens:
+  // names the socket path), kDeadlineExceeded (connect_timeout), the
+  // sidecar's ERROR (e.g. kNotFound for an unknown dataset).
+  static Result<std::unique_ptr<Session>> Open(std::string_view dataset,
+                                               const SessionOptions& options = {});
+
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const DatasetInfo& info() const { return info_; }
+  const std::string& socket_path() const { return socket_path_; }
+  const std::string& sidecar_name() const { return sidecar_name_; }
+  uint64_t arena_bytes() const { return map_size_; }
+  // The process that opened the session.
+  pid_t pid() const { return pid_; }
+  // Whether this is still that process (false in a forked child).
+  bool InOpeningProcess() const;
+
+  // One sample, pinned. From the hint table when it is there (no round trip),
+  // else one GET with lookahead. kOutOfRange for an id past the end (checked
+  // here), the sample's error otherwise.
+  Result<SampleView> Get(uint32_t id);
+  // Many samples, one outcome per id in order; hint-table hits need no round
+  // trip, the rest go in as few GETs as the limits allow. A GET that fails as
+  // a whole (a broken connection) gives each of its ids that Status.
+  std::vector<Result<SampleView>> GetMany(std::span<const uint32_t> ids);
+  // Copies one sample's bytes and releases it at once.
+  Result<std::string> Read(uint32_t id);
+
+  // Announces the session's plan (enables Next and exact prefetch).
+  Status SetPlan(const sidecar_protocol::SetPlan& plan);
+  // The plan's next samples (at most `max`, at least 1), one outcome each
+  // (a failed one names its id). `*end_of_epoch` (may be null) is set when the
+  // plan has no samples left.
+  Result<std::vector<Result<SampleView>>> Next(uint32_t max, bool* end_of_epoch);
+
+  // Queues the view's pin for release (sent with the next GET/NEXT or Flush).
+  // A view released twice, a view of another session, or a call in a forked
+  // child is ignored.
+  void Release(const SampleView& view);
+  // Sends the queued releases now.
+  Status Flush();
+
+  // Manifest facts of one sample.
+  Result<sidecar_protocol::StatEntry> Stat(uint32_t id);
+  // Of ids [first, first + count), paging with STAT as needed. kOutOfRange if
+  // the range passes the end.
+  Result<std::vector<sidecar_protocol::StatEntry>> List(uint32_t first, uint32_t count);
+  // Path -> id. kInvalidArgument for an unsafe path (ValidateSamplePath, not
+  // sent), kNotFound for a path the manifest does not hold.
+  Result<uint32_t> Lookup(std::string_view path);
+  // One outcome per path, in as few LOOKUPs as the limits allow.
+  std::vector<Result<uint32_t>> LookupMany(std::span<const std::string> paths);
+  // A round trip.
+  Status Ping();
+
+  // Pins held: views handed out and not released, plus unused hints.
+  size_t pinned_count() const;
+  size_t hint_count() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  Session(std::string socket_path, SessionOptions options);
+  Status Handshake(std::string_view dataset, Clock::time_point deadline);
+  Status CheckUsable() const;  // caller holds mu_
+  // One request and its reply; receives descriptors into `fds` when given.
+  // Breaks the connection on anything but an ERROR that is not closing.
+  Result<sidecar_protocol::Reply> Call(const sidecar_protocol::Request& request,
+                                       sidecar_protocol::MessageType expected,
+                                       Clock::time_point deadline, std::string_view doing,
+                                       std::vector<ScopedFd>* fds = nullptr);
+  Status SendAll(std::string_view bytes, Clock::time_point deadline, std::string_view doing);
+  Result<sidecar_protocol::Frame> ReceiveFrame(Clock::time_point deadline, std::string_view doing,
+                                               std::vector<ScopedFd>* fds);
+  Status Break(Status status);
+  Status Broken(std::string_view doing) const;
+
+  // Pending releases, at most `max` of them (taken off the queue).
+  std::vector<uint64_t> TakeReleases(size_t max);
+  Status SendQueuedReleases(Clock::time_point deadline);  // caller holds mu_
+  // Turns one reply item into a view (pinned: counted as outstanding) or its
+  // error; a bad range or checksum becomes kCorruption and its pin is queued
+  // for release.
+  Result<SampleView> Adopt(const sidecar_protocol::SampleItem& item);
+  void AddHint(const SampleView& view);  // caller holds mu_
+  void TrimHints(size_t keep);           // caller holds mu_
+  // Sends GETs for `ids` (all misses) and fills `out` at `slots`.
+  void FetchMisses(std::span<const uint32_t> ids, std::span<const size_t> slots,
+                   std::vector<Result<SampleView>>* out);
+
+  const std::string socket_path_;
+  const SessionOptions options_;
+  const pid_t pid_;
+  DatasetInfo info_;
+  std::string dataset_;
+  std::string sidecar_name_;
+  sidecar_protocol::Limits limits_;  // common with the sidecar's, after HELLO
+  uint16_t version_ = sidecar_protocol::kMaxVersion;
+
+  // The arena mapping; immutable after Open, unmapped by the destructor.
+  const char* map_ = nullptr;
+  size_t map_size_ = 0;
+
+  mutable std::mutex mu_;  // guards everything below until release_mu_
+  ScopedFd fd_;
+  std::string in_;       // received bytes not yet decoded
+  size_t in_begin_ = 0;  // first undecoded byte of in_
+  uint64_t next_request_id_ = 1;
+  Status broken_;                     // OK while the connection is usable
+  std::list<SampleView> hint_order_;  // oldest first
+  std::unordered_map<uint32_t, std::list<SampleView>::iterator> hints_;
+
+  mutable std::mutex release_mu_;  // guards the two below; never held across I/O
+  std::vector<uint64_t> pending_release_;
+  std::unordered_map<uint64_t, uint32_t> outstanding_;  // token -> pins handed out
+};
+
+}  // namespace granary::client

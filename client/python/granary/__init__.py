@@ -1,0 +1,171 @@
+"""granary: read Granary datasets from training code.
+
+A dataset is served by the granary-sidecar of the pod (or job node) over a
+Unix socket; sample bytes arrive in shared memory that this process maps.
+
+    import granary
+    ds = granary.Dataset("imagenet")          # socket: $GRANARY_SOCKET
+    len(ds), ds[0], ds.path(0), ds.index("train/n01440764/x.JPEG")
+
+PyTorch integration (DistributedSampler, ImageFolder) is in granary.torch.
+docs/client.md describes the package; the C++ API it binds is libgranary-client.
+"""
+
+import operator
+import os
+
+from . import _native
+from ._native import Error, Sample, rank_samples, rank_share
+
+__all__ = ["Dataset", "Sample", "Error", "rank_samples", "rank_share"]
+
+
+class Dataset:
+    """A Granary dataset, map-style: ``len(ds)``, ``ds[i]``.
+
+    ``ds[i]`` is the sample's bytes (a copy), or with ``zero_copy=True`` a
+    :class:`granary.Sample` over the sidecar's shared memory: it supports the
+    buffer protocol (``memoryview(s)``, ``numpy.frombuffer(s)`` without a
+    copy), stays valid until ``s.release()`` (or the end of a ``with`` block,
+    or garbage collection), and must not be used after that.
+
+    Indices are sample ids (sorted path order); negative indices count from
+    the end as for a list. ``ds.path(i)`` and ``ds.index(path)`` map between
+    ids and paths relative to the dataset root.
+
+    The session with the sidecar is opened on first use and re-opened in a
+    forked child (a DataLoader worker); it is never pickled, so spawned
+    workers open their own.
+    """
+
+    def __init__(self, name, socket=None, zero_copy=False, lookahead=64,
+                 verify_checksums=False):
+        if not isinstance(name, str):
+            raise TypeError(f"granary.Dataset name must be a str, not {type(name).__name__}")
+        if socket is not None and not isinstance(socket, (str, os.PathLike)):
+            raise TypeError(f"granary.Dataset socket must be a path, not {type(socket).__name__}")
+        self.name = name
+        self.socket = os.fspath(socket) if socket is not None else None
+        self.zero_copy = bool(zero_copy)
+        self.lookahead = int(lookahead)
+        self.verify_checksums = bool(verify_checksums)
+        self._session = None
+        self._pid = None
+        self._len = None
+
+    # ---- the session -----------------------------------------------------------
+
+    @property
+    def session(self):
+        """This process's granary._native.Session (opened on first use)."""
+        pid = os.getpid()
+        session = self._session
+        if session is None or self._pid != pid:
+            # In a forked child the parent's session must not be used (its
+            # connection belongs to the parent); dropping it only unmaps.
+            self._session = None
+            session = _native.Session(self.name, socket=self.socket or "",
+                                      client_name=f"python/{pid}", lookahead=self.lookahead,
+                                      verify_checksums=self.verify_checksums)
+            self._session = session
+            self._pid = pid
+            self._len = session.sample_count
+        return session
+
+    def close(self):
+        """Closes this process's session (pins held by Samples stay until they go)."""
+        self._session = None
+        self._pid = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_session"] = None
+        state["_pid"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    # ---- map-style access ------------------------------------------------------
+
+    def __len__(self):
+        if self._len is None:
+            self.session  # noqa: B018 (opens it, which reads the sample count)
+        return self._len
+
+    def _id(self, index):
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise TypeError(f"granary.Dataset indices must be integers, not "
+                            f"{type(index).__name__}") from None
+        n = len(self)
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(f"granary.Dataset {self.name!r}: index {i} is out of range for "
+                             f"{n} samples")
+        return j
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.__getitems__(range(*index.indices(len(self))))
+        i = self._id(index)
+        session = self.session
+        return session.get(i) if self.zero_copy else session.read(i)
+
+    def __getitems__(self, indices):
+        """Many samples at once (one round trip where possible); a list."""
+        ids = [self._id(i) for i in indices]
+        if not ids:
+            return []
+        session = self.session
+        return session.get_many(ids) if self.zero_copy else session.read_many(ids)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    # ---- metadata ------------------------------------------------------------------
+
+    def path(self, index):
+        """The sample's path relative to the dataset root."""
+        return self.session.stat(self._id(index))[0]
+
+    def stat(self, index):
+        """(path, size, mtime_ns) of the sample, from the manifest."""
+        return self.session.stat(self._id(index))
+
+    def paths(self, first=0, count=None):
+        """Paths of samples [first, first + count) (default: all), in id order."""
+        n = len(self)
+        if count is None:
+            count = n - first
+        if first < 0 or count < 0 or first + count > n:
+            raise IndexError(f"granary.Dataset {self.name!r}: paths [{first}, {first + count}) "
+                             f"are out of range for {n} samples")
+        return self.session.paths(first, count)
+
+    def index(self, path):
+        """The id of ``path`` (relative to the dataset root).
+
+        ValueError for a path that could leave the root (absolute, '..', '.'
+        or empty components); KeyError for one the dataset does not hold.
+        """
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if not isinstance(path, str):
+            raise TypeError(f"granary.Dataset.index needs a str path, not {type(path).__name__}")
+        _native.validate_sample_path(path)
+        return self.session.lookup(path)
+
+    # ---- plans ------------------------------------------------------------------------
+
+    def announce_sampler(self, seed, epoch, num_replicas, rank, shuffle, drop_last,
+                         start_position=0):
+        """Tells the sidecar the order a DistributedSampler will read (SET_PLAN)."""
+        self.session.announce_sampler(seed, epoch, num_replicas, rank, shuffle, drop_last,
+                                      start_position)
+
+    def __repr__(self):
+        return (f"granary.Dataset({self.name!r}, socket={self.socket!r}, "
+                f"zero_copy={self.zero_copy})")

@@ -1,0 +1,810 @@
+#include "granary/client/session.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <iterator>
+#include <utility>
+#include <variant>
+
+#include "granary/core/names.h"
+#include "granary/core/unix_socket.h"
+
+namespace granary::client {
+namespace {
+
+namespace sp = sidecar_protocol;
+using Clock = std::chrono::steady_clock;
+
+// Bytes asked of recvmsg(2) at once. Replies are small (no payloads).
+constexpr size_t kReceiveChunk = 64u << 10;
+// Bounds the retry loops around EINTR and spurious wake-ups; deadlines bound
+// them in time.
+constexpr int kMaxPollRounds = 1'000'000;
+// Fixed part of a GET/LOOKUP body, generously: counts, lookahead.
+constexpr uint32_t kBodyOverhead = 64;
+
+int PollTimeout(Clock::time_point deadline) {
+  auto left = deadline - Clock::now();
+  if (left <= Clock::duration::zero()) return 0;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::min<int64_t>(ms, 1'000'000));
+}
+
+// True when `fd` is ready for `events` (or in error, which the next call
+// reports), false when the deadline passed first.
+Result<bool> WaitReady(int fd, short events, Clock::time_point deadline) {
+  for (int round = 0; round < kMaxPollRounds; ++round) {
+    pollfd p{fd, events, 0};
+    int n = ::poll(&p, 1, PollTimeout(deadline));
+    if (n > 0) return true;
+    if (n == 0) {
+      if (Clock::now() >= deadline) return false;
+      continue;
+    }
+    if (errno == EINTR) continue;
+    return Status::FromErrno(errno, "poll on the sidecar connection");
+  }
+  return false;
+}
+
+std::string MillisText(std::chrono::milliseconds ms) { return fmt::format("{} ms", ms.count()); }
+
+}  // namespace
+
+// ---- options and paths ----------------------------------------------------------
+
+Status SessionOptions::Validate() const {
+  if (connect_timeout.count() <= 0) {
+    return Status::InvalidArgument("session options: connect_timeout must be positive");
+  }
+  if (call_timeout.count() <= 0) {
+    return Status::InvalidArgument("session options: call_timeout must be positive");
+  }
+  if (lookahead > kMaxLookahead) {
+    return Status::InvalidArgument(fmt::format(
+        "session options: lookahead {} is more than the {} allowed; ask for fewer hints", lookahead,
+        kMaxLookahead));
+  }
+  if (!client_name.empty()) {
+    auto hello = sp::EncodeRequest(1, sp::Hello{sp::kMinVersion, sp::kMaxVersion, client_name});
+    if (!hello.ok()) {
+      return Status::InvalidArgument("session options: client_name " + Quoted(client_name) +
+                                     " is not accepted by the protocol (1.." +
+                                     std::to_string(sp::kMaxNameLength) +
+                                     " graphic ASCII characters): " + hello.status().message());
+    }
+  }
+  return Status::Ok();
+}
+
+std::string ResolveSocketPath(std::string_view configured) {
+  if (!configured.empty()) return std::string(configured);
+  const std::string env_name(kSocketEnvVar);
+  const char* env = std::getenv(env_name.c_str());
+  if (env != nullptr && env[0] != '\0') return env;
+  return std::string(kDefaultSocketPath);
+}
+
+std::string DefaultClientName() { return "client/" + std::to_string(::getpid()); }
+
+Status ValidateSamplePath(std::string_view path) {
+  const auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument("sample path " + Quoted(path) + " " + std::string(why) +
+                                   "; name a file relative to the dataset root, e.g. "
+                                   "'train/cat/1.jpg'");
+  };
+  if (path.empty()) return bad("is empty");
+  if (path.size() > sp::kMaxPathLength) {
+    return bad(fmt::format("is longer than {} bytes", sp::kMaxPathLength));
+  }
+  if (path.front() == '/') return bad("is absolute");
+  if (path.find('\0') != std::string_view::npos) return bad("holds a NUL byte");
+  size_t begin = 0;
+  while (begin <= path.size()) {
+    size_t end = path.find('/', begin);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view part = path.substr(begin, end - begin);
+    if (part.empty()) return bad("has an empty component ('//' or a trailing '/')");
+    if (part == ".") return bad("has a '.' component");
+    if (part == "..") return bad("has a '..' component (paths never leave the dataset root)");
+    begin = end + 1;
+  }
+  return Status::Ok();
+}
+
+// ---- opening ------------------------------------------------------------------
+
+Session::Session(std::string socket_path, SessionOptions options)
+    : socket_path_(std::move(socket_path)), options_(std::move(options)), pid_(::getpid()) {}
+
+Result<std::unique_ptr<Session>> Session::Open(std::string_view dataset,
+                                               const SessionOptions& options) {
+  SessionOptions resolved = options;
+  if (resolved.client_name.empty()) resolved.client_name = DefaultClientName();
+  GRANARY_RETURN_IF_ERROR(resolved.Validate());
+  if (!IsDnsLabel(dataset)) {
+    return Status::InvalidArgument(
+        "open a session on dataset " + Quoted(dataset) +
+        ": not a dataset name (1..63 of a-z, 0-9 and '-', starting and ending with a letter or "
+        "digit); use the name the dataset was created with");
+  }
+  std::string path = ResolveSocketPath(resolved.socket_path);
+  const std::string doing =
+      "open a session on dataset " + Quoted(dataset) + " with the sidecar at " + path;
+  const Clock::time_point deadline = Clock::now() + resolved.connect_timeout;
+  Result<ScopedFd> fd = ConnectUnix(path, resolved.connect_timeout);
+  if (!fd.ok()) {
+    return Status(fd.status().code(),
+                  doing + ": " + fd.status().message() +
+                      "; is granary-sidecar running, and is $GRANARY_SOCKET (or the socket "
+                      "option) its socket?");
+  }
+  std::unique_ptr<Session> session(new Session(std::move(path), std::move(resolved)));
+  session->dataset_ = std::string(dataset);
+  session->fd_ = std::move(*fd);
+  std::lock_guard<std::mutex> lock(session->mu_);
+  GRANARY_RETURN_IF_ERROR(session->Handshake(dataset, deadline));
+  return session;
+}
+
+Status Session::Handshake(std::string_view dataset, Clock::time_point deadline) {
+  const std::string doing_hello = "HELLO to the sidecar at " + socket_path_;
+  GRANARY_ASSIGN_OR_RETURN(sp::Reply hello_reply,
+                           Call(sp::Hello{sp::kMinVersion, sp::kMaxVersion, options_.client_name},
+                                sp::MessageType::kHelloReply, deadline, doing_hello));
+  const auto& hello = std::get<sp::HelloReply>(hello_reply);
+  if (hello.version < sp::kMinVersion || hello.version > sp::kMaxVersion) {
+    return Break(Status::VersionMismatch(
+        fmt::format("{}: the sidecar chose protocol version {}, this client speaks {}..{}; use a "
+                    "client and sidecar from the same release",
+                    doing_hello, hello.version, sp::kMinVersion, sp::kMaxVersion)));
+  }
+  if (Status s = hello.limits.Validate(); !s.ok()) {
+    return Break(Status::Unavailable(doing_hello + ": the sidecar advertised bad limits (" +
+                                     s.message() + "); the connection is closed"));
+  }
+  limits_ = sp::CommonLimits(sp::Limits{}, hello.limits);
+  version_ = hello.version;
+  sidecar_name_ = hello.sidecar_name;
+
+  const std::string doing_open =
+      "OPEN dataset " + Quoted(dataset) + " at the sidecar at " + socket_path_;
+  std::vector<ScopedFd> fds;
+  GRANARY_ASSIGN_OR_RETURN(sp::Reply open_reply,
+                           Call(sp::Open{std::string(dataset)}, sp::MessageType::kOpenReply,
+                                deadline, doing_open, &fds));
+  const auto& open = std::get<sp::OpenReply>(open_reply);
+  if (fds.size() != 1) {
+    return Break(Status::Unavailable(
+        fmt::format("{}: the reply came with {} file descriptors, not the one arena descriptor the "
+                    "protocol passes; the connection is closed",
+                    doing_open, fds.size())));
+  }
+  if (open.arena_bytes == 0 || open.arena_bytes > (uint64_t{1} << 46)) {
+    return Break(Status::Unavailable(
+        fmt::format("{}: the sidecar announced an arena of {} bytes; the connection is closed",
+                    doing_open, open.arena_bytes)));
+  }
+  const int arena_fd = fds[0].get();
+  struct stat st {};
+  if (::fstat(arena_fd, &st) != 0) {
+    return Break(Status::FromErrno(errno, doing_open + ": fstat of the arena descriptor"));
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < open.arena_bytes) {
+    return Break(Status::Unavailable(fmt::format(
+        "{}: the arena descriptor holds {} bytes, less than the {} announced; the connection is "
+        "closed",
+        doing_open, static_cast<int64_t>(st.st_size), open.arena_bytes)));
+  }
+  // Reading a mapped page past the end of a shrunk file is SIGBUS: seal the
+  // arena against shrinking when we may (a memfd passed read-write without
+  // F_SEAL_SEAL). Best effort: a descriptor that refuses keeps its size as
+  // long as the sidecar keeps it, which is the sidecar's contract.
+  const int seals = ::fcntl(arena_fd, F_GET_SEALS);
+  if (seals >= 0 && (seals & F_SEAL_SHRINK) == 0) {
+    (void)::fcntl(arena_fd, F_ADD_SEALS, F_SEAL_SHRINK);
+  }
+  const size_t size = static_cast<size_t>(open.arena_bytes);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, arena_fd, 0);
+  if (map == MAP_FAILED) {
+    return Break(Status::FromErrno(
+        errno, fmt::format("{}: mapping the {}-byte arena read-only", doing_open, size)));
+  }
+  map_ = static_cast<const char*>(map);
+  map_size_ = size;
+  info_.name = std::string(dataset);
+  info_.manifest_id = open.manifest_id;
+  info_.sample_count = open.sample_count;
+  info_.total_bytes = open.total_bytes;
+  info_.chunk_count = open.chunk_count;
+  return Status::Ok();
+}
+
+Session::~Session() {
+  if (map_ != nullptr) {
+    ::munmap(const_cast<char*>(map_), map_size_);
+  }
+  // Closing the socket (fd_'s destructor) drops every pin this session held.
+  // In a forked child it only closes the child's copy of the descriptor.
+}
+
+bool Session::InOpeningProcess() const { return ::getpid() == pid_; }
+
+// ---- the connection -------------------------------------------------------------
+
+Status Session::CheckUsable() const {
+  if (!InOpeningProcess()) {
+    return Status::FailedPrecondition(fmt::format(
+        "session on dataset {} was opened by process {} and cannot be used in process {} (a "
+        "fork); open a new session in this process",
+        Quoted(dataset_), pid_, ::getpid()));
+  }
+  if (!broken_.ok()) return Broken("use the session on dataset " + Quoted(dataset_));
+  return Status::Ok();
+}
+
+Status Session::Broken(std::string_view doing) const {
+  return Status::Unavailable(std::string(doing) + ": the connection to the sidecar at " +
+                             socket_path_ + " was closed after an earlier error (" +
+                             broken_.message() + "); open a new session");
+}
+
+Status Session::Break(Status status) {
+  fd_.Reset();
+  in_.clear();
+  in_begin_ = 0;
+  broken_ = status.ok() ? Status::Internal("closed") : status;
+  // The sidecar drops every pin of a closed connection.
+  hint_order_.clear();
+  hints_.clear();
+  std::lock_guard<std::mutex> lock(release_mu_);
+  pending_release_.clear();
+  outstanding_.clear();
+  return status;
+}
+
+Status Session::SendAll(std::string_view bytes, Clock::time_point deadline,
+                        std::string_view doing) {
+  size_t sent = 0;
+  for (int round = 0; round < kMaxPollRounds && sent < bytes.size(); ++round) {
+    ssize_t n =
+        ::send(fd_.get(), bytes.data() + sent, bytes.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      Result<bool> ready = WaitReady(fd_.get(), POLLOUT, deadline);
+      if (!ready.ok())
+        return Break(Status::Unavailable(std::string(doing) + ": " + ready.status().message()));
+      if (!*ready) {
+        return Break(Status::DeadlineExceeded(
+            std::string(doing) + ": the sidecar at " + socket_path_ + " took no request within " +
+            MillisText(options_.call_timeout) + "; the connection is closed"));
+      }
+      continue;
+    }
+    const int err = n < 0 ? errno : EPIPE;
+    return Break(Status::Unavailable(std::string(doing) + ": sending to the sidecar at " +
+                                     socket_path_ + " failed: " + ErrnoText(err) +
+                                     "; is granary-sidecar still running?"));
+  }
+  if (sent < bytes.size()) {
+    return Break(Status::DeadlineExceeded(std::string(doing) + ": sending did not finish"));
+  }
+  return Status::Ok();
+}
+
+Result<sp::Frame> Session::ReceiveFrame(Clock::time_point deadline, std::string_view doing,
+                                        std::vector<ScopedFd>* fds) {
+  sp::FrameDecoder decoder(limits_);
+  std::string buffer;
+  for (int round = 0; round < kMaxPollRounds; ++round) {
+    if (in_begin_ < in_.size()) {
+      Result<size_t> used = decoder.Feed(std::string_view(in_).substr(in_begin_));
+      if (!used.ok()) {
+        return Break(Status::Unavailable(std::string(doing) + ": the sidecar at " + socket_path_ +
+                                         " sent bytes that are not the protocol (" +
+                                         used.status().message() + "); the connection is closed"));
+      }
+      in_begin_ += *used;
+      if (in_begin_ >= in_.size()) {
+        in_.clear();
+        in_begin_ = 0;
+      }
+      if (decoder.has_frame()) return decoder.TakeFrame();
+    }
+    Result<bool> ready = WaitReady(fd_.get(), POLLIN, deadline);
+    if (!ready.ok()) {
+      return Break(Status::Unavailable(std::string(doing) + ": " + ready.status().message()));
+    }
+    if (!*ready) {
+      return Break(Status::DeadlineExceeded(
+          std::string(doing) + ": no reply from the sidecar at " + socket_path_ + " within " +
+          MillisText(options_.call_timeout) + "; the connection is closed"));
+    }
+    buffer.resize(kReceiveChunk);
+    std::vector<ScopedFd> arrived;
+    Result<size_t> n =
+        ReceiveWithFds(fd_.get(), std::span<char>(buffer.data(), buffer.size()), &arrived);
+    if (fds != nullptr) {
+      for (ScopedFd& fd : arrived) fds->push_back(std::move(fd));
+    }
+    // Descriptors nobody asked for are closed here (ScopedFd).
+    if (!n.ok()) {
+      return Break(Status::Unavailable(std::string(doing) + ": receiving from the sidecar at " +
+                                       socket_path_ + " failed: " + n.status().message()));
+    }
+    if (*n == 0) {
+      return Break(Status::Unavailable(
+          std::string(doing) + ": the sidecar at " + socket_path_ + " closed the connection" +
+          (decoder.buffered_bytes() > 0 ? " in the middle of a reply" : "") +
+          "; is granary-sidecar still running?"));
+    }
+    in_.append(buffer.data(), *n);
+  }
+  return Break(Status::DeadlineExceeded(std::string(doing) + ": the reply never completed"));
+}
+
+Result<sp::Reply> Session::Call(const sp::Request& request, sp::MessageType expected,
+                                Clock::time_point deadline, std::string_view doing,
+                                std::vector<ScopedFd>* fds) {
+  const uint64_t id = next_request_id_++;
+  Result<std::string> bytes = sp::EncodeRequest(id, request, limits_, version_);
+  if (!bytes.ok()) {
+    // Nothing was sent: the connection is fine; the request was not.
+    return bytes.status().WithContext(doing);
+  }
+  GRANARY_RETURN_IF_ERROR(SendAll(*bytes, deadline, doing));
+  GRANARY_ASSIGN_OR_RETURN(sp::Frame frame, ReceiveFrame(deadline, doing, fds));
+  const uint16_t type = frame.header.type;
+  const bool is_error = type == static_cast<uint16_t>(sp::MessageType::kError);
+  if (frame.header.request_id != id && !(is_error && frame.header.request_id == 0)) {
+    return Break(Status::Unavailable(fmt::format(
+        "{}: the sidecar at {} answered request {} with a {} for request {}; the connection is "
+        "closed",
+        doing, socket_path_, id, sp::MessageTypeName(type), frame.header.request_id)));
+  }
+  if (!is_error && type != static_cast<uint16_t>(expected)) {
+    return Break(Status::Unavailable(
+        fmt::format("{}: the sidecar at {} answered with {} where {} was due; the connection is "
+                    "closed",
+                    doing, socket_path_, sp::MessageTypeName(type),
+                    sp::MessageTypeName(static_cast<uint16_t>(expected)))));
+  }
+  Result<sp::Reply> reply = sp::DecodeReply(frame, limits_);
+  if (!reply.ok()) {
+    return Break(Status::Unavailable(std::string(doing) + ": the sidecar at " + socket_path_ +
+                                     " sent a malformed " + std::string(sp::MessageTypeName(type)) +
+                                     " (" + reply.status().message() +
+                                     "); the connection is closed"));
+  }
+  if (const auto* error = std::get_if<sp::Error>(&*reply)) {
+    Status status = error->status.ok() ? Status::Internal("the sidecar sent ERROR with status OK")
+                                       : error->status;
+    status = status.WithContext(doing);
+    if (error->closing || frame.header.request_id == 0) {
+      (void)Break(Status::Unavailable(status.message()));
+    }
+    return status;
+  }
+  return reply;
+}
+
+// ---- pins ------------------------------------------------------------------------
+
+std::vector<uint64_t> Session::TakeReleases(size_t max) {
+  std::lock_guard<std::mutex> lock(release_mu_);
+  const size_t n = std::min(max, pending_release_.size());
+  std::vector<uint64_t> taken(pending_release_.end() - static_cast<std::ptrdiff_t>(n),
+                              pending_release_.end());
+  pending_release_.resize(pending_release_.size() - n);
+  return taken;
+}
+
+Status Session::SendQueuedReleases(Clock::time_point deadline) {
+  const size_t per_request = std::max<size_t>(
+      1, std::min<size_t>(limits_.max_items, (limits_.max_body_bytes - kBodyOverhead) / 8));
+  size_t pending;
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    pending = pending_release_.size();
+  }
+  const size_t rounds = (pending + per_request - 1) / per_request;
+  for (size_t round = 0; round < rounds; ++round) {
+    std::vector<uint64_t> tokens = TakeReleases(per_request);
+    if (tokens.empty()) break;
+    GRANARY_RETURN_IF_ERROR(Call(sp::Release{std::move(tokens)}, sp::MessageType::kOk, deadline,
+                                 "RELEASE to the sidecar at " + socket_path_)
+                                .status());
+  }
+  return Status::Ok();
+}
+
+void Session::Release(const SampleView& view) {
+  if (view.token == 0 || !InOpeningProcess()) return;
+  std::lock_guard<std::mutex> lock(release_mu_);
+  auto it = outstanding_.find(view.token);
+  if (it == outstanding_.end()) return;
+  if (--it->second == 0) outstanding_.erase(it);
+  pending_release_.push_back(view.token);
+}
+
+Status Session::Flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  GRANARY_RETURN_IF_ERROR(CheckUsable());
+  return SendQueuedReleases(Clock::now() + options_.call_timeout);
+}
+
+size_t Session::pinned_count() const {
+  std::lock_guard<std::mutex> lock(release_mu_);
+  size_t n = 0;
+  for (const auto& [token, count] : outstanding_) n += count;
+  return n;
+}
+
+size_t Session::hint_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hints_.size();
+}
+
+Result<SampleView> Session::Adopt(const sp::SampleItem& item) {
+  const std::string what = fmt::format("sample {} of dataset {}", item.id, Quoted(dataset_));
+  if (!item.status.ok()) return item.status.WithContext(what);
+  if (item.token == 0) {
+    return Status::Corruption(what +
+                              ": the sidecar sent it without a pin token; report this "
+                              "sidecar bug");
+  }
+  const auto drop = [&](Status status) {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    pending_release_.push_back(item.token);
+    return status;
+  };
+  if (item.offset > map_size_ || item.length > map_size_ - item.offset) {
+    return drop(Status::Corruption(fmt::format(
+        "{}: the sidecar placed it at bytes [{}, +{}) of an arena of {} bytes; not read (report "
+        "this sidecar bug)",
+        what, item.offset, item.length, map_size_)));
+  }
+  SampleView view;
+  view.id = item.id;
+  view.data = map_ + item.offset;
+  view.size = item.length;
+  view.checksum = item.checksum;
+  view.token = item.token;
+  if (options_.verify_checksums) {
+    const uint64_t actual = Checksum64(view.data, static_cast<size_t>(view.size));
+    if (actual != item.checksum) {
+      return drop(Status::Corruption(
+          fmt::format("{}: its {} bytes in the arena have checksum {:016x}, the sidecar said "
+                      "{:016x}",
+                      what, view.size, actual, item.checksum)));
+    }
+  }
+  std::lock_guard<std::mutex> lock(release_mu_);
+  ++outstanding_[item.token];
+  return view;
+}
+
+void Session::AddHint(const SampleView& view) {
+  auto it = hints_.find(view.id);
+  if (it != hints_.end()) {
+    Release(*it->second);
+    hint_order_.erase(it->second);
+    hints_.erase(it);
+  }
+  hint_order_.push_back(view);
+  hints_[view.id] = std::prev(hint_order_.end());
+}
+
+void Session::TrimHints(size_t keep) {
+  while (hints_.size() > keep && !hint_order_.empty()) {
+    const SampleView oldest = hint_order_.front();
+    hints_.erase(oldest.id);
+    hint_order_.pop_front();
+    Release(oldest);
+  }
+}
+
+// ---- samples ---------------------------------------------------------------------
+
+Result<SampleView> Session::Get(uint32_t id) {
+  std::vector<Result<SampleView>> got = GetMany(std::span<const uint32_t>(&id, 1));
+  return std::move(got.front());
+}
+
+std::vector<Result<SampleView>> Session::GetMany(std::span<const uint32_t> ids) {
+  std::vector<Result<SampleView>> out;
+  out.reserve(ids.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  const Status usable = CheckUsable();
+  std::vector<uint32_t> misses;
+  std::vector<size_t> slots;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint32_t id = ids[i];
+    if (id >= info_.sample_count) {
+      out.emplace_back(Status::OutOfRange(
+          fmt::format("get sample {} of dataset {}: the dataset has {} samples (ids 0..{})", id,
+                      Quoted(dataset_), info_.sample_count,
+                      info_.sample_count == 0 ? 0 : info_.sample_count - 1)));
+      continue;
+    }
+    if (!usable.ok()) {
+      out.emplace_back(usable);
+      continue;
+    }
+    auto hit = hints_.find(id);
+    if (hit != hints_.end()) {
+      out.emplace_back(*hit->second);
+      hint_order_.erase(hit->second);
+      hints_.erase(hit);
+      continue;
+    }
+    out.emplace_back(Status::Internal("not fetched"));
+    misses.push_back(id);
+    slots.push_back(i);
+  }
+  if (!misses.empty()) FetchMisses(misses, slots, &out);
+  return out;
+}
+
+void Session::FetchMisses(std::span<const uint32_t> ids, std::span<const size_t> slots,
+                          std::vector<Result<SampleView>>* out) {
+  const Clock::time_point deadline = Clock::now() + options_.call_timeout;
+  const uint32_t lookahead = std::min(options_.lookahead, limits_.max_items / 2);
+  const size_t body_room = limits_.max_body_bytes - kBodyOverhead;
+  // Half the body for releases, half for ids; ids + hints within max_items.
+  const size_t max_releases =
+      std::max<size_t>(1, std::min<size_t>(limits_.max_items, body_room / 2 / 8));
+  const size_t max_ids =
+      std::max<size_t>(1, std::min<size_t>({limits_.max_items - lookahead, body_room / 2 / 4,
+                                            limits_.max_body_bytes / 64}));
+  const std::string doing =
+      "GET from dataset " + Quoted(dataset_) + " at the sidecar at " + socket_path_;
+  for (size_t begin = 0; begin < ids.size(); begin += max_ids) {
+    const size_t end = std::min(ids.size(), begin + max_ids);
+    if (Status usable = CheckUsable(); !usable.ok()) {
+      for (size_t i = begin; i < end; ++i) (*out)[slots[i]] = usable;
+      continue;
+    }
+    sp::Get get;
+    get.release = TakeReleases(max_releases);
+    get.ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                   ids.begin() + static_cast<std::ptrdiff_t>(end));
+    get.lookahead = end == ids.size() ? lookahead : 0;
+    Result<sp::Reply> reply = Call(get, sp::MessageType::kSamples, deadline, doing);
+    if (!reply.ok()) {
+      for (size_t i = begin; i < end; ++i) (*out)[slots[i]] = reply.status();
+      continue;
+    }
+    const auto& samples = std::get<sp::Samples>(*reply);
+    // The answers (items that are not hints) must be the ids asked, in order.
+    size_t answered = 0;
+    bool matches = true;
+    for (const sp::SampleItem& item : samples.items) {
+      if (item.hint) {
+        if (item.id >= info_.sample_count) matches = false;
+        continue;
+      }
+      if (answered >= get.ids.size() || item.id != get.ids[answered]) matches = false;
+      ++answered;
+    }
+    if (!matches || answered != get.ids.size()) {
+      Status broken = Break(Status::Unavailable(fmt::format(
+          "{}: the SAMPLES reply does not answer the {} ids asked, in order (it has {} answers); "
+          "the connection is closed",
+          doing, get.ids.size(), answered)));
+      for (size_t i = begin; i < end; ++i) (*out)[slots[i]] = broken;
+      continue;
+    }
+    answered = 0;
+    for (const sp::SampleItem& item : samples.items) {
+      if (item.hint) {
+        if (!item.status.ok()) continue;
+        Result<SampleView> view = Adopt(item);
+        if (view.ok()) AddHint(*view);
+        continue;
+      }
+      (*out)[slots[begin + answered]] = Adopt(item);
+      ++answered;
+    }
+    TrimHints(size_t{2} * lookahead);
+  }
+}
+
+Result<std::string> Session::Read(uint32_t id) {
+  GRANARY_ASSIGN_OR_RETURN(SampleView view, Get(id));
+  std::string bytes(view.bytes());
+  Release(view);
+  return bytes;
+}
+
+Status Session::SetPlan(const sp::SetPlan& plan) {
+  std::lock_guard<std::mutex> lock(mu_);
+  GRANARY_RETURN_IF_ERROR(CheckUsable());
+  return Call(plan, sp::MessageType::kOk, Clock::now() + options_.call_timeout,
+              "SET_PLAN " + Quoted(plan.plan_id) + " on dataset " + Quoted(dataset_) +
+                  " at the sidecar at " + socket_path_)
+      .status();
+}
+
+Result<std::vector<Result<SampleView>>> Session::Next(uint32_t max, bool* end_of_epoch) {
+  if (end_of_epoch != nullptr) *end_of_epoch = false;
+  if (max == 0) {
+    return Status::InvalidArgument("NEXT: max samples is 0; ask for at least 1");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  GRANARY_RETURN_IF_ERROR(CheckUsable());
+  const size_t body_room = limits_.max_body_bytes - kBodyOverhead;
+  sp::Next next;
+  next.release =
+      TakeReleases(std::max<size_t>(1, std::min<size_t>(limits_.max_items, body_room / 8)));
+  next.max_samples = std::min(max, limits_.max_items);
+  const std::string doing =
+      "NEXT on dataset " + Quoted(dataset_) + " at the sidecar at " + socket_path_;
+  GRANARY_ASSIGN_OR_RETURN(sp::Reply reply, Call(next, sp::MessageType::kSamples,
+                                                 Clock::now() + options_.call_timeout, doing));
+  const auto& samples = std::get<sp::Samples>(reply);
+  size_t answers = 0;
+  for (const sp::SampleItem& item : samples.items) {
+    if (item.id >= info_.sample_count) {
+      answers = next.max_samples + size_t{1};
+      break;
+    }
+    if (!item.hint) ++answers;
+  }
+  if (answers > next.max_samples) {
+    return Break(Status::Unavailable(fmt::format(
+        "{}: the SAMPLES reply has more than the {} samples asked, or ids past the end; the "
+        "connection is closed",
+        doing, next.max_samples)));
+  }
+  std::vector<Result<SampleView>> out;
+  out.reserve(answers);
+  for (const sp::SampleItem& item : samples.items) {
+    if (item.hint) {
+      if (!item.status.ok()) continue;
+      Result<SampleView> view = Adopt(item);
+      if (view.ok()) AddHint(*view);
+      continue;
+    }
+    out.push_back(Adopt(item));
+  }
+  TrimHints(size_t{2} * options_.lookahead);
+  if (end_of_epoch != nullptr) *end_of_epoch = samples.end_of_epoch;
+  return out;
+}
+
+// ---- metadata ----------------------------------------------------------------------
+
+Result<sp::StatEntry> Session::Stat(uint32_t id) {
+  GRANARY_ASSIGN_OR_RETURN(std::vector<sp::StatEntry> entries, List(id, 1));
+  return std::move(entries.front());
+}
+
+Result<std::vector<sp::StatEntry>> Session::List(uint32_t first, uint32_t count) {
+  const std::string doing =
+      fmt::format("STAT samples [{}, {}) of dataset {} at the sidecar at {}", first,
+                  uint64_t{first} + count, Quoted(dataset_), socket_path_);
+  if (uint64_t{first} + count > info_.sample_count) {
+    return Status::OutOfRange(
+        fmt::format("{}: the dataset has {} samples", doing, info_.sample_count));
+  }
+  std::vector<sp::StatEntry> entries;
+  if (count == 0) return entries;
+  entries.reserve(count);
+  std::lock_guard<std::mutex> lock(mu_);
+  GRANARY_RETURN_IF_ERROR(CheckUsable());
+  const Clock::time_point deadline = Clock::now() + options_.call_timeout;
+  uint32_t cursor = first;
+  // Each round returns at least one entry (else it is an error): bounded by count.
+  for (uint32_t round = 0; round < count && entries.size() < count; ++round) {
+    const uint32_t want =
+        std::min(count - static_cast<uint32_t>(entries.size()), limits_.max_items);
+    GRANARY_ASSIGN_OR_RETURN(sp::Reply reply, Call(sp::Stat{cursor, want},
+                                                   sp::MessageType::kStatReply, deadline, doing));
+    auto& stat = std::get<sp::StatReply>(reply);
+    if (stat.first_id != cursor || stat.entries.empty() || stat.entries.size() > want) {
+      return Break(Status::Unavailable(fmt::format(
+          "{}: the STAT_REPLY for {} entries from id {} has {} entries from id {}; the connection "
+          "is closed",
+          doing, want, cursor, stat.entries.size(), stat.first_id)));
+    }
+    cursor += static_cast<uint32_t>(stat.entries.size());
+    for (sp::StatEntry& e : stat.entries) entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
+Result<uint32_t> Session::Lookup(std::string_view path) {
+  std::string copy(path);
+  std::vector<Result<uint32_t>> got = LookupMany(std::span<const std::string>(&copy, 1));
+  return std::move(got.front());
+}
+
+std::vector<Result<uint32_t>> Session::LookupMany(std::span<const std::string> paths) {
+  std::vector<Result<uint32_t>> out;
+  out.reserve(paths.size());
+  std::vector<size_t> slots;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    Status valid = ValidateSamplePath(paths[i]);
+    if (!valid.ok()) {
+      out.emplace_back(valid.WithContext("look up a path in dataset " + Quoted(dataset_)));
+      continue;
+    }
+    out.emplace_back(Status::Internal("not looked up"));
+    slots.push_back(i);
+  }
+  if (slots.empty()) return out;
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point deadline = Clock::now() + options_.call_timeout;
+  const std::string doing =
+      "LOOKUP in dataset " + Quoted(dataset_) + " at the sidecar at " + socket_path_;
+  const size_t body_room = limits_.max_body_bytes - kBodyOverhead;
+  size_t begin = 0;
+  // Each round takes at least one path: bounded by their number.
+  for (size_t round = 0; round < slots.size() && begin < slots.size(); ++round) {
+    sp::Lookup lookup;
+    size_t bytes = 0;
+    size_t end = begin;
+    while (end < slots.size() && lookup.paths.size() < limits_.max_items) {
+      const std::string& p = paths[slots[end]];
+      if (!lookup.paths.empty() && bytes + 2 + p.size() > body_room) break;
+      bytes += 2 + p.size();
+      lookup.paths.push_back(p);
+      ++end;
+    }
+    Status usable = CheckUsable();
+    Result<sp::Reply> reply = usable.ok()
+                                  ? Call(lookup, sp::MessageType::kLookupReply, deadline, doing)
+                                  : Result<sp::Reply>(usable);
+    if (reply.ok() && std::get<sp::LookupReply>(*reply).items.size() != lookup.paths.size()) {
+      reply = Break(Status::Unavailable(
+          fmt::format("{}: the LOOKUP_REPLY has {} items for {} paths; the connection is closed",
+                      doing, std::get<sp::LookupReply>(*reply).items.size(), lookup.paths.size())));
+    }
+    if (!reply.ok()) {
+      for (size_t i = begin; i < end; ++i) out[slots[i]] = reply.status();
+      begin = end;
+      continue;
+    }
+    const auto& items = std::get<sp::LookupReply>(*reply).items;
+    for (size_t i = begin; i < end; ++i) {
+      const sp::LookupItem& item = items[i - begin];
+      const std::string what =
+          "look up " + Quoted(lookup.paths[i - begin]) + " in dataset " + Quoted(dataset_);
+      if (!item.status.ok()) {
+        out[slots[i]] = item.status.WithContext(what);
+      } else if (item.id >= info_.sample_count) {
+        out[slots[i]] =
+            Status::Corruption(fmt::format("{}: the sidecar answered id {}, past the {} samples",
+                                           what, item.id, info_.sample_count));
+      } else {
+        out[slots[i]] = item.id;
+      }
+    }
+    begin = end;
+  }
+  return out;
+}
+
+Status Session::Ping() {
+  std::lock_guard<std::mutex> lock(mu_);
+  GRANARY_RETURN_IF_ERROR(CheckUsable());
+  return Call(sp::Ping{}, sp::MessageType::kPong, Clock::now() + options_.call_timeout,
+              "PING the sidecar at " + socket_path_)
+      .status();
+}
+
+}  // namespace granary::client
