@@ -94,16 +94,19 @@ struct SampleFetcherOptions {
 struct SampleFetcherCounters {
   uint64_t samples[kSampleSources] = {};  // delivered, by where from
   uint64_t bytes[kSampleSources] = {};
-  uint64_t reads_sent = 0;        // READ requests to cache nodes
-  uint64_t node_failures = 0;     // connection-level failures (a node marked down)
-  uint64_t item_retries = 0;      // items re-asked elsewhere after a per-item failure
-  uint64_t failed_samples = 0;    // samples no path could deliver
+  uint64_t reads_sent = 0;      // READ requests to cache nodes
+  uint64_t node_failures = 0;   // connection-level failures (a node marked down)
+  uint64_t item_retries = 0;    // pieces passed on after a node's per-item or whole-READ error
+  uint64_t failed_samples = 0;  // outcomes not OK (no path could deliver, or bad input)
 };
 
 class SampleFetcher {
  public:
-  // `executor`: for source reads as the dataset owner; may be null (the source
-  // is then read with the process's own identity, which must be the owner's).
+  // `executor`: for source reads as the dataset owner; must outlive the
+  // fetcher. May be null: the fetcher then starts its own (source_concurrency
+  // threads) at its first source read, which reads as the owner when the
+  // process may switch identities, else only datasets the process's own
+  // identity owns.
   static Result<std::unique_ptr<SampleFetcher>> Create(SampleFetcherOptions options,
                                                        IdentityExecutor* executor);
   ~SampleFetcher();
