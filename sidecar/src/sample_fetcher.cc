@@ -282,9 +282,12 @@ void SampleFetcher::Impl::SetNodes(std::vector<NodeRecord> nodes) {
   }
 
   // A node that came back as another incarnation (new address or start time)
-  // is not the one that failed: forget its mark.
+  // is not the one that failed: forget its mark. Expired marks go too, so the
+  // map holds no more than the nodes that failed within node_down_for.
   {
     std::lock_guard<std::mutex> lock(down_mu_);
+    const Clock::time_point now = Clock::now();
+    std::erase_if(down_, [&](const auto& entry) { return entry.second.until <= now; });
     for (const NodeRecord& n : next->nodes) {
       auto it = down_.find(n.id);
       if (it != down_.end() &&
