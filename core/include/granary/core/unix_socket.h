@@ -5,7 +5,9 @@
 // with a deadline, sending and receiving bytes together with file descriptors
 // (SCM_RIGHTS), and the peer's credentials (SO_PEERCRED). Thin Status-returning
 // wrappers: EINTR is retried here; EAGAIN on a non-blocking socket is
-// kUnavailable with `would_block` set so event loops can wait and retry.
+// kUnavailable, and in AcceptUnix, SendWithFds and ReceiveWithFds nothing else
+// is, so an event loop treats kUnavailable as "would block": wait and retry.
+// A connection the peer broke is kIoError.
 //
 // Callers: granary-sidecar (listen, accept, send replies with the arena fd),
 // libgranary-client (connect, receive the fd), tests.
@@ -44,27 +46,36 @@ struct UnixListenOptions {
 };
 
 // A listening, close-on-exec, non-blocking socket bound at `path`. The
-// directory must exist. kInvalidArgument for a path that is empty or too long.
+// directory must exist (kNotFound). kInvalidArgument for a path that is empty
+// or too long, a backlog < 1 or a mode beyond 07777. Between bind and chmod the
+// file has the umask's mode: keep the directory closed to those the mode
+// excludes.
 Result<ScopedFd> ListenUnix(const std::string& path, const UnixListenOptions& options = {});
 
-// accept4 (close-on-exec, non-blocking). kUnavailable when nothing is pending.
+// accept4 (close-on-exec, non-blocking). kUnavailable when nothing is pending
+// (or the pending connection was aborted), kResourceExhausted when out of fds.
 Result<ScopedFd> AcceptUnix(int listen_fd);
 
 // A connected, close-on-exec, blocking socket; kUnavailable naming the path
 // (and saying whether nothing listens, or the file is missing) on failure,
-// kDeadlineExceeded after `timeout`.
+// kPermissionDenied when the socket's mode refuses this user,
+// kDeadlineExceeded when the listener's backlog stays full for `timeout` (a
+// Unix socket connects at once otherwise).
 Result<ScopedFd> ConnectUnix(const std::string& path, std::chrono::milliseconds timeout);
 
 // sendmsg with MSG_NOSIGNAL: sends a prefix of `bytes` (returns its length,
 // possibly short on a non-blocking socket) and, with the first byte, `fds`
-// (only when the first byte is sent by this call). kUnavailable on EAGAIN
-// (nothing sent), kIoError/kUnavailable for a broken connection.
+// (only when the first byte is sent by this call: pass them with the call
+// that sends a message's first byte, never again). kUnavailable on EAGAIN
+// (nothing sent), kIoError for a broken connection (no SIGPIPE), kInvalidArgument
+// for more than kMaxPassedFds descriptors or descriptors with no bytes.
 Result<size_t> SendWithFds(int fd, std::string_view bytes, std::span<const int> fds = {});
 
 // recvmsg into `buffer` with MSG_CMSG_CLOEXEC; descriptors that arrive are
 // appended to `fds` (owned). Returns bytes received; 0 means end of stream.
 // A truncated control message (more descriptors than kMaxPassedFds) closes what
-// arrived and fails kInvalidArgument.
+// arrived and fails kInvalidArgument; so do descriptors when `fds` is null.
+// kUnavailable on EAGAIN, kIoError when the peer reset the connection.
 Result<size_t> ReceiveWithFds(int fd, std::span<char> buffer, std::vector<ScopedFd>* fds);
 
 struct PeerCredentials {
