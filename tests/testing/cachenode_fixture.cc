@@ -247,18 +247,156 @@ std::string CacheNodeBinary() {
 #endif
 }
 
-CacheNode::CacheNode(CacheNodeOptions options, std::string dir)
-    : options_(std::move(options)),
+TestDaemon::TestDaemon(std::string name, std::string binary, std::string dir, std::string file_stem)
+    : name_(std::move(name)),
+      binary_(std::move(binary)),
       dir_(std::move(dir)),
-      config_path_(dir_ + "/cachenode.yaml"),
-      log_path_(dir_ + "/cachenode.log") {}
+      config_path_(dir_ + "/" + file_stem + ".yaml"),
+      log_path_(dir_ + "/" + file_stem + ".log") {}
+
+TestDaemon::~TestDaemon() = default;
+
+std::string TestDaemon::metrics_address() const {
+  return "127.0.0.1:" + std::to_string(metrics_port_);
+}
+
+void TestDaemon::ChoosePorts() { metrics_port_ = FreeTcpPort(); }
+
+Status TestDaemon::Start(std::vector<std::string> extra_args) {
+  if (process_ != nullptr && process_->Running()) {
+    return Status::FailedPrecondition("start " + name() + ": it is already running (pid " +
+                                      std::to_string(process_->pid()) + ")");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) return Status::IoError("start " + name() + ": create " + dir_ + ": " + ec.message());
+  GRANARY_RETURN_IF_ERROR(WriteFileAtomically(config_path_, ConfigYaml(), 0644));
+  if (process_ != nullptr) process_->PrintLogIfTestFailed();
+  process_.reset();
+  DaemonProcessOptions o;
+  o.binary = binary_;
+  o.args = {"--config", config_path_};
+  o.args.insert(o.args.end(), extra_args.begin(), extra_args.end());
+  o.log_path = log_path_;
+  o.name = name();
+  GRANARY_ASSIGN_OR_RETURN(process_, DaemonProcess::Start(std::move(o)));
+  return Status::Ok();
+}
+
+Status TestDaemon::WaitReady(milliseconds timeout) {
+  const auto deadline = steady_clock::now() + timeout;
+  std::string last = "no answer yet";
+  while (true) {
+    if (!Running()) {
+      const auto& exit = process_ != nullptr ? process_->exit_status() : std::nullopt;
+      return Status::FailedPrecondition(
+          name() + " exited (" + (exit ? exit->ToString() : std::string("never started")) +
+          ") before /readyz answered 200; its log ends:\n" + Tail(Log(), 4000));
+    }
+    auto reply = HttpGet(metrics_address(), "/readyz", 2s);
+    if (reply.ok() && reply->status == 200) return Status::Ok();
+    last = reply.ok() ? std::to_string(reply->status) + " " + Quoted(reply->body)
+                      : reply.status().ToString();
+    if (steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  return Status::DeadlineExceeded(
+      name() + " was not ready within " + std::to_string(timeout.count()) +
+      " ms; the last /readyz: " + last + "; its log ends:\n" + Tail(Log(), 4000));
+}
+
+Status TestDaemon::StartAndWaitReady(milliseconds timeout) {
+  constexpr int kAttempts = 4;
+  Status last;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    const size_t log_before = Log().size();
+    GRANARY_RETURN_IF_ERROR(Start());
+    last = WaitReady(timeout);
+    if (last.ok()) return last;
+    // A port taken between FreeTcpPort and the daemon's bind: new ports.
+    const std::string log = Log().substr(std::min(log_before, Log().size()));
+    if (Running() || log.find("in use") == std::string::npos) return last;
+    ChoosePorts();
+  }
+  return last;
+}
+
+bool TestDaemon::Running() { return process_ != nullptr && process_->Running(); }
+
+Result<ExitStatus> TestDaemon::Terminate(milliseconds timeout) {
+  if (process_ == nullptr) return Status::FailedPrecondition(name() + " was never started");
+  return process_->Terminate(timeout);
+}
+
+Result<ExitStatus> TestDaemon::Kill() {
+  if (process_ == nullptr) return Status::FailedPrecondition(name() + " was never started");
+  return process_->Kill();
+}
+
+Result<ExitStatus> TestDaemon::WaitExit(milliseconds timeout) {
+  if (process_ == nullptr) return Status::FailedPrecondition(name() + " was never started");
+  return process_->Wait(timeout);
+}
+
+std::string TestDaemon::Log() const {
+  auto data = ReadFileToString(log_path_);
+  return data.ok() ? *data : std::string();
+}
+
+Result<HttpResponse> TestDaemon::Get(const std::string& path) const {
+  return HttpGet(metrics_address(), path);
+}
+
+Result<std::vector<MetricSample>> TestDaemon::Metrics() const {
+  GRANARY_ASSIGN_OR_RETURN(HttpResponse reply, Get("/metrics"));
+  if (reply.status != 200) {
+    return Status::Unavailable(name_ + " /metrics answered " + std::to_string(reply.status) + ": " +
+                               Quoted(reply.body.substr(0, 200)));
+  }
+  auto parsed = ParsePrometheusText(reply.body);
+  if (!parsed.ok()) return parsed.status().WithContext(name_ + " /metrics");
+  return parsed;
+}
+
+Result<double> TestDaemon::MetricValue(std::string_view name,
+                                       const std::map<std::string, std::string>& labels) const {
+  GRANARY_ASSIGN_OR_RETURN(std::vector<MetricSample> samples, Metrics());
+  auto sum = SumSamples(samples, name, labels);
+  if (!sum) {
+    std::string wanted(name);
+    for (const auto& [k, v] : labels) wanted += " " + k + "=" + Quoted(v);
+    return Status::NotFound(name_ + " /metrics has no sample " + wanted);
+  }
+  return *sum;
+}
+
+Result<double> TestDaemon::WaitForMetric(std::string_view name,
+                                         const std::map<std::string, std::string>& labels,
+                                         const std::function<bool(double)>& holds,
+                                         milliseconds timeout) const {
+  const auto deadline = steady_clock::now() + timeout;
+  std::string last;
+  while (true) {
+    auto value = MetricValue(name, labels);
+    if (value.ok() && holds(*value)) return *value;
+    last = value.ok() ? "the last value was " + std::to_string(*value) : value.status().ToString();
+    if (steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  std::string wanted(name);
+  for (const auto& [k, v] : labels) wanted += " " + k + "=" + Quoted(v);
+  return Status::DeadlineExceeded(name_ + ": " + wanted +
+                                  " did not reach the expected value within " +
+                                  std::to_string(timeout.count()) + " ms; " + last);
+}
+
+CacheNode::CacheNode(CacheNodeOptions options, std::string dir)
+    : TestDaemon(options.node_id, CacheNodeBinary(), std::move(dir), "cachenode"),
+      options_(std::move(options)) {}
 
 CacheNode::~CacheNode() = default;
 
 std::string CacheNode::address() const { return "127.0.0.1:" + std::to_string(port_); }
-std::string CacheNode::metrics_address() const {
-  return "127.0.0.1:" + std::to_string(metrics_port_);
-}
 
 void CacheNode::ChoosePorts() {
   port_ = FreeTcpPort();
@@ -289,134 +427,6 @@ std::string CacheNode::ConfigYaml() {
     << "log_level: " << o.log_level << "\n"
     << o.extra_yaml;
   return y.str();
-}
-
-Status CacheNode::Start(std::vector<std::string> extra_args) {
-  if (process_ != nullptr && process_->Running()) {
-    return Status::FailedPrecondition("start " + id() + ": it is already running (pid " +
-                                      std::to_string(process_->pid()) + ")");
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) return Status::IoError("start " + id() + ": create " + dir_ + ": " + ec.message());
-  GRANARY_RETURN_IF_ERROR(WriteFileAtomically(config_path_, ConfigYaml(), 0644));
-  if (process_ != nullptr) process_->PrintLogIfTestFailed();
-  process_.reset();
-  DaemonProcessOptions o;
-  o.binary = CacheNodeBinary();
-  o.args = {"--config", config_path_};
-  o.args.insert(o.args.end(), extra_args.begin(), extra_args.end());
-  o.log_path = log_path_;
-  o.name = id();
-  GRANARY_ASSIGN_OR_RETURN(process_, DaemonProcess::Start(std::move(o)));
-  return Status::Ok();
-}
-
-Status CacheNode::WaitReady(milliseconds timeout) {
-  const auto deadline = steady_clock::now() + timeout;
-  std::string last = "no answer yet";
-  while (true) {
-    if (!Running()) {
-      const auto& exit = process_ != nullptr ? process_->exit_status() : std::nullopt;
-      return Status::FailedPrecondition(
-          id() + " exited (" + (exit ? exit->ToString() : std::string("never started")) +
-          ") before /readyz answered 200; its log ends:\n" + Tail(Log(), 4000));
-    }
-    auto reply = HttpGet(metrics_address(), "/readyz", 2s);
-    if (reply.ok() && reply->status == 200) return Status::Ok();
-    last = reply.ok() ? std::to_string(reply->status) + " " + Quoted(reply->body)
-                      : reply.status().ToString();
-    if (steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(50ms);
-  }
-  return Status::DeadlineExceeded(
-      id() + " was not ready within " + std::to_string(timeout.count()) +
-      " ms; the last /readyz: " + last + "; its log ends:\n" + Tail(Log(), 4000));
-}
-
-Status CacheNode::StartAndWaitReady(milliseconds timeout) {
-  constexpr int kAttempts = 4;
-  Status last;
-  for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    const size_t log_before = Log().size();
-    GRANARY_RETURN_IF_ERROR(Start());
-    last = WaitReady(timeout);
-    if (last.ok()) return last;
-    // A port taken between FreeTcpPort and the daemon's bind: new ports.
-    const std::string log = Log().substr(std::min(log_before, Log().size()));
-    if (Running() || log.find("in use") == std::string::npos) return last;
-    ChoosePorts();
-  }
-  return last;
-}
-
-bool CacheNode::Running() { return process_ != nullptr && process_->Running(); }
-
-Result<ExitStatus> CacheNode::Terminate(milliseconds timeout) {
-  if (process_ == nullptr) return Status::FailedPrecondition(id() + " was never started");
-  return process_->Terminate(timeout);
-}
-
-Result<ExitStatus> CacheNode::Kill() {
-  if (process_ == nullptr) return Status::FailedPrecondition(id() + " was never started");
-  return process_->Kill();
-}
-
-Result<ExitStatus> CacheNode::WaitExit(milliseconds timeout) {
-  if (process_ == nullptr) return Status::FailedPrecondition(id() + " was never started");
-  return process_->Wait(timeout);
-}
-
-std::string CacheNode::Log() const {
-  auto data = ReadFileToString(log_path_);
-  return data.ok() ? *data : std::string();
-}
-
-Result<HttpResponse> CacheNode::Get(const std::string& path) const {
-  return HttpGet(metrics_address(), path);
-}
-
-Result<std::vector<MetricSample>> CacheNode::Metrics() const {
-  GRANARY_ASSIGN_OR_RETURN(HttpResponse reply, Get("/metrics"));
-  if (reply.status != 200) {
-    return Status::Unavailable(id() + " /metrics answered " + std::to_string(reply.status) + ": " +
-                               Quoted(reply.body.substr(0, 200)));
-  }
-  auto parsed = ParsePrometheusText(reply.body);
-  if (!parsed.ok()) return parsed.status().WithContext(id() + " /metrics");
-  return parsed;
-}
-
-Result<double> CacheNode::MetricValue(std::string_view name,
-                                      const std::map<std::string, std::string>& labels) const {
-  GRANARY_ASSIGN_OR_RETURN(std::vector<MetricSample> samples, Metrics());
-  auto sum = SumSamples(samples, name, labels);
-  if (!sum) {
-    std::string wanted(name);
-    for (const auto& [k, v] : labels) wanted += " " + k + "=" + Quoted(v);
-    return Status::NotFound(id() + " /metrics has no sample " + wanted);
-  }
-  return *sum;
-}
-
-Result<double> CacheNode::WaitForMetric(std::string_view name,
-                                        const std::map<std::string, std::string>& labels,
-                                        const std::function<bool(double)>& holds,
-                                        milliseconds timeout) const {
-  const auto deadline = steady_clock::now() + timeout;
-  std::string last;
-  while (true) {
-    auto value = MetricValue(name, labels);
-    if (value.ok() && holds(*value)) return *value;
-    last = value.ok() ? "the last value was " + std::to_string(*value) : value.status().ToString();
-    if (steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(50ms);
-  }
-  std::string wanted(name);
-  for (const auto& [k, v] : labels) wanted += " " + k + "=" + Quoted(v);
-  return Status::DeadlineExceeded(id() + ": " + wanted +
-                                  " did not reach the expected value within " +
-                                  std::to_string(timeout.count()) + " ms; " + last);
 }
 
 std::vector<std::string> CacheNode::ChunkFiles() const {

@@ -115,27 +115,27 @@ struct CacheNodeOptions {
   std::string extra_yaml;      // appended to the config as is ("key: value\n" lines)
 };
 
-class CacheNode {
+// What every daemon under test has: a config written before each start, a
+// DaemonProcess with its log, a /metrics + /readyz endpoint.
+class TestDaemon {
  public:
-  CacheNode(CacheNodeOptions options, std::string dir);
-  ~CacheNode();
-  CacheNode(const CacheNode&) = delete;
-  CacheNode& operator=(const CacheNode&) = delete;
+  // `name` is for messages and the process; files go under `dir`.
+  TestDaemon(std::string name, std::string binary, std::string dir, std::string file_stem);
+  virtual ~TestDaemon();
+  TestDaemon(const TestDaemon&) = delete;
+  TestDaemon& operator=(const TestDaemon&) = delete;
 
-  const CacheNodeOptions& options() const { return options_; }
-  CacheNodeOptions& mutable_options() { return options_; }  // applies at the next Start
-  const std::string& id() const { return options_.node_id; }
-  // "127.0.0.1:<port>": the protocol (listen = advertise) and /metrics.
-  std::string address() const;
-  std::string metrics_address() const;
-  const std::string& data_dir() const { return options_.data_dir; }
+  const std::string& name() const { return name_; }
   const std::string& config_path() const { return config_path_; }
   const std::string& log_path() const { return log_path_; }
+  // "127.0.0.1:<port>" of /metrics, /healthz, /readyz.
+  std::string metrics_address() const;
 
-  // The YAML this node runs with (ports chosen on the first call).
-  std::string ConfigYaml();
+  // The YAML this daemon runs with (ports chosen on the first call).
+  virtual std::string ConfigYaml() = 0;
+
   // Writes the config file and starts the daemon (`--config FILE` plus
-  // `extra_args`); does not wait. A node still running is an error.
+  // `extra_args`); does not wait. A daemon still running is an error.
   Status Start(std::vector<std::string> extra_args = {});
   // Waits until /readyz answers 200. Fails early, with the exit status and the
   // log's tail, if the process exits; at the deadline with the last answer.
@@ -143,7 +143,6 @@ class CacheNode {
   // Start, then WaitReady; if the daemon could not bind a port (taken since it
   // was chosen), retries on fresh ports a few times.
   Status StartAndWaitReady(std::chrono::milliseconds timeout = std::chrono::seconds(60));
-
   bool Running();
   DaemonProcess* process() { return process_.get(); }
   Result<ExitStatus> Terminate(std::chrono::milliseconds timeout = std::chrono::seconds(30));
@@ -164,6 +163,34 @@ class CacheNode {
                                const std::map<std::string, std::string>& labels,
                                const std::function<bool(double)>& holds,
                                std::chrono::milliseconds timeout = std::chrono::seconds(20)) const;
+
+ protected:
+  // Picks free ports (the metrics port here; subclasses add theirs).
+  virtual void ChoosePorts();
+
+  std::string name_;
+  std::string binary_;
+  std::string dir_;  // config, log (and whatever the daemon keeps)
+  std::string config_path_;
+  std::string log_path_;
+  uint16_t metrics_port_ = 0;
+  std::unique_ptr<DaemonProcess> process_;
+};
+
+class CacheNode : public TestDaemon {
+ public:
+  CacheNode(CacheNodeOptions options, std::string dir);
+  ~CacheNode() override;
+
+  const CacheNodeOptions& options() const { return options_; }
+  CacheNodeOptions& mutable_options() { return options_; }  // applies at the next Start
+  const std::string& id() const { return options_.node_id; }
+  // "127.0.0.1:<port>": the protocol (listen = advertise).
+  std::string address() const;
+  const std::string& data_dir() const { return options_.data_dir; }
+
+  std::string ConfigYaml() override;
+
   // A PeerClient connected to this node.
   Result<PeerClient> Connect(
       std::chrono::milliseconds call_timeout = std::chrono::seconds(20)) const;
@@ -171,15 +198,10 @@ class CacheNode {
   std::vector<std::string> ChunkFiles() const;
 
  private:
-  void ChoosePorts();
+  void ChoosePorts() override;
 
   CacheNodeOptions options_;
-  std::string dir_;  // <cluster dir>/<node id>: config, log, data dir
-  std::string config_path_;
-  std::string log_path_;
   uint16_t port_ = 0;
-  uint16_t metrics_port_ = 0;
-  std::unique_ptr<DaemonProcess> process_;
 };
 
 // ---- datasets -------------------------------------------------------------------

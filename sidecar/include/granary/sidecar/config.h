@@ -1,0 +1,82 @@
+#pragma once
+
+// granary-sidecar's configuration: the YAML file named by
+// `granary-sidecar --config FILE`, read into a SidecarConfig whose every field
+// is checked before the daemon starts. docs/sidecar.md, "Configuration", lists
+// every key; examples/sidecar.yaml is a complete file.
+//
+// Every bad value is kInvalidArgument naming the file, the line, the key, the
+// bad value and what to write; unknown keys are rejected with the nearest
+// known key as a suggestion (ConfigMap).
+//
+// Who calls it: the sidecar's main (LoadSidecarConfig once at start-up), tests.
+//
+// Thread safety: plain values and pure functions (the defaults read the
+// environment and the host name).
+
+#include <spdlog/common.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "granary/core/net_address.h"
+#include "granary/core/status.h"
+
+namespace granary::sidecar {
+
+inline constexpr std::string_view kDefaultSocketPath = "/run/granary/sidecar.sock";
+inline constexpr uint16_t kDefaultSidecarMetricsPort = 9465;
+
+struct SidecarConfig {
+  // `socket`: the Unix socket clients connect to. Default: $GRANARY_SOCKET if
+  // set, else /run/granary/sidecar.sock. At most 107 bytes, absolute.
+  std::string socket_path;
+  // `socket_mode`: permissions of the socket file, octal ("0660"); no
+  // permission for others is allowed (world-connectable sockets are refused).
+  uint32_t socket_mode = 0660;
+  // `metadata_store`: the store URL (redis://... or sqlite:///...).
+  std::string metadata_store;
+  // `pool`: the cache pool whose datasets this sidecar serves.
+  std::string pool = "default";
+  // `local_node`: the id of the cache node on this host, preferred when it
+  // owns a chunk. Default: the host name (what a cache node defaults to).
+  std::string local_node;
+  // `window_samples` and `window_bytes`: how far prefetch runs ahead of each
+  // plan's readers (whichever limit is reached first).
+  uint32_t window_samples = 1024;
+  uint64_t window_bytes = 256ull << 20;
+  // `arena_bytes`: the shared memory per open dataset that holds prefetched,
+  // fetched and pinned samples. At least window_bytes + 16 MiB. Default
+  // window_bytes + 64 MiB.
+  uint64_t arena_bytes = 0;
+  // `fetch_threads`: prefetch workers; `fetch_batch`: samples per fetch call.
+  uint32_t fetch_threads = 4;
+  uint32_t fetch_batch = 64;
+  // `source_fallthrough`: read from the source when no cache node can serve.
+  bool source_fallthrough = true;
+  // `source_concurrency`: source reads in flight per dataset (fall-through).
+  uint32_t source_concurrency = 8;
+  // `max_clients`: connections served at once (one thread each).
+  uint32_t max_clients = 256;
+  // `metrics_listen`: /metrics, /healthz, /readyz.
+  NetAddress metrics_listen{"127.0.0.1", kDefaultSidecarMetricsPort};
+  // `refresh_interval`: how often the node list is re-read from the store.
+  std::chrono::milliseconds refresh_interval{1000};
+  // `connect_timeout`, `call_timeout`: to cache nodes (PeerClientOptions).
+  std::chrono::milliseconds connect_timeout{2000};
+  std::chrono::milliseconds call_timeout{30000};
+  // `node_down_for`: how long a node that failed is skipped.
+  std::chrono::milliseconds node_down_for{3000};
+  // `wait_timeout`: how long a client request may wait for its samples.
+  std::chrono::milliseconds wait_timeout{120000};
+  // `startup_timeout`: how long start-up retries the metadata store.
+  std::chrono::milliseconds startup_timeout{30000};
+  spdlog::level::level_enum log_level = spdlog::level::info;
+};
+
+Result<SidecarConfig> ParseSidecarConfig(std::string_view text, std::string source_name);
+Result<SidecarConfig> LoadSidecarConfig(const std::string& path);
+
+}  // namespace granary::sidecar

@@ -1,0 +1,156 @@
+#include "sidecar_metrics.h"
+
+#include <string>
+#include <vector>
+
+#include "granary/core/sidecar_protocol.h"
+
+namespace granary::sidecar {
+namespace {
+
+constexpr const char* kRequestTypes[10] = {"hello",   "open", "set_plan", "get",  "next",
+                                           "release", "stat", "lookup",   "ping", "other"};
+
+void Advance(prometheus::Counter* counter, uint64_t now, uint64_t* last) {
+  if (now > *last) counter->Increment(static_cast<double>(now - *last));
+  *last = now;
+}
+
+void SetGauge(prometheus::Gauge* gauge, uint64_t value) { gauge->Set(static_cast<double>(value)); }
+
+}  // namespace
+
+Result<SidecarMetrics> SidecarMetrics::Declare(prometheus::Registry& registry) {
+  MetricRegistrar r(registry, "sidecar");
+  SidecarMetrics m;
+  GRANARY_ASSIGN_OR_RETURN(
+      auto requests,
+      r.AddCounterFamily("granary_sidecar_requests_total", "Client requests, by type.", {"type"}));
+  for (size_t i = 0; i < 10; ++i) {
+    GRANARY_ASSIGN_OR_RETURN(m.requests[i], requests.WithLabels({kRequestTypes[i]}));
+  }
+  GRANARY_ASSIGN_OR_RETURN(auto errors,
+                           r.AddCounterFamily("granary_sidecar_request_errors_total",
+                                              "Client errors: framing (connection closed) or "
+                                              "request (an ERROR reply, connection kept).",
+                                              {"class"}));
+  GRANARY_ASSIGN_OR_RETURN(m.errors_framing, errors.WithLabels({"framing"}));
+  GRANARY_ASSIGN_OR_RETURN(m.errors_request, errors.WithLabels({"request"}));
+  GRANARY_ASSIGN_OR_RETURN(m.sessions_opened, r.AddCounter("granary_sidecar_sessions_opened_total",
+                                                           "Client connections accepted."));
+  GRANARY_ASSIGN_OR_RETURN(m.rejected_clients,
+                           r.AddCounter("granary_sidecar_rejected_clients_total",
+                                        "Connections refused because max_clients were open."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.plans, r.AddCounter("granary_sidecar_plans_total", "Plans announced with SET_PLAN."));
+  GRANARY_ASSIGN_OR_RETURN(m.store_errors, r.AddCounter("granary_sidecar_store_errors_total",
+                                                        "Failed metadata store calls."));
+  GRANARY_ASSIGN_OR_RETURN(
+      auto served_samples,
+      r.AddCounterFamily("granary_sidecar_served_samples_total",
+                         "Samples handed to clients, by how they reached shared memory: "
+                         "prefetch (ahead of the request) or on_demand.",
+                         {"from"}));
+  GRANARY_ASSIGN_OR_RETURN(
+      auto served_bytes,
+      r.AddCounterFamily("granary_sidecar_served_bytes_total",
+                         "Bytes handed to clients, as served_samples_total.", {"from"}));
+  GRANARY_ASSIGN_OR_RETURN(m.served_prefetch_samples, served_samples.WithLabels({"prefetch"}));
+  GRANARY_ASSIGN_OR_RETURN(m.served_on_demand_samples, served_samples.WithLabels({"on_demand"}));
+  GRANARY_ASSIGN_OR_RETURN(m.served_prefetch_bytes, served_bytes.WithLabels({"prefetch"}));
+  GRANARY_ASSIGN_OR_RETURN(m.served_on_demand_bytes, served_bytes.WithLabels({"on_demand"}));
+  GRANARY_ASSIGN_OR_RETURN(m.failed_samples,
+                           r.AddCounter("granary_sidecar_failed_samples_total",
+                                        "Samples a client asked for that could not be delivered."));
+  GRANARY_ASSIGN_OR_RETURN(m.prefetched_samples,
+                           r.AddCounter("granary_sidecar_prefetched_samples_total",
+                                        "Samples fetched ahead of the clients."));
+  GRANARY_ASSIGN_OR_RETURN(m.prefetched_bytes,
+                           r.AddCounter("granary_sidecar_prefetched_bytes_total",
+                                        "Bytes fetched ahead of the clients."));
+  GRANARY_ASSIGN_OR_RETURN(m.prefetch_failures,
+                           r.AddCounter("granary_sidecar_prefetch_failures_total",
+                                        "Prefetches that failed (retried on demand)."));
+  GRANARY_ASSIGN_OR_RETURN(
+      auto fetched_samples,
+      r.AddCounterFamily("granary_sidecar_fetched_samples_total",
+                         "Samples fetched into shared memory, by where from: local_node, peer, "
+                         "source.",
+                         {"from"}));
+  GRANARY_ASSIGN_OR_RETURN(
+      auto fetched_bytes, r.AddCounterFamily("granary_sidecar_fetched_bytes_total",
+                                             "Bytes fetched, as fetched_samples_total.", {"from"}));
+  for (size_t i = 0; i < kSampleSources; ++i) {
+    const std::string from(SampleSourceName(static_cast<SampleSource>(i)));
+    GRANARY_ASSIGN_OR_RETURN(m.fetched_samples[i], fetched_samples.WithLabels({from}));
+    GRANARY_ASSIGN_OR_RETURN(m.fetched_bytes[i], fetched_bytes.WithLabels({from}));
+  }
+  GRANARY_ASSIGN_OR_RETURN(m.node_failures,
+                           r.AddCounter("granary_sidecar_node_failures_total",
+                                        "Cache nodes that failed at the connection level "
+                                        "(skipped for node_down_for)."));
+  GRANARY_ASSIGN_OR_RETURN(m.evictions,
+                           r.AddCounter("granary_sidecar_evictions_total",
+                                        "Samples evicted from shared memory to make room."));
+  GRANARY_ASSIGN_OR_RETURN(m.unknown_releases,
+                           r.AddCounter("granary_sidecar_unknown_releases_total",
+                                        "Releases of tokens the client did not hold (ignored)."));
+  GRANARY_ASSIGN_OR_RETURN(m.sessions,
+                           r.AddGauge("granary_sidecar_sessions", "Client connections open."));
+  GRANARY_ASSIGN_OR_RETURN(m.pins,
+                           r.AddGauge("granary_sidecar_pins", "Sample tokens held by clients."));
+  GRANARY_ASSIGN_OR_RETURN(m.pinned_bytes, r.AddGauge("granary_sidecar_pinned_bytes",
+                                                      "Bytes of samples pinned by clients."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.window_samples,
+      r.AddGauge("granary_sidecar_window_samples", "Samples prefetched and not yet handed out."));
+  GRANARY_ASSIGN_OR_RETURN(m.window_bytes, r.AddGauge("granary_sidecar_window_bytes",
+                                                      "Bytes prefetched and not yet handed out."));
+  GRANARY_ASSIGN_OR_RETURN(m.arena_bytes, r.AddGauge("granary_sidecar_arena_bytes",
+                                                     "Shared memory of the open datasets."));
+  GRANARY_ASSIGN_OR_RETURN(m.arena_used_bytes, r.AddGauge("granary_sidecar_arena_used_bytes",
+                                                          "Shared memory holding samples."));
+  GRANARY_ASSIGN_OR_RETURN(m.cursors,
+                           r.AddGauge("granary_sidecar_plan_cursors", "Plans being prefetched."));
+  GRANARY_ASSIGN_OR_RETURN(auto buckets, ExponentialBuckets(0.00005, 4, 10));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.client_wait, r.AddHistogram("granary_sidecar_client_wait_seconds",
+                                    "How long a GET or NEXT waited for its samples.", buckets));
+  return m;
+}
+
+void SidecarMetrics::Request(uint16_t type) {
+  using T = sidecar_protocol::MessageType;
+  size_t index = 9;
+  if (type >= static_cast<uint16_t>(T::kHello) && type <= static_cast<uint16_t>(T::kPing)) {
+    index = type - static_cast<uint16_t>(T::kHello);
+  }
+  requests[index]->Increment();
+}
+
+void SidecarMetrics::Served(bool prefetched, uint64_t bytes) {
+  (prefetched ? served_prefetch_samples : served_on_demand_samples)->Increment();
+  (prefetched ? served_prefetch_bytes : served_on_demand_bytes)
+      ->Increment(static_cast<double>(bytes));
+}
+
+void SidecarMetrics::Refresh(const SampleCacheStats& caches, const SampleFetcherCounters& fetcher,
+                             size_t sessions_now, Last* last) {
+  for (size_t i = 0; i < kSampleSources; ++i) {
+    Advance(fetched_samples[i], fetcher.samples[i], &last->fetcher.samples[i]);
+    Advance(fetched_bytes[i], fetcher.bytes[i], &last->fetcher.bytes[i]);
+  }
+  Advance(node_failures, fetcher.node_failures, &last->fetcher.node_failures);
+  Advance(evictions, caches.evictions, &last->evictions);
+  Advance(unknown_releases, caches.unknown_releases, &last->unknown_releases);
+  SetGauge(sessions, sessions_now);
+  SetGauge(pins, caches.pins);
+  SetGauge(pinned_bytes, caches.pinned_bytes);
+  SetGauge(window_samples, caches.window_samples);
+  SetGauge(window_bytes, caches.window_bytes);
+  SetGauge(arena_bytes, caches.arena_bytes);
+  SetGauge(arena_used_bytes, caches.arena_used_bytes);
+  SetGauge(cursors, caches.cursors);
+}
+
+}  // namespace granary::sidecar

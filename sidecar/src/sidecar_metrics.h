@@ -1,0 +1,68 @@
+#pragma once
+
+// The sidecar's Prometheus metrics (docs/sidecar.md, "Metrics"): declared once
+// with MetricRegistrar, counters bumped where things happen, gauges and the
+// fetcher's counters refreshed from snapshots by the refresh loop.
+//
+// Thread safety: the metric pointers may be used from any thread (prometheus-cpp
+// is thread-safe); Refresh is called by one thread with its own Last.
+
+#include <cstdint>
+
+#include "granary/core/status.h"
+#include "granary/daemon/observability.h"
+#include "granary/sidecar/sample_cache.h"
+#include "granary/sidecar/sample_fetcher.h"
+
+namespace granary::sidecar {
+
+struct SidecarMetrics {
+  // Requests by type ("hello", "get", ...), unknown types under "other".
+  prometheus::Counter* requests[10] = {};
+  prometheus::Counter* errors_framing = nullptr;
+  prometheus::Counter* errors_request = nullptr;
+  prometheus::Counter* sessions_opened = nullptr;
+  prometheus::Counter* rejected_clients = nullptr;
+  prometheus::Counter* plans = nullptr;
+  prometheus::Counter* store_errors = nullptr;
+  // Samples handed to clients, by how they got into the arena.
+  prometheus::Counter* served_prefetch_samples = nullptr;
+  prometheus::Counter* served_prefetch_bytes = nullptr;
+  prometheus::Counter* served_on_demand_samples = nullptr;
+  prometheus::Counter* served_on_demand_bytes = nullptr;
+  prometheus::Counter* failed_samples = nullptr;
+  prometheus::Counter* prefetched_samples = nullptr;
+  prometheus::Counter* prefetched_bytes = nullptr;
+  prometheus::Counter* prefetch_failures = nullptr;
+  // Fetched, by where from (the fetcher's counters).
+  prometheus::Counter* fetched_samples[kSampleSources] = {};
+  prometheus::Counter* fetched_bytes[kSampleSources] = {};
+  prometheus::Counter* node_failures = nullptr;
+  prometheus::Counter* evictions = nullptr;
+  prometheus::Counter* unknown_releases = nullptr;
+  prometheus::Gauge* sessions = nullptr;
+  prometheus::Gauge* pins = nullptr;
+  prometheus::Gauge* pinned_bytes = nullptr;
+  prometheus::Gauge* window_samples = nullptr;
+  prometheus::Gauge* window_bytes = nullptr;
+  prometheus::Gauge* arena_bytes = nullptr;
+  prometheus::Gauge* arena_used_bytes = nullptr;
+  prometheus::Gauge* cursors = nullptr;
+  prometheus::Histogram* client_wait = nullptr;
+
+  static Result<SidecarMetrics> Declare(prometheus::Registry& registry);
+
+  void Request(uint16_t type);
+  void Served(bool prefetched, uint64_t bytes);
+
+  // What Refresh saw last time (counters advance by the difference).
+  struct Last {
+    SampleFetcherCounters fetcher;
+    uint64_t evictions = 0;
+    uint64_t unknown_releases = 0;
+  };
+  void Refresh(const SampleCacheStats& caches, const SampleFetcherCounters& fetcher,
+               size_t sessions_now, Last* last);
+};
+
+}  // namespace granary::sidecar

@@ -1,0 +1,384 @@
+// granary-sidecar end to end at the protocol level: a real sidecar, real cache
+// nodes and a real Redis (CacheCluster, SidecarProcess). A raw client here
+// speaks sidecar_protocol.h byte by byte, so hostile input can be sent too.
+// The Python/PyTorch path is tests/integration/python_client_test.cc.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <random>
+#include <set>
+
+#include "granary/core/sidecar_protocol.h"
+#include "granary/core/unix_socket.h"
+#include "testing/cachenode_fixture.h"
+#include "testing/sidecar_fixture.h"
+#include "testing/test_util.h"
+
+namespace granary::testing {
+namespace {
+
+namespace sp = sidecar_protocol;
+using namespace std::chrono_literals;
+
+// A bare client: frames out, frames in, the arena mapped read-only.
+class RawClient {
+ public:
+  static Result<RawClient> Connect(const std::string& socket) {
+    RawClient c;
+    GRANARY_ASSIGN_OR_RETURN(c.fd_, ConnectUnix(socket, 5s));
+    timeval tv{20, 0};
+    ::setsockopt(c.fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return c;
+  }
+  RawClient() = default;
+  RawClient(RawClient&& o) noexcept
+      : fd_(std::move(o.fd_)),
+        arena_(o.arena_),
+        arena_size_(o.arena_size_),
+        next_id_(o.next_id_),
+        hello_done_(o.hello_done_) {
+    o.arena_ = nullptr;
+  }
+  ~RawClient() {
+    if (arena_ != nullptr) ::munmap(arena_, arena_size_);
+  }
+
+  Status SendRaw(std::string_view bytes) {
+    while (!bytes.empty()) {
+      GRANARY_ASSIGN_OR_RETURN(size_t n, SendWithFds(fd_.get(), bytes));
+      bytes.remove_prefix(n);
+    }
+    return Status::Ok();
+  }
+
+  // The next reply frame, decoded; `fds` gets any descriptor that came with it.
+  Result<sp::Reply> Receive(std::vector<ScopedFd>* fds = nullptr) {
+    while (!decoder_.has_frame()) {
+      char buf[65536];
+      std::vector<ScopedFd> got;
+      GRANARY_ASSIGN_OR_RETURN(size_t n,
+                               ReceiveWithFds(fd_.get(), std::span<char>(buf, sizeof(buf)), &got));
+      if (n == 0) return Status::Unavailable("the sidecar closed the connection");
+      for (auto& f : got) {
+        if (fds != nullptr) fds->push_back(std::move(f));
+      }
+      std::string_view data(buf, n);
+      while (!data.empty()) {
+        GRANARY_ASSIGN_OR_RETURN(size_t used, decoder_.Feed(data));
+        data.remove_prefix(used);
+        if (decoder_.has_frame() && !data.empty()) pending_.append(data);  // not expected
+        if (decoder_.has_frame()) break;
+      }
+    }
+    return sp::DecodeReply(decoder_.TakeFrame());
+  }
+
+  Result<sp::Reply> Call(const sp::Request& request, std::vector<ScopedFd>* fds = nullptr) {
+    GRANARY_ASSIGN_OR_RETURN(std::string bytes, sp::EncodeRequest(next_id_++, request));
+    GRANARY_RETURN_IF_ERROR(SendRaw(bytes));
+    return Receive(fds);
+  }
+
+  // HELLO + OPEN; maps the arena.
+  Result<sp::OpenReply> Open(const std::string& dataset) {
+    if (!hello_done_) {
+      GRANARY_ASSIGN_OR_RETURN(sp::Reply hello, Call(sp::Hello{1, 1, "raw-test"}));
+      if (!std::holds_alternative<sp::HelloReply>(hello)) return Status::Internal("no HELLO_REPLY");
+      hello_done_ = true;
+    }
+    std::vector<ScopedFd> fds;
+    GRANARY_ASSIGN_OR_RETURN(sp::Reply open, Call(sp::Open{dataset}, &fds));
+    if (auto* e = std::get_if<sp::Error>(&open)) return e->status;
+    auto reply = std::get<sp::OpenReply>(open);
+    if (fds.size() != 1)
+      return Status::Internal("OPEN_REPLY came with " + std::to_string(fds.size()) + " fds");
+    void* map = ::mmap(nullptr, reply.arena_bytes, PROT_READ, MAP_SHARED, fds[0].get(), 0);
+    if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap the arena");
+    arena_ = static_cast<char*>(map);
+    arena_size_ = reply.arena_bytes;
+    return reply;
+  }
+
+  Result<sp::Samples> Get(std::vector<uint32_t> ids, std::vector<uint64_t> release = {}) {
+    GRANARY_ASSIGN_OR_RETURN(sp::Reply r, Call(sp::Get{std::move(release), std::move(ids), 0}));
+    if (auto* e = std::get_if<sp::Error>(&r)) return e->status;
+    return std::get<sp::Samples>(r);
+  }
+
+  std::string_view Bytes(const sp::SampleItem& item) const {
+    return std::string_view(arena_ + item.offset, item.length);
+  }
+  int fd() const { return fd_.get(); }
+
+ private:
+  ScopedFd fd_;
+  sp::FrameDecoder decoder_;
+  std::string pending_;
+  char* arena_ = nullptr;
+  uint64_t arena_size_ = 0;
+  uint64_t next_id_ = 1;
+  bool hello_done_ = false;
+};
+
+class SidecarTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cluster = CacheCluster::Create();
+    ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+    cluster_ = std::move(*cluster);
+    ASSERT_OK(cluster_->StartNodes(2));
+    DatasetOptions d;
+    d.files = 300;
+    d.min_size = 500;
+    d.max_size = 5000;
+    auto ds = cluster_->CreateDataset(d);
+    ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+    ds_ = std::move(*ds);
+    ASSERT_TRUE(cluster_->WaitForPhase(ds_.name, DatasetPhase::kReady).ok());
+    SidecarOptions o;
+    o.store_url = cluster_->store_url();
+    o.local_node_id = cluster_->node(0).id();
+    o.window_bytes = "1MiB";
+    o.arena_bytes = "32MiB";
+    o.window_samples = 64;
+    sidecar_ = std::make_unique<SidecarProcess>(o, cluster_->dir().path() + "/sidecar");
+    ASSERT_OK(sidecar_->StartAndWaitReady());
+  }
+
+  RawClient Client() {
+    auto c = RawClient::Connect(sidecar_->socket_path());
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return std::move(*c);
+  }
+
+  // Reads every sample through `c` (open on ds_) and checks its bytes.
+  void ExpectWholeDataset(RawClient& c) {
+    std::vector<uint64_t> release;
+    for (uint32_t first = 0; first < ds_.sample_count(); first += 32) {
+      std::vector<uint32_t> ids;
+      for (uint32_t id = first; id < std::min<size_t>(first + 32, ds_.sample_count()); ++id)
+        ids.push_back(id);
+      auto got = c.Get(ids, release);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_EQ(got->items.size(), ids.size());
+      release.clear();
+      for (const auto& item : got->items) {
+        ASSERT_TRUE(item.status.ok()) << item.id << ": " << item.status.ToString();
+        ASSERT_EQ(c.Bytes(item), ds_.contents[item.id]) << "sample " << item.id;
+        release.push_back(item.token);
+      }
+    }
+    ASSERT_TRUE(c.Get({0}, release).ok());
+  }
+
+  std::unique_ptr<CacheCluster> cluster_;
+  TestDataset ds_;
+  std::unique_ptr<SidecarProcess> sidecar_;
+};
+
+TEST_F(SidecarTest, ServesEveryByteStatsLooksUpAndWalksThePlan) {
+  RawClient c = Client();
+  auto open = c.Open(ds_.name);
+  ASSERT_TRUE(open.ok()) << open.status().ToString();
+  EXPECT_EQ(open->sample_count, ds_.sample_count());
+  EXPECT_EQ(open->manifest_id, ds_.manifest_id);
+  ExpectWholeDataset(c);
+
+  // STAT and LOOKUP come from the manifest.
+  auto stat = c.Call(sp::Stat{5, 3});
+  ASSERT_TRUE(stat.ok());
+  auto& entries = std::get<sp::StatReply>(*stat).entries;
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[0].path, ds_.manifest->PathOf(5));
+  EXPECT_EQ(entries[1].size, ds_.contents[6].size());
+  auto lookup = c.Call(sp::Lookup{
+      {ds_.manifest->PathOf(7), "../etc/passwd", "/etc/passwd", "a/../b", "no/such/file"}});
+  ASSERT_TRUE(lookup.ok());
+  auto& items = std::get<sp::LookupReply>(*lookup).items;
+  ASSERT_EQ(items.size(), 5u);
+  EXPECT_TRUE(items[0].status.ok());
+  EXPECT_EQ(items[0].id, 7u);
+  EXPECT_EQ(items[1].status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(items[2].status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(items[3].status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(items[4].status.code(), StatusCode::kNotFound);
+  auto past = c.Call(sp::Stat{100000, 1});
+  ASSERT_TRUE(past.ok());
+  EXPECT_TRUE(std::holds_alternative<sp::Error>(*past));
+
+  // SET_PLAN, then NEXT walks exactly the rank's plan.
+  sp::SetPlan plan;
+  plan.plan_id = "t";
+  plan.seed = 11;
+  plan.world_size = 2;
+  plan.rank = 1;
+  ASSERT_TRUE(std::holds_alternative<sp::Ok>(*c.Call(plan)));
+  PlanSpec spec;
+  spec.seed = 11;
+  spec.world_size = 2;
+  spec.rank = 1;
+  auto expected = Plan::Create(*ds_.manifest, spec);
+  ASSERT_TRUE(expected.ok());
+  std::vector<uint32_t> walked;
+  std::vector<uint64_t> release;
+  for (int guard = 0; guard < 100; ++guard) {
+    auto r = c.Call(sp::Next{release, 16});
+    ASSERT_TRUE(r.ok());
+    auto& s = std::get<sp::Samples>(*r);
+    release.clear();
+    for (const auto& item : s.items) {
+      ASSERT_TRUE(item.status.ok());
+      ASSERT_EQ(c.Bytes(item), ds_.contents[item.id]);
+      walked.push_back(item.id);
+      release.push_back(item.token);
+    }
+    if (s.end_of_epoch) break;
+  }
+  EXPECT_EQ(walked, std::vector<uint32_t>(expected->samples().begin(), expected->samples().end()));
+  // The plan reached the store, for the cache nodes' staging order.
+  auto plans = cluster_->store().ListPlans(ds_.name);
+  ASSERT_TRUE(plans.ok());
+  EXPECT_EQ(plans->size(), 1u);
+  EXPECT_GT(*sidecar_->MetricValue("granary_sidecar_served_samples_total", {{"from", "prefetch"}}),
+            0)
+      << "samples already in the arena are kept for the plan's window";
+}
+
+TEST_F(SidecarTest, ErrorsForBadRequestsKeepTheConnection) {
+  RawClient c = Client();
+  // Before HELLO: an error, and the connection closes.
+  auto early = c.Call(sp::Open{ds_.name});
+  ASSERT_TRUE(early.ok());
+  ASSERT_TRUE(std::holds_alternative<sp::Error>(*early));
+  EXPECT_TRUE(std::get<sp::Error>(*early).closing);
+
+  RawClient d = Client();
+  auto missing = d.Open("no-such-dataset");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("granary dataset create"), std::string::npos);
+  auto get = d.Get({1});
+  EXPECT_EQ(get.status().code(), StatusCode::kFailedPrecondition) << "GET before OPEN";
+  ASSERT_TRUE(d.Open(ds_.name).ok()) << "the connection survived the errors";
+  auto bad = d.Get({1, 99999});
+  ASSERT_TRUE(bad.ok());
+  EXPECT_TRUE(bad->items[0].status.ok());
+  EXPECT_EQ(bad->items[1].status.code(), StatusCode::kOutOfRange);
+  auto twice = d.Call(sp::Open{ds_.name});
+  ASSERT_TRUE(twice.ok());
+  EXPECT_TRUE(std::holds_alternative<sp::Error>(*twice));
+  auto next = d.Call(sp::Next{{}, 4});
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(std::holds_alternative<sp::Error>(*next)) << "NEXT before SET_PLAN";
+  sp::SetPlan plan;
+  plan.plan_id = "bad";
+  plan.start_position = 1u << 30;
+  auto far = d.Call(plan);
+  ASSERT_TRUE(far.ok());
+  EXPECT_TRUE(std::holds_alternative<sp::Error>(*far)) << "start_position past the plan";
+}
+
+TEST_F(SidecarTest, HostileBytesNeverTakeItDown) {
+  RawClient reader = Client();
+  ASSERT_TRUE(reader.Open(ds_.name).ok());
+  std::mt19937 rng(42);
+  for (int round = 0; round < 20; ++round) {
+    RawClient evil = Client();
+    std::string junk(static_cast<size_t>(rng() % 2000) + 1, '\0');
+    for (char& ch : junk) ch = static_cast<char>(rng());
+    if (round % 4 == 1) junk.replace(0, 4, "GRSC");  // a magic, then garbage
+    ASSERT_OK(evil.SendRaw(junk));
+  }
+  {
+    // A header announcing a huge body, then nothing.
+    RawClient evil = Client();
+    std::string frame = *sp::EncodeRequest(1, sp::Hello{1, 1, "x"});
+    frame[12] = '\xff';
+    frame[13] = '\xff';
+    frame[14] = '\xff';
+    frame[15] = '\x7f';
+    ASSERT_OK(evil.SendRaw(frame));
+    auto r = evil.Receive();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(std::holds_alternative<sp::Error>(*r));
+    EXPECT_TRUE(std::get<sp::Error>(*r).closing);
+  }
+  {
+    // Half a frame, then the client goes away.
+    RawClient evil = Client();
+    std::string frame = *sp::EncodeRequest(1, sp::Hello{1, 1, "x"});
+    ASSERT_OK(evil.SendRaw(std::string_view(frame).substr(0, 10)));
+  }
+  ExpectWholeDataset(reader);
+  EXPECT_TRUE(sidecar_->Running());
+  EXPECT_GT(*sidecar_->MetricValue("granary_sidecar_request_errors_total", {{"class", "framing"}}),
+            0);
+}
+
+TEST_F(SidecarTest, AKilledClientsPinsAreReclaimed) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto c = RawClient::Connect(sidecar_->socket_path());
+    if (!c.ok() || !c->Open(ds_.name).ok()) ::_exit(2);
+    std::vector<uint32_t> ids;
+    for (uint32_t i = 0; i < 50; ++i) ids.push_back(i);
+    if (!c->Get(ids).ok()) ::_exit(3);
+    ::pause();  // killed while holding 50 pins
+    ::_exit(0);
+  }
+  auto held = sidecar_->WaitForMetric("granary_sidecar_pins", {}, [](double v) { return v >= 50; });
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_GT(*sidecar_->MetricValue("granary_sidecar_pinned_bytes"), 0);
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(
+      sidecar_->WaitForMetric("granary_sidecar_pins", {}, [](double v) { return v == 0; }).ok());
+  EXPECT_TRUE(
+      sidecar_->WaitForMetric("granary_sidecar_pinned_bytes", {}, [](double v) { return v == 0; })
+          .ok());
+}
+
+TEST_F(SidecarTest, ACacheNodeKilledMidReadCostsNoWrongByte) {
+  RawClient c = Client();
+  ASSERT_TRUE(c.Open(ds_.name).ok());
+  auto first = c.Get({0, 1, 2, 3});
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(cluster_->node(1).Kill().ok());
+  ExpectWholeDataset(c);
+  auto fetched = sidecar_->WaitForMetric(
+      "granary_sidecar_fetched_samples_total", {},
+      [&](double v) { return v >= static_cast<double>(ds_.sample_count()); });
+  EXPECT_TRUE(fetched.ok()) << fetched.status().ToString() << "\n"
+                            << sidecar_->Get("/metrics")->body;
+}
+
+TEST_F(SidecarTest, TwoDatasetsNeverShareBytes) {
+  DatasetOptions d;
+  d.name = "other";
+  d.files = 40;
+  d.min_size = 700;
+  d.max_size = 900;
+  auto other = cluster_->CreateDataset(d);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  RawClient a = Client();
+  RawClient b = Client();
+  ASSERT_TRUE(a.Open(ds_.name).ok());
+  ASSERT_TRUE(b.Open(other->name).ok());
+  for (uint32_t id = 0; id < 40; ++id) {
+    auto x = a.Get({id});
+    auto y = b.Get({id});
+    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_TRUE(x->items[0].status.ok() && y->items[0].status.ok());
+    EXPECT_EQ(a.Bytes(x->items[0]), ds_.contents[id]);
+    EXPECT_EQ(b.Bytes(y->items[0]), other->contents[id]);
+  }
+}
+
+}  // namespace
+}  // namespace granary::testing

@@ -1,0 +1,296 @@
+// SampleCache and Arena: the sidecar's shared memory and what is in it, with a
+// FetchFn that writes known bytes (no network): pins, eviction, windows,
+// cursors, on-demand, failures, clients dropped.
+
+#include "granary/sidecar/sample_cache.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "testing/test_util.h"
+
+namespace granary::sidecar {
+namespace {
+
+using std::chrono::steady_clock;
+
+// The byte at offset `i` of sample `id`.
+char ByteOf(SampleId id, uint64_t i) { return static_cast<char>((id * 131 + i * 7) & 0xff); }
+
+std::shared_ptr<const Manifest> MakeManifest(size_t n, uint64_t size) {
+  ManifestHeaderInfo header;
+  header.source_uri = "file:///nowhere";
+  header.chunk_size = 64 * 1024;
+  std::vector<FileEntry> entries;
+  for (size_t i = 0; i < n; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "c%zu/f%05zu", i % 3, i);
+    entries.push_back(FileEntry{name, size, 1});
+  }
+  Result<Manifest> m = Manifest::FromEntries(header, std::move(entries));
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return std::make_shared<const Manifest>(std::move(*m));
+}
+
+// Fills targets with ByteOf, counting calls; ids in `fail` fail.
+struct FakeFetch {
+  std::mutex mu;
+  std::multiset<SampleId> fetched;
+  std::set<SampleId> fail;
+
+  FetchFn Fn() {
+    return [this](std::span<const FetchTarget> targets, std::span<FetchOutcome> outcomes) {
+      for (size_t i = 0; i < targets.size(); ++i) {
+        std::lock_guard<std::mutex> lock(mu);
+        fetched.insert(targets[i].id);
+        if (fail.count(targets[i].id) != 0) {
+          outcomes[i].status = Status::Unavailable("scripted failure");
+          continue;
+        }
+        for (uint64_t b = 0; b < targets[i].out.size(); ++b)
+          targets[i].out[b] = ByteOf(targets[i].id, b);
+        outcomes[i].status = Status::Ok();
+        outcomes[i].from = SampleSource::kPeer;
+      }
+    };
+  }
+  size_t Count(SampleId id) {
+    std::lock_guard<std::mutex> lock(mu);
+    return fetched.count(id);
+  }
+};
+
+std::unique_ptr<SampleCache> MakeCache(size_t n, uint64_t size, uint64_t arena, uint32_t window,
+                                       uint64_t window_bytes) {
+  FetchDataset ds;
+  ds.name = "ds";
+  ds.manifest = MakeManifest(n, size);
+  SampleCacheOptions o;
+  o.arena_bytes = arena;
+  o.window_samples = window;
+  o.window_bytes = window_bytes;
+  Result<std::unique_ptr<SampleCache>> cache = SampleCache::Create(std::move(ds), o);
+  EXPECT_TRUE(cache.ok()) << cache.status().ToString();
+  return std::move(*cache);
+}
+
+bool BytesOk(const SampleCache& cache, const char* base, const AcquiredSample& a) {
+  if (!a.status.ok() || a.length != cache.manifest().SizeOf(a.id)) return false;
+  for (uint64_t i = 0; i < a.length; ++i) {
+    if (base[a.offset + i] != ByteOf(a.id, i)) return false;
+  }
+  return true;
+}
+
+steady_clock::time_point Soon() { return steady_clock::now() + std::chrono::seconds(10); }
+
+TEST(ArenaTest, AllocatesAlignedFreesAndCoalesces) {
+  auto arena = Arena::Create("t", 1 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  Arena& a = **arena;
+  auto x = a.Allocate(100);
+  auto y = a.Allocate(1000);
+  auto z = a.Allocate(10);
+  ASSERT_TRUE(x && y && z);
+  EXPECT_EQ(*x % kArenaAlignment, 0u);
+  EXPECT_EQ(*y % kArenaAlignment, 0u);
+  EXPECT_EQ(a.used(), Arena::Rounded(100) + Arena::Rounded(1000) + Arena::Rounded(10));
+  a.Free(*y, 1000);
+  a.Free(*x, 100);
+  a.Free(*z, 10);
+  EXPECT_EQ(a.used(), 0u);
+  // Coalesced: the whole arena is one range again.
+  auto all = a.Allocate(a.size());
+  ASSERT_TRUE(all);
+  EXPECT_EQ(*all, 0u);
+  EXPECT_FALSE(a.Allocate(1));
+}
+
+TEST(ArenaTest, SealedAgainstResizeAndWrites) {
+  auto arena = Arena::Create("t", 1 << 16);
+  ASSERT_TRUE(arena.ok());
+  const int fd = (*arena)->fd();
+  EXPECT_NE(::ftruncate(fd, 0), 0) << "a client must not shrink the arena";
+  EXPECT_NE(::ftruncate(fd, 1 << 20), 0);
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED)
+      << "a client must not map it writable";
+  EXPECT_LT(::pwrite(fd, "x", 1, 0), 0);
+  void* ro = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  (*arena)->data()[5] = 'q';
+  EXPECT_EQ(static_cast<char*>(ro)[5], 'q') << "the sidecar's writes are visible read-only";
+  ::munmap(ro, 4096);
+  EXPECT_FALSE(Arena::Create("t", 0).ok());
+}
+
+TEST(SampleCacheTest, OnDemandPinsAndReleases) {
+  FakeFetch fetch;
+  auto cache = MakeCache(100, 1000, 1 << 20, 16, 1 << 16);
+  const uint64_t client = cache->AddClient();
+  std::vector<SampleId> ids = {3, 7, 3};
+  auto got = cache->Acquire(client, ids, 0, fetch.Fn(), Soon());
+  ASSERT_EQ(got.size(), 3u);
+  // The arena is read through a mapping of the fd, as a client does.
+  void* map = ::mmap(nullptr, cache->arena_bytes(), PROT_READ, MAP_SHARED, cache->arena_fd(), 0);
+  ASSERT_NE(map, MAP_FAILED);
+  for (const auto& a : got) EXPECT_TRUE(BytesOk(*cache, static_cast<char*>(map), a));
+  EXPECT_EQ(fetch.Count(3), 1u) << "one fetch for a sample asked twice";
+  EXPECT_FALSE(got[0].prefetched);
+  EXPECT_EQ(cache->Stats().pins, 3u);
+  EXPECT_EQ(cache->Stats().pinned_bytes, 3000u);
+  std::vector<uint64_t> tokens = {got[0].token, got[1].token, got[2].token, 999999};
+  cache->Release(client, tokens);
+  EXPECT_EQ(cache->Stats().pins, 0u);
+  EXPECT_EQ(cache->Stats().unknown_releases, 1u);
+  // Another client cannot release what it does not hold.
+  auto again = cache->Acquire(client, std::vector<SampleId>{3}, 0, fetch.Fn(), Soon());
+  const uint64_t other = cache->AddClient();
+  cache->Release(other, std::vector<uint64_t>{again[0].token});
+  EXPECT_EQ(cache->Stats().pins, 1u);
+  ::munmap(map, cache->arena_bytes());
+}
+
+TEST(SampleCacheTest, BadIdsAndFailuresAreItemErrors) {
+  FakeFetch fetch;
+  fetch.fail = {5};
+  auto cache = MakeCache(10, 100, 1 << 20, 4, 1 << 16);
+  const uint64_t client = cache->AddClient();
+  auto got = cache->Acquire(client, std::vector<SampleId>{10, 5, 1}, 0, fetch.Fn(), Soon());
+  EXPECT_EQ(got[0].status.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(got[1].status.code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(got[2].status.ok());
+  // A failure is not cached: the next request tries again.
+  fetch.fail.clear();
+  auto retry = cache->Acquire(client, std::vector<SampleId>{5}, 0, fetch.Fn(), Soon());
+  EXPECT_TRUE(retry[0].status.ok());
+  EXPECT_EQ(fetch.Count(5), 2u);
+}
+
+TEST(SampleCacheTest, DroppedClientReclaimsPinsAndPinnedBytesBoundTheArena) {
+  FakeFetch fetch;
+  // Room for 4 samples of 60 KiB.
+  auto cache = MakeCache(50, 60 * 1024, 256 * 1024, 2, 64 * 1024);
+  const uint64_t greedy = cache->AddClient();
+  auto held = cache->Acquire(greedy, std::vector<SampleId>{0, 1, 2, 3}, 0, fetch.Fn(), Soon());
+  for (const auto& a : held) ASSERT_TRUE(a.status.ok());
+  const uint64_t other = cache->AddClient();
+  auto starved = cache->Acquire(other, std::vector<SampleId>{9}, 0, fetch.Fn(), Soon());
+  EXPECT_EQ(starved[0].status.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(starved[0].status.message().find("pinned"), std::string::npos);
+  cache->DropClient(greedy);
+  EXPECT_EQ(cache->Stats().pins, 0u);
+  EXPECT_EQ(cache->Stats().pinned_bytes, 0u);
+  auto fed = cache->Acquire(other, std::vector<SampleId>{9}, 0, fetch.Fn(), Soon());
+  EXPECT_TRUE(fed[0].status.ok()) << "evicts the released samples to make room";
+  EXPECT_GT(cache->Stats().evictions, 0u);
+}
+
+TEST(SampleCacheTest, PrefetchFollowsTheCursorWithinItsWindow) {
+  FakeFetch fetch;
+  auto cache = MakeCache(200, 1000, 1 << 20, 8, 1 << 20);
+  PlanSpec spec;
+  spec.seed = 7;
+  spec.world_size = 2;
+  spec.rank = 1;
+  auto plan = Plan::Create(cache->manifest(), spec);
+  ASSERT_TRUE(plan.ok());
+  cache->SetCursor("p/rank1", *plan, 0);
+  auto work = cache->TakePrefetchWork(100);
+  ASSERT_EQ(work.size(), 8u) << "window_samples bounds the work";
+  for (size_t i = 0; i < work.size(); ++i) EXPECT_EQ(work[i].id, plan->samples()[i]);
+  EXPECT_TRUE(cache->TakePrefetchWork(100).empty()) << "the window is full";
+  std::vector<FetchOutcome> outcomes(work.size());
+  fetch.Fn()(work, outcomes);
+  cache->CompletePrefetch(work, outcomes);
+  EXPECT_EQ(cache->Stats().window_samples, 8u);
+
+  // Consuming the first three moves the window by three.
+  const uint64_t client = cache->AddClient();
+  std::vector<SampleId> first(plan->samples().begin(), plan->samples().begin() + 3);
+  auto got = cache->Acquire(client, first, 0, fetch.Fn(), Soon());
+  for (const auto& a : got) {
+    EXPECT_TRUE(a.status.ok());
+    EXPECT_TRUE(a.prefetched);
+  }
+  auto more = cache->TakePrefetchWork(100);
+  ASSERT_EQ(more.size(), 3u);
+  EXPECT_EQ(more[0].id, plan->samples()[8]);
+  std::vector<FetchOutcome> more_outcomes(more.size());
+  fetch.Fn()(more, more_outcomes);
+  cache->CompletePrefetch(more, more_outcomes);
+
+  // Lookahead hands out the ready samples that follow in the plan.
+  auto hinted =
+      cache->Acquire(client, std::vector<SampleId>{plan->samples()[3]}, 4, fetch.Fn(), Soon());
+  ASSERT_EQ(hinted.size(), 5u);
+  for (size_t i = 1; i < 5; ++i) {
+    EXPECT_TRUE(hinted[i].hint);
+    EXPECT_EQ(hinted[i].id, plan->samples()[3 + i]);
+  }
+  EXPECT_EQ(fetch.Count(plan->samples()[0]), 1u) << "prefetched samples are not fetched again";
+}
+
+TEST(SampleCacheTest, WindowBytesAndResumeStart) {
+  FakeFetch fetch;
+  auto cache = MakeCache(100, 10 * 1024, 4 << 20, 1000, 30 * 1024);
+  PlanSpec spec;
+  spec.mode = PlanMode::kSequential;
+  auto plan = Plan::Create(cache->manifest(), spec);
+  ASSERT_TRUE(plan.ok());
+  cache->SetCursor("p/rank0", *plan, 50);
+  auto work = cache->TakePrefetchWork(100);
+  ASSERT_EQ(work.size(), 3u) << "30 KiB of window holds three 10 KiB samples";
+  EXPECT_EQ(work[0].id, 50u) << "a resumed cursor starts at its position";
+}
+
+TEST(SampleCacheTest, ReplacingACursorFreesItsWindowAndConcurrentClientsAgree) {
+  FakeFetch fetch;
+  auto cache = MakeCache(300, 2000, 1 << 20, 64, 1 << 20);
+  PlanSpec spec;
+  auto epoch0 = Plan::Create(cache->manifest(), spec);
+  ASSERT_TRUE(epoch0.ok());
+  cache->SetCursor("p/rank0", *epoch0, 0);
+  auto work = cache->TakePrefetchWork(1000);
+  std::vector<FetchOutcome> outcomes(work.size());
+  fetch.Fn()(work, outcomes);
+  cache->CompletePrefetch(work, outcomes);
+  spec.epoch = 1;
+  auto epoch1 = Plan::Create(cache->manifest(), spec);
+  cache->SetCursor("p/rank0", *epoch1, 0);
+  EXPECT_EQ(cache->Stats().cursors, 1u);
+
+  // Four threads read the whole epoch; each sample's bytes are right.
+  void* map = ::mmap(nullptr, cache->arena_bytes(), PROT_READ, MAP_SHARED, cache->arena_fd(), 0);
+  ASSERT_NE(map, MAP_FAILED);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const uint64_t client = cache->AddClient();
+      for (size_t i = static_cast<size_t>(t); i < epoch1->samples().size(); i += 4) {
+        auto got = cache->Acquire(client, std::vector<SampleId>{epoch1->samples()[i]}, 2,
+                                  fetch.Fn(), Soon());
+        for (const auto& a : got) {
+          if (!BytesOk(*cache, static_cast<char*>(map), a)) ++bad;
+        }
+        std::vector<uint64_t> tokens;
+        for (const auto& a : got) tokens.push_back(a.token);
+        cache->Release(client, tokens);
+      }
+      cache->DropClient(client);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(cache->Stats().pins, 0u);
+  ::munmap(map, cache->arena_bytes());
+}
+
+}  // namespace
+}  // namespace granary::sidecar
