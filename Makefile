@@ -8,13 +8,14 @@
 #   make bench-manifest  manifest build/load figures at ImageNet scale
 #   make bench-core   placement and plan micro-benchmarks
 #   make bench-cachenode  cache node staging and serving figures (about 1.5 minutes, 7 GB in /tmp)
+#   make bench-client  Python client through the sidecar vs local files (ARGS=--small for a smoke run)
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
 
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps build release demo test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode clean
+.PHONY: deps build release demo test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client clean
 
 deps:
 	@scripts/install-deps
@@ -62,6 +63,9 @@ bench-core: release
 
 bench-cachenode: release
 	build/release/bench/cachenode_bench
+
+bench-client: release
+	/usr/bin/python3 bench/client_bench.py $(ARGS)
 
 clean:
 	rm -rf build
