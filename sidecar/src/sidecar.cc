@@ -558,7 +558,9 @@ struct Sidecar::Impl {
         item.offset = a.offset;
         item.length = a.length;
         item.checksum = a.checksum;
-        if (!a.hint) metrics.Served(a.prefetched, a.length);
+        // Hints count too: they are handed out, and the client reads them
+        // without asking again.
+        metrics.Served(a.prefetched, a.length);
       } else {
         metrics.failed_samples->Increment();
       }
