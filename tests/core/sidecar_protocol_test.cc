@@ -345,6 +345,37 @@ TEST(SidecarProtocolTest, ReplyBodiesByteByByte) {
   EXPECT_EQ(ToWireStatus(StatusCode::kUnavailable), 11);
 }
 
+std::string Hex(const std::string& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (char ch : bytes) {
+    auto c = static_cast<unsigned char>(ch);
+    out += kDigits[c >> 4];
+    out += kDigits[c & 0xf];
+  }
+  return out;
+}
+
+// The worked examples of docs/protocol.md, "Sidecar protocol": keep both in step.
+TEST(SidecarProtocolTest, DocExamples) {
+  EXPECT_EQ(Hex(Req(7, Get{{42}, {3, 5}, 2})),
+            "4752534301000400000000001c000000070000000000000002000000010000002a0000000000000002"
+            "0000000300000005000000");
+  Samples samples{{{3, Status::Ok(), 0x10, 4096, 100, 0x0123456789abcdefull, false},
+                   {5, Status::Unavailable("source down"), 0, 0, 0, 0, false}},
+                  false};
+  EXPECT_EQ(Hex(Rep(7, samples)),
+            "475253430100680000000000620000000700000000000000020000000003000000001000000000000000"
+            "00100000000000006400000000000000efcdab8967452301000000000500000000000000000000000000"
+            "00000000000000000000000000000000000000000000000b000b00736f7572636520646f776e");
+  const ContentId manifest{0x1111111111111111ull, 0x2222222222222222ull};
+  EXPECT_EQ(Hex(Rep(2, OpenReply{manifest, 60000, 9000000, 3, uint64_t{1} << 30})),
+            "4752534301006600000000003000000002000000000000002222222222222222111111111111111160ea"
+            "000000000000405489000000000003000000000000000000004000000000");
+  EXPECT_EQ(Hex(sidecar_protocol::EncodeError(0, Status::InvalidArgument("bad magic"), true)),
+            "4752534301006c00000000000f0000000000000000000000010001000900626164206d61676963");
+}
+
 // --- limits, names, versions ---------------------------------------------------------
 
 TEST(SidecarProtocolTest, LimitsValidate) {
