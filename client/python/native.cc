@@ -63,19 +63,27 @@ std::chrono::milliseconds Millis(double seconds, const char* what) {
 
 // A zero-copy sample: a pinned view of the arena, released by release(), the
 // context manager's exit, or garbage collection. Holds its session, so the
-// mapping outlives every Sample (and every memoryview of one).
+// mapping outlives every Sample. Its buffers (memoryview, numpy.frombuffer)
+// are counted: like mmap.close(), release() refuses while any is alive, so no
+// view ever shows bytes the sidecar may have reused. (A buffer holds a
+// reference to its Sample, so garbage collection never releases one early.)
 class PySample {
  public:
   PySample(std::shared_ptr<Session> session, SampleView view)
       : session_(std::move(session)), view_(view) {}
-  ~PySample() { Release(); }
+  ~PySample() { Unpin(); }
   PySample(const PySample&) = delete;
   PySample& operator=(const PySample&) = delete;
 
+  // release() from Python.
   void Release() {
-    if (released_) return;
-    released_ = true;
-    if (session_) session_->Release(view_);
+    if (exports_ > 0) {
+      throw py::buffer_error("cannot release granary sample " + std::to_string(view_.id) + ": " +
+                             std::to_string(exports_) +
+                             " buffer(s) (memoryview, numpy array) still use its memory; "
+                             "delete them first");
+    }
+    Unpin();
   }
   bool released() const { return released_; }
   const SampleView& view() const { return view_; }
@@ -85,12 +93,60 @@ class PySample {
                             " was released; its bytes may have been reused");
     }
   }
+  void AddExport() { ++exports_; }
+  void RemoveExport() {
+    if (exports_ > 0) --exports_;
+  }
 
  private:
+  void Unpin() {
+    if (released_) return;
+    released_ = true;
+    if (session_) session_->Release(view_);
+  }
+
   std::shared_ptr<Session> session_;
   SampleView view_;
   bool released_ = false;
+  size_t exports_ = 0;  // buffers handed out and not yet released (GIL held)
 };
+
+// The Sample type's bf_getbuffer: pybind11's def_buffer cannot refuse (an
+// exception there terminates), so the type gets these two instead. They run
+// with the GIL held and never throw.
+int SampleGetBuffer(PyObject* obj, Py_buffer* view, int flags) {
+  PySample* sample = nullptr;
+  try {
+    sample = py::handle(obj).cast<PySample*>();
+  } catch (...) {
+    sample = nullptr;
+  }
+  if (view != nullptr) view->obj = nullptr;
+  if (sample == nullptr || view == nullptr) {
+    PyErr_SetString(PyExc_BufferError, "granary.Sample: no buffer");
+    return -1;
+  }
+  if (sample->released()) {
+    const std::string message = "granary sample " + std::to_string(sample->view().id) +
+                                " was released; its bytes may have been reused";
+    PyErr_SetString(PyExc_ValueError, message.c_str());
+    return -1;
+  }
+  // Read-only: a request for a writable buffer fails with BufferError.
+  if (PyBuffer_FillInfo(view, obj, const_cast<char*>(sample->view().data),
+                        static_cast<Py_ssize_t>(sample->view().size), 1, flags) != 0) {
+    return -1;
+  }
+  sample->AddExport();
+  return 0;
+}
+
+void SampleReleaseBuffer(PyObject* obj, Py_buffer*) {
+  try {
+    py::handle(obj).cast<PySample*>()->RemoveExport();
+  } catch (...) {
+  }
+}
 
 py::bytes BytesOf(const SampleView& view) {
   return py::bytes(view.data, static_cast<size_t>(view.size));
@@ -169,7 +225,8 @@ void DefineModule(py::module_& m) {
       .def_property_readonly("checksum", [](const PySample& s) { return s.view().checksum; })
       .def_property_readonly("released", &PySample::released)
       .def("release", &PySample::Release,
-           "Unpins the sample; its memory may be reused by the sidecar afterwards.")
+           "Unpins the sample; its memory may be reused by the sidecar afterwards. "
+           "BufferError while a memoryview or numpy array of it is alive.")
       .def("tobytes",
            [](const PySample& s) {
              s.CheckNotReleased();
@@ -206,18 +263,17 @@ void DefineModule(py::module_& m) {
              return py::make_tuple(py::module_::import("builtins").attr("bytes"),
                                    py::make_tuple(BytesOf(s.view())));
            })
-      .def("__repr__",
-           [](const PySample& s) {
-             return "<granary.Sample id=" + std::to_string(s.view().id) +
-                    " size=" + std::to_string(s.view().size) + (s.released() ? " released>" : ">");
-           })
-      .def_buffer([](PySample& s) -> py::buffer_info {
-        s.CheckNotReleased();
-        return py::buffer_info(const_cast<char*>(s.view().data), 1,
-                               py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(s.view().size)}, {py::ssize_t{1}},
-                               /*readonly=*/true);
+      .def("__repr__", [](const PySample& s) {
+        return "<granary.Sample id=" + std::to_string(s.view().id) +
+               " size=" + std::to_string(s.view().size) + (s.released() ? " released>" : ">");
       });
+  {
+    // Our own buffer slots (see SampleGetBuffer); py::buffer_protocol() gave
+    // the type its buffer table.
+    auto* type = reinterpret_cast<PyTypeObject*>(m.attr("Sample").ptr());
+    type->tp_as_buffer->bf_getbuffer = SampleGetBuffer;
+    type->tp_as_buffer->bf_releasebuffer = SampleReleaseBuffer;
+  }
   // Hash by identity: __eq__ compares bytes, but a pinned view is not a value.
   m.attr("Sample").attr("__hash__") = py::none();
 

@@ -143,16 +143,15 @@ Result<std::unique_ptr<Session>> Session::Open(std::string_view dataset,
   const Clock::time_point deadline = Clock::now() + resolved.connect_timeout;
   Result<ScopedFd> fd = ConnectUnix(path, resolved.connect_timeout);
   if (!fd.ok()) {
-    return Status(fd.status().code(),
-                  doing + ": " + fd.status().message() +
-                      "; is granary-sidecar running, and is $GRANARY_SOCKET (or the socket "
-                      "option) its socket?");
+    return fd.status().WithContext(doing);
   }
   std::unique_ptr<Session> session(new Session(std::move(path), std::move(resolved)));
   session->dataset_ = std::string(dataset);
   session->fd_ = std::move(*fd);
   std::lock_guard<std::mutex> lock(session->mu_);
+  session->timeout_ = session->options_.connect_timeout;
   GRANARY_RETURN_IF_ERROR(session->Handshake(dataset, deadline));
+  session->timeout_ = session->options_.call_timeout;
   return session;
 }
 
@@ -288,9 +287,9 @@ Status Session::SendAll(std::string_view bytes, Clock::time_point deadline,
       if (!ready.ok())
         return Break(Status::Unavailable(std::string(doing) + ": " + ready.status().message()));
       if (!*ready) {
-        return Break(Status::DeadlineExceeded(
-            std::string(doing) + ": the sidecar at " + socket_path_ + " took no request within " +
-            MillisText(options_.call_timeout) + "; the connection is closed"));
+        return Break(Status::DeadlineExceeded(std::string(doing) + ": the sidecar at " +
+                                              socket_path_ + " took no request within " +
+                                              MillisText(timeout_) + "; the connection is closed"));
       }
       continue;
     }
@@ -329,9 +328,9 @@ Result<sp::Frame> Session::ReceiveFrame(Clock::time_point deadline, std::string_
       return Break(Status::Unavailable(std::string(doing) + ": " + ready.status().message()));
     }
     if (!*ready) {
-      return Break(Status::DeadlineExceeded(
-          std::string(doing) + ": no reply from the sidecar at " + socket_path_ + " within " +
-          MillisText(options_.call_timeout) + "; the connection is closed"));
+      return Break(Status::DeadlineExceeded(std::string(doing) + ": no reply from the sidecar at " +
+                                            socket_path_ + " within " + MillisText(timeout_) +
+                                            "; the connection is closed"));
     }
     buffer.resize(kReceiveChunk);
     std::vector<ScopedFd> arrived;

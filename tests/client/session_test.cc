@@ -137,7 +137,14 @@ class SessionTest : public ::testing::Test {
     fake_ = std::make_unique<FakeSidecar>(path_, std::move(sizes), arena);
   }
 
-  std::unique_ptr<Session> Open(SessionOptions o = {}) {
+  // Without lookahead unless asked: a hint would answer the next Get.
+  static SessionOptions NoHints() {
+    SessionOptions o;
+    o.lookahead = 0;
+    return o;
+  }
+
+  std::unique_ptr<Session> Open(SessionOptions o = NoHints()) {
     if (!started_) {
       Status s = fake_->Start();
       EXPECT_OK(s);
@@ -150,7 +157,7 @@ class SessionTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
-  Result<std::unique_ptr<Session>> TryOpen(SessionOptions o = {}) {
+  Result<std::unique_ptr<Session>> TryOpen(SessionOptions o = NoHints()) {
     if (!started_) {
       Status s = fake_->Start();
       EXPECT_OK(s);
@@ -204,7 +211,7 @@ TEST_F(SessionTest, OpenMapsTheArenaAndGetReadsInPlace) {
 }
 
 TEST_F(SessionTest, ReleasesArePiggyBackedAndFlushed) {
-  SessionOptions o;
+  SessionOptions o = NoHints();
   o.lookahead = 0;
   auto session = Open(o);
   ASSERT_NE(session, nullptr);
@@ -234,7 +241,7 @@ TEST_F(SessionTest, ReleasesArePiggyBackedAndFlushed) {
 }
 
 TEST_F(SessionTest, LookaheadHintsServeLaterGetsWithoutARoundTrip) {
-  SessionOptions o;
+  SessionOptions o = NoHints();
   o.lookahead = 4;
   auto session = Open(o);
   ASSERT_NE(session, nullptr);
@@ -277,7 +284,7 @@ TEST_F(SessionTest, LookaheadHintsServeLaterGetsWithoutARoundTrip) {
 }
 
 TEST_F(SessionTest, GetManyMixesHitsMissesAndBadIds) {
-  SessionOptions o;
+  SessionOptions o = NoHints();
   o.lookahead = 2;
   auto session = Open(o);
   ASSERT_NE(session, nullptr);
@@ -304,7 +311,7 @@ TEST_F(SessionTest, GetManyMixesHitsMissesAndBadIds) {
 TEST_F(SessionTest, ManyIdsAreSplitWithinTheLimits) {
   std::vector<size_t> sizes(9000, 8);
   Init(sizes);
-  SessionOptions o;
+  SessionOptions o = NoHints();
   o.lookahead = 0;
   auto session = Open(o);
   ASSERT_NE(session, nullptr);
@@ -352,7 +359,7 @@ TEST_F(SessionTest, RangesOutsideTheArenaAreNeverRead) {
   ASSERT_NE(session, nullptr);
   const uint64_t arena = fake_->arena_bytes();
   const std::pair<uint64_t, uint64_t> lies[] = {
-      {arena, 1}, {arena - 10, 11}, {0, arena + 1}, {~uint64_t{0} - 5, 10}, {5, ~uint64_t{0}}};
+      {arena, 1}, {arena - 10, 11}, {0, arena + 1}, {uint64_t{1} << 40, 5}, {5, uint64_t{1} << 62}};
   uint64_t token = 5000;
   for (const auto& [offset, length] : lies) {
     fake_->set_override(
@@ -371,20 +378,67 @@ TEST_F(SessionTest, RangesOutsideTheArenaAreNeverRead) {
         });
     auto v = session->Get(1);
     ASSERT_FALSE(v.ok()) << offset << "+" << length;
-    EXPECT_EQ(v.status().code(), StatusCode::kCorruption);
+    EXPECT_EQ(v.status().code(), StatusCode::kCorruption) << v.status().ToString();
     EXPECT_NE(v.status().message().find("arena"), std::string::npos);
   }
   fake_->set_override(nullptr);
   ASSERT_OK(session->Flush());
-  // The lying items' pins were given back.
-  const std::vector<uint64_t> released = fake_->released();
-  EXPECT_EQ(std::set<uint64_t>(released.begin(), released.end()),
-            (std::set<uint64_t>{5001, 5002, 5003, 5004, 5005}));
+  // The lying items' pins were given back (piggy-backed, then flushed).
+  std::set<uint64_t> released;
+  for (const sp::Get& get : RequestsOf<sp::Get>())
+    released.insert(get.release.begin(), get.release.end());
+  for (const sp::Release& r : RequestsOf<sp::Release>())
+    released.insert(r.tokens.begin(), r.tokens.end());
+  EXPECT_EQ(released, (std::set<uint64_t>{5001, 5002, 5003, 5004, 5005}));
   EXPECT_OK(session->Get(2));
 }
 
+// The 8 little-endian bytes of `v` in `frame` replaced by those of `by`.
+void ReplaceU64(std::string* frame, uint64_t v, uint64_t by) {
+  std::string from(8, '\0'), to(8, '\0');
+  for (int i = 0; i < 8; ++i) {
+    from[static_cast<size_t>(i)] = static_cast<char>(v >> (8 * i));
+    to[static_cast<size_t>(i)] = static_cast<char>(by >> (8 * i));
+  }
+  const size_t at = frame->find(from);
+  ASSERT_NE(at, std::string::npos);
+  frame->replace(at, 8, to);
+}
+
+// A range whose end overflows 64 bits cannot even be encoded: it is written
+// over a valid frame. The decoder refuses it; the session breaks, reads nothing.
+TEST_F(SessionTest, OverflowingRangesAreMalformed) {
+  const std::pair<uint64_t, uint64_t> lies[] = {{~uint64_t{0} - 5, 10}, {5, ~uint64_t{0}}};
+  for (const auto& [offset, length] : lies) {
+    auto session = Open();
+    ASSERT_NE(session, nullptr);
+    fake_->set_override(
+        [&, offset = offset, length = length](
+            uint64_t id, const sp::Request& r) -> std::optional<std::vector<Action>> {
+          const auto* get = std::get_if<sp::Get>(&r);
+          if (get == nullptr) return std::nullopt;
+          sp::Samples samples;
+          sp::SampleItem item;
+          item.id = get->ids.at(0);
+          item.token = 9;
+          item.offset = 0x1122334455667788;
+          item.length = 0x0102030405060708;
+          samples.items.push_back(item);
+          Action a = FakeSidecar::ReplyAction(id, samples);
+          ReplaceU64(&a.bytes, item.offset, offset);
+          ReplaceU64(&a.bytes, item.length, length);
+          return std::vector<Action>{a};
+        });
+    auto v = session->Get(1);
+    ASSERT_FALSE(v.ok());
+    EXPECT_EQ(v.status().code(), StatusCode::kUnavailable) << v.status().ToString();
+    EXPECT_NE(v.status().message().find("overflows"), std::string::npos) << v.status().message();
+    fake_->set_override(nullptr);
+  }
+}
+
 TEST_F(SessionTest, ChecksumsAreVerifiedWhenAsked) {
-  SessionOptions o;
+  SessionOptions o = NoHints();
   o.verify_checksums = true;
   auto session = Open(o);
   ASSERT_NE(session, nullptr);
@@ -521,7 +575,7 @@ TEST_F(SessionTest, ErrorRepliesAreTheCallsStatus) {
 }
 
 TEST_F(SessionTest, SilenceTimesOut) {
-  SessionOptions o;
+  SessionOptions o = NoHints();
   o.call_timeout = std::chrono::milliseconds(200);
   auto session = Open(o);
   ASSERT_NE(session, nullptr);
@@ -548,9 +602,9 @@ TEST_F(SessionTest, BadOpenRepliesFailTheOpen) {
          return std::vector<Action>{FakeSidecar::ReplyAction(id, good)};
        },
        StatusCode::kUnavailable},
-      {"zero arena",
+      {"absurd arena",
        [](uint64_t id, sp::OpenReply good) {
-         good.arena_bytes = 0;
+         good.arena_bytes = uint64_t{1} << 50;
          Action a = FakeSidecar::ReplyAction(id, good);
          a.with_fd = true;
          return std::vector<Action>{a};
@@ -577,6 +631,7 @@ TEST_F(SessionTest, BadOpenRepliesFailTheOpen) {
         [&](uint64_t id, const sp::Request& r) -> std::optional<std::vector<Action>> {
           if (!std::holds_alternative<sp::Open>(r)) return std::nullopt;
           sp::OpenReply good;
+          good.manifest_id = ContentId{1, 2};
           good.sample_count = 40;
           good.arena_bytes = fake_->arena_bytes();
           return c.reply(id, good);
@@ -604,7 +659,10 @@ TEST_F(SessionTest, BadHelloRepliesFailTheOpen) {
        StatusCode::kUnavailable},
       {"open reply instead",
        [](uint64_t id) {
-         return std::vector<Action>{FakeSidecar::ReplyAction(id, sp::OpenReply{})};
+         sp::OpenReply open;
+         open.manifest_id = ContentId{1, 2};
+         open.arena_bytes = 4096;
+         return std::vector<Action>{FakeSidecar::ReplyAction(id, open)};
        },
        StatusCode::kUnavailable},
       {"closed",

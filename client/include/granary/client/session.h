@@ -238,8 +238,9 @@ class Session {
   std::string in_;       // received bytes not yet decoded
   size_t in_begin_ = 0;  // first undecoded byte of in_
   uint64_t next_request_id_ = 1;
-  Status broken_;                     // OK while the connection is usable
-  std::list<SampleView> hint_order_;  // oldest first
+  std::chrono::milliseconds timeout_{0};  // of the calls now: for messages
+  Status broken_;                         // OK while the connection is usable
+  std::list<SampleView> hint_order_;      // oldest first
   std::unordered_map<uint32_t, std::list<SampleView>::iterator> hints_;
 
   mutable std::mutex release_mu_;  // guards the two below; never held across I/O

@@ -1,0 +1,299 @@
+// The Python package `granary` end to end: Redis, two real granary-cachenode
+// processes (CacheCluster), a real granary-sidecar (SidecarProcess), and
+// /usr/bin/python3 running the scripts in tests/python/ with PYTHONPATH set to
+// the built package and GRANARY_SOCKET to the sidecar's socket. Each script
+// checks what it reads (against the source files it opens itself) and exits 0
+// only if every check held; its output is printed when it fails.
+//
+// LABELS python: an ASan build's module cannot be loaded by a plain python,
+// so the asan preset skips these (CMakePresets.json), and an ASan build of
+// this file skips them too.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "granary/core/manifest_builder.h"
+#include "granary/core/metadata_store.h"
+#include "testing/cachenode_fixture.h"
+#include "testing/daemon_process.h"
+#include "testing/sidecar_fixture.h"
+#include "testing/test_util.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define GRANARY_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GRANARY_TEST_ASAN 1
+#endif
+#endif
+
+namespace granary::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr char kPython[] = "/usr/bin/python3";
+
+std::string PythonPath() {
+  if (const char* env = std::getenv("GRANARY_PYTHONPATH"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return GRANARY_PYTHONPATH;
+}
+
+std::string ScriptPath(const std::string& script) {
+  return std::string(GRANARY_PYTHON_TESTS_DIR) + "/" + script;
+}
+
+class PythonClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifdef GRANARY_TEST_ASAN
+    GTEST_SKIP() << "an AddressSanitizer build of the granary module cannot be loaded by "
+                    "/usr/bin/python3";
+#endif
+    if (::access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
+    auto cluster = CacheCluster::Create();
+    ASSERT_OK(cluster);
+    cluster_ = std::move(*cluster);
+    ASSERT_OK(cluster_->StartNodes(2));
+    DatasetOptions d;
+    d.name = "ds";
+    d.files = 301;  // odd: DistributedSampler pads one sample for two ranks
+    d.min_size = 512;
+    d.max_size = 3 * 1024;
+    d.files_per_directory = 50;
+    d.chunk_size = 32 * 1024;
+    auto ds = cluster_->CreateDataset(d);
+    ASSERT_OK(ds);
+    ds_ = std::move(*ds);
+  }
+
+  // A sidecar for the cluster's pool, preferring node-1 as its local node.
+  void StartSidecar(SidecarOptions o = {}) {
+    o.store_url = cluster_->store_url();
+    if (o.local_node_id.empty()) o.local_node_id = cluster_->node(0).id();
+    o.arena_bytes = "32MiB";  // at least window_bytes + 16MiB
+    if (o.window_bytes == SidecarOptions{}.window_bytes) o.window_bytes = "4MiB";
+    sidecar_ = std::make_unique<SidecarProcess>(o, cluster_->dir().Join("sidecar"));
+    std::filesystem::create_directories(cluster_->dir().Join("sidecar"));
+    ASSERT_OK(sidecar_->StartAndWaitReady());
+  }
+
+  // /usr/bin/python3 tests/python/<script> <args>, its output in a log.
+  std::unique_ptr<DaemonProcess> StartScript(const std::string& script,
+                                             std::vector<std::string> args,
+                                             const std::string& tag = "") {
+    DaemonProcessOptions o;
+    o.binary = kPython;
+    o.args.push_back(ScriptPath(script));
+    for (std::string& a : args) o.args.push_back(std::move(a));
+    const std::string name = script + (tag.empty() ? "" : "-" + tag);
+    o.name = name;
+    o.log_path = cluster_->dir().Join(name + ".log");
+    o.env = {"PYTHONPATH=" + PythonPath(), "GRANARY_SOCKET=" + sidecar_->socket_path(),
+             "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1"};
+    auto p = DaemonProcess::Start(o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? std::move(*p) : nullptr;
+  }
+
+  // Waits for the script and expects exit code 0; prints its output if not.
+  void ExpectSuccess(DaemonProcess* p, milliseconds timeout = seconds(90)) {
+    ASSERT_NE(p, nullptr);
+    auto status = p->Wait(timeout);
+    if (!status.ok()) {
+      (void)p->Kill();
+      FAIL() << p->name() << " did not finish within " << timeout.count()
+             << " ms: " << status.status().ToString() << "\n--- output ---\n"
+             << p->LogTail();
+    }
+    EXPECT_TRUE(status->ExitedWith(0))
+        << p->name() << " ended with " << status->ToString() << "\n--- output ---\n"
+        << p->LogTail();
+  }
+
+  void RunScript(const std::string& script, std::vector<std::string> args,
+                 milliseconds timeout = seconds(90)) {
+    auto p = StartScript(script, std::move(args));
+    ExpectSuccess(p.get(), timeout);
+  }
+
+  // Two ranks at once (two python processes), then the union check.
+  void RunTwoRanks(const std::vector<std::string>& extra) {
+    StartSidecar();
+    if (HasFatalFailure()) return;
+    std::vector<std::unique_ptr<DaemonProcess>> ranks;
+    std::vector<std::string> outs;
+    for (int rank = 0; rank < 2; ++rank) {
+      outs.push_back(cluster_->dir().Join("rank" + std::to_string(rank) + ".json"));
+      std::vector<std::string> args = {
+          "--dataset",    ds_.name, "--source-root", ds_.root, "--rank", std::to_string(rank),
+          "--world-size", "2",      "--epochs",      "2",      "--out",  outs.back()};
+      args.insert(args.end(), extra.begin(), extra.end());
+      ranks.push_back(StartScript("dataloader_epochs.py", args, "rank" + std::to_string(rank)));
+    }
+    for (auto& r : ranks) ExpectSuccess(r.get());
+    if (HasFailure()) return;
+    RunScript("check_union.py", outs);
+    // The sidecar served them all (its counters are per source of the bytes).
+    auto served = sidecar_->MetricValue("granary_sidecar_served_samples_total");
+    ASSERT_OK(served);
+    EXPECT_GE(*served, 2.0 * 2 * 151) << "two ranks, two epochs, 151 samples each";
+  }
+
+  std::unique_ptr<CacheCluster> cluster_;
+  TestDataset ds_;
+  std::unique_ptr<SidecarProcess> sidecar_;
+};
+
+TEST_F(PythonClientTest, DataLoaderTwoRanksTwoEpochsInProcess) {
+  RunTwoRanks({"--num-workers", "0"});
+}
+
+TEST_F(PythonClientTest, DataLoaderTwoRanksTwoEpochsForkedWorkers) {
+  RunTwoRanks({"--num-workers", "2", "--start-method", "fork"});
+}
+
+TEST_F(PythonClientTest, DataLoaderTwoRanksSpawnedPersistentWorkers) {
+  RunTwoRanks({"--num-workers", "2", "--start-method", "spawn", "--persistent-workers"});
+}
+
+TEST_F(PythonClientTest, EpochCompletesWithCorrectBytesWhenACacheNodeDies) {
+  SidecarOptions o;
+  // A small window, so most of the second half is fetched after the kill.
+  o.window_samples = 16;
+  o.window_bytes = "1MiB";  // the least allowed; window_samples binds first
+  StartSidecar(o);
+  if (HasFatalFailure()) return;
+  const std::string half = cluster_->dir().Join("half");
+  const std::string go = cluster_->dir().Join("go");
+  auto script = StartScript("kill_node.py", {"--dataset", ds_.name, "--source-root", ds_.root,
+                                             "--half-file", half, "--go-file", go});
+  ASSERT_NE(script, nullptr);
+  ASSERT_TRUE(
+      WaitFor([&] { return std::filesystem::exists(half) || !script->Running(); }, seconds(60)))
+      << "the script never got half-way:\n"
+      << script->LogTail();
+  ASSERT_TRUE(std::filesystem::exists(half)) << "the script ended early:\n" << script->LogTail();
+  auto killed = cluster_->node(1).Kill();
+  ASSERT_OK(killed);
+  WriteAll(go, "go");
+  ExpectSuccess(script.get());
+  // The second half needed the dead node's chunks (else this proved nothing).
+  auto failures = sidecar_->MetricValue("granary_sidecar_node_failures_total");
+  ASSERT_OK(failures);
+  EXPECT_GE(*failures, 1) << "the reads after the kill never asked the dead node";
+}
+
+TEST_F(PythonClientTest, PinsOfAKilledClientAreReclaimed) {
+  StartSidecar();
+  if (HasFatalFailure()) return;
+  const std::string ready = cluster_->dir().Join("ready.json");
+  auto script =
+      StartScript("hold_pins.py", {"--dataset", ds_.name, "--count", "20", "--ready-file", ready});
+  ASSERT_NE(script, nullptr);
+  ASSERT_TRUE(
+      WaitFor([&] { return std::filesystem::exists(ready) || !script->Running(); }, seconds(60)))
+      << script->LogTail();
+  ASSERT_TRUE(std::filesystem::exists(ready)) << "the script ended early:\n" << script->LogTail();
+  // Measured on the sidecar, not assumed: 20 pins held, then none.
+  auto pins = sidecar_->WaitForMetric("granary_sidecar_pins", {}, [](double v) { return v >= 20; });
+  ASSERT_OK(pins);
+  auto bytes = sidecar_->WaitForMetric("granary_sidecar_pinned_bytes", {},
+                                       [](double v) { return v >= 20 * 512; });
+  ASSERT_OK(bytes);
+  auto killed = script->Kill();
+  ASSERT_OK(killed);
+  EXPECT_EQ(killed->signal, SIGKILL);
+  EXPECT_OK(sidecar_->WaitForMetric("granary_sidecar_pins", {}, [](double v) { return v == 0; }));
+  EXPECT_OK(
+      sidecar_->WaitForMetric("granary_sidecar_pinned_bytes", {}, [](double v) { return v == 0; }));
+  EXPECT_OK(
+      sidecar_->WaitForMetric("granary_sidecar_sessions", {}, [](double v) { return v == 0; }));
+}
+
+TEST_F(PythonClientTest, ResumeMidEpochReadsExactlyTheRest) {
+  StartSidecar();
+  if (HasFatalFailure()) return;
+  const std::string state = cluster_->dir().Join("state.json");
+  const std::vector<std::string> common = {"--dataset", ds_.name,  "--source-root",
+                                           ds_.root,    "--state", state};
+  std::vector<std::string> first = {"--phase", "first", "--stop-after", "5"};
+  first.insert(first.end(), common.begin(), common.end());
+  RunScript("resume.py", first);
+  ASSERT_TRUE(std::filesystem::exists(state));
+  std::vector<std::string> second = {"--phase", "second"};
+  second.insert(second.end(), common.begin(), common.end());
+  RunScript("resume.py", second);
+}
+
+TEST_F(PythonClientTest, TwoDatasetsNeverSeeEachOthersBytes) {
+  DatasetOptions d;
+  d.name = "other";
+  d.files = 120;
+  d.min_size = 512;
+  d.max_size = 2048;
+  d.chunk_size = 32 * 1024;
+  auto other = cluster_->CreateDataset(d);
+  ASSERT_OK(other);
+  StartSidecar();
+  if (HasFatalFailure()) return;
+  RunScript("two_datasets.py",
+            {"--a", ds_.name, "--root-a", ds_.root, "--b", other->name, "--root-b", other->root});
+}
+
+TEST_F(PythonClientTest, MapStyleApiZeroCopyAndUnsafePaths) {
+  StartSidecar();
+  if (HasFatalFailure()) return;
+  RunScript("api.py", {"--dataset", ds_.name, "--source-root", ds_.root});
+}
+
+// A dataset with class folders (one nested), and files at the root that
+// ImageFolder must skip.
+TEST_F(PythonClientTest, ImageFolderReturnsClassIndices) {
+  const std::string root = cluster_->dir().Join("src-pets");
+  const std::vector<std::pair<std::string, int>> classes = {{"bird", 7}, {"cat", 12}, {"dog", 9}};
+  for (const auto& [name, count] : classes) {
+    for (int i = 0; i < count; ++i) {
+      const std::string rel = name + (i % 4 == 3 ? "/sub/" : "/") + std::to_string(i) + ".jpg";
+      std::filesystem::create_directories(std::filesystem::path(root + "/" + rel).parent_path());
+      WriteAll(root + "/" + rel, Bytes("pets/" + rel, 600 + 13 * static_cast<size_t>(i)));
+    }
+  }
+  WriteAll(root + "/README.txt", "not a sample of any class");
+  WriteAll(root + "/labels.csv", "bird,cat,dog");
+  ManifestBuildOptions build;
+  build.source_root = root;
+  build.source_uri = "file://" + root;
+  build.chunk_size = 16 * 1024;
+  auto manifest = BuildManifest(build);
+  ASSERT_OK(manifest);
+  ASSERT_EQ(manifest->sample_count(), 7u + 12u + 9u + 2u);
+  ASSERT_OK(cluster_->store().PutManifest(manifest->id().ToHex(), manifest->Encode()));
+  DatasetRecord record;
+  record.name = "pets";
+  record.spec.source_uri = build.source_uri;
+  record.spec.chunk_size = build.chunk_size;
+  record.spec.pool = "default";
+  record.spec.replication = 1;
+  record.owner = DatasetOwner{::getuid(), ::getgid()};
+  record.state.phase = DatasetPhase::kStaging;
+  record.manifest_id = manifest->id().ToHex();
+  ASSERT_OK(cluster_->store().CreateDataset(record));
+  StartSidecar();
+  if (HasFatalFailure()) return;
+  RunScript("imagefolder.py", {"--dataset", "pets", "--source-root", root});
+}
+
+}  // namespace
+}  // namespace granary::testing
