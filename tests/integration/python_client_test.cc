@@ -149,6 +149,14 @@ class PythonClientTest : public ::testing::Test {
     auto served = sidecar_->MetricValue("granary_sidecar_served_samples_total");
     ASSERT_OK(served);
     EXPECT_GE(*served, 2.0 * 2 * 151) << "two ranks, two epochs, 151 samples each";
+    // The samplers announced their plans: the sidecar read ahead of them.
+    auto prefetched =
+        sidecar_->MetricValue("granary_sidecar_served_samples_total", {{"from", "prefetch"}});
+    ASSERT_OK(prefetched);
+    EXPECT_GT(*prefetched, 0) << "no sample was prefetched: was SET_PLAN sent?";
+    auto plans = sidecar_->MetricValue("granary_sidecar_plans_total");
+    ASSERT_OK(plans);
+    EXPECT_GE(*plans, 4) << "one SET_PLAN per rank and epoch";
   }
 
   std::unique_ptr<CacheCluster> cluster_;
