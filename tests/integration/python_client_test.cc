@@ -54,6 +54,52 @@ std::string ScriptPath(const std::string& script) {
   return std::string(GRANARY_PYTHON_TESTS_DIR) + "/" + script;
 }
 
+// /usr/bin/python3 tests/python/<script> <args> with the built package on
+// PYTHONPATH and GRANARY_SOCKET=`socket`; its output goes to <log_dir>/<script>.log.
+std::unique_ptr<DaemonProcess> StartPython(const std::string& script, std::vector<std::string> args,
+                                           const std::string& log_dir, const std::string& socket,
+                                           const std::string& tag = "") {
+  DaemonProcessOptions o;
+  o.binary = kPython;
+  o.args.push_back(ScriptPath(script));
+  for (std::string& a : args) o.args.push_back(std::move(a));
+  const std::string name = script + (tag.empty() ? "" : "-" + tag);
+  o.name = name;
+  o.log_path = log_dir + "/" + name + ".log";
+  o.env = {"PYTHONPATH=" + PythonPath(), "GRANARY_SOCKET=" + socket, "PYTHONDONTWRITEBYTECODE=1",
+           "PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1"};
+  auto p = DaemonProcess::Start(o);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? std::move(*p) : nullptr;
+}
+
+// Waits for the script and expects exit code 0; prints its output if not.
+void ExpectSuccess(DaemonProcess* p, milliseconds timeout = seconds(90)) {
+  ASSERT_NE(p, nullptr);
+  auto status = p->Wait(timeout);
+  if (!status.ok()) {
+    (void)p->Kill();
+    FAIL() << p->name() << " did not finish within " << timeout.count()
+           << " ms: " << status.status().ToString() << "\n--- output ---\n"
+           << p->LogTail();
+  }
+  EXPECT_TRUE(status->ExitedWith(0))
+      << p->name() << " ended with " << status->ToString() << "\n--- output ---\n"
+      << p->LogTail();
+}
+
+// The plain-Python parts need no sidecar: the sampler against torch's own.
+TEST(PythonSamplerTest, AgreesWithTorchsDistributedSampler) {
+#ifdef GRANARY_TEST_ASAN
+  GTEST_SKIP() << "an AddressSanitizer build of the granary module cannot be loaded by "
+                  "/usr/bin/python3";
+#endif
+  if (::access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
+  TempDir dir;
+  auto p = StartPython("sampler_semantics.py", {}, dir.path(), dir.Join("no-sidecar.sock"));
+  ExpectSuccess(p.get());
+}
+
 class PythonClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -93,33 +139,8 @@ class PythonClientTest : public ::testing::Test {
   std::unique_ptr<DaemonProcess> StartScript(const std::string& script,
                                              std::vector<std::string> args,
                                              const std::string& tag = "") {
-    DaemonProcessOptions o;
-    o.binary = kPython;
-    o.args.push_back(ScriptPath(script));
-    for (std::string& a : args) o.args.push_back(std::move(a));
-    const std::string name = script + (tag.empty() ? "" : "-" + tag);
-    o.name = name;
-    o.log_path = cluster_->dir().Join(name + ".log");
-    o.env = {"PYTHONPATH=" + PythonPath(), "GRANARY_SOCKET=" + sidecar_->socket_path(),
-             "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1"};
-    auto p = DaemonProcess::Start(o);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    return p.ok() ? std::move(*p) : nullptr;
-  }
-
-  // Waits for the script and expects exit code 0; prints its output if not.
-  void ExpectSuccess(DaemonProcess* p, milliseconds timeout = seconds(90)) {
-    ASSERT_NE(p, nullptr);
-    auto status = p->Wait(timeout);
-    if (!status.ok()) {
-      (void)p->Kill();
-      FAIL() << p->name() << " did not finish within " << timeout.count()
-             << " ms: " << status.status().ToString() << "\n--- output ---\n"
-             << p->LogTail();
-    }
-    EXPECT_TRUE(status->ExitedWith(0))
-        << p->name() << " ended with " << status->ToString() << "\n--- output ---\n"
-        << p->LogTail();
+    return StartPython(script, std::move(args), cluster_->dir().path(), sidecar_->socket_path(),
+                       tag);
   }
 
   void RunScript(const std::string& script, std::vector<std::string> args,
