@@ -225,6 +225,15 @@ Status Session::Handshake(std::string_view dataset, Clock::time_point deadline) 
   info_.sample_count = open.sample_count;
   info_.total_bytes = open.total_bytes;
   info_.chunk_count = open.chunk_count;
+  // Hint pins keep samples that other readers may have consumed from being
+  // evicted: a session's hints are kept within 1/kHintArenaShare of the arena,
+  // and it asks for no more than half of that (at the dataset's mean size).
+  hint_bytes_limit_ = map_size_ / kHintArenaShare;
+  const uint64_t mean =
+      std::max<uint64_t>(1, info_.sample_count == 0 ? 1 : info_.total_bytes / info_.sample_count);
+  lookahead_ = options_.lookahead == 0 ? 0
+                                       : static_cast<uint32_t>(std::clamp<uint64_t>(
+                                             hint_bytes_limit_ / 2 / mean, 1, options_.lookahead));
   return Status::Ok();
 }
 
@@ -265,6 +274,7 @@ Status Session::Break(Status status) {
   // The sidecar drops every pin of a closed connection.
   hint_order_.clear();
   hints_.clear();
+  hint_bytes_ = 0;
   std::lock_guard<std::mutex> lock(release_mu_);
   pending_release_.clear();
   outstanding_.clear();
@@ -499,21 +509,28 @@ Result<SampleView> Session::Adopt(const sp::SampleItem& item) {
 void Session::AddHint(const SampleView& view) {
   auto it = hints_.find(view.id);
   if (it != hints_.end()) {
-    Release(*it->second);
-    hint_order_.erase(it->second);
-    hints_.erase(it);
+    const auto old = it->second;
+    TakeHint(old);
+    Release(*old);
+    hint_order_.erase(old);
   }
   hint_order_.push_back(view);
   hints_[view.id] = std::prev(hint_order_.end());
+  hint_bytes_ += view.size;
 }
 
-void Session::TrimHints(size_t keep) {
-  while (hints_.size() > keep && !hint_order_.empty()) {
-    const SampleView oldest = hint_order_.front();
-    hints_.erase(oldest.id);
+void Session::TrimHints() {
+  const size_t keep = size_t{2} * lookahead_;
+  while ((hints_.size() > keep || hint_bytes_ > hint_bytes_limit_) && !hint_order_.empty()) {
+    TakeHint(hint_order_.begin());
+    Release(hint_order_.front());
     hint_order_.pop_front();
-    Release(oldest);
   }
+}
+
+void Session::TakeHint(std::list<SampleView>::iterator it) {
+  hints_.erase(it->id);
+  hint_bytes_ -= std::min(hint_bytes_, it->size);
 }
 
 // ---- samples ---------------------------------------------------------------------
@@ -545,9 +562,10 @@ std::vector<Result<SampleView>> Session::GetMany(std::span<const uint32_t> ids) 
     }
     auto hit = hints_.find(id);
     if (hit != hints_.end()) {
-      out.emplace_back(*hit->second);
-      hint_order_.erase(hit->second);
-      hints_.erase(hit);
+      const auto view = hit->second;
+      out.emplace_back(*view);
+      TakeHint(view);
+      hint_order_.erase(view);
       continue;
     }
     out.emplace_back(Status::Internal("not fetched"));
@@ -561,7 +579,7 @@ std::vector<Result<SampleView>> Session::GetMany(std::span<const uint32_t> ids) 
 void Session::FetchMisses(std::span<const uint32_t> ids, std::span<const size_t> slots,
                           std::vector<Result<SampleView>>* out) {
   const Clock::time_point deadline = Clock::now() + options_.call_timeout;
-  const uint32_t lookahead = std::min(options_.lookahead, limits_.max_items / 2);
+  const uint32_t lookahead = std::min(lookahead_, limits_.max_items / 2);
   const size_t body_room = limits_.max_body_bytes - kBodyOverhead;
   // Half the body for releases, half for ids; ids + hints within max_items.
   const size_t max_releases =
@@ -618,7 +636,7 @@ void Session::FetchMisses(std::span<const uint32_t> ids, std::span<const size_t>
       (*out)[slots[begin + answered]] = Adopt(item);
       ++answered;
     }
-    TrimHints(size_t{2} * lookahead);
+    TrimHints();
   }
 }
 
@@ -680,7 +698,7 @@ Result<std::vector<Result<SampleView>>> Session::Next(uint32_t max, bool* end_of
     }
     out.push_back(Adopt(item));
   }
-  TrimHints(size_t{2} * options_.lookahead);
+  TrimHints();
   if (end_of_epoch != nullptr) *end_of_epoch = samples.end_of_epoch;
   return out;
 }

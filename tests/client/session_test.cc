@@ -133,6 +133,7 @@ class SessionTest : public ::testing::Test {
       for (size_t i = 0; i < 40; ++i) sizes.push_back(100 + 37 * i);
     }
     fake_.reset();
+    started_ = false;
     path_ = dir_.Join("sidecar-" + std::to_string(++n_) + ".sock");
     fake_ = std::make_unique<FakeSidecar>(path_, std::move(sizes), arena);
   }
@@ -281,6 +282,34 @@ TEST_F(SessionTest, LookaheadHintsServeLaterGetsWithoutARoundTrip) {
   session.reset();
   EXPECT_TRUE(testing::WaitFor([&] { return fake_->pins() == 0; }))
       << "closing drops every pin, hints included";
+}
+
+// Large samples: fewer hints asked, and the table kept within 1/32 of the
+// arena, so sessions pinning consumed hints cannot fill it.
+TEST_F(SessionTest, HintsAreBoundedInBytes) {
+  Init(std::vector<size_t>(40, 16 * 1024), 1 << 20);  // 16 KiB samples, 1 MiB arena
+  SessionOptions o;
+  o.lookahead = 64;
+  auto session = Open(o);
+  ASSERT_NE(session, nullptr);
+  EXPECT_EQ(session->lookahead(), 1u) << "1 MiB / 32 / 2 holds one 16 KiB sample";
+  ASSERT_OK(session->Get(0));
+  auto gets = RequestsOf<sp::Get>();
+  ASSERT_EQ(gets.size(), 1u);
+  EXPECT_EQ(gets[0].lookahead, 1u);
+  for (uint32_t id = 10; id < 20; ++id) ASSERT_OK(session->Get(id));
+  EXPECT_LE(session->hint_count() * 16 * 1024, (1u << 20) / kHintArenaShare);
+  EXPECT_GE(session->hint_count(), 1u);
+  // Small samples: the option stands.
+  Init({});
+  auto small = Open(o);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(small->lookahead(), 19u) << "mean 821 bytes: 1 MiB / 32 / 2 / 821";
+  small.reset();  // the fake serves one connection at a time
+  o.lookahead = 5;
+  EXPECT_EQ(Open(o)->lookahead(), 5u);
+  o.lookahead = 0;
+  EXPECT_EQ(Open(o)->lookahead(), 0u);
 }
 
 TEST_F(SessionTest, GetManyMixesHitsMissesAndBadIds) {

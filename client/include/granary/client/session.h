@@ -17,11 +17,15 @@
 // or NEXT (or by Flush()), so releasing costs no round trip. Closing the
 // session (or the process dying) drops every pin it held.
 //
-// Lookahead: Get() asks the sidecar for up to options.lookahead samples that
-// follow the requested one in an active plan of the dataset and are already in
-// the arena ("hints"). They are kept in a small table, so a later Get() of one
-// of them needs no round trip; hints not used are released, oldest first, once
-// the table holds more than 2 × lookahead, and all of them at close.
+// Lookahead: Get() asks the sidecar for up to lookahead() samples that follow
+// the requested one in an active plan of the dataset and are already in the
+// arena ("hints"). They are kept in a small table, so a later Get() of one of
+// them needs no round trip; hints not used are released, oldest first, once
+// the table holds more than 2 × lookahead() or more than 1/kHintArenaShare of
+// the arena in bytes, and all of them at close. lookahead() is
+// options.lookahead, lowered for large samples so that half that byte budget
+// holds it at the dataset's mean sample size: a pinned hint another reader has
+// consumed cannot be evicted, so many sessions must not pin the arena full.
 //
 // Trust: a reply is checked before anything in it is used: request id, reply
 // type, the ids asked for, and that every range lies inside the mapping (an
@@ -72,6 +76,8 @@ inline constexpr std::string_view kDefaultSocketPath = "/run/granary/sidecar.soc
 inline constexpr std::string_view kSocketEnvVar = "GRANARY_SOCKET";
 // A Get's lookahead is capped so that ids + hints fit in one reply.
 inline constexpr uint32_t kMaxLookahead = 1024;
+// A session's unused hints hold at most 1/kHintArenaShare of the arena.
+inline constexpr uint64_t kHintArenaShare = 32;
 
 struct SessionOptions {
   // Empty: $GRANARY_SOCKET, else kDefaultSocketPath.
@@ -142,6 +148,8 @@ class Session {
   const std::string& socket_path() const { return socket_path_; }
   const std::string& sidecar_name() const { return sidecar_name_; }
   uint64_t arena_bytes() const { return map_size_; }
+  // Hints asked for with each Get (see above).
+  uint32_t lookahead() const { return lookahead_; }
   // The process that opened the session.
   pid_t pid() const { return pid_; }
   // Whether this is still that process (false in a forked child).
@@ -214,8 +222,10 @@ class Session {
   // error; a bad range or checksum becomes kCorruption and its pin is queued
   // for release.
   Result<SampleView> Adopt(const sidecar_protocol::SampleItem& item);
-  void AddHint(const SampleView& view);  // caller holds mu_
-  void TrimHints(size_t keep);           // caller holds mu_
+  // The hint table; the caller holds mu_.
+  void AddHint(const SampleView& view);
+  void TakeHint(std::list<SampleView>::iterator it);  // off the map and the byte count
+  void TrimHints();
   // Sends GETs for `ids` (all misses) and fills `out` at `slots`.
   void FetchMisses(std::span<const uint32_t> ids, std::span<const size_t> slots,
                    std::vector<Result<SampleView>>* out);
@@ -228,6 +238,8 @@ class Session {
   std::string sidecar_name_;
   sidecar_protocol::Limits limits_;  // common with the sidecar's, after HELLO
   uint16_t version_ = sidecar_protocol::kMaxVersion;
+  uint32_t lookahead_ = 0;         // set by Open
+  uint64_t hint_bytes_limit_ = 0;  // set by Open
 
   // The arena mapping; immutable after Open, unmapped by the destructor.
   const char* map_ = nullptr;
@@ -242,6 +254,7 @@ class Session {
   Status broken_;                         // OK while the connection is usable
   std::list<SampleView> hint_order_;      // oldest first
   std::unordered_map<uint32_t, std::list<SampleView>::iterator> hints_;
+  uint64_t hint_bytes_ = 0;  // bytes of the views in hints_
 
   mutable std::mutex release_mu_;  // guards the two below; never held across I/O
   std::vector<uint64_t> pending_release_;
