@@ -96,31 +96,6 @@ std::string ResolveSocketPath(std::string_view configured) {
 
 std::string DefaultClientName() { return "client/" + std::to_string(::getpid()); }
 
-Status ValidateSamplePath(std::string_view path) {
-  const auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument("sample path " + Quoted(path) + " " + std::string(why) +
-                                   "; name a file relative to the dataset root, e.g. "
-                                   "'train/cat/1.jpg'");
-  };
-  if (path.empty()) return bad("is empty");
-  if (path.size() > sp::kMaxPathLength) {
-    return bad(fmt::format("is longer than {} bytes", sp::kMaxPathLength));
-  }
-  if (path.front() == '/') return bad("is absolute");
-  if (path.find('\0') != std::string_view::npos) return bad("holds a NUL byte");
-  size_t begin = 0;
-  while (begin <= path.size()) {
-    size_t end = path.find('/', begin);
-    if (end == std::string_view::npos) end = path.size();
-    std::string_view part = path.substr(begin, end - begin);
-    if (part.empty()) return bad("has an empty component ('//' or a trailing '/')");
-    if (part == ".") return bad("has a '.' component");
-    if (part == "..") return bad("has a '..' component (paths never leave the dataset root)");
-    begin = end + 1;
-  }
-  return Status::Ok();
-}
-
 // ---- opening ------------------------------------------------------------------
 
 Session::Session(std::string socket_path, SessionOptions options)

@@ -39,28 +39,6 @@ namespace {
 
 constexpr size_t kReceiveBuffer = 64 * 1024;
 
-// A path a client may look up: relative, no empty, "." or ".." component.
-Status CheckLookupPath(const std::string& path) {
-  if (path.empty() || path.front() == '/') {
-    return Status::InvalidArgument("path " + Quoted(path) +
-                                   " is not relative to the dataset root; write e.g. "
-                                   "\"class1/img001.jpg\"");
-  }
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string::npos) end = path.size();
-    const std::string_view part(path.data() + start, end - start);
-    if (part.empty() || part == "." || part == "..") {
-      return Status::InvalidArgument("path " + Quoted(path) +
-                                     " has an empty, '.' or '..' component; paths never leave "
-                                     "or re-enter the dataset: write it as the manifest lists it");
-    }
-    start = end + 1;
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 struct Sidecar::Impl {
@@ -626,7 +604,7 @@ struct Sidecar::Impl {
     sp::LookupReply reply;
     for (const std::string& path : lookup.paths) {
       sp::LookupItem item;
-      if (Status ok = CheckLookupPath(path); !ok.ok()) {
+      if (Status ok = ValidateSamplePath(path); !ok.ok()) {
         item.status = ok;
       } else if (Result<SampleId> id = s->cache->manifest().Find(path); id.ok()) {
         item.id = *id;

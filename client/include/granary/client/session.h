@@ -105,10 +105,8 @@ std::string ResolveSocketPath(std::string_view configured);
 // "client/<pid>".
 std::string DefaultClientName();
 
-// OK for a manifest path a LOOKUP may name: relative, non-empty components,
-// none "." or "..", no NUL, at most sidecar_protocol::kMaxPathLength bytes.
-// kInvalidArgument naming the path (Quoted) otherwise.
-Status ValidateSamplePath(std::string_view path);
+// Paths are checked with ValidateSamplePath (core/names.h) before a LOOKUP.
+using granary::ValidateSamplePath;
 
 struct DatasetInfo {
   std::string name;

@@ -1,13 +1,15 @@
 #pragma once
 
-// Names shared across Granary: the dataset-name rule, and how any untrusted
-// string (a name read from disk, a URL, a key from the store) is shown in an
-// error message.
+// Names shared across Granary: the dataset-name rule, the rule for a path a
+// client names inside a dataset, and how any untrusted string (a name read
+// from disk, a URL, a key from the store) is shown in an error message.
 //
 // Thread safety: pure functions.
 
 #include <string>
 #include <string_view>
+
+#include "granary/core/status.h"
 
 namespace granary {
 
@@ -19,5 +21,14 @@ bool IsDnsLabel(std::string_view name);
 // `s` in single quotes for a message: printable ASCII as is, anything else
 // (and ' and \) as \xNN, cut after 80 bytes with the full length noted.
 std::string Quoted(std::string_view s);
+
+// A sample path as a client may name it (a LOOKUP, the POSIX view): at most
+// this many bytes.
+inline constexpr size_t kMaxSamplePathLength = 4096;
+// OK for a path relative to the dataset root: non-empty components, none "."
+// or "..", no NUL, not absolute, at most kMaxSamplePathLength bytes.
+// kInvalidArgument naming the path (Quoted) and what is wrong otherwise.
+// The client checks paths with it before asking; the sidecar again on receipt.
+Status ValidateSamplePath(std::string_view path);
 
 }  // namespace granary

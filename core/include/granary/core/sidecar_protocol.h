@@ -64,6 +64,7 @@
 #include <vector>
 
 #include "granary/core/hash.h"
+#include "granary/core/names.h"
 #include "granary/core/status.h"
 
 namespace granary::sidecar_protocol {
@@ -83,8 +84,8 @@ inline constexpr uint32_t kDefaultMaxBodyBytes = 4u << 20;
 inline constexpr uint32_t kMaxItemsCap = 1u << 20;
 inline constexpr uint32_t kDefaultMaxItems = 4096;  // ids, tokens, paths or entries per message
 inline constexpr size_t kMaxNameLength = 255;       // client and sidecar names
-inline constexpr size_t kMaxPathLength = 4096;      // LOOKUP paths and STAT_REPLY paths
-inline constexpr size_t kMaxMessageLength = 1024;   // per-item and ERROR messages (cut to this)
+inline constexpr size_t kMaxPathLength = kMaxSamplePathLength;  // LOOKUP paths and STAT_REPLY paths
+inline constexpr size_t kMaxMessageLength = 1024;  // per-item and ERROR messages (cut to this)
 
 struct Limits {
   uint32_t max_body_bytes = kDefaultMaxBodyBytes;
