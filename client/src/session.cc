@@ -26,35 +26,8 @@ using Clock = std::chrono::steady_clock;
 
 // Bytes asked of recvmsg(2) at once. Replies are small (no payloads).
 constexpr size_t kReceiveChunk = 64u << 10;
-// Bounds the retry loops around EINTR and spurious wake-ups; deadlines bound
-// them in time.
-constexpr int kMaxPollRounds = 1'000'000;
 // Fixed part of a GET/LOOKUP body, generously: counts, lookahead.
 constexpr uint32_t kBodyOverhead = 64;
-
-int PollTimeout(Clock::time_point deadline) {
-  auto left = deadline - Clock::now();
-  if (left <= Clock::duration::zero()) return 0;
-  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  return static_cast<int>(std::min<int64_t>(ms, 1'000'000));
-}
-
-// True when `fd` is ready for `events` (or in error, which the next call
-// reports), false when the deadline passed first.
-Result<bool> WaitReady(int fd, short events, Clock::time_point deadline) {
-  for (int round = 0; round < kMaxPollRounds; ++round) {
-    pollfd p{fd, events, 0};
-    int n = ::poll(&p, 1, PollTimeout(deadline));
-    if (n > 0) return true;
-    if (n == 0) {
-      if (Clock::now() >= deadline) return false;
-      continue;
-    }
-    if (errno == EINTR) continue;
-    return Status::FromErrno(errno, "poll on the sidecar connection");
-  }
-  return false;
-}
 
 std::string MillisText(std::chrono::milliseconds ms) { return fmt::format("{} ms", ms.count()); }
 
@@ -268,7 +241,7 @@ Status Session::SendAll(std::string_view bytes, Clock::time_point deadline,
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      Result<bool> ready = WaitReady(fd_.get(), POLLOUT, deadline);
+      Result<bool> ready = WaitFdReady(fd_.get(), POLLOUT, deadline, "the sidecar connection");
       if (!ready.ok())
         return Break(Status::Unavailable(std::string(doing) + ": " + ready.status().message()));
       if (!*ready) {
@@ -308,7 +281,7 @@ Result<sp::Frame> Session::ReceiveFrame(Clock::time_point deadline, std::string_
       }
       if (decoder.has_frame()) return decoder.TakeFrame();
     }
-    Result<bool> ready = WaitReady(fd_.get(), POLLIN, deadline);
+    Result<bool> ready = WaitFdReady(fd_.get(), POLLIN, deadline, "the sidecar connection");
     if (!ready.ok()) {
       return Break(Status::Unavailable(std::string(doing) + ": " + ready.status().message()));
     }

@@ -1,6 +1,7 @@
 #include "granary/core/file.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,6 +112,30 @@ Status WriteFileAtomically(const std::string& path, std::string_view contents, m
     return s;
   }
   return SyncDirectoryOf(path);
+}
+
+Result<bool> WaitFdReady(int fd, short events, std::chrono::steady_clock::time_point deadline,
+                         std::string_view what) {
+  using Clock = std::chrono::steady_clock;
+  for (int round = 0; round < kMaxPollRounds; ++round) {
+    // Milliseconds left, rounded up so that a wait never ends before the deadline.
+    const auto left = deadline - Clock::now();
+    int timeout = 0;
+    if (left > Clock::duration::zero()) {
+      timeout = static_cast<int>(
+          std::min<int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), 1'000'000));
+    }
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, timeout);
+    if (n > 0) return true;
+    if (n == 0) {
+      if (Clock::now() >= deadline) return false;
+      continue;
+    }
+    if (errno == EINTR) continue;
+    return Status::FromErrno(errno, "poll on " + std::string(what));
+  }
+  return false;
 }
 
 }  // namespace granary

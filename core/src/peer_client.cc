@@ -25,36 +25,6 @@ using Clock = std::chrono::steady_clock;
 // Bytes asked of recv(2) at once for frame headers and bodies. Payloads are
 // received straight into the result, whatever their size.
 constexpr size_t kReceiveChunk = 64u << 10;
-// Bounds the retry loops around EINTR and spurious wake-ups; the deadline
-// bounds them in time.
-constexpr int kMaxPollRounds = 1'000'000;
-
-// Milliseconds left until `deadline` for poll(2), rounded up so that a wait
-// never ends before the deadline; 0 when it has passed.
-int PollTimeout(Clock::time_point deadline) {
-  auto left = deadline - Clock::now();
-  if (left <= Clock::duration::zero()) return 0;
-  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  return static_cast<int>(std::min<int64_t>(ms, 1'000'000));
-}
-
-// Waits until `fd` is ready for `events` or the deadline passes: true when ready
-// (or in error, which the next call reports), false on timeout.
-Result<bool> WaitReady(int fd, short events, Clock::time_point deadline) {
-  for (int round = 0; round < kMaxPollRounds; ++round) {
-    pollfd p{fd, events, 0};
-    int timeout = PollTimeout(deadline);
-    int n = ::poll(&p, 1, timeout);
-    if (n > 0) return true;
-    if (n == 0) {
-      if (Clock::now() >= deadline) return false;
-      continue;
-    }
-    if (errno == EINTR) continue;
-    return Status::FromErrno(errno, "poll on a cache node connection");
-  }
-  return false;
-}
 
 std::string_view ResponseName(const ResponseMessage& m) {
   static constexpr std::string_view kNames[] = {"HELLO_REPLY", "PONG", "STAT_REPLY", "READ_REPLY",
@@ -160,7 +130,7 @@ Status PeerClient::Open(Clock::time_point deadline) {
       continue;
     }
     if (rc != 0) {
-      Result<bool> ready = WaitReady(s.get(), POLLOUT, deadline);
+      Result<bool> ready = WaitFdReady(s.get(), POLLOUT, deadline, "a cache node connection");
       if (!ready.ok()) {
         last = ready.status();
         continue;
@@ -234,7 +204,8 @@ Status PeerClient::SendAll(std::string_view bytes, Clock::time_point deadline,
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      GRANARY_ASSIGN_OR_RETURN(bool ready, WaitReady(fd_.get(), POLLOUT, deadline));
+      GRANARY_ASSIGN_OR_RETURN(
+          bool ready, WaitFdReady(fd_.get(), POLLOUT, deadline, "a cache node connection"));
       if (!ready) {
         return Status::DeadlineExceeded(
             std::string(doing) + ": the server took " + std::to_string(sent) + " of " +
@@ -268,7 +239,8 @@ Result<size_t> PeerClient::Receive(Clock::time_point deadline, std::string_view 
       return Status::Unavailable(std::string(doing) + ": receiving failed: " + ErrnoText(errno) +
                                  "; the connection is closed, the next call reconnects");
     }
-    GRANARY_ASSIGN_OR_RETURN(bool ready, WaitReady(fd_.get(), POLLIN, deadline));
+    GRANARY_ASSIGN_OR_RETURN(bool ready,
+                             WaitFdReady(fd_.get(), POLLIN, deadline, "a cache node connection"));
     if (!ready) {
       return Status::DeadlineExceeded(std::string(doing) +
                                       ": no complete reply within the timeout; the connection is "
@@ -296,7 +268,8 @@ Status PeerClient::ReceiveInto(char* dst, size_t got, size_t size, Clock::time_p
       return Status::Unavailable(std::string(doing) + ": receiving the payload failed: " +
                                  ErrnoText(errno) + "; the next call reconnects");
     }
-    GRANARY_ASSIGN_OR_RETURN(bool ready, WaitReady(fd_.get(), POLLIN, deadline));
+    GRANARY_ASSIGN_OR_RETURN(bool ready,
+                             WaitFdReady(fd_.get(), POLLIN, deadline, "a cache node connection"));
     if (!ready) {
       return Status::DeadlineExceeded(std::string(doing) + ": got " + std::to_string(got) + " of " +
                                       std::to_string(size) +

@@ -641,20 +641,6 @@ Result<ResponseMessage> DecodeErrorReply(const Frame& f) {
   return ResponseMessage(std::move(error));
 }
 
-// Grows `s` by `bytes` without ever reserving more than `final_size` (the
-// frame's announced length, itself within the limits): buffers track the bytes
-// that actually arrived, at most doubling, and stop exactly at the frame size.
-void AppendWithin(std::string* s, std::string_view bytes, size_t final_size) {
-  size_t needed = s->size() + bytes.size();
-  if (needed > s->capacity()) {
-    std::string grown;
-    grown.reserve(std::min(final_size, std::max(needed, 2 * s->capacity())));
-    grown.append(*s);
-    s->swap(grown);
-  }
-  s->append(bytes);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------

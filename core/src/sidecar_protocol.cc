@@ -912,20 +912,6 @@ Status CheckHeader(const char* b, const Limits& limits, FrameHeader* h) {
   return Status::Ok();
 }
 
-// Appends to a body that will be `final_size` bytes, growing geometrically
-// as bytes arrive (never to more than final_size): a header announcing a large
-// body costs nothing until the body comes.
-void AppendWithin(std::string* s, std::string_view bytes, size_t final_size) {
-  size_t needed = s->size() + bytes.size();
-  if (needed > s->capacity()) {
-    std::string grown;
-    grown.reserve(std::min(final_size, std::max(needed, 2 * s->capacity())));
-    grown.append(*s);
-    s->swap(grown);
-  }
-  s->append(bytes);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 //
 // Thread safety: pure functions.
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -107,5 +108,20 @@ class ByteReader {
   size_t pos_ = 0;
   bool ok_ = true;
 };
+
+// Appends `bytes` to a frame buffer `s` that will end up `final_size` bytes
+// (the length a header announced, itself within the receiver's limits),
+// growing at most geometrically and never past final_size: a header that
+// announces a large body costs nothing until the bytes actually arrive.
+inline void AppendWithin(std::string* s, std::string_view bytes, size_t final_size) {
+  const size_t needed = s->size() + bytes.size();
+  if (needed > s->capacity()) {
+    std::string grown;
+    grown.reserve(std::min(final_size, std::max(needed, 2 * s->capacity())));
+    grown.append(*s);
+    s->swap(grown);
+  }
+  s->append(bytes);
+}
 
 }  // namespace granary

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -74,5 +75,15 @@ Status SyncDirectoryOf(const std::string& path);
 // new one: a uniquely named temp file in the same directory (safe against
 // concurrent writers of the same path), fsync, rename, fsync of the directory.
 Status WriteFileAtomically(const std::string& path, std::string_view contents, mode_t mode = 0600);
+
+// Bounds the retry loops of blocking-with-deadline I/O around EINTR and
+// spurious wake-ups; the deadline bounds them in time.
+inline constexpr int kMaxPollRounds = 1'000'000;
+
+// Waits until `fd` is ready for `events` (poll(2) flags) or `deadline` passes:
+// true when ready (or in error, which the next call on it reports), false on
+// timeout. `what` names the descriptor in an error ("a cache node connection").
+Result<bool> WaitFdReady(int fd, short events, std::chrono::steady_clock::time_point deadline,
+                         std::string_view what);
 
 }  // namespace granary
