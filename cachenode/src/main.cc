@@ -16,6 +16,7 @@
 #include "granary/cachenode/cache_node.h"
 #include "granary/cachenode/config.h"
 #include "granary/core/log.h"
+#include "granary/daemon/stop_signals.h"
 
 namespace {
 
@@ -55,22 +56,15 @@ int main(int argc, char** argv) {
 
   // Block the stop signals in every thread (the threads the node starts
   // inherit the mask); this thread waits for them below.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = granary::BlockStopSignals();
 
   granary::Result<std::unique_ptr<granary::CacheNode>> node = granary::CacheNode::Start(*config);
   if (!node.ok()) {
     std::fprintf(stderr, "granary-cachenode: %s\n", node.status().ToString().c_str());
     return kExitRuntime;
   }
-  int signal_number = 0;
-  while (sigwait(&stop_signals, &signal_number) != 0) {
-  }
-  granary::GetLogger("cachenode")
-      ->info("received {}: stopping", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  const std::string_view stopped_by = granary::WaitForStopSignal(stop_signals);
+  granary::GetLogger("cachenode")->info("received {}: stopping", stopped_by);
   (*node)->Stop();
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "granary/core/log.h"
+#include "granary/daemon/stop_signals.h"
 #include "granary/sidecar/config.h"
 #include "granary/sidecar/sidecar.h"
 
@@ -54,11 +55,7 @@ int main(int argc, char** argv) {
   }
   granary::SetLogLevel(config->log_level);
 
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = granary::BlockStopSignals();
   signal(SIGPIPE, SIG_IGN);
 
   granary::Result<std::unique_ptr<granary::sidecar::Sidecar>> sidecar =
@@ -67,11 +64,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "granary-sidecar: %s\n", sidecar.status().ToString().c_str());
     return kExitRuntime;
   }
-  int signal_number = 0;
-  while (sigwait(&stop_signals, &signal_number) != 0) {
-  }
-  granary::GetLogger("sidecar")->info("received {}: stopping",
-                                      signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  const std::string_view stopped_by = granary::WaitForStopSignal(stop_signals);
+  granary::GetLogger("sidecar")->info("received {}: stopping", stopped_by);
   (*sidecar)->Stop();
   return 0;
 }

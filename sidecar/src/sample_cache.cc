@@ -406,6 +406,20 @@ std::vector<AcquiredSample> SampleCache::Acquire(uint64_t client, std::span<cons
   return out;
 }
 
+SampleCacheStats& SampleCacheStats::operator+=(const SampleCacheStats& o) {
+  arena_bytes += o.arena_bytes;
+  arena_used_bytes += o.arena_used_bytes;
+  entries += o.entries;
+  pins += o.pins;
+  pinned_bytes += o.pinned_bytes;
+  window_samples += o.window_samples;
+  window_bytes += o.window_bytes;
+  cursors += o.cursors;
+  evictions += o.evictions;
+  unknown_releases += o.unknown_releases;
+  return *this;
+}
+
 SampleCacheStats SampleCache::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   SampleCacheStats s;

@@ -265,18 +265,7 @@ struct Sidecar::Impl {
         next_nodes = Clock::now() + config.refresh_interval;
       }
       SampleCacheStats total;
-      for (const std::shared_ptr<SampleCache>& cache : Caches()) {
-        SampleCacheStats s = cache->Stats();
-        total.arena_bytes += s.arena_bytes;
-        total.arena_used_bytes += s.arena_used_bytes;
-        total.pins += s.pins;
-        total.pinned_bytes += s.pinned_bytes;
-        total.window_samples += s.window_samples;
-        total.window_bytes += s.window_bytes;
-        total.cursors += s.cursors;
-        total.evictions += s.evictions;
-        total.unknown_releases += s.unknown_releases;
-      }
+      for (const std::shared_ptr<SampleCache>& cache : Caches()) total += cache->Stats();
       size_t sessions = 0;
       {
         std::lock_guard<std::mutex> lock(conn_mu);

@@ -89,6 +89,9 @@ struct SampleCacheStats {
   uint64_t cursors = 0;
   uint64_t evictions = 0;
   uint64_t unknown_releases = 0;
+
+  // Field-wise sum (the sidecar totals its datasets' caches).
+  SampleCacheStats& operator+=(const SampleCacheStats& o);
 };
 
 class SampleCache {
