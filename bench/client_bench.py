@@ -262,6 +262,8 @@ def main():
     ap.add_argument("--epochs", type=positive, default=3, help="epochs per contender (default 3)")
     ap.add_argument("--window", type=parse_bytes, default=parse_bytes("64MiB"),
                     help="the sidecar's window_bytes (default 64MiB)")
+    ap.add_argument("--no-handoff", action="store_true",
+                    help="read the local cache node over TCP only (no chunk handoff socket)")
     ap.add_argument("--seed", type=int, default=42, help="dataset generator seed (default 42)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build", "release"))
@@ -316,7 +318,8 @@ def main():
             f.write(f"node_id: {NODE_ID}\nlisten: 127.0.0.1:{port}\n"
                     f"data_dir: {work}/cache\ncapacity: 8GiB\nmetadata_store: {store}\n"
                     f"metrics_listen: 127.0.0.1:{node_metrics}\n"
-                    f"heartbeat_interval: 500ms\nheartbeat_ttl: 3s\nlog_level: warn\n")
+                    + (f"local_socket: {work}/cachenode.sock\n" if not args.no_handoff else "")
+                    + f"heartbeat_interval: 500ms\nheartbeat_ttl: 3s\nlog_level: warn\n")
         node = procs.start("granary-cachenode",
                            [binaries["cachenode"], "--config", f"{work}/cachenode.yaml"],
                            os.path.join(work, "cachenode.log"))
@@ -337,7 +340,9 @@ def main():
         side_metrics = free_port()
         with open(os.path.join(work, "sidecar.yaml"), "w") as f:
             f.write(f"socket: {sock}\nmetadata_store: {store}\nlocal_node: {NODE_ID}\n"
-                    f"window_bytes: {args.window}\nmetrics_listen: 127.0.0.1:{side_metrics}\n"
+                    + (f"local_node_socket: {work}/cachenode.sock\n" if not args.no_handoff
+                       else "")
+                    + f"window_bytes: {args.window}\nmetrics_listen: 127.0.0.1:{side_metrics}\n"
                     f"log_level: warn\n")
         sidecar = procs.start("granary-sidecar",
                               [binaries["sidecar"], "--config", f"{work}/sidecar.yaml"],
@@ -448,7 +453,8 @@ def main():
                   if k.startswith(("granary_sidecar_served_samples_total",
                                    "granary_sidecar_fetched_samples_total",
                                    "granary_sidecar_failed_samples_total",
-                                   "granary_sidecar_evictions_total"))}
+                                   "granary_sidecar_evictions_total",
+                                   "granary_sidecar_local_file_"))}
         for k, v in sorted(served.items()):
             print(f"  {k} {v:.0f}")
         print(f"verified: {'every sample matches its local file' if verified else mismatched[:10]}")

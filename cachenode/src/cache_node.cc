@@ -1,5 +1,8 @@
 #include "granary/cachenode/cache_node.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,6 +18,7 @@
 #include "cache_node_metrics.h"
 #include "granary/cachenode/chunk_read_service.h"
 #include "granary/cachenode/chunk_store.h"
+#include "granary/cachenode/handoff_server.h"
 #include "granary/cachenode/server.h"
 #include "granary/cachenode/stager.h"
 #include "granary/core/identity.h"
@@ -94,7 +98,8 @@ std::string Plural(uint64_t n, const std::string& what) {
 // One dataset this node stages and serves.
 struct ActiveDataset {
   std::string name;
-  DatasetRecord record;  // as last seen
+  DatasetRecord record;    // as last seen
+  uint32_t owner_uid = 0;  // record.owner.uid at activation (read by handoff threads)
   ContentId manifest_id;
   std::shared_ptr<const Manifest> manifest;
   std::shared_ptr<PosixSource> source;
@@ -147,6 +152,9 @@ class CacheNode::Impl {
   void NoteStoreError(const Status& status);
   void NoteStoreOk();
   Status Readiness() const;
+  // The chunk handoff resolver (HandoffServer): a read-only descriptor of one
+  // chunk file, for a peer allowed to read the dataset.
+  Result<ScopedFd> HandOff(const PeerCredentials& peer, const handoff::OpenChunkRequest& request);
   void RefreshMetrics();
 
   const CacheNodeConfig config_;
@@ -160,6 +168,7 @@ class CacheNode::Impl {
   std::unique_ptr<IdentityExecutor> executor_;
   std::shared_ptr<ChunkReadService> reads_;
   std::unique_ptr<Server> server_;
+  std::unique_ptr<HandoffServer> handoff_;  // local_socket, when configured
   std::shared_ptr<prometheus::Registry> registry_;
   CacheNodeMetrics metrics_;
   NodeMetricState node_metric_state_;  // metrics thread only
@@ -258,6 +267,17 @@ Status CacheNode::Impl::Start() {
   advertise_ = config_.advertise;
   if (advertise_.port == 0) advertise_.port = server_->port();
 
+  if (!config_.local_socket.empty()) {
+    HandoffServerOptions handoff_options;
+    handoff_options.path = config_.local_socket;
+    GRANARY_ASSIGN_OR_RETURN(
+        handoff_,
+        HandoffServer::Start(handoff_options, [this](const PeerCredentials& peer,
+                                                     const handoff::OpenChunkRequest& request) {
+          return HandOff(peer, request);
+        }));
+  }
+
   registry_ = std::make_shared<prometheus::Registry>();
   GRANARY_ASSIGN_OR_RETURN(metrics_, CacheNodeMetrics::Declare(*registry_));
   Result<std::unique_ptr<ObservabilityServer>> observability = ObservabilityServer::Start(
@@ -302,6 +322,7 @@ void CacheNode::Impl::Stop() {
                  Quoted(config_.node_id), removed.ToString());
     }
   }
+  if (handoff_) handoff_->Stop();
   if (server_) server_->Stop();
   std::map<std::string, std::shared_ptr<ActiveDataset>> datasets;
   {
@@ -539,6 +560,7 @@ Result<std::shared_ptr<ActiveDataset>> CacheNode::Impl::Activate(const DatasetRe
   auto ds = std::make_shared<ActiveDataset>();
   ds->name = record.name;
   ds->record = record;
+  ds->owner_uid = record.owner.uid;
   GRANARY_ASSIGN_OR_RETURN(ds->manifest_id, ContentId::Parse(record.manifest_id));
   GRANARY_ASSIGN_OR_RETURN(std::string blob, store_->GetManifest(record.manifest_id));
   Result<Manifest> manifest = Manifest::Decode(blob);
@@ -590,6 +612,45 @@ Result<std::shared_ptr<ActiveDataset>> CacheNode::Impl::Activate(const DatasetRe
              ds->manifest->total_bytes(), record.spec.source_uri, owner.ToString(),
              ds->owned.size(), ds->manifest->chunk_count());
   return ds;
+}
+
+Result<ScopedFd> CacheNode::Impl::HandOff(const PeerCredentials& peer,
+                                          const handoff::OpenChunkRequest& request) {
+  std::shared_ptr<ActiveDataset> ds;
+  {
+    std::lock_guard<std::mutex> lock(datasets_mu_);
+    auto it = datasets_.find(request.dataset);
+    if (it != datasets_.end()) ds = it->second;
+  }
+  const std::string what = "chunk " + std::to_string(request.chunk) + " of dataset " +
+                           Quoted(request.dataset) + " on cache node " + Quoted(config_.node_id);
+  if (ds == nullptr) {
+    return Status::NotFound(what +
+                            ": the node does not stage that dataset (yet); read it over "
+                            "the network");
+  }
+  if (!(ds->manifest_id == request.manifest_id)) {
+    return Status::NotFound(what + ": the node serves manifest " + ds->manifest_id.ToHex() +
+                            ", not " + request.manifest_id.ToHex() + "; reopen the dataset");
+  }
+  if (peer.uid != 0 && peer.uid != ::geteuid() && peer.uid != ds->owner_uid) {
+    return Status::PermissionDenied(what + ": uid " + std::to_string(peer.uid) +
+                                    " may not read it (the dataset belongs to uid " +
+                                    std::to_string(ds->owner_uid) +
+                                    "); run the sidecar as the dataset's owner or as root");
+  }
+  if (request.chunk >= ds->manifest->chunk_count()) {
+    return Status::OutOfRange(what + ": the manifest has " +
+                              std::to_string(ds->manifest->chunk_count()) + " chunks");
+  }
+  GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> segments,
+                           ds->manifest->Segments(request.chunk));
+  ChunkKey key{request.dataset, request.manifest_id, request.chunk};
+  Result<StoredChunkReader> reader = chunks_->OpenChunkReader(key, segments);
+  if (!reader.ok()) return Status(reader.status().code(), what + ": " + reader.status().message());
+  const int fd = ::fcntl((*reader)->fd(), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return Status::FromErrno(errno, "duplicate the descriptor of " + what);
+  return ScopedFd(fd);
 }
 
 // (Re)creates the dataset's Stager with the order of `plans` and puts it in

@@ -81,6 +81,13 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
         ") use the same port; give one of them another port");
   }
 
+  bool local_socket_given = false;
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "local_socket", &c->local_socket, &local_socket_given));
+  if (local_socket_given) {
+    GRANARY_RETURN_IF_ERROR(
+        CheckSocketPath(m.Where("local_socket"), c->local_socket, "/run/granary/cachenode.sock"));
+  }
+
   GRANARY_RETURN_IF_ERROR(m.Required("data_dir", &c->data_dir));
   if (c->data_dir.empty() || c->data_dir.front() != '/') {
     return Status::InvalidArgument(m.Where("data_dir") + ": " + Quoted(c->data_dir) +

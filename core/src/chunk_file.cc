@@ -527,6 +527,14 @@ Result<ChunkReader> ChunkReader::Open(const std::string& path, const ChunkKey& e
   return ChunkReader(std::move(state));
 }
 
+Result<ChunkReader> ChunkReader::FromFd(ScopedFd fd, const std::string& label,
+                                        const ChunkKey& expected,
+                                        std::span<const ChunkSegment> expected_segments) {
+  GRANARY_ASSIGN_OR_RETURN(internal::ChunkFileState state, LoadChunkFile(std::move(fd), label));
+  GRANARY_RETURN_IF_ERROR(CheckExpected(state, expected, expected_segments));
+  return ChunkReader(std::move(state));
+}
+
 Result<ChunkFileHeader> ChunkReader::ReadHeader(const std::string& path) {
   GRANARY_ASSIGN_OR_RETURN(ScopedFd fd, OpenFile(path, O_RDONLY));
   GRANARY_ASSIGN_OR_RETURN(internal::ChunkFileState state, LoadChunkFile(std::move(fd), path));

@@ -10,6 +10,7 @@
 #include "granary/core/file.h"
 #include "granary/core/log.h"
 #include "granary/core/names.h"
+#include "granary/core/unix_socket.h"
 
 namespace granary {
 bool HasControlCharacter(std::string_view s) {
@@ -79,6 +80,23 @@ Result<std::string> HostName() {
     return Status::FromErrno(errno, "read the host name (gethostname)");
   }
   return std::string(host);
+}
+
+Status CheckSocketPath(std::string_view origin, const std::string& path, std::string_view example) {
+  const std::string where = std::string(origin) + ": " + Quoted(path);
+  if (path.empty() || path.front() != '/') {
+    return Status::InvalidArgument(where + " is not an absolute path; write e.g. " +
+                                   std::string(example));
+  }
+  if (HasControlCharacter(path)) {
+    return Status::InvalidArgument(where + " contains a control character; write a plain path");
+  }
+  if (path.size() > kMaxUnixSocketPath) {
+    return Status::InvalidArgument(where + " is " + std::to_string(path.size()) +
+                                   " bytes long; a Unix socket path holds at most " +
+                                   std::to_string(kMaxUnixSocketPath) + "; choose a shorter one");
+  }
+  return Status::Ok();
 }
 
 Status CheckStoreUrl(ConfigMap& m, std::string_view key, const std::string& url) {

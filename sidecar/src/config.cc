@@ -43,17 +43,7 @@ Status ParseSocket(ConfigMap& m, SidecarConfig* c) {
       c->socket_path = std::string(kDefaultSocketPath);
     }
   }
-  if (c->socket_path.empty() || c->socket_path.front() != '/') {
-    return Status::InvalidArgument(
-        origin + ": " + Quoted(c->socket_path) +
-        " is not an absolute path; write e.g. /run/granary/sidecar.sock");
-  }
-  if (c->socket_path.size() > kMaxUnixSocketPath) {
-    return Status::InvalidArgument(origin + ": " + Quoted(c->socket_path) + " is " +
-                                   std::to_string(c->socket_path.size()) +
-                                   " bytes long; a Unix socket path holds at most " +
-                                   std::to_string(kMaxUnixSocketPath) + "; choose a shorter one");
-  }
+  GRANARY_RETURN_IF_ERROR(CheckSocketPath(origin, c->socket_path, "/run/granary/sidecar.sock"));
 
   std::string mode_text;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "socket_mode", &mode_text, &given));
@@ -100,6 +90,12 @@ Status Parse(ConfigMap& m, SidecarConfig* c) {
   } else if (Status valid = ValidateNodeId(c->local_node); !valid.ok()) {
     return Status::InvalidArgument(m.Where("local_node") + ": " + valid.message() +
                                    "; write the node_id of the cache node on this host");
+  }
+
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "local_node_socket", &c->local_node_socket, &given));
+  if (given) {
+    GRANARY_RETURN_IF_ERROR(CheckSocketPath(m.Where("local_node_socket"), c->local_node_socket,
+                                            "/run/granary/cachenode.sock"));
   }
 
   GRANARY_RETURN_IF_ERROR(OptionalCount(m, "window_samples", 1, 1u << 24, &c->window_samples));

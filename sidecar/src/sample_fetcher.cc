@@ -37,6 +37,8 @@
 #include "granary/core/posix_source.h"
 #include "granary/core/protocol_format.h"
 #include "granary/core/source.h"
+#include "granary/core/unix_socket.h"
+#include "local_chunks.h"
 
 namespace granary::sidecar {
 
@@ -83,6 +85,21 @@ Status SampleFetcherOptions::Validate() const {
   if (node_down_for.count() <= 0 || node_down_for > std::chrono::hours(1)) {
     return Status::InvalidArgument(what + "node_down_for " + std::to_string(node_down_for.count()) +
                                    " ms must be positive and at most one hour");
+  }
+  if (!local_node_socket.empty()) {
+    if (local_node_id.empty()) {
+      return Status::InvalidArgument(what + "local_node_socket " + Quoted(local_node_socket) +
+                                     " is set but local_node_id is not; name the local node");
+    }
+    if (local_node_socket.front() != '/' || local_node_socket.size() > kMaxUnixSocketPath) {
+      return Status::InvalidArgument(what + "local_node_socket " + Quoted(local_node_socket) +
+                                     " is not an absolute socket path of at most " +
+                                     std::to_string(kMaxUnixSocketPath) + " bytes");
+    }
+  }
+  if (local_open_chunks == 0 || local_open_chunks > 65536) {
+    return Status::InvalidArgument(what + "local_open_chunks " + std::to_string(local_open_chunks) +
+                                   " must be 1 to 65536");
   }
   if (source_concurrency == 0 || source_concurrency > 1024) {
     return Status::InvalidArgument(what + "source_concurrency " +
@@ -198,6 +215,11 @@ struct SampleFetcher::Impl {
   Impl(SampleFetcherOptions o, IdentityExecutor* e) : options_(std::move(o)), executor_(e) {
     peer_options_ = options_.peer;
     peer_options_.client_name = options_.client_name;
+    if (!options_.local_node_socket.empty()) {
+      local_chunks_ =
+          std::make_unique<LocalChunks>(options_.local_node_socket, options_.peer.call_timeout,
+                                        options_.node_down_for, options_.local_open_chunks);
+    }
   }
 
   void SetNodes(std::vector<NodeRecord> nodes);
@@ -210,6 +232,10 @@ struct SampleFetcher::Impl {
   uint32_t CandidatesFor(FetchState& st, ChunkId chunk);
   uint32_t NextCandidate(FetchState& st, Piece& piece, const std::vector<char>& down_now);
   void ReadFromNode(FetchState& st, uint32_t node, const std::vector<uint32_t>& list);
+  // The local node's share of ReadFromNode through its chunk files; returns
+  // the pieces left for the network.
+  std::vector<uint32_t> ReadLocalFiles(FetchState& st, const std::vector<uint32_t>& list);
+  void ReadOverNetwork(FetchState& st, uint32_t node, const std::vector<uint32_t>& list);
   void ReadFromSource(FetchState& st, const std::vector<uint32_t>& list);
   std::string NoNodeMessage(const FetchState& st, const Piece& piece);
 
@@ -225,6 +251,7 @@ struct SampleFetcher::Impl {
   PeerClientOptions peer_options_;  // options_.peer named options_.client_name
   IdentityExecutor* const executor_;
   std::shared_ptr<spdlog::logger> log_ = GetLogger("sidecar");
+  std::unique_ptr<LocalChunks> local_chunks_;  // local_node_socket set
 
   // Started on the first source open when `executor_` is null. Declared before
   // `sources_` so that it outlives them.
@@ -622,8 +649,42 @@ uint32_t SampleFetcher::Impl::NextCandidate(FetchState& st, Piece& piece,
 
 // ---- reading from a node ----------------------------------------------------------
 
+std::vector<uint32_t> SampleFetcher::Impl::ReadLocalFiles(FetchState& st,
+                                                          const std::vector<uint32_t>& list) {
+  std::vector<uint32_t> rest;
+  for (uint32_t p : list) {
+    Piece& piece = st.pieces[p];
+    const FetchTarget& target = st.targets[piece.target];
+    Result<uint64_t> checksum =
+        local_chunks_->Read(*st.dataset, st.chunks[piece.chunk_slot].chunk, target.id, piece.offset,
+                            target.out.subspan(piece.offset, piece.length));
+    if (!checksum.ok()) {
+      rest.push_back(p);
+      continue;
+    }
+    piece.state = Piece::State::kDone;
+    piece.from = SampleSource::kLocalNode;
+    if (piece.offset == 0 && piece.length == target.out.size()) {
+      piece.checksum = *checksum;
+    } else {
+      piece.checksum.reset();
+    }
+  }
+  return rest;
+}
+
 void SampleFetcher::Impl::ReadFromNode(FetchState& st, uint32_t node,
                                        const std::vector<uint32_t>& list) {
+  if (node == st.view->local && local_chunks_ != nullptr) {
+    const std::vector<uint32_t> rest = ReadLocalFiles(st, list);
+    if (!rest.empty()) ReadOverNetwork(st, node, rest);
+    return;
+  }
+  ReadOverNetwork(st, node, list);
+}
+
+void SampleFetcher::Impl::ReadOverNetwork(FetchState& st, uint32_t node,
+                                          const std::vector<uint32_t>& list) {
   const NodeRecord& record = st.view->nodes[node];
   const SampleSource from = node == st.view->local ? SampleSource::kLocalNode : SampleSource::kPeer;
   // Every piece of `list` has this node as its last attempt.
@@ -852,6 +913,12 @@ SampleFetcherCounters SampleFetcher::Impl::Counters() const {
   c.node_failures = node_failures_.load(std::memory_order_relaxed);
   c.item_retries = item_retries_.load(std::memory_order_relaxed);
   c.failed_samples = failed_samples_.load(std::memory_order_relaxed);
+  if (local_chunks_ != nullptr) {
+    const LocalChunksCounters local = local_chunks_->counters();
+    c.local_file_pieces = local.pieces;
+    c.local_file_opens = local.opens;
+    c.local_file_declined = local.declined;
+  }
   return c;
 }
 

@@ -627,6 +627,7 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
   SampleFetcherOptions fetch;
   fetch.client_name = impl->name.substr(0, 200);
   fetch.local_node_id = config.local_node;
+  fetch.local_node_socket = config.local_node_socket;
   fetch.node_down_for = config.node_down_for;
   fetch.peer.connect_timeout = config.connect_timeout;
   fetch.peer.call_timeout = config.call_timeout;

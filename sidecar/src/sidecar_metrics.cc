@@ -89,6 +89,19 @@ Result<SidecarMetrics> SidecarMetrics::Declare(prometheus::Registry& registry) {
                            r.AddCounter("granary_sidecar_node_failures_total",
                                         "Cache nodes that failed at the connection level "
                                         "(skipped for node_down_for)."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.local_file_pieces,
+      r.AddCounter("granary_sidecar_local_file_pieces_total",
+                   "Sample pieces read straight from the local cache node's chunk files "
+                   "(chunk handoff, local_node_socket)."));
+  GRANARY_ASSIGN_OR_RETURN(m.local_file_opens,
+                           r.AddCounter("granary_sidecar_local_file_opens_total",
+                                        "Chunk files the local cache node handed over."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.local_file_declined,
+      r.AddCounter("granary_sidecar_local_file_declined_total",
+                   "Pieces the chunk handoff path passed to the network (not staged yet, "
+                   "refused, failed a checksum, socket down)."));
   GRANARY_ASSIGN_OR_RETURN(m.evictions,
                            r.AddCounter("granary_sidecar_evictions_total",
                                         "Samples evicted from shared memory to make room."));
@@ -141,6 +154,9 @@ void SidecarMetrics::Refresh(const SampleCacheStats& caches, const SampleFetcher
     Advance(fetched_bytes[i], fetcher.bytes[i], &last->fetcher.bytes[i]);
   }
   Advance(node_failures, fetcher.node_failures, &last->fetcher.node_failures);
+  Advance(local_file_pieces, fetcher.local_file_pieces, &last->fetcher.local_file_pieces);
+  Advance(local_file_opens, fetcher.local_file_opens, &last->fetcher.local_file_opens);
+  Advance(local_file_declined, fetcher.local_file_declined, &last->fetcher.local_file_declined);
   Advance(evictions, caches.evictions, &last->evictions);
   Advance(unknown_releases, caches.unknown_releases, &last->unknown_releases);
   SetGauge(sessions, sessions_now);

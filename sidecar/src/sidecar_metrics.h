@@ -38,6 +38,9 @@ struct SidecarMetrics {
   prometheus::Counter* fetched_samples[kSampleSources] = {};
   prometheus::Counter* fetched_bytes[kSampleSources] = {};
   prometheus::Counter* node_failures = nullptr;
+  prometheus::Counter* local_file_pieces = nullptr;
+  prometheus::Counter* local_file_opens = nullptr;
+  prometheus::Counter* local_file_declined = nullptr;
   prometheus::Counter* evictions = nullptr;
   prometheus::Counter* unknown_releases = nullptr;
   prometheus::Gauge* sessions = nullptr;

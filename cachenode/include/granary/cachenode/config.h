@@ -81,6 +81,10 @@ struct CacheNodeConfig {
   // `metrics_listen`: /metrics, /healthz and /readyz. Default 127.0.0.1:9464:
   // the endpoint has no authentication, so exposing it is the admin's choice.
   NetAddress metrics_listen{"127.0.0.1", kDefaultMetricsPort};
+  // `local_socket`: a Unix socket through which sidecars on this host get
+  // read-only descriptors of chunk files (chunk handoff, chunk_handoff.h), an
+  // absolute path. Empty (the default): off.
+  std::string local_socket;
   // `heartbeat_interval` and `heartbeat_ttl`: how often the node heartbeats,
   // and how long the store keeps it alive without one. The TTL must exceed
   // twice the interval (one lost heartbeat must not expire the node) and lie

@@ -180,6 +180,12 @@ class ChunkReader {
   // Verifies `path` the same way, without expectations, and returns what it
   // holds. For the store's restart scan.
   static Result<ChunkFileHeader> ReadHeader(const std::string& path);
+  // As Open, over a descriptor opened elsewhere (read-only is enough): a chunk
+  // file a cache node handed over (chunk_handoff.h). `label` names the file in
+  // messages.
+  static Result<ChunkReader> FromFd(ScopedFd fd, const std::string& label,
+                                    const ChunkKey& expected,
+                                    std::span<const ChunkSegment> expected_segments);
 
   ChunkReader(ChunkReader&&) noexcept = default;
   ChunkReader& operator=(ChunkReader&&) noexcept = default;
@@ -208,6 +214,8 @@ class ChunkReader {
   // segment `index` start in the file, and a check of bytes read by other means.
   Result<uint64_t> PayloadOffset(uint32_t index) const;
   Status Verify(uint32_t index, std::string_view bytes) const;
+  // The stored XXH3-64 of present segment `index` (as of Open/Refresh).
+  uint64_t checksum(uint32_t index) const { return state_.checksums[index]; }
   int fd() const { return state_.fd.get(); }
 
   // What a restarting node can serve. kCorruption of a segment is reported in

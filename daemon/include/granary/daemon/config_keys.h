@@ -55,6 +55,11 @@ Result<std::string> HostName();
 // or sqlite:///absolute/path; nothing is opened.
 Status CheckStoreUrl(ConfigMap& m, std::string_view key, const std::string& url);
 
+// The form of a Unix socket path named by `origin` ("file:line: key
+// 'socket'" or "$GRANARY_SOCKET"): absolute, no control characters, short
+// enough for sockaddr_un. `example` is shown in the fix.
+Status CheckSocketPath(std::string_view origin, const std::string& path, std::string_view example);
+
 // Reads the configuration file at `path` for `daemon` ("cache node",
 // "sidecar"): a missing, unreadable or non-regular file is an error naming the
 // path and what to do.

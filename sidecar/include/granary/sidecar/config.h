@@ -43,6 +43,11 @@ struct SidecarConfig {
   // `local_node`: the id of the cache node on this host, preferred when it
   // owns a chunk. Default: the host name (what a cache node defaults to).
   std::string local_node;
+  // `local_node_socket`: the `local_socket` of that cache node (its chunk
+  // handoff socket). When set, samples the local node has on disk are read
+  // straight from its chunk files (descriptors handed over the socket) into
+  // the arena, instead of over TCP. Empty: off.
+  std::string local_node_socket;
   // `window_samples` and `window_bytes`: how far prefetch runs ahead of each
   // plan's readers (whichever limit is reached first).
   uint32_t window_samples = 1024;

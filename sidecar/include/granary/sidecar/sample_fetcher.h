@@ -78,6 +78,11 @@ struct SampleFetcherOptions {
   std::string client_name = "granary-sidecar";  // HELLO peer name
   // The cache node on this host (its NodeRecord id); empty: none.
   std::string local_node_id;
+  // That node's chunk handoff socket (its `local_socket`): staged samples it
+  // owns are then read straight from its chunk files (LocalChunks). Empty: off.
+  std::string local_node_socket;
+  // Chunk files kept open through it at most.
+  uint32_t local_open_chunks = 256;
   // Per READ sent to one node; also capped by the node's advertised limits.
   uint32_t max_items_per_read = 256;
   uint64_t max_bytes_per_read = 16u << 20;
@@ -98,6 +103,11 @@ struct SampleFetcherCounters {
   uint64_t node_failures = 0;   // connection-level failures (a node marked down)
   uint64_t item_retries = 0;    // pieces passed on after a node's per-item or whole-READ error
   uint64_t failed_samples = 0;  // outcomes not OK (no path could deliver, or bad input)
+  // Chunk handoff (local_node_socket): pieces read from the local node's chunk
+  // files, chunk files opened, and pieces passed on to the network path.
+  uint64_t local_file_pieces = 0;
+  uint64_t local_file_opens = 0;
+  uint64_t local_file_declined = 0;
 };
 
 class SampleFetcher {

@@ -1,0 +1,185 @@
+// LocalChunks (local_chunks.h): chunk descriptors from the local cache node's
+// handoff socket, read with pread and verified.
+
+#include "local_chunks.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "granary/core/log.h"
+#include "granary/core/names.h"
+
+namespace granary::sidecar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A chunk the node refused or does not have yet is not asked for again
+// before this (staging fills it meanwhile; the network path serves it).
+constexpr auto kRetryMissingChunk = std::chrono::milliseconds(250);
+// Presence bitmaps are re-read at most this often per chunk.
+constexpr auto kRefreshInterval = std::chrono::milliseconds(20);
+// Bound on remembered refusals.
+constexpr size_t kMaxRemembered = 4096;
+
+}  // namespace
+
+LocalChunks::LocalChunks(std::string socket_path, std::chrono::milliseconds timeout,
+                         std::chrono::milliseconds down_for, size_t capacity)
+    : client_(std::move(socket_path), timeout),
+      down_for_(down_for),
+      capacity_(std::max<size_t>(1, capacity)) {}
+
+Status LocalChunks::Decline(std::string why) {
+  declined_.fetch_add(1, std::memory_order_relaxed);
+  return Status::NotFound(std::move(why));
+}
+
+void LocalChunks::Forget(const Key& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = open_.find(key);
+  if (it == open_.end()) return;
+  lru_.erase(it->second.lru);
+  open_.erase(it);
+}
+
+Result<std::shared_ptr<LocalChunks::Open>> LocalChunks::Get(const FetchDataset& dataset,
+                                                            const Key& key) {
+  const Clock::time_point now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = open_.find(key);
+    if (it != open_.end()) {
+      lru_.splice(lru_.end(), lru_, it->second.lru);
+      return it->second.open;
+    }
+    if (now < down_until_) return Decline("the cache node's handoff socket is off for a while");
+    auto refused = not_before_.find(key);
+    if (refused != not_before_.end()) {
+      if (now < refused->second) return Decline("the node did not hand this chunk out just now");
+      not_before_.erase(refused);
+    }
+  }
+
+  Result<ScopedFd> fd = client_.OpenChunk({dataset.name, key.manifest, key.chunk});
+  const auto remember = [&](Clock::duration for_how_long) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (not_before_.size() >= kMaxRemembered) {
+      std::erase_if(not_before_, [&](const auto& entry) { return entry.second <= now; });
+      if (not_before_.size() >= kMaxRemembered) not_before_.clear();
+    }
+    not_before_[key] = now + for_how_long;
+  };
+  if (!fd.ok()) {
+    const StatusCode code = fd.status().code();
+    const bool transport = code == StatusCode::kUnavailable ||
+                           code == StatusCode::kDeadlineExceeded || code == StatusCode::kIoError ||
+                           code == StatusCode::kVersionMismatch;
+    if (transport) {
+      failures_.fetch_add(1, std::memory_order_relaxed);
+      bool first = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        first = now >= down_until_;
+        down_until_ = now + down_for_;
+      }
+      if (first) {
+        GetLogger("sidecar")->warn(
+            "reading chunk files of the local cache node through {} failed ({}); reading over "
+            "the network for the next {} ms",
+            Quoted(client_.socket_path()), fd.status().ToString(), down_for_.count());
+      }
+    } else {
+      remember(code == StatusCode::kPermissionDenied ? Clock::duration(down_for_)
+                                                     : Clock::duration(kRetryMissingChunk));
+    }
+    return Decline(fd.status().message());
+  }
+  Result<std::vector<ChunkSegment>> segments = dataset.manifest->Segments(key.chunk);
+  if (!segments.ok()) return Decline(segments.status().message());
+  Result<ChunkReader> reader = ChunkReader::FromFd(
+      std::move(*fd),
+      "chunk " + std::to_string(key.chunk) + " of dataset " + dataset.name + " (handed over)",
+      ChunkKey{dataset.name, key.manifest, key.chunk}, *segments);
+  if (!reader.ok()) {
+    remember(down_for_);
+    GetLogger("sidecar")->warn("a chunk file the local cache node handed over does not check: {}",
+                               reader.status().ToString());
+    return Decline(reader.status().message());
+  }
+  opens_.fetch_add(1, std::memory_order_relaxed);
+  auto open = std::make_shared<Open>(std::move(*reader));
+  open->refreshed = now;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = open_.try_emplace(key);
+  if (!inserted) {
+    // Another thread opened it meanwhile: keep theirs.
+    lru_.splice(lru_.end(), lru_, it->second.lru);
+    return it->second.open;
+  }
+  it->second.open = open;
+  it->second.lru = lru_.insert(lru_.end(), key);
+  while (open_.size() > capacity_) {
+    open_.erase(lru_.front());
+    lru_.pop_front();
+  }
+  return open;
+}
+
+Result<uint64_t> LocalChunks::Read(const FetchDataset& dataset, ChunkId chunk, SampleId sample,
+                                   uint64_t offset, std::span<char> out) {
+  const Key key{dataset.name, dataset.manifest->id(), chunk};
+  GRANARY_ASSIGN_OR_RETURN(std::shared_ptr<Open> open, Get(dataset, key));
+
+  // Segments follow sample order within a chunk: find this sample's.
+  const std::span<const ChunkSegment> segs = open->reader.segments();
+  const auto it =
+      std::lower_bound(segs.begin(), segs.end(), sample,
+                       [](const ChunkSegment& s, SampleId id) { return s.sample < id; });
+  if (it == segs.end() || it->sample != sample || it->sample_offset != offset ||
+      it->length != out.size()) {
+    return Decline("the piece is not one whole segment of the chunk file");
+  }
+  const auto index = static_cast<uint32_t>(it - segs.begin());
+
+  std::shared_lock<std::shared_mutex> read_lock(open->mu);
+  if (!open->reader.IsPresent(index)) {
+    read_lock.unlock();
+    {
+      std::unique_lock<std::shared_mutex> write_lock(open->mu);
+      const Clock::time_point now = Clock::now();
+      if (!open->reader.IsPresent(index) && now - open->refreshed >= kRefreshInterval) {
+        open->refreshed = now;
+        if (Status s = open->reader.Refresh(); !s.ok()) {
+          write_lock.unlock();
+          Forget(key);
+          return Decline(s.message());
+        }
+      }
+    }
+    read_lock.lock();
+    if (!open->reader.IsPresent(index)) return Decline("not staged on the local node yet");
+  }
+  Status read = open->reader.Read(index, out);
+  if (!read.ok()) {
+    if (read.code() == StatusCode::kCorruption) corrupt_.fetch_add(1, std::memory_order_relaxed);
+    read_lock.unlock();
+    Forget(key);
+    return Decline(read.message());
+  }
+  pieces_.fetch_add(1, std::memory_order_relaxed);
+  return open->reader.checksum(index);
+}
+
+LocalChunksCounters LocalChunks::counters() const {
+  LocalChunksCounters c;
+  c.opens = opens_.load(std::memory_order_relaxed);
+  c.pieces = pieces_.load(std::memory_order_relaxed);
+  c.declined = declined_.load(std::memory_order_relaxed);
+  c.corrupt = corrupt_.load(std::memory_order_relaxed);
+  c.failures = failures_.load(std::memory_order_relaxed);
+  return c;
+}
+
+}  // namespace granary::sidecar
