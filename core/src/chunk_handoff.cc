@@ -196,7 +196,13 @@ Result<ScopedFd> ChunkHandoffClient::Exchange(const std::string& frame) {
     in.append(buffer, *got);
     if (!have_header && in.size() >= kHeaderSize) {
       Result<Header> h = DecodeHeader(std::string_view(in).substr(0, kHeaderSize));
-      if (!h.ok()) return Status(h.status().code(), "from " + what + ": " + h.status().message());
+      if (!h.ok()) {
+        // The stream is out of step (or another version): the connection goes.
+        const StatusCode code = h.status().code() == StatusCode::kVersionMismatch
+                                    ? StatusCode::kVersionMismatch
+                                    : StatusCode::kIoError;
+        return Status(code, "from " + what + ": " + h.status().message());
+      }
       if (h->type != MessageType::kOpenChunkReply) {
         return Status(StatusCode::kIoError, "from " + what + ": not an OPEN_CHUNK_REPLY");
       }

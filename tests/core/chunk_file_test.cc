@@ -968,3 +968,41 @@ TEST_F(ChunkFileTest, SeedCorpus) {
 
 }  // namespace
 }  // namespace granary
+
+namespace granary {
+namespace {
+
+TEST_F(ChunkFileTest, FromFdChecksLikeOpenAndReadsThroughTheDescriptor) {
+  auto segments = Packed({300, 5000, 17});
+  MakeChunk(Path(), segments, {0, 2});
+  auto fd = OpenFile(Path(), O_RDONLY);
+  ASSERT_OK(fd);
+  auto r = ChunkReader::FromFd(std::move(*fd), "handed chunk", kKey, segments);
+  ASSERT_OK(r);
+  EXPECT_TRUE(r->IsPresent(0));
+  EXPECT_FALSE(r->IsPresent(1));
+  std::string out(300, '\0');
+  ASSERT_OK(r->Read(0, std::span<char>(out.data(), out.size())));
+  EXPECT_EQ(out, SegmentBytes(segments[0]));
+  EXPECT_EQ(r->checksum(0), Checksum64(out));
+  EXPECT_EQ(r->Read(1).status().code(), StatusCode::kNotFound);
+
+  // Another chunk's key, or other segments: the file is not this chunk.
+  ChunkKey other = kKey;
+  other.chunk = 43;
+  auto fd2 = OpenFile(Path(), O_RDONLY);
+  ASSERT_OK(fd2);
+  auto wrong = ChunkReader::FromFd(std::move(*fd2), "handed chunk", other, segments);
+  EXPECT_EQ(wrong.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("handed chunk"));
+
+  // A file that is not a chunk at all.
+  WriteAll(Path("junk"), std::string(4096, 'x'));
+  auto fd3 = OpenFile(Path("junk"), O_RDONLY);
+  ASSERT_OK(fd3);
+  EXPECT_EQ(ChunkReader::FromFd(std::move(*fd3), "junk", kKey, segments).status().code(),
+            StatusCode::kCorruption);
+}
+
+}  // namespace
+}  // namespace granary
