@@ -9,13 +9,15 @@
 #   make bench-core   placement and plan micro-benchmarks
 #   make bench-cachenode  cache node staging and serving figures (about 1.5 minutes, 7 GB in /tmp)
 #   make bench-client  Python client through the sidecar vs local files (ARGS=--small for a smoke run)
+#   make bench        the side-by-side benchmark over a slow source (bench/run-benchmark; ARGS=...)
+#   make bench-smoke  bench/run-benchmark --small on the debug build (part of make test)
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
 
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps build release demo test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client clean
+.PHONY: deps build release demo test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
 
 deps:
 	@scripts/install-deps
@@ -28,7 +30,7 @@ release: deps
 	cmake --preset release >/dev/null
 	cmake --build --preset release
 
-test: deps format-check test-debug test-asan fuzz
+test: deps format-check test-debug bench-smoke test-asan fuzz
 	@echo "make test: all suites passed"
 
 test-debug: deps
@@ -66,6 +68,14 @@ bench-cachenode: release
 
 bench-client: release
 	/usr/bin/python3 bench/client_bench.py $(ARGS)
+
+bench: release
+	/usr/bin/python3 bench/run-benchmark --build-dir build/release --json build/release/benchmark.json $(ARGS)
+
+bench-smoke: deps
+	cmake --preset debug >/dev/null
+	cmake --build --preset debug
+	/usr/bin/python3 bench/run-benchmark --small --build-dir build/debug
 
 clean:
 	rm -rf build

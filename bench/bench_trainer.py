@@ -1,0 +1,280 @@
+"""The benchmark's trainer emulator (BENCHMARK.md, "Workload").
+
+Reads every sample of an epoch in the plan's order (Granary's plan code,
+``granary.rank_samples``: one rank, shuffled, seed S, ``set_epoch(e)``), in
+batches of 32, either as fast as it can (``compute_ms`` 0) or spending a fixed
+compute time per batch (a sleep: the GPU works while the CPU is free). Per
+batch it records the stall: how long it waited for the batch's data. Every
+delivered sample is checked against the dataset's index: its id must come
+once per epoch, its bytes must have the index's size and CRC-32 (the check
+is part of the trainer's per-batch work in both modes).
+
+Readers (``reader`` in the spec):
+- ``files``: files under ``root`` (the slow mount, a local copy, or the local
+  tree), read with open()/read() by ``threads`` reader threads working ahead
+  of the trainer by ``2 * threads`` batches, as a DataLoader with that many
+  workers and prefetch_factor 2 would; ``threads`` 0 reads inline;
+- ``granary``: ``granary.Dataset(name, socket=..., zero_copy=True)`` with
+  ``granary.torch.DistributedSampler`` (which announces the plan to the
+  sidecar), a batch per ``__getitems__``, each sample released after its check.
+
+A spec may ask for a ``copy`` first (copy_then_train): ``threads`` threads copy
+every file of ``copy["from"]`` (found by walking it, as cp -r does) to
+``copy["to"]``, timed as setup; the epochs then read the copy.
+
+Run by bench/run-benchmark, one process per contender:
+    /usr/bin/python3 bench/bench_trainer.py SPEC.json RESULT.json
+SPEC: {"reader", "index", "epochs", "seed", "batch", "compute_ms", "root"?,
+"threads"?, "dataset"?, "socket"?, "copy"?, "slowfs_stats"?}. RESULT: per epoch
+seconds, samples/s, time to first batch, stall p50/p99, slow-source counters;
+setup, exactly_once and the first violations, CPU seconds, peak RSS.
+"""
+
+import collections
+import concurrent.futures
+import json
+import os
+import resource
+import sys
+import time
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_dataset  # noqa: E402
+
+SOURCE_KEYS = ("opens", "stats", "readdirs", "reads", "read_bytes")
+
+
+def slowfs_counts(path):
+    """The slow source's counters now ({} when there is no slow source)."""
+    if not path:
+        return {}
+    with open(path, "rb") as f:
+        c = json.loads(f.read())
+    return {k: c[k] for k in SOURCE_KEYS}
+
+
+def counts_delta(before, after):
+    return {k: after.get(k, 0) - before.get(k, 0) for k in SOURCE_KEYS}
+
+
+def percentile(values, q):
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, int(round(q / 100.0 * (len(s) - 1)))))
+    return s[k]
+
+
+def read_file(path):
+    with open(path, "rb", buffering=0) as f:
+        return f.read()
+
+
+class FileReader:
+    """Samples from files under a root, by reader threads working ahead of the trainer."""
+
+    def __init__(self, root, paths, threads, batch):
+        self.paths = [os.path.join(root, p) for p in paths]
+        self.threads = threads
+        self.depth = max(1, 2 * threads) * batch
+        self.pool = (concurrent.futures.ThreadPoolExecutor(threads, "reader")
+                     if threads > 0 else None)
+
+    def batches(self, order, batch, epoch):
+        del epoch
+        if self.pool is None:
+            for start in range(0, len(order), batch):
+                ids = order[start:start + batch]
+                yield ids, [read_file(self.paths[i]) for i in ids]
+            return
+        pending = collections.deque()
+        position = 0
+        for start in range(0, len(order), batch):
+            while position < len(order) and len(pending) < self.depth:
+                pending.append(self.pool.submit(read_file, self.paths[order[position]]))
+                position += 1
+            ids = order[start:start + batch]
+            yield ids, [pending.popleft().result() for _ in ids]
+
+    def release(self, samples):
+        pass
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class GranaryReader:
+    """Samples through the sidecar: granary.Dataset + granary.torch.DistributedSampler."""
+
+    def __init__(self, name, socket, seed, index):
+        import granary
+        import granary.torch
+        self.ds = granary.Dataset(name, socket=socket, zero_copy=True)
+        if len(self.ds) != index["files"]:
+            raise RuntimeError(f"the sidecar reports {len(self.ds)} samples in {name!r}, the "
+                               f"generated tree has {index['files']}")
+        if self.ds.paths() != index["paths"]:
+            raise RuntimeError(f"the snapshot of {name!r} lists other paths (or another order) "
+                               f"than the generated tree")
+        self.sampler = granary.torch.DistributedSampler(self.ds, num_replicas=1, rank=0,
+                                                        shuffle=True, seed=seed)
+
+    def batches(self, order, batch, epoch):
+        self.sampler.set_epoch(epoch)
+        if self.sampler.indices() != order:
+            raise RuntimeError(f"epoch {epoch}: DistributedSampler's order differs from the plan's")
+        it = iter(self.sampler)  # announces the plan: the sidecar prefetches this order
+        while True:
+            ids = [i for _, i in zip(range(batch), it)]
+            if not ids:
+                return
+            yield ids, self.ds.__getitems__(ids)
+
+    def release(self, samples):
+        for s in samples:
+            s.release()
+
+    def close(self):
+        self.ds.close()
+
+
+def copy_tree(src, dst, threads):
+    """Walks src (as cp -r does) and copies every file to dst with `threads` threads."""
+    jobs = []
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames.sort()
+        rel = os.path.relpath(dirpath, src)
+        os.makedirs(os.path.join(dst, rel), exist_ok=True)
+        for name in filenames:
+            if name.startswith(".slowfs-stats"):
+                continue
+            jobs.append(os.path.join(rel, name))
+
+    def copy_one(rel):
+        data = read_file(os.path.join(src, rel))
+        with open(os.path.join(dst, rel), "wb") as f:
+            f.write(data)
+        return len(data)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads), "copier") as pool:
+        return len(jobs), sum(pool.map(copy_one, jobs))
+
+
+def vm_hwm_self():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run(spec):
+    import granary  # the plan code (rank_samples), also for the non-Granary readers
+
+    index = bench_dataset.load_index(spec["index"])
+    n = index["files"]
+    batch = int(spec.get("batch", 32))
+    compute = float(spec.get("compute_ms", 0.0)) / 1000.0
+    seed = int(spec["seed"])
+    stats_path = spec.get("slowfs_stats")
+    sizes, crcs = index["sizes"], index["crc32"]
+    result = {"epochs": [], "setup_seconds": 0.0, "exactly_once": True, "violations": []}
+
+    def violation(text):
+        result["exactly_once"] = False
+        if len(result["violations"]) < 20:
+            result["violations"].append(text)
+
+    t_start = time.perf_counter()
+    root = spec.get("root")
+    if spec.get("copy"):
+        before = slowfs_counts(stats_path)
+        t0 = time.perf_counter()
+        copied, nbytes = copy_tree(spec["copy"]["from"], spec["copy"]["to"], spec["threads"])
+        result["setup_seconds"] = time.perf_counter() - t0
+        result["setup_source"] = counts_delta(before, slowfs_counts(stats_path))
+        if copied != n or nbytes != index["bytes"]:
+            violation(f"the copy found {copied} files, {nbytes} bytes; the tree has {n} files, "
+                      f"{index['bytes']} bytes")
+        print(f"    copy: {copied} files, {nbytes / 1e6:.1f} MB in {result['setup_seconds']:.2f} s",
+              flush=True)
+        root = spec["copy"]["to"]
+
+    if spec["reader"] == "granary":
+        reader = GranaryReader(spec["dataset"], spec["socket"], seed, index)
+    else:
+        reader = FileReader(root, index["paths"], int(spec.get("threads", 0)), batch)
+    try:
+        for epoch in range(int(spec["epochs"])):
+            order = granary.rank_samples(n, seed, epoch, 1, 0, True, False)
+            seen = bytearray(n)
+            stalls = []
+            check_seconds = 0.0
+            first_batch = None
+            before = slowfs_counts(stats_path)
+            t0 = time.perf_counter()
+            asked = t0
+            count = 0
+            for ids, samples in reader.batches(order, batch, epoch):
+                got = time.perf_counter()
+                stalls.append(got - asked)
+                if first_batch is None:
+                    first_batch = got - t0
+                for i, s in zip(ids, samples):
+                    if seen[i]:
+                        violation(f"epoch {epoch}: sample {i} ({index['paths'][i]}) delivered "
+                                  f"again")
+                    seen[i] = min(255, seen[i] + 1)
+                    if len(s) != sizes[i] or zlib.crc32(s) != crcs[i]:
+                        violation(f"epoch {epoch}: sample {i} ({index['paths'][i]}): {len(s)} "
+                                  f"bytes with CRC-32 {zlib.crc32(s):08x}, expected {sizes[i]} "
+                                  f"bytes with {crcs[i]:08x}")
+                count += len(ids)
+                reader.release(samples)
+                check_seconds += time.perf_counter() - got
+                if compute > 0:
+                    time.sleep(compute)
+                asked = time.perf_counter()
+            seconds = time.perf_counter() - t0
+            source = counts_delta(before, slowfs_counts(stats_path))
+            missing = n - sum(1 for v in seen if v)
+            if missing:
+                violation(f"epoch {epoch}: {missing} samples never delivered")
+            result["epochs"].append({
+                "epoch": epoch, "seconds": seconds, "samples_per_s": count / seconds,
+                "source_opens": source["opens"], "source_stats": source["stats"],
+                "source_reads": source["reads"], "source_bytes": source["read_bytes"],
+                "source_readdirs": source["readdirs"],
+                "stall_p50_ms": percentile(stalls, 50) * 1000,
+                "stall_p99_ms": percentile(stalls, 99) * 1000,
+                "first_batch_s": first_batch or 0.0, "check_seconds": check_seconds,
+            })
+            print(f"    epoch {epoch}: {seconds:7.2f} s {count / seconds:9,.0f} samples/s "
+                  f"first batch {1000 * (first_batch or 0):7.1f} ms, stall p50 "
+                  f"{percentile(stalls, 50) * 1000:.2f} ms p99 {percentile(stalls, 99) * 1000:.2f}"
+                  f" ms; source: {source['opens']} opens, {source['stats']} stats, "
+                  f"{source['reads']} reads, {source['read_bytes'] / 1e6:.1f} MB", flush=True)
+    finally:
+        reader.close()
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    result["cpu_seconds"] = ru.ru_utime + ru.ru_stime
+    result["peak_rss_bytes"] = vm_hwm_self()
+    result["wall_seconds"] = time.perf_counter() - t_start
+    return result
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: bench_trainer.py SPEC.json RESULT.json")
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    result = run(spec)
+    with open(sys.argv[2], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
