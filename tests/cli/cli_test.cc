@@ -1,5 +1,7 @@
 // The `granary` CLI, in-process (RunCli) over a real SQLite store in a temp
-// directory: the happy paths a user takes and the bad inputs they make.
+// directory: the happy paths a user takes and the bad inputs they make; `ls`
+// from the manifest; `cat` and `doctor` where no daemon is needed
+// (cli_cluster_test.cc has them on real cache nodes and a sidecar); progress.
 
 #include "granary/cli/cli.h"
 
@@ -7,11 +9,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli_context.h"
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
 #include "testing/test_util.h"
@@ -39,12 +44,12 @@ class CliTest : public ::testing::Test {
     }
   }
 
-  CliRun Run(std::vector<std::string> args) {
+  CliRun Run(std::vector<std::string> args, bool interactive = false) {
     args.insert(args.begin(), {"--store", store_url_});
     std::ostringstream out;
     std::ostringstream err;
     CliRun run;
-    run.code = RunCli(args, out, err);
+    run.code = RunCli(args, out, err, interactive);
     run.out = out.str();
     run.err = err.str();
     return run;
@@ -195,6 +200,284 @@ TEST_F(CliTest, RootSnapshotsAsTheOwner) {
   auto mine = Manifest::Decode(*store->GetManifest(store->GetDataset("mine")->manifest_id));
   ASSERT_OK(mine);
   EXPECT_OK(mine->Find("secret/key.bin"));
+}
+
+// A tree with nested directories, a name that sorts before its sibling
+// directory ("a.txt" < "a/" byte-wise), and an empty directory.
+void AddTree(const std::string& source) {
+  ASSERT_EQ(mkdir((source + "/a").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((source + "/a/b").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((source + "/dogs/puppies").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((source + "/empty").c_str(), 0755), 0);
+  testing::WriteAll(source + "/a.txt", "top");
+  testing::WriteAll(source + "/a/b/c.bin", testing::Bytes("c", 3000));
+  testing::WriteAll(source + "/dogs/puppies/p1.jpg", testing::Bytes("p1", 500));
+}
+
+int64_t MtimeNs(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+TEST_F(CliTest, LsListsTheSnapshotFromTheManifest) {
+  AddTree(source_);
+  ASSERT_EQ(Run({"dataset", "create", "pets", "--source", source_}).code, kCliOk);
+
+  CliRun r = Run({"ls", "pets"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.out, "a\na.txt\ncats\ndogs\n");  // by name; the empty directory is not there
+  std::vector<std::string> dogs = {"puppies"};
+  for (int i = 0; i < 20; i += 2) dogs.push_back(std::to_string(i) + ".jpg");
+  std::sort(dogs.begin(), dogs.end());
+  std::string expected;
+  for (const auto& d : dogs) expected += d + "\n";
+  r = Run({"ls", "pets", "dogs"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.out, expected);
+  EXPECT_EQ(Run({"ls", "pets", "dogs/"}).out, expected);
+  EXPECT_EQ(Run({"ls", "pets", "dogs/puppies/p1.jpg"}).out, "p1.jpg\n");
+  EXPECT_EQ(Run({"ls", "pets", "-d", "dogs"}).out, "dogs\n");
+  EXPECT_EQ(Run({"ls", "pets", "."}).out, "a\na.txt\ncats\ndogs\n");
+
+  // -l: mode, owner, group, size, mtime as at the snapshot.
+  r = Run({"ls", "-l", "pets", "dogs"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  const std::string owner = cli::UserName(getuid());
+  const time_t mtime = static_cast<time_t>(MtimeNs(source_ + "/dogs/2.jpg") / 1'000'000'000);
+  char when[32];
+  struct tm tm {};
+  ASSERT_NE(localtime_r(&mtime, &tm), nullptr);
+  ASSERT_GT(strftime(when, sizeof(when), "%Y-%m-%d %H:%M", &tm), 0u);
+  std::istringstream lines(r.out);
+  std::string line;
+  bool saw_file = false;
+  bool saw_dir = false;
+  while (std::getline(lines, line)) {
+    if (line.ends_with(" 2.jpg")) {
+      saw_file = true;
+      EXPECT_EQ(line.rfind("-r--r--r--  " + owner + "  ", 0), 0u) << line;
+      EXPECT_NE(line.find(" 1002  " + std::string(when) + "  2.jpg"), std::string::npos) << line;
+    }
+    if (line.ends_with(" puppies")) {
+      saw_dir = true;
+      EXPECT_EQ(line.rfind("dr-xr-xr-x  ", 0), 0u) << line;
+      EXPECT_NE(line.find(" 500  "), std::string::npos) << line;  // bytes beneath
+    }
+  }
+  EXPECT_TRUE(saw_file && saw_dir) << r.out;
+
+  // -R: each directory under its heading, depth first.
+  r = Run({"ls", "-R", "pets", "a"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.out, "a:\nb\n\na/b:\nc.bin\n");
+  r = Run({"ls", "-R", "pets"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.out.rfind(".:\na\na.txt\ncats\ndogs\n\na:\nb\n\na/b:\nc.bin\n\ncats:\n", 0), 0u)
+      << r.out;
+  EXPECT_NE(r.out.find("\n\ndogs/puppies:\np1.jpg\n"), std::string::npos) << r.out;
+
+  // JSON: every entry with its facts; -R flattens the tree.
+  r = Run({"ls", "-R", "pets", "dogs", "-o", "json"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["dataset"], "pets");
+  EXPECT_EQ(j["path"], "dogs");
+  ASSERT_EQ(j["entries"].size(), 12u);  // 10 files, puppies, puppies/p1.jpg
+  bool saw_p1 = false;
+  for (const auto& e : j["entries"]) {
+    if (e["path"] != "dogs/puppies/p1.jpg") continue;
+    saw_p1 = true;
+    EXPECT_EQ(e["name"], "p1.jpg");
+    EXPECT_EQ(e["type"], "file");
+    EXPECT_EQ(e["size"], 500);
+    EXPECT_EQ(e["mtime_ns"], MtimeNs(source_ + "/dogs/puppies/p1.jpg"));
+    EXPECT_EQ(e["mode"], "0444");
+    EXPECT_EQ(e["uid"], getuid());
+  }
+  EXPECT_TRUE(saw_p1) << r.out;
+  EXPECT_EQ(j["entries"][0]["type"], "file");
+
+  // The source changes; ls still shows the snapshot (it never looks there).
+  ASSERT_EQ(unlink((source_ + "/dogs/2.jpg").c_str()), 0);
+  testing::WriteAll(source_ + "/dogs/new.jpg", "new");
+  EXPECT_EQ(Run({"ls", "pets", "dogs"}).out, expected);
+  // Until a new snapshot.
+  ASSERT_EQ(Run({"dataset", "snapshot", "pets"}).code, kCliOk);
+  r = Run({"ls", "pets", "dogs"});
+  EXPECT_EQ(r.out.find("2.jpg\n4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("new.jpg\n"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, LsBadPathsAndDatasets) {
+  ASSERT_EQ(Run({"dataset", "create", "pets", "--source", source_}).code, kCliOk);
+  ASSERT_EQ(Run({"dataset", "create", "later", "--source", source_, "--no-snapshot"}).code, kCliOk);
+  struct Case {
+    std::vector<std::string> args;
+    int code;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {{"ls", "pets", "nope"}, kCliNotFound, "no file or directory 'nope' in dataset 'pets'"},
+      {{"ls", "pets", "cats/1.jpg/x"}, kCliNotFound, "cats/1.jpg/x"},
+      {{"ls", "pets", "cat"}, kCliNotFound, "'cat'"},  // a prefix of "cats" is not it
+      {{"ls", "pets", ".."}, kCliUsage, ".."},
+      {{"ls", "pets", "../src"}, kCliUsage, "../src"},
+      {{"ls", "pets", "cats/../dogs"}, kCliUsage, "cats/../dogs"},
+      {{"ls", "pets", "/etc"}, kCliUsage, "/etc"},
+      {{"ls", "pets", "cats//1.jpg"}, kCliUsage, "cats//1.jpg"},
+      {{"ls", "nope"}, kCliNotFound, "nope"},
+      {{"ls", "Bad_Name"}, kCliUsage, "Bad_Name"},
+      {{"ls", "later"}, kCliFailed, "has no snapshot yet"},
+      {{"ls"}, kCliUsage, "name"},
+  };
+  for (const Case& c : cases) {
+    CliRun r = Run(c.args);
+    std::string joined;
+    for (const auto& a : c.args) joined += a + " ";
+    EXPECT_EQ(r.code, c.code) << joined << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << joined;
+  }
+}
+
+TEST_F(CliTest, CatWithoutCacheNodesReadsTheSourceAsTheCaller) {
+  ASSERT_EQ(Run({"dataset", "create", "pets", "--source", source_}).code, kCliOk);
+  // No cache node is running: the source serves, and the CLI says so.
+  CliRun r = Run({"cat", "pets", "dogs/2.jpg", "cats/1.jpg", "--direct"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.out,
+            testing::ReadAll(source_ + "/dogs/2.jpg") + testing::ReadAll(source_ + "/cats/1.jpg"));
+  EXPECT_NE(r.err.find("2 of 2 files were read from the source"), std::string::npos) << r.err;
+  // A file changed since the snapshot is refused, not served.
+  testing::WriteAll(source_ + "/dogs/4.jpg", "changed");
+  r = Run({"cat", "pets", "dogs/4.jpg", "--direct"});
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("dogs/4.jpg"), std::string::npos) << r.err;
+
+  r = Run({"cat", "pets", "dogs/2.jpg", "--direct", "--no-source"});
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_NE(r.err.find("no live cache node"), std::string::npos) << r.err;
+  r = Run({"cat", "pets", "dogs", "--direct"});
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_NE(r.err.find("is a directory"), std::string::npos) << r.err;
+  r = Run({"cat", "pets", "../x", "--direct"});
+  EXPECT_EQ(r.code, kCliUsage) << r.err;
+  r = Run({"cat", "pets", "--direct"});
+  EXPECT_EQ(r.code, kCliUsage) << r.err;
+  r = Run({"cat", "pets", "dogs/2.jpg", "--direct", "--timeout", "soon"});
+  EXPECT_EQ(r.code, kCliUsage) << r.err;
+}
+
+TEST_F(CliTest, DoctorOnAnEmbeddedStoreWithoutDaemons) {
+  // A store file that does not exist is a warning, and is not created.
+  const std::string path = dir_.path() + "/not-yet.db";
+  std::ostringstream out;
+  std::ostringstream err;
+  int code = RunCli({"--store", "sqlite://" + path, "-o", "json", "doctor", "--socket",
+                     dir_.path() + "/none.sock"},
+                    out, err);
+  EXPECT_EQ(code, kCliFailed) << out.str() << err.str();  // the socket
+  auto j = nlohmann::json::parse(out.str());
+  EXPECT_EQ(j["checks"][0]["check"], "store");
+  EXPECT_EQ(j["checks"][0]["status"], "WARN");
+  EXPECT_NE(j["checks"][0]["fix"].get<std::string>().find("dataset create"), std::string::npos);
+  struct stat st {};
+  EXPECT_NE(stat(path.c_str(), &st), 0) << "doctor created the store";
+
+  // An existing store without nodes: the nodes FAIL with how to start one.
+  ASSERT_EQ(Run({"dataset", "create", "pets", "--source", source_}).code, kCliOk);
+  CliRun r = Run({"doctor", "--socket", dir_.path() + "/none.sock"});
+  EXPECT_EQ(r.code, kCliFailed);
+  EXPECT_NE(r.out.find("PASS  store"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(1 datasets, 0 live cache nodes)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FAIL  nodes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fix: start granary-cachenode"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 failed"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, HelpListsTheExitCodesAndEveryCommand) {
+  CliRun r = Run({"--help"});
+  EXPECT_EQ(r.code, kCliOk);
+  for (const char* needle : {"Exit codes:", "3  not found", "5  timed out", "dataset", "ls", "cat",
+                             "doctor", "status"}) {
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << " in\n" << r.out;
+  }
+  r = Run({"mount"});
+  EXPECT_EQ(r.code, kCliUsage);
+  EXPECT_NE(r.err.find("dataset, node, plan, status, ls, cat and doctor"), std::string::npos)
+      << r.err;
+}
+
+TEST_F(CliTest, ProgressLinesOnATerminalAndInLogs) {
+  // Not a terminal: plain lines (here the final one of the walk).
+  CliRun r = Run({"dataset", "create", "pets", "--source", source_});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.err.find("snapshot pets  20 files"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("snapshot pets: 20 files"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
+  // A terminal: redrawn in place; a re-snapshot knows how many files to
+  // expect, so it has a bar and an ETA.
+  r = Run({"dataset", "snapshot", "pets"}, true);
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.err.find("\r\033[2Ksnapshot pets [##############################] 100.0%  20/20 "
+                       "files"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("ETA 0s"), std::string::npos) << r.err;
+  // dataset wait shows chunks, bytes, rate and the phase.
+  r = Run({"dataset", "stage", "pets", "--wait", "--timeout", "300ms"});
+  EXPECT_EQ(r.code, kCliTimeout) << r.err;
+  EXPECT_NE(r.err.find("pets  0 chunks  0 B  0 B/s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Staging, no live cache node in pool default"), std::string::npos) << r.err;
+  // JSON output has no progress at all.
+  r = Run({"-o", "json", "dataset", "snapshot", "pets"}, true);
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(ProgressMeterTest, RateAndEtaOverTheWindow) {
+  const auto t0 = cli::SteadyClock::now();
+  cli::ProgressMeter meter("ds", "chunks", t0);
+  cli::ProgressCounts c;
+  c.items_total = 100;
+  c.bytes_total = 1000 << 20;
+  std::string line = meter.Line(c, t0);
+  EXPECT_EQ(meter.rate(), 0);
+  EXPECT_LT(meter.eta(), 0);
+  EXPECT_NE(line.find("ETA --"), std::string::npos) << line;
+  c.items = 10;
+  c.bytes = 100 << 20;
+  line = meter.Line(c, t0 + std::chrono::seconds(10));
+  EXPECT_DOUBLE_EQ(meter.rate(), 10.0 * (1 << 20));  // 100 MiB in 10 s
+  EXPECT_DOUBLE_EQ(meter.eta(), 90);                 // 900 MiB left
+  const std::string bar = "[###" + std::string(27, '.') + "] 10.0%";
+  EXPECT_NE(
+      line.find(bar + "  10/100 chunks  100.0 MiB/1000.0 MiB  10.0 MiB/s  ETA 1m30s  10s elapsed"),
+      std::string::npos)
+      << line;
+  // Past the window the rate is the recent one: 500 MiB in the last 20 s.
+  c.bytes = 600 << 20;
+  meter.Line(c, t0 + std::chrono::seconds(30));
+  c.bytes = 700 << 20;
+  meter.Line(c, t0 + std::chrono::seconds(40));
+  EXPECT_NEAR(meter.rate(), (700.0 - 100.0) / 30 * (1 << 20), 1);
+  c.bytes = 1000 << 20;
+  line = meter.Line(c, t0 + std::chrono::seconds(41), "Ready");
+  EXPECT_EQ(meter.eta(), 0);
+  EXPECT_NE(line.find("100.0%"), std::string::npos) << line;
+  EXPECT_TRUE(line.ends_with("  Ready")) << line;
+
+  // An unknown total: counts and rate only.
+  cli::ProgressMeter walk("snapshot", "files", t0);
+  cli::ProgressCounts w;
+  w.has_bytes = false;
+  w.items = 0;
+  walk.Line(w, t0);
+  w.items = 5000;
+  line = walk.Line(w, t0 + std::chrono::seconds(2));
+  EXPECT_EQ(line, "snapshot  5000 files  2500 files/s  2s elapsed");
 }
 
 }  // namespace

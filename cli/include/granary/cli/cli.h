@@ -5,11 +5,13 @@
 // the whole program behind main(), callable in-process so tests drive it with
 // argument vectors and captured streams.
 //
-// Exit codes (also in `granary --help`):
+// Exit codes (also in the footer of `granary --help`):
 //   0 success
-//   1 the operation failed (the message says why and what to do)
-//   2 bad command line (usage)
-//   3 not found (no such dataset, node or plan)
+//   1 the operation failed (the message says why and what to do); for
+//     `doctor`, a check failed
+//   2 bad command line (usage): unknown command or option, bad name, size,
+//     duration, or an unsafe path (`..`, absolute)
+//   3 not found (no such dataset, node or plan, or path in a dataset)
 //   4 the metadata store is unreachable
 //   5 timed out (`dataset wait --timeout`)
 //
@@ -41,7 +43,10 @@ std::string DefaultStoreUrl();
 // progress go to `out` and `err`; `--output json` writes one JSON document to
 // `out`. `interactive` draws a live progress bar on `err` (a terminal);
 // otherwise progress is a line every few seconds.
+// `stdout_fd` >= 0: `cat` writes file bytes straight to this descriptor (after
+// flushing `out`), in pieces, and a reader that went away (EPIPE; SIGPIPE
+// must be ignored) ends it quietly with 0. Otherwise it writes through `out`.
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
-           bool interactive = false);
+           bool interactive = false, int stdout_fd = -1);
 
 }  // namespace granary

@@ -1,0 +1,255 @@
+#include "cli_context.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+#include "granary/cli/cli.h"
+#include "granary/core/names.h"
+
+namespace granary::cli {
+namespace {
+
+// Points kept for the rate, whatever the window holds.
+constexpr size_t kMaxRatePoints = 256;
+
+// mkdir -p of the directory holding `path` (mode 0700 for what it creates).
+// Failures are left for the open that follows to report.
+void CreateParentDirectories(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos || slash == 0) return;
+  for (size_t end = path.find('/', 1); end != std::string::npos && end <= slash;
+       end = path.find('/', end + 1)) {
+    mkdir(path.substr(0, end).c_str(), 0700);
+  }
+}
+
+}  // namespace
+
+std::string CliContext::StoreUrl() const {
+  if (!store_url_.empty()) return store_url_;
+  const char* env = std::getenv("GRANARY_STORE");
+  return env != nullptr && *env != '\0' ? env : DefaultStoreUrl();
+}
+
+Status CliContext::OpenStore() {
+  if (store_) return Status::Ok();
+  const std::string url = StoreUrl();
+  if (url.rfind("sqlite://", 0) == 0) {
+    // The embedded store's directory is created on first use.
+    const std::string path = url.substr(std::strlen("sqlite://"));
+    CreateParentDirectories(path.substr(0, path.find('?')));
+  }
+  Result<std::unique_ptr<MetadataStore>> store = OpenMetadataStore(url);
+  if (!store.ok()) {
+    return Status(store.status().code(),
+                  "opening the metadata store " + url + ": " + store.status().message() +
+                      " (set --store or GRANARY_STORE; `granary doctor` checks the set-up)");
+  }
+  store_ = std::move(*store);
+  return Status::Ok();
+}
+
+void CliContext::Progress(const std::string& line, bool final) {
+  if (json_output()) return;
+  const auto now = SteadyClock::now();
+  if (interactive_) {
+    err_ << "\r\033[2K" << line << (final ? "\n" : "") << std::flush;
+    progress_drawn_ = !final;
+  } else if (final || !progress_drawn_ || now - last_progress_ >= kPlainProgressEvery) {
+    err_ << line << "\n" << std::flush;
+    last_progress_ = now;
+    progress_drawn_ = !final;
+  }
+}
+
+void CliContext::OnParsed(CLI::App* app, std::function<Status()> run) {
+  handlers_.emplace_back(app, std::move(run));
+}
+
+std::function<Status()> CliContext::ParsedHandler() const {
+  for (const auto& handler : handlers_) {
+    if (handler.first->parsed()) return handler.second;
+  }
+  return nullptr;
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  std::ostringstream s;
+  if (unit == 0) {
+    s << bytes << " B";
+  } else {
+    s << std::fixed << std::setprecision(value < 10 ? 2 : 1) << value << " " << kUnits[unit];
+  }
+  return s.str();
+}
+
+std::string HumanDuration(double seconds) {
+  if (!(seconds >= 0) || seconds > 360000) return "--";
+  const auto s = static_cast<uint64_t>(seconds + 0.5);
+  std::ostringstream o;
+  if (s >= 3600) o << s / 3600 << "h";
+  if (s >= 60) o << std::setw(s >= 3600 ? 2 : 1) << std::setfill('0') << (s / 60) % 60 << "m";
+  o << std::setw(s >= 60 ? 2 : 1) << std::setfill('0') << s % 60 << "s";
+  return o.str();
+}
+
+void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()));
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  }
+}
+
+int ExitCodeOf(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOk:
+      return kCliOk;
+    case StatusCode::kInvalidArgument:
+      return kCliUsage;
+    case StatusCode::kNotFound:
+      return kCliNotFound;
+    case StatusCode::kUnavailable:
+      return kCliUnavailable;
+    case StatusCode::kDeadlineExceeded:
+      return kCliTimeout;
+    default:
+      return kCliFailed;
+  }
+}
+
+std::string ExitCodesHelp() {
+  return "Exit codes:\n"
+         "  0  success\n"
+         "  1  the operation failed (the message says why and what to do); doctor: a check "
+         "failed\n"
+         "  2  bad command line: unknown command or option, bad name, size, duration or path\n"
+         "  3  not found: no such dataset, node, plan, or path in a dataset\n"
+         "  4  the metadata store is unreachable\n"
+         "  5  timed out (dataset wait --timeout)\n"
+         "Docs: docs/cli.md\n";
+}
+
+Json DatasetJson(const DatasetRecord& d) {
+  return Json{{"name", d.name},
+              {"phase", DatasetPhaseName(d.state.phase)},
+              {"message", d.state.message},
+              {"source", d.spec.source_uri},
+              {"include", d.spec.include},
+              {"exclude", d.spec.exclude},
+              {"chunk_size", d.spec.chunk_size},
+              {"pool", d.spec.pool},
+              {"replication", d.spec.replication},
+              {"owner", {{"uid", d.owner.uid}, {"gid", d.owner.gid}}},
+              {"manifest_id", d.manifest_id},
+              {"created_ms", d.created_ms},
+              {"updated_ms", d.updated_ms},
+              {"revision", d.revision}};
+}
+
+Json ProgressJson(const ProgressSummary& s) {
+  return Json{{"nodes", s.nodes_reporting},
+              {"chunks_total", s.total.chunks_total},
+              {"chunks_staged", s.total.chunks_staged},
+              {"bytes_total", s.total.bytes_total},
+              {"bytes_staged", s.total.bytes_staged},
+              {"samples_failed", s.total.samples_failed}};
+}
+
+std::string UserName(uint32_t uid) {
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  char buffer[4096];
+  if (getpwuid_r(uid, &pw, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
+    return found->pw_name;
+  }
+  return std::to_string(uid);
+}
+
+std::string GroupName(uint32_t gid) {
+  struct group gr {};
+  struct group* found = nullptr;
+  char buffer[16384];
+  if (getgrgid_r(gid, &gr, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
+    return found->gr_name;
+  }
+  return std::to_string(gid);
+}
+
+ProgressMeter::ProgressMeter(std::string label, std::string items_unit,
+                             SteadyClock::time_point start)
+    : label_(std::move(label)), items_unit_(std::move(items_unit)), start_(start) {}
+
+std::string ProgressMeter::Line(const ProgressCounts& counts, SteadyClock::time_point now,
+                                std::string_view note) {
+  const uint64_t value = counts.has_bytes ? counts.bytes : counts.items;
+  const uint64_t total = counts.has_bytes ? counts.bytes_total : counts.items_total;
+  points_.push_back({now, value});
+  while (points_.size() > 2 &&
+         (points_.size() > kMaxRatePoints || now - points_[1].at >= kRateWindow)) {
+    points_.erase(points_.begin());
+  }
+  const Point& first = points_.front();
+  const double span = std::chrono::duration<double>(now - first.at).count();
+  rate_ =
+      span >= 0.5 && value >= first.value ? static_cast<double>(value - first.value) / span : 0.0;
+  eta_ = -1;
+  if (total > 0 && value >= total) {
+    eta_ = 0;
+  } else if (total > 0 && rate_ > 0) {
+    eta_ = static_cast<double>(total - value) / rate_;
+  }
+
+  std::ostringstream line;
+  line << label_;
+  if (total > 0) {
+    const double fraction = std::min(1.0, static_cast<double>(value) / static_cast<double>(total));
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(fraction * kWidth);
+    line << " [" << std::string(static_cast<size_t>(filled), '#')
+         << std::string(static_cast<size_t>(kWidth - filled), '.') << "] " << std::fixed
+         << std::setprecision(1) << 100 * fraction << "%";
+  }
+  line << "  " << counts.items;
+  if (counts.items_total > 0) line << "/" << counts.items_total;
+  line << " " << items_unit_;
+  if (counts.has_bytes) {
+    line << "  " << HumanBytes(counts.bytes);
+    if (counts.bytes_total > 0) line << "/" << HumanBytes(counts.bytes_total);
+  }
+  if (counts.has_bytes) {
+    line << "  " << HumanBytes(static_cast<uint64_t>(rate_)) << "/s";
+  } else {
+    line << "  " << static_cast<uint64_t>(rate_) << " " << items_unit_ << "/s";
+  }
+  if (total > 0) line << "  ETA " << HumanDuration(eta_);
+  line << "  " << HumanDuration(std::chrono::duration<double>(now - start_).count()) << " elapsed";
+  if (!note.empty()) line << "  " << note;
+  return line.str();
+}
+
+}  // namespace granary::cli

@@ -1,0 +1,586 @@
+// `granary dataset create|snapshot|list|show|delete|stage|wait` (docs/cli.md).
+
+#include <grp.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_context.h"
+#include "granary/core/byte_order.h"
+#include "granary/core/config.h"
+#include "granary/core/manifest.h"
+#include "granary/core/manifest_builder.h"
+#include "granary/core/metadata_store.h"
+#include "granary/core/names.h"
+#include "granary/core/posix_source.h"
+
+namespace granary::cli {
+namespace {
+
+// How often `dataset wait` re-reads the store.
+constexpr std::chrono::milliseconds kWaitPoll{250};
+
+// "file:///abs/path" for a path or a file:// URI; the directory must exist.
+Result<std::string> NormalizeSource(const std::string& source) {
+  std::string path = source;
+  if (source.rfind("file://", 0) == 0) {
+    GRANARY_ASSIGN_OR_RETURN(path, PosixSource::RootFromUri(source));
+  } else if (source.find("://") != std::string::npos) {
+    return Status::InvalidArgument("source " + Quoted(source) +
+                                   ": only local paths and file:// URIs are supported");
+  }
+  if (path.empty() || path[0] != '/') {
+    return Status::InvalidArgument("source " + Quoted(source) +
+                                   " is not an absolute path; write it from / (e.g. " +
+                                   "/lustre/imagenet/train)");
+  }
+  char* real = realpath(path.c_str(), nullptr);
+  if (real == nullptr) {
+    const int e = errno;
+    return Status(e == ENOENT ? StatusCode::kNotFound : StatusCode::kFailedPrecondition,
+                  "source " + Quoted(path) + ": " + std::strerror(e));
+  }
+  std::string resolved = real;
+  std::free(real);
+  struct stat st {};
+  if (stat(resolved.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("source " + Quoted(path) + " is not a directory");
+  }
+  return "file://" + resolved;
+}
+
+// The snapshot child's messages on its pipe: progress records
+// ('P', files u64, directories u64), then one 'M' + encoded manifest or
+// 'E' + error message, which runs to the end of the stream.
+constexpr size_t kProgressRecordSize = 1 + 8 + 8;
+
+bool WriteFull(int fd, std::string_view bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Builds the manifest of `record`'s source. When this process is root and the
+// dataset belongs to someone else, the walk runs in a child process that has
+// become the owner (setgroups/setgid/setuid), so a snapshot never lists what
+// the owner could not list; the child sends its progress and the encoded
+// manifest back.
+Result<Manifest> SnapshotAsOwner(const DatasetRecord& record, ManifestBuildOptions options) {
+  const bool switch_user = geteuid() == 0 && record.owner.uid != 0;
+  if (!switch_user) return BuildManifest(options);
+  int fds[2];
+  if (pipe(fds) != 0) return Status::IoError(std::string("pipe: ") + std::strerror(errno));
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return Status::IoError(std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    const gid_t gid = record.owner.gid;
+    std::string payload;
+    if (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid(record.owner.uid) != 0) {
+      payload = "E" + std::string("cannot switch to uid ") + std::to_string(record.owner.uid) +
+                ": " + std::strerror(errno);
+    } else {
+      const int out = fds[1];
+      options.on_progress = [out](uint64_t files, uint64_t dirs) {
+        std::string p(kProgressRecordSize, 'P');
+        StoreLe<uint64_t>(p.data() + 1, files);
+        StoreLe<uint64_t>(p.data() + 9, dirs);
+        (void)WriteFull(out, p);
+      };
+      Result<Manifest> m = BuildManifest(options);
+      payload = m.ok() ? "M" + m->Encode() : "E" + m.status().ToString();
+    }
+    _exit(WriteFull(fds[1], payload) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string payload;
+  char buffer[1 << 16];
+  bool final_message = false;
+  for (;;) {
+    const ssize_t n = read(fds[0], buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    payload.append(buffer, static_cast<size_t>(n));
+    // Progress records are consumed as they come; the final message is kept.
+    size_t at = 0;
+    while (!final_message && payload.size() - at >= 1) {
+      if (payload[at] != 'P') {
+        final_message = true;
+        break;
+      }
+      if (payload.size() - at < kProgressRecordSize) break;
+      if (options.on_progress) {
+        options.on_progress(LoadLe<uint64_t>(payload.data() + at + 1),
+                            LoadLe<uint64_t>(payload.data() + at + 9));
+      }
+      at += kProgressRecordSize;
+    }
+    payload.erase(0, at);
+  }
+  close(fds[0]);
+  int wstatus = 0;
+  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  if (payload.empty() || (payload[0] != 'M' && payload[0] != 'E')) {
+    return Status::Internal("the snapshot process (uid " + std::to_string(record.owner.uid) +
+                            ") ended without an answer; run the snapshot again");
+  }
+  if (payload[0] == 'E') {
+    return Status::PermissionDenied("walking the source as uid " +
+                                    std::to_string(record.owner.uid) + ": " + payload.substr(1));
+  }
+  return Manifest::Decode(std::string_view(payload).substr(1));
+}
+
+class DatasetCommand {
+ public:
+  explicit DatasetCommand(CliContext& context) : c_(context) {}
+
+  void Add(CLI::App& app);
+
+ private:
+  Status Create();
+  Status TakeSnapshot(const std::string& name);
+  Status List();
+  Status Show(const std::string& name);
+  Status Delete(const std::string& name);
+  Status Stage(const std::string& name);
+  Status Wait(const std::string& name);
+
+  // Applies `change` to the record with compare-and-set, re-reading on a
+  // conflict (a cache node may be writing the message at the same time).
+  Result<DatasetRecord> Update(const std::string& name,
+                               const std::function<void(DatasetRecord&)>& change);
+  Status Snapshot(DatasetRecord record);
+  // The sample count of the record's current manifest, if it has one that
+  // decodes (the expected total of a new snapshot); 0 otherwise.
+  uint64_t PreviousFileCount(const DatasetRecord& record);
+
+  CliContext& c_;
+  std::string target_;
+  // dataset create
+  std::string name_;
+  std::string source_;
+  std::vector<std::string> include_;
+  std::vector<std::string> exclude_;
+  std::string chunk_size_ = "64MiB";
+  std::string pool_ = "default";
+  uint32_t replication_ = 1;
+  std::string owner_;
+  bool no_snapshot_ = false;
+  unsigned walk_threads_ = 8;
+  // dataset wait (and create/stage --wait)
+  bool wait_after_ = false;
+  std::string timeout_ = "1h";
+  std::string wait_for_ = "ready";
+};
+
+void DatasetCommand::Add(CLI::App& app) {
+  CLI::App* dataset = app.add_subcommand("dataset", "Create, snapshot, watch and delete datasets");
+  dataset->require_subcommand(1);
+  CLI::App* create = dataset->add_subcommand("create", "Create a dataset and snapshot its source");
+  create->add_option("name", name_, "Dataset name (DNS-1123 label: a-z, 0-9, -)")->required();
+  create->add_option("-s,--source", source_, "Source directory (absolute path or file:// URI)")
+      ->required();
+  create->add_option("--include", include_, "Glob of files to include (repeatable)");
+  create->add_option("--exclude", exclude_, "Glob of files or directories to exclude (repeatable)");
+  create->add_option("--chunk-size", chunk_size_, "Chunk size, e.g. 64MiB");
+  create->add_option("--pool", pool_, "Cache pool that stages it");
+  create->add_option("--replication", replication_, "Cache nodes holding each chunk");
+  create->add_option("--owner", owner_, "UID:GID whose rights read the source (root only)");
+  create->add_flag("--no-snapshot", no_snapshot_, "Create the record only");
+  create->add_option("--walk-threads", walk_threads_, "Directory walkers of the snapshot")
+      ->check(CLI::Range(1u, 256u));
+  create->add_flag("--wait", wait_after_, "Then wait until it is Ready, with progress");
+  create->add_option("--timeout", timeout_, "With --wait: give up after this long (exit 5)");
+  c_.OnParsed(create, [this] { return Create(); });
+
+  CLI::App* snapshot = dataset->add_subcommand("snapshot", "Take (or re-take) a snapshot");
+  snapshot->add_option("name", target_, "Dataset name")->required();
+  c_.OnParsed(snapshot, [this] { return TakeSnapshot(target_); });
+  CLI::App* list = dataset->add_subcommand("list", "List datasets with their staging progress");
+  c_.OnParsed(list, [this] { return List(); });
+  CLI::App* show = dataset->add_subcommand("show", "Show a dataset and its progress per node");
+  show->add_option("name", target_, "Dataset name")->required();
+  c_.OnParsed(show, [this] { return Show(target_); });
+  CLI::App* remove = dataset->add_subcommand("delete", "Delete a dataset and its cached data");
+  remove->add_option("name", target_, "Dataset name")->required();
+  c_.OnParsed(remove, [this] { return Delete(target_); });
+  CLI::App* stage = dataset->add_subcommand("stage", "Resume staging (snapshot first if needed)");
+  stage->add_option("name", target_, "Dataset name")->required();
+  stage->add_flag("--wait", wait_after_, "Then wait until it is Ready, with progress");
+  stage->add_option("--timeout", timeout_, "With --wait: give up after this long (exit 5)");
+  c_.OnParsed(stage, [this] { return Stage(target_); });
+  CLI::App* wait = dataset->add_subcommand("wait", "Wait until a dataset is Ready, with progress");
+  wait->add_option("name", target_, "Dataset name")->required();
+  wait->add_option("--timeout", timeout_, "Give up after this long (exit 5), e.g. 30m");
+  wait->add_option("--for", wait_for_, "ready (default) or staging");
+  c_.OnParsed(wait, [this] { return Wait(target_); });
+}
+
+Result<DatasetRecord> DatasetCommand::Update(const std::string& name,
+                                             const std::function<void(DatasetRecord&)>& change) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, c_.store().GetDataset(name));
+    change(record);
+    Result<DatasetRecord> updated = c_.store().UpdateDataset(record);
+    if (updated.ok() || updated.status().code() != StatusCode::kFailedPrecondition) {
+      return updated;
+    }
+  }
+  return Status::FailedPrecondition("dataset " + Quoted(name) +
+                                    " kept changing under this update; try again");
+}
+
+uint64_t DatasetCommand::PreviousFileCount(const DatasetRecord& record) {
+  if (record.manifest_id.empty()) return 0;
+  Result<std::string> blob = c_.store().GetManifest(record.manifest_id);
+  if (!blob.ok()) return 0;
+  Result<Manifest> manifest = Manifest::Decode(*blob);
+  return manifest.ok() ? manifest->sample_count() : 0;
+}
+
+Status DatasetCommand::Snapshot(DatasetRecord record) {
+  GRANARY_ASSIGN_OR_RETURN(std::string root, PosixSource::RootFromUri(record.spec.source_uri));
+  const uint64_t expected_files = PreviousFileCount(record);
+  GRANARY_ASSIGN_OR_RETURN(
+      record, Update(record.name, [](DatasetRecord& r) {
+        r.state = {DatasetPhase::kSnapshotting, "walking the source to build the manifest"};
+      }));
+  ManifestBuildOptions options;
+  options.source_root = root;
+  options.source_uri = record.spec.source_uri;
+  options.include = record.spec.include;
+  options.exclude = record.spec.exclude;
+  options.chunk_size = record.spec.chunk_size;
+  options.threads = walk_threads_;
+  const auto start = SteadyClock::now();
+  // A re-snapshot expects about as many files as the last one found: that
+  // gives the bar and the ETA; a first snapshot shows counts and rate only.
+  ProgressMeter meter("snapshot " + record.name, "files", start);
+  options.on_progress = [&](uint64_t files, uint64_t dirs) {
+    ProgressCounts counts;
+    counts.items = files;
+    counts.items_total = expected_files > 0 ? std::max(expected_files, files) : 0;
+    counts.has_bytes = false;
+    c_.Progress(meter.Line(counts, SteadyClock::now(), std::to_string(dirs) + " directories"),
+                false);
+  };
+  Result<Manifest> manifest = SnapshotAsOwner(record, options);
+  if (!manifest.ok()) {
+    (void)Update(record.name, [&](DatasetRecord& r) {
+      r.state = {DatasetPhase::kFailed, "snapshot failed: " + manifest.status().message()};
+    });
+    return manifest.status().WithContext("snapshot of dataset " + Quoted(record.name));
+  }
+  const double seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  const std::string id = manifest->id().ToHex();
+  GRANARY_RETURN_IF_ERROR(c_.store().PutManifest(id, manifest->Encode()));
+  const std::string summary = std::to_string(manifest->sample_count()) + " files, " +
+                              HumanBytes(manifest->total_bytes()) + ", " +
+                              std::to_string(manifest->chunk_count()) + " chunks";
+  GRANARY_ASSIGN_OR_RETURN(record, Update(record.name, [&](DatasetRecord& r) {
+                             r.manifest_id = id;
+                             r.state = {DatasetPhase::kStaging, "snapshot: " + summary};
+                           }));
+  std::ostringstream rate;
+  rate << std::fixed << std::setprecision(1) << seconds << " s";
+  c_.Progress("snapshot " + record.name + ": " + summary + " in " + rate.str(), true);
+  if (wait_after_) return Wait(record.name);
+  if (c_.json_output()) {
+    Json j = DatasetJson(record);
+    j["snapshot"] = {{"files", manifest->sample_count()},
+                     {"bytes", manifest->total_bytes()},
+                     {"chunks", manifest->chunk_count()},
+                     {"seconds", seconds}};
+    c_.out() << j.dump(2) << "\n";
+  } else {
+    c_.out() << "dataset " << record.name << ": " << summary << " (manifest " << id.substr(0, 12)
+             << "); cache nodes of pool " << record.spec.pool << " are staging it\n";
+  }
+  return Status::Ok();
+}
+
+Status DatasetCommand::Create() {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name_));
+  if (wait_after_ && no_snapshot_) {
+    return Status::InvalidArgument(
+        "--wait and --no-snapshot: a dataset without a snapshot "
+        "never stages; drop one of them");
+  }
+  if (wait_after_) {
+    Result<std::chrono::milliseconds> timeout = ParseDuration(timeout_);
+    if (!timeout.ok()) return Status::InvalidArgument("--timeout: " + timeout.status().message());
+  }
+  DatasetRecord record;
+  record.name = name_;
+  GRANARY_ASSIGN_OR_RETURN(record.spec.source_uri, NormalizeSource(source_));
+  record.spec.include = include_;
+  record.spec.exclude = exclude_;
+  Result<ByteSize> chunk = ParseByteSize(chunk_size_);
+  if (!chunk.ok()) {
+    return Status::InvalidArgument("--chunk-size: " + chunk.status().message());
+  }
+  record.spec.chunk_size = chunk->bytes;
+  record.spec.pool = pool_;
+  if (replication_ < 1) return Status::InvalidArgument("--replication must be at least 1");
+  record.spec.replication = replication_;
+  record.owner = {static_cast<uint32_t>(getuid()), static_cast<uint32_t>(getgid())};
+  if (!owner_.empty()) {
+    unsigned long uid = 0;
+    unsigned long gid = 0;
+    char extra = 0;
+    if (std::sscanf(owner_.c_str(), "%lu:%lu%c", &uid, &gid, &extra) != 2 || uid >= 0xffffffffu ||
+        gid >= 0xffffffffu) {
+      return Status::InvalidArgument("--owner " + Quoted(owner_) +
+                                     ": write UID:GID, e.g. 1000:1000");
+    }
+    if (geteuid() != 0 && (uid != getuid() || gid != getgid())) {
+      return Status::PermissionDenied(
+          "--owner: only root may create a dataset owned by another user");
+    }
+    record.owner = {static_cast<uint32_t>(uid), static_cast<uint32_t>(gid)};
+  }
+  record.state = {DatasetPhase::kPending, "created"};
+  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  Result<DatasetRecord> created = c_.store().CreateDataset(record);
+  if (!created.ok()) {
+    if (created.status().code() == StatusCode::kAlreadyExists) {
+      return Status::AlreadyExists("dataset " + Quoted(name_) +
+                                   " exists; choose another name, or `granary dataset delete " +
+                                   name_ + "` first");
+    }
+    return created.status();
+  }
+  if (no_snapshot_) {
+    if (c_.json_output()) {
+      c_.out() << DatasetJson(*created).dump(2) << "\n";
+    } else {
+      c_.out() << "dataset " << name_ << " created (Pending); `granary dataset snapshot " << name_
+               << "` takes its snapshot\n";
+    }
+    return Status::Ok();
+  }
+  return Snapshot(*created);
+}
+
+Status DatasetCommand::TakeSnapshot(const std::string& name) {
+  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, c_.store().GetDataset(name));
+  if (record.state.phase == DatasetPhase::kSnapshotting) {
+    return Status::FailedPrecondition("dataset " + Quoted(name) +
+                                      " is being snapshotted already; wait for it");
+  }
+  return Snapshot(record);
+}
+
+Status DatasetCommand::List() {
+  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  GRANARY_ASSIGN_OR_RETURN(std::vector<DatasetRecord> datasets, c_.store().ListDatasets());
+  GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c_.store().ListNodes(""));
+  Json list = Json::array();
+  std::vector<std::vector<std::string>> rows = {{"NAME", "PHASE", "POOL", "STAGED", "SOURCE"}};
+  for (const DatasetRecord& d : datasets) {
+    Result<std::map<std::string, StagingProgress>> progress = c_.store().ListProgress(d.name);
+    const ProgressSummary t =
+        progress.ok() ? SummarizeProgress(*progress, nodes) : ProgressSummary{};
+    Json j = DatasetJson(d);
+    j["progress"] = ProgressJson(t);
+    list.push_back(j);
+    std::ostringstream staged;
+    staged << std::fixed << std::setprecision(1) << 100 * t.fraction() << "%";
+    rows.push_back({d.name, std::string(DatasetPhaseName(d.state.phase)), d.spec.pool, staged.str(),
+                    d.spec.source_uri});
+  }
+  if (c_.json_output()) {
+    c_.out() << list.dump(2) << "\n";
+  } else if (datasets.empty()) {
+    c_.out() << "no datasets; `granary dataset create NAME --source DIR` makes one\n";
+  } else {
+    PrintTable(c_.out(), rows);
+  }
+  return Status::Ok();
+}
+
+Status DatasetCommand::Show(const std::string& name) {
+  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  GRANARY_ASSIGN_OR_RETURN(DatasetRecord d, c_.store().GetDataset(name));
+  GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c_.store().ListNodes(d.spec.pool));
+  GRANARY_ASSIGN_OR_RETURN(auto progress, c_.store().ListProgress(name));
+  GRANARY_ASSIGN_OR_RETURN(std::vector<PlanRecord> plans, c_.store().ListPlans(name));
+  const ProgressSummary t = SummarizeProgress(progress, nodes);
+  std::ostream& out = c_.out();
+  if (c_.json_output()) {
+    Json j = DatasetJson(d);
+    j["progress"] = ProgressJson(t);
+    Json per_node = Json::object();
+    for (const auto& [node, p] : progress) {
+      per_node[node] = {{"chunks_total", p.chunks_total},     {"chunks_staged", p.chunks_staged},
+                        {"bytes_total", p.bytes_total},       {"bytes_staged", p.bytes_staged},
+                        {"samples_failed", p.samples_failed}, {"updated_ms", p.updated_ms}};
+    }
+    j["nodes"] = per_node;
+    j["plans"] = plans.size();
+    out << j.dump(2) << "\n";
+    return Status::Ok();
+  }
+  out << "name:        " << d.name << "\n"
+      << "phase:       " << DatasetPhaseName(d.state.phase) << "\n"
+      << "message:     " << d.state.message << "\n"
+      << "source:      " << d.spec.source_uri << "\n"
+      << "pool:        " << d.spec.pool << " (replication " << d.spec.replication << ")\n"
+      << "chunk size:  " << HumanBytes(d.spec.chunk_size) << "\n"
+      << "owner:       uid " << d.owner.uid << " gid " << d.owner.gid << "\n"
+      << "manifest:    " << (d.manifest_id.empty() ? "(none yet)" : d.manifest_id) << "\n"
+      << "plans:       " << plans.size() << "\n"
+      << "staged:      " << HumanBytes(t.total.bytes_staged) << " of "
+      << HumanBytes(t.total.bytes_total) << " on " << t.nodes_reporting << " of " << nodes.size()
+      << " live nodes";
+  if (t.total.samples_failed > 0) out << "; " << t.total.samples_failed << " samples failed";
+  out << "\n";
+  if (!progress.empty()) {
+    std::vector<std::vector<std::string>> rows = {{"NODE", "CHUNKS", "BYTES", "FAILED", "LIVE"}};
+    for (const auto& [node, p] : progress) {
+      const std::string& id = node;  // (clang 14 cannot capture a structured binding)
+      const bool live =
+          std::any_of(nodes.begin(), nodes.end(), [&](const NodeRecord& n) { return n.id == id; });
+      rows.push_back({node, std::to_string(p.chunks_staged) + "/" + std::to_string(p.chunks_total),
+                      HumanBytes(p.bytes_staged) + "/" + HumanBytes(p.bytes_total),
+                      std::to_string(p.samples_failed), live ? "yes" : "no"});
+    }
+    out << "\n";
+    PrintTable(out, rows);
+  }
+  return Status::Ok();
+}
+
+Status DatasetCommand::Delete(const std::string& name) {
+  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  GRANARY_RETURN_IF_ERROR(c_.store().DeleteDataset(name));
+  if (c_.json_output()) {
+    c_.out() << Json{{"name", name}, {"deleted", true}}.dump(2) << "\n";
+  } else {
+    c_.out() << "dataset " << name
+             << " deleted; the cache nodes drop its chunks within a heartbeat\n";
+  }
+  return Status::Ok();
+}
+
+Status DatasetCommand::Stage(const std::string& name) {
+  if (wait_after_) {
+    Result<std::chrono::milliseconds> timeout = ParseDuration(timeout_);
+    if (!timeout.ok()) return Status::InvalidArgument("--timeout: " + timeout.status().message());
+  }
+  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  GRANARY_ASSIGN_OR_RETURN(DatasetRecord d, c_.store().GetDataset(name));
+  if (d.manifest_id.empty()) return Snapshot(d);
+  if (d.state.phase == DatasetPhase::kStaging || d.state.phase == DatasetPhase::kReady) {
+    if (wait_after_) return Wait(name);
+    c_.out() << "dataset " << name << " is " << DatasetPhaseName(d.state.phase) << " already\n";
+    return Status::Ok();
+  }
+  GRANARY_ASSIGN_OR_RETURN(d, Update(name, [](DatasetRecord& r) {
+                             r.state = {DatasetPhase::kStaging, "staging resumed"};
+                           }));
+  if (wait_after_) return Wait(name);
+  if (c_.json_output()) {
+    c_.out() << DatasetJson(d).dump(2) << "\n";
+  } else {
+    c_.out() << "dataset " << name << ": staging\n";
+  }
+  return Status::Ok();
+}
+
+Status DatasetCommand::Wait(const std::string& name) {
+  Result<std::chrono::milliseconds> timeout = ParseDuration(timeout_);
+  if (!timeout.ok()) return Status::InvalidArgument("--timeout: " + timeout.status().message());
+  if (wait_for_ != "ready" && wait_for_ != "staging") {
+    return Status::InvalidArgument("--for " + Quoted(wait_for_) + ": write ready or staging");
+  }
+  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  const auto start = SteadyClock::now();
+  const auto deadline = start + *timeout;
+  ProgressMeter meter(name, "chunks", start);
+  for (;;) {
+    GRANARY_ASSIGN_OR_RETURN(DatasetRecord d, c_.store().GetDataset(name));
+    GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c_.store().ListNodes(d.spec.pool));
+    Result<std::map<std::string, StagingProgress>> progress = c_.store().ListProgress(name);
+    const ProgressSummary t =
+        progress.ok() ? SummarizeProgress(*progress, nodes) : ProgressSummary{};
+    const auto now = SteadyClock::now();
+    const double elapsed = std::chrono::duration<double>(now - start).count();
+    const bool done = d.state.phase == DatasetPhase::kReady ||
+                      (wait_for_ == "staging" && d.state.phase == DatasetPhase::kStaging);
+    ProgressCounts counts;
+    counts.items = t.total.chunks_staged;
+    counts.items_total = t.total.chunks_total;
+    counts.bytes = t.total.bytes_staged;
+    counts.bytes_total = t.total.bytes_total;
+    std::string note(DatasetPhaseName(d.state.phase));
+    if (t.total.samples_failed > 0) {
+      note += ", " + std::to_string(t.total.samples_failed) + " samples failed";
+    }
+    if (nodes.empty()) note += ", no live cache node in pool " + d.spec.pool;
+    c_.Progress(meter.Line(counts, now, note), done || d.state.phase == DatasetPhase::kFailed);
+    if (done) {
+      if (c_.json_output()) {
+        Json j = DatasetJson(d);
+        j["progress"] = ProgressJson(t);
+        j["waited_seconds"] = elapsed;
+        c_.out() << j.dump(2) << "\n";
+      } else {
+        c_.out() << "dataset " << name << " is " << DatasetPhaseName(d.state.phase) << ": "
+                 << d.state.message << "\n";
+      }
+      return Status::Ok();
+    }
+    if (d.state.phase == DatasetPhase::kFailed) {
+      return Status::FailedPrecondition("dataset " + Quoted(name) + " failed: " + d.state.message +
+                                        " (fix the cause, then `granary dataset stage " + name +
+                                        "`)");
+    }
+    if (d.state.phase == DatasetPhase::kDeleting) {
+      return Status::FailedPrecondition("dataset " + Quoted(name) + " is being deleted");
+    }
+    if (now >= deadline) {
+      return Status::DeadlineExceeded("dataset " + Quoted(name) + " is still " +
+                                      std::string(DatasetPhaseName(d.state.phase)) + " after " +
+                                      timeout_ + ": " + d.state.message);
+    }
+    std::this_thread::sleep_for(std::min<SteadyClock::duration>(kWaitPoll, deadline - now));
+  }
+}
+
+}  // namespace
+
+void AddDatasetCommand(CLI::App& app, CliContext& context) {
+  context.Keep(std::make_unique<DatasetCommand>(context))->Add(app);
+}
+
+}  // namespace granary::cli

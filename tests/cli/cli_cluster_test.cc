@@ -1,0 +1,489 @@
+// `granary cat` and `granary doctor` against the real thing: two
+// granary-cachenode processes and Redis (CacheCluster), a granary-sidecar
+// (SidecarProcess), the CLI in-process (RunCli) and as the real `granary`
+// binary (for another user's rights and for a reader that goes away).
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "granary/cli/cli.h"
+#include "granary/core/metadata_store.h"
+#include "testing/cachenode_fixture.h"
+#include "testing/sidecar_fixture.h"
+#include "testing/test_util.h"
+
+#ifndef GRANARY_CLI_BINARY
+#error "GRANARY_CLI_BINARY must name the granary binary"
+#endif
+
+namespace granary {
+namespace {
+
+using std::chrono::seconds;
+using testing::CacheCluster;
+using testing::SidecarOptions;
+using testing::SidecarProcess;
+using testing::TestDataset;
+
+constexpr uint32_t kNobody = 65534;
+
+struct ProcessRun {
+  int code = -1;
+  int signal = 0;
+  std::string out;
+  std::string err;
+};
+
+// Runs the granary binary with `args`, as `uid` (gid = uid) when given (the
+// test runs as root), stdout and stderr captured. With `stdout_limit`, the
+// read end of stdout is closed after that many bytes (a reader that goes
+// away). Killed at a 60 s deadline.
+ProcessRun RunGranary(const std::vector<std::string>& args,
+                      std::optional<uint32_t> uid = std::nullopt, size_t stdout_limit = SIZE_MAX) {
+  ProcessRun run;
+  int out[2];
+  int err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe2: " << std::strerror(errno);
+    return run;
+  }
+  std::vector<std::string> argv_strings = {GRANARY_CLI_BINARY};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_strings) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls from here to exec.
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    if (uid) {
+      if (syscall(SYS_setgroups, 0, nullptr) != 0 || syscall(SYS_setgid, *uid) != 0 ||
+          syscall(SYS_setuid, *uid) != 0) {
+        _exit(126);
+      }
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  int fds[2] = {out[0], err[0]};
+  std::string* sinks[2] = {&run.out, &run.err};
+  while (fds[0] >= 0 || fds[1] >= 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      ADD_FAILURE() << "granary did not finish within 60 s";
+      kill(pid, SIGKILL);
+      break;
+    }
+    pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+    if (poll(p, 2, static_cast<int>(left.count())) < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i] < 0 || p[i].revents == 0) continue;
+      char buffer[65536];
+      const ssize_t n = read(fds[i], buffer, sizeof(buffer));
+      if (n > 0) sinks[i]->append(buffer, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EINTR) || (i == 0 && run.out.size() >= stdout_limit)) {
+        close(fds[i]);
+        fds[i] = -1;
+      }
+    }
+  }
+  for (int fd : fds) {
+    if (fd >= 0) close(fd);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) run.code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) run.signal = WTERMSIG(status);
+  return run;
+}
+
+class CliClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cluster = CacheCluster::Create();
+    ASSERT_OK(cluster);
+    cluster_ = std::move(*cluster);
+    ASSERT_OK(cluster_->StartNodes(2));
+    testing::DatasetOptions d;
+    d.name = "pets";
+    d.files = 120;
+    d.min_size = 1;
+    d.max_size = 150 * 1024;  // many span several chunks
+    d.files_per_directory = 25;
+    d.chunk_size = 64 * 1024;
+    auto ds = cluster_->CreateDataset(d);
+    ASSERT_OK(ds);
+    ds_ = std::move(*ds);
+    ASSERT_OK(cluster_->WaitForPhase(ds_.name, DatasetPhase::kReady));
+  }
+
+  // RunCli in-process against the cluster's store.
+  ProcessRun Cli(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--store", cluster_->store_url()});
+    std::ostringstream out;
+    std::ostringstream err;
+    ProcessRun run;
+    run.code = RunCli(args, out, err);
+    run.out = out.str();
+    run.err = err.str();
+    return run;
+  }
+
+  // `cat NAME` of every file of `ds`, in id order; the expected bytes.
+  static std::vector<std::string> CatArgs(const TestDataset& ds, std::string* expected) {
+    std::vector<std::string> args = {"cat", ds.name};
+    for (SampleId id = 0; id < ds.sample_count(); ++id) {
+      args.push_back(ds.manifest->PathOf(id));
+      *expected += ds.contents[id];
+    }
+    return args;
+  }
+
+  SidecarProcess& StartSidecar(const std::string& extra_yaml = "") {
+    SidecarOptions o;
+    o.store_url = cluster_->store_url();
+    o.arena_bytes = "32MiB";
+    o.window_bytes = "2MiB";
+    o.extra_yaml = extra_yaml;
+    const std::string dir = cluster_->dir().Join("sidecar");
+    std::filesystem::create_directories(dir);
+    sidecar_ = std::make_unique<SidecarProcess>(o, dir);
+    EXPECT_OK(sidecar_->StartAndWaitReady());
+    return *sidecar_;
+  }
+
+  // Lets uid `kNobody` reach the source trees (not the nodes' data).
+  void OpenClusterDirForOthers() {
+    ASSERT_EQ(chmod(cluster_->dir().path().c_str(), 0711), 0) << std::strerror(errno);
+  }
+
+  std::unique_ptr<CacheCluster> cluster_;
+  TestDataset ds_;
+  std::unique_ptr<SidecarProcess> sidecar_;
+};
+
+TEST_F(CliClusterTest, CatFromTheCacheNodesIsByteEqualWithoutTheSource) {
+  // The source moved away: every byte must come from the cache nodes.
+  const std::string moved = ds_.root + ".away";
+  ASSERT_EQ(rename(ds_.root.c_str(), moved.c_str()), 0);
+  std::string expected;
+  std::vector<std::string> args = CatArgs(ds_, &expected);
+  args.push_back("--direct");
+  ProcessRun r = Cli(args);
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_TRUE(r.out == expected) << r.out.size() << " bytes, expected " << expected.size();
+  EXPECT_EQ(r.err, "");
+  // A file, a directory and a missing file together: the file is written,
+  // each bad one named; the exit code is the first failure's.
+  const std::string one = ds_.manifest->PathOf(7);
+  r = Cli({"cat", ds_.name, "--direct", one, "d000", one + ".nope"});
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_EQ(r.out, ds_.contents[7]);
+  EXPECT_NE(r.err.find("d000: is a directory"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no file or directory '" + one + ".nope'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("2 of 3 files could not be read"), std::string::npos) << r.err;
+  r = Cli({"cat", ds_.name, "--direct", one + ".nope"});
+  EXPECT_EQ(r.code, kCliNotFound) << r.err;
+  for (const std::string& bad : {std::string("../etc/passwd"), std::string("/etc/passwd"),
+                                 std::string("d000/../d001/x"), std::string(".")}) {
+    r = Cli({"cat", ds_.name, "--direct", one, bad});
+    EXPECT_EQ(r.code, kCliUsage) << bad << ": " << r.err;
+    EXPECT_EQ(r.out, "") << bad << ": nothing is read before every path is checked";
+  }
+  r = Cli({"cat", "nope", "--direct", one});
+  EXPECT_EQ(r.code, kCliNotFound) << r.err;
+  ASSERT_EQ(rename(moved.c_str(), ds_.root.c_str()), 0);
+}
+
+TEST_F(CliClusterTest, CatThroughTheSidecarIsByteEqual) {
+  SidecarProcess& sidecar = StartSidecar();
+  std::string expected;
+  std::vector<std::string> args = CatArgs(ds_, &expected);
+  args.push_back("--socket");
+  args.push_back(sidecar.socket_path());
+  ProcessRun r = Cli(args);
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_TRUE(r.out == expected) << r.out.size() << " bytes, expected " << expected.size();
+  // The sidecar served them (and nothing else did).
+  auto served = sidecar.MetricValue("granary_sidecar_served_samples_total");
+  ASSERT_OK(served);
+  EXPECT_GE(*served, static_cast<double>(ds_.sample_count()));
+  // $GRANARY_SOCKET is used when no --socket is given.
+  ASSERT_EQ(setenv("GRANARY_SOCKET", sidecar.socket_path().c_str(), 1), 0);
+  r = Cli({"cat", ds_.name, ds_.manifest->PathOf(3)});
+  unsetenv("GRANARY_SOCKET");
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.out, ds_.contents[3]);
+  // A missing file through the sidecar: exit 3, named.
+  r = Cli({"cat", ds_.name, "--socket", sidecar.socket_path(), "d000/nope"});
+  EXPECT_EQ(r.code, kCliNotFound) << r.err;
+  EXPECT_NE(r.err.find("d000/nope"), std::string::npos) << r.err;
+  // No sidecar at that path: exit 1 saying what to do.
+  r = Cli({"cat", ds_.name, "--socket", cluster_->dir().Join("none.sock"), "d000/x"});
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_NE(r.err.find("--direct"), std::string::npos) << r.err;
+  r = Cli({"cat", ds_.name, "--socket", sidecar.socket_path(), "--direct", "d000/x"});
+  EXPECT_EQ(r.code, kCliUsage) << r.err;
+}
+
+TEST_F(CliClusterTest, CatWithACacheNodeKilled) {
+  std::string expected;
+  std::vector<std::string> args = CatArgs(ds_, &expected);
+  args.push_back("--direct");
+  ASSERT_OK(cluster_->node(0).Kill());
+  // Fall-through on: every byte, from the other node or the source.
+  ProcessRun r = Cli(args);
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_TRUE(r.out == expected) << r.out.size() << " bytes, expected " << expected.size();
+
+  // Fall-through off: what can be read is right, what cannot is named, and
+  // the exit status says so.
+  args.push_back("--no-source");
+  r = Cli(args);
+  std::string written;
+  size_t failed = 0;
+  for (SampleId id = 0; id < ds_.sample_count(); ++id) {
+    if (r.err.find("cat " + ds_.manifest->PathOf(id) + ": ") != std::string::npos) {
+      ++failed;
+    } else {
+      written += ds_.contents[id];
+    }
+  }
+  EXPECT_TRUE(r.out == written) << r.err;
+  EXPECT_EQ(r.code, failed == 0 ? kCliOk : kCliFailed) << r.err;
+
+  // No node at all and no fall-through: a clean failure for each file.
+  ASSERT_OK(cluster_->node(1).Kill());
+  r = Cli({"cat", ds_.name, "--direct", "--no-source", ds_.manifest->PathOf(0)});
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find(ds_.manifest->PathOf(0)), std::string::npos) << r.err;
+  // With fall-through the source still serves it, and the CLI says so.
+  r = Cli({"cat", ds_.name, "--direct", ds_.manifest->PathOf(0)});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.out, ds_.contents[0]);
+  EXPECT_NE(r.err.find("read from the source"), std::string::npos) << r.err;
+}
+
+TEST_F(CliClusterTest, CatAsAnotherUserNeedsTheSourceRights) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the CLI as another user";
+  OpenClusterDirForOthers();
+  // A dataset whose source only root may enter.
+  testing::DatasetOptions d;
+  d.name = "secret";
+  d.files = 10;
+  d.before_snapshot = [](const std::string& root) { ASSERT_EQ(chmod(root.c_str(), 0700), 0); };
+  auto secret = cluster_->CreateDataset(d);
+  ASSERT_OK(secret);
+  ASSERT_OK(cluster_->WaitForPhase(secret->name, DatasetPhase::kReady));
+
+  const std::string path = secret->manifest->PathOf(0);
+  ProcessRun r = RunGranary(
+      {"--store", cluster_->store_url(), "cat", secret->name, "--direct", path}, kNobody);
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("cannot read its source file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ask the owner"), std::string::npos) << r.err;
+
+  // `pets` is readable by everyone at the source: nobody may cat it, and it
+  // comes from the cache nodes.
+  r = RunGranary(
+      {"--store", cluster_->store_url(), "cat", ds_.name, "--direct", ds_.manifest->PathOf(5)},
+      kNobody);
+  EXPECT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.out, ds_.contents[5]);
+
+  // Through a sidecar whose socket (0660 root:root) nobody may open.
+  SidecarProcess& sidecar = StartSidecar();
+  ASSERT_EQ(chmod(cluster_->dir().Join("sidecar").c_str(), 0755), 0);
+  r = RunGranary({"cat", ds_.name, "--socket", sidecar.socket_path(), ds_.manifest->PathOf(5)},
+                 kNobody);
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("socket's group"), std::string::npos) << r.err;
+}
+
+TEST_F(CliClusterTest, BrokenPipeExitsQuietly) {
+  std::vector<std::string> args = {"--store", cluster_->store_url(), "cat", ds_.name, "--direct"};
+  for (int i = 0; i < 50; ++i) {
+    for (SampleId id = 0; id < ds_.sample_count(); ++id) args.push_back(ds_.manifest->PathOf(id));
+  }
+  // `granary cat ... | head -c1`: far more than a pipe buffer, reader gone after 1 byte.
+  ProcessRun r = RunGranary(args, std::nullopt, 1);
+  EXPECT_EQ(r.signal, 0);
+  EXPECT_EQ(r.code, kCliOk);
+  EXPECT_EQ(r.err, "");
+  ASSERT_GE(r.out.size(), 1u);
+  EXPECT_EQ(r.out[0], ds_.contents[0][0]);
+}
+
+TEST_F(CliClusterTest, DoctorPassesOnALiveSetUp) {
+  SidecarProcess& sidecar = StartSidecar();
+  ProcessRun r = Cli({"doctor", "--socket", sidecar.socket_path(), "--config",
+                      cluster_->node(0).config_path(), "--config", sidecar.config_path()});
+  EXPECT_EQ(r.code, kCliOk) << r.out << r.err;
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PASS  store"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pool default: 2 live nodes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("answers HELLO/PING"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cache node config " + cluster_->node(0).config_path() + " parses"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("sidecar config " + sidecar.config_path() + " parses"), std::string::npos)
+      << r.out;
+
+  // The sidecar's config names its socket: no --socket needed.
+  r = Cli({"-o", "json", "doctor", "--config", sidecar.config_path()});
+  EXPECT_EQ(r.code, kCliOk) << r.out << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(j["failed"], 0);
+  std::set<std::string> passed;
+  for (const auto& check : j["checks"]) {
+    if (check["status"] == "PASS") passed.insert(check["check"].get<std::string>());
+    // FUSE may be missing here (a WARN); nothing else may even warn.
+    if (check["check"] != "fuse") {
+      EXPECT_EQ(check["status"], "PASS") << check.dump();
+    }
+  }
+  for (const char* name : {"store", "nodes", "config", "sidecar"}) {
+    EXPECT_EQ(passed.count(name), 1u) << name << " in " << r.out;
+  }
+}
+
+TEST_F(CliClusterTest, DoctorFailsEachWayWithItsFix) {
+  struct Expect {
+    std::string check;
+    std::string message;
+    std::string fix;
+  };
+  auto fails = [](const ProcessRun& r, const Expect& e) {
+    EXPECT_EQ(r.code, kCliFailed) << r.out << r.err;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    EXPECT_EQ(j["ok"], false);
+    bool found = false;
+    for (const auto& check : j["checks"]) {
+      if (check["check"] != e.check || check["status"] != "FAIL") continue;
+      const std::string message = check["message"];
+      const std::string fix = check.value("fix", "");
+      if (message.find(e.message) != std::string::npos && fix.find(e.fix) != std::string::npos) {
+        found = true;
+      }
+    }
+    EXPECT_TRUE(found) << "no FAIL of " << e.check << " with '" << e.message << "' and fix '"
+                       << e.fix << "' in\n"
+                       << r.out;
+  };
+  // An unreachable store.
+  const std::string dead = "redis://127.0.0.1:" + std::to_string(testing::FreeTcpPort()) + "/0";
+  std::ostringstream out;
+  std::ostringstream err;
+  ProcessRun r;
+  r.code = RunCli({"--store", dead, "-o", "json", "doctor"}, out, err);
+  r.out = out.str();
+  fails(r, {"store", "unreachable", "start redis-server"});
+  // A URL that does not parse.
+  out.str("");
+  r.code = RunCli({"--store", "mysql://x", "-o", "json", "doctor"}, out, err);
+  r.out = out.str();
+  fails(r, {"store", "does not parse", "redis://host:port"});
+  // A store with no live node.
+  const std::string empty = "sqlite://" + cluster_->dir().Join("empty.db");
+  ASSERT_OK(OpenMetadataStore(empty));
+  out.str("");
+  r.code = RunCli({"--store", empty, "-o", "json", "doctor"}, out, err);
+  r.out = out.str();
+  fails(r, {"nodes", "no live cache node", "start granary-cachenode"});
+  // A socket path with nothing there, and one that is not a socket.
+  r = Cli({"-o", "json", "doctor", "--socket", cluster_->dir().Join("none.sock")});
+  fails(r, {"sidecar", "no socket at", "start granary-sidecar"});
+  r = Cli({"-o", "json", "doctor", "--socket", cluster_->node(0).config_path()});
+  fails(r, {"sidecar", "is a regular file, not a socket", "point --socket"});
+  // A stale socket: the file is there, nobody listens.
+  SidecarProcess& sidecar = StartSidecar();
+  ASSERT_OK(sidecar.Kill());
+  r = Cli({"-o", "json", "doctor", "--socket", sidecar.socket_path()});
+  fails(r, {"sidecar", "does not answer HELLO/PING", "start granary-sidecar"});
+  // Bad config files: a wrong value, an unknown key, a missing file.
+  const std::string bad_node = cluster_->dir().Join("bad-node.yaml");
+  testing::WriteAll(bad_node, "data_dir: /var/lib/x\ncapacity: lots\nmetadata_store: " +
+                                  cluster_->store_url() + "\n");
+  r = Cli({"-o", "json", "doctor", "--config", bad_node});
+  fails(r, {"config", "capacity", "docs/cachenode.md"});
+  const std::string bad_sidecar = cluster_->dir().Join("bad-sidecar.yaml");
+  testing::WriteAll(bad_sidecar, "socket: /tmp/x.sock\nwindow_samplez: 4\nmetadata_store: " +
+                                     cluster_->store_url() + "\n");
+  r = Cli({"-o", "json", "doctor", "--config", bad_sidecar});
+  fails(r, {"config", "window_samplez", "docs/sidecar.md"});
+  r = Cli({"-o", "json", "doctor", "--config", cluster_->dir().Join("missing.yaml")});
+  fails(r, {"config", "cannot read", "check the path"});
+  // A cache node config whose data_dir cannot be made.
+  const std::string blocked = cluster_->dir().Join("blocked.yaml");
+  testing::WriteAll(blocked, "data_dir: " + bad_node + "/data\ncapacity: 1GiB\nmetadata_store: " +
+                                 cluster_->store_url() + "\n");
+  r = Cli({"-o", "json", "doctor", "--config", blocked});
+  fails(r, {"config", "not a directory", "create " + bad_node + "/data"});
+
+  // Human output: every FAIL line is followed by its fix, then the summary.
+  r = Cli({"doctor", "--socket", cluster_->dir().Join("none.sock")});
+  EXPECT_EQ(r.code, kCliFailed);
+  EXPECT_NE(r.out.find("FAIL  sidecar"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fix: start granary-sidecar"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 failed"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("checks failed"), std::string::npos) << r.err;
+}
+
+TEST_F(CliClusterTest, DoctorAsAUserTheSocketRefuses) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run doctor as another user";
+  OpenClusterDirForOthers();
+  SidecarProcess& sidecar = StartSidecar("socket_mode: \"0600\"\n");
+  ASSERT_EQ(chmod(cluster_->dir().Join("sidecar").c_str(), 0755), 0);
+  struct stat st {};
+  ASSERT_EQ(stat(sidecar.socket_path().c_str(), &st), 0);
+  ASSERT_EQ(st.st_mode & 0777, 0600u);
+  ProcessRun r = RunGranary(
+      {"--store", cluster_->store_url(), "doctor", "--socket", sidecar.socket_path()}, kNobody);
+  EXPECT_EQ(r.code, kCliFailed) << r.out << r.err;
+  EXPECT_NE(r.out.find("FAIL  sidecar"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("does not let you connect"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mode 0600"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("socket_mode: \"0660\""), std::string::npos) << r.out;
+  // The same as root passes.
+  r = RunGranary({"--store", cluster_->store_url(), "doctor", "--socket", sidecar.socket_path()});
+  EXPECT_EQ(r.code, kCliOk) << r.out << r.err;
+
+  // A socket in a directory nobody may search.
+  ASSERT_EQ(chmod(cluster_->dir().Join("sidecar").c_str(), 0700), 0);
+  r = RunGranary({"--store", cluster_->store_url(), "doctor", "--socket", sidecar.socket_path()},
+                 kNobody);
+  EXPECT_EQ(r.code, kCliFailed) << r.out << r.err;
+  EXPECT_NE(r.out.find("not searchable by you"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace granary
