@@ -1,0 +1,154 @@
+#pragma once
+
+// PosixView: a dataset shown as a read-only file system (FUSE, libfuse3's
+// low-level API) for training code that opens files by path
+// (docs/posix-view.md).
+//
+//  - Tree and attributes come from the manifest (MountTree): lookup,
+//    getattr and readdir(plus) are answered from memory and never reach the
+//    source or a cache node. Files are regular files of the manifest's size
+//    and mtime; owner uid/gid are the dataset owner's; modes are r--r--r--
+//    and r-xr-xr-x (r--r----- and r-xr-x--- with allow_other, where the
+//    kernel checks them: default_permissions).
+//  - Contents come from a ContentReader (content_reader.h): a file's sample is
+//    pinned at its first read and replied from in place until the read that
+//    reaches its end, or close. Opens hint the samples that follow
+//    (readahead.h).
+//  - The kernel caches everything: entries and attributes for
+//    entry_timeout (a day by default; the dataset is immutable), negative
+//    lookups too, directory listings (cache_readdir) and file pages
+//    (keep_cache), so a warm read is a page-cache read. Reads are up to
+//    1 MiB per request.
+//  - Read-only twice over: the mount is `ro` (the kernel answers EROFS to
+//    every write-like call before asking), and every write-like operation
+//    that did arrive would get EROFS too. There are no symlinks, and `..` of
+//    the root is the root.
+//
+// Serving: `threads` workers of its own, started by Mount, each polling the
+// FUSE device and a stop event. Stop() ends them and unmounts (lazily:
+// processes still inside see ENOTCONN afterwards). When the mount is removed
+// from outside (fusermount3 -u, umount), the workers end and ended() turns
+// true; Stop() must still be called. libfuse's signal handlers are not
+// installed: the embedding process decides what its signals do.
+//
+// Who calls it: `granary mount` (cli/src/mount_command.cc), the sidecar's
+// `mounts:` option, tests.
+//
+// Thread safety: Stop(), ended(), WaitEnded() and counters() from any
+// thread; Stop() is idempotent and also run by the destructor. The FUSE
+// callbacks run on the workers and touch only immutable state, atomics and
+// each open file's own mutex.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "granary/core/file.h"
+#include "granary/core/manifest.h"
+#include "granary/core/status.h"
+#include "granary/posix/content_reader.h"
+#include "granary/posix/mount_tree.h"
+#include "granary/posix/readahead.h"
+
+struct fuse_session;
+
+namespace granary::posix {
+
+struct PosixViewOptions {
+  std::string mount_point;  // an existing empty directory (see mount_point.h)
+  std::string dataset;      // shown as the file system's name: granary:<dataset>
+  uid_t uid = 0;            // owner of every file and directory
+  gid_t gid = 0;
+  // Let other users than the mounting one in (needs user_allow_other in
+  // /etc/fuse.conf unless root). Modes then keep others out.
+  bool allow_other = false;
+  uint32_t threads = 8;
+  // How long the kernel keeps entries and attributes (and negative entries).
+  std::chrono::seconds entry_timeout{86'400};
+  // Readahead; null order: manifest order. window_samples 0: none.
+  std::shared_ptr<const ReadaheadOrder> readahead_order;
+  ReadaheadOptions readahead;
+  // How long Mount waits for the kernel's INIT.
+  std::chrono::milliseconds init_timeout{10'000};
+  bool debug = false;  // libfuse's request trace on stderr
+};
+
+class PosixView {
+ public:
+  struct Counters {
+    uint64_t lookups = 0;
+    uint64_t getattrs = 0;
+    uint64_t readdirs = 0;
+    uint64_t opens = 0;
+    uint64_t reads = 0;
+    uint64_t read_bytes = 0;
+    uint64_t acquires = 0;     // samples pinned through the reader
+    uint64_t read_errors = 0;  // reads answered EIO
+    uint64_t refused_writes = 0;
+    uint64_t hinted = 0;  // ids passed to ContentReader::Hint
+  };
+
+  // Builds the tree (errors from MountTree::Build), mounts at
+  // options.mount_point and starts the workers; returns once the kernel's
+  // INIT is answered. Errors: kInvalidArgument (options), kIoError /
+  // kPermissionDenied from the mount, naming the directory and what to do.
+  static Result<std::unique_ptr<PosixView>> Mount(PosixViewOptions options,
+                                                  std::shared_ptr<const Manifest> manifest,
+                                                  std::shared_ptr<ContentReader> reader);
+
+  ~PosixView();
+  PosixView(const PosixView&) = delete;
+  PosixView& operator=(const PosixView&) = delete;
+
+  const std::string& mount_point() const { return options_.mount_point; }
+  const MountTree& tree() const { return tree_; }
+
+  // Stops the workers and unmounts. Idempotent.
+  void Stop();
+  // The kernel ended the mount (unmounted from outside), or Stop() ran.
+  bool ended() const { return ended_.load(); }
+  // Waits up to `timeout` for ended(); returns it.
+  bool WaitEnded(std::chrono::milliseconds timeout);
+
+  Counters counters() const;
+
+  // For the FUSE callbacks (posix_view.cc) only.
+  struct Callbacks;
+
+ private:
+  PosixView(PosixViewOptions options, MountTree tree, std::shared_ptr<ContentReader> reader);
+  void Serve();
+  void MarkEnded();
+
+  const PosixViewOptions options_;
+  const MountTree tree_;
+  const std::shared_ptr<ContentReader> reader_;
+  Readahead readahead_;
+
+  fuse_session* session_ = nullptr;
+  ScopedFd stop_event_;  // eventfd: readable once Stop() runs
+  std::vector<std::thread> workers_;
+  std::atomic<uint32_t> workers_left_{0};
+
+  std::mutex state_mu_;  // guards the flags below and pairs with state_cv_
+  std::condition_variable state_cv_;
+  bool initialized_ = false;  // INIT answered
+  bool stopped_ = false;
+  std::atomic<bool> ended_{false};
+
+  struct AtomicCounters {
+    std::atomic<uint64_t> lookups{0}, getattrs{0}, readdirs{0}, opens{0}, reads{0}, read_bytes{0},
+        acquires{0}, read_errors{0}, refused_writes{0}, hinted{0};
+  };
+  AtomicCounters counters_;
+};
+
+}  // namespace granary::posix

@@ -1,0 +1,89 @@
+#pragma once
+
+// Readahead for unmodified readers of the POSIX view (docs/posix-view.md):
+// when a file is opened, the samples likely to be read next are hinted to the
+// ContentReader, so the sidecar fetches them (whole chunks' worth, batched
+// per cache node) before they are asked for.
+//
+//  - ReadaheadOrder: the order followed. Manifest order (ids ascending, which
+//    is chunk order: a tree walk reads directories in the order the manifest
+//    packed them), or the first-read order of a plan registered for the
+//    dataset (a Granary sampler in use: every rank's epoch order, as cache
+//    nodes stage it).
+//  - Readahead: the window. On an open at position p it hints what lies
+//    between what it hinted already and p + window (at most window_samples
+//    samples and window_bytes bytes ahead), once the reader is within half a
+//    window of the end of what was hinted; a jump outside the window starts
+//    over from p. Hints are therefore sent in batches of about half a window.
+//
+// Who calls it: PosixView (open); `granary mount` picks the order.
+//
+// Thread safety: ReadaheadOrder is immutable. Readahead::OnOpen may be called
+// from any number of threads (one mutex).
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "granary/core/manifest.h"
+#include "granary/core/metadata_store.h"
+#include "granary/core/status.h"
+
+namespace granary::posix {
+
+class ReadaheadOrder {
+ public:
+  // Ids ascending.
+  static std::shared_ptr<const ReadaheadOrder> ManifestOrder(size_t sample_count);
+  // FirstReadOrder of `plan` at its first epoch. kInvalidArgument for a plan
+  // the core refuses.
+  static Result<std::shared_ptr<const ReadaheadOrder>> FromPlan(const Manifest& manifest,
+                                                                const PlanRecord& plan);
+  // The most recently registered plan's order if `plans` has one, else
+  // manifest order.
+  static Result<std::shared_ptr<const ReadaheadOrder>> Choose(const Manifest& manifest,
+                                                              const std::vector<PlanRecord>& plans);
+
+  // Positions 0..size()-1; a sample the order does not hold (dropped by
+  // drop_last) has position size().
+  uint64_t size() const { return size_; }
+  uint64_t PositionOf(SampleId id) const;
+  SampleId At(uint64_t position) const;
+  // "manifest order" or "plan <id> (epoch E)".
+  const std::string& description() const { return description_; }
+
+ private:
+  ReadaheadOrder() = default;
+  uint64_t size_ = 0;
+  uint64_t sample_count_ = 0;
+  std::vector<SampleId> order_;     // empty: identity
+  std::vector<uint32_t> position_;  // by sample id; empty: identity
+  std::string description_;
+};
+
+struct ReadaheadOptions {
+  uint32_t window_samples = 256;
+  uint64_t window_bytes = 64ull << 20;
+};
+
+class Readahead {
+ public:
+  Readahead(std::shared_ptr<const ReadaheadOrder> order, const Manifest* manifest,
+            ReadaheadOptions options);
+
+  // Sample `id` was opened: the ids to hint now (often none), in order.
+  std::vector<SampleId> OnOpen(SampleId id);
+
+ private:
+  const std::shared_ptr<const ReadaheadOrder> order_;
+  const Manifest* const manifest_;
+  const ReadaheadOptions options_;
+
+  std::mutex mu_;              // guards the two below
+  uint64_t hinted_begin_ = 0;  // positions [hinted_begin_, hinted_end_) were hinted
+  uint64_t hinted_end_ = 0;
+};
+
+}  // namespace granary::posix

@@ -1,0 +1,553 @@
+#define FUSE_USE_VERSION 34
+#include "granary/posix/posix_view.h"
+
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "granary/core/log.h"
+#include "granary/core/names.h"
+
+namespace granary::posix {
+namespace {
+
+// A file opened through the view: its sample, pinned between its first read
+// and the read that reaches its end (or close).
+struct OpenFile {
+  SampleId id = 0;
+  uint64_t size = 0;
+  std::mutex mu;  // guards pin
+  std::unique_ptr<PinnedSample> pin;
+};
+
+constexpr uint32_t kBlockSize = 4096;
+
+PosixView* ViewOf(fuse_req_t req) { return static_cast<PosixView*>(fuse_req_userdata(req)); }
+
+timespec ToTimespec(int64_t ns) {
+  timespec t{};
+  int64_t sec = ns / 1'000'000'000;
+  int64_t rem = ns % 1'000'000'000;
+  if (rem < 0) {
+    rem += 1'000'000'000;
+    --sec;
+  }
+  t.tv_sec = static_cast<time_t>(sec);
+  t.tv_nsec = static_cast<long>(rem);
+  return t;
+}
+
+OpenFile* FileOf(const fuse_file_info* fi) {
+  return reinterpret_cast<OpenFile*>(static_cast<uintptr_t>(fi->fh));
+}
+
+}  // namespace
+
+// The FUSE low-level callbacks, with access to the view's members.
+struct PosixView::Callbacks {
+  static void FillAttr(const PosixView& v, Inode ino, struct stat* st) {
+    std::memset(st, 0, sizeof(*st));
+    const MountTree& t = v.tree_;
+    st->st_ino = static_cast<ino_t>(ino);
+    st->st_uid = v.options_.uid;
+    st->st_gid = v.options_.gid;
+    const timespec mtime = ToTimespec(t.MtimeNs(ino));
+    st->st_mtim = mtime;
+    st->st_ctim = mtime;
+    st->st_atim = mtime;
+    st->st_blksize = kBlockSize;
+    if (t.IsDirectory(ino)) {
+      st->st_mode = S_IFDIR | (v.options_.allow_other ? 0550 : 0555);
+      st->st_nlink = 2 + t.SubdirectoryCount(ino);
+      st->st_size = static_cast<off_t>(kBlockSize);
+    } else {
+      st->st_mode = S_IFREG | (v.options_.allow_other ? 0440 : 0444);
+      st->st_nlink = 1;
+      const uint64_t size = t.Size(ino);
+      st->st_size = static_cast<off_t>(size);
+      st->st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
+    }
+  }
+
+  static fuse_entry_param Entry(const PosixView& v, Inode ino) {
+    fuse_entry_param e;
+    std::memset(&e, 0, sizeof(e));
+    e.ino = ino;
+    e.generation = 1;
+    const auto timeout = static_cast<double>(v.options_.entry_timeout.count());
+    e.attr_timeout = timeout;
+    e.entry_timeout = timeout;
+    if (ino != kNoInode) FillAttr(v, ino, &e.attr);
+    return e;
+  }
+
+  static void Init(void* userdata, fuse_conn_info* conn) {
+    auto* v = static_cast<PosixView*>(userdata);
+    // Readdirplus saves a lookup per entry of a walk; the kernel keeps
+    // listings (cache_readdir) and pages (keep_cache) since nothing changes.
+    if ((conn->capable & FUSE_CAP_READDIRPLUS) != 0) conn->want |= FUSE_CAP_READDIRPLUS;
+    conn->want &= ~static_cast<unsigned>(FUSE_CAP_READDIRPLUS_AUTO);
+    // Nothing is ever invalidated: attributes never change.
+    conn->want &= ~static_cast<unsigned>(FUSE_CAP_AUTO_INVAL_DATA);
+    conn->time_gran = 1;
+    {
+      std::lock_guard<std::mutex> lock(v->state_mu_);
+      v->initialized_ = true;
+    }
+    v->state_cv_.notify_all();
+  }
+
+  static void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+    PosixView& v = *ViewOf(req);
+    v.counters_.lookups.fetch_add(1, std::memory_order_relaxed);
+    if (!v.tree_.Valid(parent)) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
+    if (!v.tree_.IsDirectory(parent)) {
+      fuse_reply_err(req, ENOTDIR);
+      return;
+    }
+    // A negative entry (ino 0) is cached by the kernel for entry_timeout too.
+    const fuse_entry_param e = Entry(v, v.tree_.Lookup(parent, name));
+    fuse_reply_entry(req, &e);
+  }
+
+  static void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* /*fi*/) {
+    PosixView& v = *ViewOf(req);
+    v.counters_.getattrs.fetch_add(1, std::memory_order_relaxed);
+    if (!v.tree_.Valid(ino)) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
+    struct stat st;
+    FillAttr(v, ino, &st);
+    fuse_reply_attr(req, &st, static_cast<double>(v.options_.entry_timeout.count()));
+  }
+
+  static void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    PosixView& v = *ViewOf(req);
+    if (!v.tree_.Valid(ino)) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
+    if (!v.tree_.IsDirectory(ino)) {
+      fuse_reply_err(req, ENOTDIR);
+      return;
+    }
+    fi->cache_readdir = 1;
+    fi->keep_cache = 1;
+    fuse_reply_open(req, fi);
+  }
+
+  // Entry k of a listing: ".", "..", then the children.
+  static void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
+    PosixView& v = *ViewOf(req);
+    v.counters_.readdirs.fetch_add(1, std::memory_order_relaxed);
+    if (!v.tree_.Valid(ino) || !v.tree_.IsDirectory(ino)) {
+      fuse_reply_err(req, ENOTDIR);
+      return;
+    }
+    const std::span<const uint32_t> children = v.tree_.Children(ino);
+    const uint64_t total = children.size() + 2;
+    size = std::min<size_t>(size, 1u << 20);
+    std::vector<char> buf(size);
+    size_t used = 0;
+    for (uint64_t k = off < 0 ? 0 : static_cast<uint64_t>(off); k < total; ++k) {
+      Inode child;
+      std::string name;
+      if (k == 0) {
+        child = ino;
+        name = ".";
+      } else if (k == 1) {
+        child = v.tree_.Parent(ino);
+        name = "..";
+      } else {
+        child = children[k - 2];
+        name = std::string(v.tree_.NameOf(child));
+      }
+      size_t need;
+      const auto next = static_cast<off_t>(k + 1);
+      if (plus) {
+        fuse_entry_param e = Entry(v, child);
+        // "." and ".." do not count as lookups: the kernel ignores their attrs.
+        need = fuse_add_direntry_plus(req, buf.data() + used, size - used, name.c_str(), &e, next);
+      } else {
+        struct stat st;
+        std::memset(&st, 0, sizeof(st));
+        st.st_ino = static_cast<ino_t>(child);
+        st.st_mode = v.tree_.IsDirectory(child) ? S_IFDIR : S_IFREG;
+        need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, next);
+      }
+      if (need > size - used) break;
+      used += need;
+    }
+    fuse_reply_buf(req, buf.data(), used);
+  }
+
+  static void ReadDirPlain(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                           fuse_file_info* /*fi*/) {
+    ReadDir(req, ino, size, off, false);
+  }
+  static void ReadDirPlus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                          fuse_file_info* /*fi*/) {
+    ReadDir(req, ino, size, off, true);
+  }
+
+  static void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    PosixView& v = *ViewOf(req);
+    if (!v.tree_.Valid(ino)) {
+      fuse_reply_err(req, ENOENT);
+      return;
+    }
+    if (v.tree_.IsDirectory(ino)) {
+      fuse_reply_err(req, EISDIR);
+      return;
+    }
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC) != 0) {
+      v.counters_.refused_writes.fetch_add(1, std::memory_order_relaxed);
+      fuse_reply_err(req, EROFS);
+      return;
+    }
+    v.counters_.opens.fetch_add(1, std::memory_order_relaxed);
+    auto file = std::make_unique<OpenFile>();
+    file->id = v.tree_.SampleOf(ino);
+    file->size = v.tree_.Size(ino);
+    fi->fh = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(file.get()));
+    fi->keep_cache = 1;
+    fi->noflush = 1;
+    const std::vector<SampleId> hints = v.readahead_.OnOpen(file->id);
+    if (fuse_reply_open(req, fi) == 0) {
+      file.release();  // owned by the kernel's file until Release
+    }
+    if (!hints.empty()) {
+      v.counters_.hinted.fetch_add(hints.size(), std::memory_order_relaxed);
+      v.reader_->Hint(hints);
+    }
+  }
+
+  static void Read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, fuse_file_info* fi) {
+    PosixView& v = *ViewOf(req);
+    OpenFile* file = FileOf(fi);
+    v.counters_.reads.fetch_add(1, std::memory_order_relaxed);
+    if (off < 0) {
+      fuse_reply_err(req, EINVAL);
+      return;
+    }
+    const auto offset = static_cast<uint64_t>(off);
+    if (offset >= file->size || size == 0) {
+      fuse_reply_buf(req, nullptr, 0);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(file->mu);
+    if (file->pin == nullptr) {
+      Result<std::unique_ptr<PinnedSample>> pin = v.reader_->Acquire(file->id);
+      if (!pin.ok()) {
+        const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
+        if (errors <= 20 || errors % 1000 == 0) {
+          GetLogger("posix")->warn("read of {} in dataset {}: {} (EIO to the reader; {} so far)",
+                                   Quoted(v.tree_.PathOf(MountTree::InodeOfSample(file->id))),
+                                   Quoted(v.options_.dataset), pin.status().message(), errors);
+        }
+        fuse_reply_err(req, EIO);
+        return;
+      }
+      if ((*pin)->bytes().size() != file->size) {
+        const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
+        GetLogger("posix")->error(
+            "read of sample {} in dataset {}: the reader gave {} bytes, the manifest says {} "
+            "(EIO to the reader; {} so far)",
+            file->id, Quoted(v.options_.dataset), (*pin)->bytes().size(), file->size, errors);
+        fuse_reply_err(req, EIO);
+        return;
+      }
+      file->pin = std::move(*pin);
+      v.counters_.acquires.fetch_add(1, std::memory_order_relaxed);
+    }
+    const std::string_view bytes = file->pin->bytes();
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(size, file->size - offset));
+    // Straight from the pinned bytes (the sidecar's arena) into the reply.
+    fuse_reply_buf(req, bytes.data() + offset, n);
+    v.counters_.read_bytes.fetch_add(n, std::memory_order_relaxed);
+    // The page cache has the file now; a later read (pages evicted) pins again.
+    if (offset + n >= file->size) file->pin.reset();
+  }
+
+  static void Release(fuse_req_t req, fuse_ino_t /*ino*/, fuse_file_info* fi) {
+    delete FileOf(fi);
+    fuse_reply_err(req, 0);
+  }
+
+  static void ReleaseDir(fuse_req_t req, fuse_ino_t /*ino*/, fuse_file_info* /*fi*/) {
+    fuse_reply_err(req, 0);
+  }
+
+  static void Flush(fuse_req_t req, fuse_ino_t /*ino*/, fuse_file_info* /*fi*/) {
+    fuse_reply_err(req, 0);
+  }
+
+  static void StatFs(fuse_req_t req, fuse_ino_t /*ino*/) {
+    PosixView& v = *ViewOf(req);
+    struct statvfs s;
+    std::memset(&s, 0, sizeof(s));
+    s.f_bsize = kBlockSize;
+    s.f_frsize = kBlockSize;
+    s.f_blocks =
+        static_cast<fsblkcnt_t>((v.tree_.manifest().total_bytes() + kBlockSize - 1) / kBlockSize);
+    s.f_files = static_cast<fsfilcnt_t>(v.tree_.max_inode());
+    s.f_namemax = 255;
+    s.f_flag = ST_RDONLY | ST_NOSUID | ST_NODEV;
+    fuse_reply_statfs(req, &s);
+  }
+
+  static void ReadLink(fuse_req_t req, fuse_ino_t /*ino*/) { fuse_reply_err(req, EINVAL); }
+
+  // Everything that would change the tree: EROFS (the kernel's `ro` answers
+  // first; these are for a mount that somehow is not).
+  static void Refuse(fuse_req_t req) {
+    ViewOf(req)->counters_.refused_writes.fetch_add(1, std::memory_order_relaxed);
+    fuse_reply_err(req, EROFS);
+  }
+  static void SetAttr(fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) {
+    Refuse(req);
+  }
+  static void MkNod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { Refuse(req); }
+  static void MkDir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { Refuse(req); }
+  static void Unlink(fuse_req_t req, fuse_ino_t, const char*) { Refuse(req); }
+  static void RmDir(fuse_req_t req, fuse_ino_t, const char*) { Refuse(req); }
+  static void SymLink(fuse_req_t req, const char*, fuse_ino_t, const char*) { Refuse(req); }
+  static void Rename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*,
+                     unsigned int) {
+    Refuse(req);
+  }
+  static void Link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { Refuse(req); }
+  static void Write(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) {
+    Refuse(req);
+  }
+  static void SetXattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
+    Refuse(req);
+  }
+  static void RemoveXattr(fuse_req_t req, fuse_ino_t, const char*) { Refuse(req); }
+  static void Create(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) {
+    Refuse(req);
+  }
+  static void Fallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*) {
+    Refuse(req);
+  }
+
+  static fuse_lowlevel_ops Ops() {
+    fuse_lowlevel_ops ops;
+    std::memset(&ops, 0, sizeof(ops));
+    ops.init = Init;
+    ops.lookup = Lookup;
+    ops.getattr = GetAttr;
+    ops.opendir = OpenDir;
+    ops.readdir = ReadDirPlain;
+    ops.readdirplus = ReadDirPlus;
+    ops.releasedir = ReleaseDir;
+    ops.open = Open;
+    ops.read = Read;
+    ops.release = Release;
+    ops.flush = Flush;
+    ops.statfs = StatFs;
+    ops.readlink = ReadLink;
+    ops.setattr = SetAttr;
+    ops.mknod = MkNod;
+    ops.mkdir = MkDir;
+    ops.unlink = Unlink;
+    ops.rmdir = RmDir;
+    ops.symlink = SymLink;
+    ops.rename = Rename;
+    ops.link = Link;
+    ops.write = Write;
+    ops.setxattr = SetXattr;
+    ops.removexattr = RemoveXattr;
+    ops.create = Create;
+    ops.fallocate = Fallocate;
+    return ops;
+  }
+};
+
+PosixView::PosixView(PosixViewOptions options, MountTree tree,
+                     std::shared_ptr<ContentReader> reader)
+    : options_(std::move(options)),
+      tree_(std::move(tree)),
+      reader_(std::move(reader)),
+      readahead_(options_.readahead_order != nullptr
+                     ? options_.readahead_order
+                     : ReadaheadOrder::ManifestOrder(tree_.sample_count()),
+                 &tree_.manifest(), options_.readahead) {}
+
+Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
+                                                    std::shared_ptr<const Manifest> manifest,
+                                                    std::shared_ptr<ContentReader> reader) {
+  const std::string what =
+      "mounting dataset " + Quoted(options.dataset) + " at " + Quoted(options.mount_point);
+  if (options.mount_point.empty() || options.mount_point[0] != '/') {
+    return Status::InvalidArgument(what + ": the mount point must be an absolute path");
+  }
+  if (reader == nullptr) return Status::InvalidArgument(what + ": no content reader");
+  if (options.threads == 0 || options.threads > 256) {
+    return Status::InvalidArgument(what + ": threads must be 1..256");
+  }
+  if (!IsDnsLabel(options.dataset)) {
+    return Status::InvalidArgument(what + ": the dataset name must be a DNS-1123 label");
+  }
+  if (options.readahead_order != nullptr && manifest != nullptr &&
+      options.readahead_order->PositionOf(0) > manifest->sample_count()) {
+    return Status::InvalidArgument(what + ": the readahead order is not this manifest's");
+  }
+  GRANARY_ASSIGN_OR_RETURN(MountTree tree, MountTree::Build(std::move(manifest)));
+  std::unique_ptr<PosixView> view(
+      new PosixView(std::move(options), std::move(tree), std::move(reader)));
+  const PosixViewOptions& o = view->options_;
+
+  const int event = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (event < 0) return Status::FromErrno(errno, what + ": eventfd");
+  view->stop_event_ = ScopedFd(event);
+
+  std::string mount_options = "ro,nosuid,nodev,fsname=granary:" + o.dataset + ",subtype=granary";
+  if (o.allow_other) mount_options += ",allow_other,default_permissions";
+  std::vector<std::string> argv_strings = {"granary-mount", "-o", mount_options};
+  if (o.debug) argv_strings.push_back("-d");
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  const fuse_lowlevel_ops ops = Callbacks::Ops();
+  view->session_ = fuse_session_new(&args, &ops, sizeof(ops), view.get());
+  fuse_opt_free_args(&args);
+  if (view->session_ == nullptr) {
+    return Status::InvalidArgument(what + ": libfuse refused the options " + Quoted(mount_options) +
+                                   " (see the message above)");
+  }
+  if (fuse_session_mount(view->session_, o.mount_point.c_str()) != 0) {
+    fuse_session_destroy(view->session_);
+    view->session_ = nullptr;
+    return Status::IoError(what +
+                           ": the kernel refused the FUSE mount (see the message above; "
+                           "is /dev/fuse there, fusermount3 installed, and with "
+                           "--allow-other user_allow_other in /etc/fuse.conf?)");
+  }
+  const int fd = fuse_session_fd(view->session_);
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    const int err = errno;
+    view->Stop();
+    return Status::FromErrno(err, what + ": making the FUSE device non-blocking");
+  }
+  view->workers_left_ = o.threads;
+  for (uint32_t i = 0; i < o.threads; ++i) {
+    view->workers_.emplace_back([v = view.get()] { v->Serve(); });
+  }
+  {
+    std::unique_lock<std::mutex> lock(view->state_mu_);
+    view->state_cv_.wait_for(lock, o.init_timeout,
+                             [&view] { return view->initialized_ || view->ended_.load(); });
+    if (!view->initialized_) {
+      lock.unlock();
+      view->Stop();
+      return Status::DeadlineExceeded(what + ": the kernel did not start the file system within " +
+                                      std::to_string(o.init_timeout.count()) + " ms");
+    }
+  }
+  GetLogger("posix")->info("dataset {} mounted at {}: {} files, {} directories, {} threads",
+                           Quoted(o.dataset), Quoted(o.mount_point), view->tree_.sample_count(),
+                           view->tree_.directory_count(), o.threads);
+  return view;
+}
+
+PosixView::~PosixView() { Stop(); }
+
+void PosixView::Serve() {
+  fuse_buf buf;
+  std::memset(&buf, 0, sizeof(buf));
+  const int fd = fuse_session_fd(session_);
+  // Bounded by Stop() (the event) or the kernel ending the mount.
+  while (true) {
+    pollfd fds[2] = {{fd, POLLIN, 0}, {stop_event_.get(), POLLIN, 0}};
+    const int ready = poll(fds, 2, -1);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      GetLogger("posix")->error("serving {}: poll: {}", Quoted(options_.mount_point),
+                                std::strerror(errno));
+      break;
+    }
+    if (fds[1].revents != 0) break;
+    if ((fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) break;
+    const int res = fuse_session_receive_buf(session_, &buf);
+    if (res == -EINTR || res == -EAGAIN) continue;
+    if (res <= 0) break;  // -ENODEV: unmounted; 0: the session exited
+    fuse_session_process_buf(session_, &buf);
+  }
+  std::free(buf.mem);
+  if (workers_left_.fetch_sub(1) == 1) MarkEnded();
+  // Wake the others (the device is gone or we are stopping).
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t w = write(stop_event_.get(), &one, sizeof(one));
+}
+
+void PosixView::MarkEnded() {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    ended_ = true;
+  }
+  state_cv_.notify_all();
+}
+
+bool PosixView::WaitEnded(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(state_mu_);
+  return state_cv_.wait_for(lock, timeout, [this] { return ended_.load(); });
+}
+
+void PosixView::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  if (stop_event_.valid()) {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t w = write(stop_event_.get(), &one, sizeof(one));
+  }
+  for (std::thread& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+  workers_.clear();
+  if (session_ != nullptr) {
+    // Lazy: a process still inside keeps its references, and sees ENOTCONN
+    // once the device closes below.
+    fuse_session_unmount(session_);
+    fuse_session_destroy(session_);
+    session_ = nullptr;
+    GetLogger("posix")->info("dataset {} unmounted from {}", Quoted(options_.dataset),
+                             Quoted(options_.mount_point));
+  }
+  MarkEnded();
+}
+
+PosixView::Counters PosixView::counters() const {
+  Counters c;
+  c.lookups = counters_.lookups.load();
+  c.getattrs = counters_.getattrs.load();
+  c.readdirs = counters_.readdirs.load();
+  c.opens = counters_.opens.load();
+  c.reads = counters_.reads.load();
+  c.read_bytes = counters_.read_bytes.load();
+  c.acquires = counters_.acquires.load();
+  c.read_errors = counters_.read_errors.load();
+  c.refused_writes = counters_.refused_writes.load();
+  c.hinted = counters_.hinted.load();
+  return c;
+}
+
+}  // namespace granary::posix

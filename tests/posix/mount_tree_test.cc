@@ -1,0 +1,264 @@
+// MountTree (the POSIX view's inode table) and Readahead, from manifests
+// built in memory: no mount, no FUSE.
+
+#include "granary/posix/mount_tree.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "granary/core/metadata_store.h"
+#include "granary/core/plan.h"
+#include "granary/posix/readahead.h"
+#include "testing/test_util.h"
+
+namespace granary::posix {
+namespace {
+
+std::shared_ptr<const Manifest> MakeManifest(const std::vector<std::string>& paths,
+                                             uint64_t size = 100, uint64_t chunk_size = 1024) {
+  ManifestHeaderInfo header;
+  header.source_uri = "file:///src";
+  header.chunk_size = chunk_size;
+  std::vector<FileEntry> entries;
+  int64_t mtime = 1'000'000'000;
+  for (const std::string& p : paths) entries.push_back({p, size, mtime += 1'000'000'000});
+  auto m = Manifest::FromEntries(header, std::move(entries));
+  EXPECT_OK(m);
+  return m.ok() ? std::make_shared<const Manifest>(std::move(*m)) : nullptr;
+}
+
+std::vector<std::string> ListNames(const MountTree& t, Inode dir) {
+  std::vector<std::string> names;
+  for (uint32_t child : t.Children(dir)) names.emplace_back(t.NameOf(child));
+  return names;
+}
+
+TEST(MountTreeTest, TreeFollowsThePathsOfTheManifest) {
+  // Byte order puts "a-b/..." before "a/..." and "a/b.txt" before "a/b/...".
+  auto m = MakeManifest({"a/x", "a-b/y", "a/z", "a/b/c", "a/b.txt", "top.bin", "d/e/f/g.jpg"});
+  ASSERT_NE(m, nullptr);
+  auto tree = MountTree::Build(m);
+  ASSERT_OK(tree);
+  const MountTree& t = *tree;
+  EXPECT_EQ(t.sample_count(), 7u);
+  EXPECT_EQ(t.directory_count(), 7u);  // root, a, a-b, a/b, d, d/e, d/e/f
+  EXPECT_EQ(t.max_inode(), 14u);
+  EXPECT_EQ(ListNames(t, kRootInode), (std::vector<std::string>{"a", "a-b", "d", "top.bin"}));
+  const Inode a = t.Lookup(kRootInode, "a");
+  ASSERT_NE(a, kNoInode);
+  EXPECT_TRUE(t.IsDirectory(a));
+  EXPECT_EQ(ListNames(t, a), (std::vector<std::string>{"b", "b.txt", "x", "z"}));
+  EXPECT_EQ(t.SubdirectoryCount(a), 1u);
+  EXPECT_EQ(t.SubdirectoryCount(kRootInode), 3u);
+  // Every sample is found by its path, with its id, size and parent chain.
+  for (SampleId id = 0; id < m->sample_count(); ++id) {
+    const std::string path = m->PathOf(id);
+    Inode at = kRootInode;
+    size_t begin = 0;
+    while (true) {
+      const size_t slash = path.find('/', begin);
+      at = t.Lookup(at, path.substr(begin, slash == std::string::npos ? slash : slash - begin));
+      ASSERT_NE(at, kNoInode) << path;
+      if (slash == std::string::npos) break;
+      begin = slash + 1;
+    }
+    EXPECT_FALSE(t.IsDirectory(at));
+    EXPECT_EQ(t.SampleOf(at), id);
+    EXPECT_EQ(MountTree::InodeOfSample(id), at);
+    EXPECT_EQ(t.PathOf(at), path);
+    EXPECT_EQ(t.Size(at), 100u);
+    EXPECT_EQ(t.MtimeNs(at), m->MtimeOf(id));
+  }
+  // Directories carry the newest mtime beneath them.
+  const Inode d = t.Lookup(kRootInode, "d");
+  EXPECT_EQ(t.MtimeNs(d), m->MtimeOf(*m->Find("d/e/f/g.jpg")));
+  int64_t newest = 0;
+  for (SampleId id = 0; id < m->sample_count(); ++id) newest = std::max(newest, m->MtimeOf(id));
+  EXPECT_EQ(t.MtimeNs(kRootInode), newest);
+  EXPECT_EQ(t.PathOf(t.Lookup(t.Lookup(d, "e"), "f")), "d/e/f");
+}
+
+TEST(MountTreeTest, DotDotStaysInsideAndBadInodesAreRefused) {
+  auto m = MakeManifest({"a/b/c.txt"});
+  ASSERT_NE(m, nullptr);
+  auto tree = MountTree::Build(m);
+  ASSERT_OK(tree);
+  const MountTree& t = *tree;
+  EXPECT_EQ(t.Lookup(kRootInode, ".."), kRootInode);
+  EXPECT_EQ(t.Lookup(kRootInode, "."), kRootInode);
+  EXPECT_EQ(t.Parent(kRootInode), kRootInode);
+  const Inode a = t.Lookup(kRootInode, "a");
+  const Inode b = t.Lookup(a, "b");
+  EXPECT_EQ(t.Lookup(b, ".."), a);
+  EXPECT_EQ(t.Lookup(a, ".."), kRootInode);
+  const Inode c = t.Lookup(b, "c.txt");
+  ASSERT_NE(c, kNoInode);
+  // A file has no children; lookups under it find nothing.
+  EXPECT_EQ(t.Lookup(c, "x"), kNoInode);
+  EXPECT_EQ(t.Lookup(c, ".."), kNoInode);
+  EXPECT_TRUE(t.Children(c).empty());
+  // Names that are not one component are never found.
+  for (const char* bad : {"", "a/b", "/a", "b/c.txt", "c.txt/", "..."}) {
+    EXPECT_EQ(t.Lookup(kRootInode, bad), kNoInode) << bad;
+  }
+  EXPECT_EQ(t.Lookup(a, "b/c.txt"), kNoInode);
+  // Inodes past the table, and 0.
+  for (Inode bad : {Inode{0}, t.max_inode() + 1, Inode{1} << 40}) {
+    EXPECT_FALSE(t.Valid(bad));
+    EXPECT_EQ(t.Lookup(bad, "a"), kNoInode);
+    EXPECT_TRUE(t.Children(bad).empty());
+    EXPECT_EQ(t.Parent(bad), kRootInode);
+    EXPECT_EQ(t.NameOf(bad), "");
+    EXPECT_EQ(t.Size(bad), 0u);
+  }
+}
+
+TEST(MountTreeTest, EmptyManifestIsAnEmptyRoot) {
+  auto m = MakeManifest({});
+  ASSERT_NE(m, nullptr);
+  auto tree = MountTree::Build(m);
+  ASSERT_OK(tree);
+  EXPECT_EQ(tree->max_inode(), 1u);
+  EXPECT_TRUE(tree->IsDirectory(kRootInode));
+  EXPECT_TRUE(tree->Children(kRootInode).empty());
+  EXPECT_EQ(tree->Lookup(kRootInode, "x"), kNoInode);
+}
+
+TEST(MountTreeTest, BadManifestsAreClearErrors) {
+  EXPECT_EQ(MountTree::Build(nullptr).status().code(), StatusCode::kInvalidArgument);
+  // A name longer than NAME_MAX could not be looked up by the kernel: the
+  // manifest refuses it already (the tree checks again).
+  const std::string long_name(256, 'x');
+  for (const std::string& path : {"ok/" + long_name, long_name + "/f"}) {
+    ManifestHeaderInfo header;
+    auto m = Manifest::FromEntries(header, {FileEntry{path, 1, 0}});
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  }
+  // "a" as a file and as a directory: a manifest no real walk makes.
+  auto both = MakeManifest({"a", "a/b"});
+  if (both != nullptr) {
+    auto tree = MountTree::Build(both);
+    ASSERT_FALSE(tree.ok());
+    EXPECT_NE(tree.status().message().find("both a file and a directory"), std::string::npos)
+        << tree.status().ToString();
+  }
+}
+
+TEST(MountTreeTest, ManyFilesStayCompact) {
+  std::vector<std::string> paths;
+  for (int c = 0; c < 100; ++c) {
+    for (int f = 0; f < 1000; ++f) {
+      paths.push_back("class" + std::to_string(c) + "/img_" + std::to_string(f) + ".jpg");
+    }
+  }
+  auto m = MakeManifest(paths, 10, 1 << 20);
+  ASSERT_NE(m, nullptr);
+  auto tree = MountTree::Build(m);
+  ASSERT_OK(tree);
+  EXPECT_EQ(tree->directory_count(), 101u);
+  // ~12 bytes of tables per file plus its name (about 11 bytes here).
+  EXPECT_LT(tree->MemoryBytes(), 100'000u * 30) << tree->MemoryBytes();
+  const Inode c7 = tree->Lookup(kRootInode, "class7");
+  const Inode f = tree->Lookup(c7, "img_999.jpg");
+  ASSERT_NE(f, kNoInode);
+  EXPECT_EQ(tree->PathOf(f), "class7/img_999.jpg");
+}
+
+TEST(ReadaheadTest, ManifestOrderHintsAWindowAheadInBatches) {
+  std::vector<std::string> paths;
+  for (int i = 0; i < 1000; ++i) paths.push_back("f" + std::to_string(1000 + i));
+  auto m = MakeManifest(paths, 100, 4096);
+  ASSERT_NE(m, nullptr);
+  Readahead ra(ReadaheadOrder::ManifestOrder(m->sample_count()), m.get(),
+               ReadaheadOptions{.window_samples = 64, .window_bytes = 1 << 20});
+  std::vector<SampleId> hinted;
+  size_t batches = 0;
+  for (SampleId id = 0; id < 1000; ++id) {
+    std::vector<SampleId> h = ra.OnOpen(id);
+    if (!h.empty()) ++batches;
+    for (SampleId x : h) {
+      EXPECT_GT(x, id) << "hints are ahead of the open";
+      EXPECT_LE(x, id + 64) << "and within the window";
+      hinted.push_back(x);
+    }
+  }
+  // Every sample but the first hinted exactly once, in order, in ~32-sample batches.
+  std::vector<SampleId> expected;
+  for (SampleId id = 1; id < 1000; ++id) expected.push_back(id);
+  EXPECT_EQ(hinted, expected);
+  EXPECT_GT(batches, 25u);
+  EXPECT_LT(batches, 40u);
+}
+
+TEST(ReadaheadTest, BytesBoundTheWindowAndJumpsStartOver) {
+  std::vector<std::string> paths;
+  for (int i = 0; i < 100; ++i) paths.push_back("f" + std::to_string(100 + i));
+  auto m = MakeManifest(paths, 1000, 4096);
+  ASSERT_NE(m, nullptr);
+  Readahead ra(ReadaheadOrder::ManifestOrder(m->sample_count()), m.get(),
+               ReadaheadOptions{.window_samples = 64, .window_bytes = 5000});
+  EXPECT_EQ(ra.OnOpen(0), (std::vector<SampleId>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(ra.OnOpen(50), (std::vector<SampleId>{51, 52, 53, 54, 55}));  // a jump
+  EXPECT_EQ(ra.OnOpen(10), (std::vector<SampleId>{11, 12, 13, 14, 15}));  // back: a jump too
+  EXPECT_TRUE(ra.OnOpen(99).size() == 0u);                                // nothing after the last
+  Readahead off(ReadaheadOrder::ManifestOrder(m->sample_count()), m.get(),
+                ReadaheadOptions{.window_samples = 0, .window_bytes = 5000});
+  EXPECT_TRUE(off.OnOpen(0).empty());
+  EXPECT_TRUE(ra.OnOpen(100000).empty()) << "an id past the manifest hints nothing";
+}
+
+TEST(ReadaheadTest, ARegisteredPlanIsFollowed) {
+  std::vector<std::string> paths;
+  for (int i = 0; i < 200; ++i) paths.push_back("f" + std::to_string(1000 + i));
+  auto m = MakeManifest(paths, 100, 1024);
+  ASSERT_NE(m, nullptr);
+  PlanRecord older;
+  older.plan_id = "older";
+  older.seed = 1;
+  older.registered_ms = 10;
+  PlanRecord plan;
+  plan.plan_id = "job-7";
+  plan.seed = 42;
+  plan.first_epoch = 3;
+  plan.world_size = 2;
+  plan.batch_size = 4;
+  plan.registered_ms = 20;
+  auto order = ReadaheadOrder::Choose(*m, {older, plan});
+  ASSERT_OK(order);
+  EXPECT_NE((*order)->description().find("job-7"), std::string::npos);
+  auto spec = ToPlanSpec(plan, 3, 0);
+  ASSERT_OK(spec);
+  auto epoch = EpochOrder(*m, *spec);
+  ASSERT_OK(epoch);
+  auto first = FirstReadOrder(*epoch, *spec);
+  ASSERT_OK(first);
+  ASSERT_EQ((*order)->size(), first->size());
+  for (uint64_t p = 0; p < first->size(); ++p) {
+    EXPECT_EQ((*order)->At(p), (*first)[p]);
+    EXPECT_EQ((*order)->PositionOf((*first)[p]), p);
+  }
+  Readahead ra(*order, m.get(), ReadaheadOptions{.window_samples = 8, .window_bytes = 1 << 20});
+  const std::vector<SampleId> hints = ra.OnOpen((*first)[10]);
+  EXPECT_EQ(hints, std::vector<SampleId>(first->begin() + 11, first->begin() + 19));
+  // No plan: manifest order. A bad plan: a clear error.
+  auto none = ReadaheadOrder::Choose(*m, {});
+  ASSERT_OK(none);
+  EXPECT_EQ((*none)->description(), "manifest order");
+  PlanRecord bad = plan;
+  bad.mode = "zigzag";
+  auto refused = ReadaheadOrder::FromPlan(*m, bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("job-7"), std::string::npos)
+      << refused.status().ToString();
+}
+
+}  // namespace
+}  // namespace granary::posix

@@ -1,0 +1,530 @@
+// PosixView on a real FUSE mount under a TempDir, reading from an in-memory
+// ContentReader (the FUSE part does not know where bytes come from; the
+// sidecar-backed reader is tested in tests/integration/posix_mount_test.cc).
+// Walks and reads through the kernel, every write-like syscall, `..` and
+// symlinks, read errors, kernel caching, readahead hints, stop and external
+// unmount, and the mount point checks (missing, file, non-empty, mounted,
+// stale after a crash).
+
+#include "granary/posix/posix_view.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/time.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "granary/posix/mount_point.h"
+#include "testing/child_process.h"
+#include "testing/test_util.h"
+
+namespace granary::posix {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class MemoryReader : public ContentReader {
+ public:
+  explicit MemoryReader(std::vector<std::string> contents) : contents_(std::move(contents)) {}
+
+  Result<std::unique_ptr<PinnedSample>> Acquire(SampleId id) override {
+    acquires_.fetch_add(1);
+    if (id >= contents_.size()) return Status::OutOfRange("no sample " + std::to_string(id));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failing_.count(id) != 0)
+        return Status::Unavailable("sample " + std::to_string(id) + " is unreadable (test)");
+    }
+    return std::unique_ptr<PinnedSample>(new Pin(this, contents_[id]));
+  }
+
+  void Hint(std::span<const SampleId> ids) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    hinted_.insert(hinted_.end(), ids.begin(), ids.end());
+  }
+
+  void Fail(SampleId id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failing_.insert(id);
+  }
+  std::vector<SampleId> hinted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hinted_;
+  }
+  int live_pins() const { return live_pins_.load(); }
+  int acquires() const { return acquires_.load(); }
+
+ private:
+  class Pin : public PinnedSample {
+   public:
+    Pin(MemoryReader* r, const std::string& bytes) : r_(r), bytes_(bytes) { ++r_->live_pins_; }
+    ~Pin() override { --r_->live_pins_; }
+    std::string_view bytes() const override { return bytes_; }
+
+   private:
+    MemoryReader* r_;
+    const std::string& bytes_;
+  };
+
+  const std::vector<std::string> contents_;
+  std::atomic<int> live_pins_{0};
+  std::atomic<int> acquires_{0};
+  std::mutex mu_;
+  std::set<SampleId> failing_;
+  std::vector<SampleId> hinted_;
+};
+
+struct Dataset {
+  std::shared_ptr<const Manifest> manifest;
+  std::vector<std::string> contents;  // by id
+};
+
+// Class folders like ImageNet's, a file at the root, an empty file, one
+// large file read in many requests.
+Dataset MakeDataset() {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (int c = 0; c < 5; ++c) {
+    for (int i = 0; i < 40; ++i) {
+      const std::string path =
+          "train/n0" + std::to_string(c) + "/img_" + std::to_string(i) + ".jpg";
+      files.emplace_back(path, testing::Bytes(path, 500 + static_cast<size_t>(i * 97 + c * 13)));
+    }
+  }
+  files.emplace_back("README", testing::Bytes("readme", 77));
+  files.emplace_back("empty", "");
+  files.emplace_back("big/blob.bin", testing::Bytes("blob", 3 * 1024 * 1024 + 5));
+  std::sort(files.begin(), files.end());
+  ManifestHeaderInfo header;
+  header.source_uri = "file:///nowhere";
+  header.chunk_size = 64 * 1024;
+  std::vector<FileEntry> entries;
+  int64_t mtime = 1'700'000'000'123'456'789;
+  for (const auto& [path, bytes] : files) entries.push_back({path, bytes.size(), mtime += 1000});
+  auto m = Manifest::FromEntries(header, entries);
+  EXPECT_OK(m);
+  Dataset d;
+  d.manifest = std::make_shared<const Manifest>(std::move(*m));
+  for (SampleId id = 0; id < d.manifest->sample_count(); ++id) {
+    for (const auto& [path, bytes] : files) {
+      if (path == d.manifest->PathOf(id)) d.contents.push_back(bytes);
+    }
+  }
+  return d;
+}
+
+std::string ReadWhole(const std::string& path, int* error = nullptr) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (error != nullptr) *error = errno;
+    return {};
+  }
+  std::string out;
+  char buf[65536];
+  for (int i = 0; i < 100000; ++i) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (error != nullptr) *error = errno;
+      close(fd);
+      return out;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  if (error != nullptr) *error = 0;
+  return out;
+}
+
+class PosixViewTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = MakeDataset();
+    mnt_ = dir_.Join("mnt");
+    fs::create_directories(mnt_);
+    reader_ = std::make_shared<MemoryReader>(data_.contents);
+  }
+  void TearDown() override {
+    if (view_ != nullptr) view_->Stop();
+  }
+
+  PosixViewOptions Options() const {
+    PosixViewOptions o;
+    o.mount_point = mnt_;
+    o.dataset = "imagenet";
+    o.uid = 1234;
+    o.gid = 5678;
+    o.threads = 4;
+    o.readahead.window_samples = 16;
+    return o;
+  }
+
+  void MountIt(PosixViewOptions o) {
+    auto view = PosixView::Mount(std::move(o), data_.manifest, reader_);
+    ASSERT_OK(view);
+    view_ = std::move(*view);
+  }
+  void MountIt() { MountIt(Options()); }
+
+  testing::TempDir dir_;
+  std::string mnt_;
+  Dataset data_;
+  std::shared_ptr<MemoryReader> reader_;
+  std::unique_ptr<PosixView> view_;
+};
+
+TEST_F(PosixViewTest, WalkAndReadEqualTheDatasetByteForByte) {
+  MountIt();
+  std::map<std::string, std::string> seen;
+  std::set<std::string> dirs;
+  for (auto it = fs::recursive_directory_iterator(mnt_); it != fs::recursive_directory_iterator();
+       ++it) {
+    const std::string rel = fs::relative(it->path(), mnt_).string();
+    if (it->is_directory()) {
+      dirs.insert(rel);
+    } else {
+      ASSERT_TRUE(it->is_regular_file()) << rel;
+      seen[rel] = ReadWhole(it->path().string());
+    }
+  }
+  ASSERT_EQ(seen.size(), data_.manifest->sample_count());
+  for (SampleId id = 0; id < data_.manifest->sample_count(); ++id) {
+    const std::string path = data_.manifest->PathOf(id);
+    ASSERT_EQ(seen.count(path), 1u) << path;
+    ASSERT_EQ(seen[path], data_.contents[id]) << path;
+  }
+  EXPECT_EQ(dirs, (std::set<std::string>{"train", "big", "train/n00", "train/n01", "train/n02",
+                                         "train/n03", "train/n04"}));
+  // Attributes from the manifest and the options.
+  struct stat st;
+  const SampleId some = *data_.manifest->Find("train/n02/img_7.jpg");
+  ASSERT_EQ(stat((mnt_ + "/train/n02/img_7.jpg").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0444u);
+  EXPECT_EQ(st.st_uid, 1234u);
+  EXPECT_EQ(st.st_gid, 5678u);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), data_.manifest->SizeOf(some));
+  EXPECT_EQ(static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+            data_.manifest->MtimeOf(some));
+  ASSERT_EQ(stat((mnt_ + "/train").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0555u);
+  EXPECT_EQ(st.st_nlink, 7u);  // 2 + five class folders
+  struct statvfs sv;
+  ASSERT_EQ(statvfs(mnt_.c_str(), &sv), 0);
+  EXPECT_NE(sv.f_flag & ST_RDONLY, 0u);
+  EXPECT_EQ(sv.f_files, view_->tree().max_inode());
+  // Everything read and closed: no pin is held.
+  EXPECT_EQ(reader_->live_pins(), 0);
+  // A missing name is ENOENT, under a file ENOTDIR.
+  EXPECT_NE(stat((mnt_ + "/train/n09").c_str(), &st), 0);
+  EXPECT_EQ(errno, ENOENT);
+  EXPECT_NE(stat((mnt_ + "/README/x").c_str(), &st), 0);
+  EXPECT_EQ(errno, ENOTDIR);
+}
+
+TEST_F(PosixViewTest, LargeFileReadsAtAnyOffset) {
+  MountIt();
+  const SampleId id = *data_.manifest->Find("big/blob.bin");
+  const std::string& want = data_.contents[id];
+  const int fd = open((mnt_ + "/big/blob.bin").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  // Offsets across the whole file and past its end.
+  for (uint64_t off : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, uint64_t{131071},
+                       uint64_t{1} << 20, want.size() - 3, want.size(), want.size() + 100}) {
+    char buf[10000];
+    const ssize_t n = pread(fd, buf, sizeof(buf), static_cast<off_t>(off));
+    ASSERT_GE(n, 0) << off;
+    const size_t expect = off >= want.size() ? 0 : std::min<size_t>(10000, want.size() - off);
+    ASSERT_EQ(static_cast<size_t>(n), expect) << off;
+    EXPECT_EQ(std::string(buf, static_cast<size_t>(n)),
+              want.substr(std::min(off, want.size()), expect));
+  }
+  close(fd);
+  EXPECT_EQ(ReadWhole(mnt_ + "/big/blob.bin"), want);
+  EXPECT_EQ(ReadWhole(mnt_ + "/empty"), "");
+  EXPECT_EQ(reader_->live_pins(), 0);
+}
+
+TEST_F(PosixViewTest, EveryWriteLikeCallIsReadOnly) {
+  MountIt();
+  const std::string f = mnt_ + "/README";
+  const std::string d = mnt_ + "/train";
+  const std::string before = ReadWhole(f);
+  auto expect_erofs = [](int rc, const char* what) {
+    EXPECT_EQ(rc, -1) << what;
+    EXPECT_EQ(errno, EROFS) << what << ": " << std::strerror(errno);
+  };
+  expect_erofs(open(f.c_str(), O_WRONLY), "open O_WRONLY");
+  expect_erofs(open(f.c_str(), O_RDWR), "open O_RDWR");
+  expect_erofs(open(f.c_str(), O_RDONLY | O_TRUNC), "open O_TRUNC");
+  expect_erofs(open(f.c_str(), O_WRONLY | O_APPEND), "open O_APPEND");
+  expect_erofs(open((mnt_ + "/new").c_str(), O_WRONLY | O_CREAT, 0644), "open O_CREAT");
+  expect_erofs(creat((d + "/new.jpg").c_str(), 0644), "creat");
+  expect_erofs(mkdir((mnt_ + "/newdir").c_str(), 0755), "mkdir");
+  expect_erofs(rmdir((d + "/n00").c_str()), "rmdir");
+  expect_erofs(unlink(f.c_str()), "unlink");
+  expect_erofs(rename(f.c_str(), (mnt_ + "/README2").c_str()), "rename");
+  expect_erofs(rename((d + "/n00").c_str(), (d + "/n99").c_str()), "rename dir");
+  expect_erofs(link(f.c_str(), (mnt_ + "/hard").c_str()), "link");
+  expect_erofs(symlink("/etc/passwd", (mnt_ + "/sym").c_str()), "symlink");
+  expect_erofs(chmod(f.c_str(), 0777), "chmod");
+  expect_erofs(chown(f.c_str(), 0, 0), "chown");
+  expect_erofs(truncate(f.c_str(), 0), "truncate");
+  expect_erofs(utimes(f.c_str(), nullptr), "utimes");
+  expect_erofs(mknod((mnt_ + "/fifo").c_str(), S_IFIFO | 0644, 0), "mknod");
+  expect_erofs(setxattr(f.c_str(), "user.x", "1", 1, 0), "setxattr");
+  expect_erofs(removexattr(f.c_str(), "user.x"), "removexattr");
+  expect_erofs(access(f.c_str(), W_OK), "access W_OK");
+  // A read-only descriptor cannot write either.
+  const int fd = open(f.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(write(fd, "x", 1), -1);
+  EXPECT_EQ(errno, EBADF);
+  EXPECT_EQ(ftruncate(fd, 0), -1);
+  close(fd);
+  EXPECT_EQ(ReadWhole(f), before);
+  struct stat st;
+  EXPECT_NE(stat((mnt_ + "/new").c_str(), &st), 0);
+  EXPECT_NE(stat((mnt_ + "/newdir").c_str(), &st), 0);
+  EXPECT_EQ(access(f.c_str(), R_OK), 0);
+  EXPECT_EQ(reader_->live_pins(), 0);
+}
+
+TEST_F(PosixViewTest, DotDotAndSymlinksStayInside) {
+  MountIt();
+  // Inside the mount, ".." climbs the dataset's own tree and stops at its root,
+  // whose parent is the directory the mount sits in (the VFS's), never the source.
+  struct stat root, st;
+  ASSERT_EQ(stat(mnt_.c_str(), &root), 0);
+  ASSERT_EQ(stat((mnt_ + "/train/n01/../..").c_str(), &st), 0);
+  EXPECT_EQ(st.st_ino, root.st_ino);
+  EXPECT_EQ(st.st_dev, root.st_dev);
+  ASSERT_EQ(stat((mnt_ + "/train/n01/../../train/../big/../train/n01").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  ASSERT_EQ(stat((mnt_ + "/..").c_str(), &st), 0);
+  struct stat parent;
+  ASSERT_EQ(stat(dir_.path().c_str(), &parent), 0);
+  EXPECT_EQ(st.st_ino, parent.st_ino);
+  // Through a descriptor of a directory inside, ".." chains end at the root.
+  const int dfd = open((mnt_ + "/train/n03").c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(dfd, 0);
+  ASSERT_EQ(fstatat(dfd, "../..", &st, 0), 0);
+  EXPECT_EQ(st.st_ino, root.st_ino);
+  EXPECT_NE(fstatat(dfd, "../../../../etc/passwd", &st, 0), 0)
+      << "the mount's parent is a temp dir";
+  close(dfd);
+  // No entry is a symlink, readlink refuses, names with odd bytes are not found.
+  for (auto it = fs::recursive_directory_iterator(mnt_); it != fs::recursive_directory_iterator();
+       ++it) {
+    EXPECT_FALSE(it->is_symlink()) << it->path();
+  }
+  char buf[64];
+  EXPECT_EQ(readlink((mnt_ + "/README").c_str(), buf, sizeof(buf)), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_NE(stat((mnt_ + "/train/n0\\1").c_str(), &st), 0);
+  EXPECT_NE(stat((mnt_ + "/...").c_str(), &st), 0);
+  std::string long_name(300, 'a');
+  EXPECT_NE(stat((mnt_ + "/" + long_name).c_str(), &st), 0);
+  EXPECT_TRUE(errno == ENOENT || errno == ENAMETOOLONG) << std::strerror(errno);
+}
+
+TEST_F(PosixViewTest, AReadErrorIsEioForThatFileOnly) {
+  const SampleId bad = *data_.manifest->Find("train/n01/img_3.jpg");
+  reader_->Fail(bad);
+  MountIt();
+  int error = 0;
+  ReadWhole(mnt_ + "/train/n01/img_3.jpg", &error);
+  EXPECT_EQ(error, EIO);
+  struct stat st;
+  EXPECT_EQ(stat((mnt_ + "/train/n01/img_3.jpg").c_str(), &st), 0) << "metadata needs no read";
+  EXPECT_EQ(ReadWhole(mnt_ + "/train/n01/img_4.jpg"),
+            data_.contents[*data_.manifest->Find("train/n01/img_4.jpg")]);
+  EXPECT_GE(view_->counters().read_errors, 1u);
+}
+
+TEST_F(PosixViewTest, TheKernelCachesWarmReadsAndMetadata) {
+  MountIt();
+  auto read_all = [&] {
+    for (SampleId id = 0; id < data_.manifest->sample_count(); ++id) {
+      ASSERT_EQ(ReadWhole(mnt_ + "/" + data_.manifest->PathOf(id)), data_.contents[id]);
+    }
+  };
+  read_all();
+  const PosixView::Counters cold = view_->counters();
+  const int acquires = reader_->acquires();
+  EXPECT_EQ(cold.acquires, data_.manifest->sample_count() - 1) << "all but the empty file";
+  read_all();
+  const PosixView::Counters warm = view_->counters();
+  // keep_cache: pages stay; long entry/attr timeouts: no lookup or getattr.
+  EXPECT_EQ(reader_->acquires(), acquires);
+  EXPECT_EQ(warm.reads, cold.reads);
+  EXPECT_EQ(warm.lookups, cold.lookups);
+  EXPECT_EQ(warm.getattrs, cold.getattrs);
+}
+
+TEST_F(PosixViewTest, OpensHintTheFilesThatFollow) {
+  MountIt();
+  const SampleId first = *data_.manifest->Find("train/n00/img_0.jpg");
+  ReadWhole(mnt_ + "/train/n00/img_0.jpg");
+  const std::vector<SampleId> hinted = reader_->hinted();
+  ASSERT_FALSE(hinted.empty());
+  EXPECT_EQ(hinted.front(), first + 1);
+  EXPECT_LE(hinted.size(), 16u);
+  for (size_t i = 1; i < hinted.size(); ++i) EXPECT_EQ(hinted[i], hinted[i - 1] + 1);
+  EXPECT_EQ(view_->counters().hinted, hinted.size());
+  // Off: no hints.
+  view_->Stop();
+  view_.reset();
+  auto quiet = std::make_shared<MemoryReader>(data_.contents);
+  reader_ = quiet;
+  PosixViewOptions o = Options();
+  o.readahead.window_samples = 0;
+  MountIt(o);
+  ReadWhole(mnt_ + "/train/n00/img_0.jpg");
+  EXPECT_TRUE(quiet->hinted().empty());
+}
+
+TEST_F(PosixViewTest, AllowOtherKeepsOthersOut) {
+  PosixViewOptions o = Options();
+  o.allow_other = true;
+  MountIt(o);
+  struct stat st;
+  ASSERT_EQ(stat((mnt_ + "/README").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0440u);
+  ASSERT_EQ(stat((mnt_ + "/train").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0550u);
+}
+
+TEST_F(PosixViewTest, StopUnmountsAndExternalUnmountEnds) {
+  MountIt();
+  auto fstype = MountedFileSystemAt(mnt_);
+  ASSERT_OK(fstype);
+  EXPECT_EQ(*fstype, "fuse.granary");
+  EXPECT_FALSE(view_->ended());
+  view_->Stop();
+  EXPECT_TRUE(view_->ended());
+  fstype = MountedFileSystemAt(mnt_);
+  ASSERT_OK(fstype);
+  EXPECT_EQ(*fstype, "");
+  EXPECT_TRUE(fs::is_empty(mnt_));
+  view_->Stop();  // idempotent
+  view_.reset();
+  // Mounted again, then unmounted from outside: the workers end.
+  MountIt();
+  ASSERT_EQ(ReadWhole(mnt_ + "/README"), data_.contents[*data_.manifest->Find("README")]);
+  ASSERT_EQ(std::system(("fusermount3 -u " + mnt_).c_str()), 0);
+  EXPECT_TRUE(view_->WaitEnded(milliseconds(10'000)));
+  view_->Stop();
+  EXPECT_EQ(*MountedFileSystemAt(mnt_), "");
+}
+
+TEST_F(PosixViewTest, BadOptionsAreRefused) {
+  PosixViewOptions o = Options();
+  o.mount_point = "relative/dir";
+  EXPECT_EQ(PosixView::Mount(o, data_.manifest, reader_).status().code(),
+            StatusCode::kInvalidArgument);
+  o = Options();
+  o.threads = 0;
+  EXPECT_EQ(PosixView::Mount(o, data_.manifest, reader_).status().code(),
+            StatusCode::kInvalidArgument);
+  o = Options();
+  o.dataset = "Not A Name";
+  EXPECT_EQ(PosixView::Mount(o, data_.manifest, reader_).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(PosixView::Mount(Options(), data_.manifest, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(PosixView::Mount(Options(), nullptr, reader_).status().code(),
+            StatusCode::kInvalidArgument);
+  o = Options();
+  o.mount_point = dir_.Join("missing");
+  auto missing = PosixView::Mount(o, data_.manifest, reader_);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("missing"), std::string::npos);
+}
+
+TEST(MountPointTest, ChecksTheDirectory) {
+  testing::TempDir dir;
+  auto missing = PrepareMountPoint(dir.Join("nope"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("mkdir"), std::string::npos);
+  dir.WriteFile("file", "x");
+  auto file = PrepareMountPoint(dir.Join("file"));
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(file.status().message().find("not a directory"), std::string::npos);
+  dir.WriteFile("full/inside.txt", "x");
+  auto full = PrepareMountPoint(dir.Join("full"));
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(full.status().message().find("inside.txt"), std::string::npos);
+  fs::create_directories(dir.Join("empty"));
+  auto ok = PrepareMountPoint(dir.Join("empty/./../empty"));
+  ASSERT_OK(ok);
+  EXPECT_EQ(*ok, dir.Join("empty"));
+  EXPECT_EQ(PrepareMountPoint("").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(PosixViewTest, AMountPointInUseIsRefused) {
+  MountIt();
+  auto busy = PrepareMountPoint(mnt_);
+  ASSERT_FALSE(busy.ok());
+  EXPECT_EQ(busy.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(busy.status().message().find("fuse.granary"), std::string::npos)
+      << busy.status().ToString();
+}
+
+TEST_F(PosixViewTest, AStaleMountFromACrashIsCleanedUp) {
+  // A process that mounted and was killed leaves a mount whose server is gone.
+  const std::string mnt = mnt_;
+  const Dataset data = data_;
+  auto child = testing::ChildProcess::Start([mnt, data](int control_fd) {
+    auto reader = std::make_shared<MemoryReader>(data.contents);
+    PosixViewOptions o;
+    o.mount_point = mnt;
+    o.dataset = "crashed";
+    o.threads = 1;
+    auto view = PosixView::Mount(o, data.manifest, reader);
+    if (!view.ok()) return 1;
+    const char byte = 1;
+    if (write(control_fd, &byte, 1) != 1) return 2;
+    pause();  // until SIGKILL
+    return 0;
+  });
+  ASSERT_OK(child);
+  ASSERT_OK((*child)->AwaitReady(milliseconds(10'000)));
+  ASSERT_EQ(kill((*child)->pid(), SIGKILL), 0);
+  ASSERT_OK((*child)->Wait(milliseconds(10'000)).status().code() == StatusCode::kInternal
+                ? Status::Ok()
+                : Status::Internal("the child was expected to die by SIGKILL"));
+  struct stat st;
+  ASSERT_NE(stat(mnt_.c_str(), &st), 0);
+  ASSERT_EQ(errno, ENOTCONN) << "a stale mount";
+  auto cleaned = PrepareMountPoint(mnt_);
+  ASSERT_OK(cleaned);
+  EXPECT_EQ(stat(mnt_.c_str(), &st), 0);
+  EXPECT_EQ(*MountedFileSystemAt(mnt_), "");
+  // And the directory mounts again.
+  MountIt();
+  EXPECT_EQ(ReadWhole(mnt_ + "/README"), data_.contents[*data_.manifest->Find("README")]);
+}
+
+}  // namespace
+}  // namespace granary::posix
