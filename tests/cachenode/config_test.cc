@@ -131,7 +131,7 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
     ++keys;
     EXPECT_NE(example.find("\n" + key + ": "), std::string::npos) << key << " not in the example";
   }
-  EXPECT_EQ(keys, 19u) << msg;
+  EXPECT_EQ(keys, 20u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {
@@ -246,6 +246,9 @@ TEST(CacheNodeConfigTest, BadNodeIdAndPool) {
   ExpectBadValue("node_id", "''", "''", "write e.g. gpu-7");
   ExpectBadValue("node_id", std::string(254, 'a').c_str(), "aaaa", "write e.g. gpu-7");
   ExpectBadValue("node_id", "[a, b]", "expected a single value", "not a list or map");
+  ExpectBadValue("local_socket", "node.sock", "'node.sock'", "not an absolute path");
+  ExpectBadValue("local_socket", ("/" + std::string(200, 's')).c_str(), "sss",
+                 "a Unix socket path holds at most 107");
   ExpectBadValue("pool", "Default", "'Default'", "DNS-1123 label");
   ExpectBadValue("pool", "a_b", "'a_b'", "DNS-1123 label");
   ExpectBadValue("pool", "''", "''", "DNS-1123 label");

@@ -72,6 +72,19 @@ TEST(ChunkHandoffCodecTest, RequestAndReplyRoundTrip) {
   EXPECT_EQ(carried.message().size(), kMaxMessageLength);
 }
 
+TEST(ChunkHandoffCodecTest, TheWorkedExampleOfTheDocs) {
+  // docs/protocol.md, "Chunk handoff".
+  auto frame = EncodeOpenChunk(Request());
+  ASSERT_OK(frame);
+  const std::string expected(
+      "GRHO\x01\x00\x01\x00\x1d\x00\x00\x00"
+      "\x08imagenet"
+      "\x88\x88\x77\x77\x66\x66\x55\x55\x44\x44\x33\x33\x22\x22\x11\x11"
+      "\x07\x00\x00\x00",
+      41);
+  EXPECT_EQ(*frame, expected);
+}
+
 TEST(ChunkHandoffCodecTest, BadInputIsRefusedWithTheReason) {
   EXPECT_EQ(EncodeOpenChunk(Request("Not_A_Label")).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(EncodeOpenChunk(Request("")).status().code(), StatusCode::kInvalidArgument);

@@ -31,7 +31,8 @@ TEST(SidecarConfigTest, DefaultsAndEnvironmentSocket) {
 TEST(SidecarConfigTest, EveryKey) {
   auto c = Parse(
       "socket: /run/g/s.sock\nsocket_mode: \"0600\"\nmetadata_store: redis://h:1/2\npool: a100\n"
-      "local_node: n1\nwindow_samples: 10\nwindow_bytes: 8MiB\narena_bytes: 64MiB\n"
+      "local_node: n1\nlocal_node_socket: /run/g/node.sock\nwindow_samples: 10\nwindow_bytes: "
+      "8MiB\narena_bytes: 64MiB\n"
       "fetch_threads: 3\nfetch_batch: 7\nsource_fallthrough: false\nsource_concurrency: 2\n"
       "max_clients: 9\nmetrics_listen: 127.0.0.1:0\nrefresh_interval: 2s\nconnect_timeout: 1s\n"
       "call_timeout: 5s\nnode_down_for: 4s\nwait_timeout: 9s\nstartup_timeout: 3s\n"
@@ -43,6 +44,7 @@ TEST(SidecarConfigTest, EveryKey) {
   EXPECT_FALSE(c->source_fallthrough);
   EXPECT_EQ(c->fetch_batch, 7u);
   EXPECT_EQ(c->wait_timeout, std::chrono::seconds(9));
+  EXPECT_EQ(c->local_node_socket, "/run/g/node.sock");
 }
 
 TEST(SidecarConfigTest, BadValuesNameTheKey) {
@@ -61,6 +63,8 @@ TEST(SidecarConfigTest, BadValuesNameTheKey) {
       {"metadata_store: mysql://x\n", "metadata_store"},
       {store + "pool: Bad_Pool\n", "pool"},
       {store + "local_node: \"-x\"\n", "local_node"},
+      {store + "local_node_socket: node.sock\n", "local_node_socket"},
+      {store + "local_node_socket: /" + std::string(200, 'b') + "\n", "local_node_socket"},
       {store + "window_samples: 0\n", "window_samples"},
       {store + "window_bytes: 10\n", "window_bytes"},
       {store + "window_bytes: 64MiB\narena_bytes: 65MiB\n", "arena_bytes"},
