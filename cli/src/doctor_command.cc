@@ -418,27 +418,31 @@ class Doctor {
     return "";
   }
 
-  // Whether this user may create entries in `dir`, or (if it does not exist)
-  // create it in its nearest existing parent: "" when so, else the problem.
-  // `*exists` says whether `dir` itself is there.
+  // Whether this user may create entries in `dir`, or, if it does not exist,
+  // create it in its parent (the daemons make only the last directory: the
+  // cache node its data_dir, the sidecar its socket's directory): "" when so,
+  // else the problem. `*exists` says whether `dir` itself is there.
   static std::string WritableProblem(const std::string& dir, bool* exists) {
-    std::string d = dir;
     *exists = false;
-    for (int depth = 0; depth < 64; ++depth) {
-      struct stat st {};
-      if (stat(d.c_str(), &st) == 0) {
-        *exists = d == dir;
-        if (!S_ISDIR(st.st_mode)) return d + " is a " + FileKind(st.st_mode) + ", not a directory";
-        if (faccessat(AT_FDCWD, d.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
-          return d + " (owner uid " + std::to_string(st.st_uid) + ", mode " +
-                 OctalMode(st.st_mode) + ") is not writable by you";
-        }
-        return "";
+    std::string d = dir;
+    struct stat st {};
+    if (stat(d.c_str(), &st) == 0) {
+      *exists = true;
+    } else if (errno == ENOENT || errno == ENOTDIR) {
+      d = DirectoryOf(dir);
+      if (stat(d.c_str(), &st) != 0) {
+        return "neither it nor its parent " + d + " exists (the daemon creates only " + dir +
+               " itself)";
       }
-      if (d == "/" || d.empty()) return "no existing parent directory";
-      d = DirectoryOf(d);
+    } else {
+      return std::string("cannot look it up: ") + std::strerror(errno);
     }
-    return "too deep";
+    if (!S_ISDIR(st.st_mode)) return d + " is a " + FileKind(st.st_mode) + ", not a directory";
+    if (faccessat(AT_FDCWD, d.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+      return d + " (owner uid " + std::to_string(st.st_uid) + ", mode " + OctalMode(st.st_mode) +
+             ") is not writable by you";
+    }
+    return "";
   }
 
   static std::string Writable(const std::string& dir, bool exists) {
@@ -507,7 +511,8 @@ class Doctor {
       // The daemon usually runs as root; then only root's view counts.
       Add("config", geteuid() == 0 ? Verdict::kFail : Verdict::kWarn,
           summary + ", but its data_dir " + config.data_dir + ": " + problem,
-          "create " + config.data_dir + " owned by the user granary-cachenode runs as, mode 0700" +
+          "create " + config.data_dir +
+              " (mkdir -p) owned by the user granary-cachenode runs as, mode 0700" +
               (geteuid() == 0 ? "" : " (run doctor as that user to check it for real)"));
     } else {
       Add("config", Verdict::kPass, summary + "; data_dir " + Writable(config.data_dir, exists));
@@ -526,7 +531,7 @@ class Doctor {
     if (!problem.empty()) {
       Add("config", geteuid() == 0 ? Verdict::kFail : Verdict::kWarn,
           summary + ", but the socket's directory " + dir + ": " + problem,
-          "create " + dir + " writable by the user granary-sidecar runs as" +
+          "create " + dir + " (mkdir -p) writable by the user granary-sidecar runs as" +
               (geteuid() == 0 ? "" : " (run doctor as that user to check it for real)"));
     } else {
       Add("config", Verdict::kPass, summary + "; its directory " + Writable(dir, exists));
