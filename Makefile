@@ -4,6 +4,7 @@
 #   make test         format check, debug and asan builds with the whole suite, fuzzers
 #   make build        debug build only
 #   make release      optimised build (benchmarks)
+#   make quickstart   single-host Granary + a PyTorch training loop through it (DIR=... for your data)
 #   make demo         stage a generated (or DIR=...) dataset with one cache node
 #   make bench-manifest  manifest build/load figures at ImageNet scale
 #   make bench-core   placement and plan micro-benchmarks
@@ -17,7 +18,7 @@
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps build release demo test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
+.PHONY: deps build release quickstart demo test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
 
 deps:
 	@scripts/install-deps
@@ -53,6 +54,9 @@ format-check: deps
 
 format: deps
 	scripts/format-check --fix
+
+quickstart: release
+	/usr/bin/python3 scripts/quickstart $(DIR)
 
 demo: release
 	scripts/demo-staging $(DIR)

@@ -305,81 +305,110 @@ std::vector<AcquiredSample> SampleCache::Acquire(uint64_t client, std::span<cons
   std::vector<FetchTarget> on_demand;
   std::unique_lock<std::mutex> lock(mu_);
 
-  // 1. What is missing (or failed in prefetch) is fetched on demand, in one call.
-  for (size_t i = 0; i < ids.size(); ++i) {
-    out[i].id = ids[i];
-    const SampleId id = ids[i];
-    if (id >= manifest().sample_count()) {
-      out[i].status = Status::OutOfRange("sample " + std::to_string(id) + " of " +
-                                         Quoted(dataset_.name) + " does not exist: it has " +
-                                         std::to_string(manifest().sample_count()) + " samples");
-      continue;
-    }
-    auto it = entries_.find(id);
-    if (it != entries_.end() && it->second->state == Entry::State::kFailed &&
-        it->second->prefetched && it->second->pins == 0) {
-      EraseEntryLocked(it->second.get());
-      it = entries_.end();
-    }
-    if (it != entries_.end()) continue;
-    const uint64_t size = manifest().SizeOf(id);
-    std::optional<uint64_t> offset = AllocateLocked(size);
-    if (!offset) {
-      out[i].status = Status::ResourceExhausted(
-          "no room in the sidecar's shared memory for sample " + std::to_string(id) + " (" +
-          std::to_string(size) + " bytes): " + std::to_string(pinned_bytes_) +
-          " bytes are pinned by clients of " + Quoted(dataset_.name) + " (" +
-          std::to_string(arena_->size()) +
-          " bytes in all); release samples sooner or raise arena_bytes");
-      continue;
-    }
-    Entry* e = NewEntryLocked(id, *offset, /*prefetched=*/false);
-    on_demand.push_back(FetchTarget{id, std::span<char>(arena_->data() + e->offset, size)});
-  }
-  if (!on_demand.empty()) {
-    std::vector<FetchOutcome> outcomes(on_demand.size());
-    lock.unlock();
-    fetch(on_demand, outcomes);
-    lock.lock();
-    for (size_t i = 0; i < on_demand.size(); ++i) {
-      Entry* e = entries_.at(on_demand[i].id).get();
-      e->state = outcomes[i].status.ok() ? Entry::State::kReady : Entry::State::kFailed;
-      e->error = outcomes[i].status;
-      e->checksum = outcomes[i].checksum;
-    }
-    fetched_.notify_all();
-  }
-
-  // 2. Wait for fetches in progress (prefetch, or another client's on-demand).
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (!out[i].status.ok()) continue;
-    auto fetching = [&] {
-      auto it = entries_.find(ids[i]);
-      return it != entries_.end() && it->second->state == Entry::State::kFetching;
-    };
-    if (fetching()) {
-      if (!fetched_.wait_until(lock, deadline, [&] { return !fetching(); })) {
-        out[i].status = Status::DeadlineExceeded(
-            "sample " + std::to_string(ids[i]) + " of " + Quoted(dataset_.name) +
-            " was still being fetched when the sidecar's wait_timeout ran out; the cache nodes "
-            "or the source are too slow or stuck");
+  // Rounds: a sample that is ready is pinned at once (so that room made for
+  // the others cannot evict it); what is missing (or failed in prefetch) is
+  // fetched on demand, in one call; then the fetches in progress are waited
+  // for. A sample evicted while this request waited (its fetch finished, and
+  // another request needed the room before this one got the lock back) is
+  // asked for again in the next round.
+  std::vector<char> done(ids.size(), 0);
+  for (uint32_t round = 0; round < kAcquireRounds; ++round) {
+    on_demand.clear();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (done[i]) continue;
+      out[i].id = ids[i];
+      const SampleId id = ids[i];
+      if (id >= manifest().sample_count()) {
+        out[i].status = Status::OutOfRange("sample " + std::to_string(id) + " of " +
+                                           Quoted(dataset_.name) + " does not exist: it has " +
+                                           std::to_string(manifest().sample_count()) + " samples");
+        done[i] = 1;
         continue;
       }
+      auto it = entries_.find(id);
+      if (it != entries_.end() && it->second->state == Entry::State::kFailed &&
+          it->second->prefetched && it->second->pins == 0) {
+        EraseEntryLocked(it->second.get());
+        it = entries_.end();
+      }
+      if (it != entries_.end()) {
+        if (it->second->state == Entry::State::kReady) {
+          PinLocked(client, it->second.get(), &out[i]);
+          done[i] = 1;
+        }
+        continue;  // fetching (or failed, not ours to erase): step 2
+      }
+      const uint64_t size = manifest().SizeOf(id);
+      std::optional<uint64_t> offset = AllocateLocked(size);
+      if (!offset) {
+        out[i].status = Status::ResourceExhausted(
+            "no room in the sidecar's shared memory for sample " + std::to_string(id) + " (" +
+            std::to_string(size) + " bytes): " + std::to_string(pinned_bytes_) +
+            " bytes are pinned by clients of " + Quoted(dataset_.name) + " (" +
+            std::to_string(arena_->size()) +
+            " bytes in all); release samples sooner or raise arena_bytes");
+        done[i] = 1;
+        continue;
+      }
+      Entry* e = NewEntryLocked(id, *offset, /*prefetched=*/false);
+      on_demand.push_back(FetchTarget{id, std::span<char>(arena_->data() + e->offset, size)});
     }
-    auto it = entries_.find(ids[i]);
-    if (it == entries_.end()) {
-      out[i].status =
-          Status::Unavailable("sample " + std::to_string(ids[i]) + " of " + Quoted(dataset_.name) +
-                              " was evicted while waiting; ask again");
-      continue;
+    if (!on_demand.empty()) {
+      std::vector<FetchOutcome> outcomes(on_demand.size());
+      lock.unlock();
+      fetch(on_demand, outcomes);
+      lock.lock();
+      for (size_t i = 0; i < on_demand.size(); ++i) {
+        Entry* e = entries_.at(on_demand[i].id).get();
+        e->state = outcomes[i].status.ok() ? Entry::State::kReady : Entry::State::kFailed;
+        e->error = outcomes[i].status;
+        e->checksum = outcomes[i].checksum;
+      }
+      fetched_.notify_all();
     }
-    Entry* e = it->second.get();
-    if (e->state == Entry::State::kFailed) {
-      out[i].status = e->error;
-      if (e->pins == 0) EraseEntryLocked(e);  // the next request tries again
-      continue;
+
+    // 2. Wait for fetches in progress (prefetch, or another client's on-demand).
+    bool evicted = false;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (done[i]) continue;
+      auto fetching = [&] {
+        auto it = entries_.find(ids[i]);
+        return it != entries_.end() && it->second->state == Entry::State::kFetching;
+      };
+      if (fetching()) {
+        if (!fetched_.wait_until(lock, deadline, [&] { return !fetching(); })) {
+          out[i].status = Status::DeadlineExceeded(
+              "sample " + std::to_string(ids[i]) + " of " + Quoted(dataset_.name) +
+              " was still being fetched when the sidecar's wait_timeout ran out; the cache "
+              "nodes or the source are too slow or stuck");
+          done[i] = 1;
+          continue;
+        }
+      }
+      auto it = entries_.find(ids[i]);
+      if (it == entries_.end()) {
+        evicted = true;  // the next round fetches it again
+        continue;
+      }
+      Entry* e = it->second.get();
+      done[i] = 1;
+      if (e->state == Entry::State::kFailed) {
+        out[i].status = e->error;
+        if (e->pins == 0) EraseEntryLocked(e);  // the next request tries again
+        continue;
+      }
+      PinLocked(client, e, &out[i]);
     }
-    PinLocked(client, e, &out[i]);
+    if (!evicted) break;
+    ++evicted_while_waiting_;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (done[i]) continue;
+    out[i].status = Status::Unavailable(
+        "sample " + std::to_string(ids[i]) + " of " + Quoted(dataset_.name) + " was evicted " +
+        std::to_string(kAcquireRounds) +
+        " times while this request waited for it: the shared memory is too small for what "
+        "the clients hold and prefetch; raise arena_bytes (or lower window_bytes)");
   }
   const double waited = std::chrono::duration<double>(Clock::now() - started).count();
   for (AcquiredSample& a : out) a.waited_seconds = waited;
@@ -417,6 +446,7 @@ SampleCacheStats& SampleCacheStats::operator+=(const SampleCacheStats& o) {
   cursors += o.cursors;
   evictions += o.evictions;
   unknown_releases += o.unknown_releases;
+  evicted_while_waiting += o.evicted_while_waiting;
   return *this;
 }
 
@@ -437,6 +467,7 @@ SampleCacheStats SampleCache::Stats() const {
   s.cursors = cursors_.size();
   s.evictions = evictions_;
   s.unknown_releases = unknown_releases_;
+  s.evicted_while_waiting = evicted_while_waiting_;
   return s;
 }
 

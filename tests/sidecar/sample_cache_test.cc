@@ -191,6 +191,31 @@ TEST(SampleCacheTest, DroppedClientReclaimsPinsAndPinnedBytesBoundTheArena) {
   EXPECT_GT(cache->Stats().evictions, 0u);
 }
 
+TEST(SampleCacheTest, ASampleAskedWithMissingOnesIsNotEvictedToMakeThemRoom) {
+  FakeFetch fetch;
+  // Room for 4 samples of 60 KiB; 0..3 are read, released and evictable.
+  auto cache = MakeCache(50, 60 * 1024, 256 * 1024, 2, 64 * 1024);
+  const uint64_t client = cache->AddClient();
+  auto first = cache->Acquire(client, std::vector<SampleId>{0, 1, 2, 3}, 0, fetch.Fn(), Soon());
+  std::vector<uint64_t> tokens;
+  for (const auto& a : first) {
+    ASSERT_TRUE(a.status.ok());
+    tokens.push_back(a.token);
+  }
+  cache->Release(client, tokens);
+  // 0 is in the arena and the oldest; 9, 10, 11 need the room of three others.
+  auto got = cache->Acquire(client, std::vector<SampleId>{0, 9, 10, 11}, 0, fetch.Fn(), Soon());
+  void* map = ::mmap(nullptr, cache->arena_bytes(), PROT_READ, MAP_SHARED, cache->arena_fd(), 0);
+  ASSERT_NE(map, MAP_FAILED);
+  for (const auto& a : got) {
+    EXPECT_TRUE(a.status.ok()) << a.id << ": " << a.status.ToString();
+    EXPECT_TRUE(BytesOk(*cache, static_cast<char*>(map), a)) << a.id;
+  }
+  EXPECT_EQ(fetch.Count(0), 1u) << "0 was served from the arena, not fetched again";
+  EXPECT_EQ(cache->Stats().evictions, 3u);
+  ::munmap(map, cache->arena_bytes());
+}
+
 TEST(SampleCacheTest, PrefetchFollowsTheCursorWithinItsWindow) {
   FakeFetch fetch;
   auto cache = MakeCache(200, 1000, 1 << 20, 8, 1 << 20);

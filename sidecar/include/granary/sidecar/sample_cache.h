@@ -89,6 +89,7 @@ struct SampleCacheStats {
   uint64_t cursors = 0;
   uint64_t evictions = 0;
   uint64_t unknown_releases = 0;
+  uint64_t evicted_while_waiting = 0;  // Acquire rounds repeated: a sample evicted while it waited
 
   // Field-wise sum (the sidecar totals its datasets' caches).
   SampleCacheStats& operator+=(const SampleCacheStats& o);
@@ -170,6 +171,9 @@ class SampleCache {
   uint64_t pinned_bytes_ = 0;
   uint64_t evictions_ = 0;
   uint64_t unknown_releases_ = 0;
+  uint64_t evicted_while_waiting_ = 0;
+  // Acquire asks again for a sample evicted while it waited, this many times in all.
+  static constexpr uint32_t kAcquireRounds = 4;
 };
 
 }  // namespace granary::sidecar
