@@ -393,11 +393,11 @@ class Doctor {
         "data_dir",        "capacity",        "worker_threads",
         "service_threads", "max_connections", "heartbeat_interval",
         "heartbeat_ttl",   "drain_timeout",   "scan_mode",
-        "scan_threads"};
+        "scan_threads",    "local_socket"};
     static const std::set<std::string> kSidecar = {
-        "socket",           "socket_mode",   "local_node",  "window_samples",     "window_bytes",
-        "arena_bytes",      "fetch_threads", "fetch_batch", "source_fallthrough", "max_clients",
-        "refresh_interval", "node_down_for", "wait_timeout"};
+        "socket",           "socket_mode",   "local_node",   "window_samples",     "window_bytes",
+        "arena_bytes",      "fetch_threads", "fetch_batch",  "source_fallthrough", "max_clients",
+        "refresh_interval", "node_down_for", "wait_timeout", "local_node_socket"};
     static const std::regex kKey("^([A-Za-z_][A-Za-z0-9_]*)\\s*:");
     int cachenode = 0;
     int sidecar = 0;
