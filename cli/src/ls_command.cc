@@ -96,6 +96,13 @@ class Lister {
   Status Run() {
     GRANARY_ASSIGN_OR_RETURN(std::string path, NormalizeDatasetPath(o_.path));
     GRANARY_ASSIGN_OR_RETURN(TreeNode node, ResolvePath(manifest_, path, record_.name));
+    if (c_.json_output()) {
+      // Streamed: one entry per line, so a dataset of millions of files is
+      // never held as one document.
+      c_.out() << "{\n  \"dataset\": " << Json(record_.name).dump()
+               << ",\n  \"manifest_id\": " << Json(record_.manifest_id).dump()
+               << ",\n  \"path\": " << Json(path).dump() << ",\n  \"entries\": [";
+    }
     if (!node.directory || o_.directory) {
       Emit({EntryOf(manifest_, node)});
     } else if (o_.recursive) {
@@ -103,13 +110,7 @@ class Lister {
     } else {
       Emit(ListChildren(manifest_, node));
     }
-    if (c_.json_output()) {
-      Json j = {{"dataset", record_.name},
-                {"manifest_id", record_.manifest_id},
-                {"path", path},
-                {"entries", entries_}};
-      c_.out() << j.dump(2) << "\n";
-    }
+    if (c_.json_output()) c_.out() << (first_entry_ ? "]\n}\n" : "\n  ]\n}\n");
     return Status::Ok();
   }
 
@@ -130,22 +131,22 @@ class Lister {
 
   void Emit(const std::vector<TreeEntry>& entries) {
     if (c_.json_output()) {
+      // Written field by field (an object per entry costs more than the rest
+      // of the listing); strings escaped by the JSON library.
+      std::ostream& out = c_.out();
       for (const TreeEntry& e : entries) {
-        Json j = {{"name", e.name},
-                  {"path", e.path},
-                  {"type", e.directory ? "directory" : "file"},
-                  {"size", e.size},
-                  {"mtime_ns", e.mtime_ns},
-                  {"mtime", UtcTime(e.mtime_ns)},
-                  {"mode", OctalMode(e.directory)},
-                  {"uid", record_.owner.uid},
-                  {"gid", record_.owner.gid}};
+        out << (first_entry_ ? "\n    " : ",\n    ") << "{\"name\":" << Json(e.name).dump()
+            << ",\"path\":" << Json(e.path).dump() << ",\"type\":\""
+            << (e.directory ? "directory" : "file") << "\",\"size\":" << e.size
+            << ",\"mtime_ns\":" << e.mtime_ns << ",\"mtime\":\"" << UtcTime(e.mtime_ns)
+            << "\",\"mode\":\"" << OctalMode(e.directory) << "\",\"uid\":" << record_.owner.uid
+            << ",\"gid\":" << record_.owner.gid;
         if (e.directory) {
-          j["files"] = e.files;
+          out << ",\"files\":" << e.files << "}";
         } else {
-          j["id"] = e.node.first;
+          out << ",\"id\":" << e.node.first << "}";
         }
-        entries_.push_back(std::move(j));
+        first_entry_ = false;
       }
       return;
     }
@@ -171,7 +172,7 @@ class Lister {
   const Manifest& manifest_;
   std::string owner_;
   std::string group_;
-  Json entries_ = Json::array();
+  bool first_entry_ = true;  // JSON: no entry written yet
 };
 
 Status Ls(CliContext& c, const LsOptions& o) {
