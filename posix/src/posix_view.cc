@@ -27,7 +27,7 @@ struct OpenFile {
   SampleId id = 0;
   uint64_t size = 0;
   std::mutex mu;  // guards pin
-  std::unique_ptr<PinnedSample> pin;
+  std::shared_ptr<PinnedSample> pin;
 };
 
 constexpr uint32_t kBlockSize = 4096;
@@ -249,38 +249,51 @@ struct PosixView::Callbacks {
       fuse_reply_buf(req, nullptr, 0);
       return;
     }
-    std::lock_guard<std::mutex> lock(file->mu);
-    if (file->pin == nullptr) {
-      Result<std::unique_ptr<PinnedSample>> pin = v.reader_->Acquire(file->id);
-      if (!pin.ok()) {
-        const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
-        if (errors <= 20 || errors % 1000 == 0) {
-          GetLogger("posix")->warn("read of {} in dataset {}: {} (EIO to the reader; {} so far)",
-                                   Quoted(v.tree_.PathOf(MountTree::InodeOfSample(file->id))),
-                                   Quoted(v.options_.dataset), pin.status().message(), errors);
+    // Nothing of `file` may be touched once the reply is sent: the reader may
+    // close it at once and Release (on another worker) deletes it. So the pin
+    // used for the reply is a reference of our own.
+    std::shared_ptr<PinnedSample> pin;
+    int error = 0;
+    {
+      std::lock_guard<std::mutex> lock(file->mu);
+      if (file->pin == nullptr) {
+        Result<std::unique_ptr<PinnedSample>> acquired = v.reader_->Acquire(file->id);
+        if (!acquired.ok()) {
+          const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
+          if (errors <= 20 || errors % 1000 == 0) {
+            GetLogger("posix")->warn("read of {} in dataset {}: {} (EIO to the reader; {} so far)",
+                                     Quoted(v.tree_.PathOf(MountTree::InodeOfSample(file->id))),
+                                     Quoted(v.options_.dataset), acquired.status().message(),
+                                     errors);
+          }
+          error = EIO;
+        } else if ((*acquired)->bytes().size() != file->size) {
+          const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
+          GetLogger("posix")->error(
+              "read of sample {} in dataset {}: the reader gave {} bytes, the manifest says {} "
+              "(EIO to the reader; {} so far)",
+              file->id, Quoted(v.options_.dataset), (*acquired)->bytes().size(), file->size,
+              errors);
+          error = EIO;
+        } else {
+          file->pin = std::move(*acquired);
+          v.counters_.acquires.fetch_add(1, std::memory_order_relaxed);
         }
-        fuse_reply_err(req, EIO);
-        return;
       }
-      if ((*pin)->bytes().size() != file->size) {
-        const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
-        GetLogger("posix")->error(
-            "read of sample {} in dataset {}: the reader gave {} bytes, the manifest says {} "
-            "(EIO to the reader; {} so far)",
-            file->id, Quoted(v.options_.dataset), (*pin)->bytes().size(), file->size, errors);
-        fuse_reply_err(req, EIO);
-        return;
-      }
-      file->pin = std::move(*pin);
-      v.counters_.acquires.fetch_add(1, std::memory_order_relaxed);
+      pin = file->pin;
+      // The page cache has the file once this is replied; a later read (pages
+      // evicted) pins it again.
+      if (offset + size >= file->size) file->pin.reset();
     }
-    const std::string_view bytes = file->pin->bytes();
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(size, file->size - offset));
+    if (error != 0) {
+      fuse_reply_err(req, error);
+      return;
+    }
+    const std::string_view bytes = pin->bytes();
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(size, bytes.size() - offset));
+    v.counters_.read_bytes.fetch_add(n, std::memory_order_relaxed);
     // Straight from the pinned bytes (the sidecar's arena) into the reply.
     fuse_reply_buf(req, bytes.data() + offset, n);
-    v.counters_.read_bytes.fetch_add(n, std::memory_order_relaxed);
-    // The page cache has the file now; a later read (pages evicted) pins again.
-    if (offset + n >= file->size) file->pin.reset();
   }
 
   static void Release(fuse_req_t req, fuse_ino_t /*ino*/, fuse_file_info* fi) {

@@ -166,7 +166,6 @@ Result<std::unique_ptr<PinnedSample>> SessionContentReader::Acquire(SampleId id)
       last = session.status();
       if (!MayBeBroken(last)) break;  // e.g. the dataset is gone or has a new snapshot
     } else {
-      if (reconnecting) reconnects_.fetch_add(1, std::memory_order_relaxed);
       Result<client::SampleView> view = (*session)->Get(id);
       if (view.ok()) {
         auto pin = std::make_unique<SessionPin>(*session, *view);
@@ -182,6 +181,7 @@ Result<std::unique_ptr<PinnedSample>> SessionContentReader::Acquire(SampleId id)
         return last;
       }
       // The connection broke: this session stays broken (session.h).
+      broken_sessions_.fetch_add(1, std::memory_order_relaxed);
       session->reset();
       DropSession();
       if (!reconnecting) {
@@ -243,6 +243,7 @@ void SessionContentReader::FlushIdleSessions() {
     for (auto& s : healthy) idle_.push_back(std::move(s));
     open_sessions_ -= broken;
   }
+  broken_sessions_.fetch_add(broken, std::memory_order_relaxed);
   pool_cv_.notify_all();
 }
 
@@ -295,7 +296,10 @@ void SessionContentReader::HintLoop() {
     }
     hinted_.fetch_add(batch.size(), std::memory_order_relaxed);
     hint_batches_.fetch_add(1, std::memory_order_relaxed);
-    if (!session->Flush().ok() || (maybe_broken && !session->Ping().ok())) session.reset();
+    if (!session->Flush().ok() || (maybe_broken && !session->Ping().ok())) {
+      broken_sessions_.fetch_add(1, std::memory_order_relaxed);
+      session.reset();
+    }
   }
 }
 
@@ -303,7 +307,7 @@ SessionContentReader::Counters SessionContentReader::counters() const {
   Counters c;
   c.acquired = acquired_.load(std::memory_order_relaxed);
   c.acquire_errors = acquire_errors_.load(std::memory_order_relaxed);
-  c.reconnects = reconnects_.load(std::memory_order_relaxed);
+  c.broken_sessions = broken_sessions_.load(std::memory_order_relaxed);
   c.hinted = hinted_.load(std::memory_order_relaxed);
   c.hint_batches = hint_batches_.load(std::memory_order_relaxed);
   c.hints_dropped = hints_dropped_.load(std::memory_order_relaxed);

@@ -70,12 +70,12 @@ struct SessionReaderOptions {
 class SessionContentReader : public ContentReader {
  public:
   struct Counters {
-    uint64_t acquired = 0;        // samples pinned for reads
-    uint64_t acquire_errors = 0;  // Acquire calls that failed
-    uint64_t reconnects = 0;      // sessions opened after one broke
-    uint64_t hinted = 0;          // ids sent in hint GETs
-    uint64_t hint_batches = 0;    // hint GETs
-    uint64_t hints_dropped = 0;   // ids dropped from a full queue or a failed batch
+    uint64_t acquired = 0;         // samples pinned for reads
+    uint64_t acquire_errors = 0;   // Acquire calls that failed
+    uint64_t broken_sessions = 0;  // sessions found broken (sidecar gone) and dropped
+    uint64_t hinted = 0;           // ids sent in hint GETs
+    uint64_t hint_batches = 0;     // hint GETs
+    uint64_t hints_dropped = 0;    // ids dropped from a full queue or a failed batch
   };
 
   // Opens the first Session (checks the socket and the dataset; the
@@ -124,7 +124,7 @@ class SessionContentReader : public ContentReader {
 
   std::atomic<uint64_t> acquired_{0};
   std::atomic<uint64_t> acquire_errors_{0};
-  std::atomic<uint64_t> reconnects_{0};
+  std::atomic<uint64_t> broken_sessions_{0};
   std::atomic<uint64_t> hinted_{0};
   std::atomic<uint64_t> hint_batches_{0};
   std::atomic<uint64_t> hints_dropped_{0};

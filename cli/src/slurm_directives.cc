@@ -1,0 +1,352 @@
+#include "slurm_directives.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <map>
+#include <utility>
+
+#include "granary/core/config.h"
+#include "granary/core/names.h"
+
+namespace granary::cli {
+namespace {
+
+constexpr std::string_view kDirectivePrefix = "#DW";
+constexpr std::string_view kSupported =
+    "Granary supports #DW jobdw, #DW stage_in and #DW persistentdw (docs/slurm.md)";
+
+bool IsSpace(char c) { return c == ' ' || c == '\t'; }
+
+std::vector<std::string_view> SplitWords(std::string_view text) {
+  std::vector<std::string_view> words;
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && IsSpace(text[i])) ++i;
+    size_t start = i;
+    while (i < text.size() && !IsSpace(text[i])) ++i;
+    if (i > start) words.push_back(text.substr(start, i - start));
+  }
+  return words;
+}
+
+// One directive line: its kind and key=value options, with the errors found
+// on the way.
+class LineParser {
+ public:
+  LineParser(int line, std::string kind, std::vector<DirectiveError>& errors)
+      : line_(line), kind_(std::move(kind)), errors_(errors) {}
+
+  void Error(const std::string& reason) {
+    errors_.push_back({line_, "#DW " + kind_ + ": " + reason});
+    failed_ = true;
+  }
+  bool failed() const { return failed_; }
+
+  // Reads the options; `allowed` are the keys this kind takes.
+  void ReadOptions(const std::vector<std::string_view>& words,
+                   const std::vector<std::string_view>& allowed) {
+    for (size_t i = 1; i < words.size(); ++i) {
+      std::string_view word = words[i];
+      size_t eq = word.find('=');
+      if (eq == std::string_view::npos || eq == 0) {
+        Error("expected key=value, found " + Quoted(word));
+        continue;
+      }
+      std::string key(word.substr(0, eq));
+      std::string_view value = word.substr(eq + 1);
+      if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+        std::string keys;
+        for (std::string_view k : allowed) keys += (keys.empty() ? "" : ", ") + std::string(k);
+        Error("unknown key " + Quoted(key) + "; its keys are " + keys);
+        continue;
+      }
+      if (value.empty()) {
+        Error(key + "= has no value");
+        continue;
+      }
+      if (!options_.emplace(key, std::string(value)).second) {
+        Error(key + "= is given twice; give it once");
+      }
+    }
+  }
+
+  const std::string* Get(const std::string& key) const {
+    auto it = options_.find(key);
+    return it == options_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  int line_;
+  std::string kind_;
+  std::vector<DirectiveError>& errors_;
+  std::map<std::string, std::string> options_;
+  bool failed_ = false;
+};
+
+void ParseJobDw(LineParser& p, int line, const std::vector<std::string_view>& words,
+                DirectiveParse& out) {
+  p.ReadOptions(words, {"type", "access_mode", "capacity", "pool"});
+  JobDwDirective d;
+  d.line = line;
+  if (const std::string* type = p.Get("type")) {
+    if (*type == "cache") {
+      p.Error("type=cache is not supported; write type=scratch");
+    } else if (*type != "scratch") {
+      p.Error("unknown type " + Quoted(*type) + "; write type=scratch");
+    }
+  }
+  if (const std::string* mode = p.Get("access_mode")) {
+    if (mode->find("private") != std::string::npos) {
+      p.Error("access_mode=" + *mode + " is not supported (no private mode); write " +
+              "access_mode=striped");
+    } else if (*mode != "striped") {
+      p.Error("unknown access_mode " + Quoted(*mode) + "; write access_mode=striped");
+    }
+  }
+  if (const std::string* capacity = p.Get("capacity")) {
+    Result<ByteSize> size = ParseByteSize(*capacity);
+    if (!size.ok()) {
+      p.Error("capacity=" + Quoted(*capacity) + " is not a size (" + size.status().message() +
+              "); write e.g. capacity=100GiB");
+    } else if (size->bytes == 0) {
+      p.Error("capacity must be more than 0; write e.g. capacity=100GiB");
+    } else {
+      d.capacity_bytes = size->bytes;
+    }
+  } else {
+    p.Error("capacity= is missing; write e.g. capacity=100GiB");
+  }
+  d.pool = std::string(kDefaultPool);
+  if (const std::string* pool = p.Get("pool")) {
+    if (!IsDnsLabel(*pool)) {
+      p.Error("pool " + Quoted(*pool) + " is not a pool name (lowercase letters, digits, '-')");
+    } else {
+      d.pool = *pool;
+      d.pool_given = true;
+    }
+  }
+  if (out.directives.jobdw) {
+    p.Error("a second #DW jobdw (the first is on line " +
+            std::to_string(out.directives.jobdw->line) + "); a job has one");
+  }
+  if (!p.failed()) out.directives.jobdw = d;
+}
+
+// The name after $DW_JOB_STRIPED/ (or ${DW_JOB_STRIPED}/); empty with an
+// error when the destination is anything else.
+std::string DestinationName(LineParser& p, const std::string& destination) {
+  std::string_view rest = destination;
+  std::string_view braced = "${DW_JOB_STRIPED}";
+  if (rest.starts_with(braced)) {
+    rest.remove_prefix(braced.size());
+  } else if (rest.starts_with(kJobStripedVariable)) {
+    rest.remove_prefix(kJobStripedVariable.size());
+  } else {
+    p.Error("destination " + Quoted(destination) +
+            " is outside $DW_JOB_STRIPED; write destination=$DW_JOB_STRIPED/<name>");
+    return {};
+  }
+  if (!rest.starts_with('/')) {
+    p.Error("destination " + Quoted(destination) +
+            " is not a name under $DW_JOB_STRIPED; write destination=$DW_JOB_STRIPED/<name>");
+    return {};
+  }
+  rest.remove_prefix(1);
+  while (rest.ends_with('/')) rest.remove_suffix(1);
+  if (!IsDnsLabel(rest) || rest.size() > kMaxStageInNameLength) {
+    p.Error("destination name " + Quoted(rest) + " must be one name of 1.." +
+            std::to_string(kMaxStageInNameLength) +
+            " lowercase letters, digits and '-' (starting and ending with a letter or digit), " +
+            "e.g. destination=$DW_JOB_STRIPED/imagenet");
+    return {};
+  }
+  return std::string(rest);
+}
+
+void ParseStageIn(LineParser& p, int line, const std::vector<std::string_view>& words,
+                  DirectiveParse& out) {
+  p.ReadOptions(words, {"type", "source", "destination"});
+  StageInDirective d;
+  d.line = line;
+  if (const std::string* type = p.Get("type")) {
+    if (*type == "file" || *type == "list") {
+      p.Error("type=" + *type + " is not supported; stage a directory with type=directory");
+    } else if (*type != "directory") {
+      p.Error("unknown type " + Quoted(*type) + "; write type=directory");
+    }
+  }
+  if (const std::string* source = p.Get("source")) {
+    if (!source->starts_with('/')) {
+      p.Error("source " + Quoted(*source) +
+              " is not an absolute path (variables are not expanded); write source=/path/to/dir");
+    } else {
+      d.source = *source;
+    }
+  } else {
+    p.Error("source= is missing; write source=/path/to/dir");
+  }
+  if (const std::string* destination = p.Get("destination")) {
+    d.name = DestinationName(p, *destination);
+  } else {
+    p.Error("destination= is missing; write destination=$DW_JOB_STRIPED/<name>");
+  }
+  if (!d.name.empty()) {
+    for (const StageInDirective& other : out.directives.stage_ins) {
+      if (other.name == d.name) {
+        p.Error("destination $DW_JOB_STRIPED/" + d.name + " is already staged in on line " +
+                std::to_string(other.line) + "; give each stage_in its own name");
+      }
+    }
+  }
+  if (!p.failed()) out.directives.stage_ins.push_back(std::move(d));
+}
+
+void ParsePersistentDw(LineParser& p, int line, const std::vector<std::string_view>& words,
+                       DirectiveParse& out) {
+  p.ReadOptions(words, {"name"});
+  PersistentDwDirective d;
+  d.line = line;
+  if (const std::string* name = p.Get("name")) {
+    Status valid = ValidateDatasetName(*name);
+    if (!valid.ok()) {
+      p.Error("name " + Quoted(*name) + " is not a dataset name: " + valid.message());
+    } else {
+      d.name = *name;
+    }
+  } else {
+    p.Error("name= is missing; write name=<dataset> (a dataset made with granary dataset create)");
+  }
+  for (const PersistentDwDirective& other : out.directives.persistent) {
+    if (!d.name.empty() && other.name == d.name) {
+      p.Error("dataset " + Quoted(d.name) + " is already named on line " +
+              std::to_string(other.line) + "; name it once");
+    }
+  }
+  if (!p.failed()) out.directives.persistent.push_back(std::move(d));
+}
+
+void SortErrors(std::vector<DirectiveError>& errors) {
+  std::stable_sort(
+      errors.begin(), errors.end(),
+      [](const DirectiveError& a, const DirectiveError& b) { return a.line < b.line; });
+}
+
+}  // namespace
+
+std::string DirectiveError::ToString() const {
+  return "line " + std::to_string(line) + ": " + reason;
+}
+
+DirectiveParse ParseJobDirectives(std::string_view script) {
+  DirectiveParse out;
+  int line_number = 0;
+  bool any_stage_in = false;
+  bool any_jobdw = false;  // even one with errors: its errors say what to fix
+  int first_stage_in_line = 0;
+  size_t pos = 0;
+  while (pos <= script.size()) {
+    size_t end = script.find('\n', pos);
+    if (end == std::string_view::npos) end = script.size();
+    std::string_view line = script.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_number;
+    if (line.ends_with('\r')) line.remove_suffix(1);
+    if (!line.starts_with(kDirectivePrefix)) continue;
+    std::string_view rest = line.substr(kDirectivePrefix.size());
+    if (!rest.empty() && !IsSpace(rest.front())) continue;  // e.g. #DWX: not ours
+    std::vector<std::string_view> words = SplitWords(rest);
+    if (words.empty()) {
+      out.errors.push_back({line_number, "#DW with no directive; " + std::string(kSupported)});
+      continue;
+    }
+    std::string kind(words[0]);
+    LineParser parser(line_number, kind, out.errors);
+    if (kind == "jobdw") {
+      any_jobdw = true;
+      ParseJobDw(parser, line_number, words, out);
+    } else if (kind == "stage_in") {
+      if (!any_stage_in) first_stage_in_line = line_number;
+      any_stage_in = true;
+      ParseStageIn(parser, line_number, words, out);
+    } else if (kind == "persistentdw") {
+      ParsePersistentDw(parser, line_number, words, out);
+    } else if (kind == "stage_out" || kind == "swap" || kind == "create_persistent" ||
+               kind == "destroy_persistent") {
+      out.errors.push_back(
+          {line_number, "#DW " + kind + " is not supported; " + std::string(kSupported)});
+    } else {
+      out.errors.push_back(
+          {line_number, "unknown directive #DW " + Quoted(kind) + "; " + std::string(kSupported)});
+    }
+  }
+  // stage_in places a dataset under the job's instance: without a jobdw line
+  // there is none.
+  if (any_stage_in && !any_jobdw) {
+    out.errors.push_back({first_stage_in_line,
+                          "#DW stage_in needs a job-scoped instance: add a line "
+                          "'#DW jobdw type=scratch access_mode=striped capacity=<size>'"});
+  }
+  SortErrors(out.errors);
+  return out;
+}
+
+bool NeedsStore(const JobDirectives& directives) {
+  return (directives.jobdw && directives.jobdw->pool_given) || !directives.persistent.empty();
+}
+
+Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
+  JobDirectives& d = parse.directives;
+  if (store == nullptr && NeedsStore(d)) {
+    return Status::Internal("checking #DW directives: pool= and persistentdw need the store");
+  }
+  for (const StageInDirective& s : d.stage_ins) {
+    struct stat st;
+    if (stat(s.source.c_str(), &st) != 0) {
+      int e = errno;
+      // EACCES: this host's checking user may not look; the job's user may.
+      // Setup reads the source as the job's user and holds the job if not.
+      if (e == ENOENT || e == ENOTDIR) {
+        parse.errors.push_back({s.line, "#DW stage_in: source " + Quoted(s.source) +
+                                            " does not exist; name an existing directory"});
+      } else if (e != EACCES) {
+        parse.errors.push_back({s.line, "#DW stage_in: source " + Quoted(s.source) +
+                                            " cannot be checked: " + ErrnoText(e)});
+      }
+    } else if (!S_ISDIR(st.st_mode)) {
+      parse.errors.push_back({s.line, "#DW stage_in: source " + Quoted(s.source) +
+                                          " is not a directory; type=directory stages a "
+                                          "directory"});
+    }
+  }
+  if (d.jobdw && d.jobdw->pool_given) {
+    GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, store->ListNodes(""));
+    std::set<std::string> pools;
+    for (const NodeRecord& n : nodes) pools.insert(n.pool);
+    if (!pools.contains(d.jobdw->pool)) {
+      std::string known;
+      for (const std::string& p : pools) known += (known.empty() ? "" : ", ") + p;
+      parse.errors.push_back(
+          {d.jobdw->line, "#DW jobdw: unknown pool " + Quoted(d.jobdw->pool) + "; " +
+                              (known.empty() ? std::string("no pool has a live cache node")
+                                             : "the pools with live cache nodes are " + known) +
+                              " (granary node list)"});
+    }
+  }
+  for (const PersistentDwDirective& p : d.persistent) {
+    Result<DatasetRecord> record = store->GetDataset(p.name);
+    if (record.status().code() == StatusCode::kNotFound) {
+      parse.errors.push_back({p.line, "#DW persistentdw: dataset " + Quoted(p.name) +
+                                          " does not exist; create it first with granary "
+                                          "dataset create " +
+                                          p.name + " --source DIR"});
+    } else if (!record.ok()) {
+      return record.status();
+    }
+  }
+  SortErrors(parse.errors);
+  return Status::Ok();
+}
+
+}  // namespace granary::cli

@@ -1,0 +1,326 @@
+// The #DW directives of a Slurm job script (cli/src/slurm_directives.h) and
+// `granary slurm validate` over a real SQLite store and real directories:
+// every supported form, and every rule a bad script breaks, each with its
+// line and reason.
+
+#include "slurm_directives.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "granary/cli/cli.h"
+#include "granary/core/metadata_store.h"
+#include "testing/store_records.h"
+#include "testing/test_util.h"
+
+namespace granary {
+namespace {
+
+using cli::DirectiveParse;
+using cli::ParseJobDirectives;
+
+// The errors of a parse as "line N: reason" strings.
+std::vector<std::string> Errors(const DirectiveParse& parse) {
+  std::vector<std::string> out;
+  for (const cli::DirectiveError& e : parse.errors) out.push_back(e.ToString());
+  return out;
+}
+
+// Expects exactly one error, on `line`, whose text contains `part`.
+void ExpectOneError(const std::string& script, int line, const std::string& part) {
+  DirectiveParse parse = ParseJobDirectives(script);
+  ASSERT_EQ(parse.errors.size(), 1u) << script << "\n" << ::testing::PrintToString(Errors(parse));
+  EXPECT_EQ(parse.errors[0].line, line) << script;
+  EXPECT_NE(parse.errors[0].reason.find(part), std::string::npos)
+      << "wanted " << part << " in: " << parse.errors[0].reason;
+}
+
+constexpr const char* kJobDw = "#DW jobdw type=scratch access_mode=striped capacity=10GiB\n";
+
+TEST(SlurmDirectivesTest, ParsesTheSupportedForms) {
+  DirectiveParse parse = ParseJobDirectives(
+      "#!/bin/bash\n"
+      "#SBATCH -N 2\n"
+      "#DW jobdw type=scratch access_mode=striped capacity=1.5TiB pool=gpu\n"
+      "#DW stage_in type=directory source=/lustre/imagenet/train "
+      "destination=$DW_JOB_STRIPED/imagenet\n"
+      "#DW\tstage_in source=/lustre/val  destination=${DW_JOB_STRIPED}/val/\r\n"
+      "#DW persistentdw name=coco\n"
+      "srun python train.py  # #DW stage_out is only a comment here\n");
+  ASSERT_TRUE(parse.errors.empty()) << ::testing::PrintToString(Errors(parse));
+  const cli::JobDirectives& d = parse.directives;
+  ASSERT_TRUE(d.jobdw.has_value());
+  EXPECT_EQ(d.jobdw->line, 3);
+  EXPECT_EQ(d.jobdw->capacity_bytes, 3ull << 39);
+  EXPECT_EQ(d.jobdw->pool, "gpu");
+  EXPECT_TRUE(d.jobdw->pool_given);
+  ASSERT_EQ(d.stage_ins.size(), 2u);
+  EXPECT_EQ(d.stage_ins[0].line, 4);
+  EXPECT_EQ(d.stage_ins[0].source, "/lustre/imagenet/train");
+  EXPECT_EQ(d.stage_ins[0].name, "imagenet");
+  EXPECT_EQ(d.stage_ins[1].line, 5);
+  EXPECT_EQ(d.stage_ins[1].source, "/lustre/val");
+  EXPECT_EQ(d.stage_ins[1].name, "val");
+  ASSERT_EQ(d.persistent.size(), 1u);
+  EXPECT_EQ(d.persistent[0].line, 6);
+  EXPECT_EQ(d.persistent[0].name, "coco");
+}
+
+TEST(SlurmDirectivesTest, DefaultsAndLinesThatAreNotDirectives) {
+  DirectiveParse parse = ParseJobDirectives(
+      "#DW jobdw capacity=100GB\n"
+      "#DWX whatever\n"
+      "  #DW stage_out not at the start of the line\n"
+      "#BB create_persistent name=x\n");
+  ASSERT_TRUE(parse.errors.empty()) << ::testing::PrintToString(Errors(parse));
+  ASSERT_TRUE(parse.directives.jobdw.has_value());
+  EXPECT_EQ(parse.directives.jobdw->capacity_bytes, 100'000'000'000ull);
+  EXPECT_EQ(parse.directives.jobdw->pool, "default");
+  EXPECT_FALSE(parse.directives.jobdw->pool_given);
+
+  EXPECT_TRUE(ParseJobDirectives("#!/bin/sh\necho hi\n").directives.empty());
+  EXPECT_TRUE(ParseJobDirectives("").directives.empty());
+}
+
+TEST(SlurmDirectivesTest, UnsupportedDataWarpFormsSayNotSupported) {
+  ExpectOneError("#DW stage_out type=directory source=$DW_JOB_STRIPED/o destination=/l/o\n", 1,
+                 "#DW stage_out is not supported");
+  ExpectOneError("#DW swap 10GiB\n", 1, "#DW swap is not supported");
+  ExpectOneError("#DW create_persistent name=x capacity=1GiB\n", 1, "not supported");
+  ExpectOneError("#DW destroy_persistent name=x\n", 1, "not supported");
+  ExpectOneError("#DW jobdw type=cache access_mode=striped capacity=1GiB\n", 1,
+                 "type=cache is not supported");
+  ExpectOneError("#DW jobdw type=scratch access_mode=private capacity=1GiB\n", 1,
+                 "access_mode=private is not supported");
+  ExpectOneError("#DW jobdw type=scratch access_mode=striped,private capacity=1GiB\n", 1,
+                 "is not supported");
+  ExpectOneError(
+      std::string(kJobDw) + "#DW stage_in type=file source=/a destination=" + "$DW_JOB_STRIPED/a\n",
+      2, "type=file is not supported");
+  ExpectOneError(
+      std::string(kJobDw) + "#DW stage_in type=list source=/a destination=" + "$DW_JOB_STRIPED/a\n",
+      2, "type=list is not supported");
+}
+
+TEST(SlurmDirectivesTest, UnknownDirectivesKeysAndValues) {
+  ExpectOneError("#DW jobdw capacity=1GiB\n#DW stagein source=/a\n", 2,
+                 "unknown directive #DW 'stagein'");
+  ExpectOneError("#DW\n", 1, "#DW with no directive");
+  ExpectOneError("#DW jobdw capacity=1GiB colour=blue\n", 1, "unknown key 'colour'");
+  ExpectOneError("#DW persistentdw name=a size=1\n", 1, "unknown key 'size'");
+  ExpectOneError("#DW jobdw capacity=1GiB striped\n", 1, "expected key=value, found 'striped'");
+  ExpectOneError("#DW jobdw capacity=1GiB =x\n", 1, "expected key=value");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=\n", 1, "pool= has no value");
+  ExpectOneError("#DW jobdw capacity=1GiB capacity=2GiB\n", 1, "capacity= is given twice");
+  ExpectOneError("#DW jobdw type=scratchy capacity=1GiB\n", 1, "unknown type 'scratchy'");
+  ExpectOneError("#DW jobdw access_mode=stripy capacity=1GiB\n", 1, "unknown access_mode");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=GPU_A\n", 1, "is not a pool name");
+  ExpectOneError(
+      std::string(kJobDw) + "#DW stage_in type=dir source=/a destination=" + "$DW_JOB_STRIPED/a\n",
+      2, "unknown type 'dir'");
+}
+
+TEST(SlurmDirectivesTest, BadSizes) {
+  for (const char* bad : {"lots", "-1GiB", "10XB", "1.2.3GiB", "GiB"}) {
+    ExpectOneError(std::string("#DW jobdw capacity=") + bad + "\n", 1, "is not a size");
+  }
+  ExpectOneError("#DW jobdw capacity=0\n", 1, "capacity must be more than 0");
+  ExpectOneError("#DW jobdw type=scratch access_mode=striped\n", 1, "capacity= is missing");
+}
+
+TEST(SlurmDirectivesTest, StageInRules) {
+  const std::string jobdw = kJobDw;
+  ExpectOneError(jobdw + "#DW stage_in type=directory destination=$DW_JOB_STRIPED/a\n", 2,
+                 "source= is missing");
+  ExpectOneError(jobdw + "#DW stage_in source=data/train destination=$DW_JOB_STRIPED/a\n", 2,
+                 "'data/train' is not an absolute path");
+  ExpectOneError(jobdw + "#DW stage_in source=$HOME/train destination=$DW_JOB_STRIPED/a\n", 2,
+                 "is not an absolute path");
+  ExpectOneError(jobdw + "#DW stage_in source=/a\n", 2, "destination= is missing");
+  ExpectOneError(jobdw + "#DW stage_in source=/a destination=/tmp/a\n", 2,
+                 "'/tmp/a' is outside $DW_JOB_STRIPED");
+  ExpectOneError(jobdw + "#DW stage_in source=/a destination=$DW_PERSISTENT_STRIPED_x/a\n", 2,
+                 "is outside $DW_JOB_STRIPED");
+  ExpectOneError(jobdw + "#DW stage_in source=/a destination=$DW_JOB_STRIPED\n", 2,
+                 "is not a name under $DW_JOB_STRIPED");
+  ExpectOneError(jobdw + "#DW stage_in source=/a destination=$DW_JOB_STRIPEDX/a\n", 2,
+                 "is not a name under $DW_JOB_STRIPED");
+  for (const char* bad : {"../x", "a/b", "Train", "", "-a", "a_b", "."}) {
+    ExpectOneError(jobdw + "#DW stage_in source=/a destination=$DW_JOB_STRIPED/" + bad + "\n", 2,
+                   "destination name");
+  }
+  std::string long_name(cli::kMaxStageInNameLength + 1, 'a');
+  ExpectOneError(jobdw + "#DW stage_in source=/a destination=$DW_JOB_STRIPED/" + long_name + "\n",
+                 2, "destination name");
+  ExpectOneError(jobdw +
+                     "#DW stage_in source=/a destination=$DW_JOB_STRIPED/x\n"
+                     "#DW stage_in source=/b destination=$DW_JOB_STRIPED/x\n",
+                 3, "is already staged in on line 2");
+  ExpectOneError("#SBATCH -N1\n#DW stage_in source=/a destination=$DW_JOB_STRIPED/x\n", 2,
+                 "needs a job-scoped instance");
+  ExpectOneError(jobdw + jobdw, 2, "a second #DW jobdw (the first is on line 1)");
+}
+
+TEST(SlurmDirectivesTest, PersistentDwRules) {
+  ExpectOneError("#DW persistentdw\n", 1, "name= is missing");
+  ExpectOneError("#DW persistentdw name=ImageNet\n", 1, "is not a dataset name");
+  ExpectOneError("#DW persistentdw name=a\n#DW persistentdw name=a\n", 2,
+                 "is already named on line 1");
+}
+
+TEST(SlurmDirectivesTest, EveryProblemIsReportedInLineOrder) {
+  DirectiveParse parse = ParseJobDirectives(
+      "#!/bin/bash\n"
+      "#DW stage_in source=rel destination=/x\n"
+      "#DW swap 1GiB\n"
+      "#DW jobdw capacity=big\n");
+  std::vector<int> lines;
+  for (const cli::DirectiveError& e : parse.errors) lines.push_back(e.line);
+  EXPECT_EQ(lines, (std::vector<int>{2, 2, 3, 4})) << ::testing::PrintToString(Errors(parse));
+}
+
+// The rules that look at the world, over a real store and real directories.
+class SlurmValidateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_url_ = "sqlite://" + dir_.path() + "/granary.db";
+    source_ = dir_.path() + "/train";
+    ASSERT_EQ(mkdir(source_.c_str(), 0755), 0);
+    testing::WriteAll(source_ + "/a.jpg", "bytes");
+    auto store = OpenMetadataStore(store_url_);
+    ASSERT_OK(store);
+    store_ = std::move(*store);
+    ASSERT_OK(store_->Heartbeat(testing::MakeNode("node-1", "gpu"), std::chrono::hours(1)));
+    ASSERT_OK(store_->CreateDataset(testing::MakeDataset("coco")));
+  }
+
+  DirectiveParse Check(const std::string& script) {
+    DirectiveParse parse = ParseJobDirectives(script);
+    Status s = cli::CheckJobDirectives(parse, store_.get());
+    EXPECT_OK(s);
+    return parse;
+  }
+
+  void ExpectOneCheckError(const std::string& script, int line, const std::string& part) {
+    DirectiveParse parse = Check(script);
+    ASSERT_EQ(parse.errors.size(), 1u) << ::testing::PrintToString(Errors(parse));
+    EXPECT_EQ(parse.errors[0].line, line);
+    EXPECT_NE(parse.errors[0].reason.find(part), std::string::npos) << parse.errors[0].reason;
+  }
+
+  // `granary slurm validate` on `script` written to a file.
+  int Validate(const std::string& script, std::string* out, std::string* err, bool json = false) {
+    std::string path = dir_.Join("job.sh");
+    testing::WriteAll(path, script);
+    std::vector<std::string> args = {"--store", store_url_, "slurm", "validate", path};
+    if (json) args.insert(args.begin(), {"-o", "json"});
+    std::ostringstream o;
+    std::ostringstream e;
+    int code = RunCli(args, o, e, false);
+    *out = o.str();
+    *err = e.str();
+    return code;
+  }
+
+  testing::TempDir dir_;
+  std::string store_url_;
+  std::string source_;
+  std::unique_ptr<MetadataStore> store_;
+};
+
+TEST_F(SlurmValidateTest, AcceptsAGoodScript) {
+  DirectiveParse parse = Check("#DW jobdw capacity=1GiB pool=gpu\n#DW stage_in source=" + source_ +
+                               " destination=$DW_JOB_STRIPED/train\n#DW persistentdw name=coco\n");
+  EXPECT_TRUE(parse.errors.empty()) << ::testing::PrintToString(Errors(parse));
+}
+
+TEST_F(SlurmValidateTest, SourceMustBeAnExistingDirectory) {
+  std::string jobdw = kJobDw;
+  ExpectOneCheckError(
+      jobdw + "#DW stage_in source=" + source_ + "/missing destination=$DW_JOB_STRIPED/x\n", 2,
+      "does not exist");
+  ExpectOneCheckError(
+      jobdw + "#DW stage_in source=" + source_ + "/a.jpg/sub destination=$DW_JOB_STRIPED/x\n", 2,
+      "does not exist");
+  ExpectOneCheckError(
+      jobdw + "#DW stage_in source=" + source_ + "/a.jpg destination=$DW_JOB_STRIPED/x\n", 2,
+      "is not a directory");
+}
+
+TEST_F(SlurmValidateTest, PoolMustHaveALiveNode) {
+  ExpectOneCheckError("#DW jobdw capacity=1GiB pool=cpu\n", 1,
+                      "unknown pool 'cpu'; the pools with live cache nodes are gpu");
+  // Without pool= the default pool is used and not checked here.
+  EXPECT_TRUE(Check("#DW jobdw capacity=1GiB\n").errors.empty());
+}
+
+TEST_F(SlurmValidateTest, PersistentDatasetMustExist) {
+  ExpectOneCheckError("#DW persistentdw name=coco\n#DW persistentdw name=imagenet\n", 2,
+                      "dataset 'imagenet' does not exist; create it first");
+}
+
+TEST_F(SlurmValidateTest, CommandPrintsTheDirectivesOrEveryProblem) {
+  std::string out;
+  std::string err;
+  ASSERT_EQ(Validate("#!/bin/bash\n#DW jobdw capacity=1GiB pool=gpu\n#DW stage_in source=" +
+                         source_ + " destination=$DW_JOB_STRIPED/train\n",
+                     &out, &err),
+            kCliOk)
+      << err;
+  EXPECT_NE(out.find("line 2: jobdw 1.00 GiB in pool gpu"), std::string::npos) << out;
+  EXPECT_NE(out.find("line 3: stage_in " + source_ + " -> $DW_JOB_STRIPED/train"),
+            std::string::npos)
+      << out;
+
+  ASSERT_EQ(Validate("#DW persistentdw name=coco\n", &out, &err, /*json=*/true), kCliOk) << err;
+  auto json = nlohmann::json::parse(out);
+  EXPECT_TRUE(json["jobdw"].is_null());
+  ASSERT_EQ(json["persistentdw"].size(), 1u);
+  EXPECT_EQ(json["persistentdw"][0]["name"], "coco");
+  EXPECT_EQ(json["persistentdw"][0]["line"], 1);
+
+  ASSERT_EQ(Validate("#!/bin/bash\n#DW jobdw capacity=1GiB pool=cpu\n#DW stage_in source=" +
+                         source_ + "/nope destination=/tmp/x\n#DW persistentdw name=nope\n",
+                     &out, &err),
+            kCliUsage);
+  EXPECT_NE(err.find("line 2: #DW jobdw: unknown pool 'cpu'"), std::string::npos) << err;
+  EXPECT_NE(err.find("line 3: #DW stage_in: destination '/tmp/x' is outside"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("line 4: #DW persistentdw: dataset 'nope' does not exist"), std::string::npos)
+      << err;
+
+  std::ostringstream o;
+  std::ostringstream e;
+  EXPECT_EQ(
+      RunCli({"--store", store_url_, "slurm", "validate", dir_.Join("absent.sh")}, o, e, false),
+      kCliNotFound);
+  EXPECT_NE(e.str().find("reading the job script"), std::string::npos) << e.str();
+}
+
+TEST_F(SlurmValidateTest, NoStoreNeededWithoutPoolOrPersistentDw) {
+  std::string path = dir_.Join("job.sh");
+  testing::WriteAll(path, "#DW jobdw capacity=1GiB\n");
+  std::ostringstream o;
+  std::ostringstream e;
+  // A store URL that cannot be opened is not touched.
+  EXPECT_EQ(RunCli({"--store", "redis://127.0.0.1:1/0", "slurm", "validate", path}, o, e, false),
+            kCliOk)
+      << e.str();
+  testing::WriteAll(path, "#DW persistentdw name=coco\n");
+  std::ostringstream o2;
+  std::ostringstream e2;
+  EXPECT_EQ(RunCli({"--store", "redis://127.0.0.1:1/0?timeout_ms=200&retry_ms=200", "slurm",
+                    "validate", path},
+                   o2, e2, false),
+            kCliUnavailable)
+      << e2.str();
+}
+
+}  // namespace
+}  // namespace granary
