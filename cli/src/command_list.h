@@ -12,3 +12,4 @@ GRANARY_CLI_COMMAND(AddStatusCommand)   // cluster_command.cc
 GRANARY_CLI_COMMAND(AddLsCommand)       // ls_command.cc
 GRANARY_CLI_COMMAND(AddCatCommand)      // cat_command.cc
 GRANARY_CLI_COMMAND(AddDoctorCommand)   // doctor_command.cc
+GRANARY_CLI_COMMAND(AddMountCommand)    // mount_command.cc
