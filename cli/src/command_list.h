@@ -13,3 +13,4 @@ GRANARY_CLI_COMMAND(AddLsCommand)       // ls_command.cc
 GRANARY_CLI_COMMAND(AddCatCommand)      // cat_command.cc
 GRANARY_CLI_COMMAND(AddDoctorCommand)   // doctor_command.cc
 GRANARY_CLI_COMMAND(AddMountCommand)    // mount_command.cc
+GRANARY_CLI_COMMAND(AddSlurmCommand)    // slurm_command.cc
