@@ -12,13 +12,13 @@
 
 #include <cerrno>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "granary/core/log.h"
 #include "granary/core/names.h"
+#include "granary/daemon/connection_threads.h"
 
 namespace granary {
 namespace {
@@ -37,11 +37,8 @@ struct HandoffServer::Impl {
   bool stopped = false;
   std::thread accept_thread;
 
-  std::mutex conn_mu;
-  std::map<uint64_t, int> conn_fds;         // guarded by conn_mu
-  std::map<uint64_t, std::thread> threads;  // guarded by conn_mu
-  std::vector<uint64_t> finished;           // guarded by conn_mu
-  uint64_t next_conn = 1;
+  ConnectionThreads connections;
+  std::atomic<uint64_t> next_conn{1};  // connection ids, for logs
 
   std::atomic<uint64_t> handed{0};
   std::atomic<uint64_t> refused{0};
@@ -49,8 +46,7 @@ struct HandoffServer::Impl {
   std::atomic<uint64_t> rejected{0};
 
   void AcceptLoop();
-  void ReapFinished();
-  void Serve(uint64_t id, ScopedFd fd);
+  void Serve(uint64_t id, int fd);
   // Reads exactly n bytes; false at end of stream, on error, or when stopping.
   bool ReadExact(int fd, char* out, size_t n, bool* clean_eof);
   bool SendReply(int fd, const Status& status, int passed_fd);
@@ -102,13 +98,13 @@ bool HandoffServer::Impl::SendReply(int fd, const Status& status, int passed_fd)
   return rest.empty();
 }
 
-void HandoffServer::Impl::Serve(uint64_t id, ScopedFd fd) {
-  Result<PeerCredentials> peer = PeerCredentialsOf(fd.get());
+void HandoffServer::Impl::Serve(uint64_t id, int fd) {
+  Result<PeerCredentials> peer = PeerCredentialsOf(fd);
   char header[handoff::kHeaderSize];
   std::string body;
   while (peer.ok() && !stopping) {
     bool eof = false;
-    if (!ReadExact(fd.get(), header, sizeof(header), &eof)) {
+    if (!ReadExact(fd, header, sizeof(header), &eof)) {
       if (!eof && !stopping) protocol_errors.fetch_add(1, std::memory_order_relaxed);
       break;
     }
@@ -120,11 +116,11 @@ void HandoffServer::Impl::Serve(uint64_t id, ScopedFd fd) {
       // The stream is out of step: say why, then close.
       protocol_errors.fetch_add(1, std::memory_order_relaxed);
       log->debug("handoff connection {}: {}", id, h.status().ToString());
-      (void)SendReply(fd.get(), h.status(), -1);
+      (void)SendReply(fd, h.status(), -1);
       break;
     }
     body.assign(h->body_size, '\0');
-    if (h->body_size > 0 && !ReadExact(fd.get(), body.data(), body.size(), &eof)) {
+    if (h->body_size > 0 && !ReadExact(fd, body.data(), body.size(), &eof)) {
       protocol_errors.fetch_add(1, std::memory_order_relaxed);
       break;
     }
@@ -132,44 +128,26 @@ void HandoffServer::Impl::Serve(uint64_t id, ScopedFd fd) {
     if (!request.ok()) {
       // Well framed: the stream is in step; answer and keep the connection.
       protocol_errors.fetch_add(1, std::memory_order_relaxed);
-      if (!SendReply(fd.get(), request.status(), -1)) break;
+      if (!SendReply(fd, request.status(), -1)) break;
       continue;
     }
     Result<ScopedFd> chunk = resolver(*peer, *request);
     if (!chunk.ok()) {
       refused.fetch_add(1, std::memory_order_relaxed);
-      if (!SendReply(fd.get(), chunk.status(), -1)) break;
+      if (!SendReply(fd, chunk.status(), -1)) break;
       continue;
     }
-    if (!SendReply(fd.get(), Status::Ok(), chunk->get())) break;
+    if (!SendReply(fd, Status::Ok(), chunk->get())) break;
     handed.fetch_add(1, std::memory_order_relaxed);
   }
-  ::shutdown(fd.get(), SHUT_RDWR);
-  std::lock_guard<std::mutex> lock(conn_mu);
-  conn_fds.erase(id);
-  finished.push_back(id);
-}
-
-void HandoffServer::Impl::ReapFinished() {
-  std::vector<std::thread> done;
-  {
-    std::lock_guard<std::mutex> lock(conn_mu);
-    for (uint64_t id : finished) {
-      auto it = threads.find(id);
-      if (it == threads.end()) continue;
-      done.push_back(std::move(it->second));
-      threads.erase(it);
-    }
-    finished.clear();
-  }
-  for (std::thread& t : done) t.join();
+  // ConnectionThreads shuts the connection down and closes it.
 }
 
 void HandoffServer::Impl::AcceptLoop() {
   while (!stopping) {
     pollfd fds[2] = {{listen_fd.get(), POLLIN, 0}, {wake_fd.get(), POLLIN, 0}};
     const int n = ::poll(fds, 2, 1000);
-    ReapFinished();
+    connections.ReapFinished();
     if (n < 0 && errno != EINTR) {
       log->error("poll on the handoff socket {} failed: {}", Quoted(options.path),
                  ErrnoText(errno));
@@ -180,18 +158,15 @@ void HandoffServer::Impl::AcceptLoop() {
     Result<ScopedFd> accepted = AcceptUnix(listen_fd.get());
     if (!accepted.ok()) continue;
     ScopedFd fd = std::move(*accepted);
-    std::lock_guard<std::mutex> lock(conn_mu);
-    if (conn_fds.size() >= options.max_connections) {
+    const uint64_t id = next_conn++;
+    if (!connections.Start(fd, options.max_connections,
+                           [this, id](int conn) { Serve(id, conn); })) {
       rejected.fetch_add(1, std::memory_order_relaxed);
       (void)SendWithFds(fd.get(), handoff::EncodeReply(Status::ResourceExhausted(
                                       "the cache node's handoff socket serves at most " +
                                       std::to_string(options.max_connections) +
                                       " connections at once; close idle ones")));
-      continue;
     }
-    const uint64_t id = next_conn++;
-    conn_fds[id] = fd.get();
-    threads[id] = std::thread([this, id, raw = fd.Release()] { Serve(id, ScopedFd(raw)); });
   }
 }
 
@@ -232,13 +207,7 @@ void HandoffServer::Stop() {
   const uint64_t one = 1;
   (void)!::write(i.wake_fd.get(), &one, sizeof(one));
   if (i.accept_thread.joinable()) i.accept_thread.join();
-  std::map<uint64_t, std::thread> threads;
-  {
-    std::lock_guard<std::mutex> lock(i.conn_mu);
-    for (const auto& [id, fd] : i.conn_fds) ::shutdown(fd, SHUT_RDWR);
-    threads.swap(i.threads);
-  }
-  for (auto& [id, t] : threads) t.join();
+  i.connections.StopAll();
   i.listen_fd.Reset();
   ::unlink(i.options.path.c_str());
 }

@@ -25,6 +25,7 @@
 #include "granary/core/sidecar_protocol.h"
 #include "granary/core/unix_socket.h"
 #include "granary/daemon/config_keys.h"
+#include "granary/daemon/connection_threads.h"
 #include "granary/daemon/observability.h"
 #include "granary/sidecar/sample_cache.h"
 #include "granary/sidecar/sample_fetcher.h"
@@ -63,11 +64,8 @@ struct Sidecar::Impl {
   std::thread refresh_thread;
   std::vector<std::thread> workers;
 
-  std::mutex conn_mu;
-  std::map<uint64_t, int> conn_fds;  // open connections
-  std::map<uint64_t, std::thread> conn_threads;
-  std::vector<uint64_t> finished;  // threads to join
-  uint64_t next_conn = 1;
+  ConnectionThreads connections;
+  std::atomic<uint64_t> next_conn{1};  // connection ids, for logs
 
   std::mutex caches_mu;
   std::map<std::string, std::shared_ptr<SampleCache>> caches;
@@ -266,11 +264,7 @@ struct Sidecar::Impl {
       }
       SampleCacheStats total;
       for (const std::shared_ptr<SampleCache>& cache : Caches()) total += cache->Stats();
-      size_t sessions = 0;
-      {
-        std::lock_guard<std::mutex> lock(conn_mu);
-        sessions = conn_fds.size();
-      }
+      const size_t sessions = connections.open();
       metrics.Refresh(total, fetcher->counters(), sessions, &last);
       std::unique_lock<std::mutex> lock(work_mu);
       work_cv.wait_for(lock, std::chrono::milliseconds(250), [&] { return stopping.load(); });
@@ -281,7 +275,7 @@ struct Sidecar::Impl {
     while (!stopping) {
       pollfd fds[2] = {{listen_fd.get(), POLLIN, 0}, {wake_fd.get(), POLLIN, 0}};
       const int n = ::poll(fds, 2, 1000);
-      ReapFinished();
+      connections.ReapFinished();
       if (n < 0 && errno != EINTR) {
         log->error("poll on the sidecar socket failed: {}", std::strerror(errno));
         return;
@@ -294,8 +288,9 @@ struct Sidecar::Impl {
       // Connections are served with blocking I/O on their own thread.
       const int flags = ::fcntl(fd.get(), F_GETFL);
       ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
-      std::lock_guard<std::mutex> lock(conn_mu);
-      if (conn_fds.size() >= config.max_clients) {
+      const uint64_t id = next_conn++;
+      if (!connections.Start(fd, config.max_clients,
+                             [this, id](int conn) { ServeConnection(id, conn); })) {
         metrics.rejected_clients->Increment();
         const std::string error = sp::EncodeError(
             0,
@@ -305,28 +300,8 @@ struct Sidecar::Impl {
                                       "max_clients"),
             /*closing=*/true);
         (void)SendWithFds(fd.get(), error);
-        continue;
       }
-      const uint64_t id = next_conn++;
-      conn_fds[id] = fd.get();
-      conn_threads[id] =
-          std::thread([this, id, raw = fd.Release()] { ServeConnection(id, ScopedFd(raw)); });
     }
-  }
-
-  void ReapFinished() {
-    std::vector<std::thread> done;
-    {
-      std::lock_guard<std::mutex> lock(conn_mu);
-      for (uint64_t id : finished) {
-        auto it = conn_threads.find(id);
-        if (it == conn_threads.end()) continue;
-        done.push_back(std::move(it->second));
-        conn_threads.erase(it);
-      }
-      finished.clear();
-    }
-    for (std::thread& t : done) t.join();
   }
 
   // ---- one connection -------------------------------------------------------------------
@@ -342,7 +317,7 @@ struct Sidecar::Impl {
     size_t next = 0;
   };
 
-  void ServeConnection(uint64_t id, ScopedFd fd) {
+  void ServeConnection(uint64_t id, int conn) {
     Session session;
     session.conn = id;
     metrics.sessions_opened->Increment();
@@ -352,7 +327,7 @@ struct Sidecar::Impl {
     while (open && !stopping) {
       std::vector<ScopedFd> fds;  // clients pass none; any that arrive are closed
       Result<size_t> got =
-          ReceiveWithFds(fd.get(), std::span<char>(buffer.data(), buffer.size()), &fds);
+          ReceiveWithFds(conn, std::span<char>(buffer.data(), buffer.size()), &fds);
       if (!got.ok() || *got == 0) {
         if (got.ok() && !decoder.Finish().ok()) metrics.errors_framing->Increment();
         break;
@@ -363,19 +338,16 @@ struct Sidecar::Impl {
         if (!used.ok()) {
           metrics.errors_framing->Increment();
           log->debug("connection {} ({}): {}", id, session.client_name, used.status().ToString());
-          (void)SendAll(fd.get(), sp::EncodeError(0, used.status(), /*closing=*/true), {});
+          (void)SendAll(conn, sp::EncodeError(0, used.status(), /*closing=*/true), {});
           open = false;
           break;
         }
         data.remove_prefix(*used);
-        if (decoder.has_frame()) open = HandleFrame(fd.get(), &session, decoder.TakeFrame());
+        if (decoder.has_frame()) open = HandleFrame(conn, &session, decoder.TakeFrame());
       }
     }
+    // ConnectionThreads shuts the connection down and closes it.
     if (session.cache != nullptr) session.cache->DropClient(session.client);
-    ::shutdown(fd.get(), SHUT_RDWR);
-    std::lock_guard<std::mutex> lock(conn_mu);
-    conn_fds.erase(id);
-    finished.push_back(id);
   }
 
   Status SendAll(int fd, std::string_view bytes, std::span<const int> fds) {
@@ -678,20 +650,11 @@ void Sidecar::Stop() {
   if (i.wake_fd.valid()) (void)::write(i.wake_fd.get(), &one, sizeof(one));
   if (i.accept_thread.joinable()) i.accept_thread.join();
   ::unlink(i.config.socket_path.c_str());
-  {
-    std::lock_guard<std::mutex> lock(i.conn_mu);
-    for (auto& [id, fd] : i.conn_fds) ::shutdown(fd, SHUT_RDWR);
-  }
+  i.connections.ShutdownAll();
   i.SignalWork();
   for (std::thread& t : i.workers) t.join();
   if (i.refresh_thread.joinable()) i.refresh_thread.join();
-  std::map<uint64_t, std::thread> threads;
-  {
-    std::lock_guard<std::mutex> lock(i.conn_mu);
-    threads.swap(i.conn_threads);
-    i.finished.clear();
-  }
-  for (auto& [id, t] : threads) t.join();
+  i.connections.JoinAll();
   if (i.observability != nullptr) i.observability->Stop();
   i.log->info("stopped");
 }
