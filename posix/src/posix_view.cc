@@ -31,6 +31,8 @@ struct OpenFile {
 };
 
 constexpr uint32_t kBlockSize = 4096;
+// A pin kept between the reads of a file is dropped after this long unused.
+constexpr std::chrono::milliseconds kPinIdle{1000};
 
 PosixView* ViewOf(fuse_req_t req) { return static_cast<PosixView*>(fuse_req_userdata(req)); }
 
@@ -100,6 +102,15 @@ struct PosixView::Callbacks {
     // Nothing is ever invalidated: attributes never change.
     conn->want &= ~static_cast<unsigned>(FUSE_CAP_AUTO_INVAL_DATA);
     conn->time_gran = 1;
+    // No OPEN/RELEASE (nor OPENDIR/RELEASEDIR) round trip per file: the
+    // kernel then opens with keep_cache (and cache_dir) by itself, so a warm
+    // open is as cheap as a local one. Reads carry no file handle then.
+    if ((conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) != 0) conn->want |= FUSE_CAP_NO_OPEN_SUPPORT;
+    if ((conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) != 0) {
+      conn->want |= FUSE_CAP_NO_OPENDIR_SUPPORT;
+    }
+    v->no_open_ = (conn->want & FUSE_CAP_NO_OPEN_SUPPORT) != 0;
+    v->no_opendir_ = (conn->want & FUSE_CAP_NO_OPENDIR_SUPPORT) != 0;
     {
       std::lock_guard<std::mutex> lock(v->state_mu_);
       v->initialized_ = true;
@@ -143,6 +154,10 @@ struct PosixView::Callbacks {
     }
     if (!v.tree_.IsDirectory(ino)) {
       fuse_reply_err(req, ENOTDIR);
+      return;
+    }
+    if (v.no_opendir_) {
+      fuse_reply_err(req, ENOSYS);  // never asked again
       return;
     }
     fi->cache_readdir = 1;
@@ -220,6 +235,10 @@ struct PosixView::Callbacks {
       return;
     }
     v.counters_.opens.fetch_add(1, std::memory_order_relaxed);
+    if (v.no_open_) {
+      fuse_reply_err(req, ENOSYS);  // success, and no OPEN again (keep_cache implied)
+      return;
+    }
     auto file = std::make_unique<OpenFile>();
     file->id = v.tree_.SampleOf(ino);
     file->size = v.tree_.Size(ino);
@@ -236,14 +255,89 @@ struct PosixView::Callbacks {
     }
   }
 
-  static void Read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, fuse_file_info* fi) {
+  // One sample pinned through the reader, or an errno (logged).
+  static std::shared_ptr<PinnedSample> AcquireFor(PosixView& v, SampleId id, uint64_t size,
+                                                  int* error) {
+    Result<std::unique_ptr<PinnedSample>> acquired = v.reader_->Acquire(id);
+    if (!acquired.ok()) {
+      const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
+      if (errors <= 20 || errors % 1000 == 0) {
+        GetLogger("posix")->warn("read of {} in dataset {}: {} (EIO to the reader; {} so far)",
+                                 Quoted(v.tree_.PathOf(MountTree::InodeOfSample(id))),
+                                 Quoted(v.options_.dataset), acquired.status().message(), errors);
+      }
+      *error = EIO;
+      return nullptr;
+    }
+    if ((*acquired)->bytes().size() != size) {
+      const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
+      GetLogger("posix")->error(
+          "read of sample {} in dataset {}: the reader gave {} bytes, the manifest says {} (EIO "
+          "to the reader; {} so far)",
+          id, Quoted(v.options_.dataset), (*acquired)->bytes().size(), size, errors);
+      *error = EIO;
+      return nullptr;
+    }
+    v.counters_.acquires.fetch_add(1, std::memory_order_relaxed);
+    return std::shared_ptr<PinnedSample>(std::move(*acquired));
+  }
+
+  static void ReplyFrom(PosixView& v, fuse_req_t req, const std::shared_ptr<PinnedSample>& pin,
+                        uint64_t offset, size_t size) {
+    const std::string_view bytes = pin->bytes();
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(size, bytes.size() - offset));
+    v.counters_.read_bytes.fetch_add(n, std::memory_order_relaxed);
+    // Straight from the pinned bytes (the sidecar's arena) into the reply.
+    fuse_reply_buf(req, bytes.data() + offset, n);
+  }
+
+  // A read without an open file (no_open): the pin is kept between the
+  // reads of one file in a small table; the first read of a file hints.
+  static void ReadByInode(PosixView& v, fuse_req_t req, fuse_ino_t ino, size_t size,
+                          uint64_t offset) {
+    if (!v.tree_.Valid(ino) || v.tree_.IsDirectory(ino)) {
+      fuse_reply_err(req, EISDIR);
+      return;
+    }
+    const SampleId id = v.tree_.SampleOf(ino);
+    const uint64_t file_size = v.tree_.Size(ino);
+    if (offset >= file_size || size == 0) {
+      fuse_reply_buf(req, nullptr, 0);
+      return;
+    }
+    const bool reaches_end = offset + size >= file_size;
+    std::shared_ptr<PinnedSample> pin = v.FindPin(id, reaches_end);
+    if (pin == nullptr) {
+      if (offset == 0) {
+        const std::vector<SampleId> hints = v.readahead_.OnOpen(id);
+        if (!hints.empty()) {
+          v.counters_.hinted.fetch_add(hints.size(), std::memory_order_relaxed);
+          v.reader_->Hint(hints);
+        }
+      }
+      int error = 0;
+      pin = AcquireFor(v, id, file_size, &error);
+      if (pin == nullptr) {
+        fuse_reply_err(req, error);
+        return;
+      }
+      if (!reaches_end) v.KeepPin(id, pin);
+    }
+    ReplyFrom(v, req, pin, offset, size);
+  }
+
+  static void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
     PosixView& v = *ViewOf(req);
-    OpenFile* file = FileOf(fi);
     v.counters_.reads.fetch_add(1, std::memory_order_relaxed);
     if (off < 0) {
       fuse_reply_err(req, EINVAL);
       return;
     }
+    if (fi->fh == 0) {
+      ReadByInode(v, req, ino, size, static_cast<uint64_t>(off));
+      return;
+    }
+    OpenFile* file = FileOf(fi);
     const auto offset = static_cast<uint64_t>(off);
     if (offset >= file->size || size == 0) {
       fuse_reply_buf(req, nullptr, 0);
@@ -256,48 +350,21 @@ struct PosixView::Callbacks {
     int error = 0;
     {
       std::lock_guard<std::mutex> lock(file->mu);
-      if (file->pin == nullptr) {
-        Result<std::unique_ptr<PinnedSample>> acquired = v.reader_->Acquire(file->id);
-        if (!acquired.ok()) {
-          const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
-          if (errors <= 20 || errors % 1000 == 0) {
-            GetLogger("posix")->warn("read of {} in dataset {}: {} (EIO to the reader; {} so far)",
-                                     Quoted(v.tree_.PathOf(MountTree::InodeOfSample(file->id))),
-                                     Quoted(v.options_.dataset), acquired.status().message(),
-                                     errors);
-          }
-          error = EIO;
-        } else if ((*acquired)->bytes().size() != file->size) {
-          const uint64_t errors = v.counters_.read_errors.fetch_add(1) + 1;
-          GetLogger("posix")->error(
-              "read of sample {} in dataset {}: the reader gave {} bytes, the manifest says {} "
-              "(EIO to the reader; {} so far)",
-              file->id, Quoted(v.options_.dataset), (*acquired)->bytes().size(), file->size,
-              errors);
-          error = EIO;
-        } else {
-          file->pin = std::move(*acquired);
-          v.counters_.acquires.fetch_add(1, std::memory_order_relaxed);
-        }
-      }
+      if (file->pin == nullptr) file->pin = AcquireFor(v, file->id, file->size, &error);
       pin = file->pin;
       // The page cache has the file once this is replied; a later read (pages
       // evicted) pins it again.
       if (offset + size >= file->size) file->pin.reset();
     }
-    if (error != 0) {
+    if (pin == nullptr) {
       fuse_reply_err(req, error);
       return;
     }
-    const std::string_view bytes = pin->bytes();
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(size, bytes.size() - offset));
-    v.counters_.read_bytes.fetch_add(n, std::memory_order_relaxed);
-    // Straight from the pinned bytes (the sidecar's arena) into the reply.
-    fuse_reply_buf(req, bytes.data() + offset, n);
+    ReplyFrom(v, req, pin, offset, size);
   }
 
   static void Release(fuse_req_t req, fuse_ino_t /*ino*/, fuse_file_info* fi) {
-    delete FileOf(fi);
+    if (fi->fh != 0) delete FileOf(fi);
     fuse_reply_err(req, 0);
   }
 
@@ -399,7 +466,8 @@ PosixView::PosixView(PosixViewOptions options, MountTree tree,
       readahead_(options_.readahead_order != nullptr
                      ? options_.readahead_order
                      : ReadaheadOrder::ManifestOrder(tree_.sample_count()),
-                 &tree_.manifest(), options_.readahead) {}
+                 &tree_.manifest(), options_.readahead),
+      max_pins_(2 * static_cast<size_t>(options_.threads) + 8) {}
 
 Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
                                                     std::shared_ptr<const Manifest> manifest,
@@ -488,7 +556,11 @@ void PosixView::Serve() {
   // Bounded by Stop() (the event) or the kernel ending the mount.
   while (true) {
     pollfd fds[2] = {{fd, POLLIN, 0}, {stop_event_.get(), POLLIN, 0}};
-    const int ready = poll(fds, 2, -1);
+    const int ready = poll(fds, 2, static_cast<int>(kPinIdle.count()));
+    if (ready == 0) {
+      ExpirePins();
+      continue;
+    }
     if (ready < 0) {
       if (errno == EINTR) continue;
       GetLogger("posix")->error("serving {}: poll: {}", Quoted(options_.mount_point),
@@ -542,10 +614,54 @@ void PosixView::Stop() {
     fuse_session_unmount(session_);
     fuse_session_destroy(session_);
     session_ = nullptr;
+    std::lock_guard<std::mutex> lock(pins_mu_);
+    pins_.clear();
+    pin_order_.clear();
     GetLogger("posix")->info("dataset {} unmounted from {}", Quoted(options_.dataset),
                              Quoted(options_.mount_point));
   }
   MarkEnded();
+}
+
+std::shared_ptr<PinnedSample> PosixView::FindPin(SampleId id, bool reaches_end) {
+  std::lock_guard<std::mutex> lock(pins_mu_);
+  auto it = pins_.find(id);
+  if (it == pins_.end()) return nullptr;
+  std::shared_ptr<PinnedSample> pin = it->second->pin;
+  if (reaches_end) {
+    pin_order_.erase(it->second);
+    pins_.erase(it);
+  }
+  return pin;
+}
+
+void PosixView::KeepPin(SampleId id, std::shared_ptr<PinnedSample> pin) {
+  std::vector<std::shared_ptr<PinnedSample>> dropped;  // released outside the lock
+  std::lock_guard<std::mutex> lock(pins_mu_);
+  if (pins_.count(id) != 0) return;
+  pin_order_.push_back(KeptPin{id, std::move(pin), std::chrono::steady_clock::now()});
+  pins_.emplace(id, std::prev(pin_order_.end()));
+  while (pins_.size() > max_pins_) {
+    pins_.erase(pin_order_.front().id);
+    dropped.push_back(std::move(pin_order_.front().pin));
+    pin_order_.pop_front();
+  }
+}
+
+void PosixView::ExpirePins() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<PinnedSample>> dropped;
+  std::lock_guard<std::mutex> lock(pins_mu_);
+  while (!pin_order_.empty() && now - pin_order_.front().kept >= kPinIdle) {
+    pins_.erase(pin_order_.front().id);
+    dropped.push_back(std::move(pin_order_.front().pin));
+    pin_order_.pop_front();
+  }
+}
+
+size_t PosixView::kept_pins() {
+  std::lock_guard<std::mutex> lock(pins_mu_);
+  return pins_.size();
 }
 
 PosixView::Counters PosixView::counters() const {

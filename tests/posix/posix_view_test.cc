@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/time.h>
@@ -230,8 +231,9 @@ TEST_F(PosixViewTest, WalkAndReadEqualTheDatasetByteForByte) {
   ASSERT_EQ(statvfs(mnt_.c_str(), &sv), 0);
   EXPECT_NE(sv.f_flag & ST_RDONLY, 0u);
   EXPECT_EQ(sv.f_files, view_->tree().max_inode());
-  // Everything read and closed: no pin is held.
-  EXPECT_EQ(reader_->live_pins(), 0);
+  // Everything read: no pin is held (pins kept between reads of a file expire).
+  EXPECT_TRUE(testing::WaitFor([&] { return reader_->live_pins() == 0; }, seconds(10)))
+      << reader_->live_pins();
   // A missing name is ENOENT, under a file ENOTDIR.
   EXPECT_NE(stat((mnt_ + "/train/n09").c_str(), &st), 0);
   EXPECT_EQ(errno, ENOENT);
@@ -258,8 +260,17 @@ TEST_F(PosixViewTest, LargeFileReadsAtAnyOffset) {
   }
   close(fd);
   EXPECT_EQ(ReadWhole(mnt_ + "/big/blob.bin"), want);
+  // mmap reads through the page cache.
+  const int mfd = open((mnt_ + "/big/blob.bin").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(mfd, 0);
+  void* map = mmap(nullptr, want.size(), PROT_READ, MAP_SHARED, mfd, 0);
+  ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+  EXPECT_EQ(std::string_view(static_cast<const char*>(map), want.size()), want);
+  munmap(map, want.size());
+  close(mfd);
   EXPECT_EQ(ReadWhole(mnt_ + "/empty"), "");
-  EXPECT_EQ(reader_->live_pins(), 0);
+  EXPECT_TRUE(testing::WaitFor([&] { return reader_->live_pins() == 0; }, seconds(10)))
+      << reader_->live_pins() << " pins, " << view_->kept_pins() << " kept";
 }
 
 TEST_F(PosixViewTest, EveryWriteLikeCallIsReadOnly) {
@@ -304,7 +315,7 @@ TEST_F(PosixViewTest, EveryWriteLikeCallIsReadOnly) {
   EXPECT_NE(stat((mnt_ + "/new").c_str(), &st), 0);
   EXPECT_NE(stat((mnt_ + "/newdir").c_str(), &st), 0);
   EXPECT_EQ(access(f.c_str(), R_OK), 0);
-  EXPECT_EQ(reader_->live_pins(), 0);
+  EXPECT_TRUE(testing::WaitFor([&] { return reader_->live_pins() == 0; }, seconds(10)));
 }
 
 TEST_F(PosixViewTest, DotDotAndSymlinksStayInside) {
@@ -369,7 +380,10 @@ TEST_F(PosixViewTest, TheKernelCachesWarmReadsAndMetadata) {
   read_all();
   const PosixView::Counters cold = view_->counters();
   const int acquires = reader_->acquires();
-  EXPECT_EQ(cold.acquires, data_.manifest->sample_count() - 1) << "all but the empty file";
+  // Each file once (all but the empty one); out-of-order kernel reads of the
+  // big one may pin it again.
+  EXPECT_GE(cold.acquires, data_.manifest->sample_count() - 1);
+  EXPECT_LE(cold.acquires, data_.manifest->sample_count() + 8);
   read_all();
   const PosixView::Counters warm = view_->counters();
   // keep_cache: pages stay; long entry/attr timeouts: no lookup or getattr.

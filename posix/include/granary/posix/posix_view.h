@@ -45,10 +45,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "granary/core/file.h"
@@ -119,6 +121,8 @@ class PosixView {
   bool WaitEnded(std::chrono::milliseconds timeout);
 
   Counters counters() const;
+  // Samples pinned between the reads of a file (no_open mode); see below.
+  size_t kept_pins();
 
   // For the FUSE callbacks (posix_view.cc) only.
   struct Callbacks;
@@ -127,6 +131,13 @@ class PosixView {
   PosixView(PosixViewOptions options, MountTree tree, std::shared_ptr<ContentReader> reader);
   void Serve();
   void MarkEnded();
+
+  // Reads without an open file (the kernel's no_open mode): pins kept
+  // between the reads of one file, dropped by the read that reaches its end,
+  // when more than max_pins_ are held (oldest first), or after kPinIdle.
+  std::shared_ptr<PinnedSample> FindPin(SampleId id, bool reaches_end);
+  void KeepPin(SampleId id, std::shared_ptr<PinnedSample> pin);
+  void ExpirePins();
 
   const PosixViewOptions options_;
   const MountTree tree_;
@@ -138,9 +149,22 @@ class PosixView {
   std::vector<std::thread> workers_;
   std::atomic<uint32_t> workers_left_{0};
 
+  struct KeptPin {
+    SampleId id;
+    std::shared_ptr<PinnedSample> pin;
+    std::chrono::steady_clock::time_point kept;
+  };
+  std::mutex pins_mu_;            // guards the two below
+  std::list<KeptPin> pin_order_;  // oldest first
+  std::unordered_map<SampleId, std::list<KeptPin>::iterator> pins_;
+  size_t max_pins_ = 0;
+
   std::mutex state_mu_;  // guards the flags below and pairs with state_cv_
   std::condition_variable state_cv_;
   bool initialized_ = false;  // INIT answered
+  // Set by INIT, before any other request: the kernel sends no OPEN/OPENDIR.
+  std::atomic<bool> no_open_{false};
+  std::atomic<bool> no_opendir_{false};
   bool stopped_ = false;
   std::atomic<bool> ended_{false};
 
