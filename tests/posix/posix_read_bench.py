@@ -1,0 +1,155 @@
+#!/usr/bin/python3
+"""The POSIX view's read figures (docs/posix-view.md, "Figures").
+
+    tests/posix/posix_read_bench.py [--files N] [--build-dir build/release] [--cli BINARY]
+
+Generates an ImageNet-like tree (bench/bench_dataset.py) on local disk, starts
+one granary-cachenode and one granary-sidecar on an SQLite store, creates and
+stages the dataset, then times plain-Python `os.walk` + `open().read()`
+passes (every file, sorted walk order):
+  local_warm      the source tree, already in the page cache
+  mount_cold      through `granary mount`, the kernel's cache and the
+                  sidecar's arena cold (bytes from the cache node), readahead on
+  mount_noahead   the same, with --readahead off
+  mount_warm      a second pass over the same mount (the kernel's page cache)
+Each mount pass is a fresh mount (a fresh kernel cache). The sidecar's arena
+is smaller than the dataset, so a fresh pass finds little of it there.
+Prints one line per pass and the ratios; everything it starts it stops.
+"""
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise RuntimeError("timed out: " + what)
+
+
+def mounted(path):
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path and " fuse.granary " in line for line in f)
+
+
+def read_pass(root):
+    files = 0
+    nbytes = 0
+    t0 = time.perf_counter()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            with open(os.path.join(dirpath, name), "rb") as f:
+                nbytes += len(f.read())
+            files += 1
+    return files, nbytes, time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=3000)
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build", "release"))
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--cli", default=None, help="the granary binary (default: the build dir's)")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build_dir)
+    bins = {"cli": args.cli or f"{build}/cli/granary", "node": f"{build}/cachenode/granary-cachenode",
+            "sidecar": f"{build}/sidecar/granary-sidecar"}
+    work = args.work or tempfile.mkdtemp(prefix="granary-posix-bench-")
+    procs = []
+    env = dict(os.environ, GRANARY_LOG_LEVEL="warn")
+    try:
+        src = f"{work}/src"
+        subprocess.run([sys.executable, f"{ROOT}/bench/bench_dataset.py", "--files",
+                        str(args.files), src], check=True, stdout=subprocess.DEVNULL)
+        store = f"sqlite://{work}/granary.db"
+        port, node_metrics, side_metrics = free_port(), free_port(), free_port()
+        with open(f"{work}/cachenode.yaml", "w") as f:
+            f.write(f"node_id: bench-node\nlisten: 127.0.0.1:{port}\ndata_dir: {work}/cache\n"
+                    f"capacity: 8GiB\nmetadata_store: {store}\n"
+                    f"metrics_listen: 127.0.0.1:{node_metrics}\n"
+                    f"local_socket: {work}/cachenode.sock\nlog_level: warn\n")
+        procs.append(subprocess.Popen([bins["node"], "--config", f"{work}/cachenode.yaml"],
+                                      env=env))
+        sock = f"{work}/sidecar.sock"
+        with open(f"{work}/sidecar.yaml", "w") as f:
+            f.write(f"socket: {sock}\nmetadata_store: {store}\nlocal_node: bench-node\n"
+                    f"local_node_socket: {work}/cachenode.sock\n"
+                    f"metrics_listen: 127.0.0.1:{side_metrics}\nlog_level: warn\n")
+        procs.append(subprocess.Popen([bins["sidecar"], "--config", f"{work}/sidecar.yaml"],
+                                      env=env))
+        wait_for(lambda: os.path.exists(sock), 60, "the sidecar's socket")
+        cli = [bins["cli"], "--store", store]
+        subprocess.run(cli + ["dataset", "create", "bench", "--source", src, "--chunk-size",
+                              "16MiB"], check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(cli + ["dataset", "wait", "bench", "--timeout", "10m"], check=True,
+                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        results = {}
+        read_pass(src)  # into the page cache
+        results["local_warm"] = read_pass(src)
+
+        def mount_passes(name, extra, passes):
+            mnt = f"{work}/mnt-{name}"
+            os.makedirs(mnt, exist_ok=True)
+            p = subprocess.Popen(cli + ["mount", "bench", mnt, "--socket", sock, "--foreground"]
+                                 + extra, env=env, stdout=subprocess.DEVNULL)
+            try:
+                wait_for(lambda: mounted(mnt), 60, "the mount")
+                for label in passes:
+                    results[label] = read_pass(mnt)
+            finally:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=30)
+
+        mount_passes("noahead", ["--readahead", "off"], ["mount_noahead"])
+        mount_passes("ahead", ["--readahead", "manifest"], ["mount_cold", "mount_warm"])
+        mount_passes("noahead2", ["--readahead", "off"], ["mount_noahead_2"])
+        mount_passes("ahead2", ["--readahead", "manifest"], ["mount_cold_2"])
+
+        for label, (files, nbytes, seconds) in results.items():
+            print(f"{label:16s} {files} files {nbytes / 2**20:8.1f} MiB {seconds:7.3f} s "
+                  f"{files / seconds:9.0f} files/s {nbytes / 2**20 / seconds:8.1f} MiB/s")
+
+        def speed(label):
+            return results[label][0] / results[label][2]
+
+        print(f"mount_warm / local_warm   {speed('mount_warm') / speed('local_warm'):.2f}")
+        print(f"mount_cold / local_warm   {speed('mount_cold') / speed('local_warm'):.2f}")
+        ahead = (speed("mount_cold") + speed("mount_cold_2")) / 2
+        noahead = (speed("mount_noahead") + speed("mount_noahead_2")) / 2
+        print(f"readahead on / off (cold) {ahead / noahead:.2f}")
+        return 0
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
