@@ -183,8 +183,7 @@ class ChunkReader {
   // As Open, over a descriptor opened elsewhere (read-only is enough): a chunk
   // file a cache node handed over (chunk_handoff.h). `label` names the file in
   // messages.
-  static Result<ChunkReader> FromFd(ScopedFd fd, const std::string& label,
-                                    const ChunkKey& expected,
+  static Result<ChunkReader> FromFd(ScopedFd fd, const std::string& label, const ChunkKey& expected,
                                     std::span<const ChunkSegment> expected_segments);
 
   ChunkReader(ChunkReader&&) noexcept = default;
