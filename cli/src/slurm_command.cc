@@ -4,15 +4,33 @@
 //
 //   granary slurm validate SCRIPT   slurm_bb_job_process: the script's #DW
 //                                   directives, each problem with its line
+//   granary slurm pools             slurm_bb_pools: capacity per pool (JSON)
+//   granary slurm setup JOB UID GID SCRIPT
+//                                   slurm_bb_setup: the job's stage_in
+//                                   datasets, owned by the job's user
+//   granary slurm data_in JOB SCRIPT
+//                                   slurm_bb_data_in: snapshots them; waits
+//                                   until every dataset of the job is usable
+//   granary slurm paths JOB SCRIPT PATH_FILE
+//                                   slurm_bb_paths: the job's environment
+//   granary slurm teardown JOB      slurm_bb_job_teardown: deletes the job's
+//                                   datasets (idempotent); persistent ones stay
 //
-// The other steps (pools, paths, setup, data_in, teardown) are not written
-// yet; docs/slurm.md says where they stand.
+// setup and data_in run the `granary dataset` commands in-process (RunCli),
+// so a job's dataset is made exactly as a user's is.
+
+#include <fcntl.h>
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "cli_context.h"
+#include "granary/cli/cli.h"
+#include "granary/core/config.h"
 #include "granary/core/file.h"
 #include "granary/core/names.h"
 #include "slurm_directives.h"
@@ -82,6 +100,166 @@ Status Validate(CliContext& c, const std::string& script_path) {
   return Status::Ok();
 }
 
+// Reads and checks the script again: the later steps act on what validate
+// accepted, and a script changed since then is an error, not a guess.
+Result<JobDirectives> ReadDirectives(const std::string& job_id, const std::string& script_path) {
+  Result<std::string> script = ReadFileToString(script_path);
+  if (!script.ok()) {
+    return Status(script.status().code(), "job " + job_id + ": reading the job script " +
+                                              Quoted(script_path) + ": " +
+                                              script.status().message());
+  }
+  DirectiveParse parse = ParseJobDirectives(*script);
+  if (!parse.errors.empty()) {
+    return Status::InvalidArgument(
+        "job " + job_id + ": #DW directives not valid: " + parse.errors.front().ToString());
+  }
+  return std::move(parse.directives);
+}
+
+Status CheckJobId(const std::string& job_id) {
+  // JobDatasetName checks the id; any valid name does.
+  return JobDatasetName(job_id, "x").status();
+}
+
+// Runs `granary <args>` in-process against the same store; its error output
+// becomes the Status message (exit code mapped back to the code).
+Status RunNested(CliContext& c, const std::string& what, std::vector<std::string> args) {
+  args.insert(args.begin(), {"--store", c.StoreUrl()});
+  std::ostringstream out;
+  std::ostringstream err;
+  int code = RunCli(args, out, err, /*interactive=*/false);
+  if (code == kCliOk) return Status::Ok();
+  std::string message = what + ": " + err.str();
+  while (!message.empty() && message.back() == '\n') message.pop_back();
+  switch (code) {
+    case kCliUsage:
+      return Status::InvalidArgument(message);
+    case kCliNotFound:
+      return Status::NotFound(message);
+    case kCliUnavailable:
+      return Status::Unavailable(message);
+    case kCliTimeout:
+      return Status::DeadlineExceeded(message);
+    default:
+      return Status::FailedPrecondition(message);
+  }
+}
+
+// {"pools": [{"id", "quantity", "granularity"}]}: each pool with a live cache
+// node and its nodes' capacity in bytes (granularity 1 byte).
+Status Pools(CliContext& c) {
+  GRANARY_RETURN_IF_ERROR(c.OpenStore());
+  GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c.store().ListNodes(""));
+  std::map<std::string, uint64_t> capacity;
+  for (const NodeRecord& n : nodes) capacity[n.pool] += n.capacity_bytes;
+  Json pools = Json::array();
+  for (const auto& [pool, bytes] : capacity) {
+    pools.push_back({{"id", pool}, {"quantity", bytes}, {"granularity", 1}});
+  }
+  c.out() << Json{{"pools", pools}}.dump() << "\n";
+  return Status::Ok();
+}
+
+struct SlurmJobOptions {
+  std::string job_id;
+  std::string uid;
+  std::string gid;
+  std::string script;
+  std::string path_file;
+  std::string job_root = "/run/granary/slurm";
+  std::string timeout = "1h";
+};
+
+Status Setup(CliContext& c, const SlurmJobOptions& o) {
+  GRANARY_RETURN_IF_ERROR(CheckJobId(o.job_id));
+  GRANARY_ASSIGN_OR_RETURN(JobDirectives d, ReadDirectives(o.job_id, o.script));
+  GRANARY_RETURN_IF_ERROR(c.OpenStore());
+  for (const StageInDirective& s : d.stage_ins) {
+    GRANARY_ASSIGN_OR_RETURN(std::string name, JobDatasetName(o.job_id, s.name));
+    // Slurm may run setup again (a retry after slurmctld restarts): a
+    // dataset of this job from the same source is this step done already.
+    Result<DatasetRecord> existing = c.store().GetDataset(name);
+    if (existing.ok() && existing->spec.source_uri == "file://" + s.source) continue;
+    GRANARY_RETURN_IF_ERROR(RunNested(
+        c, "job " + o.job_id + ": creating dataset " + name + " for line " + std::to_string(s.line),
+        {"dataset", "create", name, "--source", s.source, "--pool",
+         d.jobdw ? d.jobdw->pool : std::string(kDefaultPool), "--owner", o.uid + ":" + o.gid,
+         "--no-snapshot"}));
+  }
+  return Status::Ok();
+}
+
+Status DataIn(CliContext& c, const SlurmJobOptions& o) {
+  GRANARY_RETURN_IF_ERROR(CheckJobId(o.job_id));
+  GRANARY_ASSIGN_OR_RETURN(JobDirectives d, ReadDirectives(o.job_id, o.script));
+  for (const StageInDirective& s : d.stage_ins) {
+    GRANARY_ASSIGN_OR_RETURN(std::string name, JobDatasetName(o.job_id, s.name));
+    // Snapshots as the owner when there is no manifest yet; the cache nodes
+    // then stage while the job runs.
+    GRANARY_RETURN_IF_ERROR(
+        RunNested(c, "job " + o.job_id + ": snapshot of " + s.source, {"dataset", "stage", name}));
+    GRANARY_RETURN_IF_ERROR(
+        RunNested(c, "job " + o.job_id + ": waiting for dataset " + name,
+                  {"dataset", "wait", name, "--for", "staging", "--timeout", o.timeout}));
+  }
+  for (const PersistentDwDirective& p : d.persistent) {
+    GRANARY_RETURN_IF_ERROR(
+        RunNested(c, "job " + o.job_id + ": waiting for dataset " + p.name,
+                  {"dataset", "wait", p.name, "--for", "staging", "--timeout", o.timeout}));
+  }
+  return Status::Ok();
+}
+
+Status Paths(CliContext& c, const SlurmJobOptions& o) {
+  GRANARY_RETURN_IF_ERROR(CheckJobId(o.job_id));
+  GRANARY_ASSIGN_OR_RETURN(JobDirectives d, ReadDirectives(o.job_id, o.script));
+  if (!o.job_root.starts_with('/')) {
+    return Status::InvalidArgument("--job-root " + Quoted(o.job_root) + " is not an absolute path");
+  }
+  std::string dataset;
+  if (!d.stage_ins.empty()) {
+    GRANARY_ASSIGN_OR_RETURN(dataset, JobDatasetName(o.job_id, d.stage_ins.front().name));
+  } else if (!d.persistent.empty()) {
+    dataset = d.persistent.front().name;
+  }
+  std::string lines;
+  if (d.jobdw) lines += "DW_JOB_STRIPED=" + o.job_root + "/job-" + o.job_id + "\n";
+  lines += "GRANARY_SOCKET=" + o.job_root + "/job-" + o.job_id + ".sock\n";
+  if (!dataset.empty()) lines += "GRANARY_DATASET=" + dataset + "\n";
+  lines += "GRANARY_STORE=" + c.StoreUrl() + "\n";
+  // Slurm hands over an empty file and reads it back: append, as it expects.
+  Result<ScopedFd> fd = OpenFile(o.path_file, O_WRONLY | O_APPEND);
+  if (!fd.ok()) {
+    return Status(fd.status().code(), "job " + o.job_id + ": opening Slurm's path file " +
+                                          Quoted(o.path_file) + ": " + fd.status().message());
+  }
+  Result<uint64_t> end = FileSize(fd->get(), o.path_file);
+  if (!end.ok()) return end.status();
+  return PwriteFull(fd->get(), lines.data(), lines.size(), *end, o.path_file);
+}
+
+Status Teardown(CliContext& c, const SlurmJobOptions& o) {
+  GRANARY_RETURN_IF_ERROR(CheckJobId(o.job_id));
+  GRANARY_RETURN_IF_ERROR(c.OpenStore());
+  // By name, not from the script: Slurm may tear down a job whose script is
+  // gone, and again after a teardown that half failed.
+  const std::string prefix = std::string(kJobDatasetPrefix) + o.job_id + "-";
+  GRANARY_ASSIGN_OR_RETURN(std::vector<DatasetRecord> datasets, c.store().ListDatasets());
+  int deleted = 0;
+  for (const DatasetRecord& d : datasets) {
+    if (!d.name.starts_with(prefix)) continue;
+    Status s = c.store().DeleteDataset(d.name);
+    if (!s.ok() && s.code() != StatusCode::kNotFound) {
+      return Status(s.code(), "job " + o.job_id + ": deleting dataset " + d.name + ": " +
+                                  s.message() + " (Slurm retries the teardown)");
+    }
+    ++deleted;
+  }
+  c.out() << "job " << o.job_id << ": " << deleted << " job-scoped datasets deleted\n";
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AddSlurmCommand(CLI::App& app, CliContext& context) {
@@ -93,6 +271,38 @@ void AddSlurmCommand(CLI::App& app, CliContext& context) {
       "validate", "Check a job script's #DW directives (slurm_bb_job_process)");
   validate->add_option("script", *script, "The job script")->required();
   context.OnParsed(validate, [&context, script] { return Validate(context, *script); });
+
+  CLI::App* pools = slurm->add_subcommand("pools", "Capacity of each pool (slurm_bb_pools)");
+  context.OnParsed(pools, [&context] { return Pools(context); });
+
+  SlurmJobOptions* o = context.Keep(std::make_unique<SlurmJobOptions>());
+  CLI::App* setup = slurm->add_subcommand("setup", "Create the job's datasets (slurm_bb_setup)");
+  setup->add_option("job_id", o->job_id, "Slurm job id")->required();
+  setup->add_option("uid", o->uid, "The job's user id")->required();
+  setup->add_option("gid", o->gid, "The job's group id")->required();
+  setup->add_option("script", o->script, "The job script")->required();
+  context.OnParsed(setup, [&context, o] { return Setup(context, *o); });
+
+  CLI::App* data_in = slurm->add_subcommand(
+      "data_in", "Snapshot the job's datasets, wait until usable (slurm_bb_data_in)");
+  data_in->add_option("job_id", o->job_id, "Slurm job id")->required();
+  data_in->add_option("script", o->script, "The job script")->required();
+  data_in->add_option("--timeout", o->timeout, "Give up after this long per dataset (1h)");
+  context.OnParsed(data_in, [&context, o] { return DataIn(context, *o); });
+
+  CLI::App* paths = slurm->add_subcommand("paths", "Write the job's environment (slurm_bb_paths)");
+  paths->add_option("job_id", o->job_id, "Slurm job id")->required();
+  paths->add_option("script", o->script, "The job script")->required();
+  paths->add_option("path_file", o->path_file, "The file Slurm reads NAME=value lines from")
+      ->required();
+  paths->add_option("--job-root", o->job_root,
+                    "Where jobs' directories and sockets are on the nodes (/run/granary/slurm)");
+  context.OnParsed(paths, [&context, o] { return Paths(context, *o); });
+
+  CLI::App* teardown = slurm->add_subcommand(
+      "teardown", "Delete the job's datasets; idempotent (slurm_bb_job_teardown)");
+  teardown->add_option("job_id", o->job_id, "Slurm job id")->required();
+  context.OnParsed(teardown, [&context, o] { return Teardown(context, *o); });
 }
 
 }  // namespace granary::cli

@@ -349,4 +349,19 @@ Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
   return Status::Ok();
 }
 
+Result<std::string> JobDatasetName(std::string_view job_id, std::string_view name) {
+  if (job_id.empty() || job_id.size() > 10 ||
+      !std::all_of(job_id.begin(), job_id.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return Status::InvalidArgument("Slurm job id " + Quoted(job_id) +
+                                   " is not a number of 1..10 digits");
+  }
+  std::string dataset =
+      std::string(kJobDatasetPrefix) + std::string(job_id) + "-" + std::string(name);
+  if (!IsDnsLabel(dataset)) {
+    return Status::InvalidArgument("stage_in name " + Quoted(name) + " of job " +
+                                   std::string(job_id) + " does not make a dataset name");
+  }
+  return dataset;
+}
+
 }  // namespace granary::cli

@@ -95,4 +95,8 @@ Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store);
 // Whether CheckJobDirectives asks the store (a pool= or a persistentdw).
 bool NeedsStore(const JobDirectives& directives);
 
+// "slurm-<job_id>-<name>": the dataset a stage_in directive makes for a job.
+// kInvalidArgument unless job_id is 1..10 digits and the result is a DNS label.
+Result<std::string> JobDatasetName(std::string_view job_id, std::string_view name);
+
 }  // namespace granary::cli

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -214,6 +215,16 @@ class SlurmValidateTest : public ::testing::Test {
     EXPECT_NE(parse.errors[0].reason.find(part), std::string::npos) << parse.errors[0].reason;
   }
 
+  int Run(std::vector<std::string> args, std::string* out, std::string* err) {
+    args.insert(args.begin(), {"--store", store_url_});
+    std::ostringstream o;
+    std::ostringstream e;
+    int code = RunCli(args, o, e, false);
+    *out = o.str();
+    *err = e.str();
+    return code;
+  }
+
   // `granary slurm validate` on `script` written to a file.
   int Validate(const std::string& script, std::string* out, std::string* err, bool json = false) {
     std::string path = dir_.Join("job.sh");
@@ -320,6 +331,101 @@ TEST_F(SlurmValidateTest, NoStoreNeededWithoutPoolOrPersistentDw) {
                    o2, e2, false),
             kCliUnavailable)
       << e2.str();
+}
+
+TEST_F(SlurmValidateTest, PoolsSumsTheLiveNodesOfEachPool) {
+  std::string out;
+  std::string err;
+  ASSERT_EQ(Run({"slurm", "pools"}, &out, &err), kCliOk) << err;
+  const uint64_t node_bytes = testing::MakeNode("x").capacity_bytes;
+  EXPECT_EQ(nlohmann::json::parse(out),
+            nlohmann::json::parse(R"({"pools":[{"id":"gpu","quantity":)" +
+                                  std::to_string(node_bytes) + R"(,"granularity":1}]})"));
+  ASSERT_OK(store_->Heartbeat(testing::MakeNode("node-2", "gpu"), std::chrono::hours(1)));
+  ASSERT_OK(store_->Heartbeat(testing::MakeNode("node-3", "cpu"), std::chrono::hours(1)));
+  ASSERT_EQ(Run({"slurm", "pools"}, &out, &err), kCliOk) << err;
+  auto pools = nlohmann::json::parse(out)["pools"];
+  ASSERT_EQ(pools.size(), 2u) << out;
+  EXPECT_EQ(pools[0]["id"], "cpu");
+  EXPECT_EQ(pools[0]["quantity"], node_bytes);
+  EXPECT_EQ(pools[1]["id"], "gpu");
+  EXPECT_EQ(pools[1]["quantity"], 2 * node_bytes);
+}
+
+// setup, data_in, paths and teardown of one job, as Slurm calls them.
+TEST_F(SlurmValidateTest, JobLifecycle) {
+  const std::string script = dir_.Join("job.sh");
+  testing::WriteAll(script,
+                    "#!/bin/bash\n#DW jobdw capacity=1GiB pool=gpu\n"
+                    "#DW stage_in type=directory source=" +
+                        source_ +
+                        " destination=$DW_JOB_STRIPED/train\n#DW persistentdw name=coco\n");
+  const std::string uid = std::to_string(getuid());
+  const std::string gid = std::to_string(getgid());
+  std::string out;
+  std::string err;
+  ASSERT_EQ(Run({"slurm", "setup", "42", uid, gid, script}, &out, &err), kCliOk) << err;
+  auto created = store_->GetDataset("slurm-42-train");
+  ASSERT_OK(created);
+  EXPECT_EQ(created->spec.source_uri, "file://" + source_);
+  EXPECT_EQ(created->spec.pool, "gpu");
+  EXPECT_EQ(created->owner.uid, getuid());
+  EXPECT_TRUE(created->manifest_id.empty());
+  // Slurm may call setup again.
+  ASSERT_EQ(Run({"slurm", "setup", "42", uid, gid, script}, &out, &err), kCliOk) << err;
+
+  // The persistent dataset has no snapshot yet: data_in waits for it, then
+  // gives up with the reason.
+  EXPECT_EQ(Run({"slurm", "data_in", "42", script, "--timeout", "300ms"}, &out, &err), kCliTimeout);
+  EXPECT_NE(err.find("waiting for dataset coco"), std::string::npos) << err;
+  auto staged = store_->GetDataset("slurm-42-train");
+  ASSERT_OK(staged);
+  EXPECT_FALSE(staged->manifest_id.empty());
+  EXPECT_EQ(staged->state.phase, DatasetPhase::kStaging);
+
+  auto coco = store_->GetDataset("coco");
+  ASSERT_OK(coco);
+  coco->state.phase = DatasetPhase::kStaging;
+  ASSERT_OK(store_->UpdateDataset(*coco));
+  ASSERT_EQ(Run({"slurm", "data_in", "42", script, "--timeout", "10s"}, &out, &err), kCliOk) << err;
+
+  const std::string path_file = dir_.Join("paths");
+  testing::WriteAll(path_file, "");
+  ASSERT_EQ(Run({"slurm", "paths", "42", script, path_file, "--job-root", "/run/g"}, &out, &err),
+            kCliOk)
+      << err;
+  EXPECT_EQ(testing::ReadAll(path_file),
+            "DW_JOB_STRIPED=/run/g/job-42\nGRANARY_SOCKET=/run/g/job-42.sock\n"
+            "GRANARY_DATASET=slurm-42-train\nGRANARY_STORE=" +
+                store_url_ + "\n");
+  EXPECT_EQ(Run({"slurm", "paths", "42", script, dir_.Join("none/paths")}, &out, &err),
+            kCliNotFound);
+  EXPECT_NE(err.find("opening Slurm's path file"), std::string::npos) << err;
+
+  // Another job's dataset whose name starts alike is not touched.
+  DatasetRecord other = testing::MakeDataset("slurm-420-train");
+  ASSERT_OK(store_->CreateDataset(other));
+  ASSERT_EQ(Run({"slurm", "teardown", "42"}, &out, &err), kCliOk) << err;
+  EXPECT_NE(out.find("1 job-scoped datasets deleted"), std::string::npos) << out;
+  EXPECT_EQ(store_->GetDataset("slurm-42-train").status().code(), StatusCode::kNotFound);
+  EXPECT_OK(store_->GetDataset("coco"));
+  EXPECT_OK(store_->GetDataset("slurm-420-train"));
+  ASSERT_EQ(Run({"slurm", "teardown", "42"}, &out, &err), kCliOk) << err;
+  EXPECT_NE(out.find("0 job-scoped datasets deleted"), std::string::npos) << out;
+}
+
+TEST_F(SlurmValidateTest, StepsRefuseBadJobIdsAndScripts) {
+  const std::string script = dir_.Join("job.sh");
+  testing::WriteAll(script, "#DW jobdw capacity=1GiB\n#DW stage_in source=/x\n");
+  std::string out;
+  std::string err;
+  EXPECT_EQ(Run({"slurm", "teardown", "4x"}, &out, &err), kCliUsage);
+  EXPECT_NE(err.find("Slurm job id '4x'"), std::string::npos) << err;
+  EXPECT_EQ(Run({"slurm", "setup", "12345678901", "0", "0", script}, &out, &err), kCliUsage);
+  EXPECT_EQ(Run({"slurm", "setup", "7", "0", "0", script}, &out, &err), kCliUsage);
+  EXPECT_NE(err.find("job 7: #DW directives not valid: line 2"), std::string::npos) << err;
+  EXPECT_EQ(Run({"slurm", "data_in", "7", dir_.Join("gone.sh")}, &out, &err), kCliNotFound);
+  EXPECT_NE(err.find("job 7: reading the job script"), std::string::npos) << err;
 }
 
 }  // namespace

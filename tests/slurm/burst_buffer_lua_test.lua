@@ -1,0 +1,107 @@
+--[[
+slurm-plugin/burst_buffer.lua under a plain Lua 5.3 with the real granary
+binary and a real SQLite store: every one of Slurm's eleven functions exists,
+each delegates to `granary slurm` with its arguments quoted (a path with a
+quote and a space in it), and returns slurm.ERROR with granary's message when
+granary fails. The `slurm` table is the small part of Slurm's Lua API the
+script uses (return codes and logging); Slurm itself is not started here.
+
+  GRANARY_BIN=build/cli/granary GRANARY_STORE=sqlite:///tmp/x/granary.db \
+    lua5.3 tests/slurm/burst_buffer_lua_test.lua slurm-plugin/burst_buffer.lua
+--]]
+
+local errors_logged = 0
+slurm = {
+	SUCCESS = 0,
+	ERROR = -1,
+	log_error = function() errors_logged = errors_logged + 1 end,
+	log_info = function() end,
+}
+
+local plugin, work = arg[1], arg[2]
+assert(plugin and work, "usage: burst_buffer_lua_test.lua PLUGIN WORK_DIR")
+dofile(plugin)
+
+local failures = 0
+local function check(cond, what)
+	if not cond then
+		failures = failures + 1
+		io.stderr:write("FAIL: " .. what .. "\n")
+	end
+end
+local function write(path, text)
+	local f = assert(io.open(path, "w"))
+	f:write(text)
+	f:close()
+end
+local function read(path)
+	local f = assert(io.open(path, "r"))
+	local text = f:read("*a")
+	f:close()
+	return text
+end
+
+for _, name in ipairs({ "job_process", "pools", "job_teardown", "setup", "data_in", "real_size",
+	"paths", "pre_run", "post_run", "data_out", "get_status" }) do
+	check(type(_G["slurm_bb_" .. name]) == "function", "slurm_bb_" .. name .. " is defined")
+end
+
+-- Scripts and the path file in a directory whose name needs quoting; the
+-- source in one without (a directive's values cannot hold spaces).
+local dir = work .. "/it's a dir"
+local source = work .. "/src"
+assert(os.execute("mkdir -p \"" .. dir .. "\" \"" .. source .. "/cats\""))
+write(source .. "/cats/1.jpg", "meow")
+
+local bad = dir .. "/bad.sh"
+write(bad, "#!/bin/bash\n#DW jobdw capacity=1GiB\n#DW stage_out type=directory\n")
+local rc, msg = slurm_bb_job_process(bad, "1000", "1000", {})
+check(rc == slurm.ERROR, "a bad script is rejected")
+check(msg:find("line 3: #DW stage_out is not supported", 1, true), "the reason: " .. msg)
+check(errors_logged == 1, "the failure is logged")
+
+local good = dir .. "/good.sh"
+write(good, "#!/bin/bash\n#DW jobdw capacity=1GiB\n#DW stage_in type=directory source=" .. source ..
+	" destination=$DW_JOB_STRIPED/pets\nsrun true\n")
+rc, msg = slurm_bb_job_process(good)
+check(rc == slurm.SUCCESS, "a good script is accepted: " .. tostring(msg))
+check(msg:find("stage_in " .. source .. " -> $DW_JOB_STRIPED/pets", 1, true), "validate says " .. msg)
+
+rc, msg = slurm_bb_pools()
+check(rc == slurm.SUCCESS and msg:find('{"pools":[]}', 1, true), "pools without nodes: " .. msg)
+
+local uid, gid = io.popen("id -u"):read("*l"), io.popen("id -g"):read("*l")
+rc, msg = slurm_bb_setup("77", uid, gid, "default", "1073741824", good, {})
+check(rc == slurm.SUCCESS, "setup: " .. tostring(msg))
+rc, msg = slurm_bb_data_in("77", good)
+check(rc == slurm.SUCCESS, "data_in: " .. tostring(msg))
+check(slurm_bb_real_size("77") == slurm.SUCCESS, "real_size")
+
+local path_file = dir .. "/path file"
+write(path_file, "")
+rc, msg = slurm_bb_paths("77", good, path_file, uid, gid, {})
+check(rc == slurm.SUCCESS, "paths: " .. tostring(msg))
+local env = read(path_file)
+check(env:find("DW_JOB_STRIPED=/run/granary/slurm/job-77\n", 1, true), "paths wrote " .. env)
+check(env:find("GRANARY_DATASET=slurm-77-pets\n", 1, true), "paths wrote " .. env)
+
+check(slurm_bb_pre_run("77", good) == slurm.SUCCESS, "pre_run")
+check(slurm_bb_post_run("77", good) == slurm.SUCCESS, "post_run")
+check(slurm_bb_data_out("77", good) == slurm.SUCCESS, "data_out")
+rc, msg = slurm_bb_get_status("0", "0")
+check(rc == slurm.SUCCESS and msg:find("slurm-77-pets", 1, true), "get_status: " .. msg)
+
+rc, msg = slurm_bb_job_teardown("77", good, "false")
+check(rc == slurm.SUCCESS and msg:find("1 job-scoped datasets deleted", 1, true), "teardown: " .. msg)
+rc, msg = slurm_bb_job_teardown("77", good, "true", uid, gid)
+check(rc == slurm.SUCCESS and msg:find("0 job-scoped datasets deleted", 1, true),
+	"teardown again: " .. msg)
+rc, msg = slurm_bb_job_teardown("x7", good, "false")
+check(rc == slurm.ERROR and msg:find("Slurm job id 'x7'", 1, true), "a bad job id: " .. msg)
+
+os.execute("rm -rf \"" .. dir .. "\" \"" .. source .. "\"")
+if failures > 0 then
+	io.stderr:write(failures .. " failures\n")
+	os.exit(1)
+end
+print("burst_buffer.lua: all checks passed")
