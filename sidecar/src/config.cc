@@ -30,6 +30,41 @@ Status OptionalBytes(ConfigMap& m, std::string_view key, uint64_t lo, uint64_t h
   return Status::Ok();
 }
 
+// "dataset:/dir[,dataset:/dir...]".
+Status ParseMounts(ConfigMap& m, const std::string& text, SidecarConfig* c) {
+  const std::string where = m.Where("mounts");
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    pos = end + 1;
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) {
+      return Status::InvalidArgument(where + ": " + Quoted(item) +
+                                     " is not dataset:/dir; write e.g. imagenet:/mnt/imagenet");
+    }
+    SidecarConfig::Mount mount{item.substr(0, colon), item.substr(colon + 1)};
+    if (!IsDnsLabel(mount.dataset)) {
+      return Status::InvalidArgument(where + ": " + Quoted(mount.dataset) +
+                                     " is not a dataset name (a DNS-1123 label)");
+    }
+    if (mount.dir.empty() || mount.dir.front() != '/' || HasControlCharacter(mount.dir)) {
+      return Status::InvalidArgument(where + ": " + Quoted(mount.dir) +
+                                     " is not an absolute directory path; write e.g. " +
+                                     mount.dataset + ":/mnt/" + mount.dataset);
+    }
+    for (const SidecarConfig::Mount& other : c->mounts) {
+      if (other.dir == mount.dir) {
+        return Status::InvalidArgument(where + ": " + Quoted(mount.dir) +
+                                       " is named twice; give each mount its own directory");
+      }
+    }
+    c->mounts.push_back(std::move(mount));
+  }
+  return Status::Ok();
+}
+
 Status ParseSocket(ConfigMap& m, SidecarConfig* c) {
   bool given = false;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "socket", &c->socket_path, &given));
@@ -97,6 +132,10 @@ Status Parse(ConfigMap& m, SidecarConfig* c) {
     GRANARY_RETURN_IF_ERROR(CheckSocketPath(m.Where("local_node_socket"), c->local_node_socket,
                                             "/run/granary/cachenode.sock"));
   }
+
+  std::string mounts;
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "mounts", &mounts, &given));
+  if (given) GRANARY_RETURN_IF_ERROR(ParseMounts(m, mounts, c));
 
   GRANARY_RETURN_IF_ERROR(OptionalCount(m, "window_samples", 1, 1u << 24, &c->window_samples));
   GRANARY_RETURN_IF_ERROR(

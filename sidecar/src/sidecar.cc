@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache_content_reader.h"
 #include "granary/core/log.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
@@ -27,6 +28,8 @@
 #include "granary/daemon/config_keys.h"
 #include "granary/daemon/connection_threads.h"
 #include "granary/daemon/observability.h"
+#include "granary/posix/mount_point.h"
+#include "granary/posix/posix_view.h"
 #include "granary/sidecar/sample_cache.h"
 #include "granary/sidecar/sample_fetcher.h"
 #include "sidecar_metrics.h"
@@ -57,6 +60,7 @@ struct Sidecar::Impl {
   std::unique_ptr<ObservabilityServer> observability;
   std::mutex ready_mu;
   Status ready = Status::Unavailable("starting");
+  std::atomic<bool> started{false};  // listening, and every `mounts` view mounted
 
   ScopedFd listen_fd;
   ScopedFd wake_fd;  // eventfd: Stop wakes the accept loop
@@ -64,6 +68,8 @@ struct Sidecar::Impl {
   std::thread refresh_thread;
   std::vector<std::thread> workers;
 
+  // `mounts`: the POSIX views served in process (before `caches`' readers go).
+  std::vector<std::unique_ptr<posix::PosixView>> views;
   ConnectionThreads connections;
   std::atomic<uint64_t> next_conn{1};  // connection ids, for logs
 
@@ -199,6 +205,35 @@ struct Sidecar::Impl {
     std::vector<std::shared_ptr<SampleCache>> out;
     for (auto& [n, c] : caches) out.push_back(c);
     return out;
+  }
+
+  // Mounts each `mounts` entry, reading from this sidecar's own cache.
+  Status MountViews() {
+    for (const SidecarConfig::Mount& m : config.mounts) {
+      const std::string what = "mounting dataset " + Quoted(m.dataset) + " at " + Quoted(m.dir);
+      Result<std::shared_ptr<SampleCache>> cache = OpenCache(m.dataset);
+      if (!cache.ok()) return cache.status().WithContext(what + " (`mounts`)");
+      Result<std::string> point = posix::PrepareMountPoint(m.dir);
+      if (!point.ok()) return point.status().WithContext(what + " (`mounts`)");
+      DatasetOwner owner = (*cache)->dataset().owner;
+      posix::PosixViewOptions options;
+      options.mount_point = *point;
+      options.dataset = m.dataset;
+      options.uid = owner.uid;
+      options.gid = owner.gid;
+      // As root, the training processes are other users: let them in, and
+      // the modes (owner and group of the dataset) decide.
+      options.allow_other = ::geteuid() == 0;
+      auto reader =
+          std::make_shared<CacheContentReader>(*cache, FetchFor(*cache), config.wait_timeout);
+      Result<std::unique_ptr<posix::PosixView>> view =
+          posix::PosixView::Mount(options, (*cache)->dataset().manifest, reader);
+      if (!view.ok()) return view.status().WithContext(what + " (`mounts`)");
+      log->info("mounted dataset {} at {} (read-only, served from this sidecar)", Quoted(m.dataset),
+                Quoted(*point));
+      views.push_back(std::move(*view));
+    }
+    return Status::Ok();
   }
 
   FetchFn FetchFor(const std::shared_ptr<SampleCache>& cache) {
@@ -616,13 +651,10 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
   GRANARY_ASSIGN_OR_RETURN(
       impl->observability,
       ObservabilityServer::Start(config.metrics_listen.ToString(), impl->registry, [raw] {
+        if (!raw->started) return Status::Unavailable("starting");
         std::lock_guard<std::mutex> lock(raw->ready_mu);
         return raw->ready;
       }));
-  {
-    std::lock_guard<std::mutex> lock(impl->ready_mu);
-    impl->ready = Status::Ok();
-  }
   for (uint32_t i = 0; i < config.fetch_threads; ++i) {
     impl->workers.emplace_back([raw] { raw->WorkerLoop(); });
   }
@@ -632,7 +664,14 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
                   Quoted(config.socket_path), config.socket_mode,
                   impl->observability->address().ToString(), Quoted(config.pool),
                   config.window_samples, config.window_bytes);
-  return std::unique_ptr<Sidecar>(new Sidecar(std::move(impl)));
+  auto sidecar = std::unique_ptr<Sidecar>(new Sidecar(std::move(impl)));
+  // Mounted last, over a running sidecar; a mount that fails stops it all.
+  if (Status mounted = raw->MountViews(); !mounted.ok()) {
+    sidecar->Stop();
+    return mounted;
+  }
+  raw->started = true;
+  return sidecar;
 }
 
 Sidecar::Sidecar(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -645,6 +684,9 @@ void Sidecar::Stop() {
   Impl& i = *impl_;
   if (i.stopped) return;
   i.stopped = true;
+  // The views first: their reads need the fetcher and the caches.
+  for (auto& view : i.views) view->Stop();
+  i.views.clear();
   i.stopping = true;
   const uint64_t one = 1;
   if (i.wake_fd.valid()) (void)::write(i.wake_fd.get(), &one, sizeof(one));

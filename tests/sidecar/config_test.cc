@@ -45,6 +45,11 @@ TEST(SidecarConfigTest, EveryKey) {
   EXPECT_EQ(c->fetch_batch, 7u);
   EXPECT_EQ(c->wait_timeout, std::chrono::seconds(9));
   EXPECT_EQ(c->local_node_socket, "/run/g/node.sock");
+  auto m = Parse("metadata_store: redis://h\nmounts: a:/mnt/a,b-2:/mnt/b\n");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->mounts.size(), 2u);
+  EXPECT_EQ(m->mounts[1].dataset, "b-2");
+  EXPECT_EQ(m->mounts[1].dir, "/mnt/b");
 }
 
 TEST(SidecarConfigTest, BadValuesNameTheKey) {
@@ -64,6 +69,10 @@ TEST(SidecarConfigTest, BadValuesNameTheKey) {
       {store + "pool: Bad_Pool\n", "pool"},
       {store + "local_node: \"-x\"\n", "local_node"},
       {store + "local_node_socket: node.sock\n", "local_node_socket"},
+      {store + "mounts: imagenet\n", "mounts"},
+      {store + "mounts: Bad_Name:/mnt/x\n", "mounts"},
+      {store + "mounts: imagenet:mnt\n", "mounts"},
+      {store + "mounts: a:/mnt/x,b:/mnt/x\n", "mounts"},
       {store + "local_node_socket: /" + std::string(200, 'b') + "\n", "local_node_socket"},
       {store + "window_samples: 0\n", "window_samples"},
       {store + "window_bytes: 10\n", "window_bytes"},

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "granary/core/net_address.h"
 #include "granary/core/status.h"
@@ -48,6 +49,15 @@ struct SidecarConfig {
   // straight from its chunk files (descriptors handed over the socket) into
   // the arena, instead of over TCP. Empty: off.
   std::string local_node_socket;
+  // `mounts`: datasets to mount at start-up as read-only file systems (the
+  // POSIX view, docs/posix-view.md), served in process from this sidecar's
+  // shared memory: "dataset:/dir[,dataset:/dir...]". Each directory must exist
+  // and be empty; the views unmount when the sidecar stops.
+  struct Mount {
+    std::string dataset;
+    std::string dir;
+  };
+  std::vector<Mount> mounts;
   // `window_samples` and `window_bytes`: how far prefetch runs ahead of each
   // plan's readers (whichever limit is reached first).
   uint32_t window_samples = 1024;

@@ -104,6 +104,8 @@ class SampleCache {
   const FetchDataset& dataset() const { return dataset_; }
   const Manifest& manifest() const { return *dataset_.manifest; }
   int arena_fd() const { return arena_->fd(); }
+  // The arena's mapping in this process (for in-process readers).
+  const char* arena_data() const { return arena_->data(); }
   uint64_t arena_bytes() const { return arena_->size(); }
 
   // Installs (or replaces) the cursor `key` (e.g. plan id + rank) for `plan`,
