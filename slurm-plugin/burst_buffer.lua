@@ -33,23 +33,32 @@ end
 
 -- Runs `granary --store STORE <args>`; returns slurm.SUCCESS and its stdout,
 -- or slurm.ERROR and what it said (its stderr and stdout), for the user or
--- the job's SystemComment.
+-- the job's SystemComment. The exit status is read from a marker line the
+-- shell prints, not from pipe:close(), whose results differ between Lua 5.1
+-- and 5.2+.
+local EXIT_MARKER = "\ngranary-exit-status:"
 local function granary(...)
 	local words = { quote(GRANARY), "--store", quote(STORE) }
 	for _, a in ipairs({ ... }) do
 		words[#words + 1] = quote(a)
 	end
-	local command = table.concat(words, " ") .. " 2>&1"
-	local pipe = io.popen(command, "r")
+	local command = table.concat(words, " ")
+	local pipe = io.popen(command .. " 2>&1; printf '" .. EXIT_MARKER:gsub("\n", "\\n") ..
+		"%d' $?", "r")
 	if pipe == nil then
 		return slurm.ERROR, "granary: cannot run " .. GRANARY
 	end
 	local output = pipe:read("*a")
-	local ok, _, code = pipe:close()
-	if ok then
+	pipe:close()
+	local at = string.find(output, EXIT_MARKER, 1, true)
+	local code = at and tonumber(string.sub(output, at + #EXIT_MARKER)) or nil
+	if at then
+		output = string.sub(output, 1, at - 1)
+	end
+	if code == 0 then
 		return slurm.SUCCESS, output
 	end
-	slurm.log_error("burst_buffer.lua: %s failed (%s): %s", command, tostring(code), output)
+	slurm.log_error("burst_buffer.lua: %s failed (exit %s): %s", command, tostring(code), output)
 	return slurm.ERROR, output
 end
 
