@@ -1,6 +1,6 @@
 --[[
-slurm-plugin/burst_buffer.lua under a plain Lua 5.3 with the real granary
-binary and a real SQLite store: every one of Slurm's eleven functions exists,
+slurm-plugin/burst_buffer.lua under a plain Lua (5.1, which Debian 12's Slurm
+embeds, and 5.3) with the real granary binary and a real SQLite store: every one of Slurm's eleven functions exists,
 each delegates to `granary slurm` with its arguments quoted (a path with a
 quote and a space in it), and returns slurm.ERROR with granary's message when
 granary fails. The `slurm` table is the small part of Slurm's Lua API the
