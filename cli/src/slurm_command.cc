@@ -183,9 +183,8 @@ Status Setup(CliContext& c, const SlurmJobOptions& o) {
     if (existing.ok() && existing->spec.source_uri == "file://" + s.source) continue;
     GRANARY_RETURN_IF_ERROR(RunNested(
         c, "job " + o.job_id + ": creating dataset " + name + " for line " + std::to_string(s.line),
-        {"dataset", "create", name, "--source", s.source, "--pool",
-         d.jobdw ? d.jobdw->pool : std::string(kDefaultPool), "--owner", o.uid + ":" + o.gid,
-         "--no-snapshot"}));
+        {"dataset", "create", name, "--source", s.source, "--pool", d.jobdw->pool, "--owner",
+         o.uid + ":" + o.gid, "--no-snapshot"}));
   }
   return Status::Ok();
 }

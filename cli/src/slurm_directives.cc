@@ -118,14 +118,18 @@ void ParseJobDw(LineParser& p, int line, const std::vector<std::string_view>& wo
   } else {
     p.Error("capacity= is missing; write e.g. capacity=100GiB");
   }
-  d.pool = std::string(kDefaultPool);
   if (const std::string* pool = p.Get("pool")) {
     if (!IsDnsLabel(*pool)) {
       p.Error("pool " + Quoted(*pool) + " is not a pool name (lowercase letters, digits, '-')");
     } else {
       d.pool = *pool;
-      d.pool_given = true;
     }
+  } else {
+    // Slurm itself refuses capacity= without pool= ("Must specify pool with
+    // capacity"), with no line; say it here with one.
+    p.Error(
+        "pool= is missing; Slurm needs a pool with capacity=: write e.g. pool=default "
+        "(granary slurm pools lists them)");
   }
   if (out.directives.jobdw) {
     p.Error("a second #DW jobdw (the first is on line " +
@@ -293,13 +297,13 @@ DirectiveParse ParseJobDirectives(std::string_view script) {
 }
 
 bool NeedsStore(const JobDirectives& directives) {
-  return (directives.jobdw && directives.jobdw->pool_given) || !directives.persistent.empty();
+  return directives.jobdw.has_value() || !directives.persistent.empty();
 }
 
 Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
   JobDirectives& d = parse.directives;
   if (store == nullptr && NeedsStore(d)) {
-    return Status::Internal("checking #DW directives: pool= and persistentdw need the store");
+    return Status::Internal("checking #DW directives: jobdw and persistentdw need the store");
   }
   for (const StageInDirective& s : d.stage_ins) {
     struct stat st;
@@ -320,7 +324,7 @@ Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
                                           "directory"});
     }
   }
-  if (d.jobdw && d.jobdw->pool_given) {
+  if (d.jobdw) {
     GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, store->ListNodes(""));
     std::set<std::string> pools;
     for (const NodeRecord& n : nodes) pools.insert(n.pool);

@@ -5,7 +5,7 @@
 // `sbatch` needs them: every problem with its line number and what to write
 // instead, all of them at once, so a user fixes a script in one round.
 //
-//   #DW jobdw type=scratch access_mode=striped capacity=<size> [pool=<pool>]
+//   #DW jobdw type=scratch access_mode=striped capacity=<size> pool=<pool>
 //   #DW stage_in type=directory source=/abs/dir destination=$DW_JOB_STRIPED/<name>
 //   #DW persistentdw name=<dataset>
 //
@@ -39,14 +39,11 @@ inline constexpr std::string_view kJobStripedVariable = "$DW_JOB_STRIPED";
 // a DNS label of at most 63 bytes; job ids have at most 10 digits.
 inline constexpr std::string_view kJobDatasetPrefix = "slurm-";
 inline constexpr size_t kMaxStageInNameLength = 63 - 6 - 10 - 1;
-// The pool a jobdw without pool= uses (DatasetSpec's default).
-inline constexpr std::string_view kDefaultPool = "default";
 
 struct JobDwDirective {
   int line = 0;
   uint64_t capacity_bytes = 0;
-  std::string pool;  // kDefaultPool when not given
-  bool pool_given = false;
+  std::string pool;  // required: Slurm 22.05 refuses capacity= without pool=
 };
 
 struct StageInDirective {
@@ -92,7 +89,7 @@ DirectiveParse ParseJobDirectives(std::string_view script);
 // read is the returned Status (nothing can be decided without it). `store`
 // may be null when !NeedsStore(parse.directives).
 Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store);
-// Whether CheckJobDirectives asks the store (a pool= or a persistentdw).
+// Whether CheckJobDirectives asks the store (a jobdw's pool or a persistentdw).
 bool NeedsStore(const JobDirectives& directives);
 
 // "slurm-<job_id>-<name>": the dataset a stage_in directive makes for a job.

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "granary/cli/cli.h"
@@ -42,7 +43,8 @@ void ExpectOneError(const std::string& script, int line, const std::string& part
       << "wanted " << part << " in: " << parse.errors[0].reason;
 }
 
-constexpr const char* kJobDw = "#DW jobdw type=scratch access_mode=striped capacity=10GiB\n";
+constexpr const char* kJobDw =
+    "#DW jobdw type=scratch access_mode=striped capacity=10GiB pool=gpu\n";
 
 TEST(SlurmDirectivesTest, ParsesTheSupportedForms) {
   DirectiveParse parse = ParseJobDirectives(
@@ -60,7 +62,6 @@ TEST(SlurmDirectivesTest, ParsesTheSupportedForms) {
   EXPECT_EQ(d.jobdw->line, 3);
   EXPECT_EQ(d.jobdw->capacity_bytes, 3ull << 39);
   EXPECT_EQ(d.jobdw->pool, "gpu");
-  EXPECT_TRUE(d.jobdw->pool_given);
   ASSERT_EQ(d.stage_ins.size(), 2u);
   EXPECT_EQ(d.stage_ins[0].line, 4);
   EXPECT_EQ(d.stage_ins[0].source, "/lustre/imagenet/train");
@@ -75,31 +76,36 @@ TEST(SlurmDirectivesTest, ParsesTheSupportedForms) {
 
 TEST(SlurmDirectivesTest, DefaultsAndLinesThatAreNotDirectives) {
   DirectiveParse parse = ParseJobDirectives(
-      "#DW jobdw capacity=100GB\n"
+      "#DW jobdw capacity=100GB pool=p1\n"
       "#DWX whatever\n"
       "  #DW stage_out not at the start of the line\n"
       "#BB create_persistent name=x\n");
   ASSERT_TRUE(parse.errors.empty()) << ::testing::PrintToString(Errors(parse));
   ASSERT_TRUE(parse.directives.jobdw.has_value());
   EXPECT_EQ(parse.directives.jobdw->capacity_bytes, 100'000'000'000ull);
-  EXPECT_EQ(parse.directives.jobdw->pool, "default");
-  EXPECT_FALSE(parse.directives.jobdw->pool_given);
+  EXPECT_EQ(parse.directives.jobdw->pool, "p1");
 
   EXPECT_TRUE(ParseJobDirectives("#!/bin/sh\necho hi\n").directives.empty());
   EXPECT_TRUE(ParseJobDirectives("").directives.empty());
+}
+
+// Slurm 22.05 itself refuses capacity= without pool=, with no line number.
+TEST(SlurmDirectivesTest, PoolIsRequired) {
+  ExpectOneError("#DW jobdw type=scratch access_mode=striped capacity=1GiB\n", 1,
+                 "pool= is missing; Slurm needs a pool with capacity=");
 }
 
 TEST(SlurmDirectivesTest, UnsupportedDataWarpFormsSayNotSupported) {
   ExpectOneError("#DW stage_out type=directory source=$DW_JOB_STRIPED/o destination=/l/o\n", 1,
                  "#DW stage_out is not supported");
   ExpectOneError("#DW swap 10GiB\n", 1, "#DW swap is not supported");
-  ExpectOneError("#DW create_persistent name=x capacity=1GiB\n", 1, "not supported");
+  ExpectOneError("#DW create_persistent name=x capacity=1GiB pool=gpu\n", 1, "not supported");
   ExpectOneError("#DW destroy_persistent name=x\n", 1, "not supported");
-  ExpectOneError("#DW jobdw type=cache access_mode=striped capacity=1GiB\n", 1,
+  ExpectOneError("#DW jobdw type=cache access_mode=striped capacity=1GiB pool=gpu\n", 1,
                  "type=cache is not supported");
-  ExpectOneError("#DW jobdw type=scratch access_mode=private capacity=1GiB\n", 1,
+  ExpectOneError("#DW jobdw type=scratch access_mode=private capacity=1GiB pool=gpu\n", 1,
                  "access_mode=private is not supported");
-  ExpectOneError("#DW jobdw type=scratch access_mode=striped,private capacity=1GiB\n", 1,
+  ExpectOneError("#DW jobdw type=scratch access_mode=striped,private capacity=1GiB pool=gpu\n", 1,
                  "is not supported");
   ExpectOneError(
       std::string(kJobDw) + "#DW stage_in type=file source=/a destination=" + "$DW_JOB_STRIPED/a\n",
@@ -110,17 +116,18 @@ TEST(SlurmDirectivesTest, UnsupportedDataWarpFormsSayNotSupported) {
 }
 
 TEST(SlurmDirectivesTest, UnknownDirectivesKeysAndValues) {
-  ExpectOneError("#DW jobdw capacity=1GiB\n#DW stagein source=/a\n", 2,
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu\n#DW stagein source=/a\n", 2,
                  "unknown directive #DW 'stagein'");
   ExpectOneError("#DW\n", 1, "#DW with no directive");
-  ExpectOneError("#DW jobdw capacity=1GiB colour=blue\n", 1, "unknown key 'colour'");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu colour=blue\n", 1, "unknown key 'colour'");
   ExpectOneError("#DW persistentdw name=a size=1\n", 1, "unknown key 'size'");
-  ExpectOneError("#DW jobdw capacity=1GiB striped\n", 1, "expected key=value, found 'striped'");
-  ExpectOneError("#DW jobdw capacity=1GiB =x\n", 1, "expected key=value");
-  ExpectOneError("#DW jobdw capacity=1GiB pool=\n", 1, "pool= has no value");
-  ExpectOneError("#DW jobdw capacity=1GiB capacity=2GiB\n", 1, "capacity= is given twice");
-  ExpectOneError("#DW jobdw type=scratchy capacity=1GiB\n", 1, "unknown type 'scratchy'");
-  ExpectOneError("#DW jobdw access_mode=stripy capacity=1GiB\n", 1, "unknown access_mode");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu striped\n", 1,
+                 "expected key=value, found 'striped'");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu =x\n", 1, "expected key=value");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu type=\n", 1, "type= has no value");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu capacity=2GiB\n", 1, "capacity= is given twice");
+  ExpectOneError("#DW jobdw type=scratchy capacity=1GiB pool=gpu\n", 1, "unknown type 'scratchy'");
+  ExpectOneError("#DW jobdw access_mode=stripy capacity=1GiB pool=gpu\n", 1, "unknown access_mode");
   ExpectOneError("#DW jobdw capacity=1GiB pool=GPU_A\n", 1, "is not a pool name");
   ExpectOneError(
       std::string(kJobDw) + "#DW stage_in type=dir source=/a destination=" + "$DW_JOB_STRIPED/a\n",
@@ -129,10 +136,11 @@ TEST(SlurmDirectivesTest, UnknownDirectivesKeysAndValues) {
 
 TEST(SlurmDirectivesTest, BadSizes) {
   for (const char* bad : {"lots", "-1GiB", "10XB", "1.2.3GiB", "GiB"}) {
-    ExpectOneError(std::string("#DW jobdw capacity=") + bad + "\n", 1, "is not a size");
+    ExpectOneError(std::string("#DW jobdw pool=gpu capacity=") + bad + "\n", 1, "is not a size");
   }
-  ExpectOneError("#DW jobdw capacity=0\n", 1, "capacity must be more than 0");
-  ExpectOneError("#DW jobdw type=scratch access_mode=striped\n", 1, "capacity= is missing");
+  ExpectOneError("#DW jobdw capacity=0 pool=gpu\n", 1, "capacity must be more than 0");
+  ExpectOneError("#DW jobdw type=scratch access_mode=striped pool=gpu\n", 1,
+                 "capacity= is missing");
 }
 
 TEST(SlurmDirectivesTest, StageInRules) {
@@ -183,7 +191,7 @@ TEST(SlurmDirectivesTest, EveryProblemIsReportedInLineOrder) {
       "#DW jobdw capacity=big\n");
   std::vector<int> lines;
   for (const cli::DirectiveError& e : parse.errors) lines.push_back(e.line);
-  EXPECT_EQ(lines, (std::vector<int>{2, 2, 3, 4})) << ::testing::PrintToString(Errors(parse));
+  EXPECT_EQ(lines, (std::vector<int>{2, 2, 3, 4, 4})) << ::testing::PrintToString(Errors(parse));
 }
 
 // The rules that look at the world, over a real store and real directories.
@@ -267,8 +275,7 @@ TEST_F(SlurmValidateTest, SourceMustBeAnExistingDirectory) {
 TEST_F(SlurmValidateTest, PoolMustHaveALiveNode) {
   ExpectOneCheckError("#DW jobdw capacity=1GiB pool=cpu\n", 1,
                       "unknown pool 'cpu'; the pools with live cache nodes are gpu");
-  // Without pool= the default pool is used and not checked here.
-  EXPECT_TRUE(Check("#DW jobdw capacity=1GiB\n").errors.empty());
+  EXPECT_TRUE(Check("#DW jobdw capacity=1GiB pool=gpu\n").errors.empty());
 }
 
 TEST_F(SlurmValidateTest, PersistentDatasetMustExist) {
@@ -314,23 +321,28 @@ TEST_F(SlurmValidateTest, CommandPrintsTheDirectivesOrEveryProblem) {
   EXPECT_NE(e.str().find("reading the job script"), std::string::npos) << e.str();
 }
 
-TEST_F(SlurmValidateTest, NoStoreNeededWithoutPoolOrPersistentDw) {
+TEST_F(SlurmValidateTest, NoStoreNeededWithoutJobDwOrPersistentDw) {
   std::string path = dir_.Join("job.sh");
-  testing::WriteAll(path, "#DW jobdw capacity=1GiB\n");
-  std::ostringstream o;
-  std::ostringstream e;
-  // A store URL that cannot be opened is not touched.
-  EXPECT_EQ(RunCli({"--store", "redis://127.0.0.1:1/0", "slurm", "validate", path}, o, e, false),
-            kCliOk)
-      << e.str();
-  testing::WriteAll(path, "#DW persistentdw name=coco\n");
-  std::ostringstream o2;
-  std::ostringstream e2;
-  EXPECT_EQ(RunCli({"--store", "redis://127.0.0.1:1/0?timeout_ms=200&retry_ms=200", "slurm",
-                    "validate", path},
-                   o2, e2, false),
-            kCliUnavailable)
-      << e2.str();
+  const std::string unreachable = "redis://127.0.0.1:1/0?timeout_ms=200&retry_ms=200";
+  // A store URL that cannot be opened is not touched: no directive, or only
+  // problems the script shows by itself.
+  for (const auto& [script, code] : std::vector<std::pair<std::string, int>>{
+           {"#!/bin/sh\necho hi\n", kCliOk}, {"#DW swap 1GiB\n", kCliUsage}}) {
+    testing::WriteAll(path, script);
+    std::ostringstream o;
+    std::ostringstream e;
+    EXPECT_EQ(RunCli({"--store", unreachable, "slurm", "validate", path}, o, e, false), code)
+        << script << e.str();
+  }
+  for (const std::string& script :
+       std::vector<std::string>{"#DW persistentdw name=coco\n", kJobDw}) {
+    testing::WriteAll(path, script);
+    std::ostringstream o;
+    std::ostringstream e;
+    EXPECT_EQ(RunCli({"--store", unreachable, "slurm", "validate", path}, o, e, false),
+              kCliUnavailable)
+        << script << e.str();
+  }
 }
 
 TEST_F(SlurmValidateTest, PoolsSumsTheLiveNodesOfEachPool) {
@@ -416,7 +428,7 @@ TEST_F(SlurmValidateTest, JobLifecycle) {
 
 TEST_F(SlurmValidateTest, StepsRefuseBadJobIdsAndScripts) {
   const std::string script = dir_.Join("job.sh");
-  testing::WriteAll(script, "#DW jobdw capacity=1GiB\n#DW stage_in source=/x\n");
+  testing::WriteAll(script, "#DW jobdw capacity=1GiB pool=gpu\n#DW stage_in source=/x\n");
   std::string out;
   std::string err;
   EXPECT_EQ(Run({"slurm", "teardown", "4x"}, &out, &err), kCliUsage);
