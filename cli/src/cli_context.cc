@@ -142,6 +142,23 @@ int ExitCodeOf(const Status& status) {
   }
 }
 
+Status StatusOfExitCode(int code, std::string message) {
+  switch (code) {
+    case kCliOk:
+      return Status::Ok();
+    case kCliUsage:
+      return Status::InvalidArgument(std::move(message));
+    case kCliNotFound:
+      return Status::NotFound(std::move(message));
+    case kCliUnavailable:
+      return Status::Unavailable(std::move(message));
+    case kCliTimeout:
+      return Status::DeadlineExceeded(std::move(message));
+    default:
+      return Status::FailedPrecondition(std::move(message));
+  }
+}
+
 std::string ExitCodesHelp() {
   return "Exit codes:\n"
          "  0  success\n"

@@ -112,6 +112,9 @@ std::string HumanDuration(double seconds);
 void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows);
 // The exit code (cli.h) of a command's Status.
 int ExitCodeOf(const Status& status);
+// The other way: a Status of the class an exit code stands for (a command run
+// in-process or in a child), carrying `message`. kCliOk gives OK.
+Status StatusOfExitCode(int code, std::string message);
 std::string ExitCodesHelp();
 
 Json DatasetJson(const DatasetRecord& d);

@@ -288,19 +288,7 @@ class MountCommand {
     }
     // "<exit code><message>": the code's Status class is what ExitCodeOf maps.
     const int code = reply[0] - '0';
-    const std::string message = reply.substr(1);
-    switch (code) {
-      case kCliUsage:
-        return Status::InvalidArgument(message);
-      case kCliNotFound:
-        return Status::NotFound(message);
-      case kCliUnavailable:
-        return Status::Unavailable(message);
-      case kCliTimeout:
-        return Status::DeadlineExceeded(message);
-      default:
-        return Status::FailedPrecondition(message);
-    }
+    return StatusOfExitCode(code == kCliOk ? kCliFailed : code, reply.substr(1));
   }
 
   CliContext& c_;

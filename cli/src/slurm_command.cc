@@ -132,18 +132,7 @@ Status RunNested(CliContext& c, const std::string& what, std::vector<std::string
   if (code == kCliOk) return Status::Ok();
   std::string message = what + ": " + err.str();
   while (!message.empty() && message.back() == '\n') message.pop_back();
-  switch (code) {
-    case kCliUsage:
-      return Status::InvalidArgument(message);
-    case kCliNotFound:
-      return Status::NotFound(message);
-    case kCliUnavailable:
-      return Status::Unavailable(message);
-    case kCliTimeout:
-      return Status::DeadlineExceeded(message);
-    default:
-      return Status::FailedPrecondition(message);
-  }
+  return StatusOfExitCode(code, std::move(message));
 }
 
 // {"pools": [{"id", "quantity", "granularity"}]}: each pool with a live cache
