@@ -37,7 +37,7 @@
 #include "granary/core/posix_source.h"
 #include "granary/core/protocol_format.h"
 #include "granary/core/source.h"
-#include "granary/core/unix_socket.h"
+#include "granary/daemon/config_keys.h"
 #include "local_chunks.h"
 
 namespace granary::sidecar {
@@ -91,11 +91,8 @@ Status SampleFetcherOptions::Validate() const {
       return Status::InvalidArgument(what + "local_node_socket " + Quoted(local_node_socket) +
                                      " is set but local_node_id is not; name the local node");
     }
-    if (local_node_socket.front() != '/' || local_node_socket.size() > kMaxUnixSocketPath) {
-      return Status::InvalidArgument(what + "local_node_socket " + Quoted(local_node_socket) +
-                                     " is not an absolute socket path of at most " +
-                                     std::to_string(kMaxUnixSocketPath) + " bytes");
-    }
+    GRANARY_RETURN_IF_ERROR(CheckSocketPath(what + "local_node_socket", local_node_socket,
+                                            "/run/granary/cachenode.sock"));
   }
   if (local_open_chunks == 0 || local_open_chunks > 65536) {
     return Status::InvalidArgument(what + "local_open_chunks " + std::to_string(local_open_chunks) +
