@@ -11,6 +11,7 @@
 #include "granary/core/byte_order.h"
 #include "granary/core/file.h"
 #include "granary/core/manifest_format.h"
+#include "granary/core/names.h"
 #include "manifest_codec.h"
 
 namespace granary {
@@ -139,10 +140,12 @@ Result<std::string> Decompress(std::string_view frame, uint64_t expected) {
 struct Manifest::Rep {
   ContentId content_id;
   ManifestHeaderInfo header;
+  uint32_t version = fmt::kVersion;  // of the encoding: a decoded manifest keeps its own
 
   // Directory 0 is the root (""); parents precede children; sorted by path.
   std::vector<uint32_t> dir_parent;
   std::vector<std::string> dir_path;
+  std::vector<uint16_t> dir_mode;
 
   // Per sample, in id order.
   std::vector<uint32_t> sample_dir;
@@ -150,6 +153,7 @@ struct Manifest::Rep {
   std::string names;
   std::vector<uint64_t> size;
   std::vector<int64_t> mtime_ns;
+  std::vector<uint16_t> mode;
   std::vector<ChunkId> chunk;
   std::vector<uint32_t> chunk_offset;
 
@@ -281,6 +285,10 @@ struct Manifest::Rep {
     w.PutBytes(names);
     for (uint64_t s : size) w.Put(s);
     for (int64_t m : mtime_ns) w.Put(m);
+    if (version >= 2) {
+      for (uint16_t m : mode) w.Put(m);
+      for (uint16_t m : dir_mode) w.Put(m);
+    }
     return body;
   }
 
@@ -306,13 +314,31 @@ Manifest::~Manifest() = default;
 Manifest::Manifest(Manifest&&) noexcept = default;
 Manifest& Manifest::operator=(Manifest&&) noexcept = default;
 
-Result<Manifest> Manifest::FromEntries(ManifestHeaderInfo header, std::vector<FileEntry> entries) {
+Result<Manifest> Manifest::FromEntries(ManifestHeaderInfo header, std::vector<FileEntry> entries,
+                                       std::vector<DirectoryEntry> directories) {
   GRANARY_RETURN_IF_ERROR(CheckChunkSize(header.chunk_size));
   if (entries.size() >= 0xFFFFFFFFull) {
     return Status::InvalidArgument("a manifest holds at most 2^32-2 samples; got " +
                                    std::to_string(entries.size()) + "; split the dataset");
   }
-  for (const auto& e : entries) GRANARY_RETURN_IF_ERROR(CheckRelativePath(e.path));
+  auto check_mode = [](uint16_t mode, std::string_view path) {
+    if (mode <= kMaxMode) return Status::Ok();
+    return Status::InvalidArgument("path " + Quoted(path) + " has mode " + std::to_string(mode) +
+                                   ", more than permission bits (07777); pass st_mode & 07777");
+  };
+  for (const auto& e : entries) {
+    GRANARY_RETURN_IF_ERROR(CheckRelativePath(e.path));
+    GRANARY_RETURN_IF_ERROR(check_mode(e.mode, e.path));
+  }
+  std::unordered_map<std::string_view, uint16_t> listed_mode;
+  listed_mode.reserve(directories.size());
+  for (const auto& d : directories) {
+    if (!d.path.empty()) GRANARY_RETURN_IF_ERROR(CheckRelativePath(d.path));
+    GRANARY_RETURN_IF_ERROR(check_mode(d.mode, d.path));
+    if (!listed_mode.emplace(d.path, d.mode).second) {
+      return Status::InvalidArgument("directory " + Quoted(d.path) + " is listed twice");
+    }
+  }
   std::sort(entries.begin(), entries.end(),
             [](const FileEntry& a, const FileEntry& b) { return a.path < b.path; });
   for (size_t i = 1; i < entries.size(); ++i) {
@@ -324,10 +350,14 @@ Result<Manifest> Manifest::FromEntries(ManifestHeaderInfo header, std::vector<Fi
   auto rep = std::make_unique<Rep>();
   rep->header = std::move(header);
 
-  // Every ancestor directory of every sample, sorted; the root "" sorts first.
+  // Every ancestor directory of every sample and of every listed directory,
+  // and the listed ones, sorted; the root "" sorts first.
   std::vector<std::string_view> dirs{std::string_view()};
   for (const auto& e : entries) {
     for (std::string_view d = DirPart(e.path); !d.empty(); d = DirPart(d)) dirs.push_back(d);
+  }
+  for (const auto& listed : directories) {
+    for (std::string_view d = listed.path; !d.empty(); d = DirPart(d)) dirs.push_back(d);
   }
   std::sort(dirs.begin(), dirs.end());
   dirs.erase(std::unique(dirs.begin(), dirs.end()), dirs.end());
@@ -336,9 +366,12 @@ Result<Manifest> Manifest::FromEntries(ManifestHeaderInfo header, std::vector<Fi
   for (size_t d = 0; d < dirs.size(); ++d) dir_index.emplace(dirs[d], static_cast<uint32_t>(d));
   rep->dir_path.reserve(dirs.size());
   rep->dir_parent.reserve(dirs.size());
+  rep->dir_mode.reserve(dirs.size());
   for (size_t d = 0; d < dirs.size(); ++d) {
     rep->dir_path.emplace_back(dirs[d]);
     rep->dir_parent.push_back(d == 0 ? fmt::kNoParent : dir_index.at(DirPart(dirs[d])));
+    auto listed = listed_mode.find(dirs[d]);
+    rep->dir_mode.push_back(listed == listed_mode.end() ? kDefaultDirectoryMode : listed->second);
   }
 
   const size_t n = entries.size();
@@ -346,6 +379,7 @@ Result<Manifest> Manifest::FromEntries(ManifestHeaderInfo header, std::vector<Fi
   rep->name_end.reserve(n);
   rep->size.reserve(n);
   rep->mtime_ns.reserve(n);
+  rep->mode.reserve(n);
   for (const auto& e : entries) {
     rep->sample_dir.push_back(dir_index.at(DirPart(e.path)));
     rep->names.append(NamePart(e.path));
@@ -355,6 +389,7 @@ Result<Manifest> Manifest::FromEntries(ManifestHeaderInfo header, std::vector<Fi
     rep->name_end.push_back(static_cast<uint32_t>(rep->names.size()));
     rep->size.push_back(e.size);
     rep->mtime_ns.push_back(e.mtime_ns);
+    rep->mode.push_back(e.mode);
   }
   rep->names.shrink_to_fit();
   GRANARY_RETURN_IF_ERROR(rep->Pack());
@@ -362,14 +397,20 @@ Result<Manifest> Manifest::FromEntries(ManifestHeaderInfo header, std::vector<Fi
   return Manifest(std::move(rep));
 }
 
-Result<Manifest> internal::DecodeManifestBody(std::string_view body, const ContentId& id) {
+Result<Manifest> internal::DecodeManifestBody(std::string_view body, const ContentId& id,
+                                              uint32_t version) {
   auto corrupt = [](const std::string& what) {
     return Status::Corruption("manifest body is malformed: " + what +
                               "; the file is damaged or was not written by Granary, rebuild it "
                               "with a new snapshot");
   };
+  if (version < fmt::kOldestVersion || version > fmt::kVersion) {
+    return Status::VersionMismatch("manifest format version " + std::to_string(version) +
+                                   " is not supported by this build");
+  }
   ByteReader r(body);
   auto rep = std::make_unique<Manifest::Rep>();
+  rep->version = version;
   uint64_t n64 = 0;
   uint32_t dir_count = 0;
   r.Get(&rep->header.chunk_size);
@@ -453,6 +494,25 @@ Result<Manifest> internal::DecodeManifestBody(std::string_view body, const Conte
   rep->mtime_ns.resize(n);
   for (auto& m : rep->mtime_ns) r.Get(&m);
   if (!r.ok()) return corrupt("sample columns are truncated");
+  if (version >= 2) {
+    // Bounded by the counts already checked against the bytes left.
+    if (r.remaining() != 2 * (n + static_cast<size_t>(dir_count))) {
+      return corrupt("mode columns are " + std::to_string(r.remaining()) + " bytes, not " +
+                     std::to_string(2 * (n + static_cast<size_t>(dir_count))));
+    }
+    rep->mode.resize(n);
+    for (auto& m : rep->mode) r.Get(&m);
+    rep->dir_mode.resize(dir_count);
+    for (auto& m : rep->dir_mode) r.Get(&m);
+    auto bad = [](uint16_t m) { return m > kMaxMode; };
+    if (std::any_of(rep->mode.begin(), rep->mode.end(), bad) ||
+        std::any_of(rep->dir_mode.begin(), rep->dir_mode.end(), bad)) {
+      return corrupt("a mode has bits beyond 07777");
+    }
+  } else {
+    rep->mode.assign(n, kDefaultFileMode);
+    rep->dir_mode.assign(dir_count, kDefaultDirectoryMode);
+  }
   if (r.remaining() != 0) return corrupt(std::to_string(r.remaining()) + " trailing bytes");
 
   // Names valid, paths strictly increasing (sorted and unique).
@@ -489,9 +549,10 @@ Result<Manifest> Manifest::Decode(std::string_view bytes) {
     return Status::Corruption("not a Granary manifest (bad magic); check the path");
   }
   uint32_t version = LoadLe<uint32_t>(p + fmt::kVersionOffset);
-  if (version != fmt::kVersion) {
+  if (version < fmt::kOldestVersion || version > fmt::kVersion) {
     return Status::VersionMismatch("manifest format version " + std::to_string(version) +
-                                   " is not supported by this build (reads version " +
+                                   " is not supported by this build (reads versions " +
+                                   std::to_string(fmt::kOldestVersion) + " to " +
                                    std::to_string(fmt::kVersion) +
                                    "); use a matching Granary or re-snapshot the dataset");
   }
@@ -519,7 +580,7 @@ Result<Manifest> Manifest::Decode(std::string_view bytes) {
   if (frame_size != body_size) return corrupt("compressed body size disagrees with the header");
   GRANARY_ASSIGN_OR_RETURN(std::string body, Decompress(frame, body_size));
   if (ContentId::Of(body) != id) return corrupt("content id does not match the content");
-  return internal::DecodeManifestBody(body, id);
+  return internal::DecodeManifestBody(body, id, version);
 }
 
 Result<Manifest> Manifest::Load(const std::string& path) {
@@ -541,7 +602,7 @@ std::string Manifest::Encode() const {
   out.resize(fmt::kHeaderSize + written);
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   std::memcpy(p + fmt::kMagicOffset, fmt::kMagic, sizeof(fmt::kMagic));
-  StoreLe(p + fmt::kVersionOffset, fmt::kVersion);
+  StoreLe(p + fmt::kVersionOffset, rep_->version);
   StoreLe(p + fmt::kHeaderSizeOffset, static_cast<uint32_t>(fmt::kHeaderSize));
   auto id_bytes = rep_->content_id.ToBytes();
   std::memcpy(p + fmt::kContentIdOffset, id_bytes.data(), id_bytes.size());
@@ -565,6 +626,14 @@ size_t Manifest::directory_count() const { return rep_->dir_path.size(); }
 
 uint64_t Manifest::SizeOf(SampleId id) const { return rep_->size[id]; }
 int64_t Manifest::MtimeOf(SampleId id) const { return rep_->mtime_ns[id]; }
+uint16_t Manifest::ModeOf(SampleId id) const { return rep_->mode[id]; }
+uint32_t Manifest::DirectoryOf(SampleId id) const { return rep_->sample_dir[id]; }
+uint32_t Manifest::DirectoryParent(uint32_t d) const { return rep_->dir_parent[d]; }
+const std::string& Manifest::DirectoryPath(uint32_t d) const { return rep_->dir_path[d]; }
+std::string_view Manifest::DirectoryName(uint32_t d) const {
+  return d == 0 ? std::string_view() : NamePart(rep_->dir_path[d]);
+}
+uint16_t Manifest::DirectoryMode(uint32_t d) const { return rep_->dir_mode[d]; }
 ChunkId Manifest::ChunkOf(SampleId id) const { return rep_->chunk[id]; }
 uint32_t Manifest::ChunkOffsetOf(SampleId id) const { return rep_->chunk_offset[id]; }
 
@@ -586,6 +655,7 @@ Result<SampleInfo> Manifest::Sample(SampleId id) const {
   info.mtime_ns = rep_->mtime_ns[id];
   info.chunk = rep_->chunk[id];
   info.chunk_offset = rep_->chunk_offset[id];
+  info.mode = rep_->mode[id];
   uint64_t cs = chunk_size();
   info.chunk_count = info.size > cs ? static_cast<uint32_t>((info.size + cs - 1) / cs) : 1;
   return info;
@@ -633,7 +703,8 @@ size_t Manifest::MemoryBytes() const {
   bytes += r.dir_parent.capacity() * sizeof(uint32_t);
   bytes += r.sample_dir.capacity() * sizeof(uint32_t) + r.name_end.capacity() * sizeof(uint32_t);
   bytes += r.names.capacity() + r.size.capacity() * sizeof(uint64_t) +
-           r.mtime_ns.capacity() * sizeof(int64_t) + r.chunk.capacity() * sizeof(ChunkId) +
+           r.mtime_ns.capacity() * sizeof(int64_t) + r.mode.capacity() * sizeof(uint16_t) +
+           r.dir_mode.capacity() * sizeof(uint16_t) + r.chunk.capacity() * sizeof(ChunkId) +
            r.chunk_offset.capacity() * sizeof(uint32_t) + r.runs.capacity() * sizeof(ChunkRun) +
            r.index.capacity() * sizeof(uint32_t);
   return bytes;

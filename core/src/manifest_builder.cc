@@ -29,6 +29,8 @@ int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
+uint16_t ModeBits(const struct stat& st) { return static_cast<uint16_t>(st.st_mode & kMaxMode); }
+
 std::string Join(const std::string& dir, const char* name) {
   return dir.empty() ? std::string(name) : dir + "/" + name;
 }
@@ -73,11 +75,13 @@ class Walker {
   }
 
   std::vector<FileEntry> TakeEntries() { return std::move(entries_); }
+  std::vector<DirectoryEntry> TakeDirectories() { return std::move(directories_); }
   const WalkStats& stats() const { return stats_; }
 
  private:
   struct Local {
     std::vector<FileEntry> entries;
+    std::vector<DirectoryEntry> directories;  // the one read, with its mode
     std::vector<std::string> subdirs;
     WalkStats stats;
   };
@@ -108,6 +112,7 @@ class Walker {
     uint64_t before = files_;
     files_ += local.entries.size();
     for (auto& e : local.entries) entries_.push_back(std::move(e));
+    for (auto& d : local.directories) directories_.push_back(std::move(d));
     stats_.directories += local.stats.directories;
     stats_.skipped_excluded += local.stats.skipped_excluded;
     stats_.skipped_not_included += local.stats.skipped_not_included;
@@ -145,6 +150,11 @@ class Walker {
       return;
     }
     local->stats.directories++;
+    struct stat st;
+    // The directory's own permission bits (the view shows them); if fstat
+    // fails on an open directory, the default mode is shown.
+    const uint16_t mode = ::fstat(fd, &st) == 0 ? ModeBits(st) : kDefaultDirectoryMode;
+    local->directories.push_back(DirectoryEntry{rel, mode});
     while (true) {
       errno = 0;
       struct dirent* ent = ::readdir(d);
@@ -233,7 +243,7 @@ class Walker {
       return;
     }
     local->entries.push_back(
-        FileEntry{std::move(rel), static_cast<uint64_t>(st.st_size), MtimeNs(st)});
+        FileEntry{std::move(rel), static_cast<uint64_t>(st.st_size), MtimeNs(st), ModeBits(st)});
   }
 
   const ManifestBuildOptions& options_;
@@ -246,11 +256,12 @@ class Walker {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::string> queue_;   // guarded by mu_
-  size_t pending_ = 0;              // queued + being read; guarded by mu_
-  std::vector<FileEntry> entries_;  // guarded by mu_
-  WalkStats stats_;                 // guarded by mu_
-  uint64_t files_ = 0;              // guarded by mu_
+  std::deque<std::string> queue_;            // guarded by mu_
+  size_t pending_ = 0;                       // queued + being read; guarded by mu_
+  std::vector<FileEntry> entries_;           // guarded by mu_
+  std::vector<DirectoryEntry> directories_;  // guarded by mu_
+  WalkStats stats_;                          // guarded by mu_
+  uint64_t files_ = 0;                       // guarded by mu_
 };
 
 }  // namespace
@@ -287,7 +298,8 @@ Result<Manifest> BuildManifest(const ManifestBuildOptions& options) {
   header.include = options.include;
   header.exclude = options.exclude;
   header.stats = walker.stats();
-  auto manifest = Manifest::FromEntries(std::move(header), walker.TakeEntries());
+  auto manifest =
+      Manifest::FromEntries(std::move(header), walker.TakeEntries(), walker.TakeDirectories());
   if (!manifest.ok()) return manifest.status().WithContext(what);
   return manifest;
 }

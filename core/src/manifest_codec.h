@@ -6,11 +6,14 @@
 #include <string_view>
 
 #include "granary/core/manifest.h"
+#include "granary/core/manifest_format.h"
 
 namespace granary::internal {
 
 // Parses an uncompressed manifest body (the part under the zstd frame) and
-// validates it completely. `id` is recorded as the manifest's id.
-Result<Manifest> DecodeManifestBody(std::string_view body, const ContentId& id);
+// validates it completely. `id` is recorded as the manifest's id; `version`
+// is the format version of the file's header (kOldestVersion..kVersion).
+Result<Manifest> DecodeManifestBody(std::string_view body, const ContentId& id,
+                                    uint32_t version = manifest_format::kVersion);
 
 }  // namespace granary::internal

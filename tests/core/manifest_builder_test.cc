@@ -57,6 +57,39 @@ TEST_F(ManifestBuilderTest, WalksNestedTreeInSortedOrder) {
   EXPECT_EQ(m->header().source_uri, "file://" + fs::canonical(root_).string());
 }
 
+TEST_F(ManifestBuilderTest, RecordsModesAndDirectoriesWithoutSamples) {
+  File("cls/a.jpg", 3);
+  File("cls/b.jpg", 4);
+  fs::create_directories(root_ + "/empty/inner");
+  ASSERT_EQ(::chmod((root_ + "/cls/a.jpg").c_str(), 0640), 0);
+  ASSERT_EQ(::chmod((root_ + "/cls/b.jpg").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root_ + "/cls").c_str(), 0750), 0);
+  ASSERT_EQ(::chmod((root_ + "/empty/inner").c_str(), 0711), 0);
+  ASSERT_EQ(::chmod(root_.c_str(), 0705), 0);
+  auto m = Snapshot();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->ModeOf(0), 0640);
+  EXPECT_EQ(m->ModeOf(1), 0755);
+  std::vector<std::string> dirs;
+  for (uint32_t d = 0; d < m->directory_count(); ++d) dirs.push_back(m->DirectoryPath(d));
+  EXPECT_EQ(dirs, (std::vector<std::string>{"", "cls", "empty", "empty/inner"}));
+  EXPECT_EQ(m->DirectoryMode(0), 0705);
+  EXPECT_EQ(m->DirectoryMode(1), 0750);
+  EXPECT_EQ(m->DirectoryMode(3), 0711);
+  // Another thread count, the same manifest (directories merge in any order).
+  ManifestBuildOptions many;
+  many.threads = 16;
+  auto again = Snapshot(many);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->id(), m->id());
+  // A chmod at the source is a new snapshot.
+  ASSERT_EQ(::chmod((root_ + "/empty").c_str(), 0700), 0);
+  auto chmodded = Snapshot();
+  ASSERT_TRUE(chmodded.ok());
+  EXPECT_NE(chmodded->id(), m->id());
+  ASSERT_EQ(::chmod(root_.c_str(), 0755), 0);
+}
+
 TEST_F(ManifestBuilderTest, ThreadCountDoesNotChangeTheManifest) {
   for (int d = 0; d < 20; ++d) {
     for (int f = 0; f < 15; ++f)

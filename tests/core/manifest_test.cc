@@ -259,12 +259,15 @@ TEST(ManifestTest, EveryBitFlipIsDetected) {
 
 TEST(ManifestTest, WrongVersionAndMagicAreClear) {
   std::string bytes = Build({{"a", 1, 1}}).Encode();
-  std::string v2 = bytes;
-  StoreLe(v2.data() + manifest_format::kVersionOffset, uint32_t{2});
-  auto d = Manifest::Decode(v2);
-  ASSERT_FALSE(d.ok());
-  EXPECT_EQ(d.status().code(), StatusCode::kVersionMismatch);
-  EXPECT_NE(d.status().message().find("version 2"), std::string::npos);
+  for (uint32_t version : {0u, 3u}) {
+    std::string other = bytes;
+    StoreLe(other.data() + manifest_format::kVersionOffset, version);
+    auto d = Manifest::Decode(other);
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), StatusCode::kVersionMismatch);
+    EXPECT_NE(d.status().message().find("version " + std::to_string(version)), std::string::npos);
+    EXPECT_NE(d.status().message().find("versions 1 to 2"), std::string::npos);
+  }
   std::string bad_magic = bytes;
   bad_magic[0] = 'X';
   EXPECT_NE(Manifest::Decode(bad_magic).status().message().find("not a Granary manifest"),
@@ -275,9 +278,10 @@ TEST(ManifestTest, WrongVersionAndMagicAreClear) {
 // and the parser must still refuse them cleanly.
 TEST(ManifestTest, MalformedBodiesAreRefused) {
   // Bodies built by hand with the documented layout (docs/formats.md).
+  // Version 2 unless `modes` is false (version 1: no mode columns).
   auto body_of = [](uint64_t chunk, std::vector<std::pair<uint32_t, std::string>> dirs,
                     std::vector<std::tuple<uint32_t, std::string, uint64_t>> samples,
-                    uint64_t claimed_samples) {
+                    uint64_t claimed_samples, bool modes = true, uint16_t file_mode = 0644) {
     std::string b;
     ByteWriter w(&b);
     w.Put(chunk);
@@ -297,6 +301,10 @@ TEST(ManifestTest, MalformedBodiesAreRefused) {
     for (auto& s : samples) w.PutBytes(std::get<1>(s));
     for (auto& s : samples) w.Put(std::get<2>(s));
     for (size_t i = 0; i < samples.size(); ++i) w.Put(int64_t{0});
+    if (modes) {
+      for (size_t i = 0; i < samples.size(); ++i) w.Put(file_mode);
+      for (size_t i = 0; i < dirs.size(); ++i) w.Put(uint16_t{0755});
+    }
     return b;
   };
   const uint32_t kRoot = manifest_format::kNoParent;
@@ -305,6 +313,18 @@ TEST(ManifestTest, MalformedBodiesAreRefused) {
       body_of(1024, {{kRoot, ""}, {0, "a"}}, {{1, "x", 5}, {1, "y", 6}, {0, "z", 1}}, 3), id);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->PathOf(1), "a/y");
+  EXPECT_EQ(ok->ModeOf(1), 0644);
+  EXPECT_EQ(ok->DirectoryMode(1), 0755);
+  // The same body without mode columns is a good version 1 body.
+  auto v1 = internal::DecodeManifestBody(
+      body_of(1024, {{kRoot, ""}, {0, "a"}}, {{1, "x", 5}}, 1, /*modes=*/false), id, 1);
+  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  EXPECT_EQ(v1->ModeOf(0), kDefaultFileMode);
+  EXPECT_EQ(v1->DirectoryMode(0), kDefaultDirectoryMode);
+  // Bodies of a version this build does not know are refused as such.
+  EXPECT_EQ(
+      internal::DecodeManifestBody(body_of(1024, {{kRoot, ""}}, {}, 0), id, 3).status().code(),
+      StatusCode::kVersionMismatch);
 
   struct Case {
     const char* what;
@@ -322,12 +342,117 @@ TEST(ManifestTest, MalformedBodiesAreRefused) {
       {"count too small", body_of(1024, {{kRoot, ""}}, {{0, "a", 1}, {0, "b", 1}}, 1)},
       {"bad chunk size", body_of(7, {{kRoot, ""}}, {{0, "a", 1}}, 1)},
       {"empty", std::string()},
+      {"mode beyond 07777", body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, true, 010000)},
+      {"version 1 body read as 2", body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, false)},
+      {"mode column short",
+       body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, true)
+           .substr(0, body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, true).size() - 1)},
   };
   for (const auto& c : cases) {
     auto r = internal::DecodeManifestBody(c.body, id);
     ASSERT_FALSE(r.ok()) << c.what;
     EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << c.what;
   }
+}
+
+TEST(ManifestTest, ModesAndDirectoriesWithoutSamplesRoundTrip) {
+  std::vector<FileEntry> files = {
+      {"cls/a.jpg", 3, 100, 0640}, {"cls/b.jpg", 5, 200, 0400}, {"top", 0, 300, 04755}};
+  std::vector<DirectoryEntry> dirs = {
+      {"", 0750}, {"cls", 0700}, {"empty", 0755}, {"deep/er/est", 0711}};
+  auto m = Manifest::FromEntries(Header(), files, dirs);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  // root, cls, deep (implied), deep/er (implied), deep/er/est, empty.
+  ASSERT_EQ(m->directory_count(), 6u);
+  std::vector<std::string> paths;
+  for (uint32_t d = 0; d < m->directory_count(); ++d) paths.push_back(m->DirectoryPath(d));
+  EXPECT_EQ(paths,
+            (std::vector<std::string>{"", "cls", "deep", "deep/er", "deep/er/est", "empty"}));
+  EXPECT_EQ(m->DirectoryMode(0), 0750);
+  EXPECT_EQ(m->DirectoryMode(1), 0700);
+  EXPECT_EQ(m->DirectoryMode(2), kDefaultDirectoryMode);
+  EXPECT_EQ(m->DirectoryMode(4), 0711);
+  EXPECT_EQ(m->DirectoryName(4), "est");
+  EXPECT_EQ(m->DirectoryParent(4), 3u);
+  EXPECT_EQ(m->DirectoryParent(0), kNoParentDirectory);
+  EXPECT_EQ(m->DirectoryName(0), "");
+  EXPECT_EQ(m->ModeOf(0), 0640);
+  EXPECT_EQ(m->ModeOf(1), 0400);
+  EXPECT_EQ(m->ModeOf(2), 04755);
+  EXPECT_EQ(m->Sample(1)->mode, 0400);
+  EXPECT_EQ(m->DirectoryOf(0), 1u);
+  EXPECT_EQ(m->DirectoryOf(2), 0u);
+
+  auto back = Manifest::Decode(m->Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->id(), m->id());
+  EXPECT_EQ(back->Encode(), m->Encode());
+  EXPECT_EQ(back->directory_count(), 6u);
+  EXPECT_EQ(back->DirectoryPath(5), "empty");
+  EXPECT_EQ(back->ModeOf(2), 04755);
+  EXPECT_EQ(back->DirectoryMode(4), 0711);
+
+  // A mode is part of the content: a chmod at the source is a new manifest.
+  files[0].mode = 0644;
+  auto chmodded = Manifest::FromEntries(Header(), files, dirs);
+  ASSERT_TRUE(chmodded.ok());
+  EXPECT_NE(chmodded->id(), m->id());
+  dirs[2].mode = 0700;
+  auto dir_chmodded = Manifest::FromEntries(Header(), files, dirs);
+  ASSERT_TRUE(dir_chmodded.ok());
+  EXPECT_NE(dir_chmodded->id(), chmodded->id());
+}
+
+TEST(ManifestTest, BadModesAndDirectoriesAreRefused) {
+  auto too_big = Manifest::FromEntries(Header(), {{"a", 1, 1, 010000}});
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_big.status().message().find("07777"), std::string::npos);
+  auto dir_too_big = Manifest::FromEntries(Header(), {}, {{"d", 0170000}});
+  ASSERT_FALSE(dir_too_big.ok());
+  EXPECT_NE(dir_too_big.status().message().find("'d'"), std::string::npos);
+  auto twice = Manifest::FromEntries(Header(), {}, {{"d", 0755}, {"d", 0700}});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("listed twice"), std::string::npos);
+  for (const char* bad : {"/abs", "a//b", "a/..", ".", "x/"}) {
+    auto r = Manifest::FromEntries(Header(), {}, {{bad, 0755}});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// A manifest written by the version 1 format (before modes): made by Granary
+// at 648c622 from {"cls/a.jpg", 3, 100}, {"cls/b.jpg", 2000, 200}, {"top", 0,
+// 300} with chunk size 1024 and source file:///data/v1.
+TEST(ManifestTest, Version1ManifestsStillRead) {
+  const std::string hex =
+      "47524e594d414e460100000040000000000000000000000033747e7b8bc57b237a133dc2905bb56dbd00000000"
+      "0000006800000000000000dd88926cf736dc4528b52ffd20bdfd02007284101cb0a9310c03261886a1ad1a39ac"
+      "4ab3dcf6869c4810b210db5d69650aff8f84c484c93d0f619c53ac73b5c21fa1969cbbbb6f44bade62aa7a28ad"
+      "59fee107ce83030b2020a3230f596417250efb015dc971a8307a254891035bdbdd";
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  auto m = Manifest::Decode(bytes);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->id().ToHex(), "6db55b90c23d137a237bc58b7b7e7433");
+  ASSERT_EQ(m->sample_count(), 3u);
+  EXPECT_EQ(m->PathOf(1), "cls/b.jpg");
+  EXPECT_EQ(m->SizeOf(1), 2000u);
+  EXPECT_EQ(m->ModeOf(0), kDefaultFileMode);
+  EXPECT_EQ(m->DirectoryMode(1), kDefaultDirectoryMode);
+  EXPECT_EQ(m->header().source_uri, "file:///data/v1");
+  // It stays version 1: the same bytes, so its id (and every chunk key) holds.
+  EXPECT_EQ(m->Encode(), bytes);
+  // The same files built now make a version 2 manifest with another id.
+  auto now = Manifest::FromEntries(
+      m->header(), {{"cls/a.jpg", 3, 100}, {"cls/b.jpg", 2000, 200}, {"top", 0, 300}});
+  ASSERT_TRUE(now.ok());
+  EXPECT_NE(now->id(), m->id());
+  EXPECT_EQ(LoadLe<uint32_t>(reinterpret_cast<const uint8_t*>(now->Encode().data()) +
+                             manifest_format::kVersionOffset),
+            2u);
 }
 
 TEST(ManifestTest, SaveAndLoad) {

@@ -36,6 +36,8 @@ namespace granary {
 using SampleId = uint32_t;
 using ChunkId = uint32_t;
 
+inline constexpr uint32_t kNoParentDirectory = 0xFFFFFFFFu;  // the root's parent
+
 inline constexpr uint64_t kDefaultChunkSize = 16ull << 20;  // 16 MiB
 inline constexpr uint64_t kMinChunkSize = 1ull << 10;       // 1 KiB (tests)
 inline constexpr uint64_t kMaxChunkSize = 1ull << 30;       // 1 GiB
@@ -43,11 +45,28 @@ inline constexpr uint64_t kMaxChunkSize = 1ull << 30;       // 1 GiB
 // for a dataset of empty files); a chunk that reaches it is closed.
 inline constexpr uint32_t kMaxSamplesPerChunk = 1u << 24;
 
+// Permission bits (st_mode & 07777) shown when the source's are not known: a
+// manifest of format version 1 recorded none, and entries built by hand may
+// leave them out. The dataset is read-only, so nothing is writable.
+inline constexpr uint16_t kDefaultFileMode = 0444;
+inline constexpr uint16_t kDefaultDirectoryMode = 0555;
+inline constexpr uint16_t kMaxMode = 07777;
+
 // One file of the source, as the walk saw it.
 struct FileEntry {
   std::string path;  // relative to the source root, '/'-separated, no leading '/'
   uint64_t size = 0;
-  int64_t mtime_ns = 0;  // st_mtim in nanoseconds since the epoch
+  int64_t mtime_ns = 0;              // st_mtim in nanoseconds since the epoch
+  uint16_t mode = kDefaultFileMode;  // st_mode & 07777
+};
+
+// One directory of the source, as the walk saw it. Directories holding
+// samples are implied by the samples' paths; listing them here records their
+// modes, and lists directories that hold no sample at all (an empty class
+// folder is still a class to torchvision's ImageFolder).
+struct DirectoryEntry {
+  std::string path;                       // relative to the source root; "" is the root itself
+  uint16_t mode = kDefaultDirectoryMode;  // st_mode & 07777
 };
 
 // What the walk saw besides the samples. Part of the manifest (and its id).
@@ -77,9 +96,10 @@ struct SampleInfo {
   std::string path;
   uint64_t size = 0;
   int64_t mtime_ns = 0;
-  ChunkId chunk = 0;          // first (usually only) chunk holding its bytes
-  uint32_t chunk_offset = 0;  // offset of its first byte in that chunk's payload
-  uint32_t chunk_count = 1;   // chunks it spans (>1 only when size > chunk_size)
+  ChunkId chunk = 0;                 // first (usually only) chunk holding its bytes
+  uint32_t chunk_offset = 0;         // offset of its first byte in that chunk's payload
+  uint32_t chunk_count = 1;          // chunks it spans (>1 only when size > chunk_size)
+  uint16_t mode = kDefaultFileMode;  // permission bits at snapshot time
 };
 
 // One chunk: the samples with bytes in it.
@@ -102,7 +122,7 @@ struct ChunkSegment {
 
 class Manifest;
 namespace internal {
-Result<Manifest> DecodeManifestBody(std::string_view body, const ContentId& id);
+Result<Manifest> DecodeManifestBody(std::string_view body, const ContentId& id, uint32_t version);
 }  // namespace internal
 
 class Manifest {
@@ -115,8 +135,12 @@ class Manifest {
   Manifest& operator=(const Manifest&) = delete;
 
   // Builds from files already sorted or not (sorted here), packing per header.
-  // Fails on duplicate or invalid paths, bad chunk size, or limits exceeded.
-  static Result<Manifest> FromEntries(ManifestHeaderInfo header, std::vector<FileEntry> entries);
+  // `directories` adds directories (with their modes) beside those the files'
+  // paths imply; an implied directory not listed gets kDefaultDirectoryMode.
+  // Fails on duplicate or invalid paths, a directory listed twice, a mode
+  // above 07777, bad chunk size, or limits exceeded.
+  static Result<Manifest> FromEntries(ManifestHeaderInfo header, std::vector<FileEntry> entries,
+                                      std::vector<DirectoryEntry> directories = {});
 
   // Parses the encoded form (manifest_format.h). Every malformed input is a
   // Status (kCorruption, kVersionMismatch), never a crash.
@@ -146,6 +170,17 @@ class Manifest {
   ChunkId ChunkOf(SampleId id) const;
   uint32_t ChunkOffsetOf(SampleId id) const;
   std::string PathOf(SampleId id) const;
+  // Permission bits at snapshot time (st_mode & 07777).
+  uint16_t ModeOf(SampleId id) const;
+  // The directory (index below directory_count()) holding the sample.
+  uint32_t DirectoryOf(SampleId id) const;
+
+  // Directories: index 0 is the root (path ""); a parent's index is lower
+  // than its children's; sorted by path. Unchecked (d < directory_count()).
+  uint32_t DirectoryParent(uint32_t d) const;  // kNoParentDirectory for the root
+  const std::string& DirectoryPath(uint32_t d) const;
+  std::string_view DirectoryName(uint32_t d) const;  // the last component; "" for the root
+  uint16_t DirectoryMode(uint32_t d) const;
 
   // Path -> id ("a/b.jpg", no leading slash; "./" and "//" are not normalised).
   Result<SampleId> Find(std::string_view path) const;
@@ -158,7 +193,8 @@ class Manifest {
   size_t MemoryBytes() const;
 
  private:
-  friend Result<Manifest> internal::DecodeManifestBody(std::string_view body, const ContentId& id);
+  friend Result<Manifest> internal::DecodeManifestBody(std::string_view body, const ContentId& id,
+                                                       uint32_t version);
   struct Rep;
   explicit Manifest(std::unique_ptr<Rep> rep);
   std::unique_ptr<Rep> rep_;

@@ -13,6 +13,8 @@
 //     inside the root is a sample under the link's own path (size and mtime of
 //     the target); links to directories (cycles), outside the root or dangling
 //     are skipped and counted;
+//   - every directory read is recorded with its permission bits, so one
+//     without samples (an empty class folder) is in the manifest too;
 //   - sockets, fifos and devices are skipped and counted; entries the walk
 //     cannot read, or whose path is longer than 4095 bytes, are skipped and
 //     counted (the first is logged at warn, then a total at the end).

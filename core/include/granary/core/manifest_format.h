@@ -1,7 +1,7 @@
 #pragma once
 
-// Byte layout of an encoded manifest (version 1). docs/formats.md describes it
-// field by field; this header holds the sized constants both sides share.
+// Byte layout of an encoded manifest (version 2; version 1 is still read). docs/formats.md
+// describes it field by field; this header holds the sized constants both sides share.
 //
 //   file   := fixed_header (64 bytes) + zstd frame of `body`
 //   fixed_header:
@@ -23,7 +23,11 @@
 namespace granary::manifest_format {
 
 inline constexpr char kMagic[8] = {'G', 'R', 'N', 'Y', 'M', 'A', 'N', 'F'};
-inline constexpr uint32_t kVersion = 1;
+// Version 2 added the permission bits of samples and directories (and lists
+// directories without samples); version 1 manifests are still read, with
+// kDefaultFileMode / kDefaultDirectoryMode, and re-encode as version 1.
+inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kOldestVersion = 1;
 inline constexpr size_t kHeaderSize = 64;
 
 inline constexpr size_t kMagicOffset = 0;
