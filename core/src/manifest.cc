@@ -627,6 +627,7 @@ size_t Manifest::directory_count() const { return rep_->dir_path.size(); }
 uint64_t Manifest::SizeOf(SampleId id) const { return rep_->size[id]; }
 int64_t Manifest::MtimeOf(SampleId id) const { return rep_->mtime_ns[id]; }
 uint16_t Manifest::ModeOf(SampleId id) const { return rep_->mode[id]; }
+std::string_view Manifest::NameOf(SampleId id) const { return rep_->NameOf(id); }
 uint32_t Manifest::DirectoryOf(SampleId id) const { return rep_->sample_dir[id]; }
 uint32_t Manifest::DirectoryParent(uint32_t d) const { return rep_->dir_parent[d]; }
 const std::string& Manifest::DirectoryPath(uint32_t d) const { return rep_->dir_path[d]; }

@@ -1,9 +1,10 @@
 #include "granary/posix/mount_tree.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <limits>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
 #include "granary/core/names.h"
@@ -11,9 +12,8 @@
 namespace granary::posix {
 namespace {
 
-// NAME_MAX: the kernel looks up no longer component.
-constexpr size_t kMaxNameBytes = 255;
-constexpr uint64_t kMaxNamesBytes = std::numeric_limits<uint32_t>::max();
+// No sample under a directory yet (mtimes are signed nanoseconds).
+constexpr int64_t kNoMtime = std::numeric_limits<int64_t>::min();
 
 }  // namespace
 
@@ -22,132 +22,58 @@ Result<MountTree> MountTree::Build(std::shared_ptr<const Manifest> manifest) {
     return Status::InvalidArgument("building the POSIX view's tree: no manifest was given");
   }
   const size_t n = manifest->sample_count();
+  const size_t dir_count = manifest->directory_count();
   // Inodes are 32-bit inside (children_), and the largest is n + directories.
-  if (n > std::numeric_limits<uint32_t>::max() / 2) {
+  if (static_cast<uint64_t>(n) + dir_count > std::numeric_limits<uint32_t>::max() - 1) {
     return Status::InvalidArgument("building the POSIX view's tree: " + std::to_string(n) +
-                                   " samples are more than it can show; split the dataset");
+                                   " files and " + std::to_string(dir_count) +
+                                   " directories are more than 2^32 - 2 inodes; split the dataset");
   }
   MountTree tree;
-  tree.manifest_ = manifest;
-  tree.file_name_end_.reserve(n);
-  tree.file_parent_.reserve(n);
-  tree.dirs_.push_back(Dir{});  // the root
+  tree.manifest_ = std::move(manifest);
+  const Manifest& m = *tree.manifest_;
+  tree.dirs_.assign(dir_count, Dir{0, 0, 0, kNoMtime});
 
-  std::unordered_map<std::string, uint32_t> dir_of_path;  // "a/b" -> index; the root is ""
-  dir_of_path.emplace("", 0);
-  std::string last_dir_path;
-  uint32_t last_dir = 0;
-  std::vector<std::pair<uint32_t, uint32_t>> dir_children;  // (parent, child dir index)
-
-  // The index of directory `path`, creating it and its missing ancestors.
-  auto dir_index = [&](const std::string& path) -> Result<uint32_t> {
-    if (auto it = dir_of_path.find(path); it != dir_of_path.end()) return it->second;
-    // Walk up to the nearest known ancestor, then create downwards.
-    std::vector<size_t> cuts;  // ends of the prefixes to create, deepest first
-    size_t end = path.size();
-    while (true) {
-      cuts.push_back(end);
-      const size_t slash = path.rfind('/', end - 1);
-      if (slash == std::string::npos) break;
-      if (dir_of_path.count(path.substr(0, slash)) != 0) break;
-      end = slash;
-    }
-    for (size_t c = cuts.size(); c-- > 0;) {
-      const std::string prefix = path.substr(0, cuts[c]);
-      const size_t slash = prefix.rfind('/');
-      const std::string parent_path = slash == std::string::npos ? "" : prefix.substr(0, slash);
-      const std::string_view name =
-          std::string_view(prefix).substr(slash == std::string::npos ? 0 : slash + 1);
-      if (name.size() > kMaxNameBytes) {
-        return Status::InvalidArgument("building the POSIX view's tree: directory " +
-                                       Quoted(prefix) + " has a name longer than 255 bytes, " +
-                                       "which no file system can show; rename it at the source");
-      }
-      if (tree.dir_names_.size() + name.size() > kMaxNamesBytes) {
-        return Status::InvalidArgument(
-            "building the POSIX view's tree: the directory names pass 4 GiB; split the dataset");
-      }
-      Dir d;
-      d.parent = dir_of_path.at(parent_path);
-      d.name_begin = static_cast<uint32_t>(tree.dir_names_.size());
-      tree.dir_names_.append(name);
-      d.name_end = static_cast<uint32_t>(tree.dir_names_.size());
-      const auto index = static_cast<uint32_t>(tree.dirs_.size());
-      tree.dirs_.push_back(d);
-      dir_children.emplace_back(d.parent, index);
-      dir_of_path.emplace(prefix, index);
-    }
-    return dir_of_path.at(path);
-  };
-
+  // Children per directory (counting sort), and the newest mtime of each
+  // directory's own files.
+  std::vector<uint32_t> counts(dir_count, 0);
   for (SampleId id = 0; id < n; ++id) {
-    const std::string path = manifest->PathOf(id);
-    const size_t slash = path.rfind('/');
-    const std::string_view name =
-        std::string_view(path).substr(slash == std::string::npos ? 0 : slash + 1);
-    if (name.empty() || name.size() > kMaxNameBytes) {
-      return Status::InvalidArgument(
-          "building the POSIX view's tree: sample " + Quoted(path) +
-          (name.empty() ? " has an empty file name" : " has a name longer than 255 bytes") +
-          "; the manifest cannot be shown as a file system, take the snapshot again");
-    }
-    uint32_t dir = 0;
-    if (slash != std::string::npos) {
-      if (path.compare(0, slash, last_dir_path) == 0 && last_dir_path.size() == slash) {
-        dir = last_dir;
-      } else {
-        last_dir_path = path.substr(0, slash);
-        GRANARY_ASSIGN_OR_RETURN(last_dir, dir_index(last_dir_path));
-        dir = last_dir;
-      }
-    }
-    if (tree.file_names_.size() + name.size() > kMaxNamesBytes) {
-      return Status::InvalidArgument(
-          "building the POSIX view's tree: the file names pass 4 GiB; split the dataset");
-    }
-    tree.file_names_.append(name);
-    tree.file_name_end_.push_back(static_cast<uint32_t>(tree.file_names_.size()));
-    tree.file_parent_.push_back(dir);
-    tree.dirs_[dir].mtime_ns = std::max(tree.dirs_[dir].mtime_ns, manifest->MtimeOf(id));
+    const uint32_t d = m.DirectoryOf(id);
+    ++counts[d];
+    tree.dirs_[d].mtime_ns = std::max(tree.dirs_[d].mtime_ns, m.MtimeOf(id));
   }
-  if (static_cast<uint64_t>(n) + tree.dirs_.size() > std::numeric_limits<uint32_t>::max() - 1) {
-    return Status::InvalidArgument(
-        "building the POSIX view's tree: more than 2^32 - 2 files and directories; split the "
-        "dataset");
+  for (uint32_t d = 1; d < dir_count; ++d) {
+    ++counts[m.DirectoryParent(d)];
+    ++tree.dirs_[m.DirectoryParent(d)].subdirs;
   }
-
-  tree.file_names_.shrink_to_fit();
-  tree.dir_names_.shrink_to_fit();
-  tree.dirs_.shrink_to_fit();
-
-  // Directories were created after their parents: newest mtimes flow upwards.
-  for (size_t d = tree.dirs_.size(); d-- > 1;) {
-    Dir& parent = tree.dirs_[tree.dirs_[d].parent];
+  // Parents precede their children in the manifest: newest mtimes flow up.
+  for (uint32_t d = static_cast<uint32_t>(dir_count); d-- > 1;) {
+    Dir& parent = tree.dirs_[m.DirectoryParent(d)];
     parent.mtime_ns = std::max(parent.mtime_ns, tree.dirs_[d].mtime_ns);
-    ++parent.subdirs;
+  }
+  const int64_t newest = tree.dirs_[0].mtime_ns == kNoMtime ? 0 : tree.dirs_[0].mtime_ns;
+  for (Dir& d : tree.dirs_) {
+    if (d.mtime_ns == kNoMtime) d.mtime_ns = newest;
   }
 
-  // Children grouped by directory (counting sort), then sorted by name.
-  std::vector<uint32_t> counts(tree.dirs_.size(), 0);
-  for (uint32_t parent : tree.file_parent_) ++counts[parent];
-  for (const auto& [parent, child] : dir_children) ++counts[parent];
   uint32_t offset = 0;
-  for (size_t d = 0; d < tree.dirs_.size(); ++d) {
+  for (size_t d = 0; d < dir_count; ++d) {
     tree.dirs_[d].first_child = offset;
     offset += counts[d];
   }
   tree.children_.assign(offset, 0);
-  std::vector<uint32_t> fill(tree.dirs_.size(), 0);
+  std::vector<uint32_t> fill(dir_count, 0);
   for (SampleId id = 0; id < n; ++id) {
-    const uint32_t d = tree.file_parent_[id];
+    const uint32_t d = m.DirectoryOf(id);
     tree.children_[tree.dirs_[d].first_child + fill[d]++] =
         static_cast<uint32_t>(InodeOfSample(id));
   }
-  for (const auto& [parent, child] : dir_children) {
+  for (uint32_t d = 1; d < dir_count; ++d) {
+    const uint32_t parent = m.DirectoryParent(d);
     tree.children_[tree.dirs_[parent].first_child + fill[parent]++] =
-        static_cast<uint32_t>(tree.DirInode(child));
+        static_cast<uint32_t>(tree.DirInode(d));
   }
-  for (size_t d = 0; d < tree.dirs_.size(); ++d) {
+  for (size_t d = 0; d < dir_count; ++d) {
     Dir& dir = tree.dirs_[d];
     dir.child_count = counts[d];
     auto begin = tree.children_.begin() + dir.first_child;
@@ -168,34 +94,20 @@ Result<MountTree> MountTree::Build(std::shared_ptr<const Manifest> manifest) {
 
 Inode MountTree::Parent(Inode ino) const {
   if (!Valid(ino) || ino == kRootInode) return kRootInode;
-  if (IsDirectory(ino)) return DirInode(dirs_[DirIndex(ino)].parent);
-  return DirInode(file_parent_[SampleOf(ino)]);
+  if (IsDirectory(ino)) return DirInode(manifest_->DirectoryParent(DirIndex(ino)));
+  return DirInode(manifest_->DirectoryOf(SampleOf(ino)));
 }
 
 std::string_view MountTree::NameOf(Inode ino) const {
   if (!Valid(ino) || ino == kRootInode) return {};
-  if (IsDirectory(ino)) {
-    const Dir& d = dirs_[DirIndex(ino)];
-    return std::string_view(dir_names_).substr(d.name_begin, d.name_end - d.name_begin);
-  }
-  const SampleId id = SampleOf(ino);
-  const uint32_t begin = id == 0 ? 0 : file_name_end_[id - 1];
-  return std::string_view(file_names_).substr(begin, file_name_end_[id] - begin);
+  if (IsDirectory(ino)) return manifest_->DirectoryName(DirIndex(ino));
+  return manifest_->NameOf(SampleOf(ino));
 }
 
 std::string MountTree::PathOf(Inode ino) const {
   if (!Valid(ino)) return {};
-  std::vector<std::string_view> parts;
-  // Bounded by the depth: every step goes to a directory created before.
-  for (Inode at = ino; at != kRootInode && parts.size() <= max_inode(); at = Parent(at)) {
-    parts.push_back(NameOf(at));
-  }
-  std::string path;
-  for (size_t i = parts.size(); i-- > 0;) {
-    path.append(parts[i]);
-    if (i != 0) path.push_back('/');
-  }
-  return path;
+  if (IsDirectory(ino)) return manifest_->DirectoryPath(DirIndex(ino));
+  return manifest_->PathOf(SampleOf(ino));
 }
 
 Inode MountTree::Lookup(Inode dir, std::string_view name) const {
@@ -232,11 +144,15 @@ uint64_t MountTree::Size(Inode ino) const {
   return manifest_->SizeOf(SampleOf(ino));
 }
 
+uint32_t MountTree::Mode(Inode ino) const {
+  if (!Valid(ino)) return 0;
+  constexpr uint32_t kShown = 07777 & ~static_cast<uint32_t>(S_ISUID | S_ISGID);
+  if (IsDirectory(ino)) return S_IFDIR | (manifest_->DirectoryMode(DirIndex(ino)) & kShown);
+  return S_IFREG | (manifest_->ModeOf(SampleOf(ino)) & kShown);
+}
+
 size_t MountTree::MemoryBytes() const {
-  return file_names_.capacity() + dir_names_.capacity() +
-         (file_name_end_.capacity() + file_parent_.capacity() + children_.capacity()) *
-             sizeof(uint32_t) +
-         dirs_.capacity() * sizeof(Dir);
+  return children_.capacity() * sizeof(uint32_t) + dirs_.capacity() * sizeof(Dir);
 }
 
 }  // namespace granary::posix

@@ -69,11 +69,11 @@ struct PosixView::Callbacks {
     st->st_atim = mtime;
     st->st_blksize = kBlockSize;
     if (t.IsDirectory(ino)) {
-      st->st_mode = S_IFDIR | (v.options_.allow_other ? 0550 : 0555);
+      st->st_mode = t.Mode(ino);
       st->st_nlink = 2 + t.SubdirectoryCount(ino);
       st->st_size = static_cast<off_t>(kBlockSize);
     } else {
-      st->st_mode = S_IFREG | (v.options_.allow_other ? 0440 : 0444);
+      st->st_mode = t.Mode(ino);
       st->st_nlink = 1;
       const uint64_t size = t.Size(ino);
       st->st_size = static_cast<off_t>(size);

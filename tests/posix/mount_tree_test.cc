@@ -4,6 +4,7 @@
 #include "granary/posix/mount_tree.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <map>
@@ -151,6 +152,55 @@ TEST(MountTreeTest, BadManifestsAreClearErrors) {
   }
 }
 
+TEST(MountTreeTest, DirectoriesWithoutFilesAndModesAreShown) {
+  ManifestHeaderInfo header;
+  header.chunk_size = 1024;
+  auto built = Manifest::FromEntries(
+      header,
+      {{"cls/a.jpg", 3, 5'000, 0640}, {"cls/b.jpg", 4, 7'000, 04755}, {"top", 1, 9'000, 0600}},
+      {{"", 0750}, {"cls", 0710}, {"empty", 0700}, {"empty/inner", 02775}});
+  ASSERT_OK(built);
+  auto m = std::make_shared<const Manifest>(std::move(*built));
+  auto tree = MountTree::Build(m);
+  ASSERT_OK(tree);
+  const MountTree& t = *tree;
+  EXPECT_EQ(t.directory_count(), 4u);
+  EXPECT_EQ(ListNames(t, kRootInode), (std::vector<std::string>{"cls", "empty", "top"}));
+  EXPECT_EQ(t.SubdirectoryCount(kRootInode), 2u);
+  const Inode empty = t.Lookup(kRootInode, "empty");
+  ASSERT_NE(empty, kNoInode);
+  EXPECT_TRUE(t.IsDirectory(empty));
+  EXPECT_EQ(ListNames(t, empty), (std::vector<std::string>{"inner"}));
+  const Inode inner = t.Lookup(empty, "inner");
+  ASSERT_NE(inner, kNoInode);
+  EXPECT_TRUE(t.Children(inner).empty());
+  EXPECT_EQ(t.Lookup(inner, ".."), empty);
+  EXPECT_EQ(t.PathOf(inner), "empty/inner");
+  // Modes as at the source, without set-user-ID / set-group-ID (nosuid).
+  EXPECT_EQ(t.Mode(kRootInode), static_cast<uint32_t>(S_IFDIR | 0750));
+  EXPECT_EQ(t.Mode(t.Lookup(kRootInode, "cls")), static_cast<uint32_t>(S_IFDIR | 0710));
+  EXPECT_EQ(t.Mode(empty), static_cast<uint32_t>(S_IFDIR | 0700));
+  EXPECT_EQ(t.Mode(inner), static_cast<uint32_t>(S_IFDIR | 0775));
+  const Inode cls = t.Lookup(kRootInode, "cls");
+  EXPECT_EQ(t.Mode(t.Lookup(cls, "a.jpg")), static_cast<uint32_t>(S_IFREG | 0640));
+  EXPECT_EQ(t.Mode(t.Lookup(cls, "b.jpg")), static_cast<uint32_t>(S_IFREG | 0755));
+  EXPECT_EQ(t.Mode(t.Lookup(kRootInode, "top")), static_cast<uint32_t>(S_IFREG | 0600));
+  EXPECT_EQ(t.Mode(t.max_inode() + 1), 0u);
+  // A directory with no file under it shows the dataset's newest mtime.
+  EXPECT_EQ(t.MtimeNs(inner), 9'000);
+  EXPECT_EQ(t.MtimeNs(cls), 7'000);
+}
+
+TEST(MountTreeTest, Version1ManifestsShowReadOnlyModes) {
+  auto m = MakeManifest({"a/b"});
+  ASSERT_NE(m, nullptr);
+  auto tree = MountTree::Build(m);
+  ASSERT_OK(tree);
+  // MakeManifest leaves modes out: the defaults, as for a version 1 manifest.
+  EXPECT_EQ(tree->Mode(kRootInode), static_cast<uint32_t>(S_IFDIR | 0555));
+  EXPECT_EQ(tree->Mode(MountTree::InodeOfSample(0)), static_cast<uint32_t>(S_IFREG | 0444));
+}
+
 TEST(MountTreeTest, ManyFilesStayCompact) {
   std::vector<std::string> paths;
   for (int c = 0; c < 100; ++c) {
@@ -163,8 +213,8 @@ TEST(MountTreeTest, ManyFilesStayCompact) {
   auto tree = MountTree::Build(m);
   ASSERT_OK(tree);
   EXPECT_EQ(tree->directory_count(), 101u);
-  // ~12 bytes of tables per file plus its name (about 11 bytes here).
-  EXPECT_LT(tree->MemoryBytes(), 100'000u * 30) << tree->MemoryBytes();
+  // 4 bytes of tables per file; names stay in the manifest.
+  EXPECT_LT(tree->MemoryBytes(), 100'000u * 5) << tree->MemoryBytes();
   const Inode c7 = tree->Lookup(kRootInode, "class7");
   const Inode f = tree->Lookup(c7, "img_999.jpg");
   ASSERT_NE(f, kNoInode);

@@ -117,8 +117,12 @@ Dataset MakeDataset() {
   header.chunk_size = 64 * 1024;
   std::vector<FileEntry> entries;
   int64_t mtime = 1'700'000'000'123'456'789;
-  for (const auto& [path, bytes] : files) entries.push_back({path, bytes.size(), mtime += 1000});
-  auto m = Manifest::FromEntries(header, entries);
+  for (const auto& [path, bytes] : files) {
+    entries.push_back({path, bytes.size(), mtime += 1000,
+                       static_cast<uint16_t>(path == "train/n02/img_7.jpg" ? 0640 : 0444)});
+  }
+  // Modes of the source, and a class folder without files (still a class).
+  auto m = Manifest::FromEntries(header, entries, {{"train", 0750}, {"train/n05-empty", 0700}});
   EXPECT_OK(m);
   Dataset d;
   d.manifest = std::make_shared<const Manifest>(std::move(*m));
@@ -211,13 +215,13 @@ TEST_F(PosixViewTest, WalkAndReadEqualTheDatasetByteForByte) {
     ASSERT_EQ(seen[path], data_.contents[id]) << path;
   }
   EXPECT_EQ(dirs, (std::set<std::string>{"train", "big", "train/n00", "train/n01", "train/n02",
-                                         "train/n03", "train/n04"}));
+                                         "train/n03", "train/n04", "train/n05-empty"}));
   // Attributes from the manifest and the options.
   struct stat st;
   const SampleId some = *data_.manifest->Find("train/n02/img_7.jpg");
   ASSERT_EQ(stat((mnt_ + "/train/n02/img_7.jpg").c_str(), &st), 0);
   EXPECT_TRUE(S_ISREG(st.st_mode));
-  EXPECT_EQ(st.st_mode & 07777, 0444u);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
   EXPECT_EQ(st.st_uid, 1234u);
   EXPECT_EQ(st.st_gid, 5678u);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), data_.manifest->SizeOf(some));
@@ -225,8 +229,13 @@ TEST_F(PosixViewTest, WalkAndReadEqualTheDatasetByteForByte) {
             data_.manifest->MtimeOf(some));
   ASSERT_EQ(stat((mnt_ + "/train").c_str(), &st), 0);
   EXPECT_TRUE(S_ISDIR(st.st_mode));
-  EXPECT_EQ(st.st_mode & 07777, 0555u);
-  EXPECT_EQ(st.st_nlink, 7u);  // 2 + five class folders
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(st.st_nlink, 8u);  // 2 + six class folders
+  ASSERT_EQ(stat((mnt_ + "/train/n05-empty").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(st.st_nlink, 2u);
+  ASSERT_EQ(stat((mnt_ + "/big").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0555u);  // implied by a file, not listed: the default
   struct statvfs sv;
   ASSERT_EQ(statvfs(mnt_.c_str(), &sv), 0);
   EXPECT_NE(sv.f_flag & ST_RDONLY, 0u);
@@ -415,15 +424,19 @@ TEST_F(PosixViewTest, OpensHintTheFilesThatFollow) {
   EXPECT_TRUE(quiet->hinted().empty());
 }
 
-TEST_F(PosixViewTest, AllowOtherKeepsOthersOut) {
+// With allow_other the kernel checks modes (default_permissions): they are
+// the source's, so other users get in exactly where the source let them.
+TEST_F(PosixViewTest, AllowOtherShowsTheSourceModes) {
   PosixViewOptions o = Options();
   o.allow_other = true;
   MountIt(o);
   struct stat st;
   ASSERT_EQ(stat((mnt_ + "/README").c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 0440u);
+  EXPECT_EQ(st.st_mode & 07777, 0444u);
   ASSERT_EQ(stat((mnt_ + "/train").c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 0550u);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  ASSERT_EQ(stat((mnt_ + "/train/n02/img_7.jpg").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
 }
 
 TEST_F(PosixViewTest, StopUnmountsAndExternalUnmountEnds) {

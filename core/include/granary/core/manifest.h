@@ -170,6 +170,8 @@ class Manifest {
   ChunkId ChunkOf(SampleId id) const;
   uint32_t ChunkOffsetOf(SampleId id) const;
   std::string PathOf(SampleId id) const;
+  // The last component of the sample's path (a view into the manifest).
+  std::string_view NameOf(SampleId id) const;
   // Permission bits at snapshot time (st_mode & 07777).
   uint16_t ModeOf(SampleId id) const;
   // The directory (index below directory_count()) holding the sample.

@@ -5,17 +5,16 @@
 // answered from memory and never reach the source or a cache node.
 //
 // Inodes: 1 is the dataset's root directory; sample `id` is inode id + 2;
-// the other directories follow, in the order the manifest's paths first name
-// them. Directories are implied by the samples' paths (the manifest lists
-// files only), so a directory of the source with no sample under it is not in
-// the view. A directory's children are kept sorted byte-wise by name, so
-// Lookup is a binary search and readdir lists files in manifest (chunk) order
-// within a directory.
+// manifest directory d >= 1 is inode sample_count() + 1 + d. The directories
+// are the manifest's: every directory the snapshot read, with or without
+// samples, with its permission bits (a version 1 manifest lists only the
+// ancestors of samples, shown 0555). A directory's children are kept sorted
+// byte-wise by name, so Lookup is a binary search.
 //
-// Memory: about 12 bytes per sample (beside the manifest) plus its file name, and a few dozen bytes
-// per directory.
+// Memory: 4 bytes per sample (names and sizes stay in the manifest) and a few
+// dozen bytes per directory.
 //
-// Who calls it: PosixView (the FUSE callbacks); tests.
+// Who calls it: PosixView (the FUSE callbacks), the CLI's ls; tests.
 //
 // Thread safety: immutable after Build; any number of threads may read it.
 
@@ -39,17 +38,16 @@ inline constexpr Inode kNoInode = 0;
 class MountTree {
  public:
   // Builds the table. kInvalidArgument if the manifest cannot be shown as a
-  // tree (a name that is both a file and a directory, a path component longer
-  // than 255 bytes) or is too large (more than 2^32 - 2 inodes, 4 GiB of
-  // names); the message names the path and what to do.
-  // The tree keeps `manifest` (sizes and mtimes are read from it).
+  // tree (a name that is both a file and a directory) or is too large (more
+  // than 2^32 - 2 inodes); the message names the path and what to do.
+  // The tree keeps `manifest` (names, sizes, mtimes and modes are read from it).
   static Result<MountTree> Build(std::shared_ptr<const Manifest> manifest);
 
   MountTree() = default;
   MountTree(MountTree&&) noexcept = default;
   MountTree& operator=(MountTree&&) noexcept = default;
 
-  size_t sample_count() const { return file_name_end_.size(); }
+  size_t sample_count() const { return manifest_ == nullptr ? 0 : manifest_->sample_count(); }
   size_t directory_count() const { return dirs_.size(); }
   // The largest inode in use.
   Inode max_inode() const { return sample_count() + directory_count(); }
@@ -74,10 +72,14 @@ class MountTree {
   std::span<const uint32_t> Children(Inode dir) const;
   // Subdirectories of a directory (its link count is this + 2).
   uint32_t SubdirectoryCount(Inode dir) const;
-  // Files: the sample's mtime; directories: the newest sample under them.
+  // Files: the sample's mtime; directories: the newest sample under them, or
+  // for a directory with no sample under it, the newest of the dataset.
   int64_t MtimeNs(Inode ino) const;
   // Files: the sample's size; directories: 0.
   uint64_t Size(Inode ino) const;
+  // st_mode: the type (S_IFREG or S_IFDIR) and the permission bits at the
+  // source, without set-user-ID and set-group-ID (the view is nosuid).
+  uint32_t Mode(Inode ino) const;
 
   const Manifest& manifest() const { return *manifest_; }
 
@@ -86,9 +88,6 @@ class MountTree {
 
  private:
   struct Dir {
-    uint32_t parent = 0;  // directory index
-    uint32_t name_begin = 0;
-    uint32_t name_end = 0;
     uint32_t first_child = 0;  // into children_
     uint32_t child_count = 0;
     uint32_t subdirs = 0;
@@ -103,11 +102,7 @@ class MountTree {
   }
 
   std::shared_ptr<const Manifest> manifest_;
-  std::string file_names_;               // the samples' names, back to back in id order
-  std::vector<uint32_t> file_name_end_;  // sample id -> end of its name in file_names_
-  std::vector<uint32_t> file_parent_;    // sample id -> directory index
-  std::string dir_names_;
-  std::vector<Dir> dirs_;           // index 0 is the root
+  std::vector<Dir> dirs_;           // by the manifest's directory index; 0 is the root
   std::vector<uint32_t> children_;  // inodes (as 32-bit), grouped by directory
 };
 

@@ -7,9 +7,11 @@
 //  - Tree and attributes come from the manifest (MountTree): lookup,
 //    getattr and readdir(plus) are answered from memory and never reach the
 //    source or a cache node. Files are regular files of the manifest's size
-//    and mtime; owner uid/gid are the dataset owner's; modes are r--r--r--
-//    and r-xr-xr-x (r--r----- and r-xr-x--- with allow_other, where the
-//    kernel checks them: default_permissions).
+//    and mtime; owner uid/gid are the dataset owner's; modes are the
+//    source's at snapshot time, without set-user/group-ID (r--r--r-- and
+//    r-xr-xr-x for a version 1 manifest, which has none). With allow_other
+//    the kernel checks them (default_permissions); otherwise only the
+//    mounting user gets in.
 //  - Contents come from a ContentReader (content_reader.h): a file's sample is
 //    pinned at its first read and replied from in place until the read that
 //    reaches its end, or close. Opens hint the samples that follow
