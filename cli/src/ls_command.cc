@@ -18,11 +18,6 @@
 namespace granary::cli {
 namespace {
 
-// The modes the read-only POSIX view presents (the manifest records no mode):
-// files r--r--r--, directories r-xr-xr-x.
-constexpr uint32_t kFileMode = 0444;
-constexpr uint32_t kDirectoryMode = 0555;
-
 struct LsOptions {
   std::string dataset;
   std::string path;
@@ -31,25 +26,26 @@ struct LsOptions {
   bool directory = false;
 };
 
-uint32_t ModeOf(bool directory) { return directory ? kDirectoryMode : kFileMode; }
-
-// "dr-xr-xr-x", as ls -l shows a mode.
-std::string ModeString(bool directory) {
-  const uint32_t mode = ModeOf(directory);
+// "drwxr-x---", as ls -l shows a mode (s/S, t/T for the special bits).
+std::string ModeString(bool directory, uint16_t mode) {
   std::string s = directory ? "d" : "-";
-  for (int shift = 6; shift >= 0; shift -= 3) {
-    const uint32_t bits = mode >> shift;
+  constexpr uint16_t kSpecial[3] = {04000, 02000, 01000};  // set-user-ID, set-group-ID, sticky
+  for (int i = 0; i < 3; ++i) {
+    const unsigned bits = static_cast<unsigned>(mode >> (6 - 3 * i)) & 7u;
     s += (bits & 4) != 0 ? 'r' : '-';
     s += (bits & 2) != 0 ? 'w' : '-';
-    s += (bits & 1) != 0 ? 'x' : '-';
+    const bool special = (mode & kSpecial[i]) != 0;
+    const bool x = (bits & 1) != 0;
+    const char mark = i == 2 ? 't' : 's';
+    s += special ? (x ? mark : static_cast<char>(mark - 'a' + 'A')) : (x ? 'x' : '-');
   }
   return s;
 }
 
-// "0444".
-std::string OctalMode(bool directory) {
+// "0640".
+std::string OctalMode(uint16_t mode) {
   char buffer[8];
-  std::snprintf(buffer, sizeof(buffer), "%04o", ModeOf(directory));
+  std::snprintf(buffer, sizeof(buffer), "%04o", static_cast<unsigned>(mode));
   return buffer;
 }
 
@@ -139,7 +135,7 @@ class Lister {
             << ",\"path\":" << Json(e.path).dump() << ",\"type\":\""
             << (e.directory ? "directory" : "file") << "\",\"size\":" << e.size
             << ",\"mtime_ns\":" << e.mtime_ns << ",\"mtime\":\"" << UtcTime(e.mtime_ns)
-            << "\",\"mode\":\"" << OctalMode(e.directory) << "\",\"uid\":" << record_.owner.uid
+            << "\",\"mode\":\"" << OctalMode(e.mode) << "\",\"uid\":" << record_.owner.uid
             << ",\"gid\":" << record_.owner.gid;
         if (e.directory) {
           out << ",\"files\":" << e.files << "}";
@@ -156,7 +152,7 @@ class Lister {
     }
     std::vector<std::vector<std::string>> rows;
     for (const TreeEntry& e : entries) {
-      rows.push_back({ModeString(e.directory), owner_, group_, std::to_string(e.size),
+      rows.push_back({ModeString(e.directory, e.mode), owner_, group_, std::to_string(e.size),
                       LocalTime(e.mtime_ns), e.name});
     }
     // Sizes right-aligned, as ls does.

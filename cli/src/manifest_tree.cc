@@ -1,6 +1,7 @@
 #include "manifest_tree.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "granary/core/names.h"
@@ -21,6 +22,32 @@ SampleId LowerBound(const Manifest& manifest, std::string_view key) {
     }
   }
   return low;
+}
+
+// The index of directory `path` in the manifest's directory table (sorted by
+// path), or nothing.
+std::optional<uint32_t> FindDirectory(const Manifest& manifest, std::string_view path) {
+  uint32_t low = 0;
+  auto high = static_cast<uint32_t>(manifest.directory_count());
+  while (low < high) {
+    const uint32_t mid = low + (high - low) / 2;
+    if (manifest.DirectoryPath(mid) < path) {
+      low = mid + 1;
+    } else {
+      high = mid;
+    }
+  }
+  if (low < manifest.directory_count() && manifest.DirectoryPath(low) == path) return low;
+  return std::nullopt;
+}
+
+// The newest mtime of the dataset: what a directory with no file beneath shows.
+int64_t NewestMtime(const Manifest& manifest) {
+  int64_t newest = 0;
+  for (SampleId id = 0; id < manifest.sample_count(); ++id) {
+    newest = std::max(newest, manifest.MtimeOf(id));
+  }
+  return newest;
 }
 
 std::string_view LastComponent(std::string_view path) {
@@ -52,12 +79,12 @@ Result<TreeNode> ResolvePath(const Manifest& manifest, std::string_view path,
     node.end = *id + 1;
     return node;
   }
-  // A directory: the samples from "<path>/" up to "<path>0" ('0' follows '/').
-  const std::string prefix = std::string(path) + "/";
-  const SampleId first = LowerBound(manifest, prefix);
-  if (first < manifest.sample_count() && manifest.PathOf(first).starts_with(prefix)) {
+  // A directory: the samples from "<path>/" up to "<path>0" ('0' follows '/'),
+  // none for a directory without files.
+  if (std::optional<uint32_t> dir = FindDirectory(manifest, path)) {
     node.directory = true;
-    node.first = first;
+    node.dir = *dir;
+    node.first = LowerBound(manifest, std::string(path) + "/");
     node.end = LowerBound(manifest, std::string(path) + "0");
     return node;
   }
@@ -81,7 +108,8 @@ std::vector<TreeEntry> ListChildren(const Manifest& manifest, const TreeNode& di
       e.path = path;
       e.size = size;
       e.mtime_ns = mtime;
-      e.node = {false, path, id, id + 1};
+      e.mode = manifest.ModeOf(id);
+      e.node = {false, path, id, id + 1, 0};
       entries.push_back(std::move(e));
       continue;
     }
@@ -103,8 +131,34 @@ std::vector<TreeEntry> ListChildren(const Manifest& manifest, const TreeNode& di
     d.size = size;
     d.mtime_ns = mtime;
     d.files = 1;
-    d.node = {true, d.path, id, id + 1};
+    // Every directory holding a sample is in the table (the manifest's rule).
+    d.node = {true, d.path, id, id + 1, FindDirectory(manifest, d.path).value_or(0)};
+    d.mode = manifest.DirectoryMode(d.node.dir);
     entries.push_back(std::move(d));
+  }
+  // Subdirectories without files: the table's children of `dir`, all within
+  // the run of paths starting with "<dir>/" (contiguous in byte order).
+  const std::string prefix = dir.path.empty() ? std::string() : dir.path + "/";
+  std::optional<int64_t> newest;
+  for (uint32_t c = dir.dir + 1; c < manifest.directory_count(); ++c) {
+    const std::string& path = manifest.DirectoryPath(c);
+    if (!path.starts_with(prefix)) break;
+    if (manifest.DirectoryParent(c) != dir.dir) continue;
+    const std::string_view name = manifest.DirectoryName(c);
+    const bool listed = std::any_of(entries.begin(), entries.end(), [&name](const TreeEntry& e) {
+      return e.directory && e.name == name;
+    });
+    if (listed) continue;
+    if (!newest.has_value()) newest = NewestMtime(manifest);
+    TreeEntry e;
+    e.name = std::string(name);
+    e.path = path;
+    e.directory = true;
+    e.files = 0;
+    e.mtime_ns = *newest;
+    e.mode = manifest.DirectoryMode(c);
+    e.node = {true, path, dir.end, dir.end, c};  // an empty run of samples
+    entries.push_back(std::move(e));
   }
   // Byte order of full paths puts "a.txt" before the directory "a" ('.' <
   // '/'); listings are by name.
@@ -120,11 +174,13 @@ TreeEntry EntryOf(const Manifest& manifest, const TreeNode& node) {
   e.directory = node.directory;
   e.node = node;
   e.files = 0;
+  e.mode = node.directory ? manifest.DirectoryMode(node.dir) : manifest.ModeOf(node.first);
   for (SampleId id = node.first; id < node.end; ++id) {
     e.size += manifest.SizeOf(id);
     e.mtime_ns = std::max(e.mtime_ns, manifest.MtimeOf(id));
     ++e.files;
   }
+  if (node.directory && e.files == 0) e.mtime_ns = NewestMtime(manifest);
   return e;
 }
 

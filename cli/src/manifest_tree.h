@@ -2,12 +2,14 @@
 
 // ManifestTree: a dataset's directories and files as its manifest holds them,
 // for `granary ls` and `granary cat` (docs/cli.md). Nothing here touches the
-// source or a cache node: a manifest lists only regular files, sorted byte-wise
-// by path, so a directory is the run of samples whose paths start with
-// "<dir>/", found by binary search, and its children are read off that run.
-// Empty directories of the source are not in the manifest, so they do not
-// exist here. What a directory "has" (size, mtime) is derived: the bytes and
-// the newest mtime of the files beneath it.
+// source or a cache node: a manifest's samples are sorted byte-wise by path,
+// so a directory's files are the run of samples whose paths start with
+// "<dir>/", found by binary search, and its children are read off that run,
+// plus the subdirectories of the manifest's directory table that hold no file
+// (an empty class folder). Modes are the source's at snapshot time (0444 and
+// 0555 for a version 1 manifest). What a directory "has" (size, mtime) is
+// derived: the bytes and the newest mtime of the files beneath it (for one
+// with no file beneath, the dataset's newest mtime, as the POSIX view shows).
 //
 // Who calls it: ls_command.cc, cat_command.cc.
 //
@@ -31,6 +33,7 @@ struct TreeNode {
   std::string path;    // as normalised: "" for the root, no trailing '/'
   SampleId first = 0;  // file: its id; directory: the first sample beneath it
   SampleId end = 0;    // one past the last sample beneath (file: first + 1)
+  uint32_t dir = 0;    // directory: its index in the manifest's directory table
 };
 
 struct TreeEntry {
@@ -40,6 +43,7 @@ struct TreeEntry {
   uint64_t size = 0;     // file: its size; directory: the bytes of every file beneath
   int64_t mtime_ns = 0;  // file: as at the snapshot; directory: the newest file beneath
   uint64_t files = 1;    // directory: files beneath it (at any depth)
+  uint16_t mode = 0;     // permission bits (st_mode & 07777) at the snapshot
   TreeNode node;         // for descending into a directory
 };
 

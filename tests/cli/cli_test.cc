@@ -208,8 +208,11 @@ void AddTree(const std::string& source) {
   ASSERT_EQ(mkdir((source + "/a").c_str(), 0755), 0);
   ASSERT_EQ(mkdir((source + "/a/b").c_str(), 0755), 0);
   ASSERT_EQ(mkdir((source + "/dogs/puppies").c_str(), 0755), 0);
-  ASSERT_EQ(mkdir((source + "/empty").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((source + "/empty").c_str(), 0750), 0);
+  ASSERT_EQ(mkdir((source + "/empty/inner").c_str(), 01777), 0);
+  ASSERT_EQ(chmod((source + "/empty/inner").c_str(), 01777), 0);  // past the umask
   testing::WriteAll(source + "/a.txt", "top");
+  ASSERT_EQ(chmod((source + "/a.txt").c_str(), 0640), 0);
   testing::WriteAll(source + "/a/b/c.bin", testing::Bytes("c", 3000));
   testing::WriteAll(source + "/dogs/puppies/p1.jpg", testing::Bytes("p1", 500));
 }
@@ -226,7 +229,7 @@ TEST_F(CliTest, LsListsTheSnapshotFromTheManifest) {
 
   CliRun r = Run({"ls", "pets"});
   ASSERT_EQ(r.code, kCliOk) << r.err;
-  EXPECT_EQ(r.out, "a\na.txt\ncats\ndogs\n");  // by name; the empty directory is not there
+  EXPECT_EQ(r.out, "a\na.txt\ncats\ndogs\nempty\n");  // by name; a directory without files too
   std::vector<std::string> dogs = {"puppies"};
   for (int i = 0; i < 20; i += 2) dogs.push_back(std::to_string(i) + ".jpg");
   std::sort(dogs.begin(), dogs.end());
@@ -238,7 +241,12 @@ TEST_F(CliTest, LsListsTheSnapshotFromTheManifest) {
   EXPECT_EQ(Run({"ls", "pets", "dogs/"}).out, expected);
   EXPECT_EQ(Run({"ls", "pets", "dogs/puppies/p1.jpg"}).out, "p1.jpg\n");
   EXPECT_EQ(Run({"ls", "pets", "-d", "dogs"}).out, "dogs\n");
-  EXPECT_EQ(Run({"ls", "pets", "."}).out, "a\na.txt\ncats\ndogs\n");
+  EXPECT_EQ(Run({"ls", "pets", "."}).out, "a\na.txt\ncats\ndogs\nempty\n");
+  EXPECT_EQ(Run({"ls", "pets", "empty"}).out, "inner\n");
+  r = Run({"ls", "pets", "empty/inner"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(Run({"ls", "pets", "empty/nope"}).code, 3);
 
   // -l: mode, owner, group, size, mtime as at the snapshot.
   r = Run({"ls", "-l", "pets", "dogs"});
@@ -256,16 +264,29 @@ TEST_F(CliTest, LsListsTheSnapshotFromTheManifest) {
   while (std::getline(lines, line)) {
     if (line.ends_with(" 2.jpg")) {
       saw_file = true;
-      EXPECT_EQ(line.rfind("-r--r--r--  " + owner + "  ", 0), 0u) << line;
+      EXPECT_EQ(line.rfind("-rw-r--r--  " + owner + "  ", 0), 0u) << line;  // as at the source
       EXPECT_NE(line.find(" 1002  " + std::string(when) + "  2.jpg"), std::string::npos) << line;
     }
     if (line.ends_with(" puppies")) {
       saw_dir = true;
-      EXPECT_EQ(line.rfind("dr-xr-xr-x  ", 0), 0u) << line;
+      EXPECT_EQ(line.rfind("drwxr-xr-x  ", 0), 0u) << line;
       EXPECT_NE(line.find(" 500  "), std::string::npos) << line;  // bytes beneath
     }
   }
   EXPECT_TRUE(saw_file && saw_dir) << r.out;
+  // Modes as at the source, the sticky bit as ls shows it; directories
+  // without files have no bytes and show the dataset's newest mtime.
+  r = Run({"ls", "-l", "-d", "pets", "a.txt"});
+  EXPECT_EQ(r.out.rfind("-rw-r-----  ", 0), 0u) << r.out;
+  r = Run({"ls", "-l", "pets", "empty"});
+  EXPECT_EQ(r.out.rfind("drwxrwxrwt  ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" 0  "), std::string::npos) << r.out;
+  r = Run({"ls", "-d", "pets", "empty", "-o", "json"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  auto empty = nlohmann::json::parse(r.out)["entries"][0];
+  EXPECT_EQ(empty["mode"], "0750");
+  EXPECT_EQ(empty["files"], 0);
+  EXPECT_EQ(empty["type"], "directory");
 
   // -R: each directory under its heading, depth first.
   r = Run({"ls", "-R", "pets", "a"});
@@ -273,9 +294,11 @@ TEST_F(CliTest, LsListsTheSnapshotFromTheManifest) {
   EXPECT_EQ(r.out, "a:\nb\n\na/b:\nc.bin\n");
   r = Run({"ls", "-R", "pets"});
   ASSERT_EQ(r.code, kCliOk) << r.err;
-  EXPECT_EQ(r.out.rfind(".:\na\na.txt\ncats\ndogs\n\na:\nb\n\na/b:\nc.bin\n\ncats:\n", 0), 0u)
+  EXPECT_EQ(r.out.rfind(".:\na\na.txt\ncats\ndogs\nempty\n\na:\nb\n\na/b:\nc.bin\n\ncats:\n", 0),
+            0u)
       << r.out;
   EXPECT_NE(r.out.find("\n\ndogs/puppies:\np1.jpg\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n\nempty:\ninner\n\nempty/inner:\n"), std::string::npos) << r.out;
 
   // JSON: every entry with its facts; -R flattens the tree.
   r = Run({"ls", "-R", "pets", "dogs", "-o", "json"});
@@ -292,7 +315,7 @@ TEST_F(CliTest, LsListsTheSnapshotFromTheManifest) {
     EXPECT_EQ(e["type"], "file");
     EXPECT_EQ(e["size"], 500);
     EXPECT_EQ(e["mtime_ns"], MtimeNs(source_ + "/dogs/puppies/p1.jpg"));
-    EXPECT_EQ(e["mode"], "0444");
+    EXPECT_EQ(e["mode"], "0644");
     EXPECT_EQ(e["uid"], getuid());
   }
   EXPECT_TRUE(saw_p1) << r.out;
