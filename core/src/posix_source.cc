@@ -56,19 +56,37 @@ int OpenAt(int dir_fd, const char* path, int flags) {
   return fd;
 }
 
-// Compares what fstat says of the open file with the manifest. Empty when equal.
-std::string Mismatch(const struct stat& st, const SourceFile& file) {
-  if (!S_ISREG(st.st_mode)) return "it is " + std::string(FileType(st.st_mode)) + " now";
+// Compares the open file's type, size and mtime with the manifest. Empty when
+// equal.
+std::string Mismatch(mode_t mode, uint64_t size, int64_t mtime_ns, const SourceFile& file) {
+  if (!S_ISREG(mode)) return "it is " + std::string(FileType(mode)) + " now";
   std::string diff;
-  if (static_cast<uint64_t>(st.st_size) != file.size) {
-    diff = "size " + std::to_string(st.st_size) + " bytes, snapshot " + std::to_string(file.size);
+  if (size != file.size) {
+    diff = "size " + std::to_string(size) + " bytes, snapshot " + std::to_string(file.size);
   }
-  if (MtimeNs(st) != file.mtime_ns) {
+  if (mtime_ns != file.mtime_ns) {
     if (!diff.empty()) diff += "; ";
-    diff +=
-        "mtime " + std::to_string(MtimeNs(st)) + " ns, snapshot " + std::to_string(file.mtime_ns);
+    diff += "mtime " + std::to_string(mtime_ns) + " ns, snapshot " + std::to_string(file.mtime_ns);
   }
   return diff;
+}
+
+std::string Mismatch(const struct stat& st, const SourceFile& file) {
+  return Mismatch(st.st_mode, static_cast<uint64_t>(st.st_size), MtimeNs(st), file);
+}
+
+// The attributes the open just fetched, without asking the file system again
+// (AT_STATX_DONT_SYNC: NFS and FUSE answer from the inode). Local file
+// systems answer as fstat does.
+int StatCached(int fd, struct statx* stx) {
+  return ::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE | STATX_SIZE | STATX_MTIME,
+                 stx);
+}
+
+std::string Mismatch(const struct statx& stx, const SourceFile& file) {
+  const int64_t mtime_ns = static_cast<int64_t>(stx.stx_mtime.tv_sec) * 1'000'000'000 +
+                           static_cast<int64_t>(stx.stx_mtime.tv_nsec);
+  return Mismatch(static_cast<mode_t>(stx.stx_mode), stx.stx_size, mtime_ns, file);
 }
 
 }  // namespace
@@ -264,12 +282,12 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
     hook(SourceReadStage::kBeforeOpen);
     GRANARY_ASSIGN_OR_RETURN(ScopedFd fd, OpenBeneath(file));
 
-    struct stat st;
-    if (::fstat(fd.get(), &st) != 0) {
+    struct statx stx {};
+    if (StatCached(fd.get(), &stx) != 0) {
       int err = errno;
-      return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": fstat"));
+      return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": statx"));
     }
-    if (std::string diff = Mismatch(st, file); !diff.empty()) return changed(diff);
+    if (std::string diff = Mismatch(stx, file); !diff.empty()) return changed(diff);
     hook(SourceReadStage::kChecked);
 
     size_t done = 0;
@@ -293,6 +311,7 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
     }
     hook(SourceReadStage::kRead);
 
+    struct stat st;
     if (::fstat(fd.get(), &st) != 0) {
       int err = errno;
       return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": fstat after the read"));
@@ -319,10 +338,34 @@ Result<ScopedFd> PosixSource::OpenBeneath(const SourceFile& file) {
   int fd = -1;
   int err = 0;
   if (use_openat2_) {
-    long r = OpenAt2(root_.get(), file.path.c_str(), kFileOpenFlags,
-                     RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
-    err = errno;
-    fd = static_cast<int>(r);
+    const size_t slash = file.path.rfind('/');
+    if (slash == std::string::npos) {
+      fd = static_cast<int>(OpenAt2(root_.get(), file.path.c_str(), kFileOpenFlags,
+                                    RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS));
+      err = errno;
+    } else {
+      const std::string dir_path = file.path.substr(0, slash);
+      const char* name = file.path.c_str() + slash + 1;
+      // Twice at most: a kept descriptor of a directory deleted (or replaced)
+      // since is dropped and the directory opened afresh.
+      for (int attempt = 0; attempt < 2 && fd < 0; ++attempt) {
+        bool fresh = false;
+        std::shared_ptr<const ScopedFd> dir = DirectoryBeneath(dir_path, &fresh, &err);
+        if (dir == nullptr) break;
+        long r = OpenAt2(dir->get(), name, kFileOpenFlags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+        err = errno;
+        if (r < 0 && err == EXDEV) {
+          // A symlink leaving its directory ("../other/f") may still stay
+          // inside the root, as the snapshot allowed: judge it from the root.
+          r = OpenAt2(root_.get(), file.path.c_str(), kFileOpenFlags,
+                      RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+          err = errno;
+        }
+        fd = static_cast<int>(r);
+        if (fd >= 0 || fresh || (err != ENOENT && err != ENOTDIR && err != ESTALE)) break;
+        ForgetDirectory(dir_path, dir);
+      }
+    }
   } else {
     // Walk the directories without following any symlink, then open the file
     // the same way; each step is relative to a descriptor already checked.
@@ -392,6 +435,34 @@ Result<ScopedFd> PosixSource::OpenBeneath(const SourceFile& file) {
     default:
       return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what + ": open"));
   }
+}
+
+std::shared_ptr<const ScopedFd> PosixSource::DirectoryBeneath(const std::string& dir, bool* fresh,
+                                                              int* err) {
+  {
+    std::lock_guard<std::mutex> lock(dirs_mu_);
+    if (auto it = dirs_.find(dir); it != dirs_.end()) return it->second;
+  }
+  *fresh = true;
+  const long r = OpenAt2(root_.get(), dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC,
+                         RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+  if (r < 0) {
+    *err = errno;
+    return nullptr;
+  }
+  auto opened = std::make_shared<const ScopedFd>(static_cast<int>(r));
+  std::lock_guard<std::mutex> lock(dirs_mu_);
+  // Bounded: starting over costs one lookup per directory again; readers
+  // holding an evicted descriptor keep it until they are done.
+  if (dirs_.size() >= kMaxCachedDirectories) dirs_.clear();
+  // Another reader may have opened it meanwhile: keep the first.
+  return dirs_.emplace(dir, std::move(opened)).first->second;
+}
+
+void PosixSource::ForgetDirectory(const std::string& dir,
+                                  const std::shared_ptr<const ScopedFd>& stale) {
+  std::lock_guard<std::mutex> lock(dirs_mu_);
+  if (auto it = dirs_.find(dir); it != dirs_.end() && it->second == stale) dirs_.erase(it);
 }
 
 SourceCounters PosixSource::Counters() const {

@@ -291,6 +291,37 @@ TEST_F(PosixSourceTest, DeletedFileIsNotFound) {
   EXPECT_EQ(source->Counters().error(SourceErrorKind::kNotFound), 2u);
 }
 
+// Directories are opened once and kept: a directory deleted and made again
+// since (with the same files) is opened afresh, and one replaced by a symlink
+// leading out of the root is refused, never followed.
+TEST_F(PosixSourceTest, KeptDirectoriesFollowTheSourceAndStayInside) {
+  Write("cls/a", 10);
+  Write("cls/b", 20);
+  Snapshot();
+  auto source = OpenSource();
+  ASSERT_NE(source, nullptr);
+  ASSERT_OK(ReadAll(*source, File("cls/a")));  // cls is kept from here on
+  // cls made again with the same files (same bytes, same mtimes).
+  const fs::file_time_type b_mtime = fs::last_write_time(Path("cls/b"));
+  fs::remove_all(Path("cls"));
+  Write("cls/b", 20);
+  fs::last_write_time(Path("cls/b"), b_mtime);
+  auto b = ReadAll(*source, File("cls/b"));
+  ASSERT_OK(b);
+  EXPECT_EQ(*b, Bytes("cls/b", 20));
+  // cls replaced by a link to a directory outside the root holding a file
+  // of the same name, size and mtime: refused as outside.
+  TempDir outside;
+  outside.WriteFile("a", Bytes("cls/a", 10));
+  fs::last_write_time(outside.Join("a"), fs::last_write_time(Path("cls/b")));
+  fs::remove_all(Path("cls"));
+  fs::create_directory_symlink(outside.path(), Path("cls"));
+  Status s = ReadAll(*source, File("cls/b")).status();
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("outside the source root"));
+  EXPECT_EQ(source->Counters().error(SourceErrorKind::kUnsafePath), 1u);
+}
+
 TEST_F(PosixSourceTest, FileReplacedByAFifoOrADirectoryIsAnErrorNotAHang) {
   Write("fifo", 10);
   Write("dir", 10);

@@ -9,14 +9,18 @@
 //      manifest's size. Failures cost no open;
 //   2. a slot of the in-flight limit is taken (Read waits, TryRead does not);
 //   3. on an IdentityExecutor worker running as the owner, the file is opened
-//      relative to an O_PATH descriptor of the root with openat2(2) and
-//      RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, so neither '..' nor a symlink
-//      (including one swapped in after the snapshot) leads outside the root;
-//      symlinks that stay inside are followed, as the manifest includes them.
-//      The open is O_NONBLOCK, so a FIFO swapped in cannot hang it;
-//   4. fstat of the opened descriptor must show a regular file with the
-//      manifest's size and mtime (ns), else kFailedPrecondition ("changed since
-//      the snapshot") and nothing is read;
+//      with openat2(2) and RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS relative to
+//      an O_PATH descriptor of its directory, itself opened the same way
+//      relative to the root once and kept (up to kMaxCachedDirectories), so
+//      neither '..' nor a symlink (including one swapped in after the
+//      snapshot) leads outside the root, and the source sees one lookup per
+//      file, not one per path component; symlinks that stay inside are
+//      followed, as the manifest includes them. The open is O_NONBLOCK, so a
+//      FIFO swapped in cannot hang it;
+//   4. the opened descriptor's attributes as the open just fetched them
+//      (statx with AT_STATX_DONT_SYNC: no extra round trip on NFS or FUSE)
+//      must show a regular file with the manifest's size and mtime (ns), else
+//      kFailedPrecondition ("changed since the snapshot") and nothing is read;
 //   5. pread until the range is read; end of file first is "changed";
 //   6. fstat again: a size or mtime that moved during the read is "changed",
 //      so bytes from a file rewritten meanwhile are never returned.
@@ -36,9 +40,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "granary/core/file.h"
 #include "granary/core/identity.h"
@@ -55,6 +61,8 @@ enum class SourceReadStage : uint8_t {
 };
 
 inline constexpr uint32_t kDefaultSourceInFlight = 16;
+// Directory descriptors a PosixSource keeps open at most (then it starts over).
+inline constexpr size_t kMaxCachedDirectories = 4096;
 inline constexpr uint32_t kMaxSourceInFlight = 65536;
 
 struct PosixSourceOptions {
@@ -109,8 +117,17 @@ class PosixSource final : public Source {
   std::string What(const SourceFile& file, uint64_t offset, size_t length) const;
 
   const PosixSourceOptions options_;
+  // The O_PATH descriptor of directory `dir` (relative, not empty) beneath
+  // the root, opened on first use (as the owner; `*fresh` set) and kept; null
+  // with `*err` set when it cannot be opened. openat2 path only.
+  std::shared_ptr<const ScopedFd> DirectoryBeneath(const std::string& dir, bool* fresh, int* err);
+  // Drops the kept descriptor of `dir` if it is still `stale`.
+  void ForgetDirectory(const std::string& dir, const std::shared_ptr<const ScopedFd>& stale);
+
   const ScopedFd root_;  // O_PATH | O_DIRECTORY
   const bool use_openat2_;
+  std::mutex dirs_mu_;
+  std::unordered_map<std::string, std::shared_ptr<const ScopedFd>> dirs_;  // guarded by dirs_mu_
   SourceMeter meter_;
   InFlightLimit limit_;
   std::array<std::atomic<bool>, kSourceErrorKinds> warned_{};  // one warn log per kind
