@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cli_context.h"
+#include "direct_reader.h"
 #include "granary/client/session.h"
 #include "granary/core/config.h"
 #include "granary/core/log.h"
@@ -220,23 +221,6 @@ class Cat {
     return Status::Ok();
   }
 
-  // Root and the owner may read; anyone else only what they could read at
-  // the source themselves.
-  Status CheckMayRead(const DatasetRecord& record, const std::string& root,
-                      const std::string& path) {
-    if (geteuid() == 0 || geteuid() == record.owner.uid) return Status::Ok();
-    const std::string file = root + "/" + path;
-    if (faccessat(AT_FDCWD, file.c_str(), R_OK, AT_EACCESS) == 0) return Status::Ok();
-    const int e = errno;
-    return Status::PermissionDenied(
-        "dataset " + Quoted(record.name) + " belongs to uid " + std::to_string(record.owner.uid) +
-        " (" + UserName(record.owner.uid) + "); you are uid " + std::to_string(geteuid()) + " (" +
-        UserName(geteuid()) + ") and cannot read its source file " + Quoted(file) + " (" +
-        std::strerror(e) +
-        "): only those who may read a file at the source may read it from the cache; ask the "
-        "owner for read access there");
-  }
-
   Status Direct() {
     GRANARY_RETURN_IF_ERROR(c_.OpenStore());
     GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, c_.store().GetDataset(o_.dataset));
@@ -245,44 +229,20 @@ class Cat {
     }
     GRANARY_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> manifest,
                              LoadManifest(c_.store(), record));
-    GRANARY_ASSIGN_OR_RETURN(std::string root, PosixSource::RootFromUri(record.spec.source_uri));
-    GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c_.store().ListNodes(record.spec.pool));
-    if (nodes.empty() && o_.no_source) {
-      return Status::FailedPrecondition("no live cache node in pool " + Quoted(record.spec.pool) +
-                                        " to read dataset " + Quoted(o_.dataset) +
-                                        " from, and --no-source; start granary-cachenode, or drop "
-                                        "--no-source to read the source");
-    }
-
     // The fetcher's warnings (a node skipped) would interleave with the
     // output; the summary below says what happened instead.
     QuietLogs quiet;
-    sidecar::SampleFetcherOptions fo;
-    fo.client_name = "granary-cat";
-    fo.source_fallthrough = !o_.no_source;
-    fo.source_concurrency = 2;
-    fo.peer.connect_timeout =
-        std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(2));
-    fo.peer.call_timeout = timeout_;
-    char host[256] = {};
-    if (gethostname(host, sizeof(host) - 1) == 0) {
-      for (const NodeRecord& n : nodes) {
-        if (n.id == host) fo.local_node_id = n.id;
-      }
+    DirectReaderOptions ro;
+    ro.client_name = "granary-cat";
+    ro.source_fallthrough = !o_.no_source;
+    ro.timeout = timeout_;
+    Result<std::unique_ptr<DirectReader>> reader =
+        DirectReader::Create(c_.store(), record, manifest, ro);
+    if (!reader.ok() && reader.status().code() == StatusCode::kFailedPrecondition) {
+      return Status::FailedPrecondition(reader.status().message() + " (drop --no-source)");
     }
-    // null executor: the fetcher starts its own at the first source read,
-    // switching to the identity asked for only when this process is root.
-    GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<sidecar::SampleFetcher> fetcher,
-                             sidecar::SampleFetcher::Create(fo, nullptr));
-    fetcher->SetNodes(nodes);
-    sidecar::FetchDataset ds;
-    ds.name = record.name;
-    ds.manifest = manifest;
-    ds.source_uri = record.spec.source_uri;
-    ds.owner = geteuid() == 0 ? record.owner
-                              : DatasetOwner{static_cast<uint32_t>(geteuid()),
-                                             static_cast<uint32_t>(getegid())};
-    ds.replication = record.spec.replication;
+    GRANARY_RETURN_IF_ERROR(reader.status());
+    DirectReader& direct = **reader;
 
     for (const std::string& path : paths_) {
       Result<TreeNode> node = ResolvePath(*manifest, path, o_.dataset);
@@ -295,7 +255,7 @@ class Cat {
                                                 path + "` lists it)"));
         continue;
       }
-      if (Status may = CheckMayRead(record, root, path); !may.ok()) {
+      if (Status may = direct.MayRead(node->first); !may.ok()) {
         Failed(path, may);
         continue;
       }
@@ -307,19 +267,15 @@ class Cat {
                                                " to read it; read it through a sidecar"));
         continue;
       }
-      sidecar::FetchTarget target{node->first, std::span<char>(buffer.get(), size)};
-      sidecar::FetchOutcome outcome;
-      fetcher->Fetch(ds, std::span<const sidecar::FetchTarget>(&target, 1),
-                     std::span<sidecar::FetchOutcome>(&outcome, 1));
-      if (!outcome.status.ok()) {
-        Failed(path, outcome.status);
+      if (Status read = direct.Read(node->first, std::span<char>(buffer.get(), size)); !read.ok()) {
+        Failed(path, read);
         continue;
       }
       const Status written = sink_.Write(std::string_view(buffer.get(), size));
       if (sink_.reader_gone()) return Status::Ok();
       if (!written.ok()) return written;
     }
-    const sidecar::SampleFetcherCounters counters = fetcher->counters();
+    const sidecar::SampleFetcherCounters counters = direct.counters();
     const uint64_t from_source =
         counters.samples[static_cast<size_t>(sidecar::SampleSource::kSource)];
     if (from_source > 0 || counters.node_failures > 0) {

@@ -3,7 +3,9 @@
 // from the manifest in the metadata store; contents come through the host's
 // granary-sidecar (posix::SessionContentReader), so every read takes the
 // client library's path (prefetched, local cache node, peer, on demand,
-// source fall-through).
+// source fall-through). When the sidecar is gone, reads go straight to the
+// cache nodes and the source until it is back (FallbackContentReader,
+// mount_fallback.h), unless --no-fallback.
 //
 // Runs until SIGTERM, SIGINT or SIGHUP (then unmounts cleanly), or until the
 // mount is removed from outside (fusermount3 -u DIR). Without --foreground it
@@ -37,6 +39,7 @@
 #include "granary/posix/posix_view.h"
 #include "granary/posix/readahead.h"
 #include "granary/posix/session_reader.h"
+#include "mount_fallback.h"
 
 namespace granary::cli {
 namespace {
@@ -51,12 +54,13 @@ struct MountOptions {
   std::string readahead = "auto";
   uint32_t readahead_samples = 256;
   std::string readahead_bytes = "64MiB";
-  std::string reconnect_timeout = "15s";
+  std::string reconnect_timeout;  // default: 1s with the fallback, else 15s
+  bool no_fallback = false;
 };
 
 // A mounted view and what it reads through, kept together for the run.
 struct Mounted {
-  std::shared_ptr<posix::SessionContentReader> reader;
+  std::shared_ptr<posix::ContentReader> reader;
   std::unique_ptr<posix::PosixView> view;
   std::string readahead;  // what the readahead follows
 };
@@ -85,7 +89,10 @@ class MountCommand {
     Result<ByteSize> bytes = ParseByteSize(o_.readahead_bytes);
     if (!bytes.ok()) return bytes.status().WithContext("--readahead-bytes");
     readahead_bytes_ = bytes->bytes;
-    Result<std::chrono::milliseconds> timeout = ParseDuration(o_.reconnect_timeout);
+    Result<std::chrono::milliseconds> timeout =
+        ParseDuration(!o_.reconnect_timeout.empty() ? o_.reconnect_timeout
+                      : o_.no_fallback              ? "15s"
+                                                    : "1s");
     if (!timeout.ok()) return timeout.status().WithContext("--reconnect-timeout");
     reconnect_timeout_ = *timeout;
     return Status::Ok();
@@ -161,6 +168,20 @@ class MountCommand {
       m.readahead = vo.readahead_order->description();
     }
     m.reader = std::shared_ptr<posix::SessionContentReader>(std::move(*reader));
+    if (!o_.no_fallback) {
+      DirectReaderOptions dro;
+      dro.client_name = "granary-mount/" + std::to_string(getpid());
+      Result<std::unique_ptr<DirectReader>> direct =
+          DirectReader::Create(c_.store(), *record, manifest, dro);
+      if (!direct.ok()) {
+        return direct.status().WithContext("preparing reads without the sidecar for dataset " +
+                                           Quoted(o_.dataset) + " (--no-fallback skips this)");
+      }
+      MetadataStore* store = &c_.store();
+      m.reader = std::make_shared<FallbackContentReader>(
+          std::move(m.reader), std::move(*direct), client::ResolveSocketPath(o_.socket),
+          [store](DirectReader& d) { return d.RefreshNodes(*store); });
+    }
     GRANARY_ASSIGN_OR_RETURN(m.view, posix::PosixView::Mount(vo, manifest, m.reader));
     return m;
   }
@@ -311,7 +332,8 @@ void AddMountCommand(CLI::App& app, CliContext& context) {
   mount->add_flag("-f,--foreground", o->foreground,
                   "Serve in this process until SIGTERM/SIGINT (default: in the background)");
   mount->add_flag("--allow-other", o->allow_other,
-                  "Let other users in (modes then admit only the dataset owner and group; "
+                  "Let other users in (the kernel then checks the source's modes against the "
+                  "dataset owner and group; "
                   "non-root needs user_allow_other in /etc/fuse.conf)");
   mount->add_option("--threads", o->threads, "FUSE worker threads and sidecar sessions (8)");
   mount->add_option("--readahead", o->readahead,
@@ -320,7 +342,10 @@ void AddMountCommand(CLI::App& app, CliContext& context) {
   mount->add_option("--readahead-samples", o->readahead_samples, "Readahead window in files (256)");
   mount->add_option("--readahead-bytes", o->readahead_bytes, "Readahead window in bytes (64MiB)");
   mount->add_option("--reconnect-timeout", o->reconnect_timeout,
-                    "How long a read retries a sidecar that went away before EIO (15s)");
+                    "How long a read retries a sidecar that went away before reading without it "
+                    "(1s), or with --no-fallback before EIO (15s)");
+  mount->add_flag("--no-fallback", o->no_fallback,
+                  "Never read without the sidecar: when it is gone, reads fail with EIO");
   context.OnParsed(mount, [&context, o] { return MountCommand(context, *o).Run(); });
 }
 

@@ -6,9 +6,9 @@
 // ImageFolder-style walk under /usr/bin/python3, and std::filesystem), source
 // symlinks that point outside never shown, a cache node killed during a full
 // read, a sidecar restarted under a read (and one that stays down: EIO after
-// the reconnect timeout), SIGTERM unmounting cleanly, a stale mount from a
-// SIGKILLed run cleaned by the next start, the background mode, and the bad
-// arguments.
+// the reconnect timeout; through `granary mount`, reads from the cache nodes
+// and then the source instead, EIO only with --no-fallback), SIGTERM unmounting cleanly, a stale
+// mount from a SIGKILLed run cleaned by the next start, the background mode, and the bad arguments.
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -306,6 +306,57 @@ TEST_F(PosixMountTest, ASidecarRestartIsRiddenOutAndOneThatStaysDownIsEio) {
   EXPECT_GE(slow.reader->counters().broken_sessions, 1u);
   // And the hasty mount works again too.
   EXPECT_EQ(ReadWhole(hasty + "/" + ds_.manifest->PathOf(3)), ds_.contents[3]);
+}
+
+// `granary mount` reads without the sidecar when it is gone: from the cache
+// nodes, then (every node gone too) from the source, so readers see no EIO.
+// With --no-fallback the same loss is EIO.
+TEST_F(PosixMountTest, ASidecarGoneForGoodFallsBackToTheNodesThenTheSource) {
+  const std::string mnt = NewDir("mnt");
+  const std::string strict = NewDir("strict");
+  auto cli = StartCli(MountArgs(mnt), "mount.log");
+  std::vector<std::string> strict_args = MountArgs(strict);
+  strict_args.insert(strict_args.end(), {"--no-fallback", "--reconnect-timeout", "500ms"});
+  auto strict_cli = StartCli(strict_args, "strict.log");
+  ASSERT_NE(cli, nullptr);
+  ASSERT_NE(strict_cli, nullptr);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return (Mounted(mnt) && Mounted(strict)) || !cli->Running() || !strict_cli->Running();
+      },
+      seconds(30)))
+      << cli->LogTail() << strict_cli->LogTail();
+  ASSERT_TRUE(Mounted(mnt) && Mounted(strict)) << cli->LogTail() << strict_cli->LogTail();
+  EXPECT_EQ(ReadWhole(mnt + "/" + ds_.manifest->PathOf(0)), ds_.contents[0]);
+  ASSERT_OK(sidecar_->Kill());
+
+  int error = 0;
+  ReadWhole(strict + "/" + ds_.manifest->PathOf(1), &error);
+  EXPECT_EQ(error, EIO) << "--no-fallback: the sidecar's loss is EIO";
+
+  // The first half from the cache nodes, the rest with every node gone.
+  const SampleId half = static_cast<SampleId>(ds_.sample_count() / 2);
+  std::vector<std::string> wrong;
+  for (SampleId id = 1; id < ds_.sample_count(); ++id) {
+    if (id == half) {
+      for (size_t n = 0; n < cluster_->node_count(); ++n) ASSERT_OK(cluster_->node(n).Kill());
+    }
+    int e = 0;
+    const std::string got = ReadWhole(mnt + "/" + ds_.manifest->PathOf(id), &e);
+    if (e != 0 || got != ds_.contents[id]) {
+      wrong.push_back(ds_.manifest->PathOf(id) + " (" + std::strerror(e) + ")");
+    }
+  }
+  EXPECT_TRUE(wrong.empty()) << wrong.size() << " files wrong, first " << wrong.front();
+  EXPECT_NE(cli->ReadLog().find("reading straight from the cache nodes and the source"),
+            std::string::npos)
+      << cli->LogTail();
+  auto exit = cli->Terminate(seconds(20));
+  ASSERT_OK(exit);
+  EXPECT_TRUE(exit->ExitedWith(0)) << exit->ToString() << "\n" << cli->LogTail();
+  ASSERT_OK(strict_cli->Terminate(seconds(20)));
+  EXPECT_FALSE(Mounted(mnt));
+  EXPECT_FALSE(Mounted(strict));
 }
 
 TEST_F(PosixMountTest, TheCommandServesUntilSigtermThenUnmounts) {
