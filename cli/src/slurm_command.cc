@@ -15,6 +15,10 @@
 //                                   slurm_bb_paths: the job's environment
 //   granary slurm teardown JOB      slurm_bb_job_teardown: deletes the job's
 //                                   datasets (idempotent); persistent ones stay
+//   granary slurm prolog JOB --uid U --gid G [--script FILE]
+//                                   the node's Prolog (slurm-plugin/prolog.sh):
+//                                   the job's sidecar and views (slurm_node.h)
+//   granary slurm epilog JOB        the node's Epilog: all of it gone
 //
 // setup and data_in run the `granary dataset` commands in-process (RunCli),
 // so a job's dataset is made exactly as a user's is.
@@ -34,6 +38,7 @@
 #include "granary/core/file.h"
 #include "granary/core/names.h"
 #include "slurm_directives.h"
+#include "slurm_node.h"
 
 namespace granary::cli {
 namespace {
@@ -291,6 +296,31 @@ void AddSlurmCommand(CLI::App& app, CliContext& context) {
       "teardown", "Delete the job's datasets; idempotent (slurm_bb_job_teardown)");
   teardown->add_option("job_id", o->job_id, "Slurm job id")->required();
   context.OnParsed(teardown, [&context, o] { return Teardown(context, *o); });
+
+  SlurmNodeOptions* n = context.Keep(std::make_unique<SlurmNodeOptions>());
+  auto node_options = [n](CLI::App* step) {
+    step->add_option("job_id", n->job_id, "Slurm job id ($SLURM_JOB_ID)")->required();
+    step->add_option("--job-root", n->job_root,
+                     "Where jobs' directories and sockets are (/run/granary/slurm; as in "
+                     "burst_buffer.lua)");
+    step->add_option("--timeout", n->timeout,
+                     "Longest wait for the sidecar to be ready, or to stop (60s)");
+  };
+  CLI::App* prolog = slurm->add_subcommand(
+      "prolog", "On a node before the job: its sidecar and mounted datasets (Prolog)");
+  node_options(prolog);
+  prolog->add_option("--uid", n->uid, "The job's user id ($SLURM_JOB_UID)")->required();
+  prolog->add_option("--gid", n->gid, "The job's group id ($SLURM_JOB_GID)")->required();
+  prolog->add_option("--script", n->script,
+                     "The job script (scontrol write batch_script); none: not a batch job");
+  prolog->add_option("--sidecar", n->sidecar_binary,
+                     "The granary-sidecar binary (/usr/bin/granary-sidecar)");
+  prolog->add_option("--log-dir", n->log_dir, "Where the sidecar's log goes (/var/log/granary)");
+  context.OnParsed(prolog, [&context, n] { return SlurmProlog(context, *n); });
+  CLI::App* epilog = slurm->add_subcommand(
+      "epilog", "On a node after the job: sidecar stopped, views unmounted, files removed");
+  node_options(epilog);
+  context.OnParsed(epilog, [&context, n] { return SlurmEpilog(context, *n); });
 }
 
 }  // namespace granary::cli

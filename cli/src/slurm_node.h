@@ -1,0 +1,57 @@
+#pragma once
+
+// The node side of a Slurm job with #DW directives (docs/slurm.md, "The
+// node side"): what slurm-plugin/prolog.sh and epilog.sh run on every node
+// of the job, as root, through `granary slurm prolog|epilog`.
+//
+// SlurmProlog, before any task of the job starts (PrologFlags=Alloc):
+//   - finds the job's datasets: its stage_in datasets `slurm-<job>-<name>`
+//     in the store (made by `granary slurm setup`), checked against the job
+//     script's directives (--script, which prolog.sh fetches with `scontrol
+//     write batch_script`), and its persistentdw datasets; a job without #DW
+//     directives (and without datasets of its own) is left alone;
+//   - starts one granary-sidecar for the job, as root in a session of its
+//     own, serving the job's pool on <job-root>/job-<job>.sock and mounting
+//     each stage_in dataset read-only at <job-root>/job-<job>/<name> (its
+//     `mounts:` option; the views show the dataset owner, the job's user);
+//   - waits, up to --timeout, until the sidecar's /readyz answers 200 (every
+//     view mounted), then gives the socket to the job's uid:gid;
+//   - on any failure, removes what it made (as SlurmEpilog does) and returns
+//     the reason with the sidecar log's tail.
+// SlurmEpilog, after the job: stops that sidecar (SIGTERM, then SIGKILL
+// after --timeout), lazily unmounts anything still mounted under the job's
+// directory (a sidecar that crashed leaves a dead mount), and removes the
+// mount points, the job's directory, the socket and the prolog's state
+// (<job-root>/.job-<job>/: the sidecar's config and pid). Idempotent: what is
+// already gone is skipped, so Slurm may run it again, or after a prolog that
+// failed half-way.
+//
+// The sidecar's log is <log-dir>/slurm-job-<job>-sidecar.log (kept).
+//
+// Who calls them: AddSlurmCommand (slurm_command.cc).
+//
+// Thread safety: one thread (the command's); both fork/exec or signal
+// processes and change the file system under --job-root.
+
+#include <string>
+
+#include "cli_context.h"
+#include "granary/core/status.h"
+
+namespace granary::cli {
+
+struct SlurmNodeOptions {
+  std::string job_id;
+  std::string uid;     // the job's user (SLURM_JOB_UID)
+  std::string gid;     // and group (SLURM_JOB_GID)
+  std::string script;  // the job script; empty: not known (not a batch job)
+  std::string job_root = "/run/granary/slurm";
+  std::string sidecar_binary = "/usr/bin/granary-sidecar";
+  std::string log_dir = "/var/log/granary";
+  std::string timeout = "60s";
+};
+
+Status SlurmProlog(CliContext& c, const SlurmNodeOptions& o);
+Status SlurmEpilog(CliContext& c, const SlurmNodeOptions& o);
+
+}  // namespace granary::cli

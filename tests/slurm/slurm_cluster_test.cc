@@ -1,0 +1,355 @@
+// Issue 7 end to end on a real Slurm (tests/testing/slurm_cluster.h: munged,
+// slurmctld and slurmd on loopback, burst_buffer.lua and the node's
+// prolog.sh/epilog.sh from slurm-plugin/), a real cache node and Redis
+// (cachenode_fixture.h), jobs submitted by uid 65534 (nobody):
+//   - a bad #DW directive is refused by sbatch with its line and reason;
+//   - a jobdw + stage_in job trains over its dataset through granary.torch
+//     (every sample's SHA-256 checked against the source) and reads files by
+//     path under $DW_JOB_STRIPED/<name>;
+//   - a job whose source its user cannot read is held with the reason in
+//     SystemComment, and nothing of it is staged;
+//   - a persistentdw job over a dataset staged earlier reads it all with its
+//     source moved away (and the cache node's source counters unchanged);
+//   - after each job: no sidecar, no mount, no socket, no job directory, no
+//     job-scoped dataset or chunk.
+// Skipped (with the reason) when the Slurm binaries are not installed.
+
+#include "testing/slurm_cluster.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "granary/cli/cli.h"
+#include "granary/core/file.h"
+#include "testing/cachenode_fixture.h"
+#include "testing/sidecar_fixture.h"
+#include "testing/test_util.h"
+
+namespace granary::testing {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr uint32_t kNobody = 65534;
+
+std::string PythonPath() {
+  if (const char* env = std::getenv("GRANARY_PYTHONPATH"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return GRANARY_PYTHONPATH;
+}
+
+// A /proc file's contents (ReadFileToString reads st_size bytes: 0 there).
+std::string ReadProcFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return in ? text.str() : std::string();
+}
+
+class SlurmClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string why;
+    if (!SlurmCluster::Available(&why)) {
+      skip_reason_ = new std::string(why);
+      return;
+    }
+    Result<std::unique_ptr<CacheCluster>> cache = CacheCluster::Create();
+    ASSERT_OK(cache);
+    cache_ = cache->release();
+    CacheNodeOptions node;
+    node.capacity_bytes = 2ull << 30;
+    ASSERT_OK(cache_->StartNodes(1, node));
+    SlurmClusterOptions o;
+    o.granary_binary = GRANARY_CLI_BINARY;
+    o.sidecar_binary = SidecarBinary();
+    o.store_url = cache_->store_url();
+    o.plugin_dir = std::string(GRANARY_SOURCE_DIR) + "/slurm-plugin";
+    Result<std::unique_ptr<SlurmCluster>> slurm = SlurmCluster::Start(o);
+    ASSERT_OK(slurm);
+    slurm_ = slurm->release();
+  }
+
+  static void TearDownTestSuite() {
+    delete slurm_;
+    slurm_ = nullptr;
+    delete cache_;
+    cache_ = nullptr;
+  }
+
+  void SetUp() override {
+    if (skip_reason_ != nullptr) GTEST_SKIP() << *skip_reason_;
+    ASSERT_NE(slurm_, nullptr) << "the Slurm cluster did not start (see above)";
+  }
+
+  void TearDown() override {
+    if (HasFailure() && slurm_ != nullptr) {
+      std::fprintf(stderr, "%s\n", slurm_->LogTails(8192).c_str());
+    }
+  }
+
+  // A source tree under the Slurm dir (readable by the job's user): `files`
+  // files in four directories.
+  static void MakeSource(const std::string& root, int files) {
+    std::filesystem::create_directories(root);
+    for (int i = 0; i < files; ++i) {
+      const std::string rel = "class-" + std::to_string(i % 4) + "/f" + std::to_string(i) + ".bin";
+      const std::string data = Bytes(root + rel, 512 + static_cast<size_t>(i % 7) * 331);
+      std::filesystem::create_directories(root + "/class-" + std::to_string(i % 4));
+      WriteAll(root + "/" + rel, data);
+    }
+  }
+
+  static std::string WriteScript(const std::string& name, const std::string& body) {
+    const std::string path = slurm_->dir() + "/" + name;
+    WriteAll(path, body);
+    ::chmod(path.c_str(), 0644);
+    return path;
+  }
+
+  static std::string JobHeader(const std::string& name) {
+    return "#!/bin/sh\n#SBATCH -o " + slurm_->out_dir() + "/" + name + "-%j.out\n";
+  }
+
+  static std::string TrainerLine(const std::string& golden, const std::string& mount) {
+    return "export PYTHONPATH='" + PythonPath() + "' PYTHONDONTWRITEBYTECODE=1\n" +
+           "exec /usr/bin/python3 '" + std::string(GRANARY_SOURCE_DIR) +
+           "/tests/slurm/slurm_trainer.py' --golden '" + golden + "'" +
+           (mount.empty() ? "" : " --mount \"" + mount + "\"") + "\n";
+  }
+
+  static std::string JobOutput(const std::string& name, const std::string& job) {
+    Result<std::string> text =
+        ReadFileToString(slurm_->out_dir() + "/" + name + "-" + job + ".out");
+    return text.ok() ? *text : "(no output: " + text.status().ToString() + ")";
+  }
+
+  // Runs `granary <args>` in-process against the test's store.
+  static Status Cli(std::vector<std::string> args, std::string* output = nullptr) {
+    args.insert(args.begin(), {"--store", cache_->store_url()});
+    std::ostringstream out;
+    std::ostringstream err;
+    const int code = RunCli(args, out, err, /*interactive=*/false);
+    if (output != nullptr) *output = out.str() + err.str();
+    if (code != 0)
+      return Status::Internal("granary exit " + std::to_string(code) + ": " + err.str());
+    return Status::Ok();
+  }
+
+  // Sidecar processes started for `job` (their command line names its state).
+  static int SidecarsOf(const std::string& job) {
+    int n = 0;
+    const std::string needle = slurm_->job_root() + "/.job-" + job + "/";
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string cmdline = ReadProcFile(entry.path().string() + "/cmdline");
+      const std::string stat = ReadProcFile(entry.path().string() + "/stat");
+      const size_t paren = stat.rfind(')');
+      const bool zombie =
+          paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+      if (!zombie && cmdline.find(needle) != std::string::npos) ++n;
+    }
+    return n;
+  }
+
+  static std::vector<std::string> MountsUnderJobRoot() {
+    std::vector<std::string> out;
+    std::istringstream lines(ReadProcFile("/proc/self/mountinfo"));
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.find(slurm_->job_root()) != std::string::npos) out.push_back(line);
+    }
+    return out;
+  }
+
+  static std::vector<std::string> JobDatasets(const std::string& job) {
+    std::vector<std::string> out;
+    Result<std::vector<DatasetRecord>> all = cache_->store().ListDatasets();
+    if (!all.ok()) return {"(store: " + all.status().ToString() + ")"};
+    for (const DatasetRecord& d : *all) {
+      if (d.name.starts_with("slurm-" + job + "-")) out.push_back(d.name);
+    }
+    return out;
+  }
+
+  // After a job: nothing of it left on the node or in the cache.
+  static void ExpectNothingLeft(const std::string& job) {
+    const std::string dir = slurm_->job_root() + "/job-" + job;
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          return SidecarsOf(job) == 0 && MountsUnderJobRoot().empty() &&
+                 ::access(dir.c_str(), F_OK) != 0 && ::access((dir + ".sock").c_str(), F_OK) != 0 &&
+                 ::access((slurm_->job_root() + "/.job-" + job).c_str(), F_OK) != 0;
+        },
+        seconds(30), std::chrono::milliseconds(100)))
+        << "job " << job << ": sidecars " << SidecarsOf(job) << ", mounts "
+        << MountsUnderJobRoot().size() << ", dir "
+        << (::access(dir.c_str(), F_OK) == 0 ? "left" : "gone");
+    // The teardown deletes the job's datasets; the node drops their chunks.
+    EXPECT_TRUE(WaitFor([&] { return JobDatasets(job).empty(); }, seconds(60),
+                        std::chrono::milliseconds(200)))
+        << "job " << job << ": datasets left: " << JobDatasets(job).size();
+  }
+
+  static std::string* skip_reason_;
+  static CacheCluster* cache_;
+  static SlurmCluster* slurm_;
+};
+
+std::string* SlurmClusterTest::skip_reason_ = nullptr;
+CacheCluster* SlurmClusterTest::cache_ = nullptr;
+SlurmCluster* SlurmClusterTest::slurm_ = nullptr;
+
+TEST_F(SlurmClusterTest, BadDirectiveIsRefusedBySbatchWithLineAndReason) {
+  const std::string script = WriteScript(
+      "bad.sh",
+      JobHeader("bad") +
+          "#DW jobdw type=scratch capacity=1GiB pool=default\n"
+          "#DW stage_in type=directory source=relative/dir destination=$DW_JOB_STRIPED/x\n"
+          "#DW swap 1GiB\n"
+          "true\n");
+  Result<std::string> job = slurm_->Submit(script);
+  ASSERT_FALSE(job.ok()) << "sbatch accepted job " << *job;
+  const std::string& said = job.status().message();
+  EXPECT_NE(said.find("line 4"), std::string::npos) << said;
+  EXPECT_NE(said.find("relative"), std::string::npos) << said;
+  EXPECT_NE(said.find("line 5"), std::string::npos) << said;
+  EXPECT_NE(said.find("not supported"), std::string::npos) << said;
+  // A pool slurm_bb_pools did not return is refused by Slurm itself before
+  // the script is looked at (docs/slurm.md, troubleshooting).
+  const std::string pool = WriteScript(
+      "bad-pool.sh", JobHeader("bad") + "#DW jobdw capacity=1GiB pool=nosuchpool\ntrue\n");
+  Result<std::string> job2 = slurm_->Submit(pool);
+  ASSERT_FALSE(job2.ok()) << "sbatch accepted job " << *job2;
+  EXPECT_NE(job2.status().message().find("Burst Buffer request invalid"), std::string::npos)
+      << job2.status().message();
+}
+
+TEST_F(SlurmClusterTest, StageInJobTrainsOverItsDatasetAndReadsFilesByPath) {
+  const std::string src = slurm_->dir() + "/src-train";
+  MakeSource(src, 240);
+  const std::string script = WriteScript(
+      "train.sh",
+      JobHeader("train") +
+          "#DW jobdw type=scratch access_mode=striped capacity=1GiB pool=default\n"
+          "#DW stage_in type=directory source=" +
+          src +
+          " destination=$DW_JOB_STRIPED/train\n"
+          "set -e\n"
+          "echo \"socket=$GRANARY_SOCKET dataset=$GRANARY_DATASET dir=$DW_JOB_STRIPED\"\n"
+          "test -S \"$GRANARY_SOCKET\"\n"
+          "ls \"$DW_JOB_STRIPED/train\"\n"
+          "echo \"mounts=$(grep -c \" $DW_JOB_STRIPED/train \" /proc/self/mountinfo)\"\n" +
+          TrainerLine(src, "$DW_JOB_STRIPED/train"));
+  Result<std::string> job = slurm_->Submit(script);
+  ASSERT_OK(job);
+  Result<std::map<std::string, std::string>> end =
+      slurm_->WaitForJobState(*job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, seconds(120));
+  ASSERT_OK(end);
+  const std::string output = JobOutput("train", *job);
+  EXPECT_EQ((*end)["JobState"], "COMPLETED")
+      << output << "\nreason " << (*end)["Reason"] << " comment " << (*end)["SystemComment"];
+  EXPECT_NE(output.find("trainer OK: 240 samples checked through the sidecar"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("dataset=slurm-" + *job + "-train"), std::string::npos) << output;
+  EXPECT_NE(output.find("class-0"), std::string::npos) << "ls of the view: " << output;
+  // What ExpectNothingLeft looks for after the job was there during it.
+  EXPECT_NE(output.find("mounts=1"), std::string::npos) << output;
+  ExpectNothingLeft(*job);
+}
+
+TEST_F(SlurmClusterTest, SourceTheUserCannotReadHoldsTheJobWithTheReason) {
+  const std::string src = slurm_->dir() + "/src-secret";
+  MakeSource(src, 20);
+  ASSERT_EQ(::chmod(src.c_str(), 0700), 0);  // root's; uid 65534 cannot list it
+  const std::string script = WriteScript("secret.sh", JobHeader("secret") +
+                                                          "#DW jobdw capacity=1GiB pool=default\n"
+                                                          "#DW stage_in source=" +
+                                                          src +
+                                                          " destination=$DW_JOB_STRIPED/secret\n"
+                                                          "echo ran\n");
+  Result<std::string> job = slurm_->Submit(script);
+  ASSERT_OK(job);
+  std::map<std::string, std::string> fields;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        Result<std::map<std::string, std::string>> f = slurm_->ShowJob(*job);
+        if (f.ok()) fields = *f;
+        return f.ok() && !fields["SystemComment"].empty();
+      },
+      seconds(60), std::chrono::milliseconds(250)))
+      << "state " << fields["JobState"] << " reason " << fields["Reason"];
+  const std::string& comment = fields["SystemComment"];
+  EXPECT_NE(comment.find(src), std::string::npos) << comment;
+  EXPECT_TRUE(comment.find("ermission denied") != std::string::npos ||
+              comment.find("cannot read") != std::string::npos)
+      << comment;
+  EXPECT_EQ(fields["JobState"], "PENDING") << "the job must not run";
+  EXPECT_NE(fields["Reason"].find("Held"), std::string::npos) << fields["Reason"];
+  EXPECT_EQ(JobOutput("secret", *job).find("ran"), std::string::npos);
+  // Nothing of it usable, nothing cached.
+  Result<std::vector<DatasetRecord>> all = cache_->store().ListDatasets();
+  ASSERT_OK(all);
+  for (const DatasetRecord& d : *all) {
+    if (!d.name.starts_with("slurm-" + *job + "-")) continue;
+    EXPECT_TRUE(d.manifest_id.empty()) << d.name << " has a snapshot";
+    EXPECT_NE(d.state.phase, DatasetPhase::kStaging) << d.name;
+    EXPECT_NE(d.state.phase, DatasetPhase::kReady) << d.name;
+  }
+  Result<SlurmCommandResult> cancel = slurm_->Run({"scancel", *job}, /*as_user=*/false);
+  ASSERT_OK(cancel);
+  EXPECT_EQ(cancel->exit_code, 0) << cancel->output;
+  ExpectNothingLeft(*job);
+}
+
+TEST_F(SlurmClusterTest, PersistentDwJobReadsAStagedDatasetWithoutTheSource) {
+  const std::string src = slurm_->dir() + "/src-keep";
+  MakeSource(src, 150);
+  ASSERT_OK(Cli({"dataset", "create", "keep", "--source", src, "--pool", "default", "--owner",
+                 std::to_string(kNobody) + ":" + std::to_string(kNobody)}));
+  ASSERT_OK(cache_->WaitForPhase("keep", DatasetPhase::kReady, seconds(60)));
+  Result<double> opens = cache_->node(0).MetricValue("granary_cachenode_source_opens_total");
+  ASSERT_OK(opens);
+  Result<double> reads = cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total");
+  ASSERT_OK(reads);
+  // The source gone: any source operation now fails the job.
+  std::filesystem::rename(src, src + ".moved");
+  const std::string script =
+      WriteScript("keep.sh", JobHeader("keep") + "#DW persistentdw name=keep\nset -e\n" +
+                                 "test -z \"$DW_JOB_STRIPED\"\n" + TrainerLine(src + ".moved", ""));
+  Result<std::string> job = slurm_->Submit(script);
+  ASSERT_OK(job);
+  Result<std::map<std::string, std::string>> end =
+      slurm_->WaitForJobState(*job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, seconds(120));
+  ASSERT_OK(end);
+  const std::string output = JobOutput("keep", *job);
+  EXPECT_EQ((*end)["JobState"], "COMPLETED") << output;
+  EXPECT_NE(output.find("trainer OK: 150 samples"), std::string::npos) << output;
+  Result<double> opens_after = cache_->node(0).MetricValue("granary_cachenode_source_opens_total");
+  Result<double> reads_after =
+      cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total");
+  ASSERT_OK(opens_after);
+  ASSERT_OK(reads_after);
+  EXPECT_EQ(*opens_after, *opens);
+  EXPECT_EQ(*reads_after, *reads);
+  ExpectNothingLeft(*job);
+  // The persistent dataset stays after the job.
+  Result<DatasetRecord> kept = cache_->store().GetDataset("keep");
+  ASSERT_OK(kept);
+  EXPECT_EQ(kept->state.phase, DatasetPhase::kReady);
+  std::filesystem::rename(src + ".moved", src);
+}
+
+}  // namespace
+}  // namespace granary::testing
