@@ -3,7 +3,7 @@
 
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -54,6 +54,48 @@ OpenFile* FileOf(const fuse_file_info* fi) {
 }
 
 }  // namespace
+
+std::string_view FuseOpName(FuseOp op) {
+  switch (op) {
+    case FuseOp::kLookup:
+      return "lookup";
+    case FuseOp::kForget:
+      return "forget";
+    case FuseOp::kGetattr:
+      return "getattr";
+    case FuseOp::kOpendir:
+      return "opendir";
+    case FuseOp::kReaddir:
+      return "readdir";
+    case FuseOp::kReaddirplus:
+      return "readdirplus";
+    case FuseOp::kReleasedir:
+      return "releasedir";
+    case FuseOp::kOpen:
+      return "open";
+    case FuseOp::kRead:
+      return "read";
+    case FuseOp::kRelease:
+      return "release";
+    case FuseOp::kFlush:
+      return "flush";
+    case FuseOp::kIoctl:
+      return "ioctl";
+    case FuseOp::kStatfs:
+      return "statfs";
+    case FuseOp::kGetxattr:
+      return "getxattr";
+    case FuseOp::kListxattr:
+      return "listxattr";
+    case FuseOp::kAccess:
+      return "access";
+    case FuseOp::kWrite:
+      return "write";
+    case FuseOp::kCount:
+      break;
+  }
+  return "unknown";
+}
 
 // The FUSE low-level callbacks, with access to the view's members.
 struct PosixView::Callbacks {
@@ -120,7 +162,7 @@ struct PosixView::Callbacks {
 
   static void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     PosixView& v = *ViewOf(req);
-    v.counters_.lookups.fetch_add(1, std::memory_order_relaxed);
+    v.Count(FuseOp::kLookup);
     if (!v.tree_.Valid(parent)) {
       fuse_reply_err(req, ENOENT);
       return;
@@ -136,7 +178,7 @@ struct PosixView::Callbacks {
 
   static void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* /*fi*/) {
     PosixView& v = *ViewOf(req);
-    v.counters_.getattrs.fetch_add(1, std::memory_order_relaxed);
+    v.Count(FuseOp::kGetattr);
     if (!v.tree_.Valid(ino)) {
       fuse_reply_err(req, ENOENT);
       return;
@@ -148,6 +190,7 @@ struct PosixView::Callbacks {
 
   static void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     PosixView& v = *ViewOf(req);
+    v.Count(FuseOp::kOpendir);
     if (!v.tree_.Valid(ino)) {
       fuse_reply_err(req, ENOENT);
       return;
@@ -168,7 +211,6 @@ struct PosixView::Callbacks {
   // Entry k of a listing: ".", "..", then the children.
   static void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
     PosixView& v = *ViewOf(req);
-    v.counters_.readdirs.fetch_add(1, std::memory_order_relaxed);
     if (!v.tree_.Valid(ino) || !v.tree_.IsDirectory(ino)) {
       fuse_reply_err(req, ENOTDIR);
       return;
@@ -212,15 +254,18 @@ struct PosixView::Callbacks {
 
   static void ReadDirPlain(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                            fuse_file_info* /*fi*/) {
+    ViewOf(req)->Count(FuseOp::kReaddir);
     ReadDir(req, ino, size, off, false);
   }
   static void ReadDirPlus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                           fuse_file_info* /*fi*/) {
+    ViewOf(req)->Count(FuseOp::kReaddirplus);
     ReadDir(req, ino, size, off, true);
   }
 
   static void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     PosixView& v = *ViewOf(req);
+    v.Count(FuseOp::kOpen);
     if (!v.tree_.Valid(ino)) {
       fuse_reply_err(req, ENOENT);
       return;
@@ -234,7 +279,6 @@ struct PosixView::Callbacks {
       fuse_reply_err(req, EROFS);
       return;
     }
-    v.counters_.opens.fetch_add(1, std::memory_order_relaxed);
     if (v.no_open_) {
       fuse_reply_err(req, ENOSYS);  // success, and no OPEN again (keep_cache implied)
       return;
@@ -328,7 +372,7 @@ struct PosixView::Callbacks {
 
   static void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
     PosixView& v = *ViewOf(req);
-    v.counters_.reads.fetch_add(1, std::memory_order_relaxed);
+    v.Count(FuseOp::kRead);
     if (off < 0) {
       fuse_reply_err(req, EINVAL);
       return;
@@ -364,16 +408,19 @@ struct PosixView::Callbacks {
   }
 
   static void Release(fuse_req_t req, fuse_ino_t /*ino*/, fuse_file_info* fi) {
+    ViewOf(req)->Count(FuseOp::kRelease);
     if (fi->fh != 0) delete FileOf(fi);
     fuse_reply_err(req, 0);
   }
 
   static void ReleaseDir(fuse_req_t req, fuse_ino_t /*ino*/, fuse_file_info* /*fi*/) {
+    ViewOf(req)->Count(FuseOp::kReleasedir);
     fuse_reply_err(req, 0);
   }
 
   static void StatFs(fuse_req_t req, fuse_ino_t /*ino*/) {
     PosixView& v = *ViewOf(req);
+    v.Count(FuseOp::kStatfs);
     struct statvfs s;
     std::memset(&s, 0, sizeof(s));
     s.f_bsize = kBlockSize;
@@ -388,9 +435,52 @@ struct PosixView::Callbacks {
 
   static void ReadLink(fuse_req_t req, fuse_ino_t /*ino*/) { fuse_reply_err(req, EINVAL); }
 
+  // The kernel drops an inode: nothing to do (inodes are the manifest's).
+  static void Forget(fuse_req_t req, fuse_ino_t /*ino*/, uint64_t /*nlookup*/) {
+    ViewOf(req)->Count(FuseOp::kForget);
+    fuse_reply_none(req);
+  }
+  static void ForgetMulti(fuse_req_t req, size_t /*count*/, fuse_forget_data* /*forgets*/) {
+    ViewOf(req)->Count(FuseOp::kForget);
+    fuse_reply_none(req);
+  }
+
+  // Not implemented: ENOSYS, which the kernel remembers, so each of these
+  // arrives once per mount (close() then costs no FLUSH round trip, access()
+  // and the xattr calls none either). Handled here only to be counted.
+  static void Flush(fuse_req_t req, fuse_ino_t /*ino*/, fuse_file_info* /*fi*/) {
+    ViewOf(req)->Count(FuseOp::kFlush);
+    fuse_reply_err(req, ENOSYS);
+  }
+  static void GetXattr(fuse_req_t req, fuse_ino_t /*ino*/, const char* /*name*/, size_t /*size*/) {
+    ViewOf(req)->Count(FuseOp::kGetxattr);
+    fuse_reply_err(req, ENOSYS);
+  }
+  static void ListXattr(fuse_req_t req, fuse_ino_t /*ino*/, size_t /*size*/) {
+    ViewOf(req)->Count(FuseOp::kListxattr);
+    fuse_reply_err(req, ENOSYS);
+  }
+  static void Access(fuse_req_t req, fuse_ino_t /*ino*/, int /*mask*/) {
+    ViewOf(req)->Count(FuseOp::kAccess);
+    fuse_reply_err(req, ENOSYS);
+  }
+
+  // The kernel sends every ioctl of a file to the server and, unlike FLUSH,
+  // never remembers that none is implemented: Python's open(path, "rb") asks
+  // isatty() (TCGETS) of every file it opens, so this is one round trip per
+  // file even when everything else is cached. Answered at once, before
+  // anything else is looked at; ENOTTY is what a regular file says.
+  static void Ioctl(fuse_req_t req, fuse_ino_t /*ino*/, int /*cmd*/, void* /*arg*/,
+                    fuse_file_info* /*fi*/, unsigned /*flags*/, const void* /*in_buf*/,
+                    size_t /*in_bufsz*/, size_t /*out_bufsz*/) {
+    ViewOf(req)->Count(FuseOp::kIoctl);
+    fuse_reply_err(req, ENOTTY);
+  }
+
   // Everything that would change the tree: EROFS (the kernel's `ro` answers
   // first; these are for a mount that somehow is not).
   static void Refuse(fuse_req_t req) {
+    ViewOf(req)->Count(FuseOp::kWrite);
     ViewOf(req)->counters_.refused_writes.fetch_add(1, std::memory_order_relaxed);
     fuse_reply_err(req, EROFS);
   }
@@ -434,8 +524,13 @@ struct PosixView::Callbacks {
     ops.open = Open;
     ops.read = Read;
     ops.release = Release;
-    // No flush handler: libfuse answers ENOSYS, which the kernel takes as
-    // success forever after, so close() costs no round trip either.
+    ops.forget = Forget;
+    ops.forget_multi = ForgetMulti;
+    ops.flush = Flush;
+    ops.getxattr = GetXattr;
+    ops.listxattr = ListXattr;
+    ops.access = Access;
+    ops.ioctl = Ioctl;
     ops.statfs = StatFs;
     ops.readlink = ReadLink;
     ops.setattr = SetAttr;
@@ -550,32 +645,63 @@ void PosixView::Serve() {
   fuse_buf buf;
   std::memset(&buf, 0, sizeof(buf));
   const int fd = fuse_session_fd(session_);
-  // Bounded by Stop() (the event) or the kernel ending the mount.
-  while (true) {
-    pollfd fds[2] = {{fd, POLLIN, 0}, {stop_event_.get(), POLLIN, 0}};
-    const int ready = poll(fds, 2, static_cast<int>(kPinIdle.count()));
-    if (ready == 0) {
-      ExpirePins();
-      continue;
-    }
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      GetLogger("posix")->error("serving {}: poll: {}", Quoted(options_.mount_point),
-                                std::strerror(errno));
-      break;
-    }
-    if (fds[1].revents != 0) break;
-    if ((fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) break;
-    const int res = fuse_session_receive_buf(session_, &buf);
-    if (res == -EINTR || res == -EAGAIN) continue;
-    if (res <= 0) break;  // -ENODEV: unmounted; 0: the session exited
-    fuse_session_process_buf(session_, &buf);
+  // Each worker waits in an epoll of its own. The device is added with
+  // EPOLLEXCLUSIVE, so a request wakes one idle worker instead of every
+  // worker (poll() on one descriptor from many threads wakes them all: on a
+  // small machine that herd is most of a warm round trip's cost). The stop
+  // event is added without it and wakes everyone.
+  ScopedFd epoll(epoll_create1(EPOLL_CLOEXEC));
+  epoll_event device_event{};
+  device_event.events = EPOLLIN | EPOLLEXCLUSIVE;
+  device_event.data.u32 = 0;
+  epoll_event stop_event{};
+  stop_event.events = EPOLLIN;
+  stop_event.data.u32 = 1;
+  if (!epoll.valid() || epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &device_event) != 0 ||
+      epoll_ctl(epoll.get(), EPOLL_CTL_ADD, stop_event_.get(), &stop_event) != 0) {
+    GetLogger("posix")->error("serving {}: epoll: {}; this worker ends",
+                              Quoted(options_.mount_point), std::strerror(errno));
+  } else {
+    ServeRequests(epoll.get(), &buf);
   }
   std::free(buf.mem);
   if (workers_left_.fetch_sub(1) == 1) MarkEnded();
   // Wake the others (the device is gone or we are stopping).
   const uint64_t one = 1;
   [[maybe_unused]] const ssize_t w = write(stop_event_.get(), &one, sizeof(one));
+}
+
+void PosixView::ServeRequests(int epoll, fuse_buf* buf) {
+  // A woken worker takes what is queued (up to kDrain requests) before it
+  // waits again. Bounded by Stop() (the event) or the kernel ending the mount.
+  constexpr int kDrain = 16;
+  while (true) {
+    epoll_event events[2];
+    const int ready = epoll_wait(epoll, events, 2, static_cast<int>(kPinIdle.count()));
+    if (ready == 0) {
+      ExpirePins();
+      continue;
+    }
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      GetLogger("posix")->error("serving {}: epoll_wait: {}", Quoted(options_.mount_point),
+                                std::strerror(errno));
+      return;
+    }
+    bool readable = false;
+    for (int i = 0; i < ready; ++i) {
+      if (events[i].data.u32 == 1) return;                          // Stop()
+      if ((events[i].events & (EPOLLERR | EPOLLHUP)) != 0) return;  // unmounted
+      readable = (events[i].events & EPOLLIN) != 0;
+    }
+    for (int n = 0; readable && n < kDrain; ++n) {
+      const int res = fuse_session_receive_buf(session_, buf);
+      if (res == -EAGAIN) break;  // another worker took it
+      if (res == -EINTR) continue;
+      if (res <= 0) return;  // -ENODEV: unmounted; 0: the session exited
+      fuse_session_process_buf(session_, buf);
+    }
+  }
 }
 
 void PosixView::MarkEnded() {
@@ -663,11 +789,13 @@ size_t PosixView::kept_pins() {
 
 PosixView::Counters PosixView::counters() const {
   Counters c;
-  c.lookups = counters_.lookups.load();
-  c.getattrs = counters_.getattrs.load();
-  c.readdirs = counters_.readdirs.load();
-  c.opens = counters_.opens.load();
-  c.reads = counters_.reads.load();
+  for (size_t i = 0; i < kFuseOpCount; ++i) c.requests[i] = counters_.requests[i].load();
+  auto count = [&c](FuseOp op) { return c.requests[static_cast<size_t>(op)]; };
+  c.lookups = count(FuseOp::kLookup);
+  c.getattrs = count(FuseOp::kGetattr);
+  c.readdirs = count(FuseOp::kReaddir) + count(FuseOp::kReaddirplus);
+  c.opens = count(FuseOp::kOpen);
+  c.reads = count(FuseOp::kRead);
   c.read_bytes = counters_.read_bytes.load();
   c.acquires = counters_.acquires.load();
   c.read_errors = counters_.read_errors.load();

@@ -5,22 +5,38 @@
 // symlinks, read errors, kernel caching, readahead hints, stop and external
 // unmount, and the mount point checks (missing, file, non-empty, mounted,
 // stale after a crash).
+//
+// The views are served by this test process itself, so a crash or a deadlock
+// in the serving code could leave a thread in a FUSE request that nobody will
+// ever answer: the kernel waits for the answer uninterruptibly, and not even
+// ctest's SIGKILL ends the process. Every mount is therefore watched by a
+// FuseWatchdog, a process outside this one that aborts the FUSE connection
+// (fusectl's abort file) when the test has not finished in time: a stuck
+// request then fails with ENOTCONN and the test fails instead of hanging.
 
 #include "granary/posix/posix_view.h"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -41,6 +57,107 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// See the comment at the top. Start() forks the watchdog; the destructor
+// tells it the test is over (it exits touching nothing) and reaps it. The
+// watchdog aborts the connection of the mount and detaches it when the
+// timeout passes first, or when this process dies without saying so (no
+// stale mount is left under /tmp then). fork() copies only the calling
+// thread, so the child does nothing but async-signal-safe calls.
+class FuseWatchdog {
+ public:
+  static constexpr std::chrono::seconds kTimeout{60};
+
+  static Result<std::unique_ptr<FuseWatchdog>> Start(const std::string& mount_point,
+                                                     std::chrono::milliseconds timeout) {
+    struct stat st;
+    if (stat(mount_point.c_str(), &st) != 0) {
+      return Status::FromErrno(errno, "watchdog: stat " + mount_point);
+    }
+    // fusectl names a connection by the kernel's dev_t of the mount:
+    // (major << 20) | minor.
+    const std::string abort_path =
+        "/sys/fs/fuse/connections/" +
+        std::to_string((static_cast<uint64_t>(major(st.st_dev)) << 20) | minor(st.st_dev)) +
+        "/abort";
+    if (access(abort_path.c_str(), F_OK) != 0) {
+      // fusectl is not mounted yet (root can mount it).
+      mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, nullptr);
+      if (access(abort_path.c_str(), F_OK) != 0) {
+        return Status::FailedPrecondition(
+            "watchdog: no " + abort_path +
+            " (mount fusectl: mount -t fusectl none /sys/fs/fuse/connections)");
+      }
+    }
+    // A socket pair, not a pipe: the end of the test is sent with
+    // MSG_NOSIGNAL (the watchdog may have exited already).
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      return Status::FromErrno(errno, "watchdog: socketpair");
+    }
+    const std::string message = "posix_view_test watchdog: the test did not end within " +
+                                std::to_string(timeout.count()) +
+                                " ms; aborting the FUSE connection of " + mount_point + "\n";
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const int err = errno;
+      close(fds[0]);
+      close(fds[1]);
+      return Status::FromErrno(err, "watchdog: fork");
+    }
+    if (pid == 0) {
+      // Keep stdin/out/err and the pipe's read end only: holding the FUSE
+      // device (or anything else of the test's) would keep it alive.
+      if (dup2(fds[0], 3) != 3) _exit(2);
+      syscall(SYS_close_range, 4u, ~0u, 0u);
+      pollfd p = {3, POLLIN, 0};
+      int ready;
+      do {
+        ready = poll(&p, 1, static_cast<int>(timeout.count()));
+      } while (ready < 0 && errno == EINTR);
+      char byte = 0;
+      if (ready > 0 && read(3, &byte, 1) == 1 && byte == 'd') _exit(0);  // the test ended
+      if (ready == 0) {
+        [[maybe_unused]] const ssize_t w = write(2, message.data(), message.size());
+      }
+      const int fd = open(abort_path.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        [[maybe_unused]] const ssize_t w = write(fd, "1", 1);
+        close(fd);
+      }
+      umount2(mount_point.c_str(), MNT_DETACH);
+      _exit(ready == 0 ? 1 : 0);
+    }
+    close(fds[0]);
+    return std::unique_ptr<FuseWatchdog>(new FuseWatchdog(pid, fds[1]));
+  }
+
+  ~FuseWatchdog() {
+    [[maybe_unused]] const ssize_t w = send(done_fd_, "d", 1, MSG_NOSIGNAL);
+    close(done_fd_);
+    int status = 0;
+    if (pid_ > 0 &&
+        !testing::WaitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, seconds(10))) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+    }
+  }
+
+  // Waits up to `timeout` for the watchdog to have fired (it exits 1 then).
+  bool WaitFired(std::chrono::milliseconds timeout) {
+    int status = 0;
+    if (!testing::WaitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, timeout)) {
+      return false;
+    }
+    pid_ = -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 1;
+  }
+
+ private:
+  FuseWatchdog(pid_t pid, int done_fd) : pid_(pid), done_fd_(done_fd) {}
+  pid_t pid_;
+  int done_fd_;
+};
+
 class MemoryReader : public ContentReader {
  public:
   explicit MemoryReader(std::vector<std::string> contents) : contents_(std::move(contents)) {}
@@ -49,9 +166,15 @@ class MemoryReader : public ContentReader {
     acquires_.fetch_add(1);
     if (id >= contents_.size()) return Status::OutOfRange("no sample " + std::to_string(id));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       if (failing_.count(id) != 0)
         return Status::Unavailable("sample " + std::to_string(id) + " is unreadable (test)");
+      // A hung reader: held until Unblock() (bounded, so a worker always ends).
+      if (blocked_.count(id) != 0) {
+        ++waiting_;
+        cv_.wait_for(lock, std::chrono::seconds(30), [&] { return blocked_.count(id) == 0; });
+        --waiting_;
+      }
     }
     return std::unique_ptr<PinnedSample>(new Pin(this, contents_[id]));
   }
@@ -64,6 +187,21 @@ class MemoryReader : public ContentReader {
   void Fail(SampleId id) {
     std::lock_guard<std::mutex> lock(mu_);
     failing_.insert(id);
+  }
+  void Block(SampleId id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    blocked_.insert(id);
+  }
+  void Unblock() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocked_.clear();
+    }
+    cv_.notify_all();
+  }
+  int waiting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return waiting_;
   }
   std::vector<SampleId> hinted() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -88,7 +226,10 @@ class MemoryReader : public ContentReader {
   std::atomic<int> live_pins_{0};
   std::atomic<int> acquires_{0};
   std::mutex mu_;
+  std::condition_variable cv_;
   std::set<SampleId> failing_;
+  std::set<SampleId> blocked_;
+  int waiting_ = 0;
   std::vector<SampleId> hinted_;
 };
 
@@ -167,6 +308,7 @@ class PosixViewTest : public ::testing::Test {
   }
   void TearDown() override {
     if (view_ != nullptr) view_->Stop();
+    watchdog_.reset();
   }
 
   PosixViewOptions Options() const {
@@ -184,6 +326,10 @@ class PosixViewTest : public ::testing::Test {
     auto view = PosixView::Mount(std::move(o), data_.manifest, reader_);
     ASSERT_OK(view);
     view_ = std::move(*view);
+    watchdog_.reset();
+    auto watchdog = FuseWatchdog::Start(mnt_, FuseWatchdog::kTimeout);
+    ASSERT_OK(watchdog);
+    watchdog_ = std::move(*watchdog);
   }
   void MountIt() { MountIt(Options()); }
 
@@ -192,6 +338,7 @@ class PosixViewTest : public ::testing::Test {
   Dataset data_;
   std::shared_ptr<MemoryReader> reader_;
   std::unique_ptr<PosixView> view_;
+  std::unique_ptr<FuseWatchdog> watchdog_;
 };
 
 TEST_F(PosixViewTest, WalkAndReadEqualTheDatasetByteForByte) {
@@ -395,11 +542,50 @@ TEST_F(PosixViewTest, TheKernelCachesWarmReadsAndMetadata) {
   EXPECT_LE(cold.acquires, data_.manifest->sample_count() + 8);
   read_all();
   const PosixView::Counters warm = view_->counters();
-  // keep_cache: pages stay; long entry/attr timeouts: no lookup or getattr.
+  // keep_cache: pages stay; long entry/attr timeouts: no lookup or getattr;
+  // no_open, no flush: no request at all.
   EXPECT_EQ(reader_->acquires(), acquires);
   EXPECT_EQ(warm.reads, cold.reads);
   EXPECT_EQ(warm.lookups, cold.lookups);
   EXPECT_EQ(warm.getattrs, cold.getattrs);
+  for (size_t op = 0; op < kFuseOpCount; ++op) {
+    EXPECT_EQ(warm.requests[op], cold.requests[op]) << FuseOpName(static_cast<FuseOp>(op));
+  }
+  // But every ioctl reaches the view (the kernel forwards them all): what
+  // isatty() on each file opened by Python's open() costs. Counted, ENOTTY.
+  const int fd = open((mnt_ + "/README").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(isatty(fd), 0);
+  EXPECT_EQ(errno, ENOTTY);
+  EXPECT_EQ(isatty(fd), 0);
+  close(fd);
+  const PosixView::Counters after = view_->counters();
+  EXPECT_EQ(after.requests[static_cast<size_t>(FuseOp::kIoctl)],
+            warm.requests[static_cast<size_t>(FuseOp::kIoctl)] + 2);
+}
+
+// What the watchdog is for: a request that its server never answers (here a
+// reader that hangs) is failed by the watchdog aborting the connection, so
+// the reading thread returns (ENOTCONN) instead of waiting forever.
+TEST_F(PosixViewTest, TheWatchdogEndsARequestThatIsNeverAnswered) {
+  const SampleId stuck = *data_.manifest->Find("train/n02/img_5.jpg");
+  reader_->Block(stuck);
+  MountIt();
+  watchdog_.reset();  // the test's own, with a short timeout instead
+  auto watchdog = FuseWatchdog::Start(mnt_, milliseconds(1500));
+  ASSERT_OK(watchdog);
+  int error = 0;
+  const auto start = std::chrono::steady_clock::now();
+  ReadWhole(mnt_ + "/train/n02/img_5.jpg", &error);
+  EXPECT_EQ(error, ENOTCONN) << std::strerror(error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
+  EXPECT_TRUE((*watchdog)->WaitFired(seconds(10)));
+  EXPECT_EQ(reader_->waiting(), 1);
+  reader_->Unblock();
+  EXPECT_TRUE(view_->WaitEnded(seconds(10)));
+  view_->Stop();
+  // Detached by the watchdog: nothing is left mounted.
+  EXPECT_EQ(*MountedFileSystemAt(mnt_), "");
 }
 
 TEST_F(PosixViewTest, OpensHintTheFilesThatFollow) {

@@ -26,8 +26,9 @@
 //    that did arrive would get EROFS too. There are no symlinks, and `..` of
 //    the root is the root.
 //
-// Serving: `threads` workers of its own, started by Mount, each polling the
-// FUSE device and a stop event. Stop() ends them and unmounts (lazily:
+// Serving: `threads` workers of its own, started by Mount, each waiting in
+// its own epoll on the FUSE device (EPOLLEXCLUSIVE: a request wakes one idle
+// worker, not all of them) and a stop event. Stop() ends them and unmounts (lazily:
 // processes still inside see ENOTCONN afterwards). When the mount is removed
 // from outside (fusermount3 -u, umount), the workers end and ended() turns
 // true; Stop() must still be called. libfuse's signal handlers are not
@@ -43,6 +44,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -51,6 +53,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -62,6 +65,7 @@
 #include "granary/posix/mount_tree.h"
 #include "granary/posix/readahead.h"
 
+struct fuse_buf;
 struct fuse_session;
 
 namespace granary::posix {
@@ -85,9 +89,40 @@ struct PosixViewOptions {
   bool debug = false;  // libfuse's request trace on stderr
 };
 
+// The FUSE requests the view counts, one counter each (Counters::requests).
+// A warm pass should cost none; kIoctl is the one an unmodified Python
+// `open(path, "rb")` still costs per file (isatty(): the kernel sends every
+// ioctl of a FUSE file to its server and remembers no ENOTTY).
+enum class FuseOp : uint8_t {
+  kLookup,
+  kForget,
+  kGetattr,
+  kOpendir,
+  kReaddir,
+  kReaddirplus,
+  kReleasedir,
+  kOpen,
+  kRead,
+  kRelease,
+  kFlush,
+  kIoctl,
+  kStatfs,
+  kGetxattr,
+  kListxattr,
+  kAccess,
+  kWrite,  // every write-like operation (answered EROFS)
+  kCount,
+};
+inline constexpr size_t kFuseOpCount = static_cast<size_t>(FuseOp::kCount);
+// "lookup", "getattr", ...: the `op` label of granary_posix_requests_total.
+std::string_view FuseOpName(FuseOp op);
+
 class PosixView {
  public:
   struct Counters {
+    // FUSE requests received, by FuseOp.
+    std::array<uint64_t, kFuseOpCount> requests{};
+    // The same, for the common ones (readdirs: plain and plus).
     uint64_t lookups = 0;
     uint64_t getattrs = 0;
     uint64_t readdirs = 0;
@@ -132,6 +167,7 @@ class PosixView {
  private:
   PosixView(PosixViewOptions options, MountTree tree, std::shared_ptr<ContentReader> reader);
   void Serve();
+  void ServeRequests(int epoll, fuse_buf* buf);
   void MarkEnded();
 
   // Reads without an open file (the kernel's no_open mode): pins kept
@@ -170,9 +206,13 @@ class PosixView {
   bool stopped_ = false;
   std::atomic<bool> ended_{false};
 
+  void Count(FuseOp op) {
+    counters_.requests[static_cast<size_t>(op)].fetch_add(1, std::memory_order_relaxed);
+  }
+
   struct AtomicCounters {
-    std::atomic<uint64_t> lookups{0}, getattrs{0}, readdirs{0}, opens{0}, reads{0}, read_bytes{0},
-        acquires{0}, read_errors{0}, refused_writes{0}, hinted{0};
+    std::array<std::atomic<uint64_t>, kFuseOpCount> requests{};
+    std::atomic<uint64_t> read_bytes{0}, acquires{0}, read_errors{0}, refused_writes{0}, hinted{0};
   };
   AtomicCounters counters_;
 };
