@@ -295,9 +295,12 @@ TEST_F(SlurmClusterTest, SourceTheUserCannotReadHoldsTheJobWithTheReason) {
   EXPECT_TRUE(comment.find("ermission denied") != std::string::npos ||
               comment.find("cannot read") != std::string::npos)
       << comment;
+  // Held: pending with priority 0 and data_in's failure as the reason.
   EXPECT_EQ(fields["JobState"], "PENDING") << "the job must not run";
-  EXPECT_NE(fields["Reason"].find("Held"), std::string::npos) << fields["Reason"];
-  EXPECT_EQ(JobOutput("secret", *job).find("ran"), std::string::npos);
+  EXPECT_EQ(fields["Priority"], "0") << "not held";
+  EXPECT_NE(fields["Reason"].find("slurm_bb_data_in"), std::string::npos) << fields["Reason"];
+  EXPECT_NE(::access((slurm_->out_dir() + "/secret-" + *job + ".out").c_str(), F_OK), 0)
+      << "the job ran: " << JobOutput("secret", *job);
   // Nothing of it usable, nothing cached.
   Result<std::vector<DatasetRecord>> all = cache_->store().ListDatasets();
   ASSERT_OK(all);
@@ -319,9 +322,13 @@ TEST_F(SlurmClusterTest, PersistentDwJobReadsAStagedDatasetWithoutTheSource) {
   ASSERT_OK(Cli({"dataset", "create", "keep", "--source", src, "--pool", "default", "--owner",
                  std::to_string(kNobody) + ":" + std::to_string(kNobody)}));
   ASSERT_OK(cache_->WaitForPhase("keep", DatasetPhase::kReady, seconds(60)));
-  Result<double> opens = cache_->node(0).MetricValue("granary_cachenode_source_opens_total");
+  const std::map<std::string, std::string> kKeep = {{"dataset", "keep"}};
+  // Staging opened every file once (metrics lag by up to 500 ms).
+  Result<double> opens = cache_->node(0).WaitForMetric("granary_cachenode_source_opens_total",
+                                                       kKeep, [](double v) { return v >= 150; });
   ASSERT_OK(opens);
-  Result<double> reads = cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total");
+  Result<double> reads =
+      cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total", kKeep);
   ASSERT_OK(reads);
   // The source gone: any source operation now fails the job.
   std::filesystem::rename(src, src + ".moved");
@@ -336,13 +343,21 @@ TEST_F(SlurmClusterTest, PersistentDwJobReadsAStagedDatasetWithoutTheSource) {
   const std::string output = JobOutput("keep", *job);
   EXPECT_EQ((*end)["JobState"], "COMPLETED") << output;
   EXPECT_NE(output.find("trainer OK: 150 samples"), std::string::npos) << output;
-  Result<double> opens_after = cache_->node(0).MetricValue("granary_cachenode_source_opens_total");
+  // No source operation: the counters stay put over 4 refreshes after the job
+  // (and the source is not there to be read).
+  const double before = *opens + *reads;
+  Result<double> changed = cache_->node(0).WaitForMetric(
+      "granary_cachenode_source_opens_total", kKeep, [&](double v) { return v != *opens; },
+      std::chrono::milliseconds(2000));
+  EXPECT_FALSE(changed.ok()) << "the cache node opened source files during the job: " << *opens
+                             << " -> " << *changed;
   Result<double> reads_after =
-      cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total");
-  ASSERT_OK(opens_after);
+      cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total", kKeep);
   ASSERT_OK(reads_after);
-  EXPECT_EQ(*opens_after, *opens);
-  EXPECT_EQ(*reads_after, *reads);
+  EXPECT_EQ(*opens + *reads_after, before);
+  Result<double> errors =
+      cache_->node(0).MetricValue("granary_cachenode_source_errors_total", kKeep);
+  EXPECT_TRUE(!errors.ok() || *errors == 0) << "source errors: " << *errors;
   ExpectNothingLeft(*job);
   // The persistent dataset stays after the job.
   Result<DatasetRecord> kept = cache_->store().GetDataset("keep");

@@ -138,9 +138,11 @@ Status SlurmCluster::WriteFiles() {
        << "SlurmdPidFile=" << dir_.Join("slurmd.pid") << "\n"
        << "SlurmctldLogFile=" << dir_.Join("log/slurmctld.log") << "\n"
        << "SlurmdLogFile=" << dir_.Join("log/slurmd.log") << "\n"
-       << "SlurmctldDebug=debug\nSlurmdDebug=debug\n"
+       << "SlurmctldDebug=debug\nSlurmdDebug=debug\nDebugFlags=BurstBuffer\n"
        << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
        << "SchedulerType=sched/backfill\nSelectType=select/cons_tres\n"
+       // A job whose stage-in ended starts at the next scheduling pass: fast here.
+       << "SchedulerParameters=bf_interval=1,sched_interval=1\n"
        << "SelectTypeParameters=CR_Core\nReturnToService=2\nMpiDefault=none\n"
        << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
        << "MinJobAge=300\n"
