@@ -1,6 +1,9 @@
-// Writes the manifest fuzzer's seed corpus: a few valid manifests, whole files
-// (first byte 0) and bare bodies (first byte 1). Run from the fuzz build:
+// Writes the manifest fuzzer's seed corpus: a few valid manifests (format
+// version 2), whole files (first byte 0) and bare bodies (first byte 1). Run
+// from the fuzz build:
 //   make_fuzz_seeds tests/fuzz/corpus/manifest
+// The corpus also keeps version 1 seeds made before modes existed
+// (*-v1: whole files, and bodies with first byte 3).
 
 #include <zstd.h>
 
@@ -35,10 +38,15 @@ int main(int argc, char** argv) {
       {},
       {{"a", 1, 1}},
       {{"a/x.jpg", 100, 5}, {"a/y.jpg", 2000, 6}, {"b/c/d.jpg", 0, 7}, {"e.jpg", 1024, 8}},
+      {{"cls/a.jpg", 10, 5, 0640}, {"top", 3, 6, 04755}},
   };
+  // Directories with modes, one without files, for the last set.
+  std::vector<granary::DirectoryEntry> dirs = {{"", 0750}, {"cls", 0700}, {"empty/inner", 01777}};
   int i = 0;
   for (auto& entries : sets) {
-    auto m = granary::Manifest::FromEntries(h, entries);
+    auto m = granary::Manifest::FromEntries(
+        h, entries,
+        i + 1 == static_cast<int>(sets.size()) ? dirs : std::vector<granary::DirectoryEntry>{});
     if (!m.ok()) {
       std::cerr << m.status().ToString() << "\n";
       return 1;
