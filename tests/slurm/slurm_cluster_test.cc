@@ -368,3 +368,183 @@ TEST_F(SlurmClusterTest, PersistentDwJobReadsAStagedDatasetWithoutTheSource) {
 
 }  // namespace
 }  // namespace granary::testing
+
+namespace granary::testing {
+namespace {
+
+// `granary slurm prolog|epilog` run directly (as slurmd would), for what a
+// job cannot show: bad inputs, failures and their clean-up, a crashed
+// sidecar, a requeued job's second prolog.
+class SlurmNodeStepsTest : public SlurmClusterTest {
+ protected:
+  std::string root() const { return slurm_->dir() + "/direct-jobs"; }
+
+  // `extra` options ("--name", value pairs) replace the defaults of the same name.
+  Status Prolog(const std::string& job, const std::string& script,
+                const std::vector<std::string>& extra = {}, std::string* output = nullptr) {
+    std::vector<std::pair<std::string, std::string>> options = {
+        {"--uid", "65534"},
+        {"--gid", "65534"},
+        {"--job-root", root()},
+        {"--sidecar", SidecarBinary()},
+        {"--log-dir", slurm_->dir() + "/log"},
+        {"--timeout", "30s"}};
+    if (!script.empty()) options.emplace_back("--script", script);
+    for (size_t i = 0; i + 1 < extra.size(); i += 2) {
+      bool replaced = false;
+      for (auto& option : options) {
+        if (option.first == extra[i]) {
+          option.second = extra[i + 1];
+          replaced = true;
+        }
+      }
+      if (!replaced) options.emplace_back(extra[i], extra[i + 1]);
+    }
+    std::vector<std::string> args = {"slurm", "prolog", job};
+    for (const auto& option : options) args.insert(args.end(), {option.first, option.second});
+    return Cli(args, output);
+  }
+  Status Epilog(const std::string& job, std::string* output = nullptr) {
+    return Cli({"slurm", "epilog", job, "--job-root", root(), "--timeout", "10s"}, output);
+  }
+  // Nothing of `job` under the root, no sidecar of it.
+  void ExpectClean(const std::string& job) {
+    EXPECT_NE(::access((root() + "/job-" + job).c_str(), F_OK), 0);
+    EXPECT_NE(::access((root() + "/job-" + job + ".sock").c_str(), F_OK), 0);
+    EXPECT_NE(::access((root() + "/.job-" + job).c_str(), F_OK), 0);
+    int sidecars = 0;
+    const std::string needle = root() + "/.job-" + job + "/";
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string stat = ReadProcFile(entry.path().string() + "/stat");
+      const size_t paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z')
+        continue;
+      if (ReadProcFile(entry.path().string() + "/cmdline").find(needle) != std::string::npos) {
+        ++sidecars;
+      }
+    }
+    EXPECT_EQ(sidecars, 0);
+    for (const std::string& m : MountsUnderJobRoot()) {
+      EXPECT_EQ(m.find(root() + "/job-" + job), std::string::npos) << m;
+    }
+  }
+  // A job dataset slurm-<job>-data (Staging or Ready) and a script naming it.
+  std::string JobWithDataset(const std::string& job) {
+    DatasetOptions d;
+    d.name = "slurm-" + job + "-data";
+    d.files = 40;
+    d.owner = DatasetOwner{kNobody, kNobody};
+    Result<TestDataset> ds = cache_->CreateDataset(d);
+    EXPECT_OK(ds);
+    return WriteScript("direct-" + job + ".sh",
+                       "#!/bin/sh\n#DW jobdw capacity=1GiB pool=default\n"
+                       "#DW stage_in source=/unused destination=$DW_JOB_STRIPED/data\n");
+  }
+};
+
+TEST_F(SlurmNodeStepsTest, BadArgumentsAreRefusedWithTheReason) {
+  const std::string script = WriteScript("direct-none.sh", "#!/bin/sh\ntrue\n");
+  std::string out;
+  EXPECT_FALSE(Prolog("12;rm", script, {}, &out).ok());
+  EXPECT_NE(out.find("12;rm"), std::string::npos) << out;
+  EXPECT_FALSE(
+      Cli({"slurm", "prolog", "12", "--uid", "nobody", "--gid", "1", "--job-root", root()}, &out)
+          .ok());
+  EXPECT_NE(out.find("'nobody' is not a numeric id"), std::string::npos) << out;
+  EXPECT_FALSE(
+      Cli({"slurm", "prolog", "12", "--uid", "1", "--gid", "1", "--job-root", "run/x"}, &out).ok());
+  EXPECT_NE(out.find("not an absolute path"), std::string::npos) << out;
+  EXPECT_FALSE(Prolog("12", script, {"--timeout", "soon"}, &out).ok());
+  EXPECT_NE(out.find("soon"), std::string::npos) << out;
+  EXPECT_FALSE(Epilog("x/../1", &out).ok());
+  EXPECT_FALSE(Prolog("12", slurm_->dir() + "/no-such-script", {}, &out).ok());
+  EXPECT_NE(out.find("no-such-script"), std::string::npos) << out;
+  ExpectClean("12");
+}
+
+TEST_F(SlurmNodeStepsTest, JobsWithoutDirectivesAreLeftAlone) {
+  const std::string script = WriteScript("direct-plain.sh", "#!/bin/sh\n#SBATCH -N 1\ntrue\n");
+  std::string out;
+  ASSERT_OK(Prolog("13", script, {}, &out));
+  EXPECT_NE(out.find("nothing to do"), std::string::npos) << out;
+  ASSERT_OK(Prolog("13", "", {}, &out));  // not a batch job: no script
+  EXPECT_NE(out.find("nothing to do"), std::string::npos) << out;
+  ExpectClean("13");
+  EXPECT_NE(::access(root().c_str(), F_OK), 0) << "the prolog made " << root();
+  ASSERT_OK(Epilog("13", &out));  // an epilog with nothing to do
+}
+
+TEST_F(SlurmNodeStepsTest, PrologFailuresSayWhyAndLeaveNothing) {
+  // The script names a stage_in dataset setup never made.
+  const std::string missing =
+      WriteScript("direct-missing.sh",
+                  "#!/bin/sh\n#DW jobdw capacity=1GiB pool=default\n"
+                  "#DW stage_in source=/x destination=$DW_JOB_STRIPED/gone\n");
+  std::string out;
+  EXPECT_FALSE(Prolog("14", missing, {}, &out).ok());
+  EXPECT_NE(out.find("slurm-14-gone"), std::string::npos) << out;
+  EXPECT_NE(out.find("not in the store"), std::string::npos) << out;
+  ExpectClean("14");
+
+  // Datasets of the job but no script to check them against.
+  const std::string script = JobWithDataset("15");
+  EXPECT_FALSE(Prolog("15", "", {}, &out).ok());
+  EXPECT_NE(out.find("its script was not given"), std::string::npos) << out;
+  // No sidecar binary; a sidecar that exits at start-up: its status and log.
+  EXPECT_FALSE(Prolog("15", script, {"--sidecar", slurm_->dir() + "/no-sidecar"}, &out).ok());
+  EXPECT_NE(out.find("no-sidecar"), std::string::npos) << out;
+  ExpectClean("15");
+  EXPECT_FALSE(Prolog("15", script, {"--sidecar", "/bin/false"}, &out).ok());
+  EXPECT_NE(out.find("exited at start-up (exit status 1)"), std::string::npos) << out;
+  ExpectClean("15");
+}
+
+TEST_F(SlurmNodeStepsTest, EpilogCleansUpAfterACrashedSidecarAndIsIdempotent) {
+  const std::string script = JobWithDataset("16");
+  std::string out;
+  ASSERT_OK(Prolog("16", script, {}, &out));
+  const std::string view = root() + "/job-16/data";
+  // Ready: the view holds the dataset, the socket is the job user's.
+  std::vector<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(view)) {
+    entries.push_back(e.path().filename().string());
+  }
+  EXPECT_FALSE(entries.empty()) << out;
+  struct stat st {};
+  ASSERT_EQ(::stat((root() + "/job-16.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, kNobody);
+  // A requeued job's prolog again: the old sidecar replaced, one left.
+  Result<std::string> first_pid = ReadFileToString(root() + "/.job-16/sidecar.pid");
+  ASSERT_OK(first_pid);
+  ASSERT_OK(Prolog("16", script, {}, &out));
+  Result<std::string> pid_text = ReadFileToString(root() + "/.job-16/sidecar.pid");
+  ASSERT_OK(pid_text);
+  EXPECT_NE(*pid_text, *first_pid);
+  EXPECT_NE(
+      ReadProcFile("/proc/" + std::to_string(std::stoi(*first_pid)) + "/cmdline").find("/.job-16/"),
+      0u);
+  // The sidecar crashes: its mount is left dead.
+  const pid_t pid = std::stoi(*pid_text);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  ASSERT_TRUE(WaitFor([&] {
+    const std::string stat_text = ReadProcFile("/proc/" + std::to_string(pid) + "/stat");
+    const size_t paren = stat_text.rfind(')');
+    return paren == std::string::npos || paren + 2 >= stat_text.size() ||
+           stat_text[paren + 2] == 'Z';
+  }));
+  // Linux keeps a dead FUSE mount (ENOTCONN) until unmounted; some kernels
+  // (gVisor) drop it with its server. The epilog must unmount what is left.
+  bool mounted = false;
+  for (const std::string& m : MountsUnderJobRoot()) mounted |= m.find(view) != std::string::npos;
+  ASSERT_OK(Epilog("16", &out));
+  if (mounted) {
+    EXPECT_NE(out.find("stale views unmounted"), std::string::npos) << out;
+  }
+  ExpectClean("16");
+  ASSERT_OK(Epilog("16", &out));  // again: nothing left to do, still OK
+  EXPECT_NE(out.find("nothing running"), std::string::npos) << out;
+  ExpectClean("16");
+}
+
+}  // namespace
+}  // namespace granary::testing
