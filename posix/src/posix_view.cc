@@ -350,15 +350,17 @@ struct PosixView::Callbacks {
       return;
     }
     const bool reaches_end = offset + size >= file_size;
-    std::shared_ptr<PinnedSample> pin = v.FindPin(id, reaches_end);
-    if (pin == nullptr) {
-      if (offset == 0) {
-        const std::vector<SampleId> hints = v.readahead_.OnOpen(id);
-        if (!hints.empty()) {
-          v.counters_.hinted.fetch_add(hints.size(), std::memory_order_relaxed);
-          v.reader_->Hint(hints);
-        }
+    bool ahead = false;
+    std::shared_ptr<PinnedSample> pin = v.FindPin(id, reaches_end, &ahead);
+    if (offset == 0 && (pin == nullptr || ahead)) {  // a first read
+      const std::vector<SampleId> hints = v.readahead_.OnOpen(id);
+      if (!hints.empty()) {
+        v.counters_.hinted.fetch_add(hints.size(), std::memory_order_relaxed);
+        v.reader_->Hint(hints);
       }
+      v.PinAhead(id);
+    }
+    if (pin == nullptr) {
       int error = 0;
       pin = AcquireFor(v, id, file_size, &error);
       if (pin == nullptr) {
@@ -555,11 +557,11 @@ PosixView::PosixView(PosixViewOptions options, MountTree tree,
     : options_(std::move(options)),
       tree_(std::move(tree)),
       reader_(std::move(reader)),
-      readahead_(options_.readahead_order != nullptr
-                     ? options_.readahead_order
-                     : ReadaheadOrder::ManifestOrder(tree_.sample_count()),
-                 &tree_.manifest(), options_.readahead),
-      max_pins_(2 * static_cast<size_t>(options_.threads) + 8) {}
+      order_(options_.readahead_order != nullptr
+                 ? options_.readahead_order
+                 : ReadaheadOrder::ManifestOrder(tree_.sample_count())),
+      readahead_(order_, &tree_.manifest(), options_.readahead),
+      max_pins_(2 * static_cast<size_t>(options_.threads) + 8 + options_.pin_ahead) {}
 
 Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
                                                     std::shared_ptr<const Manifest> manifest,
@@ -617,6 +619,9 @@ Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
     const int err = errno;
     view->Stop();
     return Status::FromErrno(err, what + ": making the FUSE device non-blocking");
+  }
+  if (o.pin_ahead > 0 && o.readahead.window_samples > 0) {
+    view->ahead_thread_ = std::thread([v = view.get()] { v->PinAheadLoop(); });
   }
   view->workers_left_ = o.threads;
   for (uint32_t i = 0; i < o.threads; ++i) {
@@ -731,6 +736,13 @@ void PosixView::Stop() {
     if (t.joinable()) t.join();
   }
   workers_.clear();
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    ahead_stop_ = true;
+    ahead_queue_.clear();
+  }
+  ahead_cv_.notify_all();
+  if (ahead_thread_.joinable()) ahead_thread_.join();
   if (session_ != nullptr) {
     // Lazy: a process still inside keeps its references, and sees ENOTCONN
     // once the device closes below.
@@ -746,11 +758,18 @@ void PosixView::Stop() {
   MarkEnded();
 }
 
-std::shared_ptr<PinnedSample> PosixView::FindPin(SampleId id, bool reaches_end) {
+std::shared_ptr<PinnedSample> PosixView::FindPin(SampleId id, bool reaches_end, bool* ahead) {
   std::lock_guard<std::mutex> lock(pins_mu_);
   auto it = pins_.find(id);
+  *ahead = false;
   if (it == pins_.end()) return nullptr;
   std::shared_ptr<PinnedSample> pin = it->second->pin;
+  if (it->second->ahead_bytes > 0) {
+    *ahead = true;
+    ahead_bytes_ -= it->second->ahead_bytes;
+    it->second->ahead_bytes = 0;
+    counters_.pinned_ahead_used.fetch_add(1, std::memory_order_relaxed);
+  }
   if (reaches_end) {
     pin_order_.erase(it->second);
     pins_.erase(it);
@@ -758,13 +777,15 @@ std::shared_ptr<PinnedSample> PosixView::FindPin(SampleId id, bool reaches_end) 
   return pin;
 }
 
-void PosixView::KeepPin(SampleId id, std::shared_ptr<PinnedSample> pin) {
+void PosixView::KeepPin(SampleId id, std::shared_ptr<PinnedSample> pin, uint64_t ahead_bytes) {
   std::vector<std::shared_ptr<PinnedSample>> dropped;  // released outside the lock
   std::lock_guard<std::mutex> lock(pins_mu_);
   if (pins_.count(id) != 0) return;
-  pin_order_.push_back(KeptPin{id, std::move(pin), std::chrono::steady_clock::now()});
+  pin_order_.push_back(KeptPin{id, std::move(pin), std::chrono::steady_clock::now(), ahead_bytes});
   pins_.emplace(id, std::prev(pin_order_.end()));
+  ahead_bytes_ += ahead_bytes;
   while (pins_.size() > max_pins_) {
+    ahead_bytes_ -= pin_order_.front().ahead_bytes;
     pins_.erase(pin_order_.front().id);
     dropped.push_back(std::move(pin_order_.front().pin));
     pin_order_.pop_front();
@@ -776,9 +797,54 @@ void PosixView::ExpirePins() {
   std::vector<std::shared_ptr<PinnedSample>> dropped;
   std::lock_guard<std::mutex> lock(pins_mu_);
   while (!pin_order_.empty() && now - pin_order_.front().kept >= kPinIdle) {
+    ahead_bytes_ -= pin_order_.front().ahead_bytes;
     pins_.erase(pin_order_.front().id);
     dropped.push_back(std::move(pin_order_.front().pin));
     pin_order_.pop_front();
+  }
+}
+
+void PosixView::PinAhead(SampleId id) {
+  if (!ahead_thread_.joinable()) return;
+  const uint64_t p = order_->PositionOf(id);
+  if (p >= order_->size()) return;
+  const uint64_t want_end = std::min<uint64_t>(p + 1 + options_.pin_ahead, order_->size());
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    if (ahead_stop_) return;
+    // A jump (not within the window queued so far): start over from here.
+    if (p + 1 > ahead_end_ || p + 1 + 2 * static_cast<uint64_t>(options_.pin_ahead) < ahead_end_) {
+      ahead_queue_.clear();
+      ahead_end_ = p + 1;
+    }
+    for (; ahead_end_ < want_end; ++ahead_end_) ahead_queue_.push_back(order_->At(ahead_end_));
+    while (ahead_queue_.size() > options_.pin_ahead) ahead_queue_.pop_front();
+  }
+  ahead_cv_.notify_one();
+}
+
+void PosixView::PinAheadLoop() {
+  // Bounded by Stop() (ahead_stop_).
+  while (true) {
+    SampleId id;
+    {
+      std::unique_lock<std::mutex> lock(ahead_mu_);
+      ahead_cv_.wait(lock, [this] { return ahead_stop_ || !ahead_queue_.empty(); });
+      if (ahead_stop_) return;
+      id = ahead_queue_.front();
+      ahead_queue_.pop_front();
+    }
+    const uint64_t size = tree_.manifest().SizeOf(id);
+    if (size == 0 || size > options_.pin_ahead_bytes) continue;
+    {
+      std::lock_guard<std::mutex> lock(pins_mu_);
+      if (pins_.count(id) != 0 || ahead_bytes_ + size > options_.pin_ahead_bytes) continue;
+    }
+    Result<std::unique_ptr<PinnedSample>> pin = reader_->Acquire(id);
+    if (!pin.ok() || (*pin)->bytes().size() != size) continue;  // its read will say why
+    counters_.acquires.fetch_add(1, std::memory_order_relaxed);
+    counters_.pinned_ahead.fetch_add(1, std::memory_order_relaxed);
+    KeepPin(id, std::shared_ptr<PinnedSample>(std::move(*pin)), size);
   }
 }
 
@@ -798,6 +864,8 @@ PosixView::Counters PosixView::counters() const {
   c.reads = count(FuseOp::kRead);
   c.read_bytes = counters_.read_bytes.load();
   c.acquires = counters_.acquires.load();
+  c.pinned_ahead = counters_.pinned_ahead.load();
+  c.pinned_ahead_used = counters_.pinned_ahead_used.load();
   c.read_errors = counters_.read_errors.load();
   c.refused_writes = counters_.refused_writes.load();
   c.hinted = counters_.hinted.load();

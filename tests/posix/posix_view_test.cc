@@ -612,6 +612,34 @@ TEST_F(PosixViewTest, OpensHintTheFilesThatFollow) {
 
 // With allow_other the kernel checks modes (default_permissions): they are
 // the source's, so other users get in exactly where the source let them.
+TEST_F(PosixViewTest, FirstReadsPinTheFilesThatFollow) {
+  PosixViewOptions o = Options();
+  o.pin_ahead = 8;
+  MountIt(o);
+  const SampleId first = *data_.manifest->Find("train/n01/img_0.jpg");
+  ASSERT_EQ(ReadWhole(mnt_ + "/train/n01/img_0.jpg"), data_.contents[first]);
+  // The next 8 in manifest order are pinned by the view's own thread ...
+  ASSERT_TRUE(testing::WaitFor([&] { return view_->counters().pinned_ahead >= 8; }, seconds(10)))
+      << view_->counters().pinned_ahead;
+  EXPECT_EQ(view_->counters().pinned_ahead_used, 0u);
+  // ... so their first reads find them pinned (and pin the ones after).
+  for (SampleId id = first + 1; id <= first + 8; ++id) {
+    ASSERT_EQ(ReadWhole(mnt_ + "/" + data_.manifest->PathOf(id)), data_.contents[id]);
+  }
+  EXPECT_EQ(view_->counters().pinned_ahead_used, 8u);
+  // Pins nobody reads expire: none is left.
+  EXPECT_TRUE(testing::WaitFor([&] { return reader_->live_pins() == 0; }, seconds(10)))
+      << reader_->live_pins();
+  // Off: nothing pinned ahead.
+  view_->Stop();
+  view_.reset();
+  o.pin_ahead = 0;
+  MountIt(o);
+  ASSERT_EQ(ReadWhole(mnt_ + "/train/n01/img_0.jpg"), data_.contents[first]);
+  ASSERT_EQ(ReadWhole(mnt_ + "/train/n01/img_1.jpg"), data_.contents[first + 1]);
+  EXPECT_EQ(view_->counters().pinned_ahead, 0u);
+}
+
 TEST_F(PosixViewTest, AllowOtherShowsTheSourceModes) {
   PosixViewOptions o = Options();
   o.allow_other = true;

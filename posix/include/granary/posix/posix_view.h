@@ -49,6 +49,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -84,6 +85,13 @@ struct PosixViewOptions {
   // Readahead; null order: manifest order. window_samples 0: none.
   std::shared_ptr<const ReadaheadOrder> readahead_order;
   ReadaheadOptions readahead;
+  // Pinned readahead (no_open kernels): on the first read of a file, the
+  // next pin_ahead samples in the readahead order are pinned by a thread of
+  // the view's own, so their first reads find them pinned and cost no
+  // reader round trip. At most pin_ahead_bytes are pinned ahead at once
+  // (larger samples are not pinned ahead). 0: off; off with readahead off.
+  uint32_t pin_ahead = 16;
+  uint64_t pin_ahead_bytes = 16ull << 20;
   // How long Mount waits for the kernel's INIT.
   std::chrono::milliseconds init_timeout{10'000};
   bool debug = false;  // libfuse's request trace on stderr
@@ -132,7 +140,9 @@ class PosixView {
     uint64_t acquires = 0;     // samples pinned through the reader
     uint64_t read_errors = 0;  // reads answered EIO
     uint64_t refused_writes = 0;
-    uint64_t hinted = 0;  // ids passed to ContentReader::Hint
+    uint64_t hinted = 0;             // ids passed to ContentReader::Hint
+    uint64_t pinned_ahead = 0;       // samples pinned ahead of their first read
+    uint64_t pinned_ahead_used = 0;  // ... whose first read found them pinned
   };
 
   // Builds the tree (errors from MountTree::Build), mounts at
@@ -173,13 +183,18 @@ class PosixView {
   // Reads without an open file (the kernel's no_open mode): pins kept
   // between the reads of one file, dropped by the read that reaches its end,
   // when more than max_pins_ are held (oldest first), or after kPinIdle.
-  std::shared_ptr<PinnedSample> FindPin(SampleId id, bool reaches_end);
-  void KeepPin(SampleId id, std::shared_ptr<PinnedSample> pin);
+  // *ahead: the pin was pinned ahead and this is its first use.
+  std::shared_ptr<PinnedSample> FindPin(SampleId id, bool reaches_end, bool* ahead);
+  void KeepPin(SampleId id, std::shared_ptr<PinnedSample> pin, uint64_t ahead_bytes = 0);
   void ExpirePins();
+  // Pinned readahead: queues the samples after `id` (its first read).
+  void PinAhead(SampleId id);
+  void PinAheadLoop();
 
   const PosixViewOptions options_;
   const MountTree tree_;
   const std::shared_ptr<ContentReader> reader_;
+  const std::shared_ptr<const ReadaheadOrder> order_;
   Readahead readahead_;
 
   fuse_session* session_ = nullptr;
@@ -191,11 +206,20 @@ class PosixView {
     SampleId id;
     std::shared_ptr<PinnedSample> pin;
     std::chrono::steady_clock::time_point kept;
+    uint64_t ahead_bytes;  // pinned ahead and not read yet: its size; else 0
   };
-  std::mutex pins_mu_;            // guards the two below
+  std::mutex pins_mu_;            // guards the three below
   std::list<KeptPin> pin_order_;  // oldest first
   std::unordered_map<SampleId, std::list<KeptPin>::iterator> pins_;
+  uint64_t ahead_bytes_ = 0;  // sum of ahead_bytes
   size_t max_pins_ = 0;
+
+  std::mutex ahead_mu_;  // guards the three below; pairs with ahead_cv_
+  std::condition_variable ahead_cv_;
+  std::deque<SampleId> ahead_queue_;
+  uint64_t ahead_end_ = 0;  // positions in the order below this were queued
+  bool ahead_stop_ = false;
+  std::thread ahead_thread_;
 
   std::mutex state_mu_;  // guards the flags below and pairs with state_cv_
   std::condition_variable state_cv_;
@@ -212,7 +236,8 @@ class PosixView {
 
   struct AtomicCounters {
     std::array<std::atomic<uint64_t>, kFuseOpCount> requests{};
-    std::atomic<uint64_t> read_bytes{0}, acquires{0}, read_errors{0}, refused_writes{0}, hinted{0};
+    std::atomic<uint64_t> read_bytes{0}, acquires{0}, read_errors{0}, refused_writes{0}, hinted{0},
+        pinned_ahead{0}, pinned_ahead_used{0};
   };
   AtomicCounters counters_;
 };
