@@ -6,6 +6,7 @@
 #   make release      optimised build (benchmarks)
 #   make quickstart   single-host Granary + a PyTorch training loop through it (DIR=... for your data)
 #   make demo         stage a generated (or DIR=...) dataset with one cache node
+#   make demo-slurm   a job with #DW jobdw + stage_in on a real one-node Slurm (2,000 files; as root)
 #   make bench-manifest  manifest build/load figures at ImageNet scale
 #   make bench-core   placement and plan micro-benchmarks
 #   make bench-cachenode  cache node staging and serving figures (about 1.5 minutes, 7 GB in /tmp)
@@ -18,7 +19,7 @@
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps build release quickstart demo test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
+.PHONY: deps build release quickstart demo demo-slurm test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
 
 deps:
 	@scripts/install-deps
@@ -60,6 +61,9 @@ quickstart: release
 
 demo: release
 	scripts/demo-staging $(DIR)
+
+demo-slurm: release
+	scripts/demo-slurm
 
 bench-manifest: release
 	build/release/bench/manifest_bench
