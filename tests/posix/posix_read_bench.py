@@ -12,6 +12,10 @@ passes (every file, sorted walk order):
                   sidecar's arena cold (bytes from the cache node), readahead on
   mount_noahead   the same, with --readahead off
   mount_warm      a second pass over the same mount (the kernel's page cache)
+  *_raw           the same warm passes with open(..., buffering=0): no
+                  isatty() per file, so no FUSE request at all over the mount
+                  (Python's buffered open() asks isatty(), an ioctl the kernel
+                  forwards to the view every time: one round trip per file)
 Each mount pass is a fresh mount (a fresh kernel cache). The sidecar's arena
 is smaller than the dataset, so a fresh pass finds little of it there.
 Prints one line per pass and the ratios; everything it starts it stops.
@@ -50,7 +54,7 @@ def mounted(path):
         return any(line.split()[4] == path and " fuse.granary " in line for line in f)
 
 
-def read_pass(root):
+def read_pass(root, buffering=-1):
     files = 0
     nbytes = 0
     t0 = time.perf_counter()
@@ -59,7 +63,7 @@ def read_pass(root):
         for name in sorted(filenames):
             if name.startswith("."):
                 continue
-            with open(os.path.join(dirpath, name), "rb") as f:
+            with open(os.path.join(dirpath, name), "rb", buffering=buffering) as f:
                 nbytes += len(f.read())
             files += 1
     return files, nbytes, time.perf_counter() - t0
@@ -108,6 +112,7 @@ def main():
         results = {}
         read_pass(src)  # into the page cache
         results["local_warm"] = read_pass(src)
+        results["local_warm_raw"] = read_pass(src, 0)
 
         def mount_passes(name, extra, passes):
             mnt = f"{work}/mnt-{name}"
@@ -117,13 +122,14 @@ def main():
             try:
                 wait_for(lambda: mounted(mnt), 60, "the mount")
                 for label in passes:
-                    results[label] = read_pass(mnt)
+                    results[label] = read_pass(mnt, 0 if label.endswith("_raw") else -1)
             finally:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=30)
 
         mount_passes("noahead", ["--readahead", "off"], ["mount_noahead"])
-        mount_passes("ahead", ["--readahead", "manifest"], ["mount_cold", "mount_warm"])
+        mount_passes("ahead", ["--readahead", "manifest"],
+                     ["mount_cold", "mount_warm", "mount_warm_raw"])
         mount_passes("noahead2", ["--readahead", "off"], ["mount_noahead_2"])
         mount_passes("ahead2", ["--readahead", "manifest"], ["mount_cold_2"])
 
@@ -135,6 +141,7 @@ def main():
             return results[label][0] / results[label][2]
 
         print(f"mount_warm / local_warm   {speed('mount_warm') / speed('local_warm'):.2f}")
+        print(f"mount_warm_raw / local_warm_raw {speed('mount_warm_raw') / speed('local_warm_raw'):.2f}")
         print(f"mount_cold / local_warm   {speed('mount_cold') / speed('local_warm'):.2f}")
         ahead = (speed("mount_cold") + speed("mount_cold_2")) / 2
         noahead = (speed("mount_noahead") + speed("mount_noahead_2")) / 2
