@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -69,6 +70,7 @@ struct Sidecar::Impl {
   std::vector<std::thread> workers;
 
   // `mounts`: the POSIX views served in process (before `caches`' readers go).
+  std::mutex views_mu;  // guards `views` (the refresh loop reads their counters)
   std::vector<std::unique_ptr<posix::PosixView>> views;
   ConnectionThreads connections;
   std::atomic<uint64_t> next_conn{1};  // connection ids, for logs
@@ -231,6 +233,7 @@ struct Sidecar::Impl {
       if (!view.ok()) return view.status().WithContext(what + " (`mounts`)");
       log->info("mounted dataset {} at {} (read-only, served from this sidecar)", Quoted(m.dataset),
                 Quoted(*point));
+      std::lock_guard<std::mutex> lock(views_mu);
       views.push_back(std::move(*view));
     }
     return Status::Ok();
@@ -301,6 +304,15 @@ struct Sidecar::Impl {
       for (const std::shared_ptr<SampleCache>& cache : Caches()) total += cache->Stats();
       const size_t sessions = connections.open();
       metrics.Refresh(total, fetcher->counters(), sessions, &last);
+      {
+        std::array<uint64_t, posix::kFuseOpCount> requests{};
+        std::lock_guard<std::mutex> lock(views_mu);
+        for (const auto& view : views) {
+          const posix::PosixView::Counters c = view->counters();
+          for (size_t op = 0; op < posix::kFuseOpCount; ++op) requests[op] += c.requests[op];
+        }
+        metrics.RefreshPosix(requests, &last);
+      }
       std::unique_lock<std::mutex> lock(work_mu);
       work_cv.wait_for(lock, std::chrono::milliseconds(250), [&] { return stopping.load(); });
     }
@@ -685,8 +697,13 @@ void Sidecar::Stop() {
   if (i.stopped) return;
   i.stopped = true;
   // The views first: their reads need the fetcher and the caches.
-  for (auto& view : i.views) view->Stop();
-  i.views.clear();
+  std::vector<std::unique_ptr<posix::PosixView>> views;
+  {
+    std::lock_guard<std::mutex> lock(i.views_mu);
+    views.swap(i.views);
+  }
+  for (auto& view : views) view->Stop();
+  views.clear();
   i.stopping = true;
   const uint64_t one = 1;
   if (i.wake_fd.valid()) (void)::write(i.wake_fd.get(), &one, sizeof(one));

@@ -36,6 +36,16 @@ Result<SidecarMetrics> SidecarMetrics::Declare(prometheus::Registry& registry) {
                                               {"class"}));
   GRANARY_ASSIGN_OR_RETURN(m.errors_framing, errors.WithLabels({"framing"}));
   GRANARY_ASSIGN_OR_RETURN(m.errors_request, errors.WithLabels({"request"}));
+  GRANARY_ASSIGN_OR_RETURN(auto posix_requests,
+                           r.AddCounterFamily("granary_sidecar_posix_requests_total",
+                                              "FUSE requests to the POSIX views of `mounts`, by "
+                                              "operation (a warm pass should add none).",
+                                              {"op"}));
+  for (size_t i = 0; i < posix::kFuseOpCount; ++i) {
+    GRANARY_ASSIGN_OR_RETURN(
+        m.posix_requests[i],
+        posix_requests.WithLabels({std::string(posix::FuseOpName(static_cast<posix::FuseOp>(i)))}));
+  }
   GRANARY_ASSIGN_OR_RETURN(m.sessions_opened, r.AddCounter("granary_sidecar_sessions_opened_total",
                                                            "Client connections accepted."));
   GRANARY_ASSIGN_OR_RETURN(m.rejected_clients,
@@ -167,6 +177,13 @@ void SidecarMetrics::Refresh(const SampleCacheStats& caches, const SampleFetcher
   SetGauge(arena_bytes, caches.arena_bytes);
   SetGauge(arena_used_bytes, caches.arena_used_bytes);
   SetGauge(cursors, caches.cursors);
+}
+
+void SidecarMetrics::RefreshPosix(const std::array<uint64_t, posix::kFuseOpCount>& view_requests,
+                                  Last* last) {
+  for (size_t i = 0; i < posix::kFuseOpCount; ++i) {
+    Advance(posix_requests[i], view_requests[i], &last->posix_requests[i]);
+  }
 }
 
 }  // namespace granary::sidecar

@@ -7,10 +7,12 @@
 // Thread safety: the metric pointers may be used from any thread (prometheus-cpp
 // is thread-safe); Refresh is called by one thread with its own Last.
 
+#include <array>
 #include <cstdint>
 
 #include "granary/core/status.h"
 #include "granary/daemon/observability.h"
+#include "granary/posix/posix_view.h"
 #include "granary/sidecar/sample_cache.h"
 #include "granary/sidecar/sample_fetcher.h"
 
@@ -52,6 +54,8 @@ struct SidecarMetrics {
   prometheus::Gauge* arena_used_bytes = nullptr;
   prometheus::Gauge* cursors = nullptr;
   prometheus::Histogram* client_wait = nullptr;
+  // FUSE requests to the `mounts` views, by operation (posix::FuseOpName).
+  prometheus::Counter* posix_requests[posix::kFuseOpCount] = {};
 
   static Result<SidecarMetrics> Declare(prometheus::Registry& registry);
 
@@ -63,9 +67,12 @@ struct SidecarMetrics {
     SampleFetcherCounters fetcher;
     uint64_t evictions = 0;
     uint64_t unknown_releases = 0;
+    std::array<uint64_t, posix::kFuseOpCount> posix_requests{};
   };
   void Refresh(const SampleCacheStats& caches, const SampleFetcherCounters& fetcher,
                size_t sessions_now, Last* last);
+  // `view_requests`: the views' Counters::requests, summed.
+  void RefreshPosix(const std::array<uint64_t, posix::kFuseOpCount>& view_requests, Last* last);
 };
 
 }  // namespace granary::sidecar

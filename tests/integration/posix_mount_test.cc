@@ -13,11 +13,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -245,6 +247,104 @@ TEST_F(PosixMountTest, EveryFileEqualsTheSnapshotWithTheSourceGone) {
   ASSERT_EQ(rename(away.c_str(), ds_.root.c_str()), 0);
   m.view->Stop();
   EXPECT_FALSE(Mounted(mnt));
+}
+
+// The slow source's counters (.slowfs-stats: one JSON object), by key.
+std::map<std::string, uint64_t> SlowFsCounts(const std::string& mnt) {
+  std::map<std::string, uint64_t> out;
+  std::ifstream f(mnt + "/.slowfs-stats");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const char* key : {"opens", "stats", "readdirs", "reads", "read_bytes", "readlinks"}) {
+    const size_t at = text.find("\"" + std::string(key) + "\":");
+    if (at != std::string::npos) {
+      out[key] = std::strtoull(text.c_str() + at + std::strlen(key) + 3, nullptr, 10);
+    }
+  }
+  return out;
+}
+
+// Runs a command line through the shell: its exit code and its output.
+int RunShell(const std::string& cmd, std::string* output) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), pipe) != nullptr) *output += buf;
+  return pclose(pipe);
+}
+
+// The test: a dataset whose source is the benchmark's slow source
+// (granary-slowfs, which counts every operation it serves). After the
+// snapshot the source is never listed again; once staged, an os.walk +
+// open().read() and an ImageFolder over `granary mount` equal the source byte
+// for byte without a single operation at the source.
+TEST_F(PosixMountTest, OverTheSlowSourceNoSourceOperationAfterStaging) {
+#ifndef GRANARY_SLOWFS_BINARY
+  GTEST_SKIP() << "granary-slowfs is not built (libfuse3-dev missing)";
+#else
+  // The source: class folders of a few hundred files.
+  const std::string src = NewDir("slow-src");
+  constexpr int kFiles = 240;
+  uint64_t total_bytes = 0;
+  for (int i = 0; i < kFiles; ++i) {
+    const std::string rel = "c" + std::to_string(i % 4) + "/img_" + std::to_string(i) + ".jpg";
+    const std::string bytes = testing::Bytes(rel, 500 + static_cast<size_t>(i) * 131);
+    fs::create_directories(fs::path(src + "/" + rel).parent_path());
+    testing::WriteAll(src + "/" + rel, bytes);
+    total_bytes += bytes.size();
+  }
+  const std::string slow = NewDir("slow-mnt");
+  DaemonProcessOptions so;
+  so.binary = GRANARY_SLOWFS_BINARY;
+  so.args = {src, slow, "--latency-ms", "1"};
+  so.log_path = cluster_->dir().Join("slowfs.log");
+  so.name = "granary-slowfs";
+  auto slowfs = DaemonProcess::Start(so);
+  ASSERT_OK(slowfs);
+  struct Detach {  // however the test ends, nothing stays mounted
+    std::string dir;
+    ~Detach() {
+      if (Mounted(dir)) umount2(dir.c_str(), MNT_DETACH);
+    }
+  } detach_slow{slow};
+  ASSERT_TRUE(testing::WaitFor([&] { return SlowFsCounts(slow).count("opens") == 1; }, seconds(20)))
+      << (*slowfs)->ReadLog();
+
+  // The snapshot walks the slow source; then staging reads every file once.
+  const std::string cli = std::string(GRANARY_CLI_BINARY) + " --store " + cluster_->store_url();
+  std::string out;
+  ASSERT_EQ(RunShell(cli + " dataset create slow --source " + slow + " --chunk-size 64KiB", &out),
+            0)
+      << out;
+  const std::map<std::string, uint64_t> snapshot = SlowFsCounts(slow);
+  EXPECT_GT(snapshot.at("readdirs"), 0u);
+  ASSERT_EQ(RunShell(cli + " dataset wait slow --timeout 2m", &out), 0) << out;
+  const std::map<std::string, uint64_t> staged = SlowFsCounts(slow);
+  EXPECT_EQ(staged.at("readdirs"), snapshot.at("readdirs")) << "a listing after the snapshot";
+  EXPECT_EQ(staged.at("opens") - snapshot.at("opens"), uint64_t{kFiles})
+      << "each file is read from the source once";
+  EXPECT_EQ(staged.at("read_bytes") - snapshot.at("read_bytes"), total_bytes);
+
+  // Over the mount (the granary binary), as unmodified Python reads it.
+  const std::string mnt = NewDir("slow-view");
+  auto mount = StartCli({"mount", "slow", mnt, "--socket", sidecar_->socket_path(), "--foreground"},
+                        "mount-slow.log");
+  ASSERT_NE(mount, nullptr);
+  ASSERT_TRUE(testing::WaitFor([&] { return Mounted(mnt); }, seconds(20))) << mount->ReadLog();
+  out.clear();
+  const int rc = RunShell("/usr/bin/python3 " + std::string(GRANARY_POSIX_TESTS_DIR) +
+                              "/walk_and_read.py " + mnt + " " + src,
+                          &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(std::to_string(kFiles) + " files ok"), std::string::npos) << out;
+  const std::map<std::string, uint64_t> after = SlowFsCounts(slow);
+  for (const auto& [key, value] : staged) {
+    EXPECT_EQ(after.at(key), value) << key << " at the source while reading over the mount";
+  }
+  auto exit = mount->Terminate(seconds(20));
+  ASSERT_OK(exit);
+  EXPECT_FALSE(Mounted(mnt));
+  ASSERT_OK((*slowfs)->Terminate(seconds(20)));
+#endif
 }
 
 TEST_F(PosixMountTest, ACacheNodeKilledDuringAFullReadLosesNoByte) {

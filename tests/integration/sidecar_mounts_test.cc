@@ -7,11 +7,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "granary/posix/mount_point.h"
@@ -79,6 +81,37 @@ TEST_F(SidecarMountsTest, TheDatasetIsMountedReadOnlyAndUnmountedAtStop) {
     const std::string path = dir_ + "/" + ds_.manifest->PathOf(id);
     EXPECT_EQ(testing::ReadAll(path), ds_.contents[id]) << path;
   }
+  // A second pass costs no FUSE request at all (granary_sidecar_posix_requests_total,
+  // by op): each pass ends with a statvfs, whose count tells that the metrics
+  // show everything before it.
+  auto requests_after_statfs = [&](double statfs) {
+    struct statvfs sv {};
+    EXPECT_EQ(::statvfs(dir_.c_str(), &sv), 0);
+    EXPECT_OK(sidecar
+                  .WaitForMetric("granary_sidecar_posix_requests_total", {{"op", "statfs"}},
+                                 [statfs](double v) { return v >= statfs; })
+                  .status());
+    std::map<std::string, double> by_op;
+    for (const char* op : {"lookup", "getattr", "readdir", "readdirplus", "open", "read", "release",
+                           "flush", "ioctl", "getxattr", "access", "statfs"}) {
+      auto v = sidecar.MetricValue("granary_sidecar_posix_requests_total", {{"op", op}});
+      EXPECT_TRUE(v.ok()) << op << ": " << v.status().ToString();
+      by_op[op] = v.ok() ? *v : -1;
+    }
+    return by_op;
+  };
+  const std::map<std::string, double> cold = requests_after_statfs(1);
+  EXPECT_GT(cold.at("read"), 0);
+  EXPECT_GT(cold.at("lookup"), 0);
+  for (SampleId id = 0; id < ds_.sample_count(); ++id) {
+    const std::string path = dir_ + "/" + ds_.manifest->PathOf(id);
+    EXPECT_EQ(testing::ReadAll(path), ds_.contents[id]) << path;
+  }
+  std::map<std::string, double> warm = requests_after_statfs(2);
+  EXPECT_EQ(warm["statfs"], cold.at("statfs") + 1);
+  warm["statfs"] = cold.at("statfs");
+  EXPECT_EQ(warm, cold) << "a warm pass sent requests to the view";
+
   // Read-only.
   const std::string first = dir_ + "/" + ds_.manifest->PathOf(0);
   EXPECT_LT(::open(first.c_str(), O_WRONLY), 0);
