@@ -438,9 +438,27 @@ void CacheNode::Impl::ControlLoop() {
 
 Result<std::vector<ChunkId>> CacheNode::Impl::Owned(const ActiveDataset& ds,
                                                     const Placement& placement) const {
+  // A dataset placed on other nodes only (DatasetSpec::nodes): none here.
+  if (!placement.IndexOf(config_.node_id).ok()) return std::vector<ChunkId>();
   return placement.ChunksOwnedBy(ds.manifest_id, ds.manifest->chunk_count(), config_.node_id,
                                  std::max<uint32_t>(1, ds.record.spec.replication));
 }
+
+namespace {
+
+// Placement over `nodes`, weighted by capacity (1 for a node that advertises
+// none): the same computation as the sidecars' (sample_fetcher.cc).
+Result<Placement> PlacementOver(const std::vector<NodeRecord>& nodes) {
+  std::vector<PlacementNode> placement_nodes;
+  placement_nodes.reserve(nodes.size());
+  for (const NodeRecord& n : nodes) {
+    placement_nodes.push_back(
+        PlacementNode{n.id, n.capacity_bytes > 0 ? static_cast<double>(n.capacity_bytes) : 1.0});
+  }
+  return Placement::Create(std::move(placement_nodes));
+}
+
+}  // namespace
 
 void CacheNode::Impl::Reconcile() {
   Result<std::vector<NodeRecord>> nodes = store_->ListNodes(config_.pool);
@@ -459,12 +477,7 @@ void CacheNode::Impl::Reconcile() {
     self.capacity_bytes = chunks_->capacity();
     live_nodes_.push_back(self);
   }
-  std::vector<PlacementNode> placement_nodes;
-  for (const NodeRecord& n : live_nodes_) {
-    placement_nodes.push_back(
-        PlacementNode{n.id, n.capacity_bytes > 0 ? static_cast<double>(n.capacity_bytes) : 1.0});
-  }
-  Result<Placement> placement = Placement::Create(std::move(placement_nodes));
+  Result<Placement> placement = PlacementOver(live_nodes_);
   if (!placement.ok()) {
     log_->error("computing placement over the nodes of pool {}: {}", Quoted(config_.pool),
                 placement.status().ToString());
@@ -517,10 +530,25 @@ void CacheNode::Impl::Reconcile() {
       std::lock_guard<std::mutex> lock(datasets_mu_);
       if (auto it = datasets_.find(name); it != datasets_.end()) ds = it->second;
     }
+    // A dataset on some nodes only (spec.nodes) is placed over those alone:
+    // the others own none of its chunks.
+    std::vector<NodeRecord> ds_nodes = DatasetNodes(record->spec, live_nodes_);
+    Result<Placement> own_placement = Placement();
+    if (record->spec.nodes.has_value()) {
+      own_placement = PlacementOver(ds_nodes);
+      if (!own_placement.ok()) {
+        log_->error("computing placement of dataset {} over its nodes: {}", Quoted(name),
+                    own_placement.status().ToString());
+        continue;
+      }
+    }
+    const Placement& ds_placement = record->spec.nodes.has_value() ? *own_placement : *placement;
+    // Not placed here and not active: nothing to stage, serve or publish.
+    if (!ds && !DatasetUsesNode(record->spec, config_.node_id)) continue;
     if (!ds) {
       auto failure = activation_failures_.find(name);
       if (failure != activation_failures_.end() && --failure->second.second > 0) continue;
-      Result<std::shared_ptr<ActiveDataset>> activated = Activate(*record, *placement);
+      Result<std::shared_ptr<ActiveDataset>> activated = Activate(*record, ds_placement);
       if (!activated.ok()) {
         const std::string message = activated.status().ToString();
         if (failure == activation_failures_.end() || failure->second.first != message) {
@@ -536,7 +564,7 @@ void CacheNode::Impl::Reconcile() {
       datasets_[name] = ds;
     } else {
       ds->record = *record;
-      Reown(*ds, *placement);
+      Reown(*ds, ds_placement);
       if (plans_changed_) {
         Result<std::vector<PlanRecord>> plans = store_->ListPlans(name);
         plans_read = plans_read && plans.ok();
@@ -550,7 +578,7 @@ void CacheNode::Impl::Reconcile() {
       }
     }
     PublishProgress(*ds);
-    UpdatePhase(*ds, live_nodes_);
+    UpdatePhase(*ds, ds_nodes);
   }
   if (plans_read) plans_changed_ = false;
 }

@@ -185,7 +185,9 @@ Json DatasetJson(const DatasetRecord& d) {
               {"manifest_id", d.manifest_id},
               {"created_ms", d.created_ms},
               {"updated_ms", d.updated_ms},
-              {"revision", d.revision}};
+              {"revision", d.revision},
+              // null: every node of the pool; a list: only those (maybe none).
+              {"placed_on", d.spec.nodes.has_value() ? Json(*d.spec.nodes) : Json(nullptr)}};
 }
 
 Json ProgressJson(const ProgressSummary& s) {

@@ -16,6 +16,7 @@
 #include <iomanip>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -35,6 +36,15 @@ namespace {
 
 // How often `dataset wait` re-reads the store.
 constexpr std::chrono::milliseconds kWaitPoll{250};
+
+// "every node of pool P", "node-a, node-b", "no node (readers read the source)".
+std::string PlacedOn(const DatasetSpec& spec) {
+  if (!spec.nodes.has_value()) return "every node of pool " + spec.pool;
+  if (spec.nodes->empty()) return "no node (readers read the source)";
+  std::string list;
+  for (const std::string& id : *spec.nodes) list += (list.empty() ? "" : ", ") + id;
+  return list;
+}
 
 // "file:///abs/path" for a path or a file:// URI; the directory must exist.
 Result<std::string> NormalizeSource(const std::string& source) {
@@ -171,6 +181,10 @@ class DatasetCommand {
   Status Show(const std::string& name);
   Status Delete(const std::string& name);
   Status Stage(const std::string& name);
+  Status Place(const std::string& name);
+  // --nodes / --no-nodes / --all-nodes as a DatasetSpec::nodes (create: no
+  // option is the whole pool).
+  Result<std::optional<std::vector<std::string>>> NodesOption(bool required) const;
   Status Wait(const std::string& name);
 
   // Applies `change` to the record with compare-and-set, re-reading on a
@@ -195,6 +209,9 @@ class DatasetCommand {
   std::string owner_;
   bool no_snapshot_ = false;
   unsigned walk_threads_ = 8;
+  std::vector<std::string> nodes_;  // --nodes (comma-separated, repeatable)
+  bool no_nodes_ = false;
+  bool all_nodes_ = false;
   // dataset wait (and create/stage --wait)
   bool wait_after_ = false;
   std::string timeout_ = "1h";
@@ -214,6 +231,10 @@ void DatasetCommand::Add(CLI::App& app) {
   create->add_option("--pool", pool_, "Cache pool that stages it");
   create->add_option("--replication", replication_, "Cache nodes holding each chunk");
   create->add_option("--owner", owner_, "UID:GID whose rights read the source (root only)");
+  create->add_option("--nodes", nodes_, "Stage it on these cache nodes of the pool only (ids)")
+      ->delimiter(',');
+  create->add_flag("--no-nodes", no_nodes_,
+                   "Stage it on no node yet (readers read the source; `dataset place` later)");
   create->add_flag("--no-snapshot", no_snapshot_, "Create the record only");
   create->add_option("--walk-threads", walk_threads_, "Directory walkers of the snapshot")
       ->check(CLI::Range(1u, 256u));
@@ -237,6 +258,14 @@ void DatasetCommand::Add(CLI::App& app) {
   stage->add_flag("--wait", wait_after_, "Then wait until it is Ready, with progress");
   stage->add_option("--timeout", timeout_, "With --wait: give up after this long (exit 5)");
   c_.OnParsed(stage, [this] { return Stage(target_); });
+  CLI::App* place =
+      dataset->add_subcommand("place", "Choose the cache nodes of its pool that stage a dataset");
+  place->add_option("name", target_, "Dataset name")->required();
+  place->add_option("--nodes", nodes_, "These node ids only (comma-separated)")->delimiter(',');
+  place->add_flag("--no-nodes", no_nodes_, "No node (readers read the source)");
+  place->add_flag("--all-nodes", all_nodes_, "Every node of the pool (the default)");
+  c_.OnParsed(place, [this] { return Place(target_); });
+
   CLI::App* wait = dataset->add_subcommand("wait", "Wait until a dataset is Ready, with progress");
   wait->add_option("name", target_, "Dataset name")->required();
   wait->add_option("--timeout", timeout_, "Give up after this long (exit 5), e.g. 30m");
@@ -351,6 +380,7 @@ Status DatasetCommand::Create() {
   record.spec.pool = pool_;
   if (replication_ < 1) return Status::InvalidArgument("--replication must be at least 1");
   record.spec.replication = replication_;
+  GRANARY_ASSIGN_OR_RETURN(record.spec.nodes, NodesOption(false));
   record.owner = {static_cast<uint32_t>(getuid()), static_cast<uint32_t>(getgid())};
   if (!owner_.empty()) {
     unsigned long uid = 0;
@@ -455,6 +485,7 @@ Status DatasetCommand::Show(const std::string& name) {
       << "message:     " << d.state.message << "\n"
       << "source:      " << d.spec.source_uri << "\n"
       << "pool:        " << d.spec.pool << " (replication " << d.spec.replication << ")\n"
+      << "placed on:   " << PlacedOn(d.spec) << "\n"
       << "chunk size:  " << HumanBytes(d.spec.chunk_size) << "\n"
       << "owner:       uid " << d.owner.uid << " gid " << d.owner.gid << "\n"
       << "manifest:    " << (d.manifest_id.empty() ? "(none yet)" : d.manifest_id) << "\n"
@@ -476,6 +507,69 @@ Status DatasetCommand::Show(const std::string& name) {
     }
     out << "\n";
     PrintTable(out, rows);
+  }
+  return Status::Ok();
+}
+
+Result<std::optional<std::vector<std::string>>> DatasetCommand::NodesOption(bool required) const {
+  const int given = (nodes_.empty() ? 0 : 1) + (no_nodes_ ? 1 : 0) + (all_nodes_ ? 1 : 0);
+  if (given > 1) {
+    return Status::InvalidArgument("--nodes, --no-nodes and --all-nodes: choose one");
+  }
+  if (given == 0) {
+    if (required) {
+      return Status::InvalidArgument(
+          "say where: --nodes ID,ID (those cache nodes of its pool), --no-nodes (none: readers "
+          "read the source) or --all-nodes (every node of the pool)");
+    }
+    return std::optional<std::vector<std::string>>();
+  }
+  if (all_nodes_) return std::optional<std::vector<std::string>>();
+  if (no_nodes_) return std::optional<std::vector<std::string>>(std::vector<std::string>());
+  std::vector<std::string> ids;
+  for (const std::string& id : nodes_) {
+    Status valid = ValidateNodeId(id);
+    if (!valid.ok()) return valid.WithContext("--nodes");
+    if (std::find(ids.begin(), ids.end(), id) != ids.end()) {
+      return Status::InvalidArgument("--nodes names " + Quoted(id) + " twice");
+    }
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return std::optional<std::vector<std::string>>(std::move(ids));
+}
+
+Status DatasetCommand::Place(const std::string& name) {
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetName(name));
+  GRANARY_ASSIGN_OR_RETURN(std::optional<std::vector<std::string>> nodes, NodesOption(true));
+  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  GRANARY_ASSIGN_OR_RETURN(DatasetRecord record,
+                           Update(name, [&](DatasetRecord& r) { r.spec.nodes = nodes; }));
+  // Named nodes that are not live in the pool are allowed (a job's nodes may
+  // start their cache node later), but said.
+  GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> live, c_.store().ListNodes(record.spec.pool));
+  std::vector<std::string> absent;
+  if (nodes.has_value()) {
+    for (const std::string& id : *nodes) {
+      if (std::none_of(live.begin(), live.end(),
+                       [&id](const NodeRecord& n) { return n.id == id; })) {
+        absent.push_back(id);
+      }
+    }
+  }
+  if (c_.json_output()) {
+    Json j = DatasetJson(record);
+    j["not_live"] = absent;
+    c_.out() << j.dump(2) << "\n";
+    return Status::Ok();
+  }
+  c_.out() << "dataset " << name << " placed on " << PlacedOn(record.spec)
+           << "; its cache nodes follow within a heartbeat\n";
+  if (!absent.empty()) {
+    std::string list;
+    for (const std::string& id : absent) list += (list.empty() ? "" : ", ") + id;
+    c_.err() << "granary: note: not live in pool " << record.spec.pool << " now: " << list
+             << " (`granary node list`)\n";
   }
   return Status::Ok();
 }

@@ -68,6 +68,7 @@ Result<std::unique_ptr<DirectReader>> DirectReader::Create(MetadataStore& store,
                                         : DatasetOwner{static_cast<uint32_t>(geteuid()),
                                                        static_cast<uint32_t>(getegid())};
   state->dataset.replication = record.spec.replication;
+  state->dataset.nodes = record.spec.nodes;
   return std::unique_ptr<DirectReader>(new DirectReader(std::move(manifest), std::move(state)));
 }
 

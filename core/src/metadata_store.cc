@@ -514,6 +514,21 @@ Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
 
 // ---- shared by the backends ----
 
+std::vector<NodeRecord> DatasetNodes(const DatasetSpec& spec,
+                                     const std::vector<NodeRecord>& pool_nodes) {
+  if (!spec.nodes.has_value()) return pool_nodes;
+  std::vector<NodeRecord> kept;
+  for (const NodeRecord& n : pool_nodes) {
+    if (DatasetUsesNode(spec, n.id)) kept.push_back(n);
+  }
+  return kept;
+}
+
+bool DatasetUsesNode(const DatasetSpec& spec, std::string_view node_id) {
+  return !spec.nodes.has_value() ||
+         std::find(spec.nodes->begin(), spec.nodes->end(), node_id) != spec.nodes->end();
+}
+
 namespace store_internal {
 
 Status CorruptRecord(std::string_view where, std::string_view problem) {
@@ -586,6 +601,22 @@ Status ValidateDataset(const DatasetRecord& record) {
     return Status::InvalidArgument(what + "spec.replication " + std::to_string(spec.replication) +
                                    " is outside 1..16");
   }
+  if (spec.nodes.has_value()) {
+    if (spec.nodes->size() > kMaxDatasetNodes) {
+      return Status::InvalidArgument(what + "spec.nodes lists " +
+                                     std::to_string(spec.nodes->size()) + " nodes, more than " +
+                                     std::to_string(kMaxDatasetNodes));
+    }
+    std::vector<std::string> sorted = *spec.nodes;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      GRANARY_RETURN_IF_ERROR(ValidateNodeId(sorted[i]).WithContext(what + "spec.nodes"));
+      if (i > 0 && sorted[i] == sorted[i - 1]) {
+        return Status::InvalidArgument(what + "spec.nodes names node " + Quoted(sorted[i]) +
+                                       " twice");
+      }
+    }
+  }
   // Compiled here so a bad glob is refused when the dataset is created, not
   // when a cache node first snapshots it.
   for (const auto& [globs, field] :
@@ -645,7 +676,7 @@ Status ValidatePlan(const PlanRecord& plan) {
 
 Result<std::string> EncodeDataset(const DatasetRecord& r) {
   return EncodeJson("dataset " + Quoted(r.name), [&] {
-    return json{
+    json doc{
         {"name", r.name},
         {"spec",
          {{"source_uri", r.spec.source_uri},
@@ -659,6 +690,10 @@ Result<std::string> EncodeDataset(const DatasetRecord& r) {
         {"manifest_id", r.manifest_id},
         {"updated_ms", r.updated_ms},
     };
+    // Written only when set, so records of datasets on the whole pool are as
+    // before (and readable by builds that do not know the field).
+    if (r.spec.nodes.has_value()) doc["spec"]["nodes"] = *r.spec.nodes;
+    return doc;
   });
 }
 
@@ -677,6 +712,9 @@ Result<DatasetRecord> DecodeDataset(std::string_view text, std::string_view key_
     GRANARY_ASSIGN_OR_RETURN(r.spec.pool, StringField(*spec, "pool", "spec.pool"));
     GRANARY_ASSIGN_OR_RETURN(r.spec.replication,
                              IntField<uint32_t>(*spec, "replication", "spec.replication"));
+    if (spec->contains("nodes")) {
+      GRANARY_ASSIGN_OR_RETURN(r.spec.nodes, StringListField(*spec, "nodes", "spec.nodes"));
+    }
     GRANARY_ASSIGN_OR_RETURN(const json* owner, ObjectField(j, "owner", "owner"));
     GRANARY_ASSIGN_OR_RETURN(r.owner.uid, IntField<uint32_t>(*owner, "uid", "owner.uid"));
     GRANARY_ASSIGN_OR_RETURN(r.owner.gid, IntField<uint32_t>(*owner, "gid", "owner.gid"));

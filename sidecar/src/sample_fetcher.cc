@@ -112,6 +112,8 @@ using Clock = std::chrono::steady_clock;
 // Idle connections kept per node: enough for the sidecar's fetch threads.
 constexpr size_t kMaxIdleClientsPerNode = 32;
 constexpr uint32_t kNone = Placement::kNoOwner;
+// Node lists whose views ViewFor keeps (then it starts over).
+constexpr size_t kMaxFilteredViews = 64;
 
 // Per-item codes that every node, and the source, would answer the same way.
 bool IsFinal(StatusCode code) {
@@ -236,7 +238,11 @@ struct SampleFetcher::Impl {
   void ReadFromSource(FetchState& st, const std::vector<uint32_t>& list);
   std::string NoNodeMessage(const FetchState& st, const Piece& piece);
 
+  Result<std::shared_ptr<NodeView>> MakeView(std::vector<NodeRecord> nodes) const;
   std::shared_ptr<const NodeView> View() const;
+  // The view of a dataset placed on some nodes only (FetchDataset::nodes):
+  // View() without the others, made once per node list and membership.
+  std::shared_ptr<const NodeView> ViewFor(const FetchDataset& dataset);
   std::vector<char> DownSnapshot(const NodeView& view);
   void NodeFailed(const NodeRecord& node, const Status& why);
   Result<PeerClient> TakeClient(const std::string& address);
@@ -258,6 +264,11 @@ struct SampleFetcher::Impl {
   mutable std::mutex view_mu_;
   std::shared_ptr<const NodeView> view_ = std::make_shared<NodeView>();  // guarded by view_mu_
 
+  // ViewFor's views: node list -> (the View() it was made from, the view).
+  std::mutex filtered_mu_;
+  std::map<std::string, std::pair<std::shared_ptr<const NodeView>, std::shared_ptr<const NodeView>>>
+      filtered_;  // guarded by filtered_mu_
+
   std::mutex down_mu_;
   std::map<std::string, DownMark> down_;  // guarded by down_mu_; by node id
 
@@ -277,23 +288,19 @@ struct SampleFetcher::Impl {
 
 // ---- nodes ----------------------------------------------------------------------
 
-void SampleFetcher::Impl::SetNodes(std::vector<NodeRecord> nodes) {
-  // Exactly the cache nodes' computation (cache_node.cc, Reconcile): weight =
-  // capacity in bytes, 1 for a node that advertises none.
+Result<std::shared_ptr<NodeView>> SampleFetcher::Impl::MakeView(
+    std::vector<NodeRecord> nodes) const {
+  // Exactly the cache nodes' computation (cache_node.cc, PlacementOver):
+  // weight = capacity in bytes, 1 for a node that advertises none.
   std::vector<PlacementNode> placement_nodes;
   placement_nodes.reserve(nodes.size());
   for (const NodeRecord& n : nodes) {
     placement_nodes.push_back(
         PlacementNode{n.id, n.capacity_bytes > 0 ? static_cast<double>(n.capacity_bytes) : 1.0});
   }
-  Result<Placement> placement = Placement::Create(std::move(placement_nodes));
-  if (!placement.ok()) {
-    log_->error("computing placement over {} cache nodes: {}; keeping the previous node list",
-                nodes.size(), placement.status().ToString());
-    return;
-  }
+  GRANARY_ASSIGN_OR_RETURN(Placement placement, Placement::Create(std::move(placement_nodes)));
   auto next = std::make_shared<NodeView>();
-  next->placement = std::move(*placement);
+  next->placement = std::move(placement);
   next->nodes.resize(nodes.size());
   for (NodeRecord& n : nodes) {
     Result<uint32_t> index = next->placement.IndexOf(n.id);
@@ -304,6 +311,18 @@ void SampleFetcher::Impl::SetNodes(std::vector<NodeRecord> nodes) {
       next->local = *local;
     }
   }
+  return next;
+}
+
+void SampleFetcher::Impl::SetNodes(std::vector<NodeRecord> nodes) {
+  const size_t count = nodes.size();
+  Result<std::shared_ptr<NodeView>> made = MakeView(std::move(nodes));
+  if (!made.ok()) {
+    log_->error("computing placement over {} cache nodes: {}; keeping the previous node list",
+                count, made.status().ToString());
+    return;
+  }
+  std::shared_ptr<NodeView> next = std::move(*made);
 
   // A node that came back as another incarnation (new address or start time)
   // is not the one that failed: forget its mark. Expired marks go too, so the
@@ -342,6 +361,32 @@ void SampleFetcher::Impl::SetNodes(std::vector<NodeRecord> nodes) {
 std::shared_ptr<const NodeView> SampleFetcher::Impl::View() const {
   std::lock_guard<std::mutex> lock(view_mu_);
   return view_;
+}
+
+std::shared_ptr<const NodeView> SampleFetcher::Impl::ViewFor(const FetchDataset& dataset) {
+  std::shared_ptr<const NodeView> all = View();
+  if (!dataset.nodes.has_value()) return all;
+  std::string key;
+  for (const std::string& id : *dataset.nodes) {
+    key += id;
+    key += '\n';
+  }
+  std::lock_guard<std::mutex> lock(filtered_mu_);
+  if (auto it = filtered_.find(key); it != filtered_.end() && it->second.first == all) {
+    return it->second.second;
+  }
+  std::vector<NodeRecord> kept;
+  for (const NodeRecord& n : all->nodes) {
+    if (std::find(dataset.nodes->begin(), dataset.nodes->end(), n.id) != dataset.nodes->end()) {
+      kept.push_back(n);
+    }
+  }
+  Result<std::shared_ptr<NodeView>> view = MakeView(std::move(kept));
+  if (!view.ok()) return all;  // a subset of a valid list: cannot fail
+  if (filtered_.size() >= kMaxFilteredViews) filtered_.clear();
+  std::shared_ptr<const NodeView> made = std::move(*view);
+  filtered_[key] = {all, made};
+  return made;
 }
 
 std::vector<char> SampleFetcher::Impl::DownSnapshot(const NodeView& v) {
@@ -823,7 +868,7 @@ void SampleFetcher::Impl::Fetch(const FetchDataset& dataset, std::span<const Fet
   FetchState st;
   st.dataset = &dataset;
   st.targets = targets;
-  st.view = View();
+  st.view = ViewFor(dataset);
   st.replication = std::max<uint32_t>(1, dataset.replication);
   std::vector<char> settled(targets.size(), 0);  // outcome final before any read
   Plan(st, outcomes, &settled);

@@ -185,6 +185,7 @@ struct Sidecar::Impl {
     fd.source_uri = record->spec.source_uri;
     fd.owner = record->owner;
     fd.replication = record->spec.replication;
+    fd.nodes = record->spec.nodes;
     SampleCacheOptions options;
     options.arena_bytes = config.arena_bytes;
     options.window_samples = config.window_samples;

@@ -165,6 +165,46 @@ TEST_F(CliTest, DuplicateCreateDeleteAndWaitTimeout) {
   EXPECT_EQ(Run({"dataset", "show", "pets"}).code, kCliNotFound);
 }
 
+TEST_F(CliTest, DatasetsArePlacedOnChosenNodes) {
+  CliRun r = Run({"dataset", "create", "pets", "--source", source_, "--nodes", "gpu-2,gpu-1",
+                  "--no-snapshot"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  r = Run({"dataset", "show", "pets"});
+  EXPECT_NE(r.out.find("placed on:   gpu-1, gpu-2"), std::string::npos) << r.out;
+  r = Run({"dataset", "place", "pets", "--no-nodes"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.out.find("no node (readers read the source)"), std::string::npos) << r.out;
+  auto placed = nlohmann::json::parse(Run({"dataset", "show", "pets", "-o", "json"}).out);
+  EXPECT_EQ(placed["placed_on"], nlohmann::json::array());
+  r = Run({"dataset", "place", "pets", "--nodes", "gpu-3"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.err.find("not live in pool default now: gpu-3"), std::string::npos) << r.err;
+  r = Run({"dataset", "place", "pets", "--all-nodes"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  placed = nlohmann::json::parse(Run({"dataset", "show", "pets", "-o", "json"}).out);
+  EXPECT_TRUE(placed["placed_on"].is_null()) << placed.dump();
+
+  struct Bad {
+    std::vector<std::string> args;
+    int code;
+    std::string says;
+  } bad[] = {
+      {{"dataset", "place", "pets"}, kCliUsage, "say where"},
+      {{"dataset", "place", "pets", "--no-nodes", "--all-nodes"}, kCliUsage, "choose one"},
+      {{"dataset", "place", "pets", "--nodes", "a b"}, kCliUsage, "node id 'a b' is invalid"},
+      {{"dataset", "place", "pets", "--nodes", "g1,g1"}, kCliUsage, "twice"},
+      {{"dataset", "place", "nope", "--no-nodes"}, kCliNotFound, "nope"},
+      {{"dataset", "create", "cats", "--source", source_, "--nodes", "g1", "--no-nodes"},
+       kCliUsage,
+       "choose one"},
+  };
+  for (const Bad& b : bad) {
+    r = Run(b.args);
+    EXPECT_EQ(r.code, b.code) << r.err;
+    EXPECT_NE(r.err.find(b.says), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(CliTest, UnreachableOrBadStore) {
   std::ostringstream out;
   std::ostringstream err;

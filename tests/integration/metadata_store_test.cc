@@ -227,6 +227,21 @@ TYPED_TEST(MetadataStoreTest, DatasetRoundTripsEveryField) {
   expected.updated_ms = created->updated_ms;
   expected.revision = 1;
   EXPECT_EQ(*got, expected);
+  EXPECT_FALSE(got->spec.nodes.has_value()) << "unset: the whole pool";
+
+  // Placed on some nodes, then on none, then on the whole pool again.
+  for (std::optional<std::vector<std::string>> nodes :
+       {std::optional<std::vector<std::string>>(std::vector<std::string>{"gpu-07", "gpu-02"}),
+        std::optional<std::vector<std::string>>(std::vector<std::string>{}),
+        std::optional<std::vector<std::string>>()}) {
+    DatasetRecord current = *store->GetDataset("imagenet-train");
+    current.spec.nodes = nodes;
+    auto updated = store->UpdateDataset(current);
+    ASSERT_OK(updated);
+    auto read = store->GetDataset("imagenet-train");
+    ASSERT_OK(read);
+    EXPECT_EQ(read->spec.nodes, nodes);
+  }
 }
 
 TYPED_TEST(MetadataStoreTest, CreateOfExistingNameIsAlreadyExists) {
@@ -377,6 +392,13 @@ TYPED_TEST(MetadataStoreTest, BadNamesAndSpecsAreInvalidArgument) {
   r = MakeDataset("specs");
   r.spec.exclude = {"tmp\\"};
   expect_invalid(r, "spec.exclude");
+  r = MakeDataset("specs");
+  r.spec.nodes = std::vector<std::string>{"gpu-1", "bad id"};
+  expect_invalid(r, "spec.nodes");
+  r.spec.nodes = std::vector<std::string>{"gpu-1", "gpu-1"};
+  expect_invalid(r, "twice");
+  r.spec.nodes = std::vector<std::string>(kMaxDatasetNodes + 1, "gpu-1");
+  expect_invalid(r, "more than");
   EXPECT_EQ(store->GetDataset("specs").status().code(), StatusCode::kNotFound);
 
   EXPECT_EQ(store->Heartbeat(MakeNode("bad/id", "p"), milliseconds(1000)).code(),

@@ -431,6 +431,96 @@ TEST_F(FetcherOnTwoNodesTest, BadTargetsFailAloneAndBadCallsFailCleanly) {
 
 // ---- failures -----------------------------------------------------------------------
 
+// A dataset placed on some nodes of the pool (DatasetSpec::nodes): staged
+// there only, read from there only (the other nodes are never asked), moved
+// when its node list changes, and read from the source when it lists none.
+TEST(DatasetNodesTest, StagedAndReadOnItsNodesOnlyAndMovedWithItsList) {
+  auto made = CacheCluster::Create();
+  ASSERT_OK(made);
+  CacheCluster& cluster = **made;
+  ASSERT_OK(cluster.StartNodes(3));
+  const std::string a = cluster.node(0).id();
+  const std::string b = cluster.node(1).id();
+  const std::string c = cluster.node(2).id();
+  DatasetOptions o;
+  o.name = "placed";
+  o.files = 600;
+  o.chunk_size = 64 * 1024;
+  o.nodes = std::vector<std::string>{b};
+  auto ds = cluster.CreateDataset(o);
+  ASSERT_OK(ds);
+  ASSERT_OK(cluster.WaitForPhase(ds->name, DatasetPhase::kReady, 60s));
+  const uint64_t chunks = ds->manifest->chunk_count();
+  auto staged_on = [&](const std::string& node) -> uint64_t {
+    auto progress = cluster.store().ListProgress(ds->name);
+    if (!progress.ok()) return 0;
+    auto it = progress->find(node);
+    return it == progress->end() ? 0 : it->second.chunks_staged;
+  };
+  EXPECT_EQ(staged_on(b), chunks) << cluster.Describe(ds->name);
+  EXPECT_EQ(staged_on(a), 0u);
+  EXPECT_EQ(staged_on(c), 0u);
+
+  auto fetcher = NewFetcher(TestOptions());
+  ASSERT_NE(fetcher, nullptr);
+  fetcher->SetNodes(LiveNodes(cluster));
+  FetchDataset d = ForFetch(*ds);
+  d.nodes = std::vector<std::string>{b};
+  Fetched got = FetchIds(*fetcher, d, ds->AllIds(), 128);
+  EXPECT_EQ(Problems(got, *ds), "");
+  SampleFetcherCounters counters = fetcher->counters();
+  EXPECT_EQ(counters.samples[static_cast<size_t>(SampleSource::kPeer)], ds->sample_count());
+  EXPECT_EQ(counters.samples[static_cast<size_t>(SampleSource::kSource)], 0u);
+  for (size_t n : {size_t{0}, size_t{2}}) {
+    auto served = cluster.node(n).MetricValue("granary_cachenode_served_items_total");
+    ASSERT_OK(served);
+    EXPECT_EQ(*served, 0) << cluster.node(n).id() << " was asked for a dataset not placed on it";
+  }
+
+  // Moved to the two others: they stage it all, and b gives its chunks up.
+  auto move_to = [&](std::optional<std::vector<std::string>> nodes) {
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      auto record = cluster.store().GetDataset(ds->name);
+      ASSERT_OK(record);
+      record->spec.nodes = nodes;
+      if (cluster.store().UpdateDataset(*record).ok()) return;
+    }
+    FAIL() << "the dataset record kept changing";
+  };
+  move_to(std::vector<std::string>{a, c});
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto owned =
+            cluster.node(1).MetricValue("granary_cachenode_owned_chunks", {{"dataset", ds->name}});
+        return staged_on(a) + staged_on(c) == chunks && staged_on(a) > 0 && staged_on(c) > 0 &&
+               owned.ok() && *owned == 0;
+      },
+      60s))
+      << cluster.Describe(ds->name);
+  ASSERT_OK(cluster.WaitForPhase(ds->name, DatasetPhase::kReady, 60s));
+  d.nodes = std::vector<std::string>{a, c};
+  got = FetchIds(*fetcher, d, ds->AllIds(), 128);
+  EXPECT_EQ(Problems(got, *ds), "");
+  counters = fetcher->counters();
+  EXPECT_EQ(counters.samples[static_cast<size_t>(SampleSource::kPeer)], 2 * ds->sample_count());
+  EXPECT_EQ(counters.samples[static_cast<size_t>(SampleSource::kSource)], 0u);
+
+  // No node: nothing is asked, everything comes from the source.
+  move_to(std::vector<std::string>{});
+  d.nodes = std::vector<std::string>{};
+  const uint64_t reads_before = counters.reads_sent;
+  got = FetchIds(*fetcher, d, ds->AllIds(), 128);
+  EXPECT_EQ(Problems(got, *ds), "");
+  counters = fetcher->counters();
+  EXPECT_EQ(counters.samples[static_cast<size_t>(SampleSource::kSource)], ds->sample_count());
+  EXPECT_EQ(counters.reads_sent, reads_before);
+  // And a list naming a node the pool does not have is the same as none.
+  d.nodes = std::vector<std::string>{"node-elsewhere"};
+  got = FetchIds(*fetcher, d, {0, 1, 2}, 128);
+  EXPECT_EQ(Problems(got, *ds), "");
+  EXPECT_EQ(fetcher->counters().reads_sent, reads_before);
+}
+
 TEST(SampleFetcherFailureTest, NodeKilledMidwayThenAllDeadThenNoFallthrough) {
   auto cluster = CacheCluster::Create();
   ASSERT_OK(cluster);

@@ -727,6 +727,7 @@ Result<TestDataset> CacheCluster::CreateDataset(const DatasetOptions& options) {
   record.spec.chunk_size = options.chunk_size;
   record.spec.pool = options.pool;
   record.spec.replication = options.replication;
+  record.spec.nodes = options.nodes;
   record.owner = options.owner.value_or(DatasetOwner{::getuid(), ::getgid()});
   record.state.phase = DatasetPhase::kStaging;
   record.state.message = "created by the integration test";

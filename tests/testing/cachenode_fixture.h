@@ -217,6 +217,8 @@ struct DatasetOptions {
   std::string pool = "default";
   uint32_t replication = 1;
   std::optional<DatasetOwner> owner;  // default: this process's uid and gid
+  // The cache nodes it is placed on (DatasetSpec::nodes); default the pool.
+  std::optional<std::vector<std::string>> nodes;
   // Called with the source root after the files are written, before the
   // snapshot (permissions, ownership).
   std::function<void(const std::string& root)> before_snapshot;

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,9 +79,17 @@ struct DatasetSpec {
   uint64_t chunk_size = kDefaultChunkSize;  // bytes (manifest.h)
   std::string pool = "default";             // cache pool (DNS-1123 label) that stages it
   uint32_t replication = 1;                 // owners per chunk, >= 1
+  // Which of the pool's cache nodes stage and serve it: unset, every live
+  // node of the pool; a list, only those node ids (the others hold none of
+  // its chunks); an empty list, no node (readers fall through to the source).
+  // Slurm jobs use this to stage onto the job's own nodes once they are known.
+  std::optional<std::vector<std::string>> nodes;
 
   friend bool operator==(const DatasetSpec&, const DatasetSpec&) = default;
 };
+
+// At most this many node ids in DatasetSpec::nodes.
+inline constexpr size_t kMaxDatasetNodes = 4096;
 
 // Whose rights staging reads the source with (DESIGN.md, security model).
 struct DatasetOwner {
@@ -127,6 +136,13 @@ struct NodeRecord {
 
   friend bool operator==(const NodeRecord&, const NodeRecord&) = default;
 };
+
+// The nodes of `pool_nodes` that stage and serve a dataset with `spec`:
+// all of them when spec.nodes is unset, else those whose id is listed.
+std::vector<NodeRecord> DatasetNodes(const DatasetSpec& spec,
+                                     const std::vector<NodeRecord>& pool_nodes);
+// Whether node `node_id` may hold chunks of a dataset with `spec`.
+bool DatasetUsesNode(const DatasetSpec& spec, std::string_view node_id);
 
 // How far one node has staged one dataset. Counters, not bitmaps: which chunks
 // a node holds is its own chunk store's business.

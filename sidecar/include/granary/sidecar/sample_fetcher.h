@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,6 +61,9 @@ struct FetchDataset {
   std::string source_uri;  // file:///...
   DatasetOwner owner;
   uint32_t replication = 1;
+  // The cache nodes it is placed on (DatasetSpec::nodes): unset, every node
+  // SetNodes gave; else only those ids, the others never asked.
+  std::optional<std::vector<std::string>> nodes;
 };
 
 // One sample to fetch: all of its bytes (manifest size) into `out`.
