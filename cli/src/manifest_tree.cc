@@ -9,13 +9,15 @@
 namespace granary::cli {
 namespace {
 
-// The first sample whose path is not less than `key` (byte order).
-SampleId LowerBound(const Manifest& manifest, std::string_view key) {
-  SampleId low = 0;
-  auto high = static_cast<SampleId>(manifest.sample_count());
+// The first index in [0, count) whose path (`path_of(index)`) is not less
+// than `key`; the paths are sorted byte-wise.
+template <typename PathOf>
+uint32_t FirstNotBefore(size_t count, std::string_view key, PathOf path_of) {
+  uint32_t low = 0;
+  auto high = static_cast<uint32_t>(count);
   while (low < high) {
-    const SampleId mid = low + (high - low) / 2;
-    if (manifest.PathOf(mid) < key) {
+    const uint32_t mid = low + (high - low) / 2;
+    if (path_of(mid) < key) {
       low = mid + 1;
     } else {
       high = mid;
@@ -24,20 +26,19 @@ SampleId LowerBound(const Manifest& manifest, std::string_view key) {
   return low;
 }
 
+// The first sample whose path is not less than `key` (byte order).
+SampleId LowerBound(const Manifest& manifest, std::string_view key) {
+  return FirstNotBefore(manifest.sample_count(), key,
+                        [&manifest](uint32_t id) { return manifest.PathOf(id); });
+}
+
 // The index of directory `path` in the manifest's directory table (sorted by
 // path), or nothing.
 std::optional<uint32_t> FindDirectory(const Manifest& manifest, std::string_view path) {
-  uint32_t low = 0;
-  auto high = static_cast<uint32_t>(manifest.directory_count());
-  while (low < high) {
-    const uint32_t mid = low + (high - low) / 2;
-    if (manifest.DirectoryPath(mid) < path) {
-      low = mid + 1;
-    } else {
-      high = mid;
-    }
-  }
-  if (low < manifest.directory_count() && manifest.DirectoryPath(low) == path) return low;
+  const uint32_t at = FirstNotBefore(
+      manifest.directory_count(), path,
+      [&manifest](uint32_t d) -> const std::string& { return manifest.DirectoryPath(d); });
+  if (at < manifest.directory_count() && manifest.DirectoryPath(at) == path) return at;
   return std::nullopt;
 }
 
