@@ -53,6 +53,7 @@ struct MountOptions {
   uint32_t threads = 8;
   std::string readahead = "auto";
   uint32_t readahead_samples = 256;
+  uint32_t pin_ahead = 16;
   std::string readahead_bytes = "64MiB";
   std::string reconnect_timeout;  // default: 1s with the fallback, else 15s
   bool no_fallback = false;
@@ -156,6 +157,7 @@ class MountCommand {
     vo.threads = o_.threads;
     vo.readahead.window_samples = o_.readahead == "off" ? 0 : o_.readahead_samples;
     vo.readahead.window_bytes = readahead_bytes_;
+    vo.pin_ahead = o_.pin_ahead;
     Mounted m;
     m.readahead = "off";
     if (o_.readahead != "off") {
@@ -341,6 +343,8 @@ void AddMountCommand(CLI::App& app, CliContext& context) {
                     "manifest, off");
   mount->add_option("--readahead-samples", o->readahead_samples, "Readahead window in files (256)");
   mount->add_option("--readahead-bytes", o->readahead_bytes, "Readahead window in bytes (64MiB)");
+  mount->add_option("--pin-ahead", o->pin_ahead,
+                    "Files pinned ahead of their first read, 0 for none (16)");
   mount->add_option("--reconnect-timeout", o->reconnect_timeout,
                     "How long a read retries a sidecar that went away before reading without it "
                     "(1s), or with --no-fallback before EIO (15s)");

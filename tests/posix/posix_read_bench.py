@@ -11,6 +11,7 @@ passes (every file, sorted walk order):
   mount_cold      through `granary mount`, the kernel's cache and the
                   sidecar's arena cold (bytes from the cache node), readahead on
   mount_noahead   the same, with --readahead off
+  mount_nopin     the same, with hints but --pin-ahead 0
   mount_warm      a second pass over the same mount (the kernel's page cache)
   *_raw           the same warm passes with open(..., buffering=0): no
                   isatty() per file, so no FUSE request at all over the mount
@@ -128,9 +129,12 @@ def main():
                 p.wait(timeout=30)
 
         mount_passes("noahead", ["--readahead", "off"], ["mount_noahead"])
+        mount_passes("nopin", ["--readahead", "manifest", "--pin-ahead", "0"], ["mount_nopin"])
         mount_passes("ahead", ["--readahead", "manifest"],
                      ["mount_cold", "mount_warm", "mount_warm_raw"])
         mount_passes("noahead2", ["--readahead", "off"], ["mount_noahead_2"])
+        mount_passes("nopin2", ["--readahead", "manifest", "--pin-ahead", "0"],
+                     ["mount_nopin_2"])
         mount_passes("ahead2", ["--readahead", "manifest"], ["mount_cold_2"])
 
         for label, (files, nbytes, seconds) in results.items():
@@ -146,6 +150,8 @@ def main():
         ahead = (speed("mount_cold") + speed("mount_cold_2")) / 2
         noahead = (speed("mount_noahead") + speed("mount_noahead_2")) / 2
         print(f"readahead on / off (cold) {ahead / noahead:.2f}")
+        nopin = (speed("mount_nopin") + speed("mount_nopin_2")) / 2
+        print(f"pin-ahead on / off (cold) {ahead / nopin:.2f}")
         return 0
     finally:
         for p in reversed(procs):
