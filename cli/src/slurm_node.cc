@@ -304,18 +304,30 @@ struct JobDataset {
 // script) and its pool; an empty list and no pool: not a Granary job.
 Status FindJobDatasets(CliContext& c, const SlurmNodeOptions& o, std::vector<JobDataset>* out,
                        std::string* pool) {
-  GRANARY_RETURN_IF_ERROR(c.OpenStore());
   const std::string prefix = std::string(kJobDatasetPrefix) + o.job_id + "-";
-  GRANARY_ASSIGN_OR_RETURN(std::vector<DatasetRecord> all, c.store().ListDatasets());
-  std::vector<DatasetRecord> own;
-  for (DatasetRecord& d : all) {
-    if (d.name.starts_with(prefix)) own.push_back(std::move(d));
-  }
-  JobDirectives directives;
+  auto list_own = [&]() -> Result<std::vector<DatasetRecord>> {
+    GRANARY_RETURN_IF_ERROR(c.OpenStore());
+    GRANARY_ASSIGN_OR_RETURN(std::vector<DatasetRecord> all, c.store().ListDatasets());
+    std::vector<DatasetRecord> own;
+    for (DatasetRecord& d : all) {
+      if (d.name.starts_with(prefix)) own.push_back(std::move(d));
+    }
+    return own;
+  };
   if (o.script.empty()) {
-    if (own.empty()) return Status::Ok();
+    // Not a batch job (or scontrol could not give the script): #DW lives in
+    // batch scripts, so this is a Granary job only if setup made datasets
+    // for it. A store that cannot be asked must not fail (and drain the
+    // node for) every such job: say so and do nothing.
+    Result<std::vector<DatasetRecord>> own = list_own();
+    if (!own.ok()) {
+      c.out() << "job " << o.job_id << ": no script, and the store cannot be asked ("
+              << own.status().message() << "); nothing done\n";
+      return Status::Ok();
+    }
+    if (own->empty()) return Status::Ok();
     return Status::FailedPrecondition(
-        "job " + o.job_id + " has datasets (" + own.front().name +
+        "job " + o.job_id + " has datasets (" + own->front().name +
         ") but its script was not given; prolog.sh reads it with `scontrol write batch_script`");
   }
   Result<std::string> script = ReadFileToString(o.script);
@@ -328,8 +340,10 @@ Status FindJobDatasets(CliContext& c, const SlurmNodeOptions& o, std::vector<Job
     return Status::InvalidArgument(
         "job " + o.job_id + ": #DW directives not valid: " + parse.errors.front().ToString());
   }
-  directives = std::move(parse.directives);
+  const JobDirectives directives = std::move(parse.directives);
+  // Most jobs: no store needed.
   if (directives.empty()) return Status::Ok();
+  GRANARY_ASSIGN_OR_RETURN(std::vector<DatasetRecord> own, list_own());
   if (directives.jobdw) *pool = directives.jobdw->pool;
   auto use = [&](const DatasetRecord& d, const std::string& mount) -> Status {
     if (d.state.phase != DatasetPhase::kStaging && d.state.phase != DatasetPhase::kReady) {

@@ -9,7 +9,8 @@
 //     in the store (made by `granary slurm setup`), checked against the job
 //     script's directives (--script, which prolog.sh fetches with `scontrol
 //     write batch_script`), and its persistentdw datasets; a job without #DW
-//     directives (and without datasets of its own) is left alone;
+//     directives is left alone without asking the store, and so is a job
+//     with no script (not a batch job) when the store cannot be asked;
 //   - starts one granary-sidecar for the job, as root in a session of its
 //     own, serving the job's pool on <job-root>/job-<job>.sock and mounting
 //     each stage_in dataset read-only at <job-root>/job-<job>/<name> (its

@@ -490,6 +490,32 @@ TEST_F(SlurmNodeStepsTest, JobsWithoutDirectivesAreLeftAlone) {
   ExpectClean("13");
   EXPECT_NE(::access(root().c_str(), F_OK), 0) << "the prolog made " << root();
   ASSERT_OK(Epilog("13", &out));  // an epilog with nothing to do
+
+  // A store that does not answer fails no job without directives (the node
+  // would be drained for every job), only a job that needs it.
+  auto prolog_without_store = [&](const std::string& job_script, std::string* said) {
+    std::vector<std::string> args = {"--store", "redis://127.0.0.1:1/0",
+                                     "slurm",   "prolog",
+                                     "13",      "--uid",
+                                     "65534",   "--gid",
+                                     "65534",   "--job-root",
+                                     root()};
+    if (!job_script.empty()) args.insert(args.end(), {"--script", job_script});
+    std::ostringstream o;
+    std::ostringstream e;
+    const int code = RunCli(args, o, e, /*interactive=*/false);
+    *said = o.str() + e.str();
+    return code;
+  };
+  EXPECT_EQ(prolog_without_store(script, &out), 0) << out;
+  EXPECT_EQ(prolog_without_store("", &out), 0) << out;
+  EXPECT_NE(out.find("the store cannot be asked"), std::string::npos) << out;
+  const std::string dw = WriteScript("direct-dw.sh",
+                                     "#!/bin/sh\n#DW jobdw capacity=1GiB pool=default\n"
+                                     "#DW stage_in source=/x destination=$DW_JOB_STRIPED/x\n");
+  EXPECT_NE(prolog_without_store(dw, &out), 0) << out;
+  EXPECT_NE(out.find("127.0.0.1:1"), std::string::npos) << out;
+  ExpectClean("13");
 }
 
 TEST_F(SlurmNodeStepsTest, PrologFailuresSayWhyAndLeaveNothing) {
