@@ -56,7 +56,22 @@ Result<std::unique_ptr<SampleCache>> SampleCache::Create(FetchDataset dataset,
 
 SampleCache::SampleCache(FetchDataset dataset, const SampleCacheOptions& options,
                          std::unique_ptr<Arena> arena)
-    : dataset_(std::move(dataset)), options_(options), arena_(std::move(arena)) {}
+    : dataset_(std::move(dataset)),
+      options_(options),
+      arena_(std::move(arena)),
+      placed_nodes_(dataset_.nodes) {}
+
+FetchDataset SampleCache::FetchView() const {
+  FetchDataset view = dataset_;
+  std::lock_guard<std::mutex> lock(nodes_mu_);
+  view.nodes = placed_nodes_;
+  return view;
+}
+
+void SampleCache::SetPlacedNodes(std::optional<std::vector<std::string>> nodes) {
+  std::lock_guard<std::mutex> lock(nodes_mu_);
+  placed_nodes_ = std::move(nodes);
+}
 
 SampleCache::~SampleCache() = default;
 

@@ -242,7 +242,7 @@ struct Sidecar::Impl {
 
   FetchFn FetchFor(const std::shared_ptr<SampleCache>& cache) {
     return [this, cache](std::span<const FetchTarget> targets, std::span<FetchOutcome> outcomes) {
-      fetcher->Fetch(cache->dataset(), targets, outcomes);
+      fetcher->Fetch(cache->FetchView(), targets, outcomes);
     };
   }
 
@@ -257,7 +257,7 @@ struct Sidecar::Impl {
         if (work.empty()) continue;
         any = true;
         std::vector<FetchOutcome> outcomes(work.size());
-        fetcher->Fetch(cache->dataset(), work, outcomes);
+        fetcher->Fetch(cache->FetchView(), work, outcomes);
         cache->CompletePrefetch(work, outcomes);
         for (size_t i = 0; i < work.size(); ++i) {
           if (outcomes[i].status.ok()) {
@@ -288,16 +288,27 @@ struct Sidecar::Impl {
           std::lock_guard<std::mutex> lock(store_mu);
           return store->ListNodes(config.pool);
         }();
-        std::lock_guard<std::mutex> lock(ready_mu);
-        if (nodes.ok()) {
-          fetcher->SetNodes(std::move(*nodes));
-          ready = Status::Ok();
-        } else {
-          metrics.store_errors->Increment();
-          ready = Status::Unavailable("metadata store unreachable: " + nodes.status().message() +
-                                      "; serving what is cached and falling through to sources");
-          log->warn("listing the nodes of pool {}: {}", Quoted(config.pool),
-                    nodes.status().ToString());
+        {
+          std::lock_guard<std::mutex> lock(ready_mu);
+          if (nodes.ok()) {
+            fetcher->SetNodes(std::move(*nodes));
+            ready = Status::Ok();
+          } else {
+            metrics.store_errors->Increment();
+            ready = Status::Unavailable("metadata store unreachable: " + nodes.status().message() +
+                                        "; serving what is cached and falling through to sources");
+            log->warn("listing the nodes of pool {}: {}", Quoted(config.pool),
+                      nodes.status().ToString());
+          }
+        }
+        // A dataset's node list may change while it is open (a Slurm job's
+        // prologs add the job's nodes one by one).
+        for (const std::shared_ptr<SampleCache>& cache : Caches()) {
+          Result<DatasetRecord> record = [&] {
+            std::lock_guard<std::mutex> lock(store_mu);
+            return store->GetDataset(cache->dataset().name);
+          }();
+          if (record.ok()) cache->SetPlacedNodes(record->spec.nodes);
         }
         next_nodes = Clock::now() + config.refresh_interval;
       }

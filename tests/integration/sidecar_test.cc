@@ -358,6 +358,58 @@ TEST_F(SidecarTest, ACacheNodeKilledMidReadCostsNoWrongByte) {
                             << sidecar_->Get("/metrics")->body;
 }
 
+// A dataset's node list (DatasetSpec::nodes) is followed while it is open:
+// placed on no node it is read from the source, and once placed on the
+// pool's nodes (a Slurm job's prologs add them) from the nodes.
+TEST_F(SidecarTest, ADatasetsNodeListIsFollowedWhileItIsOpen) {
+  DatasetOptions d;
+  d.name = "moving";
+  d.files = 80;
+  d.min_size = 700;
+  d.max_size = 900;
+  d.nodes = std::vector<std::string>{};
+  auto moving = cluster_->CreateDataset(d);
+  ASSERT_OK(moving);
+  RawClient c = Client();
+  ASSERT_TRUE(c.Open(moving->name).ok());
+  auto from = [&](const std::string& where) {
+    auto v = sidecar_->MetricValue("granary_sidecar_fetched_samples_total", {{"from", where}});
+    return v.ok() ? *v : 0.0;
+  };
+  const double source_before = from("source");
+  for (uint32_t id = 0; id < 20; ++id) {
+    auto got = c.Get({id});
+    ASSERT_TRUE(got.ok() && got->items[0].status.ok());
+    EXPECT_EQ(c.Bytes(got->items[0]), moving->contents[id]);
+  }
+  // (The metrics are refreshed every 250 ms.)
+  EXPECT_TRUE(WaitFor([&] { return from("source") - source_before >= 20.0; }, 10s))
+      << "placed on no node: read from the source\n"
+      << sidecar_->Get("/metrics")->body;
+
+  auto record = cluster_->store().GetDataset(moving->name);
+  ASSERT_OK(record);
+  record->spec.nodes.reset();
+  ASSERT_OK(cluster_->store().UpdateDataset(*record));
+  ASSERT_OK(cluster_->WaitForPhase(moving->name, DatasetPhase::kReady));
+  const double nodes_before = from("local_node") + from("peer");
+  // Within a refresh interval the sidecar asks the nodes.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (uint32_t id = 20; id < 80; ++id) {
+          auto got = c.Get({id});
+          if (!got.ok() || !got->items[0].status.ok() ||
+              c.Bytes(got->items[0]) != moving->contents[id]) {
+            return false;
+          }
+          if (from("local_node") + from("peer") > nodes_before) return true;
+        }
+        return false;
+      },
+      20s))
+      << sidecar_->Get("/metrics")->body;
+}
+
 TEST_F(SidecarTest, TwoDatasetsNeverShareBytes) {
   DatasetOptions d;
   d.name = "other";

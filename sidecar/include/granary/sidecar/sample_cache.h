@@ -39,6 +39,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -102,6 +103,11 @@ class SampleCache {
   ~SampleCache();
 
   const FetchDataset& dataset() const { return dataset_; }
+  // What the fetcher is given for this dataset now: dataset() with the node
+  // list SetPlacedNodes last gave (a Slurm job's nodes are added as their
+  // prologs run).
+  FetchDataset FetchView() const;
+  void SetPlacedNodes(std::optional<std::vector<std::string>> nodes);
   const Manifest& manifest() const { return *dataset_.manifest; }
   int arena_fd() const { return arena_->fd(); }
   // The arena's mapping in this process (for in-process readers).
@@ -159,6 +165,8 @@ class SampleCache {
   SampleCacheOptions options_;
   std::unique_ptr<Arena> arena_;
 
+  mutable std::mutex nodes_mu_;
+  std::optional<std::vector<std::string>> placed_nodes_;  // guarded by nodes_mu_
   mutable std::mutex mu_;
   std::condition_variable fetched_;  // an entry left kFetching
   std::unordered_map<SampleId, std::unique_ptr<Entry>> entries_;
