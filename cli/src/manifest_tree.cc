@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <unordered_set>
 #include <utility>
 
 #include "granary/core/names.h"
@@ -141,15 +142,16 @@ std::vector<TreeEntry> ListChildren(const Manifest& manifest, const TreeNode& di
   // the run of paths starting with "<dir>/" (contiguous in byte order).
   const std::string prefix = dir.path.empty() ? std::string() : dir.path + "/";
   std::optional<int64_t> newest;
+  std::unordered_set<std::string> listed;  // subdirectories with files, listed above
+  for (const TreeEntry& e : entries) {
+    if (e.directory) listed.insert(e.name);
+  }
   for (uint32_t c = dir.dir + 1; c < manifest.directory_count(); ++c) {
     const std::string& path = manifest.DirectoryPath(c);
     if (!path.starts_with(prefix)) break;
     if (manifest.DirectoryParent(c) != dir.dir) continue;
     const std::string_view name = manifest.DirectoryName(c);
-    const bool listed = std::any_of(entries.begin(), entries.end(), [&name](const TreeEntry& e) {
-      return e.directory && e.name == name;
-    });
-    if (listed) continue;
+    if (listed.count(std::string(name)) != 0) continue;
     if (!newest.has_value()) newest = NewestMtime(manifest);
     TreeEntry e;
     e.name = std::string(name);
