@@ -812,11 +812,19 @@ void PosixView::PinAhead(SampleId id) {
   {
     std::lock_guard<std::mutex> lock(ahead_mu_);
     if (ahead_stop_) return;
-    // A jump (not within the window queued so far): start over from here.
-    if (p + 1 > ahead_end_ || p + 1 + 2 * static_cast<uint64_t>(options_.pin_ahead) < ahead_end_) {
+    // Only a reader that follows the order is pinned ahead of: a first read
+    // shortly after the previous one. A jump (a random reader, another
+    // order) pins nothing and starts over from here, so random reads do not
+    // cost pin_ahead sidecar fetches each.
+    const bool follows = ahead_last_ != kNoPosition && p > ahead_last_ &&
+                         p <= ahead_last_ + 2 * static_cast<uint64_t>(options_.pin_ahead) + 2;
+    ahead_last_ = p;
+    if (!follows) {
       ahead_queue_.clear();
       ahead_end_ = p + 1;
+      return;
     }
+    ahead_end_ = std::max(ahead_end_, p + 1);
     for (; ahead_end_ < want_end; ++ahead_end_) ahead_queue_.push_back(order_->At(ahead_end_));
     while (ahead_queue_.size() > options_.pin_ahead) ahead_queue_.pop_front();
   }

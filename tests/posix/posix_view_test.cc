@@ -617,13 +617,19 @@ TEST_F(PosixViewTest, FirstReadsPinTheFilesThatFollow) {
   o.pin_ahead = 8;
   MountIt(o);
   const SampleId first = *data_.manifest->Find("train/n01/img_0.jpg");
-  ASSERT_EQ(ReadWhole(mnt_ + "/train/n01/img_0.jpg"), data_.contents[first]);
-  // The next 8 in manifest order are pinned by the view's own thread ...
+  // A reader jumping about pins nothing ahead.
+  for (SampleId id : {first + 30, first + 12, first + 60, first}) {
+    ASSERT_EQ(ReadWhole(mnt_ + "/" + data_.manifest->PathOf(id)), data_.contents[id]);
+  }
+  EXPECT_EQ(view_->counters().pinned_ahead, 0u);
+  // One that follows the order (first, then first + 1): the next 8 are
+  // pinned by the view's own thread ...
+  ASSERT_EQ(ReadWhole(mnt_ + "/" + data_.manifest->PathOf(first + 1)), data_.contents[first + 1]);
   ASSERT_TRUE(testing::WaitFor([&] { return view_->counters().pinned_ahead >= 8; }, seconds(10)))
       << view_->counters().pinned_ahead;
   EXPECT_EQ(view_->counters().pinned_ahead_used, 0u);
   // ... so their first reads find them pinned (and pin the ones after).
-  for (SampleId id = first + 1; id <= first + 8; ++id) {
+  for (SampleId id = first + 2; id <= first + 9; ++id) {
     ASSERT_EQ(ReadWhole(mnt_ + "/" + data_.manifest->PathOf(id)), data_.contents[id]);
   }
   EXPECT_EQ(view_->counters().pinned_ahead_used, 8u);

@@ -85,11 +85,11 @@ struct PosixViewOptions {
   // Readahead; null order: manifest order. window_samples 0: none.
   std::shared_ptr<const ReadaheadOrder> readahead_order;
   ReadaheadOptions readahead;
-  // Pinned readahead (no_open kernels): on the first read of a file, the
-  // next pin_ahead samples in the readahead order are pinned by a thread of
-  // the view's own, so their first reads find them pinned and cost no
-  // reader round trip. At most pin_ahead_bytes are pinned ahead at once
-  // (larger samples are not pinned ahead). 0: off; off with readahead off.
+  // Pinned readahead (no_open kernels): on the first read of a file that
+  // follows the previous first read in the readahead order, the next
+  // pin_ahead samples in that order are pinned by a thread of the view's own, so their first reads
+  // find them pinned and cost no reader round trip. At most pin_ahead_bytes are pinned ahead at
+  // once (larger samples are not pinned ahead). 0: off; off with readahead off.
   uint32_t pin_ahead = 16;
   uint64_t pin_ahead_bytes = 16ull << 20;
   // How long Mount waits for the kernel's INIT.
@@ -217,7 +217,9 @@ class PosixView {
   std::mutex ahead_mu_;  // guards the three below; pairs with ahead_cv_
   std::condition_variable ahead_cv_;
   std::deque<SampleId> ahead_queue_;
-  uint64_t ahead_end_ = 0;  // positions in the order below this were queued
+  static constexpr uint64_t kNoPosition = ~uint64_t{0};
+  uint64_t ahead_end_ = 0;             // positions in the order below this were queued
+  uint64_t ahead_last_ = kNoPosition;  // the position of the last first read
   bool ahead_stop_ = false;
   std::thread ahead_thread_;
 
