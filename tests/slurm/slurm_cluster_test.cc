@@ -75,6 +75,7 @@ class SlurmClusterTest : public ::testing::Test {
     o.sidecar_binary = SidecarBinary();
     o.store_url = cache_->store_url();
     o.plugin_dir = std::string(GRANARY_SOURCE_DIR) + "/slurm-plugin";
+    o.cache_node_id = cache_->node(0).id();
     Result<std::unique_ptr<SlurmCluster>> slurm = SlurmCluster::Start(o);
     ASSERT_OK(slurm);
     slurm_ = slurm->release();
@@ -183,6 +184,15 @@ class SlurmClusterTest : public ::testing::Test {
     return out;
   }
 
+  // The cache node's chunk files of the job's datasets (<data>/<dataset>/...).
+  static size_t JobChunkFiles(const std::string& job) {
+    size_t n = 0;
+    for (const std::string& f : cache_->node(0).ChunkFiles()) {
+      if (f.find("/slurm-" + job + "-") != std::string::npos) ++n;
+    }
+    return n;
+  }
+
   // After a job: nothing of it left on the node or in the cache.
   static void ExpectNothingLeft(const std::string& job) {
     const std::string dir = slurm_->job_root() + "/job-" + job;
@@ -200,6 +210,11 @@ class SlurmClusterTest : public ::testing::Test {
     EXPECT_TRUE(WaitFor([&] { return JobDatasets(job).empty(); }, seconds(60),
                         std::chrono::milliseconds(200)))
         << "job " << job << ": datasets left: " << JobDatasets(job).size();
+    // ... and the cache node drops their chunk files (<data>/<dataset>/...).
+    auto job_chunks = [&] { return JobChunkFiles(job); };
+    EXPECT_TRUE(
+        WaitFor([&] { return job_chunks() == 0; }, seconds(30), std::chrono::milliseconds(200)))
+        << "job " << job << ": chunk files left: " << job_chunks();
   }
 
   static std::string* skip_reason_;
@@ -256,6 +271,7 @@ TEST_F(SlurmClusterTest, StageInJobTrainsOverItsDatasetAndReadsFilesByPath) {
   SKIP_IF_ASAN();
   const std::string src = slurm_->dir() + "/src-train";
   MakeSource(src, 240);
+  const std::string go = slurm_->out_dir() + "/train-go";
   const std::string script = WriteScript(
       "train.sh",
       JobHeader("train") +
@@ -265,12 +281,31 @@ TEST_F(SlurmClusterTest, StageInJobTrainsOverItsDatasetAndReadsFilesByPath) {
           " destination=$DW_JOB_STRIPED/train\n"
           "set -e\n"
           "echo \"socket=$GRANARY_SOCKET dataset=$GRANARY_DATASET dir=$DW_JOB_STRIPED\"\n"
+          // Holds until the test has looked at the node (at most 60 s).
+          "i=0; while [ ! -e " +
+          go +
+          " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n"
           "test -S \"$GRANARY_SOCKET\"\n"
           "ls \"$DW_JOB_STRIPED/train\"\n"
-          "echo \"mounts=$(grep -c \" $DW_JOB_STRIPED/train \" /proc/self/mountinfo)\"\n" +
+          "echo \"mounts=$(grep -c \" $DW_JOB_STRIPED/train \" /proc/self/mountinfo)\"\n"
+          // Placed on this node's cache node by the prolog (setup made it on none).
+          "'" +
+          std::string(GRANARY_CLI_BINARY) +
+          "' --store \"$GRANARY_STORE\" dataset show \"$GRANARY_DATASET\" | grep 'placed on'\n" +
           TrainerLine(src, "$DW_JOB_STRIPED/train"));
   Result<std::string> job = slurm_->Submit(script);
   ASSERT_OK(job);
+  // While it runs: its sidecar, its view, its socket (the job user's), its
+  // dataset's chunks; what ExpectNothingLeft must then find gone.
+  ASSERT_OK(slurm_->WaitForJobState(*job, {"RUNNING"}, seconds(60)));
+  EXPECT_EQ(SidecarsOf(*job), 1);
+  EXPECT_EQ(MountsUnderJobRoot().size(), 1u);
+  struct stat st {};
+  EXPECT_EQ(::stat((slurm_->job_root() + "/job-" + *job + ".sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, kNobody);
+  EXPECT_TRUE(WaitFor([&] { return JobChunkFiles(*job) > 0; }, seconds(30)))
+      << "no chunk of slurm-" << *job << "-train on the cache node";
+  WriteAll(go, "");
   Result<std::map<std::string, std::string>> end =
       slurm_->WaitForJobState(*job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, seconds(120));
   ASSERT_OK(end);
@@ -283,6 +318,7 @@ TEST_F(SlurmClusterTest, StageInJobTrainsOverItsDatasetAndReadsFilesByPath) {
   EXPECT_NE(output.find("class-0"), std::string::npos) << "ls of the view: " << output;
   // What ExpectNothingLeft looks for after the job was there during it.
   EXPECT_NE(output.find("mounts=1"), std::string::npos) << output;
+  EXPECT_NE(output.find("placed on:   " + cache_->node(0).id()), std::string::npos) << output;
   ExpectNothingLeft(*job);
 }
 
