@@ -23,6 +23,11 @@ STORE=redis://127.0.0.1:6379/0
 JOB_ROOT=/run/granary/slurm
 LOG_DIR=/var/log/granary
 TIMEOUT=60s
+# The node_id of the granary-cachenode on this host, which stages the job's
+# datasets once the job starts; empty: Slurm's name of this node
+# ($SLURMD_NODENAME), which is right when cache nodes keep their default
+# node_id (the host name) and Slurm names nodes by host name.
+NODE=
 
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
@@ -38,7 +43,7 @@ else
 fi
 out=$("$GRANARY" --store "$STORE" slurm prolog "$SLURM_JOB_ID" --uid "$SLURM_JOB_UID" \
 	--gid "$SLURM_JOB_GID" --job-root "$JOB_ROOT" --sidecar "$SIDECAR" --log-dir "$LOG_DIR" \
-	--timeout "$TIMEOUT" "$@" 2>&1)
+	--timeout "$TIMEOUT" --node "${NODE:-${SLURMD_NODENAME:-$(hostname)}}" "$@" 2>&1)
 rc=$?
 if [ "$rc" -ne 0 ]; then
 	# slurmd's log, and the job's AdminComment (scontrol show job) for its user.

@@ -178,7 +178,7 @@ Status Setup(CliContext& c, const SlurmJobOptions& o) {
     GRANARY_RETURN_IF_ERROR(RunNested(
         c, "job " + o.job_id + ": creating dataset " + name + " for line " + std::to_string(s.line),
         {"dataset", "create", name, "--source", s.source, "--pool", d.jobdw->pool, "--owner",
-         o.uid + ":" + o.gid, "--no-snapshot"}));
+         o.uid + ":" + o.gid, "--no-snapshot", "--no-nodes"}));
   }
   return Status::Ok();
 }
@@ -316,6 +316,9 @@ void AddSlurmCommand(CLI::App& app, CliContext& context) {
   prolog->add_option("--sidecar", n->sidecar_binary,
                      "The granary-sidecar binary (/usr/bin/granary-sidecar)");
   prolog->add_option("--log-dir", n->log_dir, "Where the sidecar's log goes (/var/log/granary)");
+  prolog->add_option("--node", n->node,
+                     "This host's cache node id, which stages the job's datasets (default "
+                     "$SLURMD_NODENAME, else the host name)");
   context.OnParsed(prolog, [&context, n] { return SlurmProlog(context, *n); });
   CLI::App* epilog = slurm->add_subcommand(
       "epilog", "On a node after the job: sidecar stopped, views unmounted, files removed");

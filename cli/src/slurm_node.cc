@@ -14,8 +14,10 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -386,6 +388,69 @@ Status FindJobDatasets(CliContext& c, const SlurmNodeOptions& o, std::vector<Job
   return Status::Ok();
 }
 
+// This host's cache node id: --node, else $SLURMD_NODENAME, else the host name.
+std::string ThisNode(const SlurmNodeOptions& o) {
+  if (!o.node.empty()) return o.node;
+  const char* slurm_name = std::getenv("SLURMD_NODENAME");
+  if (slurm_name != nullptr && *slurm_name != '\0') return slurm_name;
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) return "";
+  return host;
+}
+
+// Adds this host's cache node to the node list of each of the job's stage_in
+// datasets (made on no node by setup), so that staging onto the job's nodes
+// starts with the job. A dataset on the whole pool (no list) is left so.
+// Notes in `*note` when no live cache node of the pool has that id: the job
+// then reads from the source.
+Status PlaceOnThisNode(CliContext& c, const SlurmNodeOptions& o,
+                       const std::vector<JobDataset>& datasets, const std::string& pool,
+                       std::string* note) {
+  const std::string node = ThisNode(o);
+  GRANARY_RETURN_IF_ERROR(ValidateNodeId(node).WithContext(
+      "job " + o.job_id +
+      ": this host's cache node id (--node, $SLURMD_NODENAME or the host name)"));
+  bool placed = false;
+  for (const JobDataset& d : datasets) {
+    if (d.mount.empty()) continue;  // persistentdw: placed by its owner
+    bool done = false;
+    for (int attempt = 0; attempt < 20 && !done; ++attempt) {
+      GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, c.store().GetDataset(d.dataset));
+      std::optional<std::vector<std::string>>& nodes = record.spec.nodes;
+      if (!nodes.has_value() || std::find(nodes->begin(), nodes->end(), node) != nodes->end()) {
+        done = true;
+        break;
+      }
+      nodes->push_back(node);
+      std::sort(nodes->begin(), nodes->end());
+      Result<DatasetRecord> updated = c.store().UpdateDataset(record);
+      if (updated.ok()) {
+        done = placed = true;
+      } else if (updated.status().code() != StatusCode::kFailedPrecondition) {
+        return updated.status().WithContext("job " + o.job_id + ": placing dataset " +
+                                            Quoted(d.dataset) + " on node " + Quoted(node));
+      }
+    }
+    if (!done) {
+      return Status::FailedPrecondition(
+          "job " + o.job_id + ": dataset " + Quoted(d.dataset) +
+          " kept changing while this node was added to it; the prolog can "
+          "be run again");
+    }
+  }
+  if (!placed) return Status::Ok();
+  GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> live, c.store().ListNodes(pool));
+  if (std::none_of(live.begin(), live.end(),
+                   [&node](const NodeRecord& n) { return n.id == node; })) {
+    *note = "; no live cache node " + Quoted(node) + " in pool " + Quoted(pool) +
+            ": the job reads its data from the source (run granary-cachenode here, or set NODE "
+            "in prolog.sh to its node_id)";
+  } else {
+    *note = "; staging onto cache node " + node;
+  }
+  return Status::Ok();
+}
+
 Status StartJobSidecar(CliContext& c, const SlurmNodeOptions& o, const std::string& pool,
                        const std::vector<JobDataset>& datasets, uint32_t uid, uint32_t gid,
                        milliseconds timeout, std::string* started) {
@@ -469,6 +534,8 @@ Status SlurmProlog(CliContext& c, const SlurmNodeOptions& o) {
   // A requeued job runs its prolog again: leftovers of the last run go first.
   std::string cleaned;
   GRANARY_RETURN_IF_ERROR(CleanUpJob(o, timeout, &cleaned));
+  std::string placed;
+  GRANARY_RETURN_IF_ERROR(PlaceOnThisNode(c, o, datasets, pool, &placed));
   std::string started;
   Status s = StartJobSidecar(c, o, pool, datasets, uid, gid, timeout, &started);
   if (!s.ok()) {
@@ -477,7 +544,7 @@ Status SlurmProlog(CliContext& c, const SlurmNodeOptions& o) {
     if (!cleanup.ok()) return s.WithContext("(and cleaning up: " + cleanup.message() + ")");
     return s;
   }
-  c.out() << started << "\n";
+  c.out() << started << placed << "\n";
   return Status::Ok();
 }
 

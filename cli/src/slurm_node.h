@@ -11,6 +11,12 @@
 //     write batch_script`), and its persistentdw datasets; a job without #DW
 //     directives is left alone without asking the store, and so is a job
 //     with no script (not a batch job) when the store cannot be asked;
+//   - places each stage_in dataset on this host's cache node too (setup
+//     made them on no node: while the job is pending they are only
+//     snapshotted; from its start they are staged onto the job's nodes, in
+//     the order of the plans its training registers), adding the node to
+//     the dataset's node list (DatasetSpec::nodes) as every node's prolog
+//     does;
 //   - starts one granary-sidecar for the job, as root in a session of its
 //     own, serving the job's pool on <job-root>/job-<job>.sock and mounting
 //     each stage_in dataset read-only at <job-root>/job-<job>/<name> (its
@@ -50,6 +56,9 @@ struct SlurmNodeOptions {
   std::string sidecar_binary = "/usr/bin/granary-sidecar";
   std::string log_dir = "/var/log/granary";
   std::string timeout = "60s";
+  // prolog: this host's cache node id (empty: $SLURMD_NODENAME, else the
+  // host name), added to the nodes of the job's stage_in datasets.
+  std::string node;
 };
 
 Status SlurmProlog(CliContext& c, const SlurmNodeOptions& o);

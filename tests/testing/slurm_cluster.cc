@@ -172,8 +172,12 @@ Status SlurmCluster::WriteFiles() {
       {"JOB_ROOT=", "JOB_ROOT=" + ShellWord(job_root())},
       {"LOG_DIR=", "LOG_DIR=" + ShellWord(dir_.Join("log"))},
   };
+  std::vector<std::pair<std::string, std::string>> prolog_settings = node_settings;
+  prolog_settings.emplace_back(
+      "NODE=", "NODE=" + (options_.cache_node_id.empty() ? std::string()
+                                                         : ShellWord(options_.cache_node_id)));
   GRANARY_RETURN_IF_ERROR(
-      CopyWithSettings(p + "/prolog.sh", dir_.Join("prolog.sh"), node_settings, 0755));
+      CopyWithSettings(p + "/prolog.sh", dir_.Join("prolog.sh"), prolog_settings, 0755));
   GRANARY_RETURN_IF_ERROR(
       CopyWithSettings(p + "/epilog.sh", dir_.Join("epilog.sh"), node_settings, 0755));
   return Status::Ok();
