@@ -70,8 +70,16 @@ std::vector<SampleId> Readahead::OnOpen(SampleId id) {
   std::lock_guard<std::mutex> lock(mu_);
   const bool inside = p + 1 >= hinted_begin_ && p < hinted_end_ + window / 2;
   uint64_t from;
+  if (!inside && opened_) {
+    // A jump: hint nothing yet, and start over from here once a read follows
+    // (a reader in another order would otherwise be sent a window per file).
+    hinted_begin_ = p;
+    hinted_end_ = p + 1;
+    return hints;
+  }
+  opened_ = true;
   if (!inside) {
-    from = p + 1;  // a jump: start over
+    from = p + 1;  // the first open
   } else if (p + 1 + window / 2 < hinted_end_) {
     return hints;  // more than half a window is still ahead
   } else {

@@ -254,10 +254,15 @@ TEST(ReadaheadTest, BytesBoundTheWindowAndJumpsStartOver) {
   ASSERT_NE(m, nullptr);
   Readahead ra(ReadaheadOrder::ManifestOrder(m->sample_count()), m.get(),
                ReadaheadOptions{.window_samples = 64, .window_bytes = 5000});
-  EXPECT_EQ(ra.OnOpen(0), (std::vector<SampleId>{1, 2, 3, 4, 5}));
-  EXPECT_EQ(ra.OnOpen(50), (std::vector<SampleId>{51, 52, 53, 54, 55}));  // a jump
-  EXPECT_EQ(ra.OnOpen(10), (std::vector<SampleId>{11, 12, 13, 14, 15}));  // back: a jump too
-  EXPECT_TRUE(ra.OnOpen(99).size() == 0u);                                // nothing after the last
+  EXPECT_EQ(ra.OnOpen(0), (std::vector<SampleId>{1, 2, 3, 4, 5}));  // the first open
+  // A jump hints nothing; the open that follows it starts over from there.
+  EXPECT_TRUE(ra.OnOpen(50).empty());
+  EXPECT_EQ(ra.OnOpen(51), (std::vector<SampleId>{52, 53, 54, 55, 56}));
+  EXPECT_TRUE(ra.OnOpen(10).empty());  // back: a jump too
+  EXPECT_EQ(ra.OnOpen(11), (std::vector<SampleId>{12, 13, 14, 15, 16}));
+  // A reader in another order (every open a jump) is sent nothing.
+  for (SampleId id : {80u, 30u, 70u, 20u, 90u, 40u}) EXPECT_TRUE(ra.OnOpen(id).empty()) << id;
+  EXPECT_TRUE(ra.OnOpen(99).size() == 0u);  // nothing after the last
   Readahead off(ReadaheadOrder::ManifestOrder(m->sample_count()), m.get(),
                 ReadaheadOptions{.window_samples = 0, .window_bytes = 5000});
   EXPECT_TRUE(off.OnOpen(0).empty());

@@ -13,8 +13,12 @@
 //  - Readahead: the window. On an open at position p it hints what lies
 //    between what it hinted already and p + window (at most window_samples
 //    samples and window_bytes bytes ahead), once the reader is within half a
-//    window of the end of what was hinted; a jump outside the window starts
-//    over from p. Hints are therefore sent in batches of about half a window.
+//    window of the end of what was hinted. The first open hints a window; a
+//    later jump outside the window hints nothing, and the next open that
+//    follows it starts over from there (a reader in another order, such as a
+//    shuffled epoch that is not the plan followed, is not sent a window of
+//    hints per file). Hints are therefore sent in batches of about half a
+//    window.
 //
 // Who calls it: PosixView (open); `granary mount` picks the order.
 //
@@ -81,9 +85,10 @@ class Readahead {
   const Manifest* const manifest_;
   const ReadaheadOptions options_;
 
-  std::mutex mu_;              // guards the two below
+  std::mutex mu_;              // guards the three below
   uint64_t hinted_begin_ = 0;  // positions [hinted_begin_, hinted_end_) were hinted
   uint64_t hinted_end_ = 0;
+  bool opened_ = false;  // an open was seen
 };
 
 }  // namespace granary::posix
