@@ -298,11 +298,18 @@ TEST_F(SlurmClusterTest, StageInJobTrainsOverItsDatasetAndReadsFilesByPath) {
   // While it runs: its sidecar, its view, its socket (the job user's), its
   // dataset's chunks; what ExpectNothingLeft must then find gone.
   ASSERT_OK(slurm_->WaitForJobState(*job, {"RUNNING"}, seconds(60)));
+  // Slurm may show RUNNING while the prolog still runs; giving the socket to
+  // the job's user is the prolog's last step.
+  const std::string socket = slurm_->job_root() + "/job-" + *job + ".sock";
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        struct stat st {};
+        return ::stat(socket.c_str(), &st) == 0 && st.st_uid == kNobody;
+      },
+      seconds(60)))
+      << "the job's socket " << socket << " was not given to uid " << kNobody;
   EXPECT_EQ(SidecarsOf(*job), 1);
   EXPECT_EQ(MountsUnderJobRoot().size(), 1u);
-  struct stat st {};
-  EXPECT_EQ(::stat((slurm_->job_root() + "/job-" + *job + ".sock").c_str(), &st), 0);
-  EXPECT_EQ(st.st_uid, kNobody);
   EXPECT_TRUE(WaitFor([&] { return JobChunkFiles(*job) > 0; }, seconds(30)))
       << "no chunk of slurm-" << *job << "-train on the cache node";
   WriteAll(go, "");
