@@ -250,7 +250,7 @@ TEST_F(PosixMountTest, EveryFileEqualsTheSnapshotWithTheSourceGone) {
 }
 
 // The slow source's counters (.slowfs-stats: one JSON object), by key.
-std::map<std::string, uint64_t> SlowFsCounts(const std::string& mnt) {
+[[maybe_unused]] std::map<std::string, uint64_t> SlowFsCounts(const std::string& mnt) {
   std::map<std::string, uint64_t> out;
   std::ifstream f(mnt + "/.slowfs-stats");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -264,7 +264,7 @@ std::map<std::string, uint64_t> SlowFsCounts(const std::string& mnt) {
 }
 
 // Runs a command line through the shell: its exit code and its output.
-int RunShell(const std::string& cmd, std::string* output) {
+[[maybe_unused]] int RunShell(const std::string& cmd, std::string* output) {
   FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return -1;
   char buf[4096];
