@@ -69,6 +69,9 @@ class SlurmClusterTest : public ::testing::Test {
     cache_ = cache->release();
     CacheNodeOptions node;
     node.capacity_bytes = 2ull << 30;
+    // A job's sidecar reads from the node only while the node is listed: a
+    // 1 s TTL lapsed under a loaded CI machine and a job read the source.
+    node.heartbeat_ttl = "10s";
     ASSERT_OK(cache_->StartNodes(1, node));
     SlurmClusterOptions o;
     o.granary_binary = GRANARY_CLI_BINARY;
