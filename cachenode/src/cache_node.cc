@@ -444,22 +444,6 @@ Result<std::vector<ChunkId>> CacheNode::Impl::Owned(const ActiveDataset& ds,
                                  std::max<uint32_t>(1, ds.record.spec.replication));
 }
 
-namespace {
-
-// Placement over `nodes`, weighted by capacity (1 for a node that advertises
-// none): the same computation as the sidecars' (sample_fetcher.cc).
-Result<Placement> PlacementOver(const std::vector<NodeRecord>& nodes) {
-  std::vector<PlacementNode> placement_nodes;
-  placement_nodes.reserve(nodes.size());
-  for (const NodeRecord& n : nodes) {
-    placement_nodes.push_back(
-        PlacementNode{n.id, n.capacity_bytes > 0 ? static_cast<double>(n.capacity_bytes) : 1.0});
-  }
-  return Placement::Create(std::move(placement_nodes));
-}
-
-}  // namespace
-
 void CacheNode::Impl::Reconcile() {
   Result<std::vector<NodeRecord>> nodes = store_->ListNodes(config_.pool);
   if (!nodes.ok()) return NoteStoreError(nodes.status());
@@ -477,7 +461,7 @@ void CacheNode::Impl::Reconcile() {
     self.capacity_bytes = chunks_->capacity();
     live_nodes_.push_back(self);
   }
-  Result<Placement> placement = PlacementOver(live_nodes_);
+  Result<Placement> placement = PlacementOverNodes(live_nodes_);
   if (!placement.ok()) {
     log_->error("computing placement over the nodes of pool {}: {}", Quoted(config_.pool),
                 placement.status().ToString());
@@ -535,7 +519,7 @@ void CacheNode::Impl::Reconcile() {
     std::vector<NodeRecord> ds_nodes = DatasetNodes(record->spec, live_nodes_);
     Result<Placement> own_placement = Placement();
     if (record->spec.nodes.has_value()) {
-      own_placement = PlacementOver(ds_nodes);
+      own_placement = PlacementOverNodes(ds_nodes);
       if (!own_placement.ok()) {
         log_->error("computing placement of dataset {} over its nodes: {}", Quoted(name),
                     own_placement.status().ToString());

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "granary/core/byte_order.h"
+#include "granary/core/metadata_store.h"
 
 // Scores are compared across machines; that only holds with IEEE-754 doubles
 // evaluated at their own precision (not x87 80-bit intermediates).
@@ -312,6 +313,16 @@ Result<std::vector<ChunkId>> Placement::ChunksOwnedBy(const ContentId& manifest,
     if (owned) chunks.push_back(chunk);
   }
   return chunks;
+}
+
+Result<Placement> PlacementOverNodes(const std::vector<NodeRecord>& nodes) {
+  std::vector<PlacementNode> placement_nodes;
+  placement_nodes.reserve(nodes.size());
+  for (const NodeRecord& n : nodes) {
+    placement_nodes.push_back(
+        PlacementNode{n.id, n.capacity_bytes > 0 ? static_cast<double>(n.capacity_bytes) : 1.0});
+  }
+  return Placement::Create(std::move(placement_nodes));
 }
 
 }  // namespace granary

@@ -290,15 +290,8 @@ struct SampleFetcher::Impl {
 
 Result<std::shared_ptr<NodeView>> SampleFetcher::Impl::MakeView(
     std::vector<NodeRecord> nodes) const {
-  // Exactly the cache nodes' computation (cache_node.cc, PlacementOver):
-  // weight = capacity in bytes, 1 for a node that advertises none.
-  std::vector<PlacementNode> placement_nodes;
-  placement_nodes.reserve(nodes.size());
-  for (const NodeRecord& n : nodes) {
-    placement_nodes.push_back(
-        PlacementNode{n.id, n.capacity_bytes > 0 ? static_cast<double>(n.capacity_bytes) : 1.0});
-  }
-  GRANARY_ASSIGN_OR_RETURN(Placement placement, Placement::Create(std::move(placement_nodes)));
+  // Exactly the cache nodes' computation (PlacementOverNodes, placement.h).
+  GRANARY_ASSIGN_OR_RETURN(Placement placement, PlacementOverNodes(nodes));
   auto next = std::make_shared<NodeView>();
   next->placement = std::move(placement);
   next->nodes.resize(nodes.size());

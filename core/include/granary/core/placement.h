@@ -110,4 +110,11 @@ uint64_t NegLogQ56(uint64_t t);
 
 }  // namespace placement_internal
 
+struct NodeRecord;  // metadata_store.h
+
+// Placement over cache nodes as the store lists them, each weighted by its
+// capacity in bytes (1 for a node that advertises none): the one computation
+// cache nodes and sidecars must share to agree on owners.
+Result<Placement> PlacementOverNodes(const std::vector<NodeRecord>& nodes);
+
 }  // namespace granary
