@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -119,37 +120,15 @@ Result<uint16_t> FreeLoopbackPort() {
   return ntohs(addr.sin_port);
 }
 
-// The HTTP status of GET http://127.0.0.1:<port>/readyz; 0 if nothing answers.
+// The HTTP status of GET http://127.0.0.1:<port>/readyz; 0 if nothing answers
+// within 2 s.
 int ReadyzStatus(uint16_t port) {
-  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return 0;
-  timeval tv{};
-  tv.tv_sec = 2;
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return 0;
-  const std::string request = "GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(request.size())) {
-    return 0;
-  }
-  char buf[64];
-  size_t have = 0;
-  while (have < sizeof(buf)) {
-    const ssize_t n = ::recv(fd.get(), buf + have, sizeof(buf) - have, 0);
-    if (n <= 0) break;
-    have += static_cast<size_t>(n);
-  }
-  const std::string_view head(buf, have);  // "HTTP/1.0 200 OK"
-  const size_t sp = head.find(' ');
-  if (sp == std::string_view::npos || sp + 4 > head.size()) return 0;
-  int status = 0;
-  std::from_chars(head.data() + sp + 1, head.data() + sp + 4, status);
-  return status;
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(2, 0);
+  client.set_read_timeout(2, 0);
+  client.set_write_timeout(2, 0);
+  const httplib::Result response = client.Get("/readyz");
+  return response ? response->status : 0;
 }
 
 std::string LogTail(const std::string& path, size_t max_bytes = 2048) {
