@@ -22,12 +22,22 @@ A spec may ask for a ``copy`` first (copy_then_train): ``threads`` threads copy
 every file of ``copy["from"]`` (found by walking it, as cp -r does) to
 ``copy["to"]``, timed as setup; the epochs then read the copy.
 
+A ``files`` spec may ask for ``paired`` passes ({"root", "opens"}; granary_posix
+uses it): after every warm epoch the same order is read again from
+``paired["root"]`` (the local tree) with the same open, and for "buffered" in
+``opens`` from both trees with Python's default buffered open() (which asks
+isatty() of every file, as torchvision's loaders do). The view and reference
+passes of an epoch run seconds apart, so their ratio does not drift with the
+machine the way contenders run minutes apart do.
+
 Run by bench/run-benchmark, one process per contender:
     /usr/bin/python3 bench/bench_trainer.py SPEC.json RESULT.json
 SPEC: {"reader", "index", "epochs", "seed", "batch", "compute_ms", "root"?,
-"threads"?, "dataset"?, "socket"?, "copy"?, "slowfs_stats"?}. RESULT: per epoch
-seconds, samples/s, time to first batch, stall p50/p99, slow-source counters;
-setup, exactly_once and the first violations, CPU seconds, peak RSS.
+"threads"?, "dataset"?, "socket"?, "copy"?, "slowfs_stats"?, "paired"?}. RESULT: per
+epoch seconds, samples/s, time to first batch, stall p50/p99, slow-source counters;
+setup, exactly_once and the first violations, CPU seconds, peak RSS; with
+"paired", the paired passes' seconds ({"epoch", "open", "view_seconds",
+"local_seconds"}).
 """
 
 import collections
@@ -71,11 +81,19 @@ def read_file(path):
         return f.read()
 
 
+def read_file_buffered(path):
+    # Python's default open(), as torchvision's loaders use it: the buffered
+    # reader asks isatty() of every file (an ioctl) before the first read.
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class FileReader:
     """Samples from files under a root, by reader threads working ahead of the trainer."""
 
-    def __init__(self, root, paths, threads, batch):
+    def __init__(self, root, paths, threads, batch, buffered=False):
         self.paths = [os.path.join(root, p) for p in paths]
+        self.read = read_file_buffered if buffered else read_file
         self.threads = threads
         self.depth = max(1, 2 * threads) * batch
         self.pool = (concurrent.futures.ThreadPoolExecutor(threads, "reader")
@@ -86,13 +104,13 @@ class FileReader:
         if self.pool is None:
             for start in range(0, len(order), batch):
                 ids = order[start:start + batch]
-                yield ids, [read_file(self.paths[i]) for i in ids]
+                yield ids, [self.read(self.paths[i]) for i in ids]
             return
         pending = collections.deque()
         position = 0
         for start in range(0, len(order), batch):
             while position < len(order) and len(pending) < self.depth:
-                pending.append(self.pool.submit(read_file, self.paths[order[position]]))
+                pending.append(self.pool.submit(self.read, self.paths[order[position]]))
                 position += 1
             ids = order[start:start + batch]
             yield ids, [pending.popleft().result() for _ in ids]
@@ -202,62 +220,105 @@ def run(spec):
               flush=True)
         root = spec["copy"]["to"]
 
+    def run_epoch(reader, epoch, order, label=""):
+        """One pass over `order` through `reader`: every sample checked, timed."""
+        seen = bytearray(n)
+        stalls = []
+        check_seconds = 0.0
+        first_batch = None
+        before = slowfs_counts(stats_path)
+        t0 = time.perf_counter()
+        asked = t0
+        count = 0
+        for ids, samples in reader.batches(order, batch, epoch):
+            got = time.perf_counter()
+            stalls.append(got - asked)
+            if first_batch is None:
+                first_batch = got - t0
+            for i, s in zip(ids, samples):
+                if seen[i]:
+                    violation(f"epoch {epoch}{label}: sample {i} ({index['paths'][i]}) "
+                              f"delivered again")
+                seen[i] = min(255, seen[i] + 1)
+                if len(s) != sizes[i] or zlib.crc32(s) != crcs[i]:
+                    violation(f"epoch {epoch}{label}: sample {i} ({index['paths'][i]}): "
+                              f"{len(s)} bytes with CRC-32 {zlib.crc32(s):08x}, expected "
+                              f"{sizes[i]} bytes with {crcs[i]:08x}")
+            count += len(ids)
+            reader.release(samples)
+            check_seconds += time.perf_counter() - got
+            if compute > 0:
+                time.sleep(compute)
+            asked = time.perf_counter()
+        seconds = time.perf_counter() - t0
+        source = counts_delta(before, slowfs_counts(stats_path))
+        missing = n - sum(1 for v in seen if v)
+        if missing:
+            violation(f"epoch {epoch}{label}: {missing} samples never delivered")
+        return {
+            "epoch": epoch, "seconds": seconds, "samples_per_s": count / seconds,
+            "source_opens": source["opens"], "source_stats": source["stats"],
+            "source_reads": source["reads"], "source_bytes": source["read_bytes"],
+            "source_readdirs": source["readdirs"],
+            "stall_p50_ms": percentile(stalls, 50) * 1000,
+            "stall_p99_ms": percentile(stalls, 99) * 1000,
+            "first_batch_s": first_batch or 0.0, "check_seconds": check_seconds,
+        }
+
     if spec["reader"] == "granary":
         reader = GranaryReader(spec["dataset"], spec["socket"], seed, index)
     else:
         reader = FileReader(root, index["paths"], int(spec.get("threads", 0)), batch)
+    # "paired" (files readers): after every warm epoch (1, 2, ...), the same
+    # order is read again from a reference tree (the local one) and, for each
+    # open in "opens" other than "raw", from both trees with that open, in
+    # alternating order, so each comparison is between passes seconds apart
+    # rather than between contenders run minutes apart on a drifting machine.
+    paired = spec.get("paired")
+    pair_readers = {}
+    if paired:
+        threads = int(spec.get("threads", 0))
+        for mode in paired["opens"]:
+            buffered = mode == "buffered"
+            pair_readers[mode] = (
+                reader if not buffered else
+                FileReader(root, index["paths"], threads, batch, buffered=True),
+                FileReader(paired["root"], index["paths"], threads, batch, buffered=buffered))
+        result["paired"] = []
     try:
         for epoch in range(int(spec["epochs"])):
             order = granary.rank_samples(n, seed, epoch, 1, 0, True, False)
-            seen = bytearray(n)
-            stalls = []
-            check_seconds = 0.0
-            first_batch = None
-            before = slowfs_counts(stats_path)
-            t0 = time.perf_counter()
-            asked = t0
-            count = 0
-            for ids, samples in reader.batches(order, batch, epoch):
-                got = time.perf_counter()
-                stalls.append(got - asked)
-                if first_batch is None:
-                    first_batch = got - t0
-                for i, s in zip(ids, samples):
-                    if seen[i]:
-                        violation(f"epoch {epoch}: sample {i} ({index['paths'][i]}) delivered "
-                                  f"again")
-                    seen[i] = min(255, seen[i] + 1)
-                    if len(s) != sizes[i] or zlib.crc32(s) != crcs[i]:
-                        violation(f"epoch {epoch}: sample {i} ({index['paths'][i]}): {len(s)} "
-                                  f"bytes with CRC-32 {zlib.crc32(s):08x}, expected {sizes[i]} "
-                                  f"bytes with {crcs[i]:08x}")
-                count += len(ids)
-                reader.release(samples)
-                check_seconds += time.perf_counter() - got
-                if compute > 0:
-                    time.sleep(compute)
-                asked = time.perf_counter()
-            seconds = time.perf_counter() - t0
-            source = counts_delta(before, slowfs_counts(stats_path))
-            missing = n - sum(1 for v in seen if v)
-            if missing:
-                violation(f"epoch {epoch}: {missing} samples never delivered")
-            result["epochs"].append({
-                "epoch": epoch, "seconds": seconds, "samples_per_s": count / seconds,
-                "source_opens": source["opens"], "source_stats": source["stats"],
-                "source_reads": source["reads"], "source_bytes": source["read_bytes"],
-                "source_readdirs": source["readdirs"],
-                "stall_p50_ms": percentile(stalls, 50) * 1000,
-                "stall_p99_ms": percentile(stalls, 99) * 1000,
-                "first_batch_s": first_batch or 0.0, "check_seconds": check_seconds,
-            })
-            print(f"    epoch {epoch}: {seconds:7.2f} s {count / seconds:9,.0f} samples/s "
-                  f"first batch {1000 * (first_batch or 0):7.1f} ms, stall p50 "
-                  f"{percentile(stalls, 50) * 1000:.2f} ms p99 {percentile(stalls, 99) * 1000:.2f}"
-                  f" ms; source: {source['opens']} opens, {source['stats']} stats, "
-                  f"{source['reads']} reads, {source['read_bytes'] / 1e6:.1f} MB", flush=True)
+            pairing = epoch > 0 and bool(pair_readers)
+            local_passes = {}
+            if pairing and epoch % 2 == 1:  # odd epochs: the reference passes first
+                for mode, (_, local) in pair_readers.items():
+                    local_passes[mode] = run_epoch(local, epoch, order, f" (local, {mode} open)")
+            e = run_epoch(reader, epoch, order)
+            result["epochs"].append(e)
+            print(f"    epoch {epoch}: {e['seconds']:7.2f} s {e['samples_per_s']:9,.0f} samples/s "
+                  f"first batch {1000 * e['first_batch_s']:7.1f} ms, stall p50 "
+                  f"{e['stall_p50_ms']:.2f} ms p99 {e['stall_p99_ms']:.2f} ms; source: "
+                  f"{e['source_opens']} opens, {e['source_stats']} stats, "
+                  f"{e['source_reads']} reads, {e['source_bytes'] / 1e6:.1f} MB", flush=True)
+            if not pairing:
+                continue
+            for mode, (view, local) in pair_readers.items():
+                v = e if view is reader else run_epoch(view, epoch, order, f" (view, {mode} open)")
+                if mode not in local_passes:
+                    local_passes[mode] = run_epoch(local, epoch, order, f" (local, {mode} open)")
+                lo = local_passes[mode]
+                result["paired"].append({"epoch": epoch, "open": mode,
+                                         "view_seconds": v["seconds"],
+                                         "local_seconds": lo["seconds"]})
+                print(f"    epoch {epoch} paired, {mode} open: view {n / v['seconds']:9,.0f} "
+                      f"samples/s, local {n / lo['seconds']:9,.0f} samples/s "
+                      f"(view/local {lo['seconds'] / v['seconds']:.3f})", flush=True)
     finally:
         reader.close()
+        for view, local in pair_readers.values():
+            local.close()
+            if view is not reader:
+                view.close()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     result["cpu_seconds"] = ru.ru_utime + ru.ru_stime
     result["peak_rss_bytes"] = vm_hwm_self()
