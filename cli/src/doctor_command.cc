@@ -111,7 +111,10 @@ Result<std::string> PingSidecar(const std::string& path) {
   sp::Hello hello;
   hello.client_name = "granary-doctor/" + std::to_string(getpid());
   GRANARY_ASSIGN_OR_RETURN(std::string bytes, sp::EncodeRequest(1, sp::Request(hello)));
-  GRANARY_ASSIGN_OR_RETURN(std::string ping, sp::EncodeRequest(2, sp::Request(sp::Ping{})));
+  // Sent before HELLO_REPLY says which version was agreed: as version 1, which
+  // every sidecar speaks and no agreed version is below.
+  GRANARY_ASSIGN_OR_RETURN(std::string ping,
+                           sp::EncodeRequest(2, sp::Request(sp::Ping{}), {}, sp::kMinVersion));
   bytes += ping;
   std::string_view rest = bytes;
   while (!rest.empty()) {

@@ -477,6 +477,21 @@ void DefineModule(py::module_& m) {
           },
           py::arg("first"), py::arg("count"), "Paths of ids [first, first + count).")
       .def(
+          "directories",
+          [](Session& s) {
+            Result<std::vector<sp::DirectoryItem>> dirs = [&] {
+              py::gil_scoped_release release;
+              return s.Directories();
+            }();
+            py::list out;
+            for (const sp::DirectoryItem& d : ValueOrThrow(std::move(dirs))) {
+              out.append(py::make_tuple(d.path, d.mode));
+            }
+            return out;
+          },
+          "[(path, mode)] of every directory but the root, sorted by path.")
+      .def_property_readonly("protocol_version", &Session::protocol_version)
+      .def(
           "lookup",
           [](Session& s, const std::string& path) {
             Result<uint32_t> id = [&] {

@@ -764,6 +764,52 @@ std::vector<Result<uint32_t>> Session::LookupMany(std::span<const std::string> p
   return out;
 }
 
+Result<std::vector<sp::DirectoryItem>> Session::Directories() {
+  const std::string doing = "list the directories of dataset " + Quoted(dataset_) +
+                            " (DIRECTORIES) at the sidecar at " + socket_path_;
+  std::lock_guard<std::mutex> lock(mu_);
+  GRANARY_RETURN_IF_ERROR(CheckUsable());
+  if (version_ < sp::kDirectoriesVersion) {
+    // A sidecar of that version would answer "unknown request type": say why here.
+    return Status::VersionMismatch(fmt::format(
+        "{}: the sidecar {} speaks sidecar protocol version {}, listing directories needs "
+        "version {} (this client speaks {}..{}); upgrade granary-sidecar on this node",
+        doing, Quoted(sidecar_name_), version_, sp::kDirectoriesVersion, sp::kMinVersion,
+        sp::kMaxVersion));
+  }
+  const Clock::time_point deadline = Clock::now() + options_.call_timeout;
+  std::vector<sp::DirectoryItem> out;
+  uint32_t total = 0;
+  uint32_t cursor = 0;
+  // Every round but the first adds at least one entry (else it is an error),
+  // so the rounds are bounded by the total the first reply announced.
+  for (bool first = true;; first = false) {
+    GRANARY_ASSIGN_OR_RETURN(sp::Reply reply,
+                             Call(sp::Directories{cursor, limits_.max_items},
+                                  sp::MessageType::kDirectoriesReply, deadline, doing));
+    auto& page = std::get<sp::DirectoriesReply>(reply);
+    if (first) total = page.total;
+    if (page.first != cursor || page.total != total || (page.entries.empty() && cursor < total)) {
+      return Break(Status::Unavailable(fmt::format(
+          "{}: the DIRECTORIES_REPLY from index {} of {} directories has {} entries from index "
+          "{} of {}; the connection is closed",
+          doing, cursor, total, page.entries.size(), page.first, page.total)));
+    }
+    for (sp::DirectoryItem& e : page.entries) {
+      Status safe = ValidateSamplePath(e.path);
+      if (!safe.ok() || (!out.empty() && e.path <= out.back().path)) {
+        return Break(Status::Unavailable(fmt::format(
+            "{}: the sidecar sent directory {} {}; the connection is closed", doing, Quoted(e.path),
+            safe.ok() ? "out of order (directories come sorted by path, each once)"
+                      : "with an unsafe path (" + safe.message() + ")")));
+      }
+      out.push_back(std::move(e));
+    }
+    cursor += static_cast<uint32_t>(page.entries.size());
+    if (cursor == total) return out;
+  }
+}
+
 Status Session::Ping() {
   std::lock_guard<std::mutex> lock(mu_);
   GRANARY_RETURN_IF_ERROR(CheckUsable());

@@ -41,6 +41,7 @@ constexpr size_t kSampleItemFixedSize = 4 + 1 + 8 + 8 + 8 + 8;  // + wire status
 constexpr size_t kSampleItemMinSize = kSampleItemFixedSize + kWireStatusMinSize;  // 41
 constexpr size_t kStatEntryMinSize = 8 + 8 + 2 + 1;            // size, mtime, path >= 1
 constexpr size_t kLookupItemMinSize = 4 + kWireStatusMinSize;  // id, status
+constexpr size_t kDirectoryItemMinSize = 2 + 2 + 1;            // mode, path >= 1
 constexpr size_t kPathMinSize = 2 + 1;                         // length, >= 1 byte
 constexpr size_t kSamplesFixedSize = 4 + 1;                    // count, end_of_epoch
 constexpr size_t kLookupReplyFixedSize = 4;                    // count
@@ -60,11 +61,11 @@ std::string VersionRange() {
 
 bool IsRequestType(uint16_t t) {
   return t >= static_cast<uint16_t>(MessageType::kHello) &&
-         t <= static_cast<uint16_t>(MessageType::kPing);
+         t <= static_cast<uint16_t>(MessageType::kDirectories);
 }
 bool IsReplyType(uint16_t t) {
   return t >= static_cast<uint16_t>(MessageType::kHelloReply) &&
-         t <= static_cast<uint16_t>(MessageType::kError);
+         t <= static_cast<uint16_t>(MessageType::kDirectoriesReply);
 }
 bool IsHandshakeType(uint16_t t) {
   return t == static_cast<uint16_t>(MessageType::kHello) ||
@@ -81,6 +82,16 @@ std::string TypeText(uint16_t type) {
 // "GET frame (request id 7)".
 std::string FrameWhat(const FrameHeader& h) {
   return TypeText(h.type) + " frame (request id " + std::to_string(h.request_id) + ")";
+}
+
+// kVersionMismatch when a frame of `version` cannot carry `type`.
+Status CheckTypeInVersion(const std::string& what, uint16_t type, uint16_t version) {
+  const uint16_t needs = MinVersionOf(type);
+  if (version >= needs) return Status::Ok();
+  return Status::VersionMismatch(
+      what + ": version: " + TypeText(type) + " exists from sidecar protocol version " +
+      std::to_string(needs) + ", this frame is version " + std::to_string(version) +
+      "; a connection that agreed on an older version cannot use it (upgrade the older side)");
 }
 
 // The same error with `prefix` before its message (the code is kept).
@@ -253,6 +264,20 @@ Status CheckRequest(const Request& request, const Limits& limits) {
             return Status::Ok();
           },
           [&](const Ping&) -> Status { return Status::Ok(); },
+          [&](const Directories& m) -> Status {
+            if (m.count == 0) return FieldInvalid("count", "must be at least 1, is 0");
+            if (m.count > limits.max_items) {
+              return FieldRange("count", std::to_string(m.count) + " exceeds the limit of " +
+                                             std::to_string(limits.max_items) +
+                                             " entries per reply (limits.max_items)");
+            }
+            if (uint64_t{m.first} + m.count > kIdSpace) {
+              return FieldRange("first/count", "directories " + std::to_string(m.first) + " + " +
+                                                   std::to_string(m.count) +
+                                                   " run past the largest index (2^32 - 1)");
+            }
+            return Status::Ok();
+          },
       },
       request);
 }
@@ -339,6 +364,24 @@ Status CheckReply(const Reply& reply, const Limits& limits) {
               return FieldInvalid("status", "an ERROR must carry a failure, not OK");
             return Status::Ok();
           },
+          [&](const DirectoriesReply& m) -> Status {
+            GRANARY_RETURN_IF_ERROR(CheckCount("entries", m.entries.size(), limits.max_items));
+            if (m.first > m.total || m.entries.size() > uint64_t{m.total} - m.first) {
+              return FieldRange("first/total/entries",
+                                std::to_string(m.entries.size()) + " entries from index " +
+                                    std::to_string(m.first) + " run past the " +
+                                    std::to_string(m.total) + " directories announced");
+            }
+            for (size_t i = 0; i < m.entries.size(); ++i) {
+              GRANARY_RETURN_IF_ERROR(CheckPath(Indexed("entries", i), m.entries[i].path));
+              if (m.entries[i].mode > kMaxDirectoryMode) {
+                return FieldInvalid(
+                    Indexed("entries", i),
+                    "mode " + std::to_string(m.entries[i].mode) + " has bits beyond 07777");
+              }
+            }
+            return Status::Ok();
+          },
       },
       reply);
 }
@@ -348,18 +391,18 @@ Status CheckReply(const Reply& reply, const Limits& limits) {
 
 uint16_t TypeOf(const Request& r) {
   static constexpr MessageType kTypes[] = {
-      MessageType::kHello, MessageType::kOpen,   MessageType::kSetPlan,
-      MessageType::kGet,   MessageType::kNext,   MessageType::kRelease,
-      MessageType::kStat,  MessageType::kLookup, MessageType::kPing};
+      MessageType::kHello, MessageType::kOpen,       MessageType::kSetPlan, MessageType::kGet,
+      MessageType::kNext,  MessageType::kRelease,    MessageType::kStat,    MessageType::kLookup,
+      MessageType::kPing,  MessageType::kDirectories};
   static_assert(std::size(kTypes) == std::variant_size_v<Request>);
   return static_cast<uint16_t>(kTypes[r.index()]);
 }
 
 uint16_t TypeOf(const Reply& r) {
-  static constexpr MessageType kTypes[] = {MessageType::kHelloReply, MessageType::kOpenReply,
-                                           MessageType::kOk,         MessageType::kSamples,
-                                           MessageType::kStatReply,  MessageType::kLookupReply,
-                                           MessageType::kPong,       MessageType::kError};
+  static constexpr MessageType kTypes[] = {
+      MessageType::kHelloReply, MessageType::kOpenReply, MessageType::kOk,
+      MessageType::kSamples,    MessageType::kStatReply, MessageType::kLookupReply,
+      MessageType::kPong,       MessageType::kError,     MessageType::kDirectoriesReply};
   static_assert(std::size(kTypes) == std::variant_size_v<Reply>);
   return static_cast<uint16_t>(kTypes[r.index()]);
 }
@@ -445,6 +488,10 @@ void EncodeRequestBody(const Request& request, ByteWriter* w) {
                    for (const std::string& p : m.paths) PutString(w, p);
                  },
                  [&](const Ping&) {},
+                 [&](const Directories& m) {
+                   w->Put(m.first);
+                   w->Put(m.count);
+                 },
              },
              request);
 }
@@ -517,6 +564,15 @@ void EncodeReplyBody(const Reply& reply, const Limits& limits, ByteWriter* w) {
             w->Put(ToWireStatus(m.status.code()));
             w->Put(m.closing ? kErrorFlagClosing : uint16_t{0});
             PutString(w, Cut(m.status.message(), kMaxMessageLength));
+          },
+          [&](const DirectoriesReply& m) {
+            w->Put(m.first);
+            w->Put(m.total);
+            w->Put(static_cast<uint32_t>(m.entries.size()));
+            for (const DirectoryItem& e : m.entries) {
+              w->Put(e.mode);
+              PutString(w, e.path);
+            }
           },
       },
       reply);
@@ -672,7 +728,7 @@ Status CheckFrameShape(const Frame& f) {
                                    std::to_string(h.version) + ", " + TypeText(h.type) +
                                    " is always version " + std::to_string(kHandshakeVersion));
   }
-  return Status::Ok();
+  return CheckTypeInVersion("decode " + FrameWhat(h), h.type, h.version);
 }
 
 Result<Request> DecodeRequestBody(const Frame& f, const Limits& limits) {
@@ -751,6 +807,13 @@ Result<Request> DecodeRequestBody(const Frame& f, const Limits& limits) {
     case MessageType::kPing:
       out = Ping{};
       break;
+    case MessageType::kDirectories: {
+      Directories m;
+      GRANARY_RETURN_IF_ERROR(r.Get(&m.first, "first"));
+      GRANARY_RETURN_IF_ERROR(r.Get(&m.count, "count"));
+      out = m;
+      break;
+    }
     default:
       return Status::Internal("DecodeRequestBody called with a type that is not a request");
   }
@@ -869,6 +932,20 @@ Result<Reply> DecodeReplyBody(const Frame& f, const Limits& limits) {
       out = std::move(m);
       break;
     }
+    case MessageType::kDirectoriesReply: {
+      DirectoriesReply m;
+      GRANARY_RETURN_IF_ERROR(r.Get(&m.first, "first"));
+      GRANARY_RETURN_IF_ERROR(r.Get(&m.total, "total"));
+      uint32_t n = 0;
+      GRANARY_RETURN_IF_ERROR(r.Count(&n, "entries", limits.max_items, kDirectoryItemMinSize));
+      m.entries.resize(n);
+      for (DirectoryItem& e : m.entries) {
+        GRANARY_RETURN_IF_ERROR(r.Get(&e.mode, "entries.mode"));
+        GRANARY_RETURN_IF_ERROR(r.String(&e.path, "entries.path", kMaxPathLength));
+      }
+      out = std::move(m);
+      break;
+    }
     default:
       return Status::Internal("DecodeReplyBody called with a type that is not a reply");
   }
@@ -971,8 +1048,22 @@ std::string_view MessageTypeName(uint16_t type) {
       return "PONG";
     case MessageType::kError:
       return "ERROR";
+    case MessageType::kDirectories:
+      return "DIRECTORIES";
+    case MessageType::kDirectoriesReply:
+      return "DIRECTORIES_REPLY";
   }
   return "unknown";
+}
+
+uint16_t MinVersionOf(uint16_t type) {
+  switch (static_cast<MessageType>(type)) {
+    case MessageType::kDirectories:
+    case MessageType::kDirectoriesReply:
+      return kDirectoriesVersion;
+    default:
+      return kMinVersion;
+  }
 }
 
 Result<uint16_t> NegotiateVersion(const Hello& hello) {
@@ -1009,6 +1100,7 @@ Result<std::string> EncodeRequest(uint64_t request_id, const Request& request, c
                                    " is not spoken by this build (" + VersionRange() + ")");
   }
   if (IsHandshakeType(type)) version = kHandshakeVersion;
+  GRANARY_RETURN_IF_ERROR(CheckTypeInVersion(what, type, version));
   if (request_id == 0) {
     return Status::InvalidArgument(
         what +
@@ -1035,6 +1127,7 @@ Result<std::string> EncodeReply(uint64_t request_id, const Reply& reply, const L
                                    " is not spoken by this build (" + VersionRange() + ")");
   }
   if (IsHandshakeType(type)) version = kHandshakeVersion;
+  GRANARY_RETURN_IF_ERROR(CheckTypeInVersion(what, type, version));
   if (request_id == 0 && type != static_cast<uint16_t>(MessageType::kError)) {
     return Status::InvalidArgument(what +
                                    ": request id 0 is only for an ERROR that blames no request");

@@ -357,7 +357,7 @@ struct Sidecar::Impl {
                                       std::to_string(config.max_clients) +
                                       " clients at once (max_clients); close idle ones or raise "
                                       "max_clients"),
-            /*closing=*/true);
+            /*closing=*/true, sp::kHandshakeVersion);
         (void)SendWithFds(fd.get(), error);
       }
     }
@@ -368,7 +368,8 @@ struct Sidecar::Impl {
   struct Session {
     uint64_t conn = 0;
     bool hello = false;
-    uint16_t version = sp::kMaxVersion;
+    // Before HELLO, errors go out as the handshake version every client reads.
+    uint16_t version = sp::kHandshakeVersion;
     std::string client_name;
     std::shared_ptr<SampleCache> cache;
     uint64_t client = 0;
@@ -397,7 +398,8 @@ struct Sidecar::Impl {
         if (!used.ok()) {
           metrics.errors_framing->Increment();
           log->debug("connection {} ({}): {}", id, session.client_name, used.status().ToString());
-          (void)SendAll(conn, sp::EncodeError(0, used.status(), /*closing=*/true), {});
+          (void)SendAll(conn, sp::EncodeError(0, used.status(), /*closing=*/true, session.version),
+                        {});
           open = false;
           break;
         }
@@ -420,29 +422,42 @@ struct Sidecar::Impl {
     return Status::Ok();
   }
 
-  // Sends `reply` for `request_id`; false if the connection is done.
-  bool Reply(int fd, uint64_t request_id, const sp::Reply& reply, std::span<const int> fds = {}) {
-    Result<std::string> bytes = sp::EncodeReply(request_id, reply);
+  // Sends `reply` for `request_id` in the session's version; false if the
+  // connection is done.
+  bool Reply(int fd, const Session* s, uint64_t request_id, const sp::Reply& reply,
+             std::span<const int> fds = {}) {
+    Result<std::string> bytes = sp::EncodeReply(request_id, reply, sp::Limits{}, s->version);
     if (!bytes.ok()) {
       log->error("encoding a reply failed: {}", bytes.status().ToString());
-      return SendAll(fd, sp::EncodeError(request_id, bytes.status(), false), {}).ok();
+      return SendAll(fd, sp::EncodeError(request_id, bytes.status(), false, s->version), {}).ok();
     }
     return SendAll(fd, *bytes, fds).ok();
   }
 
-  bool Fail(int fd, uint64_t request_id, const Status& status, bool closing = false) {
+  bool Fail(int fd, const Session* s, uint64_t request_id, const Status& status,
+            bool closing = false) {
     metrics.errors_request->Increment();
-    const bool sent = SendAll(fd, sp::EncodeError(request_id, status, closing), {}).ok();
+    const bool sent =
+        SendAll(fd, sp::EncodeError(request_id, status, closing, s->version), {}).ok();
     return sent && !closing;
   }
 
   bool HandleFrame(int fd, Session* s, const sp::Frame& frame) {
     const uint64_t rid = frame.header.request_id;
     Result<sp::Request> request = sp::DecodeRequest(frame);
-    if (!request.ok()) return Fail(fd, rid, request.status());
+    if (!request.ok()) return Fail(fd, s, rid, request.status());
     metrics.Request(frame.header.type);
+    if (s->hello && frame.header.version > s->version) {
+      // The stream is in step; only this request is refused.
+      return Fail(fd, s, rid,
+                  Status::VersionMismatch(
+                      std::string(sp::MessageTypeName(frame.header.type)) + " frame is version " +
+                      std::to_string(frame.header.version) + ", newer than the version " +
+                      std::to_string(s->version) +
+                      " this connection agreed on in HELLO; send frames of the agreed version"));
+    }
     if (!s->hello && !std::holds_alternative<sp::Hello>(*request)) {
-      return Fail(fd, rid,
+      return Fail(fd, s, rid,
                   Status::FailedPrecondition(std::string(sp::MessageTypeName(frame.header.type)) +
                                              " before HELLO; a connection starts with HELLO"),
                   /*closing=*/true);
@@ -451,27 +466,27 @@ struct Sidecar::Impl {
   }
 
   bool Handle(int fd, Session* s, uint64_t rid, const sp::Hello& hello) {
-    if (s->hello) return Fail(fd, rid, Status::FailedPrecondition("HELLO sent twice"));
+    if (s->hello) return Fail(fd, s, rid, Status::FailedPrecondition("HELLO sent twice"));
     Result<uint16_t> version = sp::NegotiateVersion(hello);
-    if (!version.ok()) return Fail(fd, rid, version.status(), /*closing=*/true);
+    if (!version.ok()) return Fail(fd, s, rid, version.status(), /*closing=*/true);
     s->hello = true;
     s->version = *version;
     s->client_name = hello.client_name;
     sp::HelloReply reply;
     reply.version = *version;
     reply.sidecar_name = name;
-    return Reply(fd, rid, reply);
+    return Reply(fd, s, rid, reply);
   }
 
   bool Handle(int fd, Session* s, uint64_t rid, const sp::Open& open) {
     if (s->cache != nullptr) {
-      return Fail(fd, rid,
+      return Fail(fd, s, rid,
                   Status::FailedPrecondition(
                       "this connection already has dataset " + Quoted(s->cache->dataset().name) +
                       " open; open another connection for " + Quoted(open.dataset)));
     }
     Result<std::shared_ptr<SampleCache>> cache = OpenCache(open.dataset);
-    if (!cache.ok()) return Fail(fd, rid, cache.status());
+    if (!cache.ok()) return Fail(fd, s, rid, cache.status());
     s->cache = *cache;
     s->client = s->cache->AddClient();
     sp::OpenReply reply;
@@ -481,12 +496,12 @@ struct Sidecar::Impl {
     reply.chunk_count = s->cache->manifest().chunk_count();
     reply.arena_bytes = s->cache->arena_bytes();
     const int arena = s->cache->arena_fd();
-    return Reply(fd, rid, reply, std::span<const int>(&arena, 1));
+    return Reply(fd, s, rid, reply, std::span<const int>(&arena, 1));
   }
 
   bool NeedOpen(int fd, const Session* s, uint64_t rid, std::string_view what) {
     if (s->cache != nullptr) return true;
-    Fail(fd, rid,
+    Fail(fd, s, rid,
          Status::FailedPrecondition(std::string(what) + " before OPEN; open a dataset first"));
     return false;
   }
@@ -504,9 +519,9 @@ struct Sidecar::Impl {
     spec.window = p.window_chunks;
     Result<Plan> plan = Plan::Create(s->cache->manifest(), spec);
     if (!plan.ok())
-      return Fail(fd, rid, plan.status().WithContext("SET_PLAN " + Quoted(p.plan_id)));
+      return Fail(fd, s, rid, plan.status().WithContext("SET_PLAN " + Quoted(p.plan_id)));
     if (p.start_position > plan->samples().size()) {
-      return Fail(fd, rid,
+      return Fail(fd, s, rid,
                   Status::OutOfRange("SET_PLAN " + Quoted(p.plan_id) + ": start_position " +
                                      std::to_string(p.start_position) + " is past the rank's " +
                                      std::to_string(plan->samples().size()) + " samples"));
@@ -535,7 +550,7 @@ struct Sidecar::Impl {
       log->warn("registering plan {} of {} in the store: {}", Quoted(p.plan_id),
                 Quoted(s->cache->dataset().name), put.ToString());
     }
-    return Reply(fd, rid, sp::Ok{});
+    return Reply(fd, s, rid, sp::Ok{});
   }
 
   bool Deliver(int fd, Session* s, uint64_t rid, std::span<const SampleId> ids, uint32_t lookahead,
@@ -564,7 +579,7 @@ struct Sidecar::Impl {
       }
       reply.items.push_back(std::move(item));
     }
-    return Reply(fd, rid, reply);
+    return Reply(fd, s, rid, reply);
   }
 
   bool Handle(int fd, Session* s, uint64_t rid, const sp::Get& get) {
@@ -577,7 +592,7 @@ struct Sidecar::Impl {
     if (!NeedOpen(fd, s, rid, "NEXT")) return true;
     s->cache->Release(s->client, next.release);
     if (s->plan == nullptr) {
-      return Fail(fd, rid,
+      return Fail(fd, s, rid,
                   Status::FailedPrecondition("NEXT before SET_PLAN; announce the plan first"));
     }
     const size_t end = s->plan->read_count();
@@ -591,14 +606,14 @@ struct Sidecar::Impl {
   bool Handle(int fd, Session* s, uint64_t rid, const sp::Release& release) {
     if (!NeedOpen(fd, s, rid, "RELEASE")) return true;
     s->cache->Release(s->client, release.tokens);
-    return Reply(fd, rid, sp::Ok{});
+    return Reply(fd, s, rid, sp::Ok{});
   }
 
   bool Handle(int fd, Session* s, uint64_t rid, const sp::Stat& stat) {
     if (!NeedOpen(fd, s, rid, "STAT")) return true;
     const Manifest& m = s->cache->manifest();
     if (stat.first_id >= m.sample_count()) {
-      return Fail(fd, rid,
+      return Fail(fd, s, rid,
                   Status::OutOfRange("STAT from sample " + std::to_string(stat.first_id) + ": " +
                                      Quoted(s->cache->dataset().name) + " has " +
                                      std::to_string(m.sample_count()) + " samples"));
@@ -616,7 +631,7 @@ struct Sidecar::Impl {
       if (body > budget) break;
       reply.entries.push_back(std::move(e));
     }
-    return Reply(fd, rid, reply);
+    return Reply(fd, s, rid, reply);
   }
 
   bool Handle(int fd, Session* s, uint64_t rid, const sp::Lookup& lookup) {
@@ -634,11 +649,39 @@ struct Sidecar::Impl {
       }
       reply.items.push_back(std::move(item));
     }
-    return Reply(fd, rid, reply);
+    return Reply(fd, s, rid, reply);
   }
 
-  bool Handle(int fd, Session*, uint64_t rid, const sp::Ping&) {
-    return Reply(fd, rid, sp::Pong{});
+  bool Handle(int fd, Session* s, uint64_t rid, const sp::Ping&) {
+    return Reply(fd, s, rid, sp::Pong{});
+  }
+
+  // Directories of the manifest besides the root (its index 0), paged like STAT.
+  bool Handle(int fd, Session* s, uint64_t rid, const sp::Directories& dirs) {
+    if (!NeedOpen(fd, s, rid, "DIRECTORIES")) return true;
+    const Manifest& m = s->cache->manifest();
+    const auto total = static_cast<uint32_t>(m.directory_count() - 1);
+    if (dirs.first > total) {
+      return Fail(
+          fd, s, rid,
+          Status::OutOfRange("DIRECTORIES from index " + std::to_string(dirs.first) + ": " +
+                             Quoted(s->cache->dataset().name) + " has " + std::to_string(total) +
+                             " directories besides the root; ask from 0 up to that"));
+    }
+    sp::DirectoriesReply reply;
+    reply.first = dirs.first;
+    reply.total = total;
+    const uint64_t end = std::min<uint64_t>(total, uint64_t{dirs.first} + dirs.count);
+    size_t body = 64;
+    const size_t budget = sp::kDefaultMaxBodyBytes - 4096;
+    for (uint64_t i = dirs.first; i < end && reply.entries.size() < sp::kDefaultMaxItems; ++i) {
+      const auto d = static_cast<uint32_t>(i + 1);
+      sp::DirectoryItem e{m.DirectoryPath(d), m.DirectoryMode(d)};
+      body += e.path.size() + 8;
+      if (body > budget) break;
+      reply.entries.push_back(std::move(e));
+    }
+    return Reply(fd, s, rid, reply);
   }
 };
 

@@ -8,8 +8,9 @@
 namespace granary::sidecar {
 namespace {
 
-constexpr const char* kRequestTypes[10] = {"hello",   "open", "set_plan", "get",  "next",
-                                           "release", "stat", "lookup",   "ping", "other"};
+constexpr const char* kRequestTypes[11] = {"hello", "open",        "set_plan", "get",
+                                           "next",  "release",     "stat",     "lookup",
+                                           "ping",  "directories", "other"};
 
 void Advance(prometheus::Counter* counter, uint64_t now, uint64_t* last) {
   if (now > *last) counter->Increment(static_cast<double>(now - *last));
@@ -26,7 +27,7 @@ Result<SidecarMetrics> SidecarMetrics::Declare(prometheus::Registry& registry) {
   GRANARY_ASSIGN_OR_RETURN(
       auto requests,
       r.AddCounterFamily("granary_sidecar_requests_total", "Client requests, by type.", {"type"}));
-  for (size_t i = 0; i < 10; ++i) {
+  for (size_t i = 0; i < std::size(kRequestTypes); ++i) {
     GRANARY_ASSIGN_OR_RETURN(m.requests[i], requests.WithLabels({kRequestTypes[i]}));
   }
   GRANARY_ASSIGN_OR_RETURN(auto errors,
@@ -144,8 +145,8 @@ Result<SidecarMetrics> SidecarMetrics::Declare(prometheus::Registry& registry) {
 
 void SidecarMetrics::Request(uint16_t type) {
   using T = sidecar_protocol::MessageType;
-  size_t index = 9;
-  if (type >= static_cast<uint16_t>(T::kHello) && type <= static_cast<uint16_t>(T::kPing)) {
+  size_t index = 10;
+  if (type >= static_cast<uint16_t>(T::kHello) && type <= static_cast<uint16_t>(T::kDirectories)) {
     index = type - static_cast<uint16_t>(T::kHello);
   }
   requests[index]->Increment();

@@ -20,7 +20,7 @@ namespace granary::sidecar {
 
 struct SidecarMetrics {
   // Requests by type ("hello", "get", ...), unknown types under "other".
-  prometheus::Counter* requests[10] = {};
+  prometheus::Counter* requests[11] = {};
   prometheus::Counter* errors_framing = nullptr;
   prometheus::Counter* errors_request = nullptr;
   prometheus::Counter* sessions_opened = nullptr;

@@ -202,8 +202,8 @@ std::vector<FakeSidecar::Action> FakeSidecar::Answer(uint64_t id, const sp::Requ
     return item;
   };
   if (const auto* hello = std::get_if<sp::Hello>(&request)) {
-    (void)hello;
-    return {ReplyAction(id, sp::HelloReply{1, "fake-sidecar", sp::Limits{}})};
+    const auto version = std::min(hello->max_version, sp::kMaxVersion);
+    return {ReplyAction(id, sp::HelloReply{version, "fake-sidecar", sp::Limits{}})};
   }
   if (std::holds_alternative<sp::Open>(request)) {
     sp::OpenReply open;
@@ -281,6 +281,17 @@ std::vector<FakeSidecar::Action> FakeSidecar::Answer(uint64_t id, const sp::Requ
     return {ReplyAction(id, reply)};
   }
   if (std::holds_alternative<sp::Ping>(request)) return {ReplyAction(id, sp::Pong{})};
+  if (const auto* dirs = std::get_if<sp::Directories>(&request)) {
+    sp::DirectoriesReply reply;
+    reply.first = dirs->first;
+    reply.total = static_cast<uint32_t>(directories_.size());
+    for (uint64_t d = dirs->first;
+         d < directories_.size() && d < uint64_t{dirs->first} + std::min(dirs->count, stat_page_);
+         ++d) {
+      reply.entries.push_back(directories_[static_cast<size_t>(d)]);
+    }
+    return {ReplyAction(id, reply)};
+  }
   return {Action{sp::EncodeError(id, Status::InvalidArgument("fake: unexpected request"), false)}};
 }
 

@@ -14,7 +14,9 @@
 //   after the last one asked, up to `lookahead`, that the table holds;
 //   SET_PLAN → OK and NEXT walks ids start_position.. in order;
 //   RELEASE/PING → OK/PONG; STAT → "d/<id>.bin" entries, at most `stat_page`
-//   per reply; LOOKUP → the id of "d/<id>.bin", else kNotFound.
+//   per reply; LOOKUP → the id of "d/<id>.bin", else kNotFound; HELLO agrees
+//   on the client's highest version; DIRECTORIES → the `directories` table,
+//   at most `stat_page` per reply.
 // Every token handed out is a pin until a release names it (pins()).
 //
 // Thread safety: the fake's thread serves the socket; the accessors lock.
@@ -68,6 +70,11 @@ class FakeSidecar {
   void set_override(Override o);
   void set_file_bytes(uint64_t bytes) { file_bytes_ = bytes; }
   void set_stat_page(uint32_t n) { stat_page_ = n; }
+  // What DIRECTORIES lists (sent as given, sorted or not). Default: "d", 0555.
+  void set_directories(std::vector<sidecar_protocol::DirectoryItem> d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    directories_ = std::move(d);
+  }
 
   // Requests seen (after HELLO), in order.
   std::vector<sidecar_protocol::Request> requests() const;
@@ -106,6 +113,7 @@ class FakeSidecar {
   std::map<uint64_t, uint32_t> pins_;  // token -> id
   uint64_t next_token_ = 1;
   std::vector<uint32_t> plan_;
+  std::vector<sidecar_protocol::DirectoryItem> directories_{{"d", 0555}};
   size_t plan_pos_ = 0;
 };
 

@@ -8,6 +8,7 @@
 #include "granary/client/session.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -809,6 +810,81 @@ TEST_F(SessionTest, StatListAndLookup) {
     return std::vector<Action>{FakeSidecar::ReplyAction(rid, sp::StatReply{0, {}})};
   });
   EXPECT_EQ(session->List(3, 2).status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(SessionTest, DirectoriesArePagedInTheManifestsOrder) {
+  const std::vector<sp::DirectoryItem> dirs = {
+      {"a", 0755}, {"a/b", 0700}, {"a/b/c", 0555}, {"empty", 02775}, {"z", 0}};
+  fake_->set_directories(dirs);
+  fake_->set_stat_page(2);
+  auto session = Open();
+  ASSERT_NE(session, nullptr);
+  EXPECT_EQ(session->protocol_version(), sp::kMaxVersion);
+  auto got = session->Directories();
+  ASSERT_OK(got);
+  EXPECT_EQ(*got, dirs);
+  const auto asked = RequestsOf<sp::Directories>();
+  ASSERT_EQ(asked.size(), 3u) << "pages of 2";
+  EXPECT_EQ(asked[0].first, 0u);
+  EXPECT_EQ(asked[1].first, 2u);
+  EXPECT_EQ(asked[2].first, 4u);
+
+  fake_->set_directories({});
+  auto none = session->Directories();
+  ASSERT_OK(none);
+  EXPECT_TRUE(none->empty()) << "a dataset whose files are all at the root";
+}
+
+// A sidecar that speaks only version 1 has no DIRECTORIES: nothing is sent,
+// the error says what to upgrade, and the session stays usable.
+TEST_F(SessionTest, DirectoriesFromAnOlderSidecarNameTheUpgrade) {
+  fake_->set_override([](uint64_t rid, const sp::Request& r) -> std::optional<std::vector<Action>> {
+    if (!std::holds_alternative<sp::Hello>(r)) return std::nullopt;
+    return std::vector<Action>{
+        FakeSidecar::ReplyAction(rid, sp::HelloReply{1, "old-sidecar", sp::Limits{}})};
+  });
+  auto session = Open();
+  ASSERT_NE(session, nullptr);
+  EXPECT_EQ(session->protocol_version(), 1);
+  auto got = session->Directories();
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kVersionMismatch);
+  EXPECT_THAT(
+      got.status().message(),
+      ::testing::AllOf(::testing::HasSubstr("upgrade granary-sidecar"),
+                       ::testing::HasSubstr("version 1"), ::testing::HasSubstr("needs version 2"),
+                       ::testing::HasSubstr("old-sidecar")));
+  EXPECT_TRUE(RequestsOf<sp::Directories>().empty());
+  EXPECT_OK(session->Ping());
+}
+
+TEST_F(SessionTest, DirectoriesOutOfOrderOrUnsafeBreakTheSession) {
+  const std::vector<std::pair<std::string, std::vector<sp::DirectoryItem>>> cases = {
+      {"unsorted", {{"b", 0555}, {"a", 0555}}},
+      {"twice", {{"a", 0555}, {"a", 0555}}},
+      {"dot-dot", {{"a", 0555}, {"a/../../etc", 0555}}},
+      {"absolute", {{"/etc", 0555}}},
+  };
+  for (const auto& [name, dirs] : cases) {
+    SCOPED_TRACE(name);
+    fake_->set_directories(dirs);
+    auto session = Open();
+    ASSERT_NE(session, nullptr);
+    auto got = session->Directories();
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+    EXPECT_THAT(got.status().message(), ::testing::HasSubstr("connection is closed"));
+    EXPECT_EQ(session->Ping().code(), StatusCode::kUnavailable);
+  }
+  // A page that does not continue where the last stopped.
+  fake_->set_directories({{"a", 0555}, {"b", 0555}});
+  fake_->set_override([](uint64_t rid, const sp::Request& r) -> std::optional<std::vector<Action>> {
+    if (!std::holds_alternative<sp::Directories>(r)) return std::nullopt;
+    return std::vector<Action>{FakeSidecar::ReplyAction(rid, sp::DirectoriesReply{0, 3, {}})};
+  });
+  auto session = Open();
+  ASSERT_NE(session, nullptr);
+  EXPECT_EQ(session->Directories().status().code(), StatusCode::kUnavailable);
 }
 
 TEST_F(SessionTest, AForkedChildNeverUsesTheParentsConnection) {

@@ -92,9 +92,14 @@ Result<Reply> DecodeRepBytes(std::string_view bytes, const Limits& limits = {}) 
   return DecodeReply(f, limits);
 }
 
+// RawFrame's default version: the lowest that has the type (MinVersionOf).
+constexpr uint16_t kTypesVersion = 0xffff;
+
 // A frame built by hand: any header values, any body.
-std::string RawFrame(uint16_t type, uint64_t id, std::string_view body, uint16_t version = 1,
-                     uint32_t flags = 0, const char* magic = "GRSC") {
+std::string RawFrame(uint16_t type, uint64_t id, std::string_view body,
+                     uint16_t version = kTypesVersion, uint32_t flags = 0,
+                     const char* magic = "GRSC") {
+  if (version == kTypesVersion) version = MinVersionOf(type);
   std::string out(kFrameHeaderSize, '\0');
   std::memcpy(out.data(), magic, 4);
   StoreLe(out.data() + 4, version);
@@ -188,6 +193,9 @@ std::vector<Request> EveryRequest() {
       Stat{kU32Max - kDefaultMaxItems + 1, kDefaultMaxItems},
       lookup,
       Ping{},
+      Directories{0, 1},
+      Directories{kU32Max, 1},
+      Directories{kU32Max - kDefaultMaxItems + 1, kDefaultMaxItems},
   };
 }
 
@@ -219,6 +227,10 @@ std::vector<Reply> EveryReply() {
       Pong{},
       Error{Status::FailedPrecondition("NEXT needs SET_PLAN first"), false},
       Error{Status::ResourceExhausted(""), true},
+      DirectoriesReply{0, 0, {}},
+      DirectoriesReply{kU32Max, kU32Max, {}},
+      DirectoriesReply{
+          1, 4, {{"a", 0755}, {"a/empty", 0}, {std::string(kMaxPathLength, 'd'), 07777}}},
   };
 }
 
@@ -232,7 +244,8 @@ TEST(SidecarProtocolTest, EveryRequestRoundTrips) {
     auto frame = DecodeFrame(bytes);
     ASSERT_OK(frame);
     EXPECT_EQ(frame->header.request_id, id);
-    EXPECT_EQ(frame->header.version, kMaxVersion);
+    EXPECT_EQ(frame->header.version,
+              std::holds_alternative<Hello>(m) ? kHandshakeVersion : kMaxVersion);
     EXPECT_EQ(frame->header.body_length, bytes.size() - kFrameHeaderSize);
     auto back = DecodeRequest(*frame);
     ASSERT_OK(back);
@@ -272,7 +285,7 @@ TEST(SidecarProtocolTest, ErrorBlamingNoRequestRoundTrips) {
 
 TEST(SidecarProtocolTest, FrameHeaderBytes) {
   std::string bytes = Req(0x0102030405060708ull, Ping{});
-  std::string expected("GRSC\x01\x00\x09\x00\x00\x00\x00\x00\x00\x00\x00\x00", 16);
+  std::string expected("GRSC\x02\x00\x09\x00\x00\x00\x00\x00\x00\x00\x00\x00", 16);
   expected += std::string("\x08\x07\x06\x05\x04\x03\x02\x01", 8);
   EXPECT_EQ(bytes, expected);
 }
@@ -302,6 +315,7 @@ TEST(SidecarProtocolTest, RequestBodiesByteByByte) {
   EXPECT_EQ(body(Req(1, Stat{5, 6})), Body().U32(5).U32(6).str());
   EXPECT_EQ(body(Req(1, Lookup{{"a/b", "c"}})), Body().U32(2).Str("a/b").Str("c").str());
   EXPECT_EQ(body(Req(1, Ping{})), "");
+  EXPECT_EQ(body(Req(1, Directories{5, 6})), Body().U32(5).U32(6).str());
 }
 
 TEST(SidecarProtocolTest, ReplyBodiesByteByByte) {
@@ -350,6 +364,8 @@ TEST(SidecarProtocolTest, ReplyBodiesByteByByte) {
   EXPECT_EQ(body(Rep(1, Pong{})), "");
   EXPECT_EQ(body(Rep(1, Error{Status::Unavailable("down"), true})),
             Body().U16(ToWireStatus(StatusCode::kUnavailable)).U16(1).Str("down").str());
+  EXPECT_EQ(body(Rep(1, DirectoriesReply{1, 3, {{"a", 0755}, {"a/b", 0}}})),
+            Body().U32(1).U32(3).U32(2).U16(0755).Str("a").U16(0).Str("a/b").str());
   // The same numbers as the cache node protocol.
   EXPECT_EQ(ToWireStatus(StatusCode::kUnavailable), 11);
 }
@@ -365,8 +381,11 @@ std::string Hex(const std::string& bytes) {
   return out;
 }
 
-// The worked examples of docs/protocol.md, "Sidecar protocol": keep both in step.
+// The worked examples of docs/protocol.md, "Sidecar protocol": keep both in
+// step. They are version 1 frames (a connection that agreed on version 1).
 TEST(SidecarProtocolTest, DocExamples) {
+  auto Req = [](uint64_t id, const Request& m) { return *EncodeRequest(id, m, {}, 1); };
+  auto Rep = [](uint64_t id, const Reply& m) { return *EncodeReply(id, m, {}, 1); };
   EXPECT_EQ(Hex(Req(7, Get{{42}, {3, 5}, 2})),
             "4752534301000400000000001c000000070000000000000002000000010000002a0000000000000002"
             "0000000300000005000000");
@@ -381,7 +400,7 @@ TEST(SidecarProtocolTest, DocExamples) {
   EXPECT_EQ(Hex(Rep(2, OpenReply{manifest, 60000, 9000000, 3, uint64_t{1} << 30})),
             "4752534301006600000000003000000002000000000000002222222222222222111111111111111160ea"
             "000000000000405489000000000003000000000000000000004000000000");
-  EXPECT_EQ(Hex(sidecar_protocol::EncodeError(0, Status::InvalidArgument("bad magic"), true)),
+  EXPECT_EQ(Hex(sidecar_protocol::EncodeError(0, Status::InvalidArgument("bad magic"), true, 1)),
             "4752534301006c00000000000f0000000000000000000000010001000900626164206d61676963");
 }
 
@@ -406,32 +425,96 @@ TEST(SidecarProtocolTest, MessageTypeNames) {
   EXPECT_EQ(MessageTypeName(T(MessageType::kHelloReply)), "HELLO_REPLY");
   EXPECT_EQ(MessageTypeName(T(MessageType::kLookupReply)), "LOOKUP_REPLY");
   EXPECT_EQ(MessageTypeName(T(MessageType::kError)), "ERROR");
+  EXPECT_EQ(MessageTypeName(10), "DIRECTORIES");
+  EXPECT_EQ(MessageTypeName(109), "DIRECTORIES_REPLY");
   EXPECT_EQ(MessageTypeName(0), "unknown");
-  EXPECT_EQ(MessageTypeName(10), "unknown");
+  EXPECT_EQ(MessageTypeName(11), "unknown");
   EXPECT_EQ(MessageTypeName(100), "unknown");
-  EXPECT_EQ(MessageTypeName(109), "unknown");
+  EXPECT_EQ(MessageTypeName(110), "unknown");
 }
 
 TEST(SidecarProtocolTest, NegotiateVersion) {
-  EXPECT_EQ(*NegotiateVersion(Hello{1, 1, "c"}), 1);
+  EXPECT_EQ(kMaxVersion, 2);
+  EXPECT_EQ(*NegotiateVersion(Hello{1, 1, "c"}), 1);  // a client from before DIRECTORIES
+  EXPECT_EQ(*NegotiateVersion(Hello{1, 2, "c"}), 2);
+  EXPECT_EQ(*NegotiateVersion(Hello{2, 2, "c"}), 2);
   EXPECT_EQ(*NegotiateVersion(Hello{1, 9, "c"}), kMaxVersion);
-  auto newer = NegotiateVersion(Hello{2, 3, "c"});
+  auto newer = NegotiateVersion(Hello{3, 4, "c"});
   EXPECT_EQ(newer.status().code(), StatusCode::kVersionMismatch);
-  EXPECT_THAT(newer.status().message(), AllOf(HasSubstr("2..3"), HasSubstr("1..1")));
+  EXPECT_THAT(newer.status().message(), AllOf(HasSubstr("3..4"), HasSubstr("1..2")));
   EXPECT_EQ(NegotiateVersion(Hello{0, 1, "c"}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(NegotiateVersion(Hello{2, 1, "c"}).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(SidecarProtocolTest, HandshakeFramesAlwaysCarryTheHandshakeVersion) {
-  // Only version 1 exists, so this checks the header says it; the decoder
-  // refuses anything else for HELLO (below, with unspoken versions).
-  auto f = DecodeFrame(Req(1, Hello{1, 1, "c"}));
+  // Encoded at version 2 by default, HELLO still goes out as version 1.
+  auto f = DecodeFrame(Req(1, Hello{1, 2, "c"}));
   ASSERT_OK(f);
   EXPECT_EQ(f->header.version, kHandshakeVersion);
   auto bad = EncodeRequest(1, Ping{}, {}, 7);
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), AllOf(HasSubstr("PING"), HasSubstr("version 7")));
   EXPECT_EQ(EncodeReply(1, Pong{}, {}, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
+// DIRECTORIES came with version 2: refused at version 1 on both sides, with
+// an error naming the type, both versions and what to do.
+TEST(SidecarProtocolTest, DirectoriesNeedVersion2) {
+  EXPECT_EQ(MinVersionOf(T(MessageType::kDirectories)), 2);
+  EXPECT_EQ(MinVersionOf(T(MessageType::kDirectoriesReply)), 2);
+  EXPECT_EQ(MinVersionOf(T(MessageType::kStat)), 1);
+  EXPECT_EQ(MinVersionOf(4242), 1);
+  auto req = EncodeRequest(1, Directories{0, 10}, {}, 1);
+  EXPECT_EQ(req.status().code(), StatusCode::kVersionMismatch);
+  EXPECT_THAT(req.status().message(), AllOf(HasSubstr("DIRECTORIES"), HasSubstr("version 2"),
+                                            HasSubstr("version 1"), HasSubstr("upgrade")));
+  auto rep = EncodeReply(1, DirectoriesReply{0, 0, {}}, {}, 1);
+  EXPECT_EQ(rep.status().code(), StatusCode::kVersionMismatch);
+  EXPECT_THAT(rep.status().message(), HasSubstr("DIRECTORIES_REPLY"));
+
+  auto old_req =
+      DecodeReqBytes(RawFrame(T(MessageType::kDirectories), 1, Body().U32(0).U32(1).str(), 1));
+  EXPECT_EQ(old_req.status().code(), StatusCode::kVersionMismatch);
+  EXPECT_THAT(old_req.status().message(),
+              AllOf(HasSubstr("decode DIRECTORIES frame"), HasSubstr("version 2")));
+  auto old_rep = DecodeRepBytes(
+      RawFrame(T(MessageType::kDirectoriesReply), 1, Body().U32(0).U32(0).U32(0).str(), 1));
+  EXPECT_EQ(old_rep.status().code(), StatusCode::kVersionMismatch);
+
+  // Version 1 messages are the same in version 2, and still encode as version 1.
+  auto ping1 = DecodeFrame(*EncodeRequest(3, Ping{}, {}, 1));
+  ASSERT_OK(ping1);
+  EXPECT_EQ(ping1->header.version, 1);
+  ASSERT_OK(DecodeRequest(*ping1));
+  auto dirs2 = DecodeFrame(Req(4, Directories{3, 4}));
+  ASSERT_OK(dirs2);
+  EXPECT_EQ(dirs2->header.version, 2);
+  auto back = DecodeRequest(*dirs2);
+  ASSERT_OK(back);
+  EXPECT_EQ(std::get<Directories>(*back), (Directories{3, 4}));
+}
+
+// Random bodies under the DIRECTORIES types (and truncations of valid ones)
+// decode or fail cleanly, naming the type; never a crash or an over-read.
+TEST(SidecarProtocolTest, GarbageDirectoriesBodiesFailCleanly) {
+  std::mt19937 rng(20261122);
+  size_t decoded = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string body(rng() % 48, '\0');
+    for (char& c : body) c = static_cast<char>(rng() % 4 == 0 ? rng() : rng() % 3);
+    const bool request = i % 2 == 0;
+    const uint16_t type = T(request ? MessageType::kDirectories : MessageType::kDirectoriesReply);
+    Status s = request ? DecodeReqBytes(RawFrame(type, 5, body)).status()
+                       : DecodeRepBytes(RawFrame(type, 5, body)).status();
+    if (s.ok()) {
+      ++decoded;
+      continue;
+    }
+    ASSERT_TRUE(s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kOutOfRange)
+        << s.ToString();
+    ASSERT_THAT(s.message(), HasSubstr(std::string(MessageTypeName(type))));
+  }
+  EXPECT_GT(decoded, 0u) << "some random bodies are valid: the test reaches the checks";
 }
 
 // --- EncodeError ---------------------------------------------------------------------
@@ -569,6 +652,10 @@ std::vector<BadRequest> BadRequests() {
       {"long path", Lookup{{std::string(kMaxPathLength + 1, 'p')}}, StatusCode::kInvalidArgument,
        "paths[0]"},
       {"too many paths", too_many_paths, StatusCode::kOutOfRange, "paths"},
+      {"directories count 0", Directories{0, 0}, StatusCode::kInvalidArgument, "count"},
+      {"directories count over", Directories{0, kDefaultMaxItems + 1}, StatusCode::kOutOfRange,
+       "count"},
+      {"directories overflow", Directories{kU32Max, 2}, StatusCode::kOutOfRange, "first/count"},
   };
 }
 
@@ -601,6 +688,8 @@ std::string BodyBypassingChecks(const Request& m) {
           for (uint64_t t : v.tokens) b.U64(t);
         } else if constexpr (std::is_same_v<V, Stat>) {
           b.U32(v.first_id).U32(v.count);
+        } else if constexpr (std::is_same_v<V, Directories>) {
+          b.U32(v.first).U32(v.count);
         } else if constexpr (std::is_same_v<V, Lookup>) {
           b.U32(static_cast<uint32_t>(v.paths.size()));
           for (const std::string& p : v.paths) b.Str(p);
@@ -612,9 +701,10 @@ std::string BodyBypassingChecks(const Request& m) {
 
 uint16_t RequestType(const Request& m) {
   static constexpr MessageType kTypes[] = {
-      MessageType::kHello, MessageType::kOpen,   MessageType::kSetPlan,
-      MessageType::kGet,   MessageType::kNext,   MessageType::kRelease,
-      MessageType::kStat,  MessageType::kLookup, MessageType::kPing};
+      MessageType::kHello, MessageType::kOpen,       MessageType::kSetPlan, MessageType::kGet,
+      MessageType::kNext,  MessageType::kRelease,    MessageType::kStat,    MessageType::kLookup,
+      MessageType::kPing,  MessageType::kDirectories};
+  static_assert(std::size(kTypes) == std::variant_size_v<Request>);
   return T(kTypes[m.index()]);
 }
 
@@ -663,8 +753,8 @@ std::vector<BadReply> BadReplies() {
   };
   return {
       {"hello reply version", T(MessageType::kHelloReply),
-       Body().U16(2).U32(kDefaultMaxBodyBytes).U32(4).Str("s"), StatusCode::kVersionMismatch,
-       "version"},
+       Body().U16(kMaxVersion + 1).U32(kDefaultMaxBodyBytes).U32(4).Str("s"),
+       StatusCode::kVersionMismatch, "version"},
       {"hello reply limits", T(MessageType::kHelloReply), Body().U16(1).U32(100).U32(4).Str("s"),
        StatusCode::kInvalidArgument, "max_body_bytes"},
       {"hello reply items", T(MessageType::kHelloReply),
@@ -731,6 +821,24 @@ std::vector<BadReply> BadReplies() {
        StatusCode::kOutOfRange, "message"},
       {"error truncated", T(MessageType::kError), Body().U16(kNotFound).U16(0).U16(5).Raw("ab"),
        StatusCode::kInvalidArgument, "message"},
+      {"directories past total", T(MessageType::kDirectoriesReply),
+       Body().U32(1).U32(1).U32(1).U16(0).Str("a"), StatusCode::kOutOfRange, "first/total/entries"},
+      {"directories first past total", T(MessageType::kDirectoriesReply),
+       Body().U32(5).U32(4).U32(0), StatusCode::kOutOfRange, "first/total/entries"},
+      {"directories empty path", T(MessageType::kDirectoriesReply),
+       Body().U32(0).U32(2).U32(2).U16(0).Str("").U16(0).Str("abc"), StatusCode::kInvalidArgument,
+       "entries[0]"},
+      {"directories long path", T(MessageType::kDirectoriesReply),
+       Body().U32(0).U32(1).U32(1).U16(0).Str(std::string(kMaxPathLength + 1, 'p')),
+       StatusCode::kOutOfRange, "entries.path"},
+      {"directories mode", T(MessageType::kDirectoriesReply),
+       Body().U32(0).U32(1).U32(1).U16(010000).Str("a"), StatusCode::kInvalidArgument,
+       "entries[0]"},
+      {"directories count vs body", T(MessageType::kDirectoriesReply),
+       Body().U32(0).U32(9).U32(3).U16(0).Str("a"), StatusCode::kInvalidArgument, "entries"},
+      {"directories truncated path", T(MessageType::kDirectoriesReply),
+       Body().U32(0).U32(9).U32(1).U16(0).U16(7).Raw("ab"), StatusCode::kInvalidArgument,
+       "entries.path"},
   };
 }
 
@@ -756,7 +864,7 @@ TEST(SidecarProtocolTest, BadRepliesAreRefusedByTheEncoder) {
   Samples too_many;
   too_many.items.assign(kDefaultMaxItems + 1, SampleItem{1, Status::Ok(), 1, 0, 0, 0, false});
   std::vector<Case> cases = {
-      {"version", HelloReply{2, "s", {}}, StatusCode::kVersionMismatch, "version"},
+      {"version", HelloReply{kMaxVersion + 1, "s", {}}, StatusCode::kVersionMismatch, "version"},
       {"limits", HelloReply{1, "s", Limits{1, 1}}, StatusCode::kInvalidArgument, "max_body_bytes"},
       {"name", HelloReply{1, "s s", {}}, StatusCode::kInvalidArgument, "sidecar_name"},
       {"manifest", OpenReply{ContentId{}, 1, 1, 1, 1}, StatusCode::kInvalidArgument, "manifest_id"},
@@ -776,6 +884,12 @@ TEST(SidecarProtocolTest, BadRepliesAreRefusedByTheEncoder) {
       {"lookup id", LookupReply{{{Status::NotFound("x"), 3}}}, StatusCode::kInvalidArgument,
        "items[0]"},
       {"error ok", Error{Status::Ok(), false}, StatusCode::kInvalidArgument, "status"},
+      {"directories past total", DirectoriesReply{2, 2, {{"a", 0}}}, StatusCode::kOutOfRange,
+       "first/total/entries"},
+      {"directories path", DirectoriesReply{0, 1, {{"", 0}}}, StatusCode::kInvalidArgument,
+       "entries[0]"},
+      {"directories mode", DirectoriesReply{0, 1, {{"a", 010000}}}, StatusCode::kInvalidArgument,
+       "entries[0]"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -821,7 +935,7 @@ TEST(SidecarProtocolTest, RequestIdAndTypeRules) {
   lying.header = FrameHeader{1, T(MessageType::kPing), 3, 1};
   EXPECT_THAT(DecodeRequest(lying).status().message(), HasSubstr("announces 3 body bytes"));
   Frame old;
-  old.header = FrameHeader{2, T(MessageType::kPing), 0, 1};
+  old.header = FrameHeader{kMaxVersion + 1, T(MessageType::kPing), 0, 1};
   EXPECT_EQ(DecodeRequest(old).status().code(), StatusCode::kVersionMismatch);
   EXPECT_EQ(DecodeReply(old).status().code(), StatusCode::kVersionMismatch);
 }
@@ -965,6 +1079,8 @@ TEST(SidecarProtocolTest, OverLimitCountsFailBeforeAllocating) {
        StatusCode::kInvalidArgument, "entries"},
       {"lookup items", false, T(MessageType::kLookupReply), Body().U32(kMaxItemsCap + 1),
        StatusCode::kOutOfRange, "items"},
+      {"directory entries", false, T(MessageType::kDirectoriesReply),
+       Body().U32(0).U32(kU32Max).U32(kMaxItemsCap), StatusCode::kInvalidArgument, "entries"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -1080,7 +1196,7 @@ TEST(SidecarProtocolTest, FrameDecoderFramingErrorsAreSticky) {
   std::vector<Case> cases = {
       {"magic", RawFrame(9, 1, "", 1, 0, "GRNW"), StatusCode::kInvalidArgument, "magic"},
       {"version 0", RawFrame(9, 1, "", 0), StatusCode::kVersionMismatch, "version: 0"},
-      {"version 2", RawFrame(9, 1, "", 2), StatusCode::kVersionMismatch, "version: 2"},
+      {"version 3", RawFrame(9, 1, "", 3), StatusCode::kVersionMismatch, "version: 3"},
       {"flags", RawFrame(9, 1, "", 1, 0x80), StatusCode::kInvalidArgument, "flags: 128"},
       {"body", big, StatusCode::kOutOfRange, "body_length: 4194305"},
   };
@@ -1163,6 +1279,9 @@ TEST(SidecarProtocolTest, SeedCorpus) {
   seeds["set-plan"] = {0, Req(2, plan), true};
   seeds["get"] = {1, Req(3, Get{{7, 8}, {1, 2, 3}, 2}), true};
   seeds["lookup"] = {0, Req(4, Lookup{{"a/b.jpg", "../x"}}), true};
+  seeds["directories"] = {0, Req(6, Directories{0, 100}), true};
+  seeds["directories-reply"] = {
+      8, Rep(6, DirectoriesReply{0, 3, {{"a", 0755}, {"a/b", 0700}, {"empty", 0555}}}), true};
   seeds["samples"] = {1,
                       Rep(5, Samples{{{1, Status::Ok(), 9, 0, 5, 7, false},
                                       {2, Status::NotFound("gone"), 0, 0, 0, 0, false}},

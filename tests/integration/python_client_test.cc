@@ -324,5 +324,45 @@ TEST_F(PythonClientTest, ImageFolderReturnsClassIndices) {
   RunScript("imagefolder.py", {"--dataset", "pets", "--source-root", root});
 }
 
+// Class folders without any file ("ant" is empty, "cat" holds only an empty
+// folder): listed by Dataset.directories(); ImageFolder refuses them by default
+// and keeps torchvision's class indices with allow_empty=True.
+TEST_F(PythonClientTest, ImageFolderSeesEmptyClassFolders) {
+  namespace fs = std::filesystem;
+  const std::string root = cluster_->dir().Join("src-zoo");
+  for (const char* dir : {"ant", "cat/kittens", "dog/sub"})
+    fs::create_directories(root + "/" + dir);
+  fs::permissions(root + "/ant", fs::perms(0750));
+  for (int i = 0; i < 6; ++i) {
+    const std::string rel =
+        (i % 2 == 0 ? "bird/" : (i == 5 ? "dog/sub/" : "dog/")) + std::to_string(i) + ".jpg";
+    fs::create_directories(fs::path(root + "/" + rel).parent_path());
+    WriteAll(root + "/" + rel, Bytes("zoo/" + rel, 700 + 31 * static_cast<size_t>(i)));
+  }
+  WriteAll(root + "/README.txt", "not a sample of any class");
+  ManifestBuildOptions build;
+  build.source_root = root;
+  build.source_uri = "file://" + root;
+  build.chunk_size = 16 * 1024;
+  auto manifest = BuildManifest(build);
+  ASSERT_OK(manifest);
+  ASSERT_EQ(manifest->sample_count(), 7u);
+  ASSERT_OK(cluster_->store().PutManifest(manifest->id().ToHex(), manifest->Encode()));
+  DatasetRecord record;
+  record.name = "zoo";
+  record.spec.source_uri = build.source_uri;
+  record.spec.chunk_size = build.chunk_size;
+  record.spec.pool = "default";
+  record.spec.replication = 1;
+  record.owner = DatasetOwner{::getuid(), ::getgid()};
+  record.state.phase = DatasetPhase::kStaging;
+  record.manifest_id = manifest->id().ToHex();
+  ASSERT_OK(cluster_->store().CreateDataset(record));
+  StartSidecar();
+  if (HasFatalFailure()) return;
+  RunScript("imagefolder_empty.py",
+            {"--dataset", "zoo", "--source-root", root, "--empty-classes", "ant,cat"});
+}
+
 }  // namespace
 }  // namespace granary::testing

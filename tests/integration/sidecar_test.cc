@@ -3,6 +3,7 @@
 // speaks sidecar_protocol.h byte by byte, so hostile input can be sent too.
 // The Python/PyTorch path is tests/integration/python_client_test.cc.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -10,9 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <random>
 #include <set>
 
+#include "granary/core/manifest_builder.h"
+#include "granary/core/metadata_store.h"
 #include "granary/core/sidecar_protocol.h"
 #include "granary/core/unix_socket.h"
 #include "testing/cachenode_fixture.h"
@@ -41,6 +45,7 @@ class RawClient {
         arena_(o.arena_),
         arena_size_(o.arena_size_),
         next_id_(o.next_id_),
+        version_(o.version_),
         hello_done_(o.hello_done_) {
     o.arena_ = nullptr;
   }
@@ -78,19 +83,27 @@ class RawClient {
     return sp::DecodeReply(decoder_.TakeFrame());
   }
 
+  // Frames go out in the version HELLO agreed on (before it, this build's newest).
   Result<sp::Reply> Call(const sp::Request& request, std::vector<ScopedFd>* fds = nullptr) {
-    GRANARY_ASSIGN_OR_RETURN(std::string bytes, sp::EncodeRequest(next_id_++, request));
+    GRANARY_ASSIGN_OR_RETURN(std::string bytes,
+                             sp::EncodeRequest(next_id_++, request, {}, version_));
     GRANARY_RETURN_IF_ERROR(SendRaw(bytes));
     return Receive(fds);
   }
 
-  // HELLO + OPEN; maps the arena.
+  // HELLO offering versions 1..max_version.
+  Result<sp::HelloReply> Hello(uint16_t max_version = sp::kMaxVersion) {
+    GRANARY_ASSIGN_OR_RETURN(sp::Reply hello, Call(sp::Hello{1, max_version, "raw-test"}));
+    if (auto* e = std::get_if<sp::Error>(&hello)) return e->status;
+    if (!std::holds_alternative<sp::HelloReply>(hello)) return Status::Internal("no HELLO_REPLY");
+    hello_done_ = true;
+    version_ = std::get<sp::HelloReply>(hello).version;
+    return std::get<sp::HelloReply>(hello);
+  }
+
+  // HELLO (unless done) + OPEN; maps the arena.
   Result<sp::OpenReply> Open(const std::string& dataset) {
-    if (!hello_done_) {
-      GRANARY_ASSIGN_OR_RETURN(sp::Reply hello, Call(sp::Hello{1, 1, "raw-test"}));
-      if (!std::holds_alternative<sp::HelloReply>(hello)) return Status::Internal("no HELLO_REPLY");
-      hello_done_ = true;
-    }
+    if (!hello_done_) GRANARY_RETURN_IF_ERROR(Hello().status());
     std::vector<ScopedFd> fds;
     GRANARY_ASSIGN_OR_RETURN(sp::Reply open, Call(sp::Open{dataset}, &fds));
     if (auto* e = std::get_if<sp::Error>(&open)) return e->status;
@@ -122,6 +135,7 @@ class RawClient {
   char* arena_ = nullptr;
   uint64_t arena_size_ = 0;
   uint64_t next_id_ = 1;
+  uint16_t version_ = sp::kMaxVersion;
   bool hello_done_ = false;
 };
 
@@ -247,6 +261,112 @@ TEST_F(SidecarTest, ServesEveryByteStatsLooksUpAndWalksThePlan) {
   EXPECT_GT(*sidecar_->MetricValue("granary_sidecar_served_samples_total", {{"from", "prefetch"}}),
             0)
       << "samples already in the arena are kept for the plan's window";
+}
+
+// DIRECTORIES lists what the snapshot walked: nested directories, one that
+// holds no file at all, one holding only an empty directory, with their modes;
+// paged, the root not listed, sorted as the manifest holds them.
+TEST_F(SidecarTest, ListsEveryDirectoryIncludingEmptyOnes) {
+  namespace fs = std::filesystem;
+  const std::string root = cluster_->dir().Join("src-tree");
+  const std::vector<std::pair<std::string, fs::perms>> dirs = {
+      {"a", fs::perms(0755)},           {"a/b", fs::perms(0750)},   {"a/b/c", fs::perms(0700)},
+      {"a-z", fs::perms(0755)},         {"empty", fs::perms(0705)}, {"only-dirs", fs::perms(0755)},
+      {"only-dirs/x", fs::perms(0755)}, {"z", fs::perms(0755)},
+  };
+  for (const auto& [rel, perms] : dirs) fs::create_directories(root + "/" + rel);
+  WriteAll(root + "/top.txt", "at the root");
+  WriteAll(root + "/a/1.bin", "one");
+  WriteAll(root + "/a/b/c/2.bin", "two");
+  WriteAll(root + "/a-z/3.bin", "three");
+  WriteAll(root + "/z/4.bin", "four");
+  for (const auto& [rel, perms] : dirs) fs::permissions(root + "/" + rel, perms);
+  ManifestBuildOptions build;
+  build.source_root = root;
+  build.source_uri = "file://" + root;
+  build.chunk_size = 16 * 1024;
+  auto manifest = BuildManifest(build);
+  ASSERT_OK(manifest);
+  ASSERT_EQ(manifest->sample_count(), 5u);
+  ASSERT_OK(cluster_->store().PutManifest(manifest->id().ToHex(), manifest->Encode()));
+  DatasetRecord record;
+  record.name = "tree";
+  record.spec.source_uri = build.source_uri;
+  record.spec.chunk_size = build.chunk_size;
+  record.spec.pool = "default";
+  record.spec.replication = 1;
+  record.owner = DatasetOwner{::getuid(), ::getgid()};
+  record.state.phase = DatasetPhase::kStaging;
+  record.manifest_id = manifest->id().ToHex();
+  ASSERT_OK(cluster_->store().CreateDataset(record));
+
+  RawClient c = Client();
+  auto hello = c.Hello();
+  ASSERT_OK(hello);
+  EXPECT_EQ(hello->version, sp::kMaxVersion);
+  // Before OPEN: an error, the connection kept.
+  auto early = c.Call(sp::Directories{0, 10});
+  ASSERT_OK(early);
+  ASSERT_TRUE(std::holds_alternative<sp::Error>(*early));
+  EXPECT_EQ(std::get<sp::Error>(*early).status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(std::get<sp::Error>(*early).closing);
+  ASSERT_OK(c.Open("tree"));
+
+  // Byte-wise path order: "a-z" sorts between "a" and "a/b" ('-' < '/').
+  std::vector<sp::DirectoryItem> expected;
+  for (const char* rel : {"a", "a-z", "a/b", "a/b/c", "empty", "only-dirs", "only-dirs/x", "z"}) {
+    const auto mode =
+        static_cast<uint16_t>(fs::status(root + "/" + rel).permissions() & fs::perms::mask);
+    expected.push_back({rel, mode});
+  }
+  std::vector<sp::DirectoryItem> got;
+  for (uint32_t first = 0; first < expected.size(); first += 3) {
+    auto page = c.Call(sp::Directories{first, 3});
+    ASSERT_OK(page);
+    ASSERT_TRUE(std::holds_alternative<sp::DirectoriesReply>(*page))
+        << std::get<sp::Error>(*page).status.ToString();
+    const auto& reply = std::get<sp::DirectoriesReply>(*page);
+    EXPECT_EQ(reply.first, first);
+    EXPECT_EQ(reply.total, expected.size());
+    EXPECT_EQ(reply.entries.size(), std::min<size_t>(3, expected.size() - first));
+    got.insert(got.end(), reply.entries.begin(), reply.entries.end());
+  }
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(got[4].mode, 0705) << "the empty directory's own mode";
+
+  // At the end: an empty page; past it: kOutOfRange naming the count.
+  auto end = c.Call(sp::Directories{static_cast<uint32_t>(expected.size()), 5});
+  ASSERT_OK(end);
+  ASSERT_TRUE(std::holds_alternative<sp::DirectoriesReply>(*end));
+  EXPECT_TRUE(std::get<sp::DirectoriesReply>(*end).entries.empty());
+  auto past = c.Call(sp::Directories{9, 1});
+  ASSERT_OK(past);
+  ASSERT_TRUE(std::holds_alternative<sp::Error>(*past));
+  EXPECT_EQ(std::get<sp::Error>(*past).status.code(), StatusCode::kOutOfRange);
+  EXPECT_THAT(std::get<sp::Error>(*past).status.message(), ::testing::HasSubstr("8 directories"));
+  EXPECT_OK(c.Call(sp::Ping{}).status());
+
+  // A connection that agreed on version 1 gets no DIRECTORIES: the version 2
+  // frame is refused with an error naming both versions; the connection stays.
+  RawClient old = Client();
+  auto old_hello = old.Hello(1);
+  ASSERT_OK(old_hello);
+  EXPECT_EQ(old_hello->version, 1);
+  ASSERT_OK(old.Open("tree"));
+  auto v2_frame = sp::EncodeRequest(98, sp::Directories{0, 10}, {}, 2);
+  ASSERT_OK(v2_frame);
+  ASSERT_OK(old.SendRaw(*v2_frame));
+  auto refused = old.Receive();
+  ASSERT_OK(refused);
+  ASSERT_TRUE(std::holds_alternative<sp::Error>(*refused));
+  EXPECT_EQ(std::get<sp::Error>(*refused).status.code(), StatusCode::kVersionMismatch);
+  EXPECT_THAT(
+      std::get<sp::Error>(*refused).status.message(),
+      ::testing::AllOf(::testing::HasSubstr("version 2"), ::testing::HasSubstr("version 1")));
+  EXPECT_FALSE(std::get<sp::Error>(*refused).closing);
+  auto pong = old.Call(sp::Ping{});  // a version 1 frame
+  ASSERT_OK(pong);
+  EXPECT_TRUE(std::holds_alternative<sp::Pong>(*pong));
 }
 
 TEST_F(SidecarTest, ErrorsForBadRequestsKeepTheConnection) {

@@ -145,6 +145,18 @@ class Dataset:
                              f"are out of range for {n} samples")
         return self.session.paths(first, count)
 
+    def directories(self):
+        """[(path, mode)] of every directory in the dataset but its root.
+
+        Paths are relative to the dataset root ("a", "a/b"), sorted as the
+        manifest holds them (a parent before its children); directories that
+        hold no file are listed too, with their permission bits at snapshot
+        time. A manifest of format version 1 recorded only the directories its
+        files imply (mode 0o555). granary.Error (code VERSION_MISMATCH) when
+        the sidecar is too old to list directories: upgrade granary-sidecar.
+        """
+        return self.session.directories()
+
     def index(self, path):
         """The id of ``path`` (relative to the dataset root).
 

@@ -171,33 +171,51 @@ def pil_loader(data):
 class ImageFolder(torch.utils.data.Dataset):
     """torchvision.datasets.ImageFolder (DatasetFolder) over a Granary dataset.
 
-    The dataset's top-level directories are the classes (sorted); every file
-    inside one is a sample of that class; files directly at the root are
-    skipped. ``classes``, ``class_to_idx``, ``samples`` ([(path, class
-    index)]), ``targets`` and ``imgs`` are as torchvision builds them, with
-    paths relative to the dataset root. An item is ``(sample, class index)``:
-    the sample is ``loader(bytes)`` when a loader is given, else the bytes;
+    The dataset's top-level directories are the classes, sorted, as
+    torchvision's find_classes lists them: a folder that holds no file is
+    still a class (the sidecar lists every directory the snapshot walked), so
+    class indices are the ones torchvision gives over the same tree. Every
+    file inside a class folder, at any depth, is a sample of that class (no
+    extension filter); files directly at the root are skipped.
+
+    A class folder without any file is an error, as in torchvision:
+    FileNotFoundError naming the empty classes, unless ``allow_empty=True``,
+    which keeps them as classes with no samples.
+
+    ``classes``, ``class_to_idx``, ``samples`` ([(path, class index)]),
+    ``targets`` and ``imgs`` are as torchvision builds them, with paths
+    relative to the dataset root. An item is ``(sample, class index)``: the
+    sample is ``loader(bytes)`` when a loader is given, else the bytes;
     ``transform`` / ``target_transform`` apply to them.
 
     Samples are in path order (torchvision's order too, except where a class
     name sorts before another that extends it with a character below '/').
     """
 
-    def __init__(self, name, socket=None, transform=None, target_transform=None, loader=None):
+    def __init__(self, name, socket=None, transform=None, target_transform=None, loader=None,
+                 allow_empty=False):
         self.dataset = name if isinstance(name, Dataset) else Dataset(name, socket=socket)
         self.root = self.dataset.name
         self.transform = transform
         self.target_transform = target_transform
         self.loader = loader
-        paths = self.dataset.paths()
-        self.classes = sorted({path.split("/", 1)[0] for path in paths if "/" in path})
+        self.allow_empty = bool(allow_empty)
+        self.classes = sorted(path for path, _ in self.dataset.directories() if "/" not in path)
         if not self.classes:
             raise FileNotFoundError(f"Couldn't find any class folder in granary dataset "
                                     f"{self.dataset.name!r}")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        paths = self.dataset.paths()
         self._ids = [i for i, path in enumerate(paths) if "/" in path]
         self.samples = [(paths[i], self.class_to_idx[paths[i].split("/", 1)[0]])
                         for i in self._ids]
+        empty = set(self.classes).difference(paths[i].split("/", 1)[0] for i in self._ids)
+        if empty and not self.allow_empty:
+            raise FileNotFoundError(
+                f"Found no valid file for the classes {', '.join(sorted(empty))} in granary "
+                f"dataset {self.dataset.name!r}. Every file in a class folder counts (no "
+                f"extension filter); pass allow_empty=True to keep empty class folders as "
+                f"classes without samples, or remove them from the source and snapshot it again")
         self.targets = [target for _, target in self.samples]
         self.imgs = self.samples
 

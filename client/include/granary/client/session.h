@@ -145,6 +145,8 @@ class Session {
   const DatasetInfo& info() const { return info_; }
   const std::string& socket_path() const { return socket_path_; }
   const std::string& sidecar_name() const { return sidecar_name_; }
+  // The sidecar protocol version agreed in HELLO.
+  uint16_t protocol_version() const { return version_; }
   uint64_t arena_bytes() const { return map_size_; }
   // Hints asked for with each Get (see above).
   uint32_t lookahead() const { return lookahead_; }
@@ -188,6 +190,16 @@ class Session {
   Result<uint32_t> Lookup(std::string_view path);
   // One outcome per path, in as few LOOKUPs as the limits allow.
   std::vector<Result<uint32_t>> LookupMany(std::span<const std::string> paths);
+  // Every directory of the dataset but the root: paths relative to the root
+  // ("a", "a/b"), sorted byte-wise as the manifest holds them (a parent before
+  // its children), each with its permission bits; directories that hold no
+  // file are listed too. A manifest of format version 1 recorded only the
+  // directories its files' paths imply, all with mode 0555. Pages with
+  // DIRECTORIES as needed. kVersionMismatch, with nothing sent, when the
+  // sidecar speaks a protocol older than kDirectoriesVersion (upgrade
+  // granary-sidecar); a reply out of order or with an unsafe path breaks the
+  // connection (kUnavailable).
+  Result<std::vector<sidecar_protocol::DirectoryItem>> Directories();
   // A round trip.
   Status Ping();
 

@@ -21,6 +21,8 @@
 //   RELEASE (tokens)                →    OK
 //   STAT (first id, count)          →    STAT_REPLY (path, size, mtime each)
 //   LOOKUP (paths)                  →    LOOKUP_REPLY (id or why not, each)
+//   DIRECTORIES (first, count)      →    DIRECTORIES_REPLY (path, mode each;
+//                                                   version 2 and later)
 //   PING                            →    PONG
 //   anything wrong                  →    ERROR (status; closing or not)
 // One connection is one session over one dataset. Sample payloads never cross
@@ -36,6 +38,14 @@
 // All integers little-endian; strings are u16 length + bytes; lists are u32
 // count + elements. Replies carry the request's id; ERROR with id 0 blames no
 // request.
+//
+// Versions: HELLO agrees on the highest version both sides speak; every later
+// frame of the connection carries a version no higher than that. A message
+// type exists from the version MinVersionOf() names (version 2 added
+// DIRECTORIES and DIRECTORIES_REPLY); the encoders refuse, and the decoders
+// reject, a frame of an older version carrying it. A client that agreed on an
+// older version must not send a newer request: a sidecar of that version
+// answers ERROR "unknown request type" (and keeps the connection).
 //
 // Errors: the decoders return kInvalidArgument (malformed, naming the message
 // type and the field), kOutOfRange (over a limit), kVersionMismatch; never
@@ -72,7 +82,9 @@ namespace granary::sidecar_protocol {
 inline constexpr char kMagic[4] = {'G', 'R', 'S', 'C'};
 inline constexpr size_t kFrameHeaderSize = 24;
 inline constexpr uint16_t kMinVersion = 1;
-inline constexpr uint16_t kMaxVersion = 1;
+inline constexpr uint16_t kMaxVersion = 2;
+// The first version with DIRECTORIES / DIRECTORIES_REPLY.
+inline constexpr uint16_t kDirectoriesVersion = 2;
 // HELLO and HELLO_REPLY always carry this version in their frame header (and
 // ERROR may, before a version is agreed): their layout is frozen so that any
 // two builds can negotiate.
@@ -84,8 +96,10 @@ inline constexpr uint32_t kDefaultMaxBodyBytes = 4u << 20;
 inline constexpr uint32_t kMaxItemsCap = 1u << 20;
 inline constexpr uint32_t kDefaultMaxItems = 4096;  // ids, tokens, paths or entries per message
 inline constexpr size_t kMaxNameLength = 255;       // client and sidecar names
-inline constexpr size_t kMaxPathLength = kMaxSamplePathLength;  // LOOKUP paths and STAT_REPLY paths
-inline constexpr size_t kMaxMessageLength = 1024;  // per-item and ERROR messages (cut to this)
+inline constexpr size_t kMaxPathLength =
+    kMaxSamplePathLength;                             // LOOKUP, STAT_REPLY, DIRECTORIES_REPLY paths
+inline constexpr uint16_t kMaxDirectoryMode = 07777;  // st_mode & 07777
+inline constexpr size_t kMaxMessageLength = 1024;     // per-item and ERROR messages (cut to this)
 
 struct Limits {
   uint32_t max_body_bytes = kDefaultMaxBodyBytes;
@@ -108,6 +122,7 @@ enum class MessageType : uint16_t {
   kStat = 7,
   kLookup = 8,
   kPing = 9,
+  kDirectories = 10,  // version 2
   // replies
   kHelloReply = 101,
   kOpenReply = 102,
@@ -117,8 +132,12 @@ enum class MessageType : uint16_t {
   kLookupReply = 106,
   kPong = 107,
   kError = 108,
+  kDirectoriesReply = 109,  // version 2
 };
 std::string_view MessageTypeName(uint16_t type);  // "HELLO", ..., "unknown"
+// The first protocol version that has message `type` (kDirectoriesVersion for
+// DIRECTORIES and DIRECTORIES_REPLY, else kMinVersion; also for unknown types).
+uint16_t MinVersionOf(uint16_t type);
 
 // ---- requests -----------------------------------------------------------------
 
@@ -192,7 +211,18 @@ struct Ping {
   friend bool operator==(const Ping&, const Ping&) = default;
 };
 
-using Request = std::variant<Hello, Open, SetPlan, Get, Next, Release, Stat, Lookup, Ping>;
+// The dataset's directories (version 2): those of indices [first, first +
+// count) in the manifest's directory order (sorted by path), the root not
+// counted (index 0 is the manifest's directory 1). Paged like STAT: the reply
+// may hold fewer; ask again from where it stopped.
+struct Directories {
+  uint32_t first = 0;
+  uint32_t count = 1;  // >= 1
+  friend bool operator==(const Directories&, const Directories&) = default;
+};
+
+using Request =
+    std::variant<Hello, Open, SetPlan, Get, Next, Release, Stat, Lookup, Ping, Directories>;
 
 // ---- replies ------------------------------------------------------------------
 
@@ -264,13 +294,29 @@ struct Pong {
   friend bool operator==(const Pong&, const Pong&) = default;
 };
 
+// One directory: its path relative to the dataset root ("a/b", never empty:
+// the root is not listed) and its permission bits at snapshot time.
+struct DirectoryItem {
+  std::string path;
+  uint16_t mode = 0;  // st_mode & 07777
+  friend bool operator==(const DirectoryItem&, const DirectoryItem&) = default;
+};
+
+struct DirectoriesReply {
+  uint32_t first = 0;                  // the request's first
+  uint32_t total = 0;                  // directories in the dataset, the root not counted
+  std::vector<DirectoryItem> entries;  // from `first`; fewer than asked near the end or the limit
+  friend bool operator==(const DirectoriesReply&, const DirectoriesReply&) = default;
+};
+
 struct Error {
   Status status;  // never OK
   bool closing = false;
   friend bool operator==(const Error&, const Error&) = default;
 };
 
-using Reply = std::variant<HelloReply, OpenReply, Ok, Samples, StatReply, LookupReply, Pong, Error>;
+using Reply = std::variant<HelloReply, OpenReply, Ok, Samples, StatReply, LookupReply, Pong, Error,
+                           DirectoriesReply>;
 
 // ---- frames -----------------------------------------------------------------------
 
@@ -289,7 +335,8 @@ struct Frame {
 };
 
 // Whole frames (header + body). Fail on anything the receiver would reject
-// under `limits` (request id 0 for a request, bad names, too many items).
+// under `limits` (request id 0 for a request, bad names, too many items), and
+// kVersionMismatch for a message `version` does not have (MinVersionOf).
 // HELLO and HELLO_REPLY are sent as kHandshakeVersion whatever `version` says.
 Result<std::string> EncodeRequest(uint64_t request_id, const Request& request,
                                   const Limits& limits = {}, uint16_t version = kMaxVersion);
