@@ -168,6 +168,15 @@ class MountCommand {
       }
       GRANARY_ASSIGN_OR_RETURN(vo.readahead_order, posix::ReadaheadOrder::Choose(*manifest, plans));
       m.readahead = vo.readahead_order->description();
+      if (o_.readahead == "auto") {
+        // Readers in another epoch, or of a plan registered later, are
+        // followed too (PosixViewOptions::list_plans).
+        MetadataStore* store = &c_.store();
+        vo.list_plans = [store, dataset = o_.dataset] {
+          Result<std::vector<PlanRecord>> listed = store->ListPlans(dataset);
+          return listed.ok() ? std::move(*listed) : std::vector<PlanRecord>{};
+        };
+      }
     }
     m.reader = std::shared_ptr<posix::SessionContentReader>(std::move(*reader));
     if (!o_.no_fallback) {

@@ -289,14 +289,11 @@ struct PosixView::Callbacks {
     fi->fh = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(file.get()));
     fi->keep_cache = 1;
     fi->noflush = 1;
-    const std::vector<SampleId> hints = v.readahead_.OnOpen(file->id);
+    const SampleId id = file->id;
     if (fuse_reply_open(req, fi) == 0) {
       file.release();  // owned by the kernel's file until Release
     }
-    if (!hints.empty()) {
-      v.counters_.hinted.fetch_add(hints.size(), std::memory_order_relaxed);
-      v.reader_->Hint(hints);
-    }
+    v.OnFirstRead(id, /*pin=*/false);  // reads of an open file keep their own pin
   }
 
   // One sample pinned through the reader, or an errno (logged).
@@ -352,14 +349,7 @@ struct PosixView::Callbacks {
     const bool reaches_end = offset + size >= file_size;
     bool ahead = false;
     std::shared_ptr<PinnedSample> pin = v.FindPin(id, reaches_end, &ahead);
-    if (offset == 0 && (pin == nullptr || ahead)) {  // a first read
-      const std::vector<SampleId> hints = v.readahead_.OnOpen(id);
-      if (!hints.empty()) {
-        v.counters_.hinted.fetch_add(hints.size(), std::memory_order_relaxed);
-        v.reader_->Hint(hints);
-      }
-      v.PinAhead(id);
-    }
+    if (offset == 0 && (pin == nullptr || ahead)) v.OnFirstRead(id, /*pin=*/true);
     if (pin == nullptr) {
       int error = 0;
       pin = AcquireFor(v, id, file_size, &error);
@@ -557,11 +547,14 @@ PosixView::PosixView(PosixViewOptions options, MountTree tree,
     : options_(std::move(options)),
       tree_(std::move(tree)),
       reader_(std::move(reader)),
+      readahead_(options_.readahead_order != nullptr
+                     ? options_.readahead_order
+                     : ReadaheadOrder::ManifestOrder(tree_.sample_count()),
+                 &tree_.manifest(), options_.readahead),
+      max_pins_(2 * static_cast<size_t>(options_.threads) + 8 + options_.pin_ahead),
       order_(options_.readahead_order != nullptr
                  ? options_.readahead_order
-                 : ReadaheadOrder::ManifestOrder(tree_.sample_count())),
-      readahead_(order_, &tree_.manifest(), options_.readahead),
-      max_pins_(2 * static_cast<size_t>(options_.threads) + 8 + options_.pin_ahead) {}
+                 : ReadaheadOrder::ManifestOrder(tree_.sample_count())) {}
 
 Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
                                                     std::shared_ptr<const Manifest> manifest,
@@ -620,8 +613,8 @@ Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
     view->Stop();
     return Status::FromErrno(err, what + ": making the FUSE device non-blocking");
   }
-  if (o.pin_ahead > 0 && o.readahead.window_samples > 0) {
-    view->ahead_thread_ = std::thread([v = view.get()] { v->PinAheadLoop(); });
+  if (o.readahead.window_samples > 0 && (o.pin_ahead > 0 || o.list_plans != nullptr)) {
+    view->ahead_thread_ = std::thread([v = view.get()] { v->AheadLoop(); });
   }
   view->workers_left_ = o.threads;
   for (uint32_t i = 0; i < o.threads; ++i) {
@@ -804,41 +797,119 @@ void PosixView::ExpirePins() {
   }
 }
 
-void PosixView::PinAhead(SampleId id) {
+void PosixView::OnFirstRead(SampleId id, bool pin) {
+  const std::vector<SampleId> hints = readahead_.OnOpen(id);
+  if (!hints.empty()) {
+    counters_.hinted.fetch_add(hints.size(), std::memory_order_relaxed);
+    reader_->Hint(hints);
+  }
   if (!ahead_thread_.joinable()) return;
-  const uint64_t p = order_->PositionOf(id);
-  if (p >= order_->size()) return;
-  const uint64_t want_end = std::min<uint64_t>(p + 1 + options_.pin_ahead, order_->size());
+  // How far a first read may land from the previous one and still count as
+  // following (several reader threads or DataLoader workers interleave):
+  // 256 positions, less in a small order. A jump counts one up, a near read
+  // one down; at kJumpsBeforeSearch a search is asked for.
+  constexpr uint32_t kJumpsBeforeSearch = 8;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(ahead_mu_);
     if (ahead_stop_) return;
+    const uint64_t p = order_->PositionOf(id);
+    recent_[recent_count_++ % kRecentReads] = id;
+    const uint64_t near_span = std::clamp<uint64_t>(order_->size() / 16, 4, 256);
+    const bool near = p < order_->size() && ahead_last_ != kNoPosition &&
+                      p + near_span >= ahead_last_ && p <= ahead_last_ + near_span;
+    if (!near) {
+      ++jumps_;
+    } else if (jumps_ > 0) {
+      --jumps_;
+    }
+    if (options_.list_plans != nullptr && jumps_ >= kJumpsBeforeSearch && !search_wanted_ &&
+        std::chrono::steady_clock::now() >= next_search_) {
+      search_wanted_ = true;
+      wake = true;
+    }
     // Only a reader that follows the order is pinned ahead of: a first read
     // shortly after the previous one. A jump (a random reader, another
     // order) pins nothing and starts over from here, so random reads do not
     // cost pin_ahead sidecar fetches each.
-    const bool follows = ahead_last_ != kNoPosition && p > ahead_last_ &&
+    const bool follows = p < order_->size() && ahead_last_ != kNoPosition && p > ahead_last_ &&
                          p <= ahead_last_ + 2 * static_cast<uint64_t>(options_.pin_ahead) + 2;
-    ahead_last_ = p;
-    if (!follows) {
-      ahead_queue_.clear();
-      ahead_end_ = p + 1;
-      return;
+    ahead_last_ = p < order_->size() ? p : kNoPosition;
+    if (pin && options_.pin_ahead > 0 && p < order_->size()) {
+      if (!follows) {
+        ahead_queue_.clear();
+        ahead_end_ = p + 1;
+      } else {
+        const uint64_t want_end = std::min<uint64_t>(p + 1 + options_.pin_ahead, order_->size());
+        ahead_end_ = std::max(ahead_end_, p + 1);
+        for (; ahead_end_ < want_end; ++ahead_end_) ahead_queue_.push_back(order_->At(ahead_end_));
+        while (ahead_queue_.size() > options_.pin_ahead) ahead_queue_.pop_front();
+        wake = wake || !ahead_queue_.empty();
+      }
     }
-    ahead_end_ = std::max(ahead_end_, p + 1);
-    for (; ahead_end_ < want_end; ++ahead_end_) ahead_queue_.push_back(order_->At(ahead_end_));
-    while (ahead_queue_.size() > options_.pin_ahead) ahead_queue_.pop_front();
   }
-  ahead_cv_.notify_one();
+  if (wake) ahead_cv_.notify_one();
 }
 
-void PosixView::PinAheadLoop() {
+void PosixView::SearchOrder() {
+  std::vector<SampleId> recent;
+  std::shared_ptr<const ReadaheadOrder> current;
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    const uint64_t n = std::min<uint64_t>(recent_count_, kRecentReads);
+    for (uint64_t i = recent_count_ - n; i < recent_count_; ++i) {
+      recent.push_back(recent_[i % kRecentReads]);
+    }
+    current = order_;
+  }
+  counters_.order_searches.fetch_add(1, std::memory_order_relaxed);
+  std::shared_ptr<const ReadaheadOrder> found;
+  if (!current->Fits(recent)) {  // else the reader does follow, only not in step
+    found = ReadaheadOrder::Match(tree_.manifest(), options_.list_plans(), recent,
+                                  current->plan_id(), current->epoch() + 1);
+  }
+  const bool switching = found != nullptr && found->description() != current->description();
+  if (switching) {
+    readahead_.SetOrder(found);
+    GetLogger("posix")->info("dataset {}: readahead now follows {} (the reads left {})",
+                             Quoted(options_.dataset), found->description(),
+                             current->description());
+  }
+  std::lock_guard<std::mutex> lock(ahead_mu_);
+  search_wanted_ = false;
+  jumps_ = 0;
+  if (switching) {
+    order_ = std::move(found);
+    ahead_queue_.clear();
+    ahead_last_ = kNoPosition;
+    search_backoff_ = std::chrono::milliseconds(1000);
+    counters_.order_switches.fetch_add(1, std::memory_order_relaxed);  // once it holds
+  } else {
+    search_backoff_ =
+        std::min<std::chrono::milliseconds>(2 * search_backoff_, std::chrono::milliseconds(64'000));
+  }
+  next_search_ = std::chrono::steady_clock::now() + search_backoff_;
+}
+
+void PosixView::AheadLoop() {
   // Bounded by Stop() (ahead_stop_).
   while (true) {
     SampleId id;
     {
       std::unique_lock<std::mutex> lock(ahead_mu_);
-      ahead_cv_.wait(lock, [this] { return ahead_stop_ || !ahead_queue_.empty(); });
+      if (!ahead_cv_.wait_for(lock, kPinIdle, [this] {
+            return ahead_stop_ || !ahead_queue_.empty() || search_wanted_;
+          })) {
+        lock.unlock();
+        ExpirePins();
+        continue;
+      }
       if (ahead_stop_) return;
+      if (search_wanted_) {
+        lock.unlock();
+        SearchOrder();
+        continue;
+      }
       id = ahead_queue_.front();
       ahead_queue_.pop_front();
     }
@@ -854,6 +925,11 @@ void PosixView::PinAheadLoop() {
     counters_.pinned_ahead.fetch_add(1, std::memory_order_relaxed);
     KeepPin(id, std::shared_ptr<PinnedSample>(std::move(*pin)), size);
   }
+}
+
+std::string PosixView::readahead_order() {
+  std::lock_guard<std::mutex> lock(ahead_mu_);
+  return order_->description();
 }
 
 size_t PosixView::kept_pins() {
@@ -877,6 +953,8 @@ PosixView::Counters PosixView::counters() const {
   c.read_errors = counters_.read_errors.load();
   c.refused_writes = counters_.refused_writes.load();
   c.hinted = counters_.hinted.load();
+  c.order_searches = counters_.order_searches.load();
+  c.order_switches = counters_.order_switches.load();
   return c;
 }
 

@@ -315,5 +315,82 @@ TEST(ReadaheadTest, ARegisteredPlanIsFollowed) {
       << refused.status().ToString();
 }
 
+TEST(ReadaheadTest, MatchFindsTheEpochAReaderFollows) {
+  std::vector<std::string> paths;
+  for (int i = 0; i < 1000; ++i) paths.push_back("f" + std::to_string(10000 + i));
+  auto m = MakeManifest(paths, 100, 1024);
+  ASSERT_NE(m, nullptr);
+  PlanRecord plan;
+  plan.plan_id = "job-9";
+  plan.seed = 5;
+  plan.first_epoch = 6;
+  plan.registered_ms = 30;
+  PlanRecord other;
+  other.plan_id = "other";
+  other.seed = 77;
+  other.registered_ms = 10;
+  auto at2 = ReadaheadOrder::FromPlan(*m, plan, 2);
+  ASSERT_OK(at2);
+  EXPECT_EQ((*at2)->description(), "plan 'job-9' (epoch 2)");
+  EXPECT_EQ((*at2)->plan_id(), "job-9");
+  EXPECT_EQ((*at2)->epoch(), 2u);
+  // First reads of epoch 2, a little out of step (two reader threads).
+  std::vector<SampleId> recent;
+  for (uint64_t p : {100u, 102u, 101u, 104u, 103u, 105u, 107u, 106u})
+    recent.push_back((*at2)->At(p));
+  EXPECT_TRUE((*at2)->Fits(recent));
+  auto found = ReadaheadOrder::Match(*m, {other, plan}, recent);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->description(), "plan 'job-9' (epoch 2)");
+  // The epoch after the one followed is tried first; the result is the same.
+  found = ReadaheadOrder::Match(*m, {other, plan}, recent, "job-9", 2);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->epoch(), 2u);
+  // A tree walk: manifest order.
+  std::vector<SampleId> walk = {40, 41, 42, 43, 44, 45};
+  found = ReadaheadOrder::Match(*m, {other, plan}, walk);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->description(), "manifest order");
+  // Reads that follow nothing (ids far apart in every order tried), too few
+  // reads, a sample outside the manifest, or an epoch beyond those tried.
+  std::vector<SampleId> scattered = {3, 500, 17, 940, 260, 711, 88, 402};
+  EXPECT_EQ(ReadaheadOrder::Match(*m, {other, plan}, scattered), nullptr);
+  EXPECT_EQ(ReadaheadOrder::Match(*m, {other, plan}, std::vector<SampleId>{(*at2)->At(5)}),
+            nullptr);
+  EXPECT_FALSE((*at2)->Fits(std::vector<SampleId>{(*at2)->At(5), 5000}));
+  EXPECT_FALSE((*at2)->Fits({}));
+  auto far = ReadaheadOrder::FromPlan(*m, plan, 40);
+  ASSERT_OK(far);
+  std::vector<SampleId> late;
+  for (uint64_t p = 300; p < 310; ++p) late.push_back((*far)->At(p));
+  EXPECT_EQ(ReadaheadOrder::Match(*m, {plan}, late), nullptr);
+  EXPECT_NE(ReadaheadOrder::Match(*m, {plan}, late, "job-9", 40), nullptr);
+  // A plan the core refuses is skipped, not an error.
+  PlanRecord bad = plan;
+  bad.mode = "zigzag";
+  found = ReadaheadOrder::Match(*m, {bad, plan}, recent);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->epoch(), 2u);
+}
+
+TEST(ReadaheadTest, SetOrderStartsOver) {
+  std::vector<std::string> paths;
+  for (int i = 0; i < 100; ++i) paths.push_back("f" + std::to_string(1000 + i));
+  auto m = MakeManifest(paths, 100, 1024);
+  ASSERT_NE(m, nullptr);
+  PlanRecord plan;
+  plan.plan_id = "job-1";
+  plan.seed = 3;
+  auto order = ReadaheadOrder::FromPlan(*m, plan, 1);
+  ASSERT_OK(order);
+  Readahead ra(ReadaheadOrder::ManifestOrder(m->sample_count()), m.get(),
+               ReadaheadOptions{.window_samples = 4, .window_bytes = 1 << 20});
+  EXPECT_EQ(ra.OnOpen(10), (std::vector<SampleId>{11, 12, 13, 14}));
+  ra.SetOrder(*order);
+  const SampleId at = (*order)->At(20);
+  EXPECT_EQ(ra.OnOpen(at), (std::vector<SampleId>{(*order)->At(21), (*order)->At(22),
+                                                  (*order)->At(23), (*order)->At(24)}));
+}
+
 }  // namespace
 }  // namespace granary::posix

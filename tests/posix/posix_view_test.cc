@@ -34,6 +34,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -42,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -612,6 +614,56 @@ TEST_F(PosixViewTest, OpensHintTheFilesThatFollow) {
   MountIt(o);
   ReadWhole(mnt_ + "/train/n00/img_0.jpg");
   EXPECT_TRUE(quiet->hinted().empty());
+}
+
+// A reader in another epoch than the plan the view follows (a job started
+// over, the next epoch): after a few jumps the view finds the epoch it reads
+// and pins ahead in it; a reader that follows nothing switches nothing.
+TEST_F(PosixViewTest, ReadaheadFollowsTheEpochTheReaderIsIn) {
+  PlanRecord plan;
+  plan.plan_id = "job-1";
+  plan.seed = 7;
+  plan.first_epoch = 4;
+  plan.registered_ms = 1;
+  auto at4 = ReadaheadOrder::FromPlan(*data_.manifest, plan);
+  ASSERT_OK(at4);
+  auto at0 = ReadaheadOrder::FromPlan(*data_.manifest, plan, 0);
+  ASSERT_OK(at0);
+  PosixViewOptions o = Options();
+  o.readahead_order = *at4;
+  o.pin_ahead = 4;
+  std::atomic<int> listed{0};
+  o.list_plans = [&listed, plan] {
+    listed.fetch_add(1);
+    return std::vector<PlanRecord>{plan};
+  };
+  MountIt(o);
+  EXPECT_EQ(view_->readahead_order(), "plan 'job-1' (epoch 4)");
+  auto read_at = [&](const ReadaheadOrder& order, uint64_t p) {
+    const SampleId id = order.At(p);
+    ASSERT_EQ(ReadWhole(mnt_ + "/" + data_.manifest->PathOf(id)), data_.contents[id]) << p;
+  };
+  for (uint64_t p = 0; p < 20; ++p) read_at(**at0, p);
+  ASSERT_TRUE(testing::WaitFor([&] { return view_->counters().order_switches == 1; }, seconds(10)))
+      << view_->counters().order_searches;
+  EXPECT_EQ(view_->readahead_order(), "plan 'job-1' (epoch 0)");
+  EXPECT_GE(listed.load(), 1);
+  const uint64_t used = view_->counters().pinned_ahead_used;
+  for (uint64_t p = 20; p < 40; ++p) read_at(**at0, p);
+  EXPECT_GT(view_->counters().pinned_ahead_used, used);
+
+  // Random reads (no order fits): a search or two, backed off; no switch.
+  std::vector<SampleId> ids(data_.manifest->sample_count());
+  for (SampleId id = 0; id < ids.size(); ++id) ids[id] = id;
+  std::mt19937 rng(11);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  for (SampleId id : ids) {
+    if ((*at0)->PositionOf(id) < 40 || data_.contents[id].empty()) continue;
+    ASSERT_EQ(ReadWhole(mnt_ + "/" + data_.manifest->PathOf(id)), data_.contents[id]);
+  }
+  EXPECT_EQ(view_->counters().order_switches, 1u);
+  EXPECT_LE(view_->counters().order_searches, 4u);
+  EXPECT_EQ(view_->readahead_order(), "plan 'job-1' (epoch 0)");
 }
 
 // With allow_other the kernel checks modes (default_permissions): they are

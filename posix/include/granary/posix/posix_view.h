@@ -50,6 +50,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -85,6 +86,13 @@ struct PosixViewOptions {
   // Readahead; null order: manifest order. window_samples 0: none.
   std::shared_ptr<const ReadaheadOrder> readahead_order;
   ReadaheadOptions readahead;
+  // The plans registered for the dataset now (e.g. MetadataStore::ListPlans;
+  // empty if they cannot be listed). When set (and readahead is on), a
+  // reader whose first reads stop following the order (8 in a row) has the
+  // view look, on a thread of its own, for the plan epoch or manifest order
+  // they follow (ReadaheadOrder::Match) and switch to it. Searches that find
+  // nothing back off (1 s, doubling up to 64 s). Null: the order is kept.
+  std::function<std::vector<PlanRecord>()> list_plans;
   // Pinned readahead (no_open kernels): on the first read of a file that
   // follows the previous first read in the readahead order, the next
   // pin_ahead samples in that order are pinned by a thread of the view's own, so their first reads
@@ -143,6 +151,8 @@ class PosixView {
     uint64_t hinted = 0;             // ids passed to ContentReader::Hint
     uint64_t pinned_ahead = 0;       // samples pinned ahead of their first read
     uint64_t pinned_ahead_used = 0;  // ... whose first read found them pinned
+    uint64_t order_searches = 0;     // ReadaheadOrder::Match runs
+    uint64_t order_switches = 0;     // ... that switched the order followed
   };
 
   // Builds the tree (errors from MountTree::Build), mounts at
@@ -168,6 +178,8 @@ class PosixView {
   bool WaitEnded(std::chrono::milliseconds timeout);
 
   Counters counters() const;
+  // What the readahead follows now: ReadaheadOrder::description().
+  std::string readahead_order();
   // Samples pinned between the reads of a file (no_open mode); see below.
   size_t kept_pins();
 
@@ -187,14 +199,18 @@ class PosixView {
   std::shared_ptr<PinnedSample> FindPin(SampleId id, bool reaches_end, bool* ahead);
   void KeepPin(SampleId id, std::shared_ptr<PinnedSample> pin, uint64_t ahead_bytes = 0);
   void ExpirePins();
-  // Pinned readahead: queues the samples after `id` (its first read).
-  void PinAhead(SampleId id);
-  void PinAheadLoop();
+  // The first read of sample `id` (an open, or a read at offset 0 without
+  // one): hints the readahead window, notes whether the read follows the
+  // order, and with `pin` queues the samples after it for pinning.
+  void OnFirstRead(SampleId id, bool pin);
+  // The ahead thread: pins what OnFirstRead queued, looks for the order a
+  // reader follows when asked, expires idle pins.
+  void AheadLoop();
+  void SearchOrder();
 
   const PosixViewOptions options_;
   const MountTree tree_;
   const std::shared_ptr<ContentReader> reader_;
-  const std::shared_ptr<const ReadaheadOrder> order_;
   Readahead readahead_;
 
   fuse_session* session_ = nullptr;
@@ -214,13 +230,24 @@ class PosixView {
   uint64_t ahead_bytes_ = 0;  // sum of ahead_bytes
   size_t max_pins_ = 0;
 
-  std::mutex ahead_mu_;  // guards the three below; pairs with ahead_cv_
+  std::mutex ahead_mu_;  // guards the members below up to ahead_thread_; pairs with ahead_cv_
   std::condition_variable ahead_cv_;
+  std::shared_ptr<const ReadaheadOrder> order_;  // what pinning and the readahead follow
   std::deque<SampleId> ahead_queue_;
   static constexpr uint64_t kNoPosition = ~uint64_t{0};
   uint64_t ahead_end_ = 0;             // positions in the order below this were queued
   uint64_t ahead_last_ = kNoPosition;  // the position of the last first read
   bool ahead_stop_ = false;
+  // Following: the last kRecentReads first reads (a ring), how many in a row
+  // jumped away from the previous one, whether a search is wanted, and when
+  // the next may run.
+  static constexpr size_t kRecentReads = 16;
+  std::array<SampleId, kRecentReads> recent_{};
+  uint64_t recent_count_ = 0;
+  uint32_t jumps_ = 0;
+  bool search_wanted_ = false;
+  std::chrono::steady_clock::time_point next_search_{};
+  std::chrono::milliseconds search_backoff_{1000};
   std::thread ahead_thread_;
 
   std::mutex state_mu_;  // guards the flags below and pairs with state_cv_
@@ -239,7 +266,7 @@ class PosixView {
   struct AtomicCounters {
     std::array<std::atomic<uint64_t>, kFuseOpCount> requests{};
     std::atomic<uint64_t> read_bytes{0}, acquires{0}, read_errors{0}, refused_writes{0}, hinted{0},
-        pinned_ahead{0}, pinned_ahead_used{0};
+        pinned_ahead{0}, pinned_ahead_used{0}, order_searches{0}, order_switches{0};
   };
   AtomicCounters counters_;
 };
