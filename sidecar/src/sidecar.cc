@@ -227,6 +227,13 @@ struct Sidecar::Impl {
       // As root, the training processes are other users: let them in, and
       // the modes (owner and group of the dataset) decide.
       options.allow_other = ::geteuid() == 0;
+      // Readahead follows the plan epoch (or manifest order) the readers do.
+      options.list_plans = [this, dataset = m.dataset] {
+        std::lock_guard<std::mutex> lock(store_mu);
+        if (store == nullptr) return std::vector<PlanRecord>{};
+        Result<std::vector<PlanRecord>> listed = store->ListPlans(dataset);
+        return listed.ok() ? std::move(*listed) : std::vector<PlanRecord>{};
+      };
       auto reader =
           std::make_shared<CacheContentReader>(*cache, FetchFor(*cache), config.wait_timeout);
       Result<std::unique_ptr<posix::PosixView>> view =
