@@ -784,9 +784,10 @@ Result<std::vector<sp::DirectoryItem>> Session::Directories() {
   // Every round but the first adds at least one entry (else it is an error),
   // so the rounds are bounded by the total the first reply announced.
   for (bool first = true;; first = false) {
-    GRANARY_ASSIGN_OR_RETURN(sp::Reply reply,
-                             Call(sp::Directories{cursor, limits_.max_items},
-                                  sp::MessageType::kDirectoriesReply, deadline, doing));
+    const uint32_t want = first ? limits_.max_items : std::min(limits_.max_items, total - cursor);
+    GRANARY_ASSIGN_OR_RETURN(
+        sp::Reply reply,
+        Call(sp::Directories{cursor, want}, sp::MessageType::kDirectoriesReply, deadline, doing));
     auto& page = std::get<sp::DirectoriesReply>(reply);
     if (first) total = page.total;
     if (page.first != cursor || page.total != total || (page.entries.empty() && cursor < total)) {

@@ -125,6 +125,15 @@ TEST_F(SessionIntegrationTest, MetadataComesFromTheManifest) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
   }
+  // Every directory but the root, in the manifest's order, with its mode.
+  auto dirs = session->Directories();
+  ASSERT_OK(dirs);
+  ASSERT_EQ(dirs->size(), ds_.manifest->directory_count() - 1);
+  ASSERT_GE(dirs->size(), 2u) << "the dataset spreads its files over directories";
+  for (uint32_t d = 1; d < ds_.manifest->directory_count(); ++d) {
+    EXPECT_EQ((*dirs)[d - 1].path, ds_.manifest->DirectoryPath(d));
+    EXPECT_EQ((*dirs)[d - 1].mode, ds_.manifest->DirectoryMode(d));
+  }
   EXPECT_OK(session->Ping());
 }
 

@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 
+#include "granary/core/manifest.h"
 #include "granary/core/manifest_builder.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/sidecar_protocol.h"
@@ -367,6 +368,44 @@ TEST_F(SidecarTest, ListsEveryDirectoryIncludingEmptyOnes) {
   auto pong = old.Call(sp::Ping{});  // a version 1 frame
   ASSERT_OK(pong);
   EXPECT_TRUE(std::holds_alternative<sp::Pong>(*pong));
+}
+
+// A manifest of format version 1 (tests/core/manifest_test.cc,
+// Version1ManifestsStillRead: "cls/a.jpg", "cls/b.jpg", "top") recorded no
+// directory table of its own: DIRECTORIES lists what its files imply, 0555.
+TEST_F(SidecarTest, ListsTheDirectoriesAVersion1ManifestImplies) {
+  const std::string hex =
+      "47524e594d414e460100000040000000000000000000000033747e7b8bc57b237a133dc2905bb56dbd00000000"
+      "0000006800000000000000dd88926cf736dc4528b52ffd20bdfd02007284101cb0a9310c03261886a1ad1a39ac"
+      "4ab3dcf6869c4810b210db5d69650aff8f84c484c93d0f619c53ac73b5c21fa1969cbbbb6f44bade62aa7a28ad"
+      "59fee107ce83030b2020a3230f596417250efb015dc971a8307a254891035bdbdd";
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  auto manifest = Manifest::Decode(bytes);
+  ASSERT_OK(manifest);
+  ASSERT_OK(cluster_->store().PutManifest(manifest->id().ToHex(), bytes));
+  DatasetRecord record;
+  record.name = "old";
+  record.spec.source_uri = manifest->header().source_uri;
+  record.spec.chunk_size = manifest->chunk_size();
+  record.spec.pool = "default";
+  record.spec.replication = 1;
+  record.owner = DatasetOwner{::getuid(), ::getgid()};
+  record.state.phase = DatasetPhase::kStaging;
+  record.manifest_id = manifest->id().ToHex();
+  ASSERT_OK(cluster_->store().CreateDataset(record));
+
+  RawClient c = Client();
+  ASSERT_OK(c.Open("old"));
+  auto reply = c.Call(sp::Directories{0, 100});
+  ASSERT_OK(reply);
+  ASSERT_TRUE(std::holds_alternative<sp::DirectoriesReply>(*reply))
+      << std::get<sp::Error>(*reply).status.ToString();
+  const auto& dirs = std::get<sp::DirectoriesReply>(*reply);
+  EXPECT_EQ(dirs.total, 1u);
+  EXPECT_EQ(dirs.entries, (std::vector<sp::DirectoryItem>{{"cls", kDefaultDirectoryMode}}));
 }
 
 TEST_F(SidecarTest, ErrorsForBadRequestsKeepTheConnection) {

@@ -96,8 +96,8 @@ inline constexpr uint32_t kDefaultMaxBodyBytes = 4u << 20;
 inline constexpr uint32_t kMaxItemsCap = 1u << 20;
 inline constexpr uint32_t kDefaultMaxItems = 4096;  // ids, tokens, paths or entries per message
 inline constexpr size_t kMaxNameLength = 255;       // client and sidecar names
-inline constexpr size_t kMaxPathLength =
-    kMaxSamplePathLength;                             // LOOKUP, STAT_REPLY, DIRECTORIES_REPLY paths
+// LOOKUP, STAT_REPLY and DIRECTORIES_REPLY paths.
+inline constexpr size_t kMaxPathLength = kMaxSamplePathLength;
 inline constexpr uint16_t kMaxDirectoryMode = 07777;  // st_mode & 07777
 inline constexpr size_t kMaxMessageLength = 1024;     // per-item and ERROR messages (cut to this)
 
