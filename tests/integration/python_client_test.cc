@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "granary/core/manifest_builder.h"
 #include "granary/core/metadata_store.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/daemon_process.h"
@@ -301,24 +300,9 @@ TEST_F(PythonClientTest, ImageFolderReturnsClassIndices) {
   }
   WriteAll(root + "/README.txt", "not a sample of any class");
   WriteAll(root + "/labels.csv", "bird,cat,dog");
-  ManifestBuildOptions build;
-  build.source_root = root;
-  build.source_uri = "file://" + root;
-  build.chunk_size = 16 * 1024;
-  auto manifest = BuildManifest(build);
+  auto manifest = cluster_->RegisterTree("pets", root);
   ASSERT_OK(manifest);
-  ASSERT_EQ(manifest->sample_count(), 7u + 12u + 9u + 2u);
-  ASSERT_OK(cluster_->store().PutManifest(manifest->id().ToHex(), manifest->Encode()));
-  DatasetRecord record;
-  record.name = "pets";
-  record.spec.source_uri = build.source_uri;
-  record.spec.chunk_size = build.chunk_size;
-  record.spec.pool = "default";
-  record.spec.replication = 1;
-  record.owner = DatasetOwner{::getuid(), ::getgid()};
-  record.state.phase = DatasetPhase::kStaging;
-  record.manifest_id = manifest->id().ToHex();
-  ASSERT_OK(cluster_->store().CreateDataset(record));
+  ASSERT_EQ((*manifest)->sample_count(), 7u + 12u + 9u + 2u);
   StartSidecar();
   if (HasFatalFailure()) return;
   RunScript("imagefolder.py", {"--dataset", "pets", "--source-root", root});
@@ -340,24 +324,9 @@ TEST_F(PythonClientTest, ImageFolderSeesEmptyClassFolders) {
     WriteAll(root + "/" + rel, Bytes("zoo/" + rel, 700 + 31 * static_cast<size_t>(i)));
   }
   WriteAll(root + "/README.txt", "not a sample of any class");
-  ManifestBuildOptions build;
-  build.source_root = root;
-  build.source_uri = "file://" + root;
-  build.chunk_size = 16 * 1024;
-  auto manifest = BuildManifest(build);
+  auto manifest = cluster_->RegisterTree("zoo", root);
   ASSERT_OK(manifest);
-  ASSERT_EQ(manifest->sample_count(), 7u);
-  ASSERT_OK(cluster_->store().PutManifest(manifest->id().ToHex(), manifest->Encode()));
-  DatasetRecord record;
-  record.name = "zoo";
-  record.spec.source_uri = build.source_uri;
-  record.spec.chunk_size = build.chunk_size;
-  record.spec.pool = "default";
-  record.spec.replication = 1;
-  record.owner = DatasetOwner{::getuid(), ::getgid()};
-  record.state.phase = DatasetPhase::kStaging;
-  record.manifest_id = manifest->id().ToHex();
-  ASSERT_OK(cluster_->store().CreateDataset(record));
+  ASSERT_EQ((*manifest)->sample_count(), 7u);
   StartSidecar();
   if (HasFatalFailure()) return;
   RunScript("imagefolder_empty.py",

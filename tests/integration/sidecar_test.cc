@@ -16,7 +16,6 @@
 #include <set>
 
 #include "granary/core/manifest.h"
-#include "granary/core/manifest_builder.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/sidecar_protocol.h"
 #include "granary/core/unix_socket.h"
@@ -282,24 +281,9 @@ TEST_F(SidecarTest, ListsEveryDirectoryIncludingEmptyOnes) {
   WriteAll(root + "/a-z/3.bin", "three");
   WriteAll(root + "/z/4.bin", "four");
   for (const auto& [rel, perms] : dirs) fs::permissions(root + "/" + rel, perms);
-  ManifestBuildOptions build;
-  build.source_root = root;
-  build.source_uri = "file://" + root;
-  build.chunk_size = 16 * 1024;
-  auto manifest = BuildManifest(build);
+  auto manifest = cluster_->RegisterTree("tree", root);
   ASSERT_OK(manifest);
-  ASSERT_EQ(manifest->sample_count(), 5u);
-  ASSERT_OK(cluster_->store().PutManifest(manifest->id().ToHex(), manifest->Encode()));
-  DatasetRecord record;
-  record.name = "tree";
-  record.spec.source_uri = build.source_uri;
-  record.spec.chunk_size = build.chunk_size;
-  record.spec.pool = "default";
-  record.spec.replication = 1;
-  record.owner = DatasetOwner{::getuid(), ::getgid()};
-  record.state.phase = DatasetPhase::kStaging;
-  record.manifest_id = manifest->id().ToHex();
-  ASSERT_OK(cluster_->store().CreateDataset(record));
+  ASSERT_EQ((*manifest)->sample_count(), 5u);
 
   RawClient c = Client();
   auto hello = c.Hello();
@@ -385,17 +369,8 @@ TEST_F(SidecarTest, ListsTheDirectoriesAVersion1ManifestImplies) {
   }
   auto manifest = Manifest::Decode(bytes);
   ASSERT_OK(manifest);
-  ASSERT_OK(cluster_->store().PutManifest(manifest->id().ToHex(), bytes));
-  DatasetRecord record;
-  record.name = "old";
-  record.spec.source_uri = manifest->header().source_uri;
-  record.spec.chunk_size = manifest->chunk_size();
-  record.spec.pool = "default";
-  record.spec.replication = 1;
-  record.owner = DatasetOwner{::getuid(), ::getgid()};
-  record.state.phase = DatasetPhase::kStaging;
-  record.manifest_id = manifest->id().ToHex();
-  ASSERT_OK(cluster_->store().CreateDataset(record));
+  ASSERT_EQ(manifest->Encode(), bytes);  // stored as it was: version 1
+  ASSERT_OK(cluster_->RegisterManifest("old", *manifest));
 
   RawClient c = Client();
   ASSERT_OK(c.Open("old"));

@@ -737,6 +737,37 @@ Result<TestDataset> CacheCluster::CreateDataset(const DatasetOptions& options) {
   return ds;
 }
 
+Result<std::shared_ptr<const Manifest>> CacheCluster::RegisterTree(const std::string& name,
+                                                                   const std::string& root,
+                                                                   uint64_t chunk_size) {
+  ManifestBuildOptions build;
+  build.source_root = root;
+  build.source_uri = "file://" + root;
+  build.chunk_size = chunk_size;
+  auto manifest = BuildManifest(build);
+  if (!manifest.ok()) return manifest.status().WithContext("snapshot test tree " + root);
+  auto shared = std::make_shared<const Manifest>(std::move(*manifest));
+  GRANARY_RETURN_IF_ERROR(RegisterManifest(name, *shared));
+  return shared;
+}
+
+Status CacheCluster::RegisterManifest(const std::string& name, const Manifest& manifest) {
+  GRANARY_RETURN_IF_ERROR(store_->PutManifest(manifest.id().ToHex(), manifest.Encode()));
+  DatasetRecord record;
+  record.name = name;
+  record.spec.source_uri = manifest.header().source_uri;
+  record.spec.chunk_size = manifest.chunk_size();
+  record.spec.pool = "default";
+  record.spec.replication = 1;
+  record.owner = DatasetOwner{::getuid(), ::getgid()};
+  record.state.phase = DatasetPhase::kStaging;
+  record.state.message = "created by the integration test";
+  record.manifest_id = manifest.id().ToHex();
+  auto created = store_->CreateDataset(record);
+  if (!created.ok()) return created.status().WithContext("create dataset " + name);
+  return Status::Ok();
+}
+
 Result<DatasetRecord> CacheCluster::WaitForPhase(const std::string& dataset, DatasetPhase phase,
                                                  milliseconds timeout) {
   const auto deadline = steady_clock::now() + timeout;

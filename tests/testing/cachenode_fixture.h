@@ -313,6 +313,14 @@ class CacheCluster {
 
   // Files, manifest, record (phase Staging).
   Result<TestDataset> CreateDataset(const DatasetOptions& options);
+  // A dataset over a tree the test wrote itself: snapshots `root` (chunks of
+  // `chunk_size`) and registers it as RegisterManifest does; the manifest.
+  Result<std::shared_ptr<const Manifest>> RegisterTree(const std::string& name,
+                                                       const std::string& root,
+                                                       uint64_t chunk_size = 16 * 1024);
+  // Stores `manifest` and creates dataset `name` over it: pool "default",
+  // replication 1, this process's uid and gid, phase Staging.
+  Status RegisterManifest(const std::string& name, const Manifest& manifest);
 
   // Waits until the dataset's phase is `phase`: the record then. At the
   // deadline kDeadlineExceeded with the record, progress and nodes.
