@@ -425,15 +425,7 @@ TEST(ManifestTest, BadModesAndDirectoriesAreRefused) {
 // at 648c622 from {"cls/a.jpg", 3, 100}, {"cls/b.jpg", 2000, 200}, {"top", 0,
 // 300} with chunk size 1024 and source file:///data/v1.
 TEST(ManifestTest, Version1ManifestsStillRead) {
-  const std::string hex =
-      "47524e594d414e460100000040000000000000000000000033747e7b8bc57b237a133dc2905bb56dbd00000000"
-      "0000006800000000000000dd88926cf736dc4528b52ffd20bdfd02007284101cb0a9310c03261886a1ad1a39ac"
-      "4ab3dcf6869c4810b210db5d69650aff8f84c484c93d0f619c53ac73b5c21fa1969cbbbb6f44bade62aa7a28ad"
-      "59fee107ce83030b2020a3230f596417250efb015dc971a8307a254891035bdbdd";
-  std::string bytes;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  }
+  const std::string bytes = testing::Version1ManifestBytes();
   auto m = Manifest::Decode(bytes);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->id().ToHex(), "6db55b90c23d137a237bc58b7b7e7433");

@@ -54,6 +54,19 @@ void WriteAll(const std::string& path, const std::string& data) {
   ASSERT_TRUE(out.good()) << "cannot write " << path;
 }
 
+std::string Version1ManifestBytes() {
+  const std::string hex =
+      "47524e594d414e460100000040000000000000000000000033747e7b8bc57b237a133dc2905bb56dbd00000000"
+      "0000006800000000000000dd88926cf736dc4528b52ffd20bdfd02007284101cb0a9310c03261886a1ad1a39ac"
+      "4ab3dcf6869c4810b210db5d69650aff8f84c484c93d0f619c53ac73b5c21fa1969cbbbb6f44bade62aa7a28ad"
+      "59fee107ce83030b2020a3230f596417250efb015dc971a8307a254891035bdbdd";
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  return bytes;
+}
+
 std::string Bytes(const std::string& name, size_t size) {
   std::string out(size, '\0');
   uint64_t x = std::hash<std::string>{}(name) | 1;

@@ -43,6 +43,11 @@ void WriteAll(const std::string& path, const std::string& data);
 // `size` deterministic pseudo-random bytes, different for every `name`.
 std::string Bytes(const std::string& name, size_t size);
 
+// A manifest written by the version 1 format (before modes), made by Granary
+// at 648c622 from {"cls/a.jpg", 3, 100}, {"cls/b.jpg", 2000, 200}, {"top", 0,
+// 300} with chunk size 1024 and source file:///data/v1: its encoded bytes.
+std::string Version1ManifestBytes();
+
 // A TCP port on 127.0.0.1 that was free when asked (bind to port 0, read, close).
 uint16_t FreeTcpPort();
 
