@@ -516,10 +516,15 @@ Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
 
 std::vector<NodeRecord> DatasetNodes(const DatasetSpec& spec,
                                      const std::vector<NodeRecord>& pool_nodes) {
-  if (!spec.nodes.has_value()) return pool_nodes;
+  return ListedNodes(spec.nodes, pool_nodes);
+}
+
+std::vector<NodeRecord> ListedNodes(const std::optional<std::vector<std::string>>& listed,
+                                    const std::vector<NodeRecord>& pool_nodes) {
+  if (!listed.has_value()) return pool_nodes;
   std::vector<NodeRecord> kept;
   for (const NodeRecord& n : pool_nodes) {
-    if (DatasetUsesNode(spec, n.id)) kept.push_back(n);
+    if (std::find(listed->begin(), listed->end(), n.id) != listed->end()) kept.push_back(n);
   }
   return kept;
 }

@@ -368,13 +368,7 @@ std::shared_ptr<const NodeView> SampleFetcher::Impl::ViewFor(const FetchDataset&
   if (auto it = filtered_.find(key); it != filtered_.end() && it->second.first == all) {
     return it->second.second;
   }
-  std::vector<NodeRecord> kept;
-  for (const NodeRecord& n : all->nodes) {
-    if (std::find(dataset.nodes->begin(), dataset.nodes->end(), n.id) != dataset.nodes->end()) {
-      kept.push_back(n);
-    }
-  }
-  Result<std::shared_ptr<NodeView>> view = MakeView(std::move(kept));
+  Result<std::shared_ptr<NodeView>> view = MakeView(ListedNodes(dataset.nodes, all->nodes));
   if (!view.ok()) return all;  // a subset of a valid list: cannot fail
   if (filtered_.size() >= kMaxFilteredViews) filtered_.clear();
   std::shared_ptr<const NodeView> made = std::move(*view);

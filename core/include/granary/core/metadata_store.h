@@ -141,6 +141,9 @@ struct NodeRecord {
 // all of them when spec.nodes is unset, else those whose id is listed.
 std::vector<NodeRecord> DatasetNodes(const DatasetSpec& spec,
                                      const std::vector<NodeRecord>& pool_nodes);
+// The same for a node list alone (DatasetSpec::nodes), in `pool_nodes`' order.
+std::vector<NodeRecord> ListedNodes(const std::optional<std::vector<std::string>>& listed,
+                                    const std::vector<NodeRecord>& pool_nodes);
 // Whether node `node_id` may hold chunks of a dataset with `spec`.
 bool DatasetUsesNode(const DatasetSpec& spec, std::string_view node_id);
 
