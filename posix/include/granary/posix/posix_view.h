@@ -37,10 +37,15 @@
 // Who calls it: `granary mount` (cli/src/mount_command.cc), the sidecar's
 // `mounts:` option, tests.
 //
-// Thread safety: Stop(), ended(), WaitEnded() and counters() from any
-// thread; Stop() is idempotent and also run by the destructor. The FUSE
-// callbacks run on the workers and touch only immutable state, atomics and
-// each open file's own mutex.
+// One more thread of its own (the ahead thread, with readahead on and
+// pin_ahead or list_plans set) pins samples ahead of their first reads,
+// looks for the order a reader follows, and expires idle pins.
+//
+// Thread safety: Stop(), ended(), WaitEnded(), counters() and
+// readahead_order() from any thread; Stop() is idempotent and also run by
+// the destructor. The FUSE callbacks run on the workers and touch immutable
+// state, atomics, each open file's own mutex, and the pin table, the
+// readahead and the ahead thread's queue under their mutexes.
 
 #include <sys/types.h>
 
