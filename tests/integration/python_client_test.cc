@@ -10,6 +10,7 @@
 // this file skips them too.
 
 #include <gtest/gtest.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -334,4 +335,35 @@ TEST_F(PythonClientTest, ImageFolderSeesEmptyClassFolders) {
 }
 
 }  // namespace
+// Files of the sidecar's mount read by path: granary.read_file gives every
+// file's bytes and sends no ioctl to the view; Python's default open() asks
+// isatty() of every file, one ioctl each (docs/posix-view.md).
+TEST_F(PythonClientTest, ReadFileOverTheMountSendsNoIoctl) {
+  const std::string view = cluster_->dir().Join("view");
+  std::filesystem::create_directories(view);
+  SidecarOptions o;
+  o.extra_yaml = "mounts: \"" + ds_.name + ":" + view + "\"\n";
+  StartSidecar(o);
+  if (HasFatalFailure()) return;
+  // The view's ioctl count once the metrics show everything up to a statvfs
+  // (the `statfs`-th one).
+  auto ioctls_after_statfs = [&](double statfs) -> double {
+    struct statvfs sv {};
+    EXPECT_EQ(::statvfs(view.c_str(), &sv), 0);
+    EXPECT_OK(sidecar_
+                  ->WaitForMetric("granary_sidecar_posix_requests_total", {{"op", "statfs"}},
+                                  [statfs](double v) { return v >= statfs; })
+                  .status());
+    auto v = sidecar_->MetricValue("granary_sidecar_posix_requests_total", {{"op", "ioctl"}});
+    EXPECT_OK(v);
+    return v.ok() ? *v : -1;
+  };
+  const double before = ioctls_after_statfs(1);
+  RunScript("mount_reads.py", {"--view", view, "--source-root", ds_.root});
+  EXPECT_EQ(ioctls_after_statfs(2), before) << "granary.read_file sent ioctls";
+  RunScript("mount_reads.py", {"--view", view, "--source-root", ds_.root, "--buffered"});
+  EXPECT_GE(ioctls_after_statfs(3), before + static_cast<double>(ds_.sample_count()))
+      << "Python's buffered open() asks isatty() of every file";
+}
+
 }  // namespace granary::testing

@@ -17,7 +17,20 @@ import os
 from . import _native
 from ._native import Error, Sample, rank_samples, rank_share
 
-__all__ = ["Dataset", "Sample", "Error", "rank_samples", "rank_share"]
+__all__ = ["Dataset", "Sample", "Error", "rank_samples", "rank_share", "read_file"]
+
+
+def read_file(path):
+    """The whole file at `path` as bytes, opened unbuffered.
+
+    For code that reads files of a ``granary mount`` (or any FUSE file system)
+    by path: Python's buffered ``open(path, "rb")`` asks ``isatty()`` of every
+    file before 3.14, an ioctl the kernel forwards to the file system on every
+    open, uncached. Opened with ``buffering=0`` there is none, so a file in the
+    page cache costs no request at all (docs/posix-view.md).
+    """
+    with open(path, "rb", buffering=0) as f:
+        return f.read()
 
 
 class Dataset:
