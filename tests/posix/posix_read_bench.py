@@ -13,6 +13,12 @@ passes (every file, sorted walk order):
   mount_noahead   the same, with --readahead off
   mount_nopin     the same, with hints but --pin-ahead 0
   mount_warm      a second pass over the same mount (the kernel's page cache)
+  epoch0_manifest plans of a Granary sampler registered for epochs 0-4 (the
+                  newest is epoch 4), then a cold pass in epoch 0's order
+                  (open(..., buffering=0)) over a mount with --readahead
+                  manifest: every first read is a jump, nothing is read ahead
+  epoch0_auto     the same with --readahead auto: the mount starts on epoch
+                  4 and switches to the epoch the reads follow
   *_raw           the same warm passes with open(..., buffering=0): no
                   isatty() per file, so no FUSE request at all over the mount
                   (Python's buffered open() asks isatty(), an ioctl the kernel
@@ -68,6 +74,16 @@ def read_pass(root, buffering=-1):
                 nbytes += len(f.read())
             files += 1
     return files, nbytes, time.perf_counter() - t0
+
+
+def order_pass(root, paths, order):
+    """Reads paths[i] for i in order under root, unbuffered: (files, bytes, seconds)."""
+    nbytes = 0
+    t0 = time.perf_counter()
+    for i in order:
+        with open(os.path.join(root, paths[i]), "rb", buffering=0) as f:
+            nbytes += len(f.read())
+    return len(order), nbytes, time.perf_counter() - t0
 
 
 def main():
@@ -137,6 +153,32 @@ def main():
                      ["mount_nopin_2"])
         mount_passes("ahead2", ["--readahead", "manifest"], ["mount_cold_2"])
 
+        # A Granary sampler's plans, epochs 0-4 (registered by the sampler as
+        # training code does), then epoch 0 read by plain files.
+        sys.path.insert(0, os.path.join(build, "python"))
+        import granary  # noqa: E402
+        import granary.torch  # noqa: E402
+        ds = granary.Dataset("bench", socket=sock)
+        sampler = granary.torch.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True,
+                                                   seed=42)
+        for epoch in range(5):
+            sampler.set_epoch(epoch)
+            next(iter(sampler))
+        paths = ds.paths()
+        epoch0 = granary.rank_samples(len(paths), 42, 0, 1, 0, True, False)
+        ds.close()
+        for label, mode in (("epoch0_manifest", "manifest"), ("epoch0_auto", "auto")):
+            mnt = f"{work}/mnt-{label}"
+            os.makedirs(mnt, exist_ok=True)
+            p = subprocess.Popen(cli + ["mount", "bench", mnt, "--socket", sock, "--foreground",
+                                        "--readahead", mode], env=env, stdout=subprocess.DEVNULL)
+            try:
+                wait_for(lambda: mounted(mnt), 60, "the mount")
+                results[label] = order_pass(mnt, paths, epoch0)
+            finally:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=30)
+
         for label, (files, nbytes, seconds) in results.items():
             print(f"{label:16s} {files} files {nbytes / 2**20:8.1f} MiB {seconds:7.3f} s "
                   f"{files / seconds:9.0f} files/s {nbytes / 2**20 / seconds:8.1f} MiB/s")
@@ -152,6 +194,8 @@ def main():
         print(f"readahead on / off (cold) {ahead / noahead:.2f}")
         nopin = (speed("mount_nopin") + speed("mount_nopin_2")) / 2
         print(f"pin-ahead on / off (cold) {ahead / nopin:.2f}")
+        print(f"epoch 0, auto / manifest (cold) "
+              f"{speed('epoch0_auto') / speed('epoch0_manifest'):.2f}")
         return 0
     finally:
         for p in reversed(procs):
