@@ -161,22 +161,19 @@ class MountCommand {
     Mounted m;
     m.readahead = "off";
     if (o_.readahead != "off") {
-      std::vector<PlanRecord> plans;
       if (o_.readahead == "auto") {
-        Result<std::vector<PlanRecord>> listed = c_.store().ListPlans(o_.dataset);
-        if (listed.ok()) plans = std::move(*listed);
-      }
-      GRANARY_ASSIGN_OR_RETURN(vo.readahead_order, posix::ReadaheadOrder::Choose(*manifest, plans));
-      m.readahead = vo.readahead_order->description();
-      if (o_.readahead == "auto") {
-        // Readers in another epoch, or of a plan registered later, are
-        // followed too (PosixViewOptions::list_plans).
+        // The newest plan now, and the plans of readers in another epoch, or
+        // of a plan registered later, as they come (PosixViewOptions::list_plans).
         MetadataStore* store = &c_.store();
         vo.list_plans = [store, dataset = o_.dataset] {
           Result<std::vector<PlanRecord>> listed = store->ListPlans(dataset);
           return listed.ok() ? std::move(*listed) : std::vector<PlanRecord>{};
         };
       }
+      const std::vector<PlanRecord> plans =
+          vo.list_plans != nullptr ? vo.list_plans() : std::vector<PlanRecord>{};
+      GRANARY_ASSIGN_OR_RETURN(vo.readahead_order, posix::ReadaheadOrder::Choose(*manifest, plans));
+      m.readahead = vo.readahead_order->description();
     }
     m.reader = std::shared_ptr<posix::SessionContentReader>(std::move(*reader));
     if (!o_.no_fallback) {

@@ -547,14 +547,9 @@ PosixView::PosixView(PosixViewOptions options, MountTree tree,
     : options_(std::move(options)),
       tree_(std::move(tree)),
       reader_(std::move(reader)),
-      readahead_(options_.readahead_order != nullptr
-                     ? options_.readahead_order
-                     : ReadaheadOrder::ManifestOrder(tree_.sample_count()),
-                 &tree_.manifest(), options_.readahead),
+      readahead_(options_.readahead_order, &tree_.manifest(), options_.readahead),
       max_pins_(2 * static_cast<size_t>(options_.threads) + 8 + options_.pin_ahead),
-      order_(options_.readahead_order != nullptr
-                 ? options_.readahead_order
-                 : ReadaheadOrder::ManifestOrder(tree_.sample_count())) {}
+      order_(options_.readahead_order) {}
 
 Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
                                                     std::shared_ptr<const Manifest> manifest,
@@ -576,6 +571,9 @@ Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
     return Status::InvalidArgument(what + ": the readahead order is not this manifest's");
   }
   GRANARY_ASSIGN_OR_RETURN(MountTree tree, MountTree::Build(std::move(manifest)));
+  if (options.readahead_order == nullptr) {
+    options.readahead_order = ReadaheadOrder::ManifestOrder(tree.sample_count());
+  }
   std::unique_ptr<PosixView> view(
       new PosixView(std::move(options), std::move(tree), std::move(reader)));
   const PosixViewOptions& o = view->options_;
