@@ -514,6 +514,13 @@ Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
 
 // ---- shared by the backends ----
 
+namespace {
+// Whether `listed` (DatasetSpec::nodes: unset is every node) has `node_id`.
+bool NodeListed(const std::optional<std::vector<std::string>>& listed, std::string_view node_id) {
+  return !listed.has_value() || std::find(listed->begin(), listed->end(), node_id) != listed->end();
+}
+}  // namespace
+
 std::vector<NodeRecord> DatasetNodes(const DatasetSpec& spec,
                                      const std::vector<NodeRecord>& pool_nodes) {
   return ListedNodes(spec.nodes, pool_nodes);
@@ -524,14 +531,13 @@ std::vector<NodeRecord> ListedNodes(const std::optional<std::vector<std::string>
   if (!listed.has_value()) return pool_nodes;
   std::vector<NodeRecord> kept;
   for (const NodeRecord& n : pool_nodes) {
-    if (std::find(listed->begin(), listed->end(), n.id) != listed->end()) kept.push_back(n);
+    if (NodeListed(listed, n.id)) kept.push_back(n);
   }
   return kept;
 }
 
 bool DatasetUsesNode(const DatasetSpec& spec, std::string_view node_id) {
-  return !spec.nodes.has_value() ||
-         std::find(spec.nodes->begin(), spec.nodes->end(), node_id) != spec.nodes->end();
+  return NodeListed(spec.nodes, node_id);
 }
 
 namespace store_internal {
