@@ -86,3 +86,19 @@ def read_json(path):
 def collate_list(batch):
     """A DataLoader collate_fn keeping a batch of bytes as a list (picklable for spawn)."""
     return list(batch)
+
+
+def torchvision_image_folder(source_root):
+    """What torchvision's DatasetFolder finds in the tree at `source_root`:
+    (classes, class_to_idx, [(path relative to the root, class index)]).
+    Classes are the top-level directories, sorted (empty ones too); samples
+    are every file under them."""
+    classes = sorted(e.name for e in os.scandir(source_root) if e.is_dir())
+    class_to_idx = {c: i for i, c in enumerate(classes)}
+    samples = []
+    for c in classes:
+        for root, _, files in sorted(os.walk(os.path.join(source_root, c))):
+            for f in sorted(files):
+                rel = os.path.relpath(os.path.join(root, f), source_root)
+                samples.append((rel, class_to_idx[c]))
+    return classes, class_to_idx, samples

@@ -9,7 +9,7 @@ import os
 import torch.utils.data
 
 from granary.torch import DistributedSampler, ImageFolder
-from granary_test_util import check, collate_list
+from granary_test_util import check, collate_list, torchvision_image_folder
 
 
 def main():
@@ -18,15 +18,7 @@ def main():
     p.add_argument("--source-root", required=True)
     a = p.parse_args()
 
-    # What torchvision's DatasetFolder would find in the source tree.
-    classes = sorted(e.name for e in os.scandir(a.source_root) if e.is_dir())
-    class_to_idx = {c: i for i, c in enumerate(classes)}
-    expected = []
-    for c in classes:
-        for root, _, files in sorted(os.walk(os.path.join(a.source_root, c))):
-            for f in sorted(files):
-                rel = os.path.relpath(os.path.join(root, f), a.source_root)
-                expected.append((rel, class_to_idx[c]))
+    classes, class_to_idx, expected = torchvision_image_folder(a.source_root)
 
     folder = ImageFolder(a.dataset)
     check(folder.classes == classes, f"classes {folder.classes}, expected {classes}")

@@ -10,7 +10,7 @@ import os
 
 from granary import Dataset
 from granary.torch import ImageFolder
-from granary_test_util import check, expect_raises
+from granary_test_util import check, expect_raises, torchvision_image_folder
 
 
 def main():
@@ -33,15 +33,7 @@ def main():
     got_dirs = ds.directories()
     check(got_dirs == expected_dirs, f"directories() {got_dirs}, expected {expected_dirs}")
 
-    # What torchvision's DatasetFolder finds in the source tree.
-    classes = sorted(e.name for e in os.scandir(a.source_root) if e.is_dir())
-    class_to_idx = {c: i for i, c in enumerate(classes)}
-    expected = []
-    for c in classes:
-        for root, _, files in sorted(os.walk(os.path.join(a.source_root, c))):
-            for f in sorted(files):
-                rel = os.path.relpath(os.path.join(root, f), a.source_root)
-                expected.append((rel, class_to_idx[c]))
+    classes, class_to_idx, expected = torchvision_image_folder(a.source_root)
     check(sorted({t for _, t in expected}) != list(range(len(classes))),
           "the tree must have empty classes for this test")
 
