@@ -51,6 +51,7 @@ import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_dataset  # noqa: E402
+from granary import read_file  # noqa: E402  (unbuffered: no isatty() per file)
 
 SOURCE_KEYS = ("opens", "stats", "readdirs", "reads", "read_bytes")
 
@@ -74,11 +75,6 @@ def percentile(values, q):
     s = sorted(values)
     k = min(len(s) - 1, max(0, int(round(q / 100.0 * (len(s) - 1)))))
     return s[k]
-
-
-def read_file(path):
-    with open(path, "rb", buffering=0) as f:
-        return f.read()
 
 
 def read_file_buffered(path):
