@@ -1,0 +1,108 @@
+#pragma once
+
+// The granary.io/v1alpha1 resources as the operator reads them: CachePool
+// (cluster-scoped) and Dataset (namespaced), parsed from the API server's
+// JSON into typed structs. The CRD schemas (charts/granary/crds/) and their
+// CEL rules refuse most bad resources at `kubectl apply`; what they cannot
+// judge (a glob that does not compile, a source outside every mount of the
+// pool, a uid the namespace was not granted) is checked here, and the
+// reconcilers report it as a condition and an Event. docs/kubernetes.md.
+//
+// Thread safety: plain values and pure functions.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "granary/core/status.h"
+#include "granary/operator/kube_client.h"
+
+namespace granary::kube {
+
+inline constexpr std::string_view kGroup = "granary.io";
+inline constexpr std::string_view kVersion = "v1alpha1";
+inline constexpr std::string_view kFieldManager = "granary-operator";
+inline constexpr std::string_view kFinalizer = "granary.io/release-cache";
+inline constexpr std::string_view kAllowedUidsAnnotation = "granary.io/allowed-uids";
+inline constexpr std::string_view kAllowedGidsAnnotation = "granary.io/allowed-gids";
+
+struct SourceMount {
+  std::string name;
+  std::string host_path;      // or
+  std::string pvc_claim;      // a read-only PVC
+  std::string pvc_namespace;  // the PVC's namespace (the operator's by default)
+  std::string mount_path;     // where cache nodes see it (default: host_path)
+};
+
+struct CachePool {
+  std::string name;
+  std::string uid;
+  int64_t generation = 0;
+  Json node_selector = Json::object();
+  Json tolerations = Json::array();
+  std::string storage_host_path;
+  uint64_t capacity_bytes = 0;
+  std::vector<SourceMount> source_mounts;
+  std::string store_secret_name;
+  std::string store_secret_namespace;
+  std::string store_secret_key = "url";
+  std::string transport = "tcp";
+  std::string libfabric_provider = "tcp";
+  std::string image = "granary:0.1.0";
+  std::string image_pull_policy = "IfNotPresent";
+  Json resources = Json::object();
+  int data_port = 7070;
+  int metrics_port = 9464;
+};
+
+struct Dataset {
+  std::string namespace_;
+  std::string name;
+  std::string uid;
+  int64_t generation = 0;
+  bool deleting = false;  // deletionTimestamp set
+  std::vector<std::string> finalizers;
+  std::string pool;
+  std::string source;  // absolute path as the cache nodes see it
+  std::vector<std::string> include;
+  std::vector<std::string> exclude;
+  uint64_t chunk_size = 16ull << 20;
+  uint32_t replication = 1;
+  std::optional<std::vector<std::string>> nodes;
+  uint32_t run_as_uid = 0;
+  uint32_t run_as_gid = 0;
+};
+
+// A Kubernetes quantity of bytes: an integer, or "16Mi", "1G", "1.5Gi",
+// "500k" (binary and decimal suffixes, no exponent forms). Errors name `field`.
+Result<uint64_t> ParseQuantityBytes(const Json& value, const std::string& field);
+// "1.5Gi", "16Mi", "512" (what the printer columns show).
+std::string QuantityString(uint64_t bytes);
+
+Result<CachePool> ParseCachePool(const Json& object);
+Result<Dataset> ParseDataset(const Json& object);
+
+// The dataset's name in Granary's metadata store: unique across namespaces,
+// a DNS-1123 label (what `granary` and `#DW persistentdw name=` take):
+// "<namespace>-<name>" cut to 52 characters, then "-" and 10 hex digits of a
+// hash of "namespace/name".
+std::string GranaryDatasetName(const std::string& ns, const std::string& name);
+
+// The mount of `pool` that `source` lies under (path-wise, no `..`), or
+// kInvalidArgument naming the pool's mount paths.
+Result<SourceMount> MountOf(const CachePool& pool, const std::string& source);
+
+// Whether namespace `ns_object` (a Namespace's JSON) grants uid/gid: its
+// annotations list them (comma-separated decimals or ranges a-b). uid 0
+// never. kPermissionDenied says what to ask an admin for.
+Status CheckGrant(const Json& ns_object, uint32_t uid, uint32_t gid);
+
+// metav1.Condition list maintenance: sets `type` to status/reason/message,
+// keeping lastTransitionTime when status does not change.
+void SetCondition(Json& conditions, const std::string& type, bool status, const std::string& reason,
+                  const std::string& message, int64_t generation, const std::string& now);
+
+std::string NowRfc3339();
+
+}  // namespace granary::kube

@@ -1,0 +1,327 @@
+#include "granary/operator/resources.h"
+
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+#include "granary/core/glob.h"
+#include "granary/core/metadata_store.h"
+#include "granary/core/names.h"
+
+namespace granary::kube {
+namespace {
+
+std::string Str(const Json& j, const char* key, const std::string& fallback = "") {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return fallback;
+  return j[key].get<std::string>();
+}
+
+int64_t Int(const Json& j, const char* key, int64_t fallback) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) return fallback;
+  return j[key].get<int64_t>();
+}
+
+Status CheckAbsolute(const std::string& path, const std::string& field) {
+  if (path.empty() || path[0] != '/') {
+    return Status::InvalidArgument(field + ": " + Quoted(path) +
+                                   " is not an absolute path; write it from /");
+  }
+  size_t start = 1;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    const std::string_view part(path.data() + start, end - start);
+    if (part == "..") {
+      return Status::InvalidArgument(field + ": " + Quoted(path) + " has a '..' component");
+    }
+    start = end + 1;
+  }
+  return Status::Ok();
+}
+
+// "/a/b/" -> "/a/b"; "//x" -> "/x".
+std::string CleanPath(const std::string& path) {
+  std::string out;
+  for (char c : path) {
+    if (c == '/' && !out.empty() && out.back() == '/') continue;
+    out.push_back(c);
+  }
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
+}
+
+bool Granted(const std::string& list, uint32_t id) {
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(start, end - start);
+    start = end + 1;
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) continue;
+    unsigned long lo = 0, hi = 0;
+    char extra = 0;
+    if (std::sscanf(item.c_str(), "%lu-%lu%c", &lo, &hi, &extra) == 2) {
+      if (id >= lo && id <= hi) return true;
+    } else if (std::sscanf(item.c_str(), "%lu%c", &lo, &extra) == 1) {
+      if (id == lo) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<uint64_t> ParseQuantityBytes(const Json& value, const std::string& field) {
+  if (value.is_number_unsigned() || value.is_number_integer()) {
+    const int64_t v = value.get<int64_t>();
+    if (v < 0) return Status::InvalidArgument(field + ": " + std::to_string(v) + " is negative");
+    return static_cast<uint64_t>(v);
+  }
+  if (!value.is_string()) {
+    return Status::InvalidArgument(field + ": write a quantity such as 16Mi or 800Gi");
+  }
+  const std::string text = value.get<std::string>();
+  size_t pos = 0;
+  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) != 0 || text[pos] == '.')) ++pos;
+  const std::string number = text.substr(0, pos);
+  const std::string suffix = text.substr(pos);
+  static const std::pair<const char*, double> kSuffixes[] = {
+      {"", 1},           {"k", 1e3},           {"M", 1e6},           {"G", 1e9},
+      {"T", 1e12},       {"P", 1e15},          {"Ki", 1024.0},       {"Mi", 1048576.0},
+      {"Gi", 1073741824.0}, {"Ti", 1099511627776.0}, {"Pi", 1125899906842624.0}};
+  double scale = 0;
+  for (const auto& [s, v] : kSuffixes) {
+    if (suffix == s) scale = v;
+  }
+  char* end = nullptr;
+  const double n = number.empty() ? -1 : std::strtod(number.c_str(), &end);
+  if (scale == 0 || n < 0 || end == nullptr || *end != '\0') {
+    return Status::InvalidArgument(field + ": " + Quoted(text) +
+                                   " is not a byte quantity; write e.g. 16Mi, 800Gi or 1T");
+  }
+  const double bytes = std::floor(n * scale);
+  if (bytes > 1.8e19) return Status::InvalidArgument(field + ": " + Quoted(text) + " is too large");
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string QuantityString(uint64_t bytes) {
+  static const char* kUnits[] = {"", "Ki", "Mi", "Gi", "Ti", "Pi"};
+  double v = static_cast<double>(bytes);
+  int unit = 0;
+  while (v >= 1024.0 && unit < 5) {
+    v /= 1024.0;
+    ++unit;
+  }
+  char buf[32];
+  if (unit == 0) {
+    std::snprintf(buf, sizeof(buf), "%llu", static_cast<unsigned long long>(bytes));
+  } else if (v >= 100 || std::fabs(v - std::round(v)) < 0.05) {
+    std::snprintf(buf, sizeof(buf), "%.0f%s", v, kUnits[unit]);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f%s", v, kUnits[unit]);
+  }
+  return buf;
+}
+
+Result<CachePool> ParseCachePool(const Json& object) {
+  CachePool p;
+  const Json& meta = object.value("metadata", Json::object());
+  const Json& spec = object.value("spec", Json::object());
+  p.name = Str(meta, "name");
+  p.uid = Str(meta, "uid");
+  p.generation = Int(meta, "generation", 0);
+  const std::string what = "CachePool " + Quoted(p.name);
+  if (spec.contains("nodeSelector") && spec["nodeSelector"].is_object()) {
+    p.node_selector = spec["nodeSelector"];
+  }
+  if (spec.contains("tolerations") && spec["tolerations"].is_array()) {
+    p.tolerations = spec["tolerations"];
+  }
+  const Json& storage = spec.value("storage", Json::object());
+  p.storage_host_path = CleanPath(Str(storage, "hostPath"));
+  GRANARY_RETURN_IF_ERROR(CheckAbsolute(p.storage_host_path, what + ": spec.storage.hostPath"));
+  GRANARY_ASSIGN_OR_RETURN(
+      p.capacity_bytes,
+      ParseQuantityBytes(storage.value("capacity", Json()), what + ": spec.storage.capacity"));
+  if (p.capacity_bytes == 0) {
+    return Status::InvalidArgument(what + ": spec.storage.capacity must be more than 0");
+  }
+  for (const Json& m : spec.value("sourceMounts", Json::array())) {
+    SourceMount mount;
+    mount.name = Str(m, "name");
+    mount.host_path = CleanPath(Str(m, "hostPath"));
+    const Json& pvc = m.value("persistentVolumeClaim", Json::object());
+    mount.pvc_claim = Str(pvc, "claimName");
+    mount.pvc_namespace = Str(pvc, "namespace");
+    mount.mount_path = CleanPath(Str(m, "mountPath", mount.host_path));
+    const std::string field = what + ": spec.sourceMounts[" + Quoted(mount.name) + "]";
+    if (mount.host_path.empty() == mount.pvc_claim.empty()) {
+      return Status::InvalidArgument(field + ": give exactly one of hostPath and persistentVolumeClaim");
+    }
+    GRANARY_RETURN_IF_ERROR(CheckAbsolute(mount.mount_path, field + ".mountPath"));
+    p.source_mounts.push_back(std::move(mount));
+  }
+  const Json& store = spec.value("metadataStore", Json::object()).value("secretRef", Json::object());
+  p.store_secret_name = Str(store, "name");
+  p.store_secret_namespace = Str(store, "namespace");
+  p.store_secret_key = Str(store, "key", "url");
+  if (p.store_secret_name.empty()) {
+    return Status::InvalidArgument(what + ": spec.metadataStore.secretRef.name is required");
+  }
+  p.transport = Str(spec, "transport", "tcp");
+  p.libfabric_provider = Str(spec.value("libfabric", Json::object()), "provider", "tcp");
+  p.image = Str(spec, "image", p.image);
+  p.image_pull_policy = Str(spec, "imagePullPolicy", p.image_pull_policy);
+  if (spec.contains("resources") && spec["resources"].is_object()) p.resources = spec["resources"];
+  const Json& ports = spec.value("ports", Json::object());
+  p.data_port = static_cast<int>(Int(ports, "data", 7070));
+  p.metrics_port = static_cast<int>(Int(ports, "metrics", 9464));
+  return p;
+}
+
+Result<Dataset> ParseDataset(const Json& object) {
+  Dataset d;
+  const Json& meta = object.value("metadata", Json::object());
+  const Json& spec = object.value("spec", Json::object());
+  d.namespace_ = Str(meta, "namespace");
+  d.name = Str(meta, "name");
+  d.uid = Str(meta, "uid");
+  d.generation = Int(meta, "generation", 0);
+  d.deleting = meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null();
+  for (const Json& f : meta.value("finalizers", Json::array())) {
+    if (f.is_string()) d.finalizers.push_back(f.get<std::string>());
+  }
+  const std::string what = "spec";
+  d.pool = Str(spec, "cachePool");
+  d.source = CleanPath(Str(spec, "source"));
+  GRANARY_RETURN_IF_ERROR(CheckAbsolute(d.source, "spec.source"));
+  for (const char* key : {"include", "exclude"}) {
+    std::vector<std::string>& out = std::string(key) == "include" ? d.include : d.exclude;
+    for (const Json& g : spec.value(key, Json::array())) {
+      if (!g.is_string()) return Status::InvalidArgument(std::string("spec.") + key + ": not a string");
+      out.push_back(g.get<std::string>());
+    }
+    Result<GlobSet> compiled = GlobSet::Compile(out);
+    if (!compiled.ok()) {
+      return Status::InvalidArgument(std::string("spec.") + key + ": " + compiled.status().message());
+    }
+  }
+  if (spec.contains("chunkSize")) {
+    GRANARY_ASSIGN_OR_RETURN(d.chunk_size, ParseQuantityBytes(spec["chunkSize"], "spec.chunkSize"));
+  }
+  if (d.chunk_size < (64u << 10) || d.chunk_size > kMaxChunkSize) {
+    return Status::InvalidArgument("spec.chunkSize: " + QuantityString(d.chunk_size) +
+                                   " is out of range; write 64Ki to 1Gi");
+  }
+  const int64_t replication = Int(spec, "replication", 1);
+  if (replication < 1 || replication > 16) {
+    return Status::InvalidArgument("spec.replication: " + std::to_string(replication) +
+                                   " is out of range; write 1 to 16");
+  }
+  d.replication = static_cast<uint32_t>(replication);
+  if (spec.contains("nodes") && spec["nodes"].is_array()) {
+    std::vector<std::string> nodes;
+    for (const Json& n : spec["nodes"]) {
+      if (!n.is_string()) return Status::InvalidArgument("spec.nodes: every entry is a node name");
+      GRANARY_RETURN_IF_ERROR(ValidateNodeId(n.get<std::string>()).WithContext("spec.nodes"));
+      nodes.push_back(n.get<std::string>());
+    }
+    d.nodes = std::move(nodes);
+  }
+  const Json& run_as = spec.value("runAs", Json::object());
+  const int64_t uid = Int(run_as, "uid", -1);
+  const int64_t gid = Int(run_as, "gid", -1);
+  if (uid <= 0 || uid >= 4294967295 || gid < 0 || gid >= 4294967295) {
+    return Status::InvalidArgument(
+        "spec.runAs: write the uid (1 or more: never 0) and gid the source is read as");
+  }
+  d.run_as_uid = static_cast<uint32_t>(uid);
+  d.run_as_gid = static_cast<uint32_t>(gid);
+  (void)what;
+  return d;
+}
+
+std::string GranaryDatasetName(const std::string& ns, const std::string& name) {
+  const std::string full = ns + "/" + name;
+  const uint64_t h = XXH3_64bits(full.data(), full.size());
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  std::string base = ns + "-" + name;
+  if (base.size() > 52) base.resize(52);
+  while (!base.empty() && base.back() == '-') base.pop_back();
+  return base + "-" + std::string(hex, 10);
+}
+
+Result<SourceMount> MountOf(const CachePool& pool, const std::string& source) {
+  const std::string clean = CleanPath(source);
+  std::string paths;
+  for (const SourceMount& m : pool.source_mounts) {
+    if (clean == m.mount_path ||
+        (clean.size() > m.mount_path.size() && clean.compare(0, m.mount_path.size(), m.mount_path) == 0 &&
+         (m.mount_path == "/" || clean[m.mount_path.size()] == '/'))) {
+      return m;
+    }
+    paths += (paths.empty() ? "" : ", ") + m.mount_path;
+  }
+  return Status::InvalidArgument("spec.source " + Quoted(source) + " is not under any source mount of CachePool " +
+                                 Quoted(pool.name) + " (" + (paths.empty() ? "it has none" : paths) +
+                                 "); write a path under one of them, or ask an admin to add a mount");
+}
+
+Status CheckGrant(const Json& ns_object, uint32_t uid, uint32_t gid) {
+  const Json& annotations =
+      ns_object.value("metadata", Json::object()).value("annotations", Json::object());
+  const std::string ns = ns_object.value("metadata", Json::object()).value("name", "");
+  const std::string uids = Str(annotations, std::string(kAllowedUidsAnnotation).c_str());
+  const std::string gids = Str(annotations, std::string(kAllowedGidsAnnotation).c_str());
+  if (uid == 0) return Status::PermissionDenied("spec.runAs.uid: 0 (root) is never allowed");
+  if (!Granted(uids, uid)) {
+    return Status::PermissionDenied(
+        "spec.runAs.uid: namespace " + Quoted(ns) + " is not granted uid " + std::to_string(uid) +
+        "; ask a cluster admin to add it to the namespace annotation " +
+        std::string(kAllowedUidsAnnotation) + (uids.empty() ? " (not set)" : " (now " + Quoted(uids) + ")"));
+  }
+  if (!Granted(gids, gid)) {
+    return Status::PermissionDenied(
+        "spec.runAs.gid: namespace " + Quoted(ns) + " is not granted gid " + std::to_string(gid) +
+        "; ask a cluster admin to add it to the namespace annotation " +
+        std::string(kAllowedGidsAnnotation) + (gids.empty() ? " (not set)" : " (now " + Quoted(gids) + ")"));
+  }
+  return Status::Ok();
+}
+
+std::string NowRfc3339() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void SetCondition(Json& conditions, const std::string& type, bool status, const std::string& reason,
+                  const std::string& message, int64_t generation, const std::string& now) {
+  if (!conditions.is_array()) conditions = Json::array();
+  const std::string s = status ? "True" : "False";
+  for (Json& c : conditions) {
+    if (c.value("type", "") != type) continue;
+    if (c.value("status", "") != s) c["lastTransitionTime"] = now;
+    c["status"] = s;
+    c["reason"] = reason;
+    c["message"] = message;
+    c["observedGeneration"] = generation;
+    return;
+  }
+  conditions.push_back({{"type", type},
+                        {"status", s},
+                        {"reason", reason},
+                        {"message", message},
+                        {"observedGeneration", generation},
+                        {"lastTransitionTime", now}});
+}
+
+}  // namespace granary::kube
