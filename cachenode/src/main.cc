@@ -16,6 +16,8 @@
 #include "granary/cachenode/cache_node.h"
 #include "granary/cachenode/config.h"
 #include "granary/core/log.h"
+#include "granary/core/metadata_store.h"
+#include "granary/core/net_address.h"
 #include "granary/daemon/stop_signals.h"
 
 namespace {
@@ -36,6 +38,13 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "The YAML configuration file (docs/cachenode.md)")
       ->required();
   app.add_flag("--check", check, "Check the configuration and exit");
+  // One configuration file serves every node of a pool (a Kubernetes
+  // ConfigMap); what differs per node comes on the command line.
+  std::string node_id;
+  std::string advertise;
+  app.add_option("--node-id", node_id, "Overrides the configuration's node_id (e.g. the Kubernetes node name)");
+  app.add_option("--advertise", advertise,
+                 "Overrides the configuration's advertise address (host:port; e.g. the host IP)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -47,6 +56,26 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     std::fprintf(stderr, "granary-cachenode: %s\n", config.status().message().c_str());
     return kExitUsage;
+  }
+  if (!node_id.empty()) {
+    const granary::Status valid = granary::ValidateNodeId(node_id);
+    if (!valid.ok()) {
+      std::fprintf(stderr, "granary-cachenode: --node-id: %s\n", valid.message().c_str());
+      return kExitUsage;
+    }
+    config->node_id = node_id;
+  }
+  if (!advertise.empty()) {
+    granary::Result<granary::NetAddress> address = granary::ParseNetAddress(advertise);
+    if (!address.ok() || address->port == 0 || address->host == "0.0.0.0" || address->host == "::") {
+      std::fprintf(stderr,
+                   "granary-cachenode: --advertise %s: write the host:port others reach this node "
+                   "at (not a wildcard host, not port 0)%s%s\n",
+                   advertise.c_str(), address.ok() ? "" : ": ",
+                   address.ok() ? "" : address.status().message().c_str());
+      return kExitUsage;
+    }
+    config->advertise = *address;
   }
   if (check) {
     std::printf("%s: OK (node %s, pool %s)\n", config_path.c_str(), config->node_id.c_str(),

@@ -52,7 +52,8 @@ std::string ErrorText(const beast::error_code& ec) {
 std::string UrlEncode(const std::string& value) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
-  for (unsigned char c : value) {
+  for (const char ch : value) {
+    const auto c = static_cast<unsigned char>(ch);
     if (std::isalnum(c) != 0 || c == '-' || c == '_' || c == '.' || c == '~') {
       out.push_back(static_cast<char>(c));
     } else {
@@ -111,7 +112,11 @@ class KubeClient::Transport {
     }
     beast::error_code not_address;
     (void)asio::ip::make_address(config_.host, not_address);
-    if (not_address) SSL_set_tlsext_host_name(stream.native_handle(), config_.host.c_str());
+    if (not_address) {
+      // SNI for names only. (SSL_set_tlsext_host_name is a macro with a C cast.)
+      SSL_ctrl(stream.native_handle(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
+               const_cast<char*>(config_.host.c_str()));
+    }
     beast::get_lowest_layer(stream).expires_after(timeout);
     beast::get_lowest_layer(stream).async_connect(
         endpoints, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });

@@ -70,6 +70,10 @@ struct CacheNodeConfig {
   // `metadata_store`: the store URL (OpenMetadataStore), redis://host... or
   // sqlite:///absolute/path. Only the form of its start is checked here.
   std::string metadata_store;
+  // `metadata_store_file`: instead of metadata_store, an absolute path of a
+  // file holding the URL (a mounted Secret). LoadCacheNodeConfig reads it
+  // into metadata_store; ParseCacheNodeConfig only checks the path.
+  std::string metadata_store_file;
   // `source_concurrency`: source reads in flight (StagerOptions::threads).
   uint32_t source_concurrency = 16;
   // `worker_threads`: event loops serving the protocol (ServerOptions::io_threads).

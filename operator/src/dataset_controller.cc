@@ -1,0 +1,294 @@
+// Dataset → a dataset in the pool's metadata store, and its status back.
+// docs/kubernetes.md.
+
+#include <cmath>
+
+#include "controller_context.h"
+#include "granary/core/log.h"
+#include "granary/core/manifest.h"
+#include "granary/core/names.h"
+
+namespace granary::kube {
+namespace {
+
+constexpr std::string_view kSnapshotAnnotation = "granary.io/snapshot";
+
+std::string DatasetPath(const std::string& ns, const std::string& name) {
+  return "/apis/granary.io/v1alpha1/namespaces/" + ns + "/datasets/" + name;
+}
+
+// Files, bytes and chunks of a manifest, decoded once per manifest id.
+struct ManifestSummary {
+  uint64_t files = 0;
+  uint64_t bytes = 0;
+  uint64_t chunks = 0;
+};
+
+Result<ManifestSummary> SummaryOf(MetadataStore& store, const std::string& id) {
+  static std::mutex mu;
+  static std::map<std::string, ManifestSummary> cache;
+  {
+    std::lock_guard lock(mu);
+    if (auto it = cache.find(id); it != cache.end()) return it->second;
+  }
+  GRANARY_ASSIGN_OR_RETURN(std::string blob, store.GetManifest(id));
+  GRANARY_ASSIGN_OR_RETURN(Manifest manifest, Manifest::Decode(blob));
+  ManifestSummary s{manifest.sample_count(), manifest.total_bytes(), manifest.chunk_count()};
+  std::lock_guard lock(mu);
+  if (cache.size() > 4096) cache.clear();
+  cache[id] = s;
+  return s;
+}
+
+// Sets Ready (and the others) False with `reason`, records an Event, and
+// patches the status; nothing is staged.
+Result<std::chrono::milliseconds> Refuse(ControllerContext& c, const Json& object,
+                                         const std::string& reason, const Status& why) {
+  const int64_t generation = object["metadata"].value("generation", 0);
+  Json status = object.value("status", Json::object());
+  Json conditions = status.value("conditions", Json::array());
+  const std::string now = NowRfc3339();
+  SetCondition(conditions, "Ready", false, reason, why.message(), generation, now);
+  status["conditions"] = conditions;
+  status["observedGeneration"] = generation;
+  status["message"] = why.message();
+  if (!status.contains("phase")) status["phase"] = "Pending";
+  c.Event(object, "Warning", reason, why.message());
+  const std::string ns = object["metadata"].value("namespace", "");
+  const std::string name = object["metadata"].value("name", "");
+  if (status != object.value("status", Json::object())) {
+    GRANARY_RETURN_IF_ERROR(
+        c.client().MergePatch(DatasetPath(ns, name) + "/status", {{"status", status}}).status());
+  }
+  return c.options().ready_interval;
+}
+
+Status SetFinalizers(ControllerContext& c, const Json& object, const Json& finalizers) {
+  const Json& meta = object["metadata"];
+  // The resourceVersion makes the patch a compare-and-set on the list.
+  Json patch = {{"metadata",
+                 {{"finalizers", finalizers}, {"resourceVersion", meta.value("resourceVersion", "")}}}};
+  return c.client()
+      .MergePatch(DatasetPath(meta.value("namespace", ""), meta.value("name", "")), patch)
+      .status();
+}
+
+DatasetSpec DesiredSpec(const Dataset& d) {
+  DatasetSpec spec;
+  spec.source_uri = "file://" + d.source;
+  spec.include = d.include;
+  spec.exclude = d.exclude;
+  spec.chunk_size = d.chunk_size;
+  spec.pool = d.pool;
+  spec.replication = d.replication;
+  spec.nodes = d.nodes;
+  spec.snapshot_by = SnapshotBy::kPool;
+  return spec;
+}
+
+Result<std::chrono::milliseconds> Release(ControllerContext& c, const Json& object, const Dataset& d,
+                                          const std::string& gname) {
+  if (std::find(d.finalizers.begin(), d.finalizers.end(), kFinalizer) == d.finalizers.end()) {
+    return std::chrono::milliseconds(0);
+  }
+  std::optional<Json> pool_object = c.pools().Get(d.pool);
+  Status released = Status::Ok();
+  if (pool_object) {
+    Result<CachePool> pool = ParseCachePool(*pool_object);
+    Result<MetadataStore*> store = pool.ok() ? c.StoreFor(*pool) : Result<MetadataStore*>(pool.status());
+    if (store.ok()) {
+      released = (*store)->DeleteDataset(gname);
+      if (released.code() == StatusCode::kNotFound) released = Status::Ok();
+    } else {
+      released = store.status();
+    }
+    // An unreachable store is retried: the finalizer stays until the record is gone.
+    if (!released.ok() && released.code() != StatusCode::kInvalidArgument) return released;
+  }
+  if (!pool_object || !released.ok()) {
+    c.Event(object, "Warning", "ReleaseSkipped",
+            "CachePool " + Quoted(d.pool) +
+                " is gone or unusable: the store record of dataset " + gname +
+                " could not be deleted here; delete it with `granary dataset delete " + gname + "`");
+  }
+  Json finalizers = Json::array();
+  for (const std::string& f : d.finalizers) {
+    if (f != kFinalizer) finalizers.push_back(f);
+  }
+  GRANARY_RETURN_IF_ERROR(SetFinalizers(c, object, finalizers));
+  return std::chrono::milliseconds(0);
+}
+
+}  // namespace
+
+Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const std::string& key) {
+  std::optional<Json> found = c.datasets().Get(key);
+  if (!found) return std::chrono::milliseconds(0);
+  const Json& object = *found;
+  const OperatorOptions& options = c.options();
+  Result<Dataset> parsed = ParseDataset(object);
+  if (!parsed.ok()) {
+    // Without a parsable spec there is nothing staged; a deletion still goes.
+    if (object["metadata"].contains("deletionTimestamp")) {
+      Json finalizers = Json::array();
+      for (const Json& f : object["metadata"].value("finalizers", Json::array())) {
+        if (f != kFinalizer) finalizers.push_back(f);
+      }
+      GRANARY_RETURN_IF_ERROR(SetFinalizers(c, object, finalizers));
+      return std::chrono::milliseconds(0);
+    }
+    return Refuse(c, object, "InvalidSpec", parsed.status());
+  }
+  const Dataset& d = *parsed;
+  const std::string gname = GranaryDatasetName(d.namespace_, d.name);
+  if (d.deleting) return Release(c, object, d, gname);
+  if (std::find(d.finalizers.begin(), d.finalizers.end(), kFinalizer) == d.finalizers.end()) {
+    Json finalizers = object["metadata"].value("finalizers", Json::array());
+    finalizers.push_back(kFinalizer);
+    GRANARY_RETURN_IF_ERROR(SetFinalizers(c, object, finalizers));
+    return std::chrono::milliseconds(0);  // the update comes back through the watch
+  }
+
+  std::optional<Json> pool_object = c.pools().Get(d.pool);
+  if (!pool_object) {
+    return Refuse(c, object, "PoolNotFound",
+                  Status::NotFound("spec.cachePool: CachePool " + Quoted(d.pool) +
+                                   " does not exist; `kubectl get cachepools` lists them"));
+  }
+  Result<CachePool> pool = ParseCachePool(*pool_object);
+  if (!pool.ok()) return Refuse(c, object, "PoolInvalid", pool.status());
+  Result<SourceMount> mount = MountOf(*pool, d.source);
+  if (!mount.ok()) return Refuse(c, object, "SourceNotMounted", mount.status());
+  Result<Json> ns = c.client().Get("/api/v1/namespaces/" + d.namespace_);
+  if (!ns.ok()) return ns.status();
+  Status granted = CheckGrant(*ns, d.run_as_uid, d.run_as_gid);
+  if (!granted.ok()) return Refuse(c, object, "IdentityNotGranted", granted);
+  Result<MetadataStore*> store_or = c.StoreFor(*pool);
+  if (!store_or.ok()) return Refuse(c, object, "StoreUnavailable", store_or.status());
+  MetadataStore& store = **store_or;
+
+  // The store record: created once, then kept in step with the spec.
+  const DatasetSpec desired = DesiredSpec(d);
+  const DatasetOwner owner{d.run_as_uid, d.run_as_gid};
+  const std::string snapshot_request =
+      object["metadata"].value("annotations", Json::object()).value(std::string(kSnapshotAnnotation), "");
+  Json status = object.value("status", Json::object());
+  Result<DatasetRecord> record = store.GetDataset(gname);
+  if (!record.ok() && record.status().code() == StatusCode::kNotFound) {
+    DatasetRecord fresh;
+    fresh.name = gname;
+    fresh.spec = desired;
+    fresh.owner = owner;
+    fresh.state.phase = DatasetPhase::kPending;
+    fresh.state.message = "created by granary-operator for Dataset " + d.namespace_ + "/" + d.name;
+    record = store.CreateDataset(fresh);
+    if (record.ok()) {
+      c.Event(object, "Normal", "Created",
+              "dataset " + gname + " created in the metadata store; the cache nodes of pool " +
+                  d.pool + " take its snapshot");
+    } else if (record.status().code() == StatusCode::kAlreadyExists) {
+      record = store.GetDataset(gname);
+    }
+  }
+  if (!record.ok()) return record.status();
+  const bool bytes_changed = record->spec.source_uri != desired.source_uri ||
+                             record->spec.include != desired.include ||
+                             record->spec.exclude != desired.exclude ||
+                             record->spec.chunk_size != desired.chunk_size ||
+                             record->spec.snapshot_by != desired.snapshot_by || record->owner != owner;
+  const bool placement_changed = record->spec != desired;
+  const bool resnapshot = !snapshot_request.empty() &&
+                          snapshot_request != status.value("snapshotRequest", "") &&
+                          record->state.phase != DatasetPhase::kSnapshotting &&
+                          record->state.phase != DatasetPhase::kPending;
+  if (bytes_changed || placement_changed || resnapshot) {
+    DatasetRecord update = *record;
+    update.spec = desired;
+    update.owner = owner;
+    if (bytes_changed || resnapshot) {
+      update.state = DatasetState();
+      update.state.phase = DatasetPhase::kPending;
+      update.state.message = bytes_changed ? "the spec changed the bytes: a new snapshot"
+                                           : "a new snapshot was asked for";
+    }
+    Result<DatasetRecord> updated = store.UpdateDataset(update);
+    if (!updated.ok()) return updated.status();  // a conflict: retried
+    record = updated;
+    if (bytes_changed || resnapshot) {
+      c.Event(object, "Normal", "Resnapshot", update.state.message);
+    }
+  }
+  if (!snapshot_request.empty()) status["snapshotRequest"] = snapshot_request;
+
+  // Status from the store: the record, the manifest and verified progress.
+  const DatasetRecord& r = *record;
+  const int64_t generation = d.generation;
+  const std::string now = NowRfc3339();
+  const std::string old_phase = status.value("phase", "");
+  const std::string phase(DatasetPhaseName(r.state.phase));
+  Json conditions = status.value("conditions", Json::array());
+  status["phase"] = phase;
+  status["message"] = r.state.message;
+  status["granaryName"] = gname;
+  status["observedGeneration"] = generation;
+  const bool snapshotted = !r.manifest_id.empty() && (r.state.phase == DatasetPhase::kStaging ||
+                                                      r.state.phase == DatasetPhase::kReady);
+  if (snapshotted) {
+    Result<ManifestSummary> summary = SummaryOf(store, r.manifest_id);
+    if (!summary.ok()) return summary.status();
+    Result<std::vector<NodeRecord>> nodes = store.ListNodes(d.pool);
+    if (!nodes.ok()) return nodes.status();
+    Result<std::map<std::string, StagingProgress>> progress = store.ListProgress(gname);
+    if (!progress.ok()) return progress.status();
+    const ProgressSummary p = SummarizeProgress(*progress, *nodes);
+    if (status.value("manifestId", "") != r.manifest_id) status["lastSnapshotTime"] = now;
+    status["manifestId"] = r.manifest_id;
+    status["files"] = summary->files;
+    status["totalBytes"] = summary->bytes;
+    status["total"] = QuantityString(summary->bytes);
+    status["stagedBytes"] = p.total.bytes_staged;
+    status["cached"] = QuantityString(p.total.bytes_staged);
+    status["stagedPercent"] = static_cast<int64_t>(std::floor(p.fraction() * 100.0));
+    status["nodes"] = p.nodes_reporting;
+    status["samplesFailed"] = p.total.samples_failed;
+  }
+  switch (r.state.phase) {
+    case DatasetPhase::kPending:
+    case DatasetPhase::kSnapshotting:
+      SetCondition(conditions, "Snapshotted", false, phase, r.state.message, generation, now);
+      SetCondition(conditions, "Staged", false, "NotSnapshotted", "waiting for the snapshot",
+                   generation, now);
+      break;
+    case DatasetPhase::kFailed:
+      SetCondition(conditions, "Snapshotted", false, "Failed", r.state.message, generation, now);
+      SetCondition(conditions, "Staged", false, "Failed", r.state.message, generation, now);
+      break;
+    default:
+      SetCondition(conditions, "Snapshotted", true, "Snapshotted",
+                   "manifest " + r.manifest_id.substr(0, 12), generation, now);
+      SetCondition(conditions, "Staged", r.state.phase == DatasetPhase::kReady,
+                   r.state.phase == DatasetPhase::kReady ? "Staged" : "Staging", r.state.message,
+                   generation, now);
+  }
+  const bool ready = r.state.phase == DatasetPhase::kReady;
+  SetCondition(conditions, "Ready", ready, ready ? "Ready" : phase, r.state.message, generation, now);
+  status["conditions"] = conditions;
+  if (status != object.value("status", Json::object())) {
+    GRANARY_RETURN_IF_ERROR(c.client()
+                                .MergePatch(DatasetPath(d.namespace_, d.name) + "/status",
+                                            {{"status", status}})
+                                .status());
+  }
+  if (phase != old_phase) {
+    if (r.state.phase == DatasetPhase::kReady) {
+      c.Event(object, "Normal", "Ready", r.state.message);
+    } else if (r.state.phase == DatasetPhase::kFailed) {
+      c.Event(object, "Warning", "Failed", r.state.message);
+    } else if (r.state.phase == DatasetPhase::kStaging && snapshotted) {
+      c.Event(object, "Normal", "Snapshotted", r.state.message);
+    }
+  }
+  return ready ? options.ready_interval : options.progress_interval;
+}
+
+}  // namespace granary::kube

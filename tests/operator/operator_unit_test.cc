@@ -1,0 +1,313 @@
+// granary::operator's pieces that need no API server: quantities, names,
+// grants, mounts, conditions, kubeconfig parsing, the work queue. The
+// reconcilers against a real control plane: tests/kubernetes/operator_test.cc.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "granary/core/metadata_store.h"
+#include "granary/operator/kube_config.h"
+#include "granary/operator/resources.h"
+#include "granary/operator/work_queue.h"
+#include "testing/test_util.h"
+
+namespace granary::kube {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(QuantityTest, ParsesKubernetesQuantities) {
+  EXPECT_EQ(*ParseQuantityBytes(Json(1024), "x"), 1024u);
+  EXPECT_EQ(*ParseQuantityBytes(Json("16Mi"), "x"), 16u << 20);
+  EXPECT_EQ(*ParseQuantityBytes(Json("1.5Gi"), "x"), 3u << 29);
+  EXPECT_EQ(*ParseQuantityBytes(Json("2G"), "x"), 2000000000u);
+  EXPECT_EQ(*ParseQuantityBytes(Json("500k"), "x"), 500000u);
+  EXPECT_EQ(*ParseQuantityBytes(Json("800Ti"), "x"), 800ull << 40);
+  for (const char* bad : {"", "abc", "16MB", "-1", "1e3", "Mi", "16 Mi", "1.2.3Gi"}) {
+    SCOPED_TRACE(bad);
+    Result<uint64_t> r = ParseQuantityBytes(Json(bad), "spec.storage.capacity");
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(r.status().message(), HasSubstr("spec.storage.capacity"));
+  }
+  EXPECT_FALSE(ParseQuantityBytes(Json(-5), "x").ok());
+  EXPECT_FALSE(ParseQuantityBytes(Json::array(), "x").ok());
+  EXPECT_FALSE(ParseQuantityBytes(Json("99999999999Pi"), "x").ok());
+  EXPECT_EQ(QuantityString(512), "512");
+  EXPECT_EQ(QuantityString(16u << 20), "16Mi");
+  EXPECT_EQ(QuantityString(3u << 29), "1.5Gi");
+}
+
+TEST(GranaryDatasetNameTest, UniqueAcrossNamespacesAndAValidName) {
+  const std::string a = GranaryDatasetName("a-b", "c");
+  const std::string b = GranaryDatasetName("a", "b-c");
+  EXPECT_NE(a, b);  // "<ns>-<name>" alone would collide
+  EXPECT_EQ(a, GranaryDatasetName("a-b", "c"));
+  EXPECT_THAT(a, ::testing::StartsWith("a-b-c-"));
+  const std::string long_name = GranaryDatasetName(std::string(63, 'n'), std::string(63, 'd'));
+  EXPECT_LE(long_name.size(), 63u);
+  for (const std::string& n : {a, b, long_name, GranaryDatasetName("x", std::string(51, 'y') + "-z")}) {
+    EXPECT_TRUE(ValidateDatasetName(n).ok()) << n;
+  }
+}
+
+Json Pool() {
+  return Json::parse(R"({
+    "apiVersion": "granary.io/v1alpha1", "kind": "CachePool",
+    "metadata": {"name": "gpu", "uid": "u1", "generation": 3},
+    "spec": {"nodeSelector": {"granary.io/nvme": "true"},
+             "storage": {"hostPath": "/mnt/nvme/", "capacity": "800Gi"},
+             "sourceMounts": [{"name": "datasets", "hostPath": "/mnt/datasets"},
+                              {"name": "pvc", "persistentVolumeClaim": {"claimName": "c"}, "mountPath": "/pvc"}],
+             "metadataStore": {"secretRef": {"name": "store"}}}})");
+}
+
+TEST(CachePoolTest, ParsesWithDefaults) {
+  Result<CachePool> p = ParseCachePool(Pool());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->storage_host_path, "/mnt/nvme");
+  EXPECT_EQ(p->capacity_bytes, 800ull << 30);
+  ASSERT_EQ(p->source_mounts.size(), 2u);
+  EXPECT_EQ(p->source_mounts[0].mount_path, "/mnt/datasets");
+  EXPECT_EQ(p->source_mounts[1].mount_path, "/pvc");
+  EXPECT_EQ(p->store_secret_key, "url");
+  EXPECT_EQ(p->data_port, 7070);
+  EXPECT_EQ(p->transport, "tcp");
+}
+
+TEST(CachePoolTest, RefusesWhatTheSchemaCannotCatch) {
+  Json j = Pool();
+  j["spec"]["storage"]["capacity"] = "0";
+  EXPECT_THAT(ParseCachePool(j).status().message(), HasSubstr("capacity"));
+  j = Pool();
+  j["spec"]["storage"]["hostPath"] = "nvme";
+  EXPECT_THAT(ParseCachePool(j).status().message(), HasSubstr("spec.storage.hostPath"));
+  j = Pool();
+  j["spec"]["sourceMounts"][0]["persistentVolumeClaim"] = {{"claimName", "x"}};
+  EXPECT_THAT(ParseCachePool(j).status().message(), HasSubstr("exactly one"));
+  j = Pool();
+  j["spec"]["metadataStore"] = Json::object();
+  EXPECT_THAT(ParseCachePool(j).status().message(), HasSubstr("secretRef.name"));
+}
+
+TEST(MountOfTest, SourceMustLieUnderAMount) {
+  CachePool p = *ParseCachePool(Pool());
+  EXPECT_EQ(MountOf(p, "/mnt/datasets/imagenet/train")->name, "datasets");
+  EXPECT_EQ(MountOf(p, "/mnt/datasets")->name, "datasets");
+  EXPECT_EQ(MountOf(p, "/pvc/x")->name, "pvc");
+  for (const char* bad : {"/mnt/datasets2/x", "/mnt", "/etc", "/pvcx"}) {
+    SCOPED_TRACE(bad);
+    Result<SourceMount> m = MountOf(p, bad);
+    ASSERT_FALSE(m.ok());
+    EXPECT_THAT(m.status().message(), HasSubstr("/mnt/datasets, /pvc"));
+  }
+}
+
+Json Dataset(const std::string& spec_patch = "{}") {
+  Json j = Json::parse(R"({
+    "apiVersion": "granary.io/v1alpha1", "kind": "Dataset",
+    "metadata": {"name": "imagenet", "namespace": "team-a", "uid": "d1", "generation": 1},
+    "spec": {"cachePool": "gpu", "source": "/mnt/datasets/imagenet", "runAs": {"uid": 1000, "gid": 1000}}})");
+  j["spec"].merge_patch(Json::parse(spec_patch));
+  return j;
+}
+
+TEST(DatasetTest, ParsesWithDefaults) {
+  Result<kube::Dataset> d = ParseDataset(Dataset());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->chunk_size, 16u << 20);
+  EXPECT_EQ(d->replication, 1u);
+  EXPECT_FALSE(d->nodes.has_value());
+  EXPECT_FALSE(d->deleting);
+  d = ParseDataset(Dataset(R"({"chunkSize": "64Ki", "replication": 2, "nodes": ["n1"], "include": ["*.jpg"]})"));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->chunk_size, 64u << 10);
+  EXPECT_EQ(d->replication, 2u);
+  EXPECT_EQ(*d->nodes, std::vector<std::string>{"n1"});
+}
+
+TEST(DatasetTest, BadSpecsNameTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"source": "relative/x"})", "spec.source"},
+      {R"({"source": "/mnt/../etc"})", "spec.source"},
+      {R"({"include": ["[abc"]})", "spec.include"},
+      {R"({"exclude": [""]})", "spec.exclude"},
+      {R"({"chunkSize": "1Ki"})", "spec.chunkSize"},
+      {R"({"chunkSize": "2Gi"})", "spec.chunkSize"},
+      {R"({"chunkSize": "abc"})", "spec.chunkSize"},
+      {R"({"replication": 0})", "spec.replication"},
+      {R"({"replication": 100})", "spec.replication"},
+      {R"({"runAs": {"uid": 0, "gid": 0}})", "spec.runAs"},
+      {R"({"runAs": null})", "spec.runAs"},
+      {R"({"nodes": ["bad node"]})", "spec.nodes"},
+  };
+  for (const auto& [patch, field] : cases) {
+    SCOPED_TRACE(patch);
+    Result<kube::Dataset> d = ParseDataset(Dataset(patch));
+    ASSERT_FALSE(d.ok());
+    EXPECT_THAT(d.status().message(), HasSubstr(field));
+  }
+}
+
+TEST(GrantTest, NamespaceAnnotationsGrantUidsAndGids) {
+  Json ns = {{"metadata",
+              {{"name", "team-a"},
+               {"annotations",
+                {{"granary.io/allowed-uids", "1000, 2000-2999"}, {"granary.io/allowed-gids", "1000"}}}}}};
+  EXPECT_TRUE(CheckGrant(ns, 1000, 1000).ok());
+  EXPECT_TRUE(CheckGrant(ns, 2500, 1000).ok());
+  Status s = CheckGrant(ns, 3000, 1000);
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(), HasSubstr("uid 3000"));
+  EXPECT_THAT(s.message(), HasSubstr("granary.io/allowed-uids"));
+  EXPECT_THAT(CheckGrant(ns, 1000, 0).message(), HasSubstr("gid 0"));
+  EXPECT_THAT(CheckGrant(ns, 0, 1000).message(), HasSubstr("never"));
+  Json bare = {{"metadata", {{"name", "team-b"}}}};
+  EXPECT_THAT(CheckGrant(bare, 1000, 1000).message(), HasSubstr("(not set)"));
+  Json junk = {{"metadata", {{"name", "x"}, {"annotations", {{"granary.io/allowed-uids", "a,b-,-,0x10"}}}}}};
+  EXPECT_FALSE(CheckGrant(junk, 16, 0).ok());
+}
+
+TEST(ConditionTest, KeepsTransitionTimeWhileStatusHolds) {
+  Json conditions = Json::array();
+  SetCondition(conditions, "Ready", false, "Staging", "1 of 2", 1, "t1");
+  SetCondition(conditions, "Ready", false, "Staging", "2 of 2", 2, "t2");
+  ASSERT_EQ(conditions.size(), 1u);
+  EXPECT_EQ(conditions[0]["lastTransitionTime"], "t1");
+  EXPECT_EQ(conditions[0]["observedGeneration"], 2);
+  SetCondition(conditions, "Ready", true, "Ready", "done", 2, "t3");
+  EXPECT_EQ(conditions[0]["lastTransitionTime"], "t3");
+  EXPECT_EQ(conditions[0]["status"], "True");
+}
+
+TEST(KubeConfigTest, ReadsContextsCertificatesAndTokens) {
+  testing::TempDir dir;
+  const std::string ca = dir.path() + "/ca.crt";
+  std::ofstream(ca) << "CA PEM";
+  const std::string path = dir.path() + "/config";
+  std::ofstream(path) << R"(apiVersion: v1
+kind: Config
+current-context: admin
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:6443", certificate-authority: ca.crt}
+- name: v6
+  cluster: {server: "https://[::1]:443/", insecure-skip-tls-verify: true}
+users:
+- name: admin
+  user: {client-certificate-data: Q0VSVA==, client-key-data: S0VZ}
+- name: sa
+  user: {token: abc}
+contexts:
+- name: admin
+  context: {cluster: c, user: admin, namespace: granary-system}
+- name: sa
+  context: {cluster: v6, user: sa}
+- name: broken
+  context: {cluster: nowhere, user: sa}
+)";
+  Result<KubeConfig> c = LoadKubeConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->host, "127.0.0.1");
+  EXPECT_EQ(c->port, "6443");
+  EXPECT_EQ(c->ca_pem, "CA PEM");
+  EXPECT_EQ(c->client_cert_pem, "CERT");
+  EXPECT_EQ(c->client_key_pem, "KEY");
+  EXPECT_EQ(c->namespace_, "granary-system");
+  c = LoadKubeConfig(path, "sa");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->host, "::1");
+  EXPECT_EQ(c->port, "443");
+  EXPECT_TRUE(c->insecure_skip_verify);
+  EXPECT_EQ(c->token, "abc");
+  EXPECT_THAT(LoadKubeConfig(path, "broken").status().message(), HasSubstr("'nowhere'"));
+  EXPECT_THAT(LoadKubeConfig(path, "nope").status().message(), HasSubstr("no context"));
+  EXPECT_EQ(LoadKubeConfig(dir.path() + "/missing").status().code(), StatusCode::kNotFound);
+  std::ofstream(dir.path() + "/bad") << "clusters: [unclosed";
+  EXPECT_FALSE(LoadKubeConfig(dir.path() + "/bad").ok());
+  std::ofstream(dir.path() + "/list") << "- a\n- b\n";
+  EXPECT_THAT(LoadKubeConfig(dir.path() + "/list").status().message(), HasSubstr("mapping"));
+}
+
+TEST(KubeConfigTest, ServerUrls) {
+  KubeConfig c;
+  EXPECT_TRUE(ParseServerUrl("https://api.example:6443", &c).ok());
+  EXPECT_EQ(c.host, "api.example");
+  EXPECT_TRUE(ParseServerUrl("https://api.example", &c).ok());
+  EXPECT_EQ(c.port, "443");
+  for (const char* bad : {"http://x:80", "https://", "https://x:0", "https://x:99999", "https://x:1/api",
+                          "https://[::1", "https://x:abc"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_FALSE(ParseServerUrl(bad, &c).ok());
+  }
+}
+
+TEST(KubeConfigTest, InClusterNeedsTheServiceAccountFiles) {
+  testing::TempDir dir;
+  setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1", 1);
+  setenv("KUBERNETES_SERVICE_PORT", "443", 1);
+  EXPECT_FALSE(InClusterConfig(dir.path()).ok());  // no ca.crt, no token
+  std::ofstream(dir.path() + "/ca.crt") << "CA";
+  std::ofstream(dir.path() + "/token") << "tok\n";
+  std::ofstream(dir.path() + "/namespace") << "granary-system\n";
+  Result<KubeConfig> c = InClusterConfig(dir.path());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->namespace_, "granary-system");
+  EXPECT_EQ(c->token_file, dir.path() + "/token");
+  unsetenv("KUBERNETES_SERVICE_HOST");
+  EXPECT_EQ(InClusterConfig(dir.path()).status().code(), StatusCode::kNotFound);
+}
+
+TEST(WorkQueueTest, DeduplicatesAndNeverHandsAKeyToTwoWorkers) {
+  WorkQueue q;
+  q.Add("a");
+  q.Add("a");
+  q.Add("b");
+  EXPECT_EQ(q.Length(), 2u);
+  std::optional<std::string> k = q.Get(std::chrono::milliseconds(0));
+  ASSERT_EQ(k, "a");
+  q.Add("a");  // while processing: dirty, not queued
+  EXPECT_EQ(q.Get(std::chrono::milliseconds(0)), "b");
+  EXPECT_EQ(q.Get(std::chrono::milliseconds(0)), std::nullopt);
+  q.Done("a");  // queued again now
+  EXPECT_EQ(q.Get(std::chrono::milliseconds(0)), "a");
+  q.Done("a");
+  q.Done("b");
+  EXPECT_EQ(q.Get(std::chrono::milliseconds(0)), std::nullopt);
+}
+
+TEST(WorkQueueTest, RetriesBackOffPerKeyAndForgetResets) {
+  WorkQueue q(WorkQueue::Options{.retry_base = std::chrono::milliseconds(20),
+                                 .retry_max = std::chrono::milliseconds(80)});
+  q.AddRateLimited("k");  // 20 ms
+  EXPECT_EQ(q.Get(std::chrono::milliseconds(0)), std::nullopt);
+  EXPECT_EQ(q.Get(std::chrono::milliseconds(2000)), "k");
+  q.Done("k");
+  q.AddRateLimited("k");
+  q.AddRateLimited("k");
+  EXPECT_EQ(q.Retries("k"), 3u);
+  q.Forget("k");
+  EXPECT_EQ(q.Retries("k"), 0u);
+  EXPECT_EQ(q.Get(std::chrono::milliseconds(2000)), "k");
+}
+
+TEST(WorkQueueTest, BoundedAndShutDownWakesWaiters) {
+  WorkQueue q(WorkQueue::Options{.max_keys = 2});
+  q.Add("1");
+  q.Add("2");
+  q.Add("3");
+  EXPECT_EQ(q.Length(), 2u);
+  EXPECT_EQ(q.dropped(), 1u);
+  WorkQueue empty;
+  std::thread t([&] { EXPECT_EQ(empty.Get(std::chrono::seconds(30)), std::nullopt); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  empty.ShutDown();
+  t.join();
+  empty.Add("x");
+  EXPECT_EQ(empty.Length(), 0u);
+}
+
+}  // namespace
+}  // namespace granary::kube
