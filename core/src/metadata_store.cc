@@ -407,6 +407,11 @@ constexpr std::pair<DatasetPhase, std::string_view> kPhaseNames[] = {
     {DatasetPhase::kFailed, "Failed"},   {DatasetPhase::kDeleting, "Deleting"},
 };
 
+constexpr std::pair<SnapshotBy, std::string_view> kSnapshotByNames[] = {
+    {SnapshotBy::kClient, "client"},
+    {SnapshotBy::kPool, "pool"},
+};
+
 constexpr std::pair<EventKind, std::string_view> kEventKindNames[] = {
     {EventKind::kDataset, "dataset"},   {EventKind::kNode, "node"},
     {EventKind::kProgress, "progress"}, {EventKind::kPlan, "plan"},
@@ -430,6 +435,22 @@ Result<DatasetPhase> ParseDatasetPhase(std::string_view name) {
   }
   return Status::InvalidArgument("unknown dataset phase " + Quoted(name) +
                                  "; use Pending, Snapshotting, Staging, Ready, Failed or Deleting");
+}
+
+std::string_view SnapshotByName(SnapshotBy by) {
+  for (const auto& [b, name] : kSnapshotByNames) {
+    if (b == by) return name;
+  }
+  return "unknown";
+}
+
+Result<SnapshotBy> ParseSnapshotBy(std::string_view name) {
+  for (const auto& [b, n] : kSnapshotByNames) {
+    if (n == name) return b;
+  }
+  return Status::InvalidArgument("unknown snapshot_by " + Quoted(name) +
+                                 "; use client (whoever creates the dataset walks the source) or "
+                                 "pool (a cache node of its pool does)");
 }
 
 std::string_view EventKindName(EventKind kind) {
@@ -642,6 +663,15 @@ Status ValidateDataset(const DatasetRecord& record) {
                                    std::to_string(static_cast<int>(record.state.phase)) +
                                    " is not a DatasetPhase");
   }
+  if (SnapshotByName(spec.snapshot_by) == "unknown") {
+    return Status::InvalidArgument(what + "spec.snapshot_by " +
+                                   std::to_string(static_cast<int>(spec.snapshot_by)) +
+                                   " is not a SnapshotBy");
+  }
+  if (!record.state.claimed_by.empty()) {
+    GRANARY_RETURN_IF_ERROR(
+        ValidateNodeId(record.state.claimed_by).WithContext(what + "state.claimed_by"));
+  }
   if (!record.manifest_id.empty()) {
     GRANARY_RETURN_IF_ERROR(ValidateManifestId(record.manifest_id).WithContext(what));
   }
@@ -704,6 +734,11 @@ Result<std::string> EncodeDataset(const DatasetRecord& r) {
     // Written only when set, so records of datasets on the whole pool are as
     // before (and readable by builds that do not know the field).
     if (r.spec.nodes.has_value()) doc["spec"]["nodes"] = *r.spec.nodes;
+    // Likewise: absent means "client", the only way before the field existed.
+    if (r.spec.snapshot_by != SnapshotBy::kClient) {
+      doc["spec"]["snapshot_by"] = SnapshotByName(r.spec.snapshot_by);
+    }
+    if (!r.state.claimed_by.empty()) doc["state"]["claimed_by"] = r.state.claimed_by;
     return doc;
   });
 }
@@ -726,6 +761,11 @@ Result<DatasetRecord> DecodeDataset(std::string_view text, std::string_view key_
     if (spec->contains("nodes")) {
       GRANARY_ASSIGN_OR_RETURN(r.spec.nodes, StringListField(*spec, "nodes", "spec.nodes"));
     }
+    if (spec->contains("snapshot_by")) {
+      GRANARY_ASSIGN_OR_RETURN(std::string by,
+                               StringField(*spec, "snapshot_by", "spec.snapshot_by"));
+      GRANARY_ASSIGN_OR_RETURN(r.spec.snapshot_by, ParseSnapshotBy(by));
+    }
     GRANARY_ASSIGN_OR_RETURN(const json* owner, ObjectField(j, "owner", "owner"));
     GRANARY_ASSIGN_OR_RETURN(r.owner.uid, IntField<uint32_t>(*owner, "uid", "owner.uid"));
     GRANARY_ASSIGN_OR_RETURN(r.owner.gid, IntField<uint32_t>(*owner, "gid", "owner.gid"));
@@ -733,6 +773,10 @@ Result<DatasetRecord> DecodeDataset(std::string_view text, std::string_view key_
     GRANARY_ASSIGN_OR_RETURN(std::string phase, StringField(*state, "phase", "state.phase"));
     GRANARY_ASSIGN_OR_RETURN(r.state.phase, ParseDatasetPhase(phase));
     GRANARY_ASSIGN_OR_RETURN(r.state.message, StringField(*state, "message", "state.message"));
+    if (state->contains("claimed_by")) {
+      GRANARY_ASSIGN_OR_RETURN(r.state.claimed_by,
+                               StringField(*state, "claimed_by", "state.claimed_by"));
+    }
     GRANARY_ASSIGN_OR_RETURN(r.manifest_id, StringField(j, "manifest_id", "manifest_id"));
     GRANARY_ASSIGN_OR_RETURN(r.updated_ms, IntField<int64_t>(j, "updated_ms", "updated_ms"));
     r.created_ms = created_ms;

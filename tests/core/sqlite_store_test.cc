@@ -411,6 +411,26 @@ TEST_F(SqliteStoreTest, DamagedRecordsReadBackAsCorruptionNamingTheRow) {
     for (const Status& s : reads(c.record)) EXPECT_OK(s);
   }
 
+  // A record written before spec.snapshot_by existed reads as a client
+  // snapshot, and a client-snapshotted record is written without the key.
+  {
+    const char* select = "SELECT record FROM datasets WHERE name = ?";
+    const char* update = "UPDATE datasets SET record = ?1, revision = 1 WHERE name = ?2";
+    const std::string good = RawQuery(raw, select, {"ds"});
+    std::string old = good;
+    const std::string key = R"("snapshot_by":"pool",)";
+    const size_t at = old.find(key);
+    ASSERT_NE(at, std::string::npos) << good;
+    old.erase(at, key.size());
+    RawQuery(raw, update, {old, "ds"});
+    auto read = store->GetDataset("ds");
+    ASSERT_OK(read);
+    EXPECT_EQ(read->spec.snapshot_by, SnapshotBy::kClient);
+    ASSERT_OK(store->UpdateDataset(*read));
+    EXPECT_EQ(RawQuery(raw, select, {"ds"}).find("snapshot_by"), std::string::npos);
+    RawQuery(raw, update, {good, "ds"});
+  }
+
   // The columns beside the JSON are checked too.
   RawExec(raw, "UPDATE datasets SET revision = 0 WHERE name = 'ds'");
   auto got = store->GetDataset("ds");

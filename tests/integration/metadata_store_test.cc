@@ -242,6 +242,26 @@ TYPED_TEST(MetadataStoreTest, DatasetRoundTripsEveryField) {
     ASSERT_OK(read);
     EXPECT_EQ(read->spec.nodes, nodes);
   }
+
+  // Who snapshots, and a cache node's claim on the walk.
+  EXPECT_EQ(got->spec.snapshot_by, SnapshotBy::kPool);
+  DatasetRecord claimed = *store->GetDataset("imagenet-train");
+  claimed.state = {DatasetPhase::kSnapshotting, "node gpu-07 is walking the source", "gpu-07"};
+  ASSERT_OK(store->UpdateDataset(claimed));
+  auto read = store->GetDataset("imagenet-train");
+  ASSERT_OK(read);
+  EXPECT_EQ(read->state.claimed_by, "gpu-07");
+  EXPECT_EQ(read->state.phase, DatasetPhase::kSnapshotting);
+  EXPECT_EQ(read->spec.snapshot_by, SnapshotBy::kPool);
+  // Back to the defaults: a client snapshot and no claim.
+  read->spec.snapshot_by = SnapshotBy::kClient;
+  read->state = {DatasetPhase::kStaging, "snapshot: 3 files", ""};
+  ASSERT_OK(store->UpdateDataset(*read));
+  auto back = store->GetDataset("imagenet-train");
+  ASSERT_OK(back);
+  EXPECT_EQ(back->spec.snapshot_by, SnapshotBy::kClient);
+  EXPECT_EQ(back->state.claimed_by, "");
+  EXPECT_EQ(back->state.message, "snapshot: 3 files");
 }
 
 TYPED_TEST(MetadataStoreTest, CreateOfExistingNameIsAlreadyExists) {
@@ -266,7 +286,7 @@ TYPED_TEST(MetadataStoreTest, UpdateBumpsRevisionStampsTimeAndKeepsCreated) {
 
   clock.Advance(milliseconds(5000));
   DatasetRecord change = *created;
-  change.state = {DatasetPhase::kReady, "all staged"};
+  change.state = {DatasetPhase::kReady, "all staged", ""};
   change.manifest_id = "abc123";
   change.created_ms = 42;  // ignored: created_ms belongs to the store
   auto updated = store->UpdateDataset(change);
@@ -399,6 +419,12 @@ TYPED_TEST(MetadataStoreTest, BadNamesAndSpecsAreInvalidArgument) {
   expect_invalid(r, "twice");
   r.spec.nodes = std::vector<std::string>(kMaxDatasetNodes + 1, "gpu-1");
   expect_invalid(r, "more than");
+  r = MakeDataset("specs");
+  r.state.claimed_by = "no/such node";
+  expect_invalid(r, "state.claimed_by");
+  r = MakeDataset("specs");
+  r.spec.snapshot_by = static_cast<SnapshotBy>(7);
+  expect_invalid(r, "spec.snapshot_by");
   EXPECT_EQ(store->GetDataset("specs").status().code(), StatusCode::kNotFound);
 
   EXPECT_EQ(store->Heartbeat(MakeNode("bad/id", "p"), milliseconds(1000)).code(),

@@ -451,6 +451,25 @@ TEST_F(RedisStoreTest, DamagedRecordsReadBackAsCorruptionNamingTheKey) {
     for (const Status& s : reads(c.record)) EXPECT_OK(s);
   }
 
+  // A record written before spec.snapshot_by existed reads as a client
+  // snapshot, and a client-snapshotted record is written without the key.
+  {
+    const std::string good = raw.Run({"HGET", "bad:dataset:ds", "record"});
+    std::string old = good;
+    const std::string key = R"("snapshot_by":"pool",)";
+    const size_t at = old.find(key);
+    ASSERT_NE(at, std::string::npos) << good;
+    old.erase(at, key.size());
+    ASSERT_EQ(raw.Run({"HSET", "bad:dataset:ds", "record", old}), "0");
+    auto read = store->GetDataset("ds");
+    ASSERT_OK(read);
+    EXPECT_EQ(read->spec.snapshot_by, SnapshotBy::kClient);
+    ASSERT_OK(store->UpdateDataset(*read));
+    EXPECT_EQ(raw.Run({"HGET", "bad:dataset:ds", "record"}).find("snapshot_by"), std::string::npos);
+    ASSERT_EQ(raw.Run({"HSET", "bad:dataset:ds", "record", good}), "0");
+    ASSERT_EQ(raw.Run({"HSET", "bad:dataset:ds", "revision", "1"}), "0");
+  }
+
   // The numbers kept beside the dataset's JSON are checked too.
   ASSERT_EQ(raw.Run({"HSET", "bad:dataset:ds", "revision", "x1"}), "0");
   auto got = store->GetDataset("ds");

@@ -11,8 +11,9 @@ DatasetRecord MakeDataset(const std::string& name) {
   r.spec.chunk_size = 4 << 20;
   r.spec.pool = "gpu-a";
   r.spec.replication = 2;
+  r.spec.snapshot_by = SnapshotBy::kPool;
   r.owner = {1000, 100};
-  r.state = {DatasetPhase::kPending, "waiting for a snapshot"};
+  r.state = {DatasetPhase::kPending, "waiting for a snapshot", ""};
   return r;
 }
 
@@ -67,6 +68,11 @@ std::vector<RecordCorruption> RecordCorruptions() {
       {R::kDataset, R"({"manifest_id")", R"({"manifest_id":"XYZ","old")", "manifest id 'XYZ'"},
       {R::kDataset, R"("spec":{)", R"("spec":7,"old":{)", "spec is not an object"},
       {R::kDataset, R"("owner":)", R"("renamed":)", "'owner' not found"},
+      {R::kDataset, R"("snapshot_by":"pool")", R"("snapshot_by":"robot")",
+       "unknown snapshot_by 'robot'"},
+      {R::kDataset, R"("snapshot_by":"pool")", R"("snapshot_by":1)", "spec.snapshot_by is '1'"},
+      {R::kDataset, R"("phase":"Pending")", R"("claimed_by":"bad id","phase":"Pending")",
+       "state.claimed_by"},
       {R::kNode, R"("address":"node-1.cluster.local:7070")", R"("address":"nowhere")",
        "is not host:port"},
       {R::kNode, R"("id":"node-1")", R"("id":"node-2")",

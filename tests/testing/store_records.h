@@ -13,7 +13,8 @@
 namespace granary::testing {
 
 // Dataset `name` in pool "gpu-a": source file:///lustre/<name>, include and
-// exclude globs, 4 MiB chunks, replication 2, owner 1000:100, Pending.
+// exclude globs, 4 MiB chunks, replication 2, snapshotted by the pool, owner
+// 1000:100, Pending.
 DatasetRecord MakeDataset(const std::string& name);
 
 // Node `id` in `pool`, at <id>.cluster.local:7070, 4 TiB with 1 GiB used, two

@@ -72,6 +72,22 @@ enum class DatasetPhase : uint8_t {
 std::string_view DatasetPhaseName(DatasetPhase phase);
 Result<DatasetPhase> ParseDatasetPhase(std::string_view name);
 
+// Who walks a dataset's source to take its snapshot (docs/cachenode.md,
+// "Dataset phases").
+enum class SnapshotBy : uint8_t {
+  // Whoever creates the dataset (the CLI, the Slurm plugin), where the
+  // source is mounted; the cache nodes leave Pending and Snapshotting alone.
+  kClient,
+  // The cache nodes of its pool: one of them claims a Pending dataset (or a
+  // Snapshotting one whose claimant is not live any more), walks the source
+  // as the owner and sets Staging or Failed. For sources mounted only where
+  // the cache nodes run (Kubernetes).
+  kPool,
+};
+// "client", "pool" (the values stored in the record).
+std::string_view SnapshotByName(SnapshotBy by);
+Result<SnapshotBy> ParseSnapshotBy(std::string_view name);
+
 struct DatasetSpec {
   std::string source_uri;                   // e.g. file:///lustre/imagenet/train
   std::vector<std::string> include;         // globs; empty means everything
@@ -84,6 +100,9 @@ struct DatasetSpec {
   // its chunks); an empty list, no node (readers fall through to the source).
   // Slurm jobs use this to stage onto the job's own nodes once they are known.
   std::optional<std::vector<std::string>> nodes;
+  // Who takes the snapshot. Stored as "snapshot_by" only when kPool, so
+  // records of client-snapshotted datasets are as before.
+  SnapshotBy snapshot_by = SnapshotBy::kClient;
 
   friend bool operator==(const DatasetSpec&, const DatasetSpec&) = default;
 };
@@ -102,6 +121,10 @@ struct DatasetOwner {
 struct DatasetState {
   DatasetPhase phase = DatasetPhase::kPending;
   std::string message;  // why Failed, or what is happening; for humans
+  // The id of the cache node walking the source (phase Snapshotting of a
+  // SnapshotBy::kPool dataset); empty otherwise. A claim whose node is not
+  // live in the store any more is stale: another node of the pool takes it.
+  std::string claimed_by;
 
   friend bool operator==(const DatasetState&, const DatasetState&) = default;
 };
