@@ -181,6 +181,9 @@ Json DatasetJson(const DatasetRecord& d) {
               {"chunk_size", d.spec.chunk_size},
               {"pool", d.spec.pool},
               {"replication", d.spec.replication},
+              {"snapshot_by", SnapshotByName(d.spec.snapshot_by)},
+              // The cache node walking the source (phase Snapshotting); null otherwise.
+              {"claimed_by", d.state.claimed_by.empty() ? Json(nullptr) : Json(d.state.claimed_by)},
               {"owner", {{"uid", d.owner.uid}, {"gid", d.owner.gid}}},
               {"manifest_id", d.manifest_id},
               {"created_ms", d.created_ms},

@@ -1,9 +1,7 @@
 // `granary dataset create|snapshot|list|show|delete|stage|wait` (docs/cli.md).
 
-#include <grp.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -23,13 +21,13 @@
 #include <vector>
 
 #include "cli_context.h"
-#include "granary/core/byte_order.h"
 #include "granary/core/config.h"
 #include "granary/core/manifest.h"
 #include "granary/core/manifest_builder.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
 #include "granary/core/posix_source.h"
+#include "granary/core/snapshot.h"
 
 namespace granary::cli {
 namespace {
@@ -75,97 +73,24 @@ Result<std::string> NormalizeSource(const std::string& source) {
   return "file://" + resolved;
 }
 
-// The snapshot child's messages on its pipe: progress records
-// ('P', files u64, directories u64), then one 'M' + encoded manifest or
-// 'E' + error message, which runs to the end of the stream.
-constexpr size_t kProgressRecordSize = 1 + 8 + 8;
-
-bool WriteFull(int fd, std::string_view bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
+// "file:///abs/path" for a path or a file:// URI of a source this host may
+// not see (--snapshot-by pool): checked for form only.
+Result<std::string> PoolSourceUri(const std::string& source) {
+  if (source.rfind("file://", 0) == 0) {
+    GRANARY_ASSIGN_OR_RETURN(std::string root, PosixSource::RootFromUri(source));
+    (void)root;
+    return source;
   }
-  return true;
-}
-
-// Builds the manifest of `record`'s source. When this process is root and the
-// dataset belongs to someone else, the walk runs in a child process that has
-// become the owner (setgroups/setgid/setuid), so a snapshot never lists what
-// the owner could not list; the child sends its progress and the encoded
-// manifest back.
-Result<Manifest> SnapshotAsOwner(const DatasetRecord& record, ManifestBuildOptions options) {
-  const bool switch_user = geteuid() == 0 && record.owner.uid != 0;
-  if (!switch_user) return BuildManifest(options);
-  int fds[2];
-  if (pipe(fds) != 0) return Status::IoError(std::string("pipe: ") + std::strerror(errno));
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return Status::IoError(std::string("fork: ") + std::strerror(errno));
+  if (source.find("://") != std::string::npos) {
+    return Status::InvalidArgument("source " + Quoted(source) +
+                                   ": only local paths and file:// URIs are supported");
   }
-  if (pid == 0) {
-    close(fds[0]);
-    const gid_t gid = record.owner.gid;
-    std::string payload;
-    if (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid(record.owner.uid) != 0) {
-      payload = "E" + std::string("cannot switch to uid ") + std::to_string(record.owner.uid) +
-                ": " + std::strerror(errno);
-    } else {
-      const int out = fds[1];
-      options.on_progress = [out](uint64_t files, uint64_t dirs) {
-        std::string p(kProgressRecordSize, 'P');
-        StoreLe<uint64_t>(p.data() + 1, files);
-        StoreLe<uint64_t>(p.data() + 9, dirs);
-        (void)WriteFull(out, p);
-      };
-      Result<Manifest> m = BuildManifest(options);
-      payload = m.ok() ? "M" + m->Encode() : "E" + m.status().ToString();
-    }
-    _exit(WriteFull(fds[1], payload) ? 0 : 1);
+  if (source.empty() || source[0] != '/') {
+    return Status::InvalidArgument("source " + Quoted(source) +
+                                   " is not an absolute path; write it from / as the cache nodes "
+                                   "see it (e.g. /lustre/imagenet/train)");
   }
-  close(fds[1]);
-  std::string payload;
-  char buffer[1 << 16];
-  bool final_message = false;
-  for (;;) {
-    const ssize_t n = read(fds[0], buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    payload.append(buffer, static_cast<size_t>(n));
-    // Progress records are consumed as they come; the final message is kept.
-    size_t at = 0;
-    while (!final_message && payload.size() - at >= 1) {
-      if (payload[at] != 'P') {
-        final_message = true;
-        break;
-      }
-      if (payload.size() - at < kProgressRecordSize) break;
-      if (options.on_progress) {
-        options.on_progress(LoadLe<uint64_t>(payload.data() + at + 1),
-                            LoadLe<uint64_t>(payload.data() + at + 9));
-      }
-      at += kProgressRecordSize;
-    }
-    payload.erase(0, at);
-  }
-  close(fds[0]);
-  int wstatus = 0;
-  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
-  }
-  if (payload.empty() || (payload[0] != 'M' && payload[0] != 'E')) {
-    return Status::Internal("the snapshot process (uid " + std::to_string(record.owner.uid) +
-                            ") ended without an answer; run the snapshot again");
-  }
-  if (payload[0] == 'E') {
-    return Status::PermissionDenied("walking the source as uid " +
-                                    std::to_string(record.owner.uid) + ": " + payload.substr(1));
-  }
-  return Manifest::Decode(std::string_view(payload).substr(1));
+  return "file://" + source;
 }
 
 class DatasetCommand {
@@ -192,6 +117,8 @@ class DatasetCommand {
   Result<DatasetRecord> Update(const std::string& name,
                                const std::function<void(DatasetRecord&)>& change);
   Status Snapshot(DatasetRecord record);
+  // A dataset its pool snapshots: back to Pending, with `why` as the message.
+  Status RequestPoolSnapshot(const std::string& name, const std::string& why);
   // The sample count of the record's current manifest, if it has one that
   // decodes (the expected total of a new snapshot); 0 otherwise.
   uint64_t PreviousFileCount(const DatasetRecord& record);
@@ -208,6 +135,7 @@ class DatasetCommand {
   uint32_t replication_ = 1;
   std::string owner_;
   bool no_snapshot_ = false;
+  std::string snapshot_by_ = "client";
   unsigned walk_threads_ = 8;
   std::vector<std::string> nodes_;  // --nodes (comma-separated, repeatable)
   bool no_nodes_ = false;
@@ -236,6 +164,9 @@ void DatasetCommand::Add(CLI::App& app) {
   create->add_flag("--no-nodes", no_nodes_,
                    "Stage it on no node yet (readers read the source; `dataset place` later)");
   create->add_flag("--no-snapshot", no_snapshot_, "Create the record only");
+  create->add_option("--snapshot-by", snapshot_by_,
+                     "client: walk the source here (the default); pool: a cache node of the pool "
+                     "walks it, where the source is mounted (this command does not read it)");
   create->add_option("--walk-threads", walk_threads_, "Directory walkers of the snapshot")
       ->check(CLI::Range(1u, 256u));
   create->add_flag("--wait", wait_after_, "Then wait until it is Ready, with progress");
@@ -296,19 +227,9 @@ uint64_t DatasetCommand::PreviousFileCount(const DatasetRecord& record) {
 }
 
 Status DatasetCommand::Snapshot(DatasetRecord record) {
-  GRANARY_ASSIGN_OR_RETURN(std::string root, PosixSource::RootFromUri(record.spec.source_uri));
   const uint64_t expected_files = PreviousFileCount(record);
-  GRANARY_ASSIGN_OR_RETURN(
-      record, Update(record.name, [](DatasetRecord& r) {
-        r.state = {DatasetPhase::kSnapshotting, "walking the source to build the manifest"};
-      }));
-  ManifestBuildOptions options;
-  options.source_root = root;
-  options.source_uri = record.spec.source_uri;
-  options.include = record.spec.include;
-  options.exclude = record.spec.exclude;
-  options.chunk_size = record.spec.chunk_size;
-  options.threads = walk_threads_;
+  DatasetSnapshotOptions options;
+  options.walk_threads = walk_threads_;
   const auto start = SteadyClock::now();
   // A re-snapshot expects about as many files as the last one found: that
   // gives the bar and the ETA; a first snapshot shows counts and rate only.
@@ -321,37 +242,54 @@ Status DatasetCommand::Snapshot(DatasetRecord record) {
     c_.Progress(meter.Line(counts, SteadyClock::now(), std::to_string(dirs) + " directories"),
                 false);
   };
-  Result<Manifest> manifest = SnapshotAsOwner(record, options);
-  if (!manifest.ok()) {
-    (void)Update(record.name, [&](DatasetRecord& r) {
-      r.state = {DatasetPhase::kFailed, "snapshot failed: " + manifest.status().message()};
-    });
-    return manifest.status().WithContext("snapshot of dataset " + Quoted(record.name));
+  // This process is single-threaded: the walk as another owner runs in a
+  // fork()ed child (snapshot.h).
+  GRANARY_ASSIGN_OR_RETURN(DatasetSnapshot snap,
+                           SnapshotDataset(c_.store(), record, options));
+  record = snap.record;
+  switch (snap.outcome) {
+    case SnapshotOutcome::kSnapshotted:
+      break;
+    case SnapshotOutcome::kFailed:
+      return Status(snap.error.code(), "dataset " + Quoted(record.name) + ": " +
+                                           SnapshotFailureMessage(record, snap.error, ""));
+    default:
+      return Status::FailedPrecondition(
+          "dataset " + Quoted(record.name) +
+          " changed while its snapshot was taken (it is now " +
+          std::string(DatasetPhaseName(record.state.phase)) +
+          "); the snapshot was not recorded: look at `granary dataset show " + record.name +
+          "` and take it again");
   }
-  const double seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
-  const std::string id = manifest->id().ToHex();
-  GRANARY_RETURN_IF_ERROR(c_.store().PutManifest(id, manifest->Encode()));
-  const std::string summary = std::to_string(manifest->sample_count()) + " files, " +
-                              HumanBytes(manifest->total_bytes()) + ", " +
-                              std::to_string(manifest->chunk_count()) + " chunks";
-  GRANARY_ASSIGN_OR_RETURN(record, Update(record.name, [&](DatasetRecord& r) {
-                             r.manifest_id = id;
-                             r.state = {DatasetPhase::kStaging, "snapshot: " + summary};
-                           }));
   std::ostringstream rate;
-  rate << std::fixed << std::setprecision(1) << seconds << " s";
-  c_.Progress("snapshot " + record.name + ": " + summary + " in " + rate.str(), true);
+  rate << std::fixed << std::setprecision(1) << snap.seconds << " s";
+  c_.Progress("snapshot " + record.name + ": " + snap.summary + " in " + rate.str(), true);
   if (wait_after_) return Wait(record.name);
   if (c_.json_output()) {
     Json j = DatasetJson(record);
-    j["snapshot"] = {{"files", manifest->sample_count()},
-                     {"bytes", manifest->total_bytes()},
-                     {"chunks", manifest->chunk_count()},
-                     {"seconds", seconds}};
+    j["snapshot"] = {{"files", snap.files},
+                     {"bytes", snap.bytes},
+                     {"chunks", snap.chunks},
+                     {"seconds", snap.seconds}};
     c_.out() << j.dump(2) << "\n";
   } else {
-    c_.out() << "dataset " << record.name << ": " << summary << " (manifest " << id.substr(0, 12)
-             << "); cache nodes of pool " << record.spec.pool << " are staging it\n";
+    c_.out() << "dataset " << record.name << ": " << snap.summary << " (manifest "
+             << snap.manifest_id.substr(0, 12) << "); cache nodes of pool " << record.spec.pool
+             << " are staging it\n";
+  }
+  return Status::Ok();
+}
+
+Status DatasetCommand::RequestPoolSnapshot(const std::string& name, const std::string& why) {
+  GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, Update(name, [&](DatasetRecord& r) {
+                             r.state = {DatasetPhase::kPending, why, ""};
+                           }));
+  if (wait_after_) return Wait(name);
+  if (c_.json_output()) {
+    c_.out() << DatasetJson(record).dump(2) << "\n";
+  } else {
+    c_.out() << "dataset " << name << ": Pending; a cache node of pool " << record.spec.pool
+             << " takes its snapshot (`granary dataset wait " << name << "` follows it)\n";
   }
   return Status::Ok();
 }
@@ -367,9 +305,26 @@ Status DatasetCommand::Create() {
     Result<std::chrono::milliseconds> timeout = ParseDuration(timeout_);
     if (!timeout.ok()) return Status::InvalidArgument("--timeout: " + timeout.status().message());
   }
+  if (snapshot_by_ != "client" && snapshot_by_ != "pool") {
+    return Status::InvalidArgument("--snapshot-by " + Quoted(snapshot_by_) +
+                                   ": write client (this command walks the source) or pool (a "
+                                   "cache node of the pool does)");
+  }
+  const bool by_pool = snapshot_by_ == "pool";
+  if (by_pool && no_snapshot_) {
+    return Status::InvalidArgument(
+        "--no-snapshot and --snapshot-by pool: the cache nodes snapshot a Pending dataset of "
+        "their pool at once; drop one of them");
+  }
   DatasetRecord record;
   record.name = name_;
-  GRANARY_ASSIGN_OR_RETURN(record.spec.source_uri, NormalizeSource(source_));
+  if (by_pool) {
+    // The source is mounted where the cache nodes run, not necessarily here.
+    GRANARY_ASSIGN_OR_RETURN(record.spec.source_uri, PoolSourceUri(source_));
+    record.spec.snapshot_by = SnapshotBy::kPool;
+  } else {
+    GRANARY_ASSIGN_OR_RETURN(record.spec.source_uri, NormalizeSource(source_));
+  }
   record.spec.include = include_;
   record.spec.exclude = exclude_;
   Result<ByteSize> chunk = ParseByteSize(chunk_size_);
@@ -397,7 +352,11 @@ Status DatasetCommand::Create() {
     }
     record.owner = {static_cast<uint32_t>(uid), static_cast<uint32_t>(gid)};
   }
-  record.state = {DatasetPhase::kPending, "created"};
+  record.state = {DatasetPhase::kPending,
+                  by_pool ? "created; waiting for a cache node of pool " + pool_ +
+                                " to take its snapshot"
+                          : "created",
+                  ""};
   GRANARY_RETURN_IF_ERROR(c_.OpenStore());
   Result<DatasetRecord> created = c_.store().CreateDataset(record);
   if (!created.ok()) {
@@ -417,12 +376,27 @@ Status DatasetCommand::Create() {
     }
     return Status::Ok();
   }
+  if (by_pool) {
+    if (wait_after_) return Wait(name_);
+    if (c_.json_output()) {
+      c_.out() << DatasetJson(*created).dump(2) << "\n";
+    } else {
+      c_.out() << "dataset " << name_ << " created (Pending); a cache node of pool " << pool_
+               << " takes its snapshot (`granary dataset wait " << name_ << "` follows it)\n";
+    }
+    return Status::Ok();
+  }
   return Snapshot(*created);
 }
 
 Status DatasetCommand::TakeSnapshot(const std::string& name) {
   GRANARY_RETURN_IF_ERROR(c_.OpenStore());
   GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, c_.store().GetDataset(name));
+  if (record.spec.snapshot_by == SnapshotBy::kPool) {
+    // The walk belongs to the pool: ask for it. A walk in progress is
+    // abandoned by its node (the spec may have changed since it started).
+    return RequestPoolSnapshot(name, "new snapshot requested");
+  }
   if (record.state.phase == DatasetPhase::kSnapshotting) {
     return Status::FailedPrecondition("dataset " + Quoted(name) +
                                       " is being snapshotted already; wait for it");
@@ -487,6 +461,11 @@ Status DatasetCommand::Show(const std::string& name) {
       << "pool:        " << d.spec.pool << " (replication " << d.spec.replication << ")\n"
       << "placed on:   " << PlacedOn(d.spec) << "\n"
       << "chunk size:  " << HumanBytes(d.spec.chunk_size) << "\n"
+      << "snapshot by: "
+      << (d.spec.snapshot_by == SnapshotBy::kPool ? "the cache nodes of pool " + d.spec.pool
+                                                  : std::string("the client"))
+      << (d.state.claimed_by.empty() ? "" : " (node " + d.state.claimed_by + " is walking it)")
+      << "\n"
       << "owner:       uid " << d.owner.uid << " gid " << d.owner.gid << "\n"
       << "manifest:    " << (d.manifest_id.empty() ? "(none yet)" : d.manifest_id) << "\n"
       << "plans:       " << plans.size() << "\n"
@@ -593,14 +572,25 @@ Status DatasetCommand::Stage(const std::string& name) {
   }
   GRANARY_RETURN_IF_ERROR(c_.OpenStore());
   GRANARY_ASSIGN_OR_RETURN(DatasetRecord d, c_.store().GetDataset(name));
-  if (d.manifest_id.empty()) return Snapshot(d);
+  if (d.manifest_id.empty()) {
+    if (d.spec.snapshot_by == SnapshotBy::kPool) {
+      if (d.state.phase == DatasetPhase::kPending || d.state.phase == DatasetPhase::kSnapshotting) {
+        if (wait_after_) return Wait(name);
+        c_.out() << "dataset " << name << " is " << DatasetPhaseName(d.state.phase)
+                 << " already: " << d.state.message << "\n";
+        return Status::Ok();
+      }
+      return RequestPoolSnapshot(name, "snapshot requested");
+    }
+    return Snapshot(d);
+  }
   if (d.state.phase == DatasetPhase::kStaging || d.state.phase == DatasetPhase::kReady) {
     if (wait_after_) return Wait(name);
     c_.out() << "dataset " << name << " is " << DatasetPhaseName(d.state.phase) << " already\n";
     return Status::Ok();
   }
   GRANARY_ASSIGN_OR_RETURN(d, Update(name, [](DatasetRecord& r) {
-                             r.state = {DatasetPhase::kStaging, "staging resumed"};
+                             r.state = {DatasetPhase::kStaging, "staging resumed", ""};
                            }));
   if (wait_after_) return Wait(name);
   if (c_.json_output()) {
@@ -655,9 +645,11 @@ Status DatasetCommand::Wait(const std::string& name) {
       return Status::Ok();
     }
     if (d.state.phase == DatasetPhase::kFailed) {
-      return Status::FailedPrecondition("dataset " + Quoted(name) + " failed: " + d.state.message +
-                                        " (fix the cause, then `granary dataset stage " + name +
-                                        "`)");
+      // A failed snapshot's message says what to do already.
+      const bool snapshot = d.state.message.rfind("snapshot failed:", 0) == 0;
+      return Status::FailedPrecondition(
+          "dataset " + Quoted(name) + " failed: " + d.state.message +
+          (snapshot ? "" : " (fix the cause, then `granary dataset stage " + name + "`)"));
     }
     if (d.state.phase == DatasetPhase::kDeleting) {
       return Status::FailedPrecondition("dataset " + Quoted(name) + " is being deleted");

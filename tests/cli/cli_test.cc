@@ -86,6 +86,68 @@ TEST_F(CliTest, CreateSnapshotsAndStoresTheManifest) {
   EXPECT_OK(manifest->Find("dogs/0.jpg"));
 }
 
+TEST_F(CliTest, PoolSnapshottedDatasetsAreLeftToTheCacheNodes) {
+  // The source is mounted where the cache nodes run, not here: not checked.
+  CliRun r = Run({"dataset", "create", "far", "--source", "/mnt/only-on-the-nodes/train",
+                  "--snapshot-by", "pool", "--pool", "gpu"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.out.find("a cache node of pool gpu takes its snapshot"), std::string::npos) << r.out;
+  auto store = Store();
+  auto record = store->GetDataset("far");
+  ASSERT_OK(record);
+  EXPECT_EQ(record->spec.snapshot_by, SnapshotBy::kPool);
+  EXPECT_EQ(record->spec.source_uri, "file:///mnt/only-on-the-nodes/train");
+  EXPECT_EQ(record->state.phase, DatasetPhase::kPending);
+  EXPECT_TRUE(record->manifest_id.empty()) << "the CLI walked nothing";
+
+  // As a cache node would: it failed; a new snapshot is asked, not walked here.
+  DatasetRecord failed = *record;
+  failed.state = {DatasetPhase::kFailed, "snapshot failed: ...", ""};
+  ASSERT_OK(store->UpdateDataset(failed));
+  r = Run({"dataset", "snapshot", "far"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  record = store->GetDataset("far");
+  ASSERT_OK(record);
+  EXPECT_EQ(record->state.phase, DatasetPhase::kPending);
+  EXPECT_EQ(record->state.message, "new snapshot requested");
+  EXPECT_TRUE(record->manifest_id.empty());
+  // Also while a node walks it (the spec may have changed since).
+  DatasetRecord walking = *record;
+  walking.state = {DatasetPhase::kSnapshotting, "node n1 is walking", "n1"};
+  ASSERT_OK(store->UpdateDataset(walking));
+  auto shown = nlohmann::json::parse(Run({"dataset", "show", "far", "-o", "json"}).out);
+  EXPECT_EQ(shown["snapshot_by"], "pool");
+  EXPECT_EQ(shown["claimed_by"], "n1");
+  EXPECT_NE(Run({"dataset", "show", "far"}).out.find("(node n1 is walking it)"),
+            std::string::npos);
+  ASSERT_EQ(Run({"dataset", "snapshot", "far"}).code, kCliOk);
+  record = store->GetDataset("far");
+  EXPECT_EQ(record->state.phase, DatasetPhase::kPending);
+  EXPECT_EQ(record->state.claimed_by, "");
+  // A client-snapshotted dataset says so too.
+  ASSERT_EQ(Run({"dataset", "create", "near", "--source", source_}).code, kCliOk);
+  shown = nlohmann::json::parse(Run({"dataset", "show", "near", "-o", "json"}).out);
+  EXPECT_EQ(shown["snapshot_by"], "client");
+  EXPECT_TRUE(shown["claimed_by"].is_null());
+
+  struct Bad {
+    std::vector<std::string> args;
+    std::string says;
+  } bad[] = {
+      {{"dataset", "create", "x", "--source", source_, "--snapshot-by", "robot"}, "robot"},
+      {{"dataset", "create", "x", "--source", source_, "--snapshot-by", "pool", "--no-snapshot"},
+       "drop one of them"},
+      {{"dataset", "create", "x", "--source", "relative", "--snapshot-by", "pool"}, "absolute"},
+      {{"dataset", "create", "x", "--source", "s3://b/x", "--snapshot-by", "pool"}, "file://"},
+  };
+  for (const Bad& b : bad) {
+    CliRun run = Run(b.args);
+    EXPECT_EQ(run.code, kCliUsage) << b.says << "\n" << run.err;
+    EXPECT_NE(run.err.find(b.says), std::string::npos) << run.err;
+  }
+  EXPECT_EQ(store->GetDataset("x").status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(CliTest, JsonOutputIsOneDocumentAndGlobalOptionsFollowSubcommands) {
   ASSERT_EQ(Run({"dataset", "create", "pets", "--source", "file://" + source_}).code, kCliOk);
   CliRun r = Run({"dataset", "list", "-o", "json"});
