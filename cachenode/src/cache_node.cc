@@ -29,6 +29,7 @@
 #include "granary/core/placement.h"
 #include "granary/core/plan.h"
 #include "granary/core/posix_source.h"
+#include "granary/core/snapshot.h"
 #include "granary/daemon/observability.h"
 
 namespace granary {
@@ -115,7 +116,8 @@ struct ActiveDataset {
 
 class CacheNode::Impl {
  public:
-  explicit Impl(CacheNodeConfig config) : config_(std::move(config)) {}
+  Impl(CacheNodeConfig config, std::vector<std::string> snapshot_helper)
+      : config_(std::move(config)), snapshot_helper_(std::move(snapshot_helper)) {}
   ~Impl() { Stop(); }
 
   Status Start();
@@ -148,6 +150,13 @@ class CacheNode::Impl {
   void SetDatasetMessage(const std::string& name, const std::string& message);
   void DropDisowned(ActiveDataset& ds, const std::string& why);
   void DropOrphans(const std::vector<DatasetRecord>& datasets);
+  // Snapshots (SnapshotBy::kPool): on the control thread, starts the
+  // snapshot thread on the first dataset to claim, if none runs.
+  void ClaimSnapshot(const std::vector<DatasetRecord>& datasets);
+  // The snapshot thread's body: SnapshotDataset as this node.
+  void RunSnapshot(const DatasetRecord& record);
+  // Abandons the walk in progress (if any) and joins the snapshot thread.
+  void StopSnapshot();
   Result<std::vector<ChunkId>> Owned(const ActiveDataset& ds, const Placement& placement) const;
   void NoteStoreError(const Status& status);
   void NoteStoreOk();
@@ -158,6 +167,7 @@ class CacheNode::Impl {
   void RefreshMetrics();
 
   const CacheNodeConfig config_;
+  const std::vector<std::string> snapshot_helper_;  // SnapshotProcess::helper_argv
   NetAddress advertise_;
   int64_t started_ms_ = 0;
   std::shared_ptr<spdlog::logger> log_ = GetLogger("cachenode");
@@ -183,6 +193,14 @@ class CacheNode::Impl {
       activation_failures_;  // name -> (error, ticks)
   std::vector<NodeRecord> live_nodes_;
   bool plans_changed_ = true;  // re-read the datasets' plans on the next pass
+
+  // The snapshot thread: started and joined by the control thread (one walk
+  // at a time), joined by Stop after the control thread.
+  std::thread snapshot_thread_;
+  std::string snapshot_dataset_;                // control thread: what it walks
+  std::atomic<bool> snapshot_running_{false};   // cleared by the snapshot thread at its end
+  std::atomic<bool> snapshot_stop_{false};      // set by Stop: abandon the walk
+  std::atomic<bool> reconcile_now_{false};      // the snapshot thread asks for a pass
 
   std::atomic<bool> store_ok_{false};
   std::atomic<bool> registered_{false};
@@ -313,6 +331,9 @@ void CacheNode::Impl::Stop() {
   state_cv_.notify_all();
   if (control_.joinable()) control_.join();
   if (metrics_thread_.joinable()) metrics_thread_.join();
+  // Before deregistering: the abandoned walk gives its claim back through
+  // the store.
+  StopSnapshot();
   // Deregister first so that sidecars and peers stop routing here while the
   // server drains what is in flight.
   if (store_ && registered_) {
@@ -429,7 +450,12 @@ void CacheNode::Impl::ControlLoop() {
             plans_changed_ || e.kind == EventKind::kPlan || e.kind == EventKind::kResync;
       }
       if (relevant) next_tick = SteadyClock::now();
+      if (reconcile_now_.exchange(false)) next_tick = SteadyClock::now();
     } else {
+      if (reconcile_now_.exchange(false)) {
+        next_tick = SteadyClock::now();
+        continue;
+      }
       std::unique_lock<std::mutex> lock(state_mu_);
       state_cv_.wait_for(lock, slice, [this] { return stopping_; });
     }
@@ -503,6 +529,7 @@ void CacheNode::Impl::Reconcile() {
     Deactivate(name, !keep, why);
   }
   DropOrphans(*datasets);
+  ClaimSnapshot(*datasets);
 
   // Plans are read again only after a plan event, a resync or without a
   // watcher (activation reads them anyway).
@@ -873,6 +900,99 @@ void CacheNode::Impl::UpdatePhase(ActiveDataset& ds, const std::vector<NodeRecor
   }
 }
 
+// ---- snapshots ----------------------------------------------------------------
+
+void CacheNode::Impl::ClaimSnapshot(const std::vector<DatasetRecord>& datasets) {
+  if (snapshot_running_) return;  // one walk at a time
+  if (snapshot_thread_.joinable()) {
+    snapshot_thread_.join();
+    snapshot_dataset_.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (stopping_) return;
+  }
+  for (const DatasetRecord& d : datasets) {
+    if (d.spec.pool != config_.pool || d.spec.snapshot_by != SnapshotBy::kPool) continue;
+    std::string why;
+    if (d.state.phase == DatasetPhase::kPending) {
+      why = "it is Pending";
+    } else if (d.state.phase == DatasetPhase::kSnapshotting) {
+      const std::string& claimant = d.state.claimed_by;
+      if (claimant.empty()) {
+        why = "it is Snapshotting with no claimant";
+      } else if (claimant == config_.node_id) {
+        // An earlier incarnation of this node claimed it; nothing walks it now.
+        why = "this node's claim is from before it restarted";
+      } else if (std::none_of(live_nodes_.begin(), live_nodes_.end(),
+                              [&](const NodeRecord& n) { return n.id == claimant; })) {
+        why = "its claimant, node " + claimant + ", is not live any more";
+      }
+    }
+    if (why.empty()) continue;
+    log_->info("dataset {}: claiming its snapshot ({})", Quoted(d.name), why);
+    snapshot_dataset_ = d.name;
+    snapshot_running_ = true;
+    snapshot_thread_ = std::thread([this, d] { RunSnapshot(d); });
+    return;
+  }
+}
+
+void CacheNode::Impl::RunSnapshot(const DatasetRecord& record) {
+  DatasetSnapshotOptions options;
+  options.claimant = config_.node_id;
+  options.process.helper_argv = snapshot_helper_;
+  options.stop = &snapshot_stop_;
+  options.check_interval = config_.heartbeat_interval;
+  Result<DatasetSnapshot> snap = SnapshotDataset(*store_, record, options);
+  std::string_view result;
+  if (!snap.ok()) {
+    result = "error";
+    log_->warn("dataset {}: the snapshot could not be recorded: {} (taken again on a later pass)",
+               Quoted(record.name), snap.status().ToString());
+  } else {
+    switch (snap->outcome) {
+      case SnapshotOutcome::kNotClaimed:
+        log_->info("dataset {}: another node claimed its snapshot first", Quoted(record.name));
+        break;
+      case SnapshotOutcome::kSnapshotted:
+        result = "ok";
+        log_->info("dataset {}: snapshot as uid {}: {} in {:.1f} s (manifest {}); Staging",
+                   Quoted(record.name), record.owner.uid, snap->summary, snap->seconds,
+                   snap->manifest_id);
+        break;
+      case SnapshotOutcome::kFailed:
+        result = "failed";
+        log_->warn("dataset {}: {}", Quoted(record.name), snap->record.state.message);
+        break;
+      case SnapshotOutcome::kSuperseded:
+        result = "superseded";
+        log_->info(
+            "dataset {}: changed during the snapshot (now {}{}); the walk's result is dropped",
+            Quoted(record.name), DatasetPhaseName(snap->record.state.phase),
+            snap->record.state.claimed_by.empty() ? "" : ", claimed by " +
+                                                             snap->record.state.claimed_by);
+        break;
+      case SnapshotOutcome::kAbandoned:
+        result = "abandoned";
+        log_->info("dataset {}: snapshot abandoned: the node is stopping; the claim is released",
+                   Quoted(record.name));
+        break;
+    }
+    if (!result.empty()) metrics_.snapshot_seconds->Observe(snap->seconds);
+  }
+  for (size_t i = 0; i < kSnapshotResults.size(); ++i) {
+    if (kSnapshotResults[i] == result) metrics_.snapshots[i]->Increment();
+  }
+  snapshot_running_ = false;
+  reconcile_now_ = true;  // a dataset may be Staging now, or another waiting to be claimed
+}
+
+void CacheNode::Impl::StopSnapshot() {
+  snapshot_stop_ = true;
+  if (snapshot_thread_.joinable()) snapshot_thread_.join();
+}
+
 // ---- metrics ------------------------------------------------------------------
 
 void CacheNode::Impl::MetricsLoop() {
@@ -896,8 +1016,9 @@ void CacheNode::Impl::RefreshMetrics() {
 
 // ---- CacheNode ------------------------------------------------------------------
 
-Result<std::unique_ptr<CacheNode>> CacheNode::Start(const CacheNodeConfig& config) {
-  auto impl = std::make_unique<Impl>(config);
+Result<std::unique_ptr<CacheNode>> CacheNode::Start(const CacheNodeConfig& config,
+                                                    std::vector<std::string> snapshot_helper) {
+  auto impl = std::make_unique<Impl>(config, std::move(snapshot_helper));
   Status started = impl->Start();
   if (!started.ok()) {
     impl->Stop();

@@ -180,6 +180,24 @@ Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registr
       m.store_errors,
       r.AddCounter("granary_cachenode_store_errors_total",
                    "Metadata store calls that failed (heartbeats, listings, progress)."));
+
+  // Snapshots of the pool's datasets (SnapshotBy::kPool).
+  GRANARY_ASSIGN_OR_RETURN(
+      auto snapshots,
+      r.AddCounterFamily("granary_cachenode_snapshots_total",
+                         "Snapshots this node took of its pool's datasets, by result (ok, "
+                         "failed, superseded, abandoned, error).",
+                         {"result"}));
+  for (size_t i = 0; i < kSnapshotResults.size(); ++i) {
+    GRANARY_ASSIGN_OR_RETURN(m.snapshots[i],
+                             snapshots.WithLabels({std::string(kSnapshotResults[i])}));
+  }
+  GRANARY_ASSIGN_OR_RETURN(
+      m.snapshot_seconds,
+      r.AddHistogram("granary_cachenode_snapshot_seconds",
+                     "How long the walks of this node's snapshots took (every result).",
+                     prometheus::Histogram::BucketBoundaries{0.1, 0.5, 1, 5, 10, 30, 60, 300, 900,
+                                                             1800, 3600, 7200}));
   return m;
 }
 

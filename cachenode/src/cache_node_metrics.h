@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "granary/cachenode/chunk_read_service.h"
 #include "granary/cachenode/chunk_store.h"
@@ -34,6 +35,14 @@ namespace granary {
 inline constexpr std::chrono::milliseconds kMetricsRefreshInterval{500};
 // Classes of granary_cachenode_request_errors_total (framing ... send).
 inline constexpr size_t kRequestErrorClassCount = 8;
+// Results of granary_cachenode_snapshots_total, in this order.
+inline constexpr std::array<std::string_view, 5> kSnapshotResults = {
+    "ok",          // manifest stored, dataset Staging
+    "failed",      // the walk failed, dataset Failed
+    "superseded",  // the record changed during the walk: result dropped
+    "abandoned",   // the node stopped during the walk: claim released
+    "error",       // the metadata store failed (claim, manifest or final write)
+};
 
 // The metrics of one dataset (label dataset="<name>").
 struct DatasetMetrics {
@@ -116,6 +125,11 @@ struct CacheNodeMetrics {
   prometheus::Counter* creates_no_space = nullptr;
   prometheus::Gauge* datasets = nullptr;
   prometheus::Counter* store_errors = nullptr;
+
+  // Snapshots walked by this node, by result (kSnapshotResults), and how long
+  // each walk took. Updated by the snapshot thread directly.
+  std::array<prometheus::Counter*, kSnapshotResults.size()> snapshots{};
+  prometheus::Histogram* snapshot_seconds = nullptr;
 
   static Result<CacheNodeMetrics> Declare(prometheus::Registry& registry);
   // The metrics of one dataset, created on first use.

@@ -7,17 +7,20 @@
 // address in use), 2 for a bad command line or configuration.
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "granary/cachenode/cache_node.h"
 #include "granary/cachenode/config.h"
 #include "granary/core/log.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/net_address.h"
+#include "granary/core/snapshot.h"
 #include "granary/daemon/stop_signals.h"
 
 namespace {
@@ -28,6 +31,11 @@ constexpr int kExitUsage = 2;
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The snapshot helper the node spawns to walk a source as its owner
+  // (granary/core/snapshot.h): its request on stdin, its answer on stdout.
+  if (argc == 2 && std::string_view(argv[1]) == granary::kSnapshotChildFlag) {
+    return granary::RunSnapshotChild(STDIN_FILENO, STDOUT_FILENO);
+  }
   CLI::App app{
       "granary-cachenode: stages datasets from their source onto this host's local disk and "
       "serves them to sidecars and peers.\n"

@@ -21,7 +21,14 @@
 //    live node of the pool reports its share staged, back to Staging when
 //    that stops being true, and says in the dataset's message when a node's
 //    share does not fit its capacity.
-//  - Stop: deregisters (RemoveNode), drains the server (drain_timeout), stops
+//  - Snapshots: a dataset of its pool that the pool snapshots
+//    (SnapshotBy::kPool) in phase Pending, or Snapshotting under a claim whose
+//    node is not live any more, is claimed by compare-and-set (one node wins)
+//    and walked as its owner on the node's snapshot thread, one walk at a
+//    time, in a helper process (`<program> --snapshot-child`, snapshot.h);
+//    the record then gets the manifest and Staging, or Failed with the reason.
+//  - Stop: abandons a walk in progress (the helper is killed, the claim given
+//    back: phase Pending), deregisters (RemoveNode), drains the server (drain_timeout), stops
 //    the stagers (a worker finishes the source read it is in), stops the
 //    endpoint. Idempotent.
 //
@@ -37,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "granary/cachenode/config.h"
 #include "granary/core/net_address.h"
@@ -44,12 +52,21 @@
 
 namespace granary {
 
+// The argument that makes a program the snapshot helper: a program that runs a
+// CacheNode must answer `<program> --snapshot-child` by returning
+// RunSnapshotChild(STDIN_FILENO, STDOUT_FILENO) (snapshot.h) at once, as
+// granary-cachenode's main does.
+inline constexpr char kSnapshotChildFlag[] = "--snapshot-child";
+
 class CacheNode {
  public:
   // Starts everything the config names; see above. Errors name the part that
   // failed (the store URL, the data directory, the listen address) and what
-  // to do.
-  static Result<std::unique_ptr<CacheNode>> Start(const CacheNodeConfig& config);
+  // to do. `snapshot_helper`: the helper's program and arguments (default:
+  // this program with kSnapshotChildFlag).
+  static Result<std::unique_ptr<CacheNode>> Start(
+      const CacheNodeConfig& config,
+      std::vector<std::string> snapshot_helper = {"/proc/self/exe", kSnapshotChildFlag});
 
   ~CacheNode();  // Stop()
   CacheNode(const CacheNode&) = delete;
