@@ -197,10 +197,10 @@ class CacheNode::Impl {
   // The snapshot thread: started and joined by the control thread (one walk
   // at a time), joined by Stop after the control thread.
   std::thread snapshot_thread_;
-  std::string snapshot_dataset_;                // control thread: what it walks
-  std::atomic<bool> snapshot_running_{false};   // cleared by the snapshot thread at its end
-  std::atomic<bool> snapshot_stop_{false};      // set by Stop: abandon the walk
-  std::atomic<bool> reconcile_now_{false};      // the snapshot thread asks for a pass
+  std::string snapshot_dataset_;               // control thread: what it walks
+  std::atomic<bool> snapshot_running_{false};  // cleared by the snapshot thread at its end
+  std::atomic<bool> snapshot_stop_{false};     // set by Stop: abandon the walk
+  std::atomic<bool> reconcile_now_{false};     // the snapshot thread asks for a pass
 
   std::atomic<bool> store_ok_{false};
   std::atomic<bool> registered_{false};
@@ -970,8 +970,9 @@ void CacheNode::Impl::RunSnapshot(const DatasetRecord& record) {
         log_->info(
             "dataset {}: changed during the snapshot (now {}{}); the walk's result is dropped",
             Quoted(record.name), DatasetPhaseName(snap->record.state.phase),
-            snap->record.state.claimed_by.empty() ? "" : ", claimed by " +
-                                                             snap->record.state.claimed_by);
+            snap->record.state.claimed_by.empty()
+                ? ""
+                : ", claimed by " + snap->record.state.claimed_by);
         break;
       case SnapshotOutcome::kAbandoned:
         result = "abandoned";

@@ -244,8 +244,7 @@ Status DatasetCommand::Snapshot(DatasetRecord record) {
   };
   // This process is single-threaded: the walk as another owner runs in a
   // fork()ed child (snapshot.h).
-  GRANARY_ASSIGN_OR_RETURN(DatasetSnapshot snap,
-                           SnapshotDataset(c_.store(), record, options));
+  GRANARY_ASSIGN_OR_RETURN(DatasetSnapshot snap, SnapshotDataset(c_.store(), record, options));
   record = snap.record;
   switch (snap.outcome) {
     case SnapshotOutcome::kSnapshotted:
@@ -255,8 +254,7 @@ Status DatasetCommand::Snapshot(DatasetRecord record) {
                                            SnapshotFailureMessage(record, snap.error, ""));
     default:
       return Status::FailedPrecondition(
-          "dataset " + Quoted(record.name) +
-          " changed while its snapshot was taken (it is now " +
+          "dataset " + Quoted(record.name) + " changed while its snapshot was taken (it is now " +
           std::string(DatasetPhaseName(record.state.phase)) +
           "); the snapshot was not recorded: look at `granary dataset show " + record.name +
           "` and take it again");
@@ -352,11 +350,11 @@ Status DatasetCommand::Create() {
     }
     record.owner = {static_cast<uint32_t>(uid), static_cast<uint32_t>(gid)};
   }
-  record.state = {DatasetPhase::kPending,
-                  by_pool ? "created; waiting for a cache node of pool " + pool_ +
-                                " to take its snapshot"
-                          : "created",
-                  ""};
+  record.state = {
+      DatasetPhase::kPending,
+      by_pool ? "created; waiting for a cache node of pool " + pool_ + " to take its snapshot"
+              : "created",
+      ""};
   GRANARY_RETURN_IF_ERROR(c_.OpenStore());
   Result<DatasetRecord> created = c_.store().CreateDataset(record);
   if (!created.ok()) {

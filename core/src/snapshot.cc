@@ -1,5 +1,6 @@
 #include "granary/core/snapshot.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <iterator>
@@ -141,8 +143,8 @@ Status CheckRoot(const std::string& root, uint32_t uid) {
     }
     if (e == EACCES || e == EPERM) {
       return Status::PermissionDenied(as + " may not reach " + Quoted(root) +
-                                      ": no search right on a directory above it (" +
-                                      ErrnoText(e) + ")");
+                                      ": no search right on a directory above it (" + ErrnoText(e) +
+                                      ")");
     }
     return Status::FromErrno(e, "stat " + Quoted(root));
   }
@@ -185,15 +187,15 @@ int WalkInChild(const WalkRequest& request, int out) {
     if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(id.gid) != 0 ||
         ::setuid(id.uid) != 0) {
       const int e = errno;
-      return WriteFull(out, ErrorAnswer(Status::PermissionDenied(
-                                "cannot become " + id.ToString() + ": " + ErrnoText(e))))
+      return WriteFull(out, ErrorAnswer(Status::PermissionDenied("cannot become " + id.ToString() +
+                                                                 ": " + ErrnoText(e))))
                  ? 0
                  : 1;
     }
     if (::getuid() != id.uid || ::geteuid() != id.uid || ::getgid() != id.gid ||
         ::getegid() != id.gid) {
-      return WriteFull(out, ErrorAnswer(Status::PermissionDenied(
-                                "the switch to " + id.ToString() + " did not take effect")))
+      return WriteFull(out, ErrorAnswer(Status::PermissionDenied("the switch to " + id.ToString() +
+                                                                 " did not take effect")))
                  ? 0
                  : 1;
     }
@@ -210,10 +212,29 @@ int WalkInChild(const WalkRequest& request, int out) {
     StoreLe<uint64_t>(p.data() + 9, dirs);
     (void)WriteFull(out, p);
   };
-  Result<Manifest> manifest =
-      CheckAndWalk(options, request.switch_identity ? id.uid : ::geteuid());
-  const std::string answer = manifest.ok() ? "M" + manifest->Encode() : ErrorAnswer(manifest.status());
+  Result<Manifest> manifest = CheckAndWalk(options, request.switch_identity ? id.uid : ::geteuid());
+  const std::string answer =
+      manifest.ok() ? "M" + manifest->Encode() : ErrorAnswer(manifest.status());
   return WriteFull(out, answer) ? 0 : 1;
+}
+
+// Closes every descriptor but 0, 1, 2, `in_fd` and `out_fd`: whatever the
+// process that spawned the helper did not mark close-on-exec.
+void CloseOtherDescriptors(int in_fd, int out_fd) {
+  std::vector<int> open;
+  if (DIR* d = ::opendir("/proc/self/fd"); d != nullptr) {
+    const int own = ::dirfd(d);
+    while (const dirent* e = ::readdir(d)) {
+      char* end = nullptr;
+      const long fd = std::strtol(e->d_name, &end, 10);
+      if (end == e->d_name || *end != '\0') continue;
+      if (fd > STDERR_FILENO && fd != in_fd && fd != out_fd && fd != own) {
+        open.push_back(static_cast<int>(fd));
+      }
+    }
+    ::closedir(d);
+  }
+  for (int fd : open) ::close(fd);
 }
 
 std::string ExitText(int wstatus) {
@@ -354,8 +375,11 @@ Result<Manifest> SpawnAndWalk(const WalkRequest& request, const std::vector<std:
   ::posix_spawnattr_init(&attr);
   ::posix_spawn_file_actions_adddup2(&actions, to_read.get(), STDIN_FILENO);
   ::posix_spawn_file_actions_adddup2(&actions, answer_write.get(), STDOUT_FILENO);
-  // Nothing else of the parent's (chunk files, sockets) reaches the helper.
+#if defined(__GLIBC_PREREQ) && __GLIBC_PREREQ(2, 34)
+  // Nothing else of the parent's (chunk files, sockets) reaches the helper
+  // (RunSnapshotChild closes them too, for older C libraries).
   ::posix_spawn_file_actions_addclosefrom_np(&actions, STDERR_FILENO + 1);
+#endif
   // The daemon blocks its stop signals in every thread and may ignore SIGPIPE:
   // the helper starts with an empty mask and default dispositions.
   sigset_t none;
@@ -413,6 +437,7 @@ Result<Manifest> SnapshotAsOwner(const DatasetOwner& owner, ManifestBuildOptions
 }
 
 int RunSnapshotChild(int in_fd, int out_fd) {
+  CloseOtherDescriptors(in_fd, out_fd);
   std::string text;
   char buffer[1 << 16];
   for (;;) {
@@ -426,9 +451,10 @@ int RunSnapshotChild(int in_fd, int out_fd) {
     if (n == 0) break;
     text.append(buffer, static_cast<size_t>(n));
     if (text.size() > kMaxRequestBytes) {
-      return WriteFull(out_fd, ErrorAnswer(Status::InvalidArgument(
-                                   "the snapshot request is larger than " +
-                                   std::to_string(kMaxRequestBytes) + " bytes")))
+      return WriteFull(
+                 out_fd,
+                 ErrorAnswer(Status::InvalidArgument("the snapshot request is larger than " +
+                                                     std::to_string(kMaxRequestBytes) + " bytes")))
                  ? 0
                  : 1;
     }
@@ -458,11 +484,10 @@ std::string_view SnapshotOutcomeName(SnapshotOutcome outcome) {
 
 std::string SnapshotFailureMessage(const DatasetRecord& record, const Status& error,
                                    const std::string& claimant) {
-  const std::string again =
-      claimant.empty()
-          ? "then `granary dataset snapshot " + record.name + "`"
-          : "then ask for a new snapshot (`granary dataset snapshot " + record.name +
-                "`, or set the phase to Pending)";
+  const std::string again = claimant.empty()
+                                ? "then `granary dataset snapshot " + record.name + "`"
+                                : "then ask for a new snapshot (`granary dataset snapshot " +
+                                      record.name + "`, or set the phase to Pending)";
   std::string hint;
   switch (error.code()) {
     case StatusCode::kNotFound:
@@ -492,8 +517,7 @@ namespace {
 
 // Whether `current` is still the snapshot taken by `claimant`.
 bool StillClaimed(const DatasetRecord& current, const std::string& claimant) {
-  return current.state.phase == DatasetPhase::kSnapshotting &&
-         current.state.claimed_by == claimant;
+  return current.state.phase == DatasetPhase::kSnapshotting && current.state.claimed_by == claimant;
 }
 
 // The parts of a record a manifest is built from.
@@ -645,16 +669,16 @@ Result<DatasetSnapshot> SnapshotDataset(MetadataStore& store, const DatasetRecor
     // Still this claim, but the spec or the owner changed: give it back, so
     // that it is taken again from the new inputs.
     out.outcome = SnapshotOutcome::kSuperseded;
-    GRANARY_ASSIGN_OR_RETURN(WriteResult w,
-                             WriteIfClaimed(
-                                 store, claimed.name, claimant,
-                                 [&](DatasetRecord& r) {
-                                   r.state = {DatasetPhase::kPending,
-                                              "the spec changed during the snapshot; it is "
-                                              "taken again",
-                                              ""};
-                                 },
-                                 &out.record));
+    GRANARY_ASSIGN_OR_RETURN(WriteResult w, WriteIfClaimed(
+                                                store, claimed.name, claimant,
+                                                [&](DatasetRecord& r) {
+                                                  r.state = {
+                                                      DatasetPhase::kPending,
+                                                      "the spec changed during the snapshot; it is "
+                                                      "taken again",
+                                                      ""};
+                                                },
+                                                &out.record));
     (void)w;
     return out;
   }

@@ -118,8 +118,7 @@ TEST_F(CliTest, PoolSnapshottedDatasetsAreLeftToTheCacheNodes) {
   auto shown = nlohmann::json::parse(Run({"dataset", "show", "far", "-o", "json"}).out);
   EXPECT_EQ(shown["snapshot_by"], "pool");
   EXPECT_EQ(shown["claimed_by"], "n1");
-  EXPECT_NE(Run({"dataset", "show", "far"}).out.find("(node n1 is walking it)"),
-            std::string::npos);
+  EXPECT_NE(Run({"dataset", "show", "far"}).out.find("(node n1 is walking it)"), std::string::npos);
   ASSERT_EQ(Run({"dataset", "snapshot", "far"}).code, kCliOk);
   record = store->GetDataset("far");
   EXPECT_EQ(record->state.phase, DatasetPhase::kPending);

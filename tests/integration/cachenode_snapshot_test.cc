@@ -246,9 +246,9 @@ TEST(CacheNodeSnapshotTest, TwoNodesTakeExactlyOneSnapshotAndServeTheSourceBytes
   WriteTree(root, "", 300, 50, "one");
   ASSERT_EQ(::chmod(root.c_str(), 0755), 0);
 
-  CliRun create = RunGranary(**cluster, {"dataset", "create", "one", "--source", root,
-                                         "--snapshot-by", "pool", "--owner", "65534:65534",
-                                         "--chunk-size", "16KiB", "--wait", "--timeout", "90s"});
+  CliRun create = RunGranary(
+      **cluster, {"dataset", "create", "one", "--source", root, "--snapshot-by", "pool", "--owner",
+                  "65534:65534", "--chunk-size", "16KiB", "--wait", "--timeout", "90s"});
   ASSERT_TRUE(create.exit.ExitedWith(0)) << create.exit.ToString() << "\n" << create.output;
   EXPECT_THAT(create.output, HasSubstr("dataset one is Ready"));
 
@@ -407,14 +407,19 @@ class SlowSource {
     std::filesystem::create_directories(mnt_);
     DaemonProcessOptions o;
     o.binary = GRANARY_SLOWFS_BINARY;
-    o.args = {src_, mnt_, "--latency-ms", std::to_string(latency_ms), "--bandwidth-mb-s", "0",
-              "--max-concurrency", "0"};
+    o.args = {src_,
+              mnt_,
+              "--latency-ms",
+              std::to_string(latency_ms),
+              "--bandwidth-mb-s",
+              "0",
+              "--max-concurrency",
+              "0"};
     o.log_path = log_path;
     o.name = "granary-slowfs";
     GRANARY_ASSIGN_OR_RETURN(process_, DaemonProcess::Start(o));
     const std::string stats = mnt_ + "/.slowfs-stats";
-    if (!WaitFor([&] { return ::access(stats.c_str(), R_OK) == 0 || !process_->Running(); },
-                 20s)) {
+    if (!WaitFor([&] { return ::access(stats.c_str(), R_OK) == 0 || !process_->Running(); }, 20s)) {
       return Status::DeadlineExceeded("granary-slowfs did not serve " + mnt_ + ":\n" +
                                       process_->LogTail());
     }
@@ -461,7 +466,8 @@ TEST(CacheNodeSnapshotTest, ClaimantKilledMidWalkAnotherNodeTakesOver) {
   ASSERT_OK(claimed);
   CacheNode* victim = (*cluster)->FindNode(claimed->state.claimed_by);
   ASSERT_NE(victim, nullptr) << claimed->state.claimed_by;
-  CacheNode* survivor = victim == &(*cluster)->node(0) ? &(*cluster)->node(1) : &(*cluster)->node(0);
+  CacheNode* survivor =
+      victim == &(*cluster)->node(0) ? &(*cluster)->node(1) : &(*cluster)->node(0);
   auto helper = SnapshotHelperOf(victim->process()->pid(), 10s);
   ASSERT_OK(helper);
   auto killed = victim->Kill();
@@ -515,13 +521,12 @@ TEST(CacheNodeSnapshotTest, ClaimantStoppedMidWalkGivesTheClaimBack) {
   auto stopped = node.Terminate(10s);
   ASSERT_OK(stopped);
   EXPECT_TRUE(stopped->ExitedWith(0)) << stopped->ToString();
-  EXPECT_TRUE(ProcessGone(*helper)) << "the stopped node's snapshot helper " << *helper
-                                    << " still runs";
+  EXPECT_TRUE(ProcessGone(*helper))
+      << "the stopped node's snapshot helper " << *helper << " still runs";
   auto released = store.GetDataset("slow");
   ASSERT_OK(released);
   ASSERT_EQ(released->state.phase, DatasetPhase::kPending)
-      << "the walk ended before the stop: make the slow tree larger; "
-      << released->state.message;
+      << "the walk ended before the stop: make the slow tree larger; " << released->state.message;
   EXPECT_EQ(released->state.claimed_by, "");
   EXPECT_THAT(released->state.message,
               HasSubstr("node " + node.id() + " stopped during the snapshot"));

@@ -64,9 +64,9 @@ class CacheNode {
   // failed (the store URL, the data directory, the listen address) and what
   // to do. `snapshot_helper`: the helper's program and arguments (default:
   // this program with kSnapshotChildFlag).
-  static Result<std::unique_ptr<CacheNode>> Start(
-      const CacheNodeConfig& config,
-      std::vector<std::string> snapshot_helper = {"/proc/self/exe", kSnapshotChildFlag});
+  static Result<std::unique_ptr<CacheNode>> Start(const CacheNodeConfig& config,
+                                                  std::vector<std::string> snapshot_helper = {
+                                                      "/proc/self/exe", kSnapshotChildFlag});
 
   ~CacheNode();  // Stop()
   CacheNode(const CacheNode&) = delete;
