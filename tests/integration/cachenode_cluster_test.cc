@@ -416,7 +416,10 @@ TEST(CacheNodeClusterTest, PromtoolAcceptsTheMetricsOfANodeThatStagedAndServed) 
                            "capacity_bytes",
                            "used_bytes",
                            "datasets",
-                           "store_errors_total"}) {
+                           "store_errors_total",
+                           "snapshots_total",
+                           "snapshot_seconds_bucket",
+                           "snapshot_seconds_count"}) {
     EXPECT_TRUE(names.contains(std::string("granary_cachenode_") + name))
         << "granary_cachenode_" << name << " is not exported";
   }
