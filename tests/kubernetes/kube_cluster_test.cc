@@ -14,6 +14,8 @@
 #include <chrono>
 #include <iostream>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +32,12 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+
+// A /proc file of a process (their size is 0, so read to the end).
+std::string ReadProcFile(pid_t pid, const std::string& name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 class KubeClusterTest : public ::testing::Test {
  protected:
@@ -302,7 +310,7 @@ TEST_F(KubeClusterTest, PodRunnerRunsAGranaryPodFromItsSpecAndStopsItWhenDeleted
   EXPECT_TRUE(std::filesystem::is_directory(mount_dir));
   EXPECT_TRUE(std::filesystem::is_empty(mount_dir));
   // The environment is the pod's, resolved.
-  std::string environ = ReadAll("/proc/" + std::to_string(c.pid) + "/environ");
+  std::string environ = ReadProcFile(c.pid, "environ");
   for (char& ch : environ) {
     if (ch == '\0') ch = '\n';
   }
@@ -311,7 +319,7 @@ TEST_F(KubeClusterTest, PodRunnerRunsAGranaryPodFromItsSpecAndStopsItWhenDeleted
     EXPECT_NE(environ.find(want), std::string::npos) << want << " in\n" << environ;
   }
   // $(NODE_NAME) in args was expanded too.
-  std::string cmdline = ReadAll("/proc/" + std::to_string(c.pid) + "/cmdline");
+  std::string cmdline = ReadProcFile(c.pid, "cmdline");
   for (char& ch : cmdline) {
     if (ch == '\0') ch = ' ';
   }

@@ -7,7 +7,7 @@
 // moving the pods bound to them to Running. Granary's own pods on those nodes
 // are run for real by PodRunner (testing/pod_runner.h).
 //
-//   auto cluster = KubeCluster::Start();               // ~10 s; nodes Ready when it returns
+//   auto cluster = KubeCluster::Start();               // ~4 s; nodes Ready when it returns
 //   KubectlResult r = (*cluster)->Kubectl({"apply", "-f", "-"}, yaml);
 //   auto pods = (*cluster)->GetJson({"pods", "-n", "ns"});  // kubectl get pods -n ns -o json
 //   auto kubeconfig = (*cluster)->ServiceAccountKubeconfig("granary-system", "granary-operator");
@@ -21,12 +21,15 @@
 // and every daemon's log. The API server authorizes with RBAC only, issues
 // service-account tokens for `https://kubernetes.default.svc.cluster.local`
 // with the audiences of that issuer and `granary`, and allocates Service IPs
-// from 10.96.0.0/16. The controller manager runs each controller with its
-// own service account (as kubeadm does), so the default ServiceAccount, the
-// kube-root-ca.crt ConfigMap, Deployments, ReplicaSets, DaemonSets and garbage
-// collection all work; nothing serves on the controller manager's or the
-// scheduler's ports (--secure-port=0). Every port is a free loopback port.
-// The daemons run under DaemonProcess: killed with the test, their logs
+// from 10.96.0.0/16. The controller manager runs every default controller
+// (the default ServiceAccount, the kube-root-ca.crt ConfigMap, Deployments,
+// ReplicaSets, DaemonSets, Jobs, garbage collection, ...) with its own
+// credentials, which are in system:masters: minting a token for each
+// controller's service account (--use-service-account-credentials, as
+// kubeadm runs it) made Start 5 s slower, and the controllers' own RBAC is not
+// what Granary's tests test. Nothing serves on the controller manager's or
+// the scheduler's ports (--secure-port=0). Every port is a free loopback
+// port. The daemons run under DaemonProcess: killed with the test, their logs
 // printed if it fails.
 //
 // The fake nodes are Node objects created here with their labels, capacity
@@ -174,6 +177,7 @@ class KubeCluster {
   Status StartApiServer();
   Status WaitApiServerReady(std::chrono::steady_clock::time_point deadline);
   Status StartControllers();
+  Status StartKwok();
   Status CreateNodes();
   Status WaitClusterReady(std::chrono::steady_clock::time_point deadline);
   Result<std::unique_ptr<DaemonProcess>> StartDaemon(const std::string& tool,
