@@ -7,22 +7,22 @@
 // One cluster serves the whole binary (SetUpTestSuite). ctest runs each case
 // in its own process (gtest_discover_tests), so there each case starts one.
 
+#include "testing/kube_cluster.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 
 #include <chrono>
-#include <iostream>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
-#include "testing/kube_cluster.h"
 #include "testing/pod_runner.h"
 #include "testing/test_util.h"
 
@@ -49,15 +49,15 @@ class KubeClusterTest : public ::testing::Test {
     }
     const auto start = std::chrono::steady_clock::now();
     Result<std::unique_ptr<KubeCluster>> cluster = KubeCluster::Start();
-    const auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() -
-                                                               start);
+    const auto took =
+        std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
     if (!cluster.ok()) {
       start_error_ = new std::string(cluster.status().ToString());
       return;
     }
     cluster_ = cluster->release();
-    std::cout << "KubeCluster::Start took " << took.count() << " ms (" << cluster_->server()
-              << ", " << cluster_->dir() << ")" << std::endl;
+    std::cout << "KubeCluster::Start took " << took.count() << " ms (" << cluster_->server() << ", "
+              << cluster_->dir() << ")" << std::endl;
   }
   static void TearDownTestSuite() {
     delete cluster_;
@@ -220,7 +220,9 @@ TEST_F(KubeClusterTest, RestartApiServerKeepsObjects) {
   // ServiceAccount from the controller manager.
   MustKubectl({"create", "namespace", "after-restart"});
   EXPECT_OK(cluster().WaitFor(
-      [&] { return cluster().GetJson({"serviceaccount", "default", "-n", "after-restart"}).ok(); },
+      [&] {
+        return cluster().GetJson({"serviceaccount", "default", "-n", "after-restart"}).ok();
+      },
       seconds(60), "the default ServiceAccount of a namespace created after the restart"));
 }
 
@@ -239,13 +241,18 @@ TEST_F(KubeClusterTest, PodRunnerRunsAGranaryPodFromItsSpecAndStopsItWhenDeleted
   ASSERT_EQ(::mkdir(host.Join("store").c_str(), 0755), 0);
   const uint16_t listen_port = FreeTcpPort();
   const uint16_t metrics_port = FreeTcpPort();
-  const std::string config = "pool: default\n"
-                             "listen: 127.0.0.1:" + std::to_string(listen_port) + "\n"
-                             "metrics_listen: 127.0.0.1:" + std::to_string(metrics_port) + "\n"
-                             "data_dir: /var/lib/granary-kube-test/data\n"
-                             "capacity: 64MiB\n"
-                             "metadata_store: sqlite:///var/lib/granary-kube-test/store/granary.db\n"
-                             "heartbeat_interval: 1s\n";
+  const std::string config =
+      "pool: default\n"
+      "listen: 127.0.0.1:" +
+      std::to_string(listen_port) +
+      "\n"
+      "metrics_listen: 127.0.0.1:" +
+      std::to_string(metrics_port) +
+      "\n"
+      "data_dir: /var/lib/granary-kube-test/data\n"
+      "capacity: 64MiB\n"
+      "metadata_store: sqlite:///var/lib/granary-kube-test/store/granary.db\n"
+      "heartbeat_interval: 1s\n";
   const std::string mount_dir = "/etc/granary-kube-test";
   ASSERT_FALSE(std::filesystem::exists(mount_dir)) << "left over by an earlier run: " << mount_dir;
 
@@ -267,7 +274,8 @@ TEST_F(KubeClusterTest, PodRunnerRunsAGranaryPodFromItsSpecAndStopsItWhenDeleted
            {"command", {"/usr/bin/granary-cachenode"}},
            {"args", {"--config", mount_dir + "/cachenode.yaml", "--node-id", "$(NODE_NAME)"}},
            {"env",
-            {{{"name", "NODE_NAME"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "spec.nodeName"}}}}}},
+            {{{"name", "NODE_NAME"},
+              {"valueFrom", {{"fieldRef", {{"fieldPath", "spec.nodeName"}}}}}},
              {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
              {{"name", "TOKEN"},
               {"valueFrom", {{"secretKeyRef", {{"name", "token"}, {"key", "value"}}}}}},
@@ -295,9 +303,9 @@ TEST_F(KubeClusterTest, PodRunnerRunsAGranaryPodFromItsSpecAndStopsItWhenDeleted
   // store are in the host paths.
   EXPECT_TRUE(WaitFor(
       [&] {
-        KubectlResult curl = RunProgram({"curl", "-sf", "http://127.0.0.1:" +
-                                                            std::to_string(metrics_port) + "/readyz"},
-                                        {}, "", host.path(), seconds(5));
+        KubectlResult curl = RunProgram(
+            {"curl", "-sf", "http://127.0.0.1:" + std::to_string(metrics_port) + "/readyz"}, {}, "",
+            host.path(), seconds(5));
         return curl.exit_code == 0;
       },
       seconds(60), milliseconds(200)))
@@ -334,9 +342,8 @@ TEST_F(KubeClusterTest, PodRunnerRunsAGranaryPodFromItsSpecAndStopsItWhenDeleted
   // Deleting the pod stops the process (SIGTERM: a clean exit) and removes
   // the mount point this runner created.
   MustKubectl({"delete", "pod", "cachenode", "-n", "granary-test", "--wait=false"});
-  EXPECT_OK(runner.WaitFor(
-      [](const std::vector<RunningContainer>& r) { return r.empty(); }, seconds(30),
-      "the deleted pod's process to stop"));
+  EXPECT_OK(runner.WaitFor([](const std::vector<RunningContainer>& r) { return r.empty(); },
+                           seconds(30), "the deleted pod's process to stop"));
   bool stopped_cleanly = false;
   for (const ContainerExit& e : runner.Exits()) {
     if (e.pod == "cachenode" && e.stopped) stopped_cleanly = e.exited && e.code == 0;
@@ -354,14 +361,14 @@ TEST_F(KubeClusterTest, PodRunnerLeavesOtherPodsToKwok) {
   ASSERT_OK(started);
   MustKubectl({"create", "namespace", "others"});
   MustKubectl({"run", "busybox", "-n", "others", "--image=busybox:1.36",
-               "--overrides={\"spec\":{\"nodeName\":\"gpu-node-1\"}}", "--command", "--",
-               "granary", "--help"});
+               "--overrides={\"spec\":{\"nodeName\":\"gpu-node-1\"}}", "--command", "--", "granary",
+               "--help"});
   MustKubectl({"run", "elsewhere", "-n", "others", "--image=granary/test:dev",
-               "--overrides={\"spec\":{\"nodeName\":\"gpu-node-2\"}}", "--command", "--",
-               "granary", "--help"});
+               "--overrides={\"spec\":{\"nodeName\":\"gpu-node-2\"}}", "--command", "--", "granary",
+               "--help"});
   MustKubectl({"run", "help", "-n", "others", "--image=granary/test:dev", "--restart=Never",
-               "--overrides={\"spec\":{\"nodeName\":\"gpu-node-1\"}}", "--command", "--",
-               "granary", "--help"});
+               "--overrides={\"spec\":{\"nodeName\":\"gpu-node-1\"}}", "--command", "--", "granary",
+               "--help"});
   // The granary/test pod on gpu-node-1 runs to completion (restartPolicy Never)...
   EXPECT_OK(runner.WaitFor(
       [&](const std::vector<RunningContainer>&) {

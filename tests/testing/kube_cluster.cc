@@ -1,13 +1,12 @@
 #include "testing/kube_cluster.h"
 
 #include <fcntl.h>
+#include <httplib.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <httplib.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -63,8 +62,8 @@ std::string Quoted(const std::string& s) { return nlohmann::json(s).dump(); }
 }  // namespace
 
 std::string KubectlResult::Describe() const {
-  std::string what = exit_code < 0 ? std::string("did not run to its end")
-                                   : "exit " + std::to_string(exit_code);
+  std::string what =
+      exit_code < 0 ? std::string("did not run to its end") : "exit " + std::to_string(exit_code);
   const std::string text = Trim(err.empty() ? out : err);
   return what + (text.empty() ? "" : ": " + Tail(text, 4096));
 }
@@ -174,8 +173,8 @@ KubectlResult RunProgram(const std::vector<std::string>& argv, const std::vector
 }
 
 Result<std::string> KubeCluster::ToolsDir() {
-  const std::vector<std::string> needed = {"kube-apiserver", "kube-controller-manager",
-                                           "kube-scheduler", "kubectl", "etcd", "kwok"};
+  const std::vector<std::string> needed = {
+      "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd", "kwok"};
   const char* env = std::getenv("GRANARY_K8S_BIN");
   std::string dir;
   if (env != nullptr && *env != '\0') {
@@ -293,9 +292,8 @@ Status KubeCluster::MakePki() {
            "DNS:kubernetes.default.svc.cluster.local"},
           false));
   GRANARY_RETURN_IF_ERROR(req("admin", "/O=system:masters/CN=granary-admin", client, false));
-  GRANARY_RETURN_IF_ERROR(
-      req("controller-manager", "/O=system:masters/CN=system:kube-controller-manager", client,
-          false));
+  GRANARY_RETURN_IF_ERROR(req(
+      "controller-manager", "/O=system:masters/CN=system:kube-controller-manager", client, false));
   GRANARY_RETURN_IF_ERROR(req("scheduler", "/CN=system:kube-scheduler", client, false));
   // The service-account token signing key pair (ES256).
   GRANARY_RETURN_IF_ERROR(run({openssl, "genpkey", "-algorithm", "EC", "-pkeyopt",
@@ -313,10 +311,10 @@ Status KubeCluster::MakePki() {
       WriteKubeconfig(kubeconfig_path_, "    client-certificate: " + Quoted(admin_cert_file_) +
                                             "\n    client-key: " + Quoted(admin_key_file_) + "\n"));
   for (const char* who : {"controller-manager", "scheduler"}) {
-    GRANARY_RETURN_IF_ERROR(WriteKubeconfig(
-        dir_.Join(std::string(who) + ".kubeconfig"),
-        "    client-certificate: " + Quoted(pki + "/" + who + ".crt") +
-            "\n    client-key: " + Quoted(pki + "/" + who + ".key") + "\n"));
+    GRANARY_RETURN_IF_ERROR(
+        WriteKubeconfig(dir_.Join(std::string(who) + ".kubeconfig"),
+                        "    client-certificate: " + Quoted(pki + "/" + who + ".crt") +
+                            "\n    client-key: " + Quoted(pki + "/" + who + ".key") + "\n"));
   }
   return Status::Ok();
 }
@@ -366,16 +364,15 @@ Status KubeCluster::StartEtcd() {
   const std::string client = "http://127.0.0.1:" + std::to_string(etcd_client_port_);
   const std::string peer = "http://127.0.0.1:" + std::to_string(etcd_peer_port_);
   GRANARY_ASSIGN_OR_RETURN(
-      etcd_, StartDaemon("etcd", {"--name=granary-test", "--data-dir=" + dir_.Join("etcd"),
-                                  "--listen-client-urls=" + client,
-                                  "--advertise-client-urls=" + client,
-                                  "--listen-peer-urls=" + peer,
-                                  "--initial-advertise-peer-urls=" + peer,
-                                  "--initial-cluster=granary-test=" + peer,
-                                  // A test's cluster need not survive a power cut.
-                                  "--unsafe-no-fsync", "--log-level=warn",
-                                  // One member: elect it at once, not after a second.
-                                  "--heartbeat-interval=10", "--election-timeout=100"}));
+      etcd_,
+      StartDaemon("etcd", {"--name=granary-test", "--data-dir=" + dir_.Join("etcd"),
+                           "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+                           "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+                           "--initial-cluster=granary-test=" + peer,
+                           // A test's cluster need not survive a power cut.
+                           "--unsafe-no-fsync", "--log-level=warn",
+                           // One member: elect it at once, not after a second.
+                           "--heartbeat-interval=10", "--election-timeout=100"}));
   httplib::Client http("127.0.0.1", etcd_client_port_);
   http.set_connection_timeout(1, 0);
   http.set_read_timeout(2, 0);
@@ -435,10 +432,10 @@ Status KubeCluster::WaitApiServerReady(steady_clock::time_point deadline) {
   http.set_read_timeout(5, 0);
   while (true) {
     if (!api_server_->Running()) {
-      return Status::Unavailable("kube-apiserver exited (" +
-                                 (api_server_->exit_status() ? api_server_->exit_status()->ToString()
-                                                             : std::string("?")) +
-                                 ") before it was ready: " + ApiServerLogTail(8192));
+      return Status::Unavailable(
+          "kube-apiserver exited (" +
+          (api_server_->exit_status() ? api_server_->exit_status()->ToString() : std::string("?")) +
+          ") before it was ready: " + ApiServerLogTail(8192));
     }
     httplib::Result r = http.Get("/readyz");
     if (r && r->status == 200) return Status::Ok();
@@ -457,16 +454,15 @@ Status KubeCluster::StartControllers() {
   const std::string pki = dir_.Join("pki");
   GRANARY_ASSIGN_OR_RETURN(
       controller_manager_,
-      StartDaemon("kube-controller-manager",
-                  {"--kubeconfig=" + dir_.Join("controller-manager.kubeconfig"),
-                   "--leader-elect=false", "--secure-port=0",
-                   "--use-service-account-credentials=false",
-                   "--service-account-private-key-file=" + pki + "/sa.key",
-                   "--root-ca-file=" + pki + "/ca.crt",
-                   "--cluster-signing-cert-file=" + pki + "/ca.crt",
-                   "--cluster-signing-key-file=" + pki + "/ca.key",
-                   "--service-cluster-ip-range=10.96.0.0/16", "--cluster-name=granary-test",
-                   "--concurrent-deployment-syncs=5", "--profiling=false"}));
+      StartDaemon(
+          "kube-controller-manager",
+          {"--kubeconfig=" + dir_.Join("controller-manager.kubeconfig"), "--leader-elect=false",
+           "--secure-port=0", "--use-service-account-credentials=false",
+           "--service-account-private-key-file=" + pki + "/sa.key",
+           "--root-ca-file=" + pki + "/ca.crt", "--cluster-signing-cert-file=" + pki + "/ca.crt",
+           "--cluster-signing-key-file=" + pki + "/ca.key",
+           "--service-cluster-ip-range=10.96.0.0/16", "--cluster-name=granary-test",
+           "--concurrent-deployment-syncs=5", "--profiling=false"}));
   GRANARY_ASSIGN_OR_RETURN(
       scheduler_, StartDaemon("kube-scheduler",
                               {"--kubeconfig=" + dir_.Join("scheduler.kubeconfig"),
@@ -476,12 +472,11 @@ Status KubeCluster::StartControllers() {
 
 Status KubeCluster::StartKwok() {
   GRANARY_ASSIGN_OR_RETURN(
-      kwok_, StartDaemon("kwok", {"--kubeconfig=" + kubeconfig_path_,
-                                  "--manage-all-nodes=false",
-                                  "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                                  "--manage-nodes-with-label-selector=",
-                                  "--node-lease-duration-seconds=40",
-                                  "--cidr=10.244.0.1/16", "--node-ip=127.0.0.1"}));
+      kwok_, StartDaemon("kwok",
+                         {"--kubeconfig=" + kubeconfig_path_, "--manage-all-nodes=false",
+                          "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                          "--manage-nodes-with-label-selector=", "--node-lease-duration-seconds=40",
+                          "--cidr=10.244.0.1/16", "--node-ip=127.0.0.1"}));
   return Status::Ok();
 }
 
@@ -492,17 +487,16 @@ Status KubeCluster::CreateNodes() {
                              {"kubernetes.io/arch", "amd64"},
                              {"type", "kwok"}};
     for (const auto& [k, v] : node.labels) labels[k] = v;
-    const nlohmann::json resources = {{"cpu", node.cpu},
-                                      {"memory", node.memory},
-                                      {"pods", "110"},
-                                      {"nvidia.com/gpu", node.gpus}};
+    const nlohmann::json resources = {
+        {"cpu", node.cpu}, {"memory", node.memory}, {"pods", "110"}, {"nvidia.com/gpu", node.gpus}};
     const nlohmann::json body = {
         {"apiVersion", "v1"},
         {"kind", "Node"},
         {"metadata",
          {{"name", node.name},
           {"labels", labels},
-          {"annotations", {{"kwok.x-k8s.io/node", "fake"}, {"node.alpha.kubernetes.io/ttl", "0"}}}}},
+          {"annotations",
+           {{"kwok.x-k8s.io/node", "fake"}, {"node.alpha.kubernetes.io/ttl", "0"}}}}},
         {"status",
          {{"capacity", resources},
           {"allocatable", resources},
@@ -520,8 +514,8 @@ Status KubeCluster::CreateNodes() {
 Status KubeCluster::WaitClusterReady(steady_clock::time_point deadline) {
   std::string last = "nothing asked yet";
   while (true) {
-    for (DaemonProcess* d :
-         {etcd_.get(), api_server_.get(), controller_manager_.get(), scheduler_.get(), kwok_.get()}) {
+    for (DaemonProcess* d : {etcd_.get(), api_server_.get(), controller_manager_.get(),
+                             scheduler_.get(), kwok_.get()}) {
       if (!d->Running()) {
         return Status::Unavailable(d->name() + " exited (" +
                                    (d->exit_status() ? d->exit_status()->ToString() : "?") +
@@ -538,8 +532,7 @@ Status KubeCluster::WaitClusterReady(steady_clock::time_point deadline) {
         bool node_ready = false;
         for (const nlohmann::json& n : nodes->value("items", nlohmann::json::array())) {
           if (n["metadata"].value("name", "") != want.name) continue;
-          for (const nlohmann::json& c :
-               n["status"].value("conditions", nlohmann::json::array())) {
+          for (const nlohmann::json& c : n["status"].value("conditions", nlohmann::json::array())) {
             if (c.value("type", "") == "Ready" && c.value("status", "") == "True") {
               node_ready = true;
             }
@@ -588,7 +581,8 @@ Result<nlohmann::json> KubeCluster::GetJson(const std::vector<std::string>& args
   std::string what = "kubectl";
   for (const std::string& a : argv) what += " " + a;
   if (r.exit_code != 0) {
-    if (r.err.find("NotFound") != std::string::npos || r.err.find("not found") != std::string::npos) {
+    if (r.err.find("NotFound") != std::string::npos ||
+        r.err.find("not found") != std::string::npos) {
       return Status::NotFound(what + ": " + r.Describe());
     }
     return Status::Unavailable(what + ": " + r.Describe());
@@ -627,8 +621,7 @@ Result<nlohmann::json> KubeCluster::ApiRequest(const std::string& method, const 
   if (r->status == 404) return Status::NotFound(what + ": 404 " + Tail(r->body, 1024));
   if (r->status == 409) return Status::AlreadyExists(what + ": 409 " + Tail(r->body, 1024));
   if (r->status < 200 || r->status >= 300) {
-    return Status::Unavailable(what + ": " + std::to_string(r->status) + " " +
-                               Tail(r->body, 2048));
+    return Status::Unavailable(what + ": " + std::to_string(r->status) + " " + Tail(r->body, 2048));
   }
   try {
     return nlohmann::json::parse(r->body);
@@ -642,8 +635,7 @@ Status KubeCluster::WaitFor(std::function<bool()> condition, milliseconds timeou
                             const std::string& what) const {
   const auto start = steady_clock::now();
   if (granary::testing::WaitFor(condition, timeout, milliseconds(200))) return Status::Ok();
-  const auto waited =
-      std::chrono::duration_cast<milliseconds>(steady_clock::now() - start).count();
+  const auto waited = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start).count();
   return Status::DeadlineExceeded("waited " + std::to_string(waited) + " ms for " + what +
                                   "; it did not happen");
 }

@@ -55,10 +55,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "granary/core/status.h"
 #include "testing/daemon_process.h"

@@ -201,8 +201,8 @@ struct PodRunner::PodState {
   steady_clock::time_point next_setup{};
   std::map<std::string, std::string> volume_paths;  // volume name -> its directory or host path
   std::vector<ContainerState> containers;           // init containers first, in order
-  std::vector<std::string> created_paths;  // mount points this pod holds a reference on
-  std::set<std::string> problems;          // each logged once
+  std::vector<std::string> created_paths;           // mount points this pod holds a reference on
+  std::set<std::string> problems;                   // each logged once
 };
 
 namespace {
@@ -413,8 +413,8 @@ void PodRunner::Poll() {
         state->containers.push_back(std::move(cs));
       }
     }
-    Event("pod " + state->ns + "/" + state->name + " (uid " + uid + ") on " + node +
-          ": runs " + names);
+    Event("pod " + state->ns + "/" + state->name + " (uid " + uid + ") on " + node + ": runs " +
+          names);
     pods_.emplace(uid, std::move(state));
   }
   for (auto it = pods_.begin(); it != pods_.end();) {
@@ -533,7 +533,8 @@ Status PodRunner::SetUpPod(PodState* pod) {
       GRANARY_RETURN_IF_ERROR(write_keys(dir, "secrets", volume["secret"],
                                          volume["secret"].value("defaultMode", 0644)));
     } else if (volume.contains("downwardAPI")) {
-      GRANARY_RETURN_IF_ERROR(write_downward(dir, volume["downwardAPI"].value("items", json::array()),
+      GRANARY_RETURN_IF_ERROR(write_downward(dir,
+                                             volume["downwardAPI"].value("items", json::array()),
                                              volume["downwardAPI"].value("defaultMode", 0644)));
     } else if (volume.contains("projected")) {
       const int mode = volume["projected"].value("defaultMode", 0644);
@@ -569,9 +570,9 @@ Status PodRunner::SetUpPod(PodState* pod) {
           }
           GRANARY_RETURN_IF_ERROR(WriteVolumeFile(dir, t.value("path", "token"), token, mode));
         } else {
-          return Status::InvalidArgument("projected volume " + name +
-                                         ": a source the test's PodRunner does not support: " +
-                                         source.dump());
+          return Status::InvalidArgument(
+              "projected volume " + name +
+              ": a source the test's PodRunner does not support: " + source.dump());
         }
       }
     } else {
@@ -669,7 +670,8 @@ void PodRunner::StepPod(PodState* pod) {
   if (pod->failed) return;
   for (ContainerState& c : pod->containers) {
     if (c.image_dir.empty()) continue;  // kwok's
-    const bool runnable = c.process == nullptr && !c.completed && !c.given_up && now >= c.next_start;
+    const bool runnable =
+        c.process == nullptr && !c.completed && !c.given_up && now >= c.next_start;
     if (runnable) {
       Status s = StartContainer(pod, &c);
       if (!s.ok()) {
@@ -711,8 +713,8 @@ Status PodRunner::StartContainer(PodState* pod, ContainerState* c) {
   for (const char* passed : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TMPDIR"}) {
     if (const char* v = std::getenv(passed)) set(passed, v);
   }
-  auto object_data = [&](const std::string& kind, const std::string& name, bool optional)
-      -> Result<std::map<std::string, std::string>> {
+  auto object_data = [&](const std::string& kind, const std::string& name,
+                         bool optional) -> Result<std::map<std::string, std::string>> {
     Result<json> object =
         cluster_.ApiRequest("GET", "/api/v1/namespaces/" + ns + "/" + kind + "/" + name);
     if (!object.ok()) {
@@ -728,8 +730,9 @@ Status PodRunner::StartContainer(PodState* pod, ContainerState* c) {
     for (const char* kind : {"configMapRef", "secretRef"}) {
       if (!from.contains(kind)) continue;
       GRANARY_ASSIGN_OR_RETURN(
-          auto data, object_data(std::string(kind) == "secretRef" ? "secrets" : "configmaps",
-                                 from[kind].value("name", ""), from[kind].value("optional", false)));
+          auto data,
+          object_data(std::string(kind) == "secretRef" ? "secrets" : "configmaps",
+                      from[kind].value("name", ""), from[kind].value("optional", false)));
       for (const auto& [k, v] : data) set(prefix + k, v);
     }
   }
@@ -774,8 +777,9 @@ Status PodRunner::StartContainer(PodState* pod, ContainerState* c) {
   const std::string binary_name = command.empty() ? ImageBaseName(c->image) : BaseName(command[0]);
   const std::string binary = c->image_dir + "/" + binary_name;
   if (::access(binary.c_str(), X_OK) != 0) {
-    return Status::NotFound("no executable " + binary_name + " in " + c->image_dir +
-                            " for image " + c->image + " (the command's base name, or the image's "
+    return Status::NotFound("no executable " + binary_name + " in " + c->image_dir + " for image " +
+                            c->image +
+                            " (the command's base name, or the image's "
                             "name when there is no command)");
   }
   std::vector<std::string> program_args;
@@ -800,8 +804,8 @@ Status PodRunner::StartContainer(PodState* pod, ContainerState* c) {
   });
   DaemonProcessOptions o;
   o.binary = kUnshare;
-  o.args = {"--mount", "--propagation", "private", "--", "/bin/sh", "-c", kMountScript,
-            "granary-pod-mounts"};
+  o.args = {"--mount", "--propagation", "private",           "--", "/bin/sh",
+            "-c",      kMountScript,    "granary-pod-mounts"};
   for (const Mount& m : mounts) {
     for (const std::string* s : {&m.kind, &m.src, &m.dst, &m.ro}) o.args.push_back(*s);
   }
@@ -844,8 +848,9 @@ Status PodRunner::StartContainer(PodState* pod, ContainerState* c) {
   std::string shown = binary;
   for (const std::string& a : program_args) shown += " " + a;
   Event("started " + pod->ns + "/" + pod->name + "/" + c->name + " (pid " +
-        std::to_string(c->process->pid()) + (c->restarts > 0 ? ", restart " + std::to_string(c->restarts) : "") +
-        "): " + shown + "; log " + c->log_path);
+        std::to_string(c->process->pid()) +
+        (c->restarts > 0 ? ", restart " + std::to_string(c->restarts) : "") + "): " + shown +
+        "; log " + c->log_path);
   return Status::Ok();
 }
 
@@ -911,8 +916,9 @@ void PodRunner::StopPod(PodState* pod, const std::string& why) {
     const auto deadline = steady_clock::now() + pod->grace;
     for (ContainerState* c : *group) (void)c->process->Signal(SIGTERM);
     for (ContainerState* c : *group) {
-      const auto left = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(
-                                                       deadline - steady_clock::now()));
+      const auto left =
+          std::max(milliseconds(0),
+                   std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now()));
       Result<ExitStatus> status = c->process->Terminate(left);
       const ExitStatus ended = c->process->exit_status().value_or(ExitStatus{});
       {
@@ -988,7 +994,8 @@ void PodRunner::Event(const std::string& line) {
   std::snprintf(stamp, sizeof(stamp), "[%9.3f s] ", at);
   const std::string text = stamp + line;
   std::lock_guard<std::mutex> lock(mu_);
-  if (events_.size() >= kMaxEvents) events_.erase(events_.begin(), events_.begin() + kMaxEvents / 4);
+  if (events_.size() >= kMaxEvents)
+    events_.erase(events_.begin(), events_.begin() + kMaxEvents / 4);
   events_.push_back(text);
 }
 
@@ -1029,9 +1036,9 @@ Status PodRunner::WaitFor(
       }
       std::string events = EventLog();
       if (events.size() > 6000) events = "...\n" + events.substr(events.size() - 6000);
-      return Status::DeadlineExceeded("PodRunner: waited " + std::to_string(timeout.count()) +
-                                      " ms for " + what + "; running:" +
-                                      (runs.empty() ? " nothing" : runs) + "\nevents:\n" + events);
+      return Status::DeadlineExceeded(
+          "PodRunner: waited " + std::to_string(timeout.count()) + " ms for " + what +
+          "; running:" + (runs.empty() ? " nothing" : runs) + "\nevents:\n" + events);
     }
     std::this_thread::sleep_for(milliseconds(50));
   }

@@ -72,7 +72,10 @@
 // backoff that doubles from initial_backoff to max_backoff and resets after
 // 10 s of running. Volumes and ConfigMap-fed environment are read when the
 // pod starts, not refreshed. Status stays kwok's: a restart or a failed exit
-// is visible through Exits() and the logs, not in the pod's status.
+// is visible through Exits() and the logs, not in the pod's status, and the
+// pod is Ready as soon as kwok says so, before the process is. kwok also
+// marks a Job's pods Succeeded at once, which stops them here: Granary
+// containers in Jobs do not run to their end under this runner.
 //
 // Every fake node runs its pods on this one host: two pods that listen on the
 // same fixed port (a cache-node DaemonSet on two nodes) conflict. Restrict
@@ -222,11 +225,11 @@ class PodRunner {
   // Owned by the runner's thread.
   std::map<std::string, std::unique_ptr<PodState>> pods_;  // by pod UID
 
-  mutable std::mutex mu_;                 // guards the members below
+  mutable std::mutex mu_;                  // guards the members below
   std::vector<RunningContainer> running_;  // what Running() answers
   std::vector<ContainerExit> exits_;
   std::vector<std::string> events_;
-  std::vector<std::string> all_logs_;  // every container log path, for printing
+  std::vector<std::string> all_logs_;   // every container log path, for printing
   std::set<std::string> printed_logs_;  // printed by DaemonProcess already
   bool logs_printed_ = false;
 };
