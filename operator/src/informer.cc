@@ -140,7 +140,9 @@ Status Informer::WatchOnce() {
 void Informer::Run() {
   auto log = GetLogger("operator");
   std::chrono::milliseconds backoff = options_.backoff_base;
-  bool need_list = true;
+  bool need_list = options_.start_resource_version.empty();
+  resource_version_ = options_.start_resource_version;
+  last_resync_ = std::chrono::steady_clock::now();
   while (!stop_) {
     Status s = Status::Ok();
     if (need_list) {

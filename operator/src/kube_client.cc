@@ -250,7 +250,9 @@ class KubeClient::Transport {
         parser.get().body().data = chunk;
         parser.get().body().size = sizeof(chunk);
         done = false;
-        http::async_read(stream, buffer, parser, [&](beast::error_code e, size_t) {
+        // read_some: an event is delivered as soon as its bytes arrive, not
+      // when the buffer is full.
+      http::async_read_some(stream, buffer, parser, [&](beast::error_code e, size_t) {
           ec = e;
           done = true;
         });
@@ -264,7 +266,9 @@ class KubeClient::Transport {
       parser.get().body().data = chunk;
       parser.get().body().size = sizeof(chunk);
       done = false;
-      http::async_read(stream, buffer, parser, [&](beast::error_code e, size_t) {
+      // read_some: an event is delivered as soon as its bytes arrive, not
+      // when the buffer is full.
+      http::async_read_some(stream, buffer, parser, [&](beast::error_code e, size_t) {
         ec = e;
         done = true;
       });

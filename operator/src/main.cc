@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   app.add_option("--context", context, "The kubeconfig context (default: current-context)");
   app.add_option("--namespace", ns,
                  "Where pool objects and the Lease live (default: the pod's or kubeconfig's "
-                 "namespace, else granary-system)");
+                 "namespace, else granary)");
   app.add_option("--identity", identity, "This replica's name in the Lease (default: $POD_NAME)");
   app.add_option("--leader-elect", leader_elect, "Elect one acting replica through a Lease")
       ->default_val(true);
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "granary-operator: %s\n", config.status().message().c_str());
     return kExitUsage;
   }
-  options.namespace_ = !ns.empty() ? ns : !config->namespace_.empty() ? config->namespace_ : "granary-system";
+  options.namespace_ = !ns.empty() ? ns : !config->namespace_.empty() ? config->namespace_ : "granary";
   if (identity.empty()) {
     if (const char* pod = std::getenv("POD_NAME"); pod != nullptr) identity = pod;
   }

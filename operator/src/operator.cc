@@ -127,6 +127,9 @@ class Operator::Impl {
       Result<std::chrono::milliseconds> next =
           is_pool ? ReconcileCachePool(context_, *key) : ReconcileDataset(context_, *key);
       ++reconciles_;
+      log->debug("reconciled {} {}: {}", is_pool ? "CachePool" : "Dataset", *key,
+                 next.ok() ? "again in " + std::to_string(next->count()) + " ms"
+                           : next.status().ToString());
       if (next.ok()) {
         queue->Forget(*key);
         queue->Done(*key);

@@ -39,6 +39,9 @@ struct InformerOptions {
   std::chrono::milliseconds resync{30000};
   std::chrono::milliseconds backoff_base{500};
   std::chrono::milliseconds backoff_max{30000};
+  // Watch from this resourceVersion before the first list (tests: a stale
+  // one makes the API server answer 410 Gone, which must lead to a list).
+  std::string start_resource_version;
 };
 
 class Informer {

@@ -32,7 +32,7 @@
 namespace granary::kube {
 
 struct OperatorOptions {
-  std::string namespace_ = "granary-system";  // where it creates pool objects and its Lease
+  std::string namespace_ = "granary";  // where it creates pool objects and its Lease
   std::string identity;                       // this replica (pod name); default host name + pid
   bool leader_elect = true;
   std::string lease_name = "granary-operator";
