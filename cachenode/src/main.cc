@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   // ConfigMap); what differs per node comes on the command line.
   std::string node_id;
   std::string advertise;
-  app.add_option("--node-id", node_id, "Overrides the configuration's node_id (e.g. the Kubernetes node name)");
+  app.add_option("--node-id", node_id,
+                 "Overrides the configuration's node_id (e.g. the Kubernetes node name)");
   app.add_option("--advertise", advertise,
                  "Overrides the configuration's advertise address (host:port; e.g. the host IP)");
   try {
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
   }
   if (!advertise.empty()) {
     granary::Result<granary::NetAddress> address = granary::ParseNetAddress(advertise);
-    if (!address.ok() || address->port == 0 || address->host == "0.0.0.0" || address->host == "::") {
+    if (!address.ok() || address->port == 0 || address->host == "0.0.0.0" ||
+        address->host == "::") {
       std::fprintf(stderr,
                    "granary-cachenode: --advertise %s: write the host:port others reach this node "
                    "at (not a wildcard host, not port 0)%s%s\n",

@@ -19,9 +19,10 @@ std::string Base64Encode(const std::string& in) {
   std::string out;
   size_t i = 0;
   for (; i + 2 < in.size(); i += 3) {
-    const uint32_t v = (static_cast<uint8_t>(in[i]) << 16) | (static_cast<uint8_t>(in[i + 1]) << 8) |
-                       static_cast<uint8_t>(in[i + 2]);
-    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], kAlphabet[(v >> 6) & 63], kAlphabet[v & 63]};
+    const uint32_t v = (static_cast<uint8_t>(in[i]) << 16) |
+                       (static_cast<uint8_t>(in[i + 1]) << 8) | static_cast<uint8_t>(in[i + 2]);
+    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], kAlphabet[(v >> 6) & 63],
+            kAlphabet[v & 63]};
   }
   if (i + 1 == in.size()) {
     const uint32_t v = static_cast<uint8_t>(in[i]) << 16;
@@ -73,16 +74,19 @@ Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
   Json mounts = Json::array();
   volumes.push_back({{"name", "config"}, {"configMap", {{"name", PoolObjectName(pool)}}}});
   mounts.push_back({{"name", "config"}, {"mountPath", kConfigDir}, {"readOnly", true}});
-  volumes.push_back({{"name", "store"},
-                     {"secret", {{"secretName", PoolObjectName(pool) + "-store"}, {"defaultMode", 0400}}}});
+  volumes.push_back(
+      {{"name", "store"},
+       {"secret", {{"secretName", PoolObjectName(pool) + "-store"}, {"defaultMode", 0400}}}});
   mounts.push_back({{"name", "store"}, {"mountPath", kStoreDir}, {"readOnly", true}});
   volumes.push_back(
-      {{"name", "data"}, {"hostPath", {{"path", pool.storage_host_path}, {"type", "DirectoryOrCreate"}}}});
+      {{"name", "data"},
+       {"hostPath", {{"path", pool.storage_host_path}, {"type", "DirectoryOrCreate"}}}});
   mounts.push_back({{"name", "data"}, {"mountPath", pool.storage_host_path}});
   for (const SourceMount& m : pool.source_mounts) {
     const std::string name = "source-" + m.name;
     if (!m.host_path.empty()) {
-      volumes.push_back({{"name", name}, {"hostPath", {{"path", m.host_path}, {"type", "Directory"}}}});
+      volumes.push_back(
+          {{"name", name}, {"hostPath", {{"path", m.host_path}, {"type", "Directory"}}}});
     } else {
       volumes.push_back(
           {{"name", name},
@@ -98,13 +102,14 @@ Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
       {"args", Json::array({std::string("--config=") + kConfigDir + "/cachenode.yaml",
                             "--node-id=$(GRANARY_NODE_NAME)",
                             "--advertise=$(GRANARY_HOST_IP):" + std::to_string(pool.data_port)})},
-      {"env",
-       Json::array({{{"name", "GRANARY_NODE_NAME"},
-                     {"valueFrom", {{"fieldRef", {{"fieldPath", "spec.nodeName"}}}}}},
-                    {{"name", "GRANARY_HOST_IP"},
-                     {"valueFrom", {{"fieldRef", {{"fieldPath", "status.hostIP"}}}}}}})},
-      {"ports", Json::array({{{"name", "data"}, {"containerPort", pool.data_port}, {"protocol", "TCP"}},
-                             {{"name", "metrics"}, {"containerPort", pool.metrics_port}, {"protocol", "TCP"}}})},
+      {"env", Json::array({{{"name", "GRANARY_NODE_NAME"},
+                            {"valueFrom", {{"fieldRef", {{"fieldPath", "spec.nodeName"}}}}}},
+                           {{"name", "GRANARY_HOST_IP"},
+                            {"valueFrom", {{"fieldRef", {{"fieldPath", "status.hostIP"}}}}}}})},
+      {"ports",
+       Json::array(
+           {{{"name", "data"}, {"containerPort", pool.data_port}, {"protocol", "TCP"}},
+            {{"name", "metrics"}, {"containerPort", pool.metrics_port}, {"protocol", "TCP"}}})},
       {"readinessProbe",
        {{"httpGet", {{"path", "/readyz"}, {"port", "metrics"}}}, {"periodSeconds", 5}}},
       {"livenessProbe",
@@ -118,7 +123,8 @@ Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
        {{"runAsUser", 0},
         {"allowPrivilegeEscalation", false},
         {"readOnlyRootFilesystem", true},
-        {"capabilities", {{"drop", Json::array({"ALL"})}, {"add", Json::array({"SETUID", "SETGID"})}}}}}};
+        {"capabilities",
+         {{"drop", Json::array({"ALL"})}, {"add", Json::array({"SETUID", "SETGID"})}}}}}};
   if (!pool.resources.empty()) container["resources"] = pool.resources;
   Json pod_spec = {{"hostNetwork", true},
                    {"dnsPolicy", "ClusterFirstWithHostNet"},
@@ -127,13 +133,15 @@ Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
                    {"containers", Json::array({container})},
                    {"volumes", volumes}};
   if (!pool.tolerations.empty()) pod_spec["tolerations"] = pool.tolerations;
-  return {{"selector", {{"matchLabels", {{"app.kubernetes.io/name", "granary-cachenode"},
-                                        {"granary.io/pool", pool.name}}}}},
-          {"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"maxUnavailable", 1}}}}},
-          {"template",
-           {{"metadata",
-             {{"labels", Labels(pool)}, {"annotations", {{"granary.io/config-hash", config_hash}}}}},
-            {"spec", pod_spec}}}};
+  return {
+      {"selector",
+       {{"matchLabels",
+         {{"app.kubernetes.io/name", "granary-cachenode"}, {"granary.io/pool", pool.name}}}}},
+      {"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"maxUnavailable", 1}}}}},
+      {"template",
+       {{"metadata",
+         {{"labels", Labels(pool)}, {"annotations", {{"granary.io/config-hash", config_hash}}}}},
+        {"spec", pod_spec}}}};
 }
 
 Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const std::string& key) {
@@ -145,7 +153,8 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
   Json status = object->value("status", Json::object());
   Json conditions = status.value("conditions", Json::array());
   const std::string now = NowRfc3339();
-  auto fail = [&](const std::string& reason, const Status& why) -> Result<std::chrono::milliseconds> {
+  auto fail = [&](const std::string& reason,
+                  const Status& why) -> Result<std::chrono::milliseconds> {
     SetCondition(conditions, "Ready", false, reason, why.message(), generation, now);
     status["conditions"] = conditions;
     status["observedGeneration"] = generation;
@@ -168,7 +177,9 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
                  {"type", "Opaque"},
                  {"data", {{"url", Base64Encode(*url)}}}};
   GRANARY_RETURN_IF_ERROR(
-      c.client().Apply(base + "/secrets/" + name + "-store", secret, std::string(kFieldManager)).status());
+      c.client()
+          .Apply(base + "/secrets/" + name + "-store", secret, std::string(kFieldManager))
+          .status());
   const Json config_data = CacheNodeConfigMap(pool, options);
   Json config = {{"apiVersion", "v1"},
                  {"kind", "ConfigMap"},
@@ -184,23 +195,27 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
                     {"kind", "DaemonSet"},
                     {"metadata", Metadata(pool, *object, options, name)},
                     {"spec", CacheNodeDaemonSet(pool, options, hash)}};
-  Result<Json> applied = c.client().Apply(
-      "/apis/apps/v1/namespaces/" + options.namespace_ + "/daemonsets/" + name, daemonset,
-      std::string(kFieldManager));
+  Result<Json> applied =
+      c.client().Apply("/apis/apps/v1/namespaces/" + options.namespace_ + "/daemonsets/" + name,
+                       daemonset, std::string(kFieldManager));
   if (!applied.ok()) {
     if (applied.status().code() == StatusCode::kInvalidArgument) {
       return fail("InvalidDaemonSet", applied.status());
     }
     return applied.status();
   }
-  Json service = {{"apiVersion", "v1"},
-                  {"kind", "Service"},
-                  {"metadata", Metadata(pool, *object, options, name)},
-                  {"spec",
-                   {{"clusterIP", "None"},
-                    {"selector", {{"app.kubernetes.io/name", "granary-cachenode"}, {"granary.io/pool", pool.name}}},
-                    {"ports", Json::array({{{"name", "data"}, {"port", pool.data_port}, {"targetPort", "data"}},
-                                           {{"name", "metrics"}, {"port", pool.metrics_port}, {"targetPort", "metrics"}}})}}}};
+  Json service = {
+      {"apiVersion", "v1"},
+      {"kind", "Service"},
+      {"metadata", Metadata(pool, *object, options, name)},
+      {"spec",
+       {{"clusterIP", "None"},
+        {"selector",
+         {{"app.kubernetes.io/name", "granary-cachenode"}, {"granary.io/pool", pool.name}}},
+        {"ports",
+         Json::array(
+             {{{"name", "data"}, {"port", pool.data_port}, {"targetPort", "data"}},
+              {{"name", "metrics"}, {"port", pool.metrics_port}, {"targetPort", "metrics"}}})}}}};
   GRANARY_RETURN_IF_ERROR(
       c.client().Apply(base + "/services/" + name, service, std::string(kFieldManager)).status());
 
@@ -234,7 +249,8 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
                    std::to_string(nodes->size()) + " cache nodes registered", generation, now);
     } else {
       const Status why = nodes.ok() ? datasets.status() : nodes.status();
-      SetCondition(conditions, "StoreReachable", false, "StoreUnavailable", why.message(), generation, now);
+      SetCondition(conditions, "StoreReachable", false, "StoreUnavailable", why.message(),
+                   generation, now);
     }
   }
   const bool all_ready = desired > 0 && ready == desired;

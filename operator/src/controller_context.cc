@@ -33,9 +33,9 @@ Result<std::string> ControllerContext::StoreUrl(const CachePool& pool) {
   Result<Json> secret =
       client_.Get("/api/v1/namespaces/" + ns + "/secrets/" + pool.store_secret_name);
   if (!secret.ok()) {
-    return Status(secret.status().code(),
-                  "the metadata store Secret " + ns + "/" + pool.store_secret_name + " of CachePool " +
-                      Quoted(pool.name) + ": " + secret.status().message());
+    return Status(secret.status().code(), "the metadata store Secret " + ns + "/" +
+                                              pool.store_secret_name + " of CachePool " +
+                                              Quoted(pool.name) + ": " + secret.status().message());
   }
   const Json& data = secret->value("data", Json::object());
   if (!data.contains(pool.store_secret_key) || !data[pool.store_secret_key].is_string()) {
@@ -101,8 +101,9 @@ void ControllerContext::Event(const Json& object, const std::string& type,
       {"count", 1}};
   Result<Json> created = client_.Create("/api/v1/namespaces/" + ns + "/events", event);
   if (!created.ok()) {
-    GetLogger("operator")->warn("recording event {} on {}: {}", reason, meta.value("name", ""),
-                                created.status().ToString());
+    GetLogger("operator")
+        ->warn("recording event {} on {}: {}", reason, meta.value("name", ""),
+               created.status().ToString());
   }
 }
 

@@ -66,8 +66,9 @@ Result<std::chrono::milliseconds> Refuse(ControllerContext& c, const Json& objec
 Status SetFinalizers(ControllerContext& c, const Json& object, const Json& finalizers) {
   const Json& meta = object["metadata"];
   // The resourceVersion makes the patch a compare-and-set on the list.
-  Json patch = {{"metadata",
-                 {{"finalizers", finalizers}, {"resourceVersion", meta.value("resourceVersion", "")}}}};
+  Json patch = {
+      {"metadata",
+       {{"finalizers", finalizers}, {"resourceVersion", meta.value("resourceVersion", "")}}}};
   return c.client()
       .MergePatch(DatasetPath(meta.value("namespace", ""), meta.value("name", "")), patch)
       .status();
@@ -86,8 +87,8 @@ DatasetSpec DesiredSpec(const Dataset& d) {
   return spec;
 }
 
-Result<std::chrono::milliseconds> Release(ControllerContext& c, const Json& object, const Dataset& d,
-                                          const std::string& gname) {
+Result<std::chrono::milliseconds> Release(ControllerContext& c, const Json& object,
+                                          const Dataset& d, const std::string& gname) {
   if (std::find(d.finalizers.begin(), d.finalizers.end(), kFinalizer) == d.finalizers.end()) {
     return std::chrono::milliseconds(0);
   }
@@ -95,7 +96,8 @@ Result<std::chrono::milliseconds> Release(ControllerContext& c, const Json& obje
   Status released = Status::Ok();
   if (pool_object) {
     Result<CachePool> pool = ParseCachePool(*pool_object);
-    Result<MetadataStore*> store = pool.ok() ? c.StoreFor(*pool) : Result<MetadataStore*>(pool.status());
+    Result<MetadataStore*> store =
+        pool.ok() ? c.StoreFor(*pool) : Result<MetadataStore*>(pool.status());
     if (store.ok()) {
       released = (*store)->DeleteDataset(gname);
       if (released.code() == StatusCode::kNotFound) released = Status::Ok();
@@ -107,9 +109,9 @@ Result<std::chrono::milliseconds> Release(ControllerContext& c, const Json& obje
   }
   if (!pool_object || !released.ok()) {
     c.Event(object, "Warning", "ReleaseSkipped",
-            "CachePool " + Quoted(d.pool) +
-                " is gone or unusable: the store record of dataset " + gname +
-                " could not be deleted here; delete it with `granary dataset delete " + gname + "`");
+            "CachePool " + Quoted(d.pool) + " is gone or unusable: the store record of dataset " +
+                gname + " could not be deleted here; delete it with `granary dataset delete " +
+                gname + "`");
   }
   Json finalizers = Json::array();
   for (const std::string& f : d.finalizers) {
@@ -170,8 +172,9 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   // The store record: created once, then kept in step with the spec.
   const DatasetSpec desired = DesiredSpec(d);
   const DatasetOwner owner{d.run_as_uid, d.run_as_gid};
-  const std::string snapshot_request =
-      object["metadata"].value("annotations", Json::object()).value(std::string(kSnapshotAnnotation), "");
+  const std::string snapshot_request = object["metadata"]
+                                           .value("annotations", Json::object())
+                                           .value(std::string(kSnapshotAnnotation), "");
   Json status = object.value("status", Json::object());
   Result<DatasetRecord> record = store.GetDataset(gname);
   if (!record.ok() && record.status().code() == StatusCode::kNotFound) {
@@ -191,11 +194,10 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
     }
   }
   if (!record.ok()) return record.status();
-  const bool bytes_changed = record->spec.source_uri != desired.source_uri ||
-                             record->spec.include != desired.include ||
-                             record->spec.exclude != desired.exclude ||
-                             record->spec.chunk_size != desired.chunk_size ||
-                             record->spec.snapshot_by != desired.snapshot_by || record->owner != owner;
+  const bool bytes_changed =
+      record->spec.source_uri != desired.source_uri || record->spec.include != desired.include ||
+      record->spec.exclude != desired.exclude || record->spec.chunk_size != desired.chunk_size ||
+      record->spec.snapshot_by != desired.snapshot_by || record->owner != owner;
   const bool placement_changed = record->spec != desired;
   const bool resnapshot = !snapshot_request.empty() &&
                           snapshot_request != status.value("snapshotRequest", "") &&
@@ -271,13 +273,14 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
                    generation, now);
   }
   const bool ready = r.state.phase == DatasetPhase::kReady;
-  SetCondition(conditions, "Ready", ready, ready ? "Ready" : phase, r.state.message, generation, now);
+  SetCondition(conditions, "Ready", ready, ready ? "Ready" : phase, r.state.message, generation,
+               now);
   status["conditions"] = conditions;
   if (status != object.value("status", Json::object())) {
-    GRANARY_RETURN_IF_ERROR(c.client()
-                                .MergePatch(DatasetPath(d.namespace_, d.name) + "/status",
-                                            {{"status", status}})
-                                .status());
+    GRANARY_RETURN_IF_ERROR(
+        c.client()
+            .MergePatch(DatasetPath(d.namespace_, d.name) + "/status", {{"status", status}})
+            .status());
   }
   if (phase != old_phase) {
     if (r.state.phase == DatasetPhase::kReady) {

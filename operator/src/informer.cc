@@ -94,10 +94,10 @@ Status Informer::WatchOnce() {
   // The stream ends by the next resync at the latest, so resyncs happen on
   // a quiet collection too.
   const int64_t seconds = std::max<int64_t>(
-      1, std::min<int64_t>(options_.watch_timeout.count(),
-                           std::chrono::duration_cast<std::chrono::seconds>(options_.resync).count()));
-  std::string query = "watch=1&allowWatchBookmarks=true&timeoutSeconds=" +
-                      std::to_string(seconds) +
+      1,
+      std::min<int64_t>(options_.watch_timeout.count(),
+                        std::chrono::duration_cast<std::chrono::seconds>(options_.resync).count()));
+  std::string query = "watch=1&allowWatchBookmarks=true&timeoutSeconds=" + std::to_string(seconds) +
                       "&resourceVersion=" + UrlEncode(resource_version_);
   if (!options_.label_selector.empty()) {
     query += "&labelSelector=" + UrlEncode(options_.label_selector);

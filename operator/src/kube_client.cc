@@ -193,7 +193,8 @@ class KubeClient::Transport {
                                       config_.Describe() + " within " +
                                       std::to_string(timeout.count()) + " ms");
     }
-    if (ec) return Status::Unavailable(method + " " + path + ": reading the answer: " + ErrorText(ec));
+    if (ec)
+      return Status::Unavailable(method + " " + path + ": reading the answer: " + ErrorText(ec));
     KubeResponse out;
     out.status = static_cast<int>(parser.get().result_int());
     out.body = std::move(parser.get().body());
@@ -251,8 +252,8 @@ class KubeClient::Transport {
         parser.get().body().size = sizeof(chunk);
         done = false;
         // read_some: an event is delivered as soon as its bytes arrive, not
-      // when the buffer is full.
-      http::async_read_some(stream, buffer, parser, [&](beast::error_code e, size_t) {
+        // when the buffer is full.
+        http::async_read_some(stream, buffer, parser, [&](beast::error_code e, size_t) {
           ec = e;
           done = true;
         });
@@ -326,19 +327,24 @@ Status KubeClient::StatusOf(const KubeResponse& r, const std::string& what) {
   if (r.status >= 200 && r.status < 300) return Status::Ok();
   const std::string m = what + ": HTTP " + std::to_string(r.status) + ": " + ApiMessage(r.body);
   switch (r.status) {
-    case 404: return Status::NotFound(m);
+    case 404:
+      return Status::NotFound(m);
     case 409: {
       Json j = Json::parse(r.body, nullptr, false);
       const bool exists = j.is_object() && j.value("reason", "") == "AlreadyExists";
       return exists ? Status::AlreadyExists(m) : Status::FailedPrecondition(m);
     }
-    case 410: return Status::OutOfRange(m);
+    case 410:
+      return Status::OutOfRange(m);
     case 401:
-    case 403: return Status::PermissionDenied(m);
+    case 403:
+      return Status::PermissionDenied(m);
     case 400:
     case 415:
-    case 422: return Status::InvalidArgument(m);
-    default: return Status::Unavailable(m);
+    case 422:
+      return Status::InvalidArgument(m);
+    default:
+      return Status::Unavailable(m);
   }
 }
 

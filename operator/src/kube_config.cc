@@ -131,7 +131,8 @@ Result<KubeConfig> LoadKubeConfig(const std::string& path_in, const std::string&
     }
   }
   GRANARY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path, "kubeconfig"));
-  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  const std::string dir =
+      path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -159,11 +160,10 @@ Result<KubeConfig> LoadKubeConfig(const std::string& path_in, const std::string&
   }
   KubeConfig config;
   config.namespace_ = Text(ctx, "namespace");
-  GRANARY_RETURN_IF_ERROR(ParseServerUrl(Text(cluster, "server"), &config)
-                              .WithContext("kubeconfig " + Quoted(path)));
+  GRANARY_RETURN_IF_ERROR(
+      ParseServerUrl(Text(cluster, "server"), &config).WithContext("kubeconfig " + Quoted(path)));
   const std::string where = "kubeconfig " + Quoted(path);
-  GRANARY_ASSIGN_OR_RETURN(config.ca_pem,
-                           DataOrFile(cluster, "certificate-authority", dir, where));
+  GRANARY_ASSIGN_OR_RETURN(config.ca_pem, DataOrFile(cluster, "certificate-authority", dir, where));
   config.insecure_skip_verify = Text(cluster, "insecure-skip-tls-verify") == "true";
   if (!user_name.empty()) {
     const YAML::Node user = Named(root["users"], user_name)["user"];
@@ -207,7 +207,8 @@ Result<KubeConfig> InClusterConfig(const std::string& root) {
   Result<std::string> ns = ReadWholeFile(root + "/namespace", "service-account namespace");
   if (ns.ok()) {
     config.namespace_ = *ns;
-    while (!config.namespace_.empty() && std::isspace(static_cast<unsigned char>(config.namespace_.back()))) {
+    while (!config.namespace_.empty() &&
+           std::isspace(static_cast<unsigned char>(config.namespace_.back()))) {
       config.namespace_.pop_back();
     }
   }

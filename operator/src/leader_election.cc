@@ -47,15 +47,16 @@ Result<bool> LeaderElector::TryAcquireOrRenew() {
   Result<Json> current = client_.Get(path);
   if (!current.ok() && current.status().code() != StatusCode::kNotFound) return current.status();
   if (!current.ok()) {
-    Json lease = {{"apiVersion", "coordination.k8s.io/v1"},
-                  {"kind", "Lease"},
-                  {"metadata", {{"name", options_.lease_name}, {"namespace", options_.lease_namespace}}},
-                  {"spec",
-                   {{"holderIdentity", options_.identity},
-                    {"leaseDurationSeconds", duration_s},
-                    {"acquireTime", now},
-                    {"renewTime", now},
-                    {"leaseTransitions", 0}}}};
+    Json lease = {
+        {"apiVersion", "coordination.k8s.io/v1"},
+        {"kind", "Lease"},
+        {"metadata", {{"name", options_.lease_name}, {"namespace", options_.lease_namespace}}},
+        {"spec",
+         {{"holderIdentity", options_.identity},
+          {"leaseDurationSeconds", duration_s},
+          {"acquireTime", now},
+          {"renewTime", now},
+          {"leaseTransitions", 0}}}};
     Result<Json> created = client_.Create(
         "/apis/coordination.k8s.io/v1/namespaces/" + options_.lease_namespace + "/leases", lease);
     if (!created.ok()) {
@@ -74,7 +75,8 @@ Result<bool> LeaderElector::TryAcquireOrRenew() {
     observed_at_ = steady_now;
   }
   const int held_for_s = spec.value("leaseDurationSeconds", duration_s);
-  const bool expired = holder.empty() || steady_now - observed_at_ > std::chrono::seconds(held_for_s);
+  const bool expired =
+      holder.empty() || steady_now - observed_at_ > std::chrono::seconds(held_for_s);
   if (holder != options_.identity && !expired) return false;
   if (holder != options_.identity) {
     spec["acquireTime"] = now;

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "granary-operator: runs Granary on Kubernetes: CachePools become cache-node DaemonSets, "
       "Datasets become staged Granary datasets (docs/kubernetes.md)."};
-  std::string kubeconfig, context, ns, identity, metrics_listen = "0.0.0.0:9467", log_level = "info";
+  std::string kubeconfig, context, ns, identity, metrics_listen = "0.0.0.0:9467",
+                                                 log_level = "info";
   std::string lease_duration = "15s", renew_deadline = "10s", retry_period = "2s";
   std::string progress_interval = "2s";
   std::string cachenode_command = "granary-cachenode";
@@ -77,13 +78,17 @@ int main(int argc, char** argv) {
   granary::SetLogLevel(*level);
   granary::kube::OperatorOptions options;
   bool durations_ok = true;
-  options.lease_duration = std::chrono::milliseconds(ParseMillis(lease_duration, "--lease-duration", &durations_ok));
-  options.renew_deadline = std::chrono::milliseconds(ParseMillis(renew_deadline, "--renew-deadline", &durations_ok));
-  options.retry_period = std::chrono::milliseconds(ParseMillis(retry_period, "--retry-period", &durations_ok));
-  options.progress_interval =
-      std::chrono::milliseconds(ParseMillis(progress_interval, "--progress-interval", &durations_ok));
+  options.lease_duration =
+      std::chrono::milliseconds(ParseMillis(lease_duration, "--lease-duration", &durations_ok));
+  options.renew_deadline =
+      std::chrono::milliseconds(ParseMillis(renew_deadline, "--renew-deadline", &durations_ok));
+  options.retry_period =
+      std::chrono::milliseconds(ParseMillis(retry_period, "--retry-period", &durations_ok));
+  options.progress_interval = std::chrono::milliseconds(
+      ParseMillis(progress_interval, "--progress-interval", &durations_ok));
   if (!durations_ok) return kExitUsage;
-  if (options.renew_deadline >= options.lease_duration || options.retry_period >= options.renew_deadline) {
+  if (options.renew_deadline >= options.lease_duration ||
+      options.retry_period >= options.renew_deadline) {
     std::fprintf(stderr,
                  "granary-operator: write --retry-period < --renew-deadline < --lease-duration\n");
     return kExitUsage;
@@ -92,14 +97,17 @@ int main(int argc, char** argv) {
   granary::Result<granary::kube::KubeConfig> config =
       kubeconfig.empty() ? granary::kube::InClusterConfig()
                          : granary::kube::LoadKubeConfig(kubeconfig, context);
-  if (!config.ok() && kubeconfig.empty() && config.status().code() == granary::StatusCode::kNotFound) {
+  if (!config.ok() && kubeconfig.empty() &&
+      config.status().code() == granary::StatusCode::kNotFound) {
     config = granary::kube::LoadKubeConfig("", context);
   }
   if (!config.ok()) {
     std::fprintf(stderr, "granary-operator: %s\n", config.status().message().c_str());
     return kExitUsage;
   }
-  options.namespace_ = !ns.empty() ? ns : !config->namespace_.empty() ? config->namespace_ : "granary";
+  options.namespace_ = !ns.empty()                   ? ns
+                       : !config->namespace_.empty() ? config->namespace_
+                                                     : "granary";
   if (identity.empty()) {
     if (const char* pod = std::getenv("POD_NAME"); pod != nullptr) identity = pod;
   }
@@ -117,8 +125,8 @@ int main(int argc, char** argv) {
   // The API server must answer before the operator calls itself started.
   granary::Result<granary::kube::Json> version = (*client)->Get("/version");
   if (!version.ok()) {
-    std::fprintf(stderr, "granary-operator: the API server at %s: %s\n",
-                 config->Describe().c_str(), version.status().ToString().c_str());
+    std::fprintf(stderr, "granary-operator: the API server at %s: %s\n", config->Describe().c_str(),
+                 version.status().ToString().c_str());
     return kExitRuntime;
   }
   auto registry = std::make_shared<prometheus::Registry>();
@@ -139,8 +147,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "granary-operator: %s\n", op.status().ToString().c_str());
     return kExitRuntime;
   }
-  auto server = granary::ObservabilityServer::Start(metrics_listen, registry,
-                                                    [&] { return (*op)->Ready(); });
+  auto server =
+      granary::ObservabilityServer::Start(metrics_listen, registry, [&] { return (*op)->Ready(); });
   if (!server.ok()) {
     std::fprintf(stderr, "granary-operator: --metrics-listen %s: %s\n", metrics_listen.c_str(),
                  server.status().ToString().c_str());
@@ -160,7 +168,8 @@ int main(int argc, char** argv) {
       (*relists)->Increment(static_cast<double>(c.relists - last.relists));
       (*leader)->Set((*op)->leading() ? 1 : 0);
       last = c;
-      for (int i = 0; i < 10 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int i = 0; i < 10 && !done; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
   const std::string_view by = granary::WaitForStopSignal(stop_signals);

@@ -86,13 +86,22 @@ Result<uint64_t> ParseQuantityBytes(const Json& value, const std::string& field)
   }
   const std::string text = value.get<std::string>();
   size_t pos = 0;
-  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) != 0 || text[pos] == '.')) ++pos;
+  while (pos < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[pos])) != 0 || text[pos] == '.'))
+    ++pos;
   const std::string number = text.substr(0, pos);
   const std::string suffix = text.substr(pos);
-  static const std::pair<const char*, double> kSuffixes[] = {
-      {"", 1},           {"k", 1e3},           {"M", 1e6},           {"G", 1e9},
-      {"T", 1e12},       {"P", 1e15},          {"Ki", 1024.0},       {"Mi", 1048576.0},
-      {"Gi", 1073741824.0}, {"Ti", 1099511627776.0}, {"Pi", 1125899906842624.0}};
+  static const std::pair<const char*, double> kSuffixes[] = {{"", 1},
+                                                             {"k", 1e3},
+                                                             {"M", 1e6},
+                                                             {"G", 1e9},
+                                                             {"T", 1e12},
+                                                             {"P", 1e15},
+                                                             {"Ki", 1024.0},
+                                                             {"Mi", 1048576.0},
+                                                             {"Gi", 1073741824.0},
+                                                             {"Ti", 1099511627776.0},
+                                                             {"Pi", 1125899906842624.0}};
   double scale = 0;
   for (const auto& [s, v] : kSuffixes) {
     if (suffix == s) scale = v;
@@ -144,9 +153,8 @@ Result<CachePool> ParseCachePool(const Json& object) {
   const Json& storage = spec.value("storage", Json::object());
   p.storage_host_path = CleanPath(Str(storage, "hostPath"));
   GRANARY_RETURN_IF_ERROR(CheckAbsolute(p.storage_host_path, what + ": spec.storage.hostPath"));
-  GRANARY_ASSIGN_OR_RETURN(
-      p.capacity_bytes,
-      ParseQuantityBytes(storage.value("capacity", Json()), what + ": spec.storage.capacity"));
+  GRANARY_ASSIGN_OR_RETURN(p.capacity_bytes, ParseQuantityBytes(storage.value("capacity", Json()),
+                                                                what + ": spec.storage.capacity"));
   if (p.capacity_bytes == 0) {
     return Status::InvalidArgument(what + ": spec.storage.capacity must be more than 0");
   }
@@ -160,12 +168,14 @@ Result<CachePool> ParseCachePool(const Json& object) {
     mount.mount_path = CleanPath(Str(m, "mountPath", mount.host_path));
     const std::string field = what + ": spec.sourceMounts[" + Quoted(mount.name) + "]";
     if (mount.host_path.empty() == mount.pvc_claim.empty()) {
-      return Status::InvalidArgument(field + ": give exactly one of hostPath and persistentVolumeClaim");
+      return Status::InvalidArgument(field +
+                                     ": give exactly one of hostPath and persistentVolumeClaim");
     }
     GRANARY_RETURN_IF_ERROR(CheckAbsolute(mount.mount_path, field + ".mountPath"));
     p.source_mounts.push_back(std::move(mount));
   }
-  const Json& store = spec.value("metadataStore", Json::object()).value("secretRef", Json::object());
+  const Json& store =
+      spec.value("metadataStore", Json::object()).value("secretRef", Json::object());
   p.store_secret_name = Str(store, "name");
   p.store_secret_namespace = Str(store, "namespace");
   p.store_secret_key = Str(store, "key", "url");
@@ -202,12 +212,14 @@ Result<Dataset> ParseDataset(const Json& object) {
   for (const char* key : {"include", "exclude"}) {
     std::vector<std::string>& out = std::string(key) == "include" ? d.include : d.exclude;
     for (const Json& g : spec.value(key, Json::array())) {
-      if (!g.is_string()) return Status::InvalidArgument(std::string("spec.") + key + ": not a string");
+      if (!g.is_string())
+        return Status::InvalidArgument(std::string("spec.") + key + ": not a string");
       out.push_back(g.get<std::string>());
     }
     Result<GlobSet> compiled = GlobSet::Compile(out);
     if (!compiled.ok()) {
-      return Status::InvalidArgument(std::string("spec.") + key + ": " + compiled.status().message());
+      return Status::InvalidArgument(std::string("spec.") + key + ": " +
+                                     compiled.status().message());
     }
   }
   if (spec.contains("chunkSize")) {
@@ -260,16 +272,17 @@ Result<SourceMount> MountOf(const CachePool& pool, const std::string& source) {
   const std::string clean = CleanPath(source);
   std::string paths;
   for (const SourceMount& m : pool.source_mounts) {
-    if (clean == m.mount_path ||
-        (clean.size() > m.mount_path.size() && clean.compare(0, m.mount_path.size(), m.mount_path) == 0 &&
-         (m.mount_path == "/" || clean[m.mount_path.size()] == '/'))) {
+    if (clean == m.mount_path || (clean.size() > m.mount_path.size() &&
+                                  clean.compare(0, m.mount_path.size(), m.mount_path) == 0 &&
+                                  (m.mount_path == "/" || clean[m.mount_path.size()] == '/'))) {
       return m;
     }
     paths += (paths.empty() ? "" : ", ") + m.mount_path;
   }
-  return Status::InvalidArgument("spec.source " + Quoted(source) + " is not under any source mount of CachePool " +
-                                 Quoted(pool.name) + " (" + (paths.empty() ? "it has none" : paths) +
-                                 "); write a path under one of them, or ask an admin to add a mount");
+  return Status::InvalidArgument(
+      "spec.source " + Quoted(source) + " is not under any source mount of CachePool " +
+      Quoted(pool.name) + " (" + (paths.empty() ? "it has none" : paths) +
+      "); write a path under one of them, or ask an admin to add a mount");
 }
 
 Status CheckGrant(const Json& ns_object, uint32_t uid, uint32_t gid) {
@@ -280,16 +293,18 @@ Status CheckGrant(const Json& ns_object, uint32_t uid, uint32_t gid) {
   const std::string gids = Str(annotations, std::string(kAllowedGidsAnnotation).c_str());
   if (uid == 0) return Status::PermissionDenied("spec.runAs.uid: 0 (root) is never allowed");
   if (!Granted(uids, uid)) {
-    return Status::PermissionDenied(
-        "spec.runAs.uid: namespace " + Quoted(ns) + " is not granted uid " + std::to_string(uid) +
-        "; ask a cluster admin to add it to the namespace annotation " +
-        std::string(kAllowedUidsAnnotation) + (uids.empty() ? " (not set)" : " (now " + Quoted(uids) + ")"));
+    return Status::PermissionDenied("spec.runAs.uid: namespace " + Quoted(ns) +
+                                    " is not granted uid " + std::to_string(uid) +
+                                    "; ask a cluster admin to add it to the namespace annotation " +
+                                    std::string(kAllowedUidsAnnotation) +
+                                    (uids.empty() ? " (not set)" : " (now " + Quoted(uids) + ")"));
   }
   if (!Granted(gids, gid)) {
-    return Status::PermissionDenied(
-        "spec.runAs.gid: namespace " + Quoted(ns) + " is not granted gid " + std::to_string(gid) +
-        "; ask a cluster admin to add it to the namespace annotation " +
-        std::string(kAllowedGidsAnnotation) + (gids.empty() ? " (not set)" : " (now " + Quoted(gids) + ")"));
+    return Status::PermissionDenied("spec.runAs.gid: namespace " + Quoted(ns) +
+                                    " is not granted gid " + std::to_string(gid) +
+                                    "; ask a cluster admin to add it to the namespace annotation " +
+                                    std::string(kAllowedGidsAnnotation) +
+                                    (gids.empty() ? " (not set)" : " (now " + Quoted(gids) + ")"));
   }
   return Status::Ok();
 }

@@ -35,9 +35,9 @@ namespace granary::testing {
 namespace {
 
 using nlohmann::json;
-using ::testing::HasSubstr;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+using ::testing::HasSubstr;
 
 std::string ReplaceAll(std::string text, const std::string& from, const std::string& to) {
   if (from.empty()) return text;
@@ -106,12 +106,14 @@ class OperatorTest : public ::testing::Test {
       GRANARY_ASSIGN_OR_RETURN(cluster, KubeCluster::Start(o));
       GRANARY_ASSIGN_OR_RETURN(redis, RedisServer::Start());
       const std::string root = GRANARY_SOURCE_DIR;
-      KubectlResult r = cluster->Kubectl({"apply", "--server-side", "-f", root + "/charts/granary/crds/"});
+      KubectlResult r =
+          cluster->Kubectl({"apply", "--server-side", "-f", root + "/charts/granary/crds/"});
       if (!r.ok()) return Status::Internal("applying the CRDs: " + r.Describe());
       r = cluster->Kubectl({"wait", "--for=condition=established", "--timeout=60s",
                             "crd/datasets.granary.io", "crd/cachepools.granary.io"});
       if (!r.ok()) return Status::Internal("CRDs not established: " + r.Describe());
-      r = cluster->Kubectl({"apply", "-f", root + "/charts/granary/policies/dataset-identity.yaml"});
+      r = cluster->Kubectl(
+          {"apply", "-f", root + "/charts/granary/policies/dataset-identity.yaml"});
       if (!r.ok()) return Status::Internal("applying the identity policy: " + r.Describe());
       // The example namespaces, with the store Secret naming the test's Redis.
       std::string namespaces = ReadAll(root + "/examples/kubernetes/namespace.yaml");
@@ -135,7 +137,8 @@ class OperatorTest : public ::testing::Test {
       pool = ReplaceAll(pool, "metrics: 9464", "metrics: " + std::to_string(metrics_port));
       r = cluster->Kubectl({"apply", "--validate=strict", "-f", "-"}, pool);
       if (!r.ok()) return Status::Internal("applying cachepool.yaml: " + r.Describe());
-      GRANARY_RETURN_IF_ERROR(runner->WaitForRunning(PodRunner::InNamespace("granary"), 1, seconds(60)));
+      GRANARY_RETURN_IF_ERROR(
+          runner->WaitForRunning(PodRunner::InNamespace("granary"), 1, seconds(60)));
       Status ready = cluster->WaitFor(
           [&] {
             Result<json> p = cluster->GetJson({"cachepool", "gpu"});
@@ -144,8 +147,9 @@ class OperatorTest : public ::testing::Test {
           },
           seconds(60), "CachePool gpu Ready with its node registered");
       if (!ready.ok()) {
-        return Status(ready.code(), ready.message() + "\n" +
-                                        cluster->Kubectl({"get", "cachepool", "gpu", "-o", "yaml"}).out);
+        return Status(ready.code(),
+                      ready.message() + "\n" +
+                          cluster->Kubectl({"get", "cachepool", "gpu", "-o", "yaml"}).out);
       }
       return ready;
     }
@@ -155,9 +159,14 @@ class OperatorTest : public ::testing::Test {
       o.binary = GRANARY_OPERATOR_BINARY;
       o.name = "operator-" + std::to_string(++operator_count);
       o.log_path = dir.Join(o.name + ".log");
-      o.args = {"--kubeconfig=" + cluster->kubeconfig_path(), "--namespace=granary",
-                "--identity=" + o.name, "--metrics-listen=127.0.0.1:0", "--progress-interval=300ms",
-                "--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms",
+      o.args = {"--kubeconfig=" + cluster->kubeconfig_path(),
+                "--namespace=granary",
+                "--identity=" + o.name,
+                "--metrics-listen=127.0.0.1:0",
+                "--progress-interval=300ms",
+                "--lease-duration=4s",
+                "--renew-deadline=3s",
+                "--retry-period=500ms",
                 "--log-level=debug"};
       o.args.insert(o.args.end(), extra.begin(), extra.end());
       GRANARY_ASSIGN_OR_RETURN(auto p, DaemonProcess::Start(o));
@@ -194,7 +203,8 @@ class OperatorTest : public ::testing::Test {
     std::mt19937 rng(seed);
     std::vector<std::pair<std::string, std::string>> out;
     for (int i = 0; i < files; ++i) {
-      const std::string path = "class" + std::to_string(i % 4) + "/img" + std::to_string(i) + ".JPEG";
+      const std::string path =
+          "class" + std::to_string(i % 4) + "/img" + std::to_string(i) + ".JPEG";
       const std::string bytes = Bytes(rel + path, 100 + rng() % 200000);
       env_->dir.WriteFile("datasets/" + rel + "/" + path, bytes);
       out.emplace_back(path, bytes);
@@ -221,7 +231,8 @@ class OperatorTest : public ::testing::Test {
 
   // granary_cachenode_snapshots_total{result="ok"} of the pool's cache node.
   static double SnapshotsOk() {
-    KubectlResult r = Run({"curl", "-sf", "http://127.0.0.1:" + std::to_string(env_->metrics_port) + "/metrics"});
+    KubectlResult r =
+        Run({"curl", "-sf", "http://127.0.0.1:" + std::to_string(env_->metrics_port) + "/metrics"});
     EXPECT_EQ(r.exit_code, 0) << r.Describe();
     std::smatch m;
     const std::regex line("granary_cachenode_snapshots_total\\{result=\"ok\"\\} ([0-9.e+]+)");
@@ -265,7 +276,8 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   Kubectl({"apply", "--validate=strict", "-f", "-"}, yaml);
   KubectlResult wait = cluster().Kubectl(
       {"wait", "-n", "team-a", "--for=condition=Ready", "dataset/imagenet-train", "--timeout=50s"});
-  ASSERT_TRUE(wait.ok()) << wait.Describe() << "\n" << Kubectl({"describe", "dataset", "-n", "team-a"});
+  ASSERT_TRUE(wait.ok()) << wait.Describe() << "\n"
+                         << Kubectl({"describe", "dataset", "-n", "team-a"});
 
   Result<json> d = Dataset("imagenet-train");
   ASSERT_OK(d);
@@ -285,8 +297,8 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   EXPECT_EQ(st.value("nodes", 0), 1);
 
   // The same numbers as granary's own view of the store.
-  KubectlResult show = Run({GRANARY_CLI_BINARY, "--store", env_->redis->url(), "-o", "json",
-                            "dataset", "show", gname});
+  KubectlResult show = Run(
+      {GRANARY_CLI_BINARY, "--store", env_->redis->url(), "-o", "json", "dataset", "show", gname});
   ASSERT_EQ(show.exit_code, 0) << show.Describe();
   json shown = json::parse(show.out, nullptr, false);
   ASSERT_FALSE(shown.is_discarded()) << show.out;
@@ -296,14 +308,15 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   EXPECT_THAT(show.out, HasSubstr(std::to_string(total)));
   const std::string table = Kubectl({"get", "datasets", "-n", "team-a"});
   EXPECT_THAT(table, HasSubstr("CACHED%"));
-  EXPECT_THAT(table, ::testing::ContainsRegex("imagenet-train +gpu +" + std::to_string(files.size()) +
-                                              " +[0-9.]+[KMG]i +[0-9.]+[KMG]i +100 +Ready"));
+  EXPECT_THAT(table,
+              ::testing::ContainsRegex("imagenet-train +gpu +" + std::to_string(files.size()) +
+                                       " +[0-9.]+[KMG]i +[0-9.]+[KMG]i +100 +Ready"));
   const std::string pools = Kubectl({"get", "cachepools"});
   EXPECT_THAT(pools, ::testing::ContainsRegex("gpu +1 +1 +"));
 
   // Every sample read back through the cache node (no source fall-through).
-  std::vector<std::string> args = {GRANARY_CLI_BINARY, "--store", env_->redis->url(), "cat", gname,
-                                   "--direct", "--no-source"};
+  std::vector<std::string> args = {
+      GRANARY_CLI_BINARY, "--store", env_->redis->url(), "cat", gname, "--direct", "--no-source"};
   std::string expected;
   for (const auto& [p, b] : files) {
     args.push_back(p);
@@ -320,13 +333,12 @@ TEST_F(OperatorTest, BadDatasetsGetAConditionAndAnEventAndStageNothing) {
   std::filesystem::create_directories(env_->datasets() + "/locked");
   env_->dir.WriteFile("datasets/locked/a.JPEG", "secret");
   chmod((env_->datasets() + "/locked").c_str(), 0700);  // root's: uid 1000 cannot list it
-  Kubectl({"apply", "-f", "-"},
-          ReplaceAll(DatasetYaml("no-pool", env_->datasets() + "/good"), "cachePool: gpu",
-                     "cachePool: nowhere") +
-              "---\n" +
-              DatasetYaml("outside", "/etc") + "---\n" +
-              DatasetYaml("missing", env_->datasets() + "/does-not-exist") + "---\n" +
-              DatasetYaml("unreadable", env_->datasets() + "/locked"));
+  Kubectl({"apply", "-f", "-"}, ReplaceAll(DatasetYaml("no-pool", env_->datasets() + "/good"),
+                                           "cachePool: gpu", "cachePool: nowhere") +
+                                    "---\n" + DatasetYaml("outside", "/etc") + "---\n" +
+                                    DatasetYaml("missing", env_->datasets() + "/does-not-exist") +
+                                    "---\n" +
+                                    DatasetYaml("unreadable", env_->datasets() + "/locked"));
   ASSERT_OK(WaitCondition("no-pool", "Ready", "False", "PoolNotFound", seconds(30)));
   ASSERT_OK(WaitCondition("outside", "Ready", "False", "SourceNotMounted", seconds(30)));
   ASSERT_OK(WaitCondition("missing", "Ready", "False", "Failed", seconds(60)));
@@ -338,7 +350,8 @@ TEST_F(OperatorTest, BadDatasetsGetAConditionAndAnEventAndStageNothing) {
   for (const char* reason : {"PoolNotFound", "SourceNotMounted", "Failed"}) {
     EXPECT_THAT(events, HasSubstr("\"reason\": \"" + std::string(reason) + "\"")) << reason;
   }
-  EXPECT_THAT(Kubectl({"describe", "dataset", "-n", "team-a", "outside"}), HasSubstr("SourceNotMounted"));
+  EXPECT_THAT(Kubectl({"describe", "dataset", "-n", "team-a", "outside"}),
+              HasSubstr("SourceNotMounted"));
   // Nothing of them is in the store but records without a manifest.
   Result<std::unique_ptr<MetadataStore>> store = env_->Store();
   ASSERT_OK(store);
@@ -346,7 +359,8 @@ TEST_F(OperatorTest, BadDatasetsGetAConditionAndAnEventAndStageNothing) {
             StatusCode::kNotFound);
   EXPECT_EQ((*store)->GetDataset(kube::GranaryDatasetName("team-a", "outside")).status().code(),
             StatusCode::kNotFound);
-  Result<DatasetRecord> unreadable = (*store)->GetDataset(kube::GranaryDatasetName("team-a", "unreadable"));
+  Result<DatasetRecord> unreadable =
+      (*store)->GetDataset(kube::GranaryDatasetName("team-a", "unreadable"));
   ASSERT_OK(unreadable);
   EXPECT_TRUE(unreadable->manifest_id.empty());
   // The pool cannot be changed (the CRD says so); a fixed source is taken up:
@@ -368,12 +382,15 @@ TEST_F(OperatorTest, DeletingADatasetDropsItsChunksAndRecordsThenTheFinalizer) {
   auto chunk_files = [&] {
     size_t n = 0;
     for (auto& e : std::filesystem::recursive_directory_iterator(env_->nvme())) {
-      if (e.is_regular_file() && e.path().string().find(manifest.substr(0, 16)) != std::string::npos) ++n;
+      if (e.is_regular_file() &&
+          e.path().string().find(manifest.substr(0, 16)) != std::string::npos)
+        ++n;
     }
     return n;
   };
   EXPECT_GT(chunk_files(), 0u) << "no chunk file names the manifest under " << env_->nvme();
-  KubectlResult del = cluster().Kubectl({"delete", "dataset", "-n", "team-a", "deleteme", "--timeout=60s"});
+  KubectlResult del =
+      cluster().Kubectl({"delete", "dataset", "-n", "team-a", "deleteme", "--timeout=60s"});
   ASSERT_TRUE(del.ok()) << del.Describe();
   EXPECT_EQ(Dataset("deleteme").status().code(), StatusCode::kNotFound);
   Result<std::unique_ptr<MetadataStore>> store = env_->Store();
@@ -433,12 +450,14 @@ TEST_F(OperatorTest, SpecChangeOfTheBytesTakesANewSnapshot) {
         return d.ok() && Condition(*d, "Ready") == "True" &&
                (*d)["status"].value("manifestId", "") != first &&
                (*d)["status"].value("files", 0) == 11 &&
-               (*d)["status"].value("observedGeneration", 0) == (*d)["metadata"].value("generation", -1);
+               (*d)["status"].value("observedGeneration", 0) ==
+                   (*d)["metadata"].value("generation", -1);
       },
       seconds(60), "a new snapshot with the .png file"));
   // Replication (placement) alone does not re-snapshot.
   const std::string second = (*Dataset("respec"))["status"].value("manifestId", "");
-  Kubectl({"patch", "dataset", "-n", "team-a", "respec", "--type=merge", "-p", R"({"spec":{"replication":2}})"});
+  Kubectl({"patch", "dataset", "-n", "team-a", "respec", "--type=merge", "-p",
+           R"({"spec":{"replication":2}})"});
   Result<std::unique_ptr<MetadataStore>> store = env_->Store();
   ASSERT_OK(store);
   const std::string gname = kube::GranaryDatasetName("team-a", "respec");
@@ -468,8 +487,8 @@ TEST_F(OperatorTest, InformerListsAgainWhenTheApiServerSaysGone) {
   EXPECT_TRUE(informer.Get("team-a").has_value());
   // And the watch that follows sees new objects.
   Kubectl({"create", "namespace", "informer-probe"});
-  ASSERT_OK(cluster().WaitFor([&] { return informer.Get("informer-probe").has_value(); }, seconds(20),
-                              "the new namespace through the watch"));
+  ASSERT_OK(cluster().WaitFor([&] { return informer.Get("informer-probe").has_value(); },
+                              seconds(20), "the new namespace through the watch"));
   informer.Stop();
   // A client without credentials is refused, with the API server's reason.
   kube::KubeConfig anonymous = *config;
@@ -507,7 +526,8 @@ TEST_F(OperatorTest, TwoReplicasOneLeadsTheOtherTakesOverAfterSigkill) {
   const auto killed = std::chrono::steady_clock::now();
   ASSERT_OK(cluster().WaitFor([&] { return holder() == other->name(); }, seconds(20),
                               "the other replica taking the lease"));
-  const auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - killed);
+  const auto took =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - killed);
   EXPECT_LE(took.count(), 4000 + 2 * 500 + 1500) << "lease 4 s, retry 500 ms";
   std::cout << "failover took " << took.count() << " ms" << std::endl;
   // Its /metrics say so.
@@ -525,7 +545,8 @@ TEST_F(OperatorTest, TwoReplicasOneLeadsTheOtherTakesOverAfterSigkill) {
   EXPECT_EQ(Run({"curl", "-sf", "http://127.0.0.1:" + port[1].str() + "/readyz"}).exit_code, 0);
   // The new leader acts.
   MakeSource("after-failover", 5, 6);
-  Kubectl({"apply", "-f", "-"}, DatasetYaml("after-failover", env_->datasets() + "/after-failover"));
+  Kubectl({"apply", "-f", "-"},
+          DatasetYaml("after-failover", env_->datasets() + "/after-failover"));
   ASSERT_OK(WaitCondition("after-failover", "Ready", "True", "", seconds(60)));
 }
 

@@ -48,7 +48,8 @@ TEST(GranaryDatasetNameTest, UniqueAcrossNamespacesAndAValidName) {
   EXPECT_THAT(a, ::testing::StartsWith("a-b-c-"));
   const std::string long_name = GranaryDatasetName(std::string(63, 'n'), std::string(63, 'd'));
   EXPECT_LE(long_name.size(), 63u);
-  for (const std::string& n : {a, b, long_name, GranaryDatasetName("x", std::string(51, 'y') + "-z")}) {
+  for (const std::string& n :
+       {a, b, long_name, GranaryDatasetName("x", std::string(51, 'y') + "-z")}) {
     EXPECT_TRUE(ValidateDatasetName(n).ok()) << n;
   }
 }
@@ -121,7 +122,8 @@ TEST(DatasetTest, ParsesWithDefaults) {
   EXPECT_EQ(d->replication, 1u);
   EXPECT_FALSE(d->nodes.has_value());
   EXPECT_FALSE(d->deleting);
-  d = ParseDataset(Dataset(R"({"chunkSize": "64Ki", "replication": 2, "nodes": ["n1"], "include": ["*.jpg"]})"));
+  d = ParseDataset(
+      Dataset(R"({"chunkSize": "64Ki", "replication": 2, "nodes": ["n1"], "include": ["*.jpg"]})"));
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->chunk_size, 64u << 10);
   EXPECT_EQ(d->replication, 2u);
@@ -152,10 +154,11 @@ TEST(DatasetTest, BadSpecsNameTheField) {
 }
 
 TEST(GrantTest, NamespaceAnnotationsGrantUidsAndGids) {
-  Json ns = {{"metadata",
-              {{"name", "team-a"},
-               {"annotations",
-                {{"granary.io/allowed-uids", "1000, 2000-2999"}, {"granary.io/allowed-gids", "1000"}}}}}};
+  Json ns = {
+      {"metadata",
+       {{"name", "team-a"},
+        {"annotations",
+         {{"granary.io/allowed-uids", "1000, 2000-2999"}, {"granary.io/allowed-gids", "1000"}}}}}};
   EXPECT_TRUE(CheckGrant(ns, 1000, 1000).ok());
   EXPECT_TRUE(CheckGrant(ns, 2500, 1000).ok());
   Status s = CheckGrant(ns, 3000, 1000);
@@ -166,7 +169,8 @@ TEST(GrantTest, NamespaceAnnotationsGrantUidsAndGids) {
   EXPECT_THAT(CheckGrant(ns, 0, 1000).message(), HasSubstr("never"));
   Json bare = {{"metadata", {{"name", "team-b"}}}};
   EXPECT_THAT(CheckGrant(bare, 1000, 1000).message(), HasSubstr("(not set)"));
-  Json junk = {{"metadata", {{"name", "x"}, {"annotations", {{"granary.io/allowed-uids", "a,b-,-,0x10"}}}}}};
+  Json junk = {
+      {"metadata", {{"name", "x"}, {"annotations", {{"granary.io/allowed-uids", "a,b-,-,0x10"}}}}}};
   EXPECT_FALSE(CheckGrant(junk, 16, 0).ok());
 }
 
@@ -237,8 +241,8 @@ TEST(KubeConfigTest, ServerUrls) {
   EXPECT_EQ(c.host, "api.example");
   EXPECT_TRUE(ParseServerUrl("https://api.example", &c).ok());
   EXPECT_EQ(c.port, "443");
-  for (const char* bad : {"http://x:80", "https://", "https://x:0", "https://x:99999", "https://x:1/api",
-                          "https://[::1", "https://x:abc"}) {
+  for (const char* bad : {"http://x:80", "https://", "https://x:0", "https://x:99999",
+                          "https://x:1/api", "https://[::1", "https://x:abc"}) {
     SCOPED_TRACE(bad);
     EXPECT_FALSE(ParseServerUrl(bad, &c).ok());
   }

@@ -21,7 +21,7 @@ namespace granary::kube {
 struct KubeConfig {
   std::string host;  // name or address, no brackets
   std::string port = "443";
-  std::string ca_pem;           // empty: the system's trust store
+  std::string ca_pem;  // empty: the system's trust store
   bool insecure_skip_verify = false;
   std::string client_cert_pem;  // with client_key_pem: TLS client authentication
   std::string client_key_pem;

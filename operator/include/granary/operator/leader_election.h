@@ -36,8 +36,8 @@ struct LeaderElectionOptions {
 
 class LeaderElector {
  public:
-  LeaderElector(KubeClient& client, LeaderElectionOptions options,
-                std::function<void()> on_started, std::function<void()> on_stopped);
+  LeaderElector(KubeClient& client, LeaderElectionOptions options, std::function<void()> on_started,
+                std::function<void()> on_stopped);
   ~LeaderElector();
   void Start();
   void Stop();

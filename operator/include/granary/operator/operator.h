@@ -33,7 +33,7 @@ namespace granary::kube {
 
 struct OperatorOptions {
   std::string namespace_ = "granary";  // where it creates pool objects and its Lease
-  std::string identity;                       // this replica (pod name); default host name + pid
+  std::string identity;                // this replica (pod name); default host name + pid
   bool leader_elect = true;
   std::string lease_name = "granary-operator";
   std::chrono::milliseconds lease_duration{15000};

@@ -58,10 +58,10 @@ class WorkQueue {
   const Options options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::string> queue_;    // guarded by mu_
-  std::set<std::string> queued_;     // keys in queue_
+  std::deque<std::string> queue_;  // guarded by mu_
+  std::set<std::string> queued_;   // keys in queue_
   std::set<std::string> processing_;
-  std::set<std::string> dirty_;      // added while processing
+  std::set<std::string> dirty_;  // added while processing
   std::multimap<Clock::time_point, std::string> delayed_;
   std::map<std::string, size_t> retries_;
   uint64_t dropped_ = 0;
