@@ -311,6 +311,24 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   EXPECT_THAT(table,
               ::testing::ContainsRegex("imagenet-train +gpu +" + std::to_string(files.size()) +
                                        " +[0-9.]+[KMG]i +[0-9.]+[KMG]i +100 +Ready"));
+  // The pool's objects: owned by the CachePool, applied by granary-operator.
+  for (const char* kind : {"daemonset", "configmap", "service", "secret"}) {
+    SCOPED_TRACE(kind);
+    const std::string name =
+        std::string("granary-cachenode-gpu") + (std::string(kind) == "secret" ? "-store" : "");
+    Result<json> owned = cluster().GetJson({kind, "-n", "granary", name, "--show-managed-fields"});
+    ASSERT_OK(owned);
+    const json& meta = (*owned)["metadata"];
+    ASSERT_EQ(meta["ownerReferences"].size(), 1u) << meta.dump(2);
+    EXPECT_EQ(meta["ownerReferences"][0].value("kind", ""), "CachePool");
+    EXPECT_EQ(meta["ownerReferences"][0].value("name", ""), "gpu");
+    bool applied = false;
+    for (const json& f : meta["managedFields"]) {
+      applied |=
+          f.value("manager", "") == "granary-operator" && f.value("operation", "") == "Apply";
+    }
+    EXPECT_TRUE(applied) << meta["managedFields"].dump(2);
+  }
   const std::string pools = Kubectl({"get", "cachepools"});
   EXPECT_THAT(pools, ::testing::ContainsRegex("gpu +1 +1 +"));
 
@@ -548,6 +566,47 @@ TEST_F(OperatorTest, TwoReplicasOneLeadsTheOtherTakesOverAfterSigkill) {
   Kubectl({"apply", "-f", "-"},
           DatasetYaml("after-failover", env_->datasets() + "/after-failover"));
   ASSERT_OK(WaitCondition("after-failover", "Ready", "True", "", seconds(60)));
+}
+
+TEST_F(OperatorTest, BadCommandLinesAndUnreachableServersAreClearErrors) {
+  const std::string bin = GRANARY_OPERATOR_BINARY;
+  struct Case {
+    std::vector<std::string> args;
+    int code;
+    std::string says;
+  };
+  env_->dir.WriteFile("bad.kubeconfig", "apiVersion: v1\nclusters: [unclosed\n");
+  env_->dir.WriteFile(
+      "nowhere.kubeconfig",
+      "apiVersion: v1\ncurrent-context: x\nclusters:\n- name: c\n  cluster: {server: "
+      "\"https://127.0.0.1:" +
+          std::to_string(FreeTcpPort()) + "\"}\ncontexts:\n- name: x\n  context: {cluster: c}\n");
+  const std::vector<Case> cases = {
+      {{"--kubeconfig=" + env_->dir.Join("missing")}, 2, "cannot be read"},
+      {{"--kubeconfig=" + env_->dir.Join("bad.kubeconfig")}, 2, "kubeconfig"},
+      {{"--kubeconfig=" + cluster().kubeconfig_path(), "--context=nope"}, 2, "no context 'nope'"},
+      {{"--kubeconfig=" + cluster().kubeconfig_path(), "--lease-duration=abc"},
+       2,
+       "--lease-duration"},
+      {{"--kubeconfig=" + cluster().kubeconfig_path(), "--lease-duration=2s",
+        "--renew-deadline=3s"},
+       2,
+       "--renew-deadline < --lease-duration"},
+      {{"--kubeconfig=" + cluster().kubeconfig_path(), "--workers=0"}, 2, "workers"},
+      {{"--kubeconfig=" + cluster().kubeconfig_path(), "--log-level=loud"}, 2, "--log-level"},
+      {{"--kubeconfig=" + env_->dir.Join("nowhere.kubeconfig")}, 1, "connecting to the API server"},
+      {{"--kubeconfig=" + cluster().kubeconfig_path(), "--metrics-listen=256.0.0.1:1"},
+       1,
+       "--metrics-listen"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {bin};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    SCOPED_TRACE(argv.back());
+    KubectlResult r = Run(argv);
+    EXPECT_EQ(r.exit_code, c.code) << r.Describe();
+    EXPECT_THAT(r.out + r.err, HasSubstr(c.says));
+  }
 }
 
 }  // namespace
