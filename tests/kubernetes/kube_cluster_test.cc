@@ -352,6 +352,67 @@ TEST_F(KubeClusterTest, PodRunnerRunsAGranaryPodFromItsSpecAndStopsItWhenDeleted
   EXPECT_FALSE(std::filesystem::exists(mount_dir));
 }
 
+// A pod as the webhook makes them: an init container that runs to completion
+// first, then a native sidecar (an init container with restartPolicy:
+// Always) that keeps running next to a main container of another image,
+// which is left to kwok.
+TEST_F(KubeClusterTest, PodRunnerRunsInitContainersInOrderAndNativeSidecars) {
+  PodRunner runner(cluster(), RunnerOptions());
+  Status started = runner.Start();
+  if (started.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << started.ToString();
+  ASSERT_OK(started);
+  TempDir host;
+  const uint16_t metrics_port = FreeTcpPort();
+  const std::string config = "listen: 127.0.0.1:" + std::to_string(FreeTcpPort()) +
+                             "\nmetrics_listen: 127.0.0.1:" + std::to_string(metrics_port) +
+                             "\ndata_dir: " + host.Join("data") +
+                             "\ncapacity: 64MiB\nmetadata_store: sqlite://" +
+                             host.Join("granary.db") + "\n";
+  MustKubectl({"create", "namespace", "sidecars"});
+  MustKubectl(
+      {"create", "configmap", "node", "-n", "sidecars", "--from-literal=cachenode.yaml=" + config});
+  const json pod = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", "trainer"}, {"namespace", "sidecars"}}},
+      {"spec",
+       {{"nodeName", "gpu-node-1"},
+        {"terminationGracePeriodSeconds", 5},
+        {"initContainers",
+         {{{"name", "first"}, {"image", "granary/test:dev"}, {"command", {"granary", "--help"}}},
+          {{"name", "sidecar"},
+           {"image", "granary/test:dev"},
+           {"restartPolicy", "Always"},
+           {"command", {"granary-cachenode", "--config", "/etc/node/cachenode.yaml"}},
+           {"volumeMounts", {{{"name", "config"}, {"mountPath", "/etc/node"}}}}}}},
+        {"containers", {{{"name", "train"}, {"image", "pytorch/pytorch:2.5.1"}}}},
+        {"volumes", {{{"name", "config"}, {"configMap", {{"name", "node"}}}}}}}}};
+  MustKubectl({"apply", "-f", "-"}, pod.dump());
+  ASSERT_OK(runner.WaitForRunning(
+      [](const RunningContainer& r) { return r.pod == "trainer" && r.container == "sidecar"; }, 1,
+      seconds(60)));
+  // "first" ended (successfully) before the sidecar started; "train" never ran.
+  std::vector<ContainerExit> exits = runner.Exits();
+  ASSERT_EQ(exits.size(), 1u) << runner.EventLog();
+  EXPECT_EQ(exits[0].container, "first");
+  EXPECT_TRUE(exits[0].exited && exits[0].code == 0) << exits[0].status;
+  std::vector<RunningContainer> running = runner.Running();
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_TRUE(running[0].init);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return RunProgram(
+                   {"curl", "-sf", "http://127.0.0.1:" + std::to_string(metrics_port) + "/readyz"},
+                   {}, "", host.path(), seconds(5))
+                   .exit_code == 0;
+      },
+      seconds(60), milliseconds(200)))
+      << runner.EventLog();
+  MustKubectl({"delete", "pod", "trainer", "-n", "sidecars", "--wait=false"});
+  EXPECT_OK(runner.WaitFor([](const std::vector<RunningContainer>& r) { return r.empty(); },
+                           seconds(30), "the sidecar to stop"));
+}
+
 // Pods of other images, and Granary pods on nodes the runner does not serve,
 // are not run.
 TEST_F(KubeClusterTest, PodRunnerLeavesOtherPodsToKwok) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 
@@ -313,7 +314,13 @@ void PodRunner::Stop() {
 
 void PodRunner::Loop() {
   while (true) {
-    Poll();
+    try {
+      Poll();
+    } catch (const std::exception& e) {
+      // A pod spec this runner misread (a field of an unexpected type): say
+      // so and go on with the others at the next poll.
+      Event(std::string("error while handling the pods (the runner goes on): ") + e.what());
+    }
     std::unique_lock<std::mutex> lock(stop_mu_);
     if (stop_cv_.wait_for(lock, options_.poll_interval, [&] { return stop_requested_; })) break;
   }
@@ -667,7 +674,11 @@ void PodRunner::StepPod(PodState* pod) {
   for (ContainerState& c : pod->containers) {
     if (c.process != nullptr && !c.process->Running()) ReapContainer(pod, &c);
   }
-  if (pod->failed) return;
+  if (pod->failed) {
+    // An init container failed for good: the pod's sidecars end too.
+    StopPod(pod, "an init container failed and restartPolicy is Never");
+    return;
+  }
   for (ContainerState& c : pod->containers) {
     if (c.image_dir.empty()) continue;  // kwok's
     const bool runnable =
