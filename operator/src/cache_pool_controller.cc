@@ -7,32 +7,12 @@
 #include "controller_context.h"
 #include "granary/core/log.h"
 #include "granary/core/names.h"
+#include "granary/operator/base64.h"
 
 namespace granary::kube {
 namespace {
 
 std::string PoolObjectName(const CachePool& pool) { return "granary-cachenode-" + pool.name; }
-
-std::string Base64Encode(const std::string& in) {
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < in.size(); i += 3) {
-    const uint32_t v = (static_cast<uint8_t>(in[i]) << 16) |
-                       (static_cast<uint8_t>(in[i + 1]) << 8) | static_cast<uint8_t>(in[i + 2]);
-    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], kAlphabet[(v >> 6) & 63],
-            kAlphabet[v & 63]};
-  }
-  if (i + 1 == in.size()) {
-    const uint32_t v = static_cast<uint8_t>(in[i]) << 16;
-    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], '=', '='};
-  } else if (i + 2 == in.size()) {
-    const uint32_t v = (static_cast<uint8_t>(in[i]) << 16) | (static_cast<uint8_t>(in[i + 1]) << 8);
-    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], kAlphabet[(v >> 6) & 63], '='};
-  }
-  return out;
-}
 
 Json Labels(const CachePool& pool) {
   return {{"app.kubernetes.io/name", "granary-cachenode"},

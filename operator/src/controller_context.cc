@@ -2,30 +2,9 @@
 
 #include "granary/core/log.h"
 #include "granary/core/names.h"
+#include "granary/operator/base64.h"
 
 namespace granary::kube {
-namespace {
-
-std::string Base64Decode(const std::string& text) {
-  static constexpr std::string_view kAlphabet =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  uint32_t bits = 0;
-  int count = 0;
-  for (char c : text) {
-    const size_t v = kAlphabet.find(c);
-    if (v == std::string_view::npos) continue;
-    bits = (bits << 6) | static_cast<uint32_t>(v);
-    count += 6;
-    if (count >= 8) {
-      count -= 8;
-      out.push_back(static_cast<char>((bits >> count) & 0xff));
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 Result<std::string> ControllerContext::StoreUrl(const CachePool& pool) {
   const std::string ns =
@@ -43,7 +22,10 @@ Result<std::string> ControllerContext::StoreUrl(const CachePool& pool) {
                             Quoted(pool.store_secret_key) +
                             "; put the store URL (redis://...) under that key");
   }
-  std::string url = Base64Decode(data[pool.store_secret_key].get<std::string>());
+  GRANARY_ASSIGN_OR_RETURN(std::string url,
+                           Base64Decode(data[pool.store_secret_key].get<std::string>(),
+                                        "key " + Quoted(pool.store_secret_key) + " of the Secret " +
+                                            ns + "/" + pool.store_secret_name));
   while (!url.empty() && std::isspace(static_cast<unsigned char>(url.back())) != 0) url.pop_back();
   return url;
 }

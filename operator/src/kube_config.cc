@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "granary/core/names.h"
+#include "granary/operator/base64.h"
 
 namespace granary::kube {
 namespace {
@@ -19,28 +20,6 @@ Result<std::string> ReadWholeFile(const std::string& path, const std::string& wh
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-Result<std::string> Base64Decode(const std::string& text, const std::string& what) {
-  static constexpr std::string_view kAlphabet =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  uint32_t bits = 0;
-  int count = 0;
-  for (char c : text) {
-    if (c == '=' || c == '\n' || c == '\r' || c == ' ') continue;
-    const size_t v = kAlphabet.find(c);
-    if (v == std::string_view::npos) {
-      return Status::InvalidArgument(what + " is not base64; write the PEM base64-encoded");
-    }
-    bits = (bits << 6) | static_cast<uint32_t>(v);
-    count += 6;
-    if (count >= 8) {
-      count -= 8;
-      out.push_back(static_cast<char>((bits >> count) & 0xff));
-    }
-  }
-  return out;
 }
 
 std::string Resolve(const std::string& dir, const std::string& file) {

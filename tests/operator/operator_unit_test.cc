@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "granary/core/metadata_store.h"
+#include "granary/operator/base64.h"
 #include "granary/operator/kube_config.h"
 #include "granary/operator/resources.h"
 #include "granary/operator/work_queue.h"
@@ -18,6 +19,21 @@ namespace granary::kube {
 namespace {
 
 using ::testing::HasSubstr;
+
+TEST(Base64Test, RoundTripsAndRefusesNonBase64) {
+  for (const std::string& s :
+       {std::string(), std::string("a"), std::string("ab"), std::string("abc"),
+        std::string("redis://:p@h:6379/0"), std::string("\0\xff\x01", 3)}) {
+    Result<std::string> back = Base64Decode(Base64Encode(s), "x");
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, s);
+  }
+  EXPECT_EQ(Base64Encode("CERT"), "Q0VSVA==");
+  EXPECT_EQ(*Base64Decode("Q0VS\nVA==\n", "x"), "CERT");
+  EXPECT_THAT(Base64Decode("Q0VSVA=", "the key 'url'").status().message(),
+              HasSubstr("the key 'url'"));
+  EXPECT_FALSE(Base64Decode("Q0V*VA==", "x").ok());
+}
 
 TEST(QuantityTest, ParsesKubernetesQuantities) {
   EXPECT_EQ(*ParseQuantityBytes(Json(1024), "x"), 1024u);
