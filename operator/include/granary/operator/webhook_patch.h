@@ -1,0 +1,110 @@
+#pragma once
+
+// The sidecar-injecting mutation of Granary's mutating admission webhook, as
+// pure functions: parse an AdmissionReview v1 body, decide whether the pod is
+// Granary's to mutate, build the RFC 6902 JSONPatch that injects the sidecar,
+// and write the AdmissionReview response. No I/O: the HTTPS endpoint (not in
+// this file) looks the Dataset and CachePool up and calls these.
+// docs/kubernetes-webhook.md.
+//
+// Thread safety: plain values and pure functions.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "granary/core/status.h"
+#include "granary/operator/kube_client.h"
+#include "granary/operator/resources.h"
+
+namespace granary::kube {
+
+inline constexpr std::string_view kDatasetLabel = "granary.io/dataset";
+// Set on an injected pod; holds the sidecar's YAML configuration, which the
+// sidecar reads through a downwardAPI volume.
+inline constexpr std::string_view kSidecarConfigAnnotation = "granary.io/sidecar-config";
+inline constexpr std::string_view kSidecarContainerName = "granary-sidecar";
+inline constexpr std::string_view kSocketVolumeName = "granary-socket";
+inline constexpr std::string_view kConfigVolumeName = "granary-sidecar-config";
+inline constexpr std::string_view kSocketDir = "/run/granary";
+inline constexpr std::string_view kSocketPath = "/run/granary/sidecar.sock";
+inline constexpr std::string_view kSidecarConfigDir = "/etc/granary/sidecar";
+inline constexpr int kSidecarMetricsPort = 9465;
+// The uid/gid the injected sidecar runs as (never root).
+inline constexpr int64_t kSidecarUid = 65532;
+
+// Bodies larger than this are refused before parsing (the API server's own
+// object limit is 1.5 MiB; a review carries the object once, plus oldObject).
+inline constexpr size_t kMaxReviewBytes = 4u << 20;
+// Deeper JSON nesting than this is refused before parsing.
+inline constexpr int kMaxReviewDepth = 64;
+
+// What the webhook needs of an AdmissionReview's request.
+struct AdmissionRequest {
+  std::string uid;
+  std::string operation;   // CREATE, UPDATE, DELETE, CONNECT
+  std::string namespace_;  // request.namespace (the pod's)
+  Json pod;                // request.object (null for DELETE/CONNECT)
+};
+
+// Parses an AdmissionReview v1 body. kInvalidArgument says what is wrong
+// (not JSON, too large or deep, wrong apiVersion/kind, missing
+// request/uid/operation, an object that is not a Pod for CREATE/UPDATE).
+// Never throws.
+Result<AdmissionRequest> ParseAdmissionReview(std::string_view body);
+
+// Whether a request is Granary's to mutate. kSkip: allow unchanged.
+struct InjectionDecision {
+  enum class Kind { kSkip, kInject };
+  Kind kind = Kind::kSkip;
+  std::string dataset;  // the label's value, for kInject
+  std::string reason;   // why skipped (for logs)
+};
+InjectionDecision Decide(const AdmissionRequest& request, const std::string& operator_namespace);
+
+// Whether the pod already carries the injected sidecar.
+bool AlreadyInjected(const Json& pod);
+
+// The prefetch window the sidecar gets: the Dataset's spec.prefetch, else the
+// pool's spec.sidecar, else the sidecar's own defaults (unset fields).
+struct SidecarWindow {
+  std::optional<uint64_t> window_bytes;
+  std::optional<uint64_t> window_samples;
+  std::optional<uint64_t> arena_bytes;
+};
+// `pool_object` and `dataset_object` are the resources as the API server
+// returns them. kInvalidArgument names a bad field.
+Result<SidecarWindow> ResolveSidecarWindow(const Json& pool_object, const Json& dataset_object);
+
+struct InjectionInputs {
+  std::string dataset_namespace;
+  std::string dataset_name;  // the Kubernetes name (the label's value)
+  CachePool pool;
+  SidecarWindow window;
+  // The Secret, in the pod's namespace, whose key holds the store URL.
+  std::string store_secret_name;
+  std::string store_secret_key = "url";
+};
+
+// The sidecar's configuration file (YAML), without the store URL and the
+// node name, which come from the environment (docs/kubernetes-webhook.md).
+std::string SidecarConfigYaml(const InjectionInputs& inputs);
+
+// The JSONPatch (an array of RFC 6902 operations) that injects the sidecar
+// into `pod`; an empty array when the pod is already injected. Only "add"
+// operations: nothing the user wrote is replaced or removed.
+// kInvalidArgument for a pod whose spec is not the shape the API server
+// would store (e.g. containers not an array).
+Result<Json> BuildInjectionPatch(const Json& pod, const InjectionInputs& inputs);
+
+// RFC 6901 escaping of one path segment: "~" -> "~0", "/" -> "~1".
+std::string EscapeJsonPointer(std::string_view segment);
+
+// AdmissionReview v1 responses (the whole body to send back).
+std::string AllowResponse(const std::string& uid);
+std::string PatchResponse(const std::string& uid, const Json& patch);
+std::string DenyResponse(const std::string& uid, int code, const std::string& message);
+
+}  // namespace granary::kube

@@ -1,0 +1,494 @@
+// The webhook's mutation as pure functions (operator/include/granary/operator/
+// webhook_patch.h): each patch is applied with a small RFC 6902 applier below
+// and the resulting pod is checked.
+
+#include "granary/operator/webhook_patch.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "granary/operator/base64.h"
+
+namespace granary::kube {
+namespace {
+
+using ::testing::HasSubstr;
+
+// --- A small RFC 6902 applier (add, replace, remove, test) over RFC 6901 paths.
+
+std::string Unescape(const std::string& token) {
+  std::string out;
+  for (size_t i = 0; i < token.size(); ++i) {
+    if (token[i] == '~' && i + 1 < token.size()) {
+      out += token[i + 1] == '1' ? '/' : '~';
+      ++i;
+    } else {
+      out += token[i];
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Tokens(const std::string& path) {
+  std::vector<std::string> tokens;
+  if (path.empty()) return tokens;
+  EXPECT_EQ(path[0], '/') << path;
+  size_t start = 1;
+  while (true) {
+    size_t slash = path.find('/', start);
+    tokens.push_back(Unescape(path.substr(start, slash - start)));
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  return tokens;
+}
+
+// Applies `patch` to `doc`; false (with a test failure) if an operation
+// cannot apply as RFC 6902 says (a missing parent, an index out of range,
+// an "add" to a member that exists is allowed and replaces, per the RFC).
+bool Apply(Json& doc, const Json& patch) {
+  if (!patch.is_array()) {
+    ADD_FAILURE() << "patch is not an array";
+    return false;
+  }
+  for (const Json& op : patch) {
+    const std::string kind = op.at("op");
+    std::vector<std::string> tokens = Tokens(op.at("path"));
+    if (tokens.empty()) {
+      ADD_FAILURE() << "operation on the root";
+      return false;
+    }
+    const std::string last = tokens.back();
+    tokens.pop_back();
+    Json* parent = &doc;
+    for (const std::string& t : tokens) {
+      if (parent->is_object() && parent->contains(t)) {
+        parent = &(*parent)[t];
+      } else if (parent->is_array() && !t.empty() &&
+                 t.find_first_not_of("0123456789") == std::string::npos &&
+                 std::stoul(t) < parent->size()) {
+        parent = &(*parent)[std::stoul(t)];
+      } else {
+        ADD_FAILURE() << "path " << op.at("path") << ": missing parent at " << t;
+        return false;
+      }
+    }
+    if (kind == "add") {
+      if (parent->is_object()) {
+        (*parent)[last] = op.at("value");
+      } else if (parent->is_array()) {
+        if (last == "-") {
+          parent->push_back(op.at("value"));
+        } else {
+          size_t index = std::stoul(last);
+          if (index > parent->size()) {
+            ADD_FAILURE() << "index out of range in " << op.at("path");
+            return false;
+          }
+          parent->insert(parent->begin() + static_cast<std::ptrdiff_t>(index), op.at("value"));
+        }
+      } else {
+        ADD_FAILURE() << "add into a scalar at " << op.at("path");
+        return false;
+      }
+    } else {
+      ADD_FAILURE() << "the webhook only adds; got " << kind;
+      return false;
+    }
+  }
+  return true;
+}
+
+// --- Fixtures
+
+CachePool Pool() {
+  CachePool pool;
+  pool.name = "gpu";
+  pool.image = "granary:0.1.0";
+  pool.node_selector = {{"granary.io/nvme", "true"}, {"nvidia.com/gpu.present", "true"}};
+  pool.tolerations =
+      Json::array({{{"key", "nvidia.com/gpu"}, {"operator", "Exists"}, {"effect", "NoSchedule"}}});
+  return pool;
+}
+
+InjectionInputs Inputs() {
+  InjectionInputs in;
+  in.dataset_namespace = "team-a";
+  in.dataset_name = "imagenet-train";
+  in.pool = Pool();
+  in.store_secret_name = "granary-gpu-store";
+  return in;
+}
+
+Json TrainingPod() {
+  return Json::parse(R"({
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "train", "namespace": "team-a",
+                 "labels": {"granary.io/dataset": "imagenet-train"}},
+    "spec": {
+      "containers": [
+        {"name": "trainer", "image": "pytorch:2", "command": ["python3", "train.py"],
+         "env": [{"name": "EPOCHS", "value": "3"}]},
+        {"name": "logger", "image": "busybox"}
+      ]
+    }
+  })");
+}
+
+std::string Review(const Json& pod, const std::string& operation = "CREATE",
+                   const std::string& ns = "team-a") {
+  Json review = {{"apiVersion", "admission.k8s.io/v1"},
+                 {"kind", "AdmissionReview"},
+                 {"request",
+                  {{"uid", "705ab4f5-6393-11e8-b7cc-42010a800002"},
+                   {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+                   {"resource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+                   {"namespace", ns},
+                   {"operation", operation},
+                   {"object", pod}}}};
+  return review.dump();
+}
+
+Json Patched(const Json& pod, const InjectionInputs& in = Inputs()) {
+  Result<Json> patch = BuildInjectionPatch(pod, in);
+  EXPECT_TRUE(patch.ok()) << patch.status().message();
+  Json out = pod;
+  if (patch.ok()) {
+    EXPECT_TRUE(Apply(out, *patch));
+  }
+  return out;
+}
+
+const Json* FindNamed(const Json& list, const std::string& name) {
+  for (const Json& item : list) {
+    if (item.value("name", "") == name) return &item;
+  }
+  return nullptr;
+}
+
+std::string EnvValue(const Json& container, const std::string& name) {
+  if (!container.contains("env")) return "<unset>";
+  const Json* var = FindNamed(container["env"], name);
+  return var != nullptr ? var->value("value", "<valueFrom>") : "<unset>";
+}
+
+// --- Tests
+
+TEST(WebhookPatchTest, InjectsTheNativeSidecarEnvVolumesAffinityAndTolerations) {
+  const Json pod = Patched(TrainingPod());
+  const Json& spec = pod["spec"];
+
+  ASSERT_TRUE(spec.contains("initContainers"));
+  ASSERT_EQ(spec["initContainers"].size(), 1u);
+  const Json& sidecar = spec["initContainers"][0];
+  EXPECT_EQ(sidecar["name"], "granary-sidecar");
+  EXPECT_EQ(sidecar["restartPolicy"], "Always");
+  EXPECT_EQ(sidecar["image"], "granary:0.1.0");
+  EXPECT_EQ(sidecar["command"], Json::array({"granary-sidecar"}));
+  EXPECT_EQ(sidecar["args"], Json::array({"--config=/etc/granary/sidecar/sidecar.yaml"}));
+  EXPECT_EQ(sidecar["startupProbe"]["httpGet"]["path"], "/readyz");
+  EXPECT_EQ(sidecar["startupProbe"]["httpGet"]["port"], kSidecarMetricsPort);
+  EXPECT_EQ(sidecar["readinessProbe"]["httpGet"]["path"], "/readyz");
+  EXPECT_EQ(sidecar["securityContext"]["runAsNonRoot"], true);
+  EXPECT_NE(sidecar["securityContext"]["runAsUser"], 0);
+  EXPECT_EQ(sidecar["securityContext"]["allowPrivilegeEscalation"], false);
+  EXPECT_EQ(EnvValue(sidecar, "GRANARY_SOCKET"), "/run/granary/sidecar.sock");
+  const Json* node = FindNamed(sidecar["env"], "GRANARY_NODE_NAME");
+  ASSERT_NE(node, nullptr);
+  EXPECT_EQ((*node)["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+  EXPECT_EQ(EnvValue(sidecar, "GRANARY_LOCAL_NODE"), "$(GRANARY_NODE_NAME)");
+  const Json* store = FindNamed(sidecar["env"], "GRANARY_METADATA_STORE");
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ((*store)["valueFrom"]["secretKeyRef"]["name"], "granary-gpu-store");
+  EXPECT_EQ((*store)["valueFrom"]["secretKeyRef"]["key"], "url");
+
+  // The config annotation (its key escaped as ~1 in the patch) and its volume.
+  const std::string config = pod["metadata"]["annotations"]["granary.io/sidecar-config"];
+  EXPECT_THAT(config, HasSubstr("socket: /run/granary/sidecar.sock\n"));
+  EXPECT_THAT(config, HasSubstr("pool: gpu\n"));
+  EXPECT_THAT(config, HasSubstr("metrics_listen: 0.0.0.0:9465\n"));
+  const Json* config_volume = FindNamed(spec["volumes"], "granary-sidecar-config");
+  ASSERT_NE(config_volume, nullptr);
+  EXPECT_EQ((*config_volume)["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
+            "metadata.annotations['granary.io/sidecar-config']");
+  const Json* socket_volume = FindNamed(spec["volumes"], "granary-socket");
+  ASSERT_NE(socket_volume, nullptr);
+  EXPECT_TRUE(socket_volume->contains("emptyDir"));
+
+  const std::string granary_name = GranaryDatasetName("team-a", "imagenet-train");
+  for (const Json& c : spec["containers"]) {
+    EXPECT_EQ(EnvValue(c, "GRANARY_SOCKET"), "/run/granary/sidecar.sock") << c["name"];
+    EXPECT_EQ(EnvValue(c, "GRANARY_DATASET"), granary_name) << c["name"];
+    const Json* mount = FindNamed(c["volumeMounts"], "granary-socket");
+    ASSERT_NE(mount, nullptr) << c["name"];
+    EXPECT_EQ((*mount)["mountPath"], "/run/granary");
+  }
+  EXPECT_EQ(EnvValue(spec["containers"][0], "EPOCHS"), "3");  // the user's env kept
+
+  const Json& terms = spec["affinity"]["nodeAffinity"]
+                          ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+  ASSERT_EQ(terms.size(), 1u);
+  EXPECT_EQ(terms[0]["matchExpressions"].size(), 2u);
+  EXPECT_EQ(terms[0]["matchExpressions"][0],
+            Json({{"key", "granary.io/nvme"}, {"operator", "In"}, {"values", {"true"}}}));
+  EXPECT_EQ(spec["tolerations"], Pool().tolerations);
+}
+
+TEST(WebhookPatchTest, PathsAreEscaped) {
+  Result<Json> patch = BuildInjectionPatch(TrainingPod(), Inputs());
+  ASSERT_TRUE(patch.ok()) << patch.status().message();
+  bool found = false;
+  for (const Json& op : *patch) {
+    if (op["path"] == "/metadata/annotations/granary.io~1sidecar-config") found = true;
+  }
+  EXPECT_TRUE(found) << patch->dump(1);
+  EXPECT_EQ(EscapeJsonPointer("a/b~c"), "a~1b~0c");
+}
+
+TEST(WebhookPatchTest, OtherInitContainersGetTheEnvAndRunAfterTheSidecar) {
+  Json pod = TrainingPod();
+  pod["spec"]["initContainers"] = Json::parse(R"([
+    {"name": "warmup", "image": "busybox", "env": [{"name": "GRANARY_SOCKET", "value": "/mine"}],
+     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}])");
+  pod["spec"]["volumes"] = Json::parse(R"([{"name": "scratch", "emptyDir": {}}])");
+  pod["metadata"]["annotations"] = {{"team", "a"}};
+  const Json out = Patched(pod);
+  const Json& init = out["spec"]["initContainers"];
+  ASSERT_EQ(init.size(), 2u);
+  EXPECT_EQ(init[0]["name"], "granary-sidecar");
+  EXPECT_EQ(init[1]["name"], "warmup");
+  EXPECT_EQ(EnvValue(init[1], "GRANARY_SOCKET"), "/mine");  // what the user set is kept
+  EXPECT_EQ(EnvValue(init[1], "GRANARY_DATASET"), GranaryDatasetName("team-a", "imagenet-train"));
+  EXPECT_NE(FindNamed(init[1]["volumeMounts"], "scratch"), nullptr);
+  EXPECT_NE(FindNamed(init[1]["volumeMounts"], "granary-socket"), nullptr);
+  EXPECT_EQ(out["spec"]["volumes"].size(), 3u);
+  EXPECT_EQ(out["metadata"]["annotations"]["team"], "a");
+}
+
+TEST(WebhookPatchTest, UserAffinityNodeNameAndTolerationsAreKept) {
+  Json pod = TrainingPod();
+  pod["spec"]["nodeName"] = "gpu-3";
+  pod["spec"]["affinity"] = Json::parse(R"({
+    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+    "nodeAffinity": {
+      "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-3"]}]}
+      ]},
+      "preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 5, "preference": {"matchExpressions": [
+          {"key": "fast", "operator": "Exists"}]}}]}})");
+  pod["spec"]["tolerations"] = Json::parse(R"([{"key": "mine", "operator": "Exists"},
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])");
+  const Json original = pod;
+  const Json out = Patched(pod);
+
+  EXPECT_EQ(out["spec"]["nodeName"], "gpu-3");
+  EXPECT_EQ(out["spec"]["affinity"]["podAntiAffinity"],
+            original["spec"]["affinity"]["podAntiAffinity"]);
+  const Json& na = out["spec"]["affinity"]["nodeAffinity"];
+  EXPECT_EQ(na["preferredDuringSchedulingIgnoredDuringExecution"],
+            original["spec"]["affinity"]["nodeAffinity"]
+                    ["preferredDuringSchedulingIgnoredDuringExecution"]);
+  const Json& terms = na["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+  ASSERT_EQ(terms.size(), 2u);  // no term added: the user's terms stay the alternatives
+  // Term 0: the user's expression first, then the pool's, ANDed.
+  ASSERT_EQ(terms[0]["matchExpressions"].size(), 3u);
+  EXPECT_EQ(terms[0]["matchExpressions"][0]["key"], "zone");
+  EXPECT_EQ(terms[0]["matchExpressions"][1]["key"], "granary.io/nvme");
+  // Term 1: its matchFields kept, the pool's expressions added.
+  EXPECT_EQ(
+      terms[1]["matchFields"],
+      original["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+              ["nodeSelectorTerms"][1]["matchFields"]);
+  EXPECT_EQ(terms[1]["matchExpressions"].size(), 2u);
+  // Tolerations: the user's kept, the pool's one already there not doubled.
+  EXPECT_EQ(out["spec"]["tolerations"], original["spec"]["tolerations"]);
+}
+
+TEST(WebhookPatchTest, AffinityWithoutRequiredTermsGetsThePoolsTerm) {
+  Json pod = TrainingPod();
+  pod["spec"]["affinity"] = Json::parse(R"({"nodeAffinity": {
+      "preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "x", "operator": "Exists"}]}}]}})");
+  const Json out = Patched(pod);
+  const Json& na = out["spec"]["affinity"]["nodeAffinity"];
+  EXPECT_EQ(na["preferredDuringSchedulingIgnoredDuringExecution"].size(), 1u);
+  EXPECT_EQ(na["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+              ["matchExpressions"]
+                  .size(),
+            2u);
+}
+
+TEST(WebhookPatchTest, AnInjectedPodGetsNoPatch) {
+  const Json once = Patched(TrainingPod());
+  EXPECT_TRUE(AlreadyInjected(once));
+  Result<Json> again = BuildInjectionPatch(once, Inputs());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_TRUE(again->empty()) << again->dump(1);
+  EXPECT_EQ(PatchResponse("u", *again), AllowResponse("u"));
+}
+
+TEST(WebhookPatchTest, WindowComesFromTheDatasetElseThePool) {
+  const Json pool = Json::parse(
+      R"({"spec": {"sidecar": {"windowBytes": "128Mi", "windowSamples": 512, "arenaBytes": "200Mi"}}})");
+  const Json dataset = Json::parse(R"({"spec": {"prefetch": {"windowBytes": "512Mi"}}})");
+  Result<SidecarWindow> w = ResolveSidecarWindow(pool, dataset);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ(w->window_bytes, 512ull << 20);
+  EXPECT_EQ(w->window_samples, 512u);
+  EXPECT_EQ(w->arena_bytes, (512ull + 64) << 20);  // the pool's arena was too small for it
+
+  Result<SidecarWindow> pool_only = ResolveSidecarWindow(pool, Json::object());
+  ASSERT_TRUE(pool_only.ok());
+  EXPECT_EQ(pool_only->window_bytes, 128ull << 20);
+  EXPECT_EQ(pool_only->arena_bytes, 200ull << 20);
+
+  Result<SidecarWindow> none = ResolveSidecarWindow(Json::object(), Json::object());
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->window_bytes);
+  EXPECT_FALSE(none->window_samples);
+
+  InjectionInputs in = Inputs();
+  in.window = *w;
+  const std::string yaml = SidecarConfigYaml(in);
+  EXPECT_THAT(yaml, HasSubstr("window_bytes: 536870912\n"));
+  EXPECT_THAT(yaml, HasSubstr("window_samples: 512\n"));
+
+  Result<SidecarWindow> bad = ResolveSidecarWindow(
+      Json::object(), Json::parse(R"({"spec": {"prefetch": {"windowSamples": 0}}})"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("spec.prefetch.windowSamples"));
+}
+
+TEST(WebhookPatchTest, DecideSelectsLabelledCreatesOutsideTheOperatorNamespace) {
+  Result<AdmissionRequest> create = ParseAdmissionReview(Review(TrainingPod()));
+  ASSERT_TRUE(create.ok()) << create.status().message();
+  EXPECT_EQ(create->uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
+  InjectionDecision d = Decide(*create, "granary");
+  EXPECT_EQ(d.kind, InjectionDecision::Kind::kInject);
+  EXPECT_EQ(d.dataset, "imagenet-train");
+
+  Result<AdmissionRequest> update = ParseAdmissionReview(Review(TrainingPod(), "UPDATE"));
+  ASSERT_TRUE(update.ok());
+  EXPECT_EQ(Decide(*update, "granary").kind, InjectionDecision::Kind::kSkip);
+
+  Result<AdmissionRequest> own = ParseAdmissionReview(Review(TrainingPod(), "CREATE", "granary"));
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(Decide(*own, "granary").kind, InjectionDecision::Kind::kSkip);
+
+  Json unlabelled = TrainingPod();
+  unlabelled["metadata"].erase("labels");
+  Result<AdmissionRequest> plain = ParseAdmissionReview(Review(unlabelled));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(Decide(*plain, "granary").kind, InjectionDecision::Kind::kSkip);
+  Json other_label = TrainingPod();
+  other_label["metadata"]["labels"] = {{"app", "x"}, {"granary.io/dataset", 5}};
+  Result<AdmissionRequest> odd = ParseAdmissionReview(Review(other_label));
+  ASSERT_TRUE(odd.ok());
+  EXPECT_EQ(Decide(*odd, "granary").kind, InjectionDecision::Kind::kSkip);
+
+  Result<AdmissionRequest> del = ParseAdmissionReview(
+      R"({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",
+          "request":{"uid":"u","operation":"DELETE","namespace":"team-a"}})");
+  ASSERT_TRUE(del.ok()) << del.status().message();
+  EXPECT_EQ(Decide(*del, "granary").kind, InjectionDecision::Kind::kSkip);
+}
+
+TEST(WebhookPatchTest, ResponsesAreAdmissionReviews) {
+  const Json patch = Json::array({{{"op", "add"}, {"path", "/a"}, {"value", 1}}});
+  const Json response = Json::parse(PatchResponse("abc", patch));
+  EXPECT_EQ(response["apiVersion"], "admission.k8s.io/v1");
+  EXPECT_EQ(response["kind"], "AdmissionReview");
+  EXPECT_EQ(response["response"]["uid"], "abc");
+  EXPECT_EQ(response["response"]["allowed"], true);
+  EXPECT_EQ(response["response"]["patchType"], "JSONPatch");
+  Result<std::string> decoded =
+      Base64Decode(response["response"]["patch"].get<std::string>(), "response.patch");
+  ASSERT_TRUE(decoded.ok()) << decoded.status().message();
+  EXPECT_EQ(Json::parse(*decoded), patch);
+
+  const Json deny = Json::parse(DenyResponse("abc", 403, "Dataset team-a/x does not exist"));
+  EXPECT_EQ(deny["response"]["allowed"], false);
+  EXPECT_EQ(deny["response"]["status"]["code"], 403);
+  EXPECT_EQ(deny["response"]["status"]["message"], "Dataset team-a/x does not exist");
+  EXPECT_EQ(Json::parse(AllowResponse("abc"))["response"],
+            Json({{"uid", "abc"}, {"allowed", true}}));
+}
+
+TEST(WebhookPatchTest, HostileBodiesAreErrors) {
+  auto error_of = [](const std::string& body) {
+    Result<AdmissionRequest> r = ParseAdmissionReview(body);
+    EXPECT_FALSE(r.ok()) << body.substr(0, 200);
+    return r.ok() ? std::string() : r.status().message();
+  };
+  EXPECT_THAT(error_of(""), HasSubstr("not valid JSON"));
+  EXPECT_THAT(error_of("{\"apiVersion\": "), HasSubstr("not valid JSON"));
+  EXPECT_THAT(error_of("\xff\xfe{}"), HasSubstr("not valid JSON"));
+  EXPECT_THAT(error_of("[1,2]"), HasSubstr("not a JSON object"));
+  EXPECT_THAT(error_of(R"({"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview"})"),
+              HasSubstr("admissionReviewVersions"));
+  EXPECT_THAT(error_of(R"({"apiVersion":"admission.k8s.io/v1","kind":"Pod"})"),
+              HasSubstr("kind AdmissionReview"));
+  EXPECT_THAT(error_of(R"({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"})"),
+              HasSubstr("no request"));
+  EXPECT_THAT(
+      error_of(R"({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}})"),
+      HasSubstr("no uid"));
+  EXPECT_THAT(error_of(R"({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",
+                           "request":{"uid":7,"operation":"CREATE"}})"),
+              HasSubstr("no uid"));
+  EXPECT_THAT(error_of(R"({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",
+                           "request":{"uid":"u"}})"),
+              HasSubstr("no operation"));
+  EXPECT_THAT(error_of(R"({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",
+                           "request":{"uid":"u","operation":"CREATE"}})"),
+              HasSubstr("no object"));
+  EXPECT_THAT(error_of(R"({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",
+                           "request":{"uid":"u","operation":"CREATE","object":[]}})"),
+              HasSubstr("no object"));
+  Json secret = TrainingPod();
+  secret["kind"] = "Secret";
+  EXPECT_THAT(error_of(Review(secret)), HasSubstr("not for a Pod"));
+
+  EXPECT_THAT(error_of(std::string(kMaxReviewBytes + 1, ' ')), HasSubstr("larger than"));
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_THAT(error_of(deep), HasSubstr("nests deeper"));
+  // Brackets inside strings do not count as nesting.
+  Json bracketed = TrainingPod();
+  bracketed["metadata"]["annotations"] = {{"x", std::string(1000, '[')}};
+  EXPECT_TRUE(ParseAdmissionReview(Review(bracketed)).ok());
+}
+
+TEST(WebhookPatchTest, PodsOfTheWrongShapeAreErrorsNotCrashes) {
+  for (const char* text : {
+           R"({"metadata": {}})",
+           R"({"metadata": {}, "spec": []})",
+           R"({"metadata": {}, "spec": {"containers": {}}})",
+           R"({"metadata": {}, "spec": {"containers": []}})",
+           R"({"metadata": {}, "spec": {"containers": [7]}})",
+           R"({"metadata": {}, "spec": {"containers": [{"env": {}}]}})",
+           R"({"metadata": {}, "spec": {"containers": [{"volumeMounts": 1}]}})",
+           R"({"metadata": {"annotations": []}, "spec": {"containers": [{}]}})",
+           R"({"spec": {"containers": [{}]}})",
+           R"({"metadata": {}, "spec": {"containers": [{}], "initContainers": 3}})",
+           R"({"metadata": {}, "spec": {"containers": [{}], "volumes": {}}})",
+           R"({"metadata": {}, "spec": {"containers": [{}], "affinity": 1}})",
+           R"({"metadata": {}, "spec": {"containers": [{}], "affinity": {"nodeAffinity": {
+               "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [1]}}}}})",
+           R"({"metadata": {}, "spec": {"containers": [{}], "tolerations": "x"}})",
+           R"({"metadata": {}, "spec": {"containers": [{}],
+               "volumes": [{"name": "granary-socket", "emptyDir": {}}]}})",
+       }) {
+    Result<Json> patch = BuildInjectionPatch(Json::parse(text), Inputs());
+    EXPECT_FALSE(patch.ok()) << text;
+  }
+  Result<Json> minimal = BuildInjectionPatch(
+      Json::parse(R"({"metadata": {}, "spec": {"containers": [{}]}})"), Inputs());
+  EXPECT_TRUE(minimal.ok()) << minimal.status().message();
+}
+
+}  // namespace
+}  // namespace granary::kube
