@@ -82,23 +82,6 @@ std::function<Status()> CliContext::ParsedHandler() const {
   return nullptr;
 }
 
-std::string HumanBytes(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
-    value /= 1024;
-    ++unit;
-  }
-  std::ostringstream s;
-  if (unit == 0) {
-    s << bytes << " B";
-  } else {
-    s << std::fixed << std::setprecision(value < 10 ? 2 : 1) << value << " " << kUnits[unit];
-  }
-  return s.str();
-}
-
 std::string HumanDuration(double seconds) {
   if (!(seconds >= 0) || seconds > 360000) return "--";
   const auto s = static_cast<uint64_t>(seconds + 0.5);

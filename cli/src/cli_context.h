@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "granary/core/config.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/status.h"
 
@@ -104,8 +105,7 @@ class CliContext {
   std::vector<std::shared_ptr<void>> kept_;
 };
 
-// "1.50 GiB"; whole bytes below 1 KiB.
-std::string HumanBytes(uint64_t bytes);
+using granary::HumanBytes;  // core/config.h
 // "1h02m03s", "4m05s", "7s"; "--" for negative or absurd values.
 std::string HumanDuration(double seconds);
 // Columns padded to their widest cell, two spaces apart.

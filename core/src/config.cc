@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <iomanip>
+#include <iterator>
 #include <limits>
+#include <sstream>
 
 #include "granary/core/file.h"
 
@@ -52,6 +55,23 @@ size_t EditDistance(std::string_view a, std::string_view b) {
 }
 
 }  // namespace
+
+std::string HumanBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  std::ostringstream s;
+  if (unit == 0) {
+    s << bytes << " B";
+  } else {
+    s << std::fixed << std::setprecision(value < 10 ? 2 : 1) << value << " " << kUnits[unit];
+  }
+  return s.str();
+}
 
 Result<ByteSize> ParseByteSize(std::string_view text) {
   static constexpr std::pair<std::string_view, double> kUnits[] = {

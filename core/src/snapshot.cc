@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "granary/core/byte_order.h"
+#include "granary/core/config.h"
 #include "granary/core/file.h"
 #include "granary/core/identity.h"
 #include "granary/core/names.h"
@@ -62,25 +63,6 @@ bool WriteFull(int fd, std::string_view bytes) {
     done += static_cast<size_t>(n);
   }
   return true;
-}
-
-// "1.50 GiB", as `granary` prints sizes (cli_context.cc's HumanBytes, which
-// core cannot reach).
-std::string SizeText(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
-    value /= 1024;
-    ++unit;
-  }
-  std::ostringstream s;
-  if (unit == 0) {
-    s << bytes << " B";
-  } else {
-    s << std::fixed << std::setprecision(value < 10 ? 2 : 1) << value << " " << kUnits[unit];
-  }
-  return s.str();
 }
 
 std::string OwnerText(const DatasetOwner& owner) {
@@ -719,7 +701,7 @@ Result<DatasetSnapshot> SnapshotDataset(MetadataStore& store, const DatasetRecor
   out.files = manifest->sample_count();
   out.bytes = manifest->total_bytes();
   out.chunks = manifest->chunk_count();
-  out.summary = std::to_string(out.files) + " files, " + SizeText(out.bytes) + ", " +
+  out.summary = std::to_string(out.files) + " files, " + HumanBytes(out.bytes) + ", " +
                 std::to_string(out.chunks) + " chunks";
   Status put = store.PutManifest(out.manifest_id, manifest->Encode());
   if (!put.ok() && put.code() == StatusCode::kUnavailable) {

@@ -146,6 +146,18 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
   Result<CachePool> parsed = ParseCachePool(*object);
   if (!parsed.ok()) return fail("InvalidSpec", parsed.status());
   const CachePool& pool = *parsed;
+  // A pod mounts claims of its own namespace only: the cache nodes run in
+  // the operator's.
+  for (const SourceMount& m : pool.source_mounts) {
+    if (!m.pvc_claim.empty() && !m.pvc_namespace.empty() && m.pvc_namespace != options.namespace_) {
+      return fail("InvalidSpec",
+                  Status::InvalidArgument(
+                      "spec.sourceMounts[" + Quoted(m.name) + "].persistentVolumeClaim.namespace " +
+                      Quoted(m.pvc_namespace) + ": the cache nodes run in namespace " +
+                      Quoted(options.namespace_) +
+                      " and can mount only its claims; create the claim there"));
+    }
+  }
   Result<std::string> url = c.StoreUrl(pool);
   if (!url.ok()) return fail("StoreSecretMissing", url.status());
 

@@ -12,6 +12,8 @@ namespace granary::kube {
 namespace {
 
 constexpr std::string_view kSnapshotAnnotation = "granary.io/snapshot";
+// The start of the store message of a dataset whose grant was withdrawn.
+constexpr std::string_view kWithdrawn = "the namespace no longer grants this identity: ";
 
 std::string DatasetPath(const std::string& ns, const std::string& name) {
   return "/apis/granary.io/v1alpha1/namespaces/" + ns + "/datasets/" + name;
@@ -130,8 +132,16 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   const OperatorOptions& options = c.options();
   Result<Dataset> parsed = ParseDataset(object);
   if (!parsed.ok()) {
-    // Without a parsable spec there is nothing staged; a deletion still goes.
+    // Without a parsable spec the store cannot be found; a deletion still
+    // goes, with an Event naming what may be left.
     if (object["metadata"].contains("deletionTimestamp")) {
+      const Json& meta = object["metadata"];
+      const std::string left =
+          GranaryDatasetName(meta.value("namespace", ""), meta.value("name", ""));
+      c.Event(object, "Warning", "ReleaseSkipped",
+              "the spec cannot be read (" + parsed.status().message() +
+                  "), so a store record of dataset " + left +
+                  " may be left; delete it with `granary dataset delete " + left + "`");
       Json finalizers = Json::array();
       for (const Json& f : object["metadata"].value("finalizers", Json::array())) {
         if (f != kFinalizer) finalizers.push_back(f);
@@ -164,8 +174,23 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   Result<Json> ns = c.client().Get("/api/v1/namespaces/" + d.namespace_);
   if (!ns.ok()) return ns.status();
   Status granted = CheckGrant(*ns, d.run_as_uid, d.run_as_gid);
-  if (!granted.ok()) return Refuse(c, object, "IdentityNotGranted", granted);
   Result<MetadataStore*> store_or = c.StoreFor(*pool);
+  if (!granted.ok()) {
+    // A grant withdrawn after the dataset was made: its cache nodes stop
+    // staging it as that identity (Failed keeps its chunks until it is
+    // deleted; granted again, it is snapshotted afresh).
+    if (store_or.ok()) {
+      Result<DatasetRecord> existing = (*store_or)->GetDataset(gname);
+      if (existing.ok() && existing->state.phase != DatasetPhase::kFailed) {
+        DatasetRecord update = *existing;
+        update.state = DatasetState();
+        update.state.phase = DatasetPhase::kFailed;
+        update.state.message = std::string(kWithdrawn) + granted.message();
+        GRANARY_RETURN_IF_ERROR((*store_or)->UpdateDataset(update).status());
+      }
+    }
+    return Refuse(c, object, "IdentityNotGranted", granted);
+  }
   if (!store_or.ok()) return Refuse(c, object, "StoreUnavailable", store_or.status());
   MetadataStore& store = **store_or;
 
@@ -177,6 +202,7 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
                                            .value(std::string(kSnapshotAnnotation), "");
   Json status = object.value("status", Json::object());
   Result<DatasetRecord> record = store.GetDataset(gname);
+  bool created = false;
   if (!record.ok() && record.status().code() == StatusCode::kNotFound) {
     DatasetRecord fresh;
     fresh.name = gname;
@@ -185,6 +211,7 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
     fresh.state.phase = DatasetPhase::kPending;
     fresh.state.message = "created by granary-operator for Dataset " + d.namespace_ + "/" + d.name;
     record = store.CreateDataset(fresh);
+    created = record.ok();
     if (record.ok()) {
       c.Event(object, "Normal", "Created",
               "dataset " + gname + " created in the metadata store; the cache nodes of pool " +
@@ -199,10 +226,14 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
       record->spec.exclude != desired.exclude || record->spec.chunk_size != desired.chunk_size ||
       record->spec.snapshot_by != desired.snapshot_by || record->owner != owner;
   const bool placement_changed = record->spec != desired;
-  const bool resnapshot = !snapshot_request.empty() &&
-                          snapshot_request != status.value("snapshotRequest", "") &&
-                          record->state.phase != DatasetPhase::kSnapshotting &&
-                          record->state.phase != DatasetPhase::kPending;
+  // A new value of the annotation asks for a snapshot; one asked while a
+  // snapshot is pending or under way is acted on after it.
+  const bool regranted =
+      record->state.phase == DatasetPhase::kFailed && record->state.message.starts_with(kWithdrawn);
+  const bool resnapshot = regranted || (!created && !snapshot_request.empty() &&
+                                        snapshot_request != status.value("snapshotRequest", "") &&
+                                        record->state.phase != DatasetPhase::kSnapshotting &&
+                                        record->state.phase != DatasetPhase::kPending);
   if (bytes_changed || placement_changed || resnapshot) {
     DatasetRecord update = *record;
     update.spec = desired;
@@ -211,6 +242,7 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
       update.state = DatasetState();
       update.state.phase = DatasetPhase::kPending;
       update.state.message = bytes_changed ? "the spec changed the bytes: a new snapshot"
+                             : regranted   ? "the identity is granted again: a new snapshot"
                                            : "a new snapshot was asked for";
     }
     Result<DatasetRecord> updated = store.UpdateDataset(update);
@@ -220,7 +252,9 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
       c.Event(object, "Normal", "Resnapshot", update.state.message);
     }
   }
-  if (!snapshot_request.empty()) status["snapshotRequest"] = snapshot_request;
+  if (!snapshot_request.empty() && (created || resnapshot)) {
+    status["snapshotRequest"] = snapshot_request;
+  }
 
   // Status from the store: the record, the manifest and verified progress.
   const DatasetRecord& r = *record;

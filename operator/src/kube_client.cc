@@ -13,6 +13,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "granary/core/names.h"
@@ -242,46 +243,45 @@ class KubeClient::Transport {
     if (!run_polling()) return Status::Ok();
     if (ec) return Status::Unavailable("watch " + path + ": " + ErrorText(ec));
     const int code = static_cast<int>(parser.get().result_int());
-    std::string pending;
     char chunk[1 << 16];
-    if (code != 200) {
-      // An error answer: read it whole for the message.
-      std::string body;
-      while (!parser.is_done()) {
-        parser.get().body().data = chunk;
-        parser.get().body().size = sizeof(chunk);
-        done = false;
-        // read_some: an event is delivered as soon as its bytes arrive, not
-        // when the buffer is full.
-        http::async_read_some(stream, buffer, parser, [&](beast::error_code e, size_t) {
-          ec = e;
-          done = true;
-        });
-        if (!run_polling()) return Status::Ok();
-        if (ec && ec != http::error::need_buffer) break;
-        body.append(chunk, sizeof(chunk) - parser.get().body().size);
-      }
-      return StatusOf({code, body}, "watch " + path);
-    }
-    while (!parser.is_done()) {
+    // Reads what has arrived of the body into `chunk` (read_some: an event
+    // is delivered as soon as its bytes arrive, not when the buffer is
+    // full). Bytes read, 0 at the end of the stream, nullopt when stopped;
+    // `ec` holds an error.
+    auto read_some = [&]() -> std::optional<size_t> {
       parser.get().body().data = chunk;
       parser.get().body().size = sizeof(chunk);
       done = false;
-      // read_some: an event is delivered as soon as its bytes arrive, not
-      // when the buffer is full.
       http::async_read_some(stream, buffer, parser, [&](beast::error_code e, size_t) {
         ec = e;
         done = true;
       });
-      if (!run_polling()) return Status::Ok();
-      if (ec == http::error::end_of_stream || ec == asio::error::eof ||
-          ec == ssl::error::stream_truncated) {
-        break;
+      if (!run_polling()) return std::nullopt;
+      if (ec == http::error::need_buffer) ec = {};
+      return sizeof(chunk) - parser.get().body().size;
+    };
+    const auto at_end = [&] {
+      return ec == http::error::end_of_stream || ec == asio::error::eof ||
+             ec == ssl::error::stream_truncated;
+    };
+    if (code != 200) {
+      // An error answer: read it whole for the message.
+      std::string body;
+      while (!parser.is_done() && body.size() < (1u << 20)) {
+        const std::optional<size_t> n = read_some();
+        if (!n) return Status::Ok();
+        if (ec) break;
+        body.append(chunk, *n);
       }
-      if (ec && ec != http::error::need_buffer) {
-        return Status::Unavailable("watch " + path + ": " + ErrorText(ec));
-      }
-      pending.append(chunk, sizeof(chunk) - parser.get().body().size);
+      return StatusOf({code, body}, "watch " + path);
+    }
+    std::string pending;
+    while (!parser.is_done()) {
+      const std::optional<size_t> n = read_some();
+      if (!n) return Status::Ok();
+      if (at_end()) break;
+      if (ec) return Status::Unavailable("watch " + path + ": " + ErrorText(ec));
+      pending.append(chunk, *n);
       size_t start = 0;
       for (size_t nl = pending.find('\n'); nl != std::string::npos;
            nl = pending.find('\n', start)) {

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <thread>
 
 #include "granary/core/metadata_store.h"
 #include "granary/operator/informer.h"
@@ -487,6 +488,47 @@ TEST_F(OperatorTest, SpecChangeOfTheBytesTakesANewSnapshot) {
       seconds(30), "replication 2 in the store"));
   EXPECT_EQ((*store)->GetDataset(gname)->manifest_id, second);
   Kubectl({"delete", "dataset", "-n", "team-a", "respec", "--timeout=60s"});
+}
+
+TEST_F(OperatorTest, AWithdrawnGrantStopsTheDatasetAndAGrantAgainTakesItUp) {
+  MakeSource("granted", 6, 8);
+  Kubectl({"apply", "-f", "-"}, DatasetYaml("granted", env_->datasets() + "/granted"));
+  ASSERT_OK(WaitCondition("granted", "Ready", "True", "", seconds(60)));
+  const std::string gname = kube::GranaryDatasetName("team-a", "granted");
+  Result<std::unique_ptr<MetadataStore>> store = env_->Store();
+  ASSERT_OK(store);
+  // An admin withdraws uid 1000 (the policy checks creates and runAs
+  // changes; the operator checks every reconcile). A touch of the Dataset
+  // makes the operator look at once.
+  Kubectl({"annotate", "namespace", "team-a", "--overwrite", "granary.io/allowed-uids=2000"});
+  Kubectl({"annotate", "dataset", "-n", "team-a", "granted", "touch=1"});
+  ASSERT_OK(WaitCondition("granted", "Ready", "False", "IdentityNotGranted", seconds(30)));
+  Result<DatasetRecord> stopped = (*store)->GetDataset(gname);
+  ASSERT_OK(stopped);
+  EXPECT_EQ(stopped->state.phase, DatasetPhase::kFailed);
+  EXPECT_THAT(stopped->state.message, HasSubstr("no longer grants"));
+  EXPECT_THAT(Condition(*Dataset("granted"), "Ready", "message"), HasSubstr("uid 1000"));
+  // Granted again: a new snapshot as that identity, Ready again.
+  Kubectl({"annotate", "namespace", "team-a", "--overwrite", "granary.io/allowed-uids=1000"});
+  Kubectl({"annotate", "dataset", "-n", "team-a", "granted", "--overwrite", "touch=2"});
+  ASSERT_OK(WaitCondition("granted", "Ready", "True", "", seconds(60)));
+  EXPECT_EQ((*store)->GetDataset(gname)->state.phase, DatasetPhase::kReady);
+  // The snapshot annotation: a new value takes a new snapshot, the same
+  // value again does not.
+  const double before = SnapshotsOk();
+  Kubectl({"annotate", "dataset", "-n", "team-a", "granted", "granary.io/snapshot=one"});
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<json> d = Dataset("granted");
+        return d.ok() && (*d)["status"].value("snapshotRequest", "") == "one" &&
+               Condition(*d, "Ready") == "True";
+      },
+      seconds(60), "the snapshot asked for by the annotation"));
+  EXPECT_EQ(SnapshotsOk() - before, 1.0);
+  Kubectl({"annotate", "dataset", "-n", "team-a", "granted", "--overwrite", "touch=3"});
+  std::this_thread::sleep_for(milliseconds(1500));  // several reconciles at 300 ms
+  EXPECT_EQ(SnapshotsOk() - before, 1.0);
+  Kubectl({"delete", "dataset", "-n", "team-a", "granted", "--timeout=60s"});
 }
 
 TEST_F(OperatorTest, InformerListsAgainWhenTheApiServerSaysGone) {

@@ -44,6 +44,8 @@ struct ByteSize {
   uint64_t bytes = 0;
 };
 Result<ByteSize> ParseByteSize(std::string_view text);
+// A byte count as people read it: "512 B", "1.50 GiB", "16.0 MiB".
+std::string HumanBytes(uint64_t bytes);
 
 // A duration: "250ms", "5s", "2m", "1h", or a bare number of seconds.
 Result<std::chrono::milliseconds> ParseDuration(std::string_view text);

@@ -1,0 +1,278 @@
+#include "granary/operator/webhook_server.h"
+
+#include <array>
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <exception>
+#include <optional>
+#include <thread>
+#include <utility>
+
+namespace granary::kube {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace ssl = asio::ssl;
+using tcp = asio::ip::tcp;
+
+MutateReply HandleMutate(std::string_view body, const std::string& operator_namespace,
+                         const InjectionLookup& lookup) {
+  MutateReply reply;
+  Result<AdmissionRequest> request = ParseAdmissionReview(body);
+  if (!request.ok()) {
+    reply.http_status = 400;
+    reply.content_type = "text/plain";
+    reply.body = request.status().message() + "\n";
+    return reply;
+  }
+  const InjectionDecision decision = Decide(*request, operator_namespace);
+  if (decision.kind != InjectionDecision::Kind::kInject) {
+    reply.body = AllowResponse(request->uid);
+    return reply;
+  }
+  if (AlreadyInjected(request->pod)) {
+    reply.body = AllowResponse(request->uid);
+    return reply;
+  }
+  Result<InjectionInputs> inputs = lookup(request->namespace_, decision.dataset);
+  if (!inputs.ok()) {
+    reply.body =
+        DenyResponse(request->uid, 403,
+                     "granary.io/dataset=" + decision.dataset + ": " + inputs.status().message());
+    return reply;
+  }
+  Result<Json> patch = BuildInjectionPatch(request->pod, *inputs);
+  if (!patch.ok()) {
+    reply.body = DenyResponse(request->uid, 400,
+                              "granary.io/dataset=" + decision.dataset +
+                                  ": cannot inject Granary's sidecar: " + patch.status().message());
+    return reply;
+  }
+  reply.body = PatchResponse(request->uid, *patch);
+  return reply;
+}
+
+struct WebhookServer::Impl {
+  WebhookServerOptions options;
+  InjectionLookup lookup;
+  // Before io: sessions destroyed with the io_context decrement it.
+  std::atomic<size_t> connections{0};
+  asio::io_context io{1};
+  ssl::context tls{ssl::context::tls_server};
+  tcp::acceptor acceptor{io};
+  std::thread thread;
+  bool stopped = false;
+
+  void Accept();
+};
+
+namespace {
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, WebhookServer::Impl* server)
+      : stream_(std::move(socket), server->tls), server_(server) {
+    server_->connections.fetch_add(1);
+  }
+  ~Session() { server_->connections.fetch_sub(1); }
+
+  void Run() {
+    beast::get_lowest_layer(stream_).expires_after(server_->options.io_timeout);
+    stream_.async_handshake(ssl::stream_base::server,
+                            [self = shared_from_this()](beast::error_code ec) {
+                              if (!ec) self->Read();
+                            });
+  }
+
+ private:
+  void Read() {
+    parser_.emplace();
+    parser_->body_limit(server_->options.max_body_bytes);
+    parser_->header_limit(16 * 1024);
+    beast::get_lowest_layer(stream_).expires_after(server_->options.io_timeout);
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == http::error::end_of_stream) return Close();
+    if (ec == http::error::body_limit) {
+      // Read (and drop) what the client is still sending before closing:
+      // closing with unread bytes resets the connection, and the client
+      // would lose the 413.
+      drain_after_reply_ = true;
+      return Reply(413, "text/plain",
+                   "AdmissionReview body larger than " +
+                       std::to_string(server_->options.max_body_bytes) + " bytes\n",
+                   false);
+    }
+    if (ec) {
+      // Garbage on the wire, a timeout, a reset: a 400 where HTTP still
+      // allows one, else just close.
+      if (ec.category() == beast::error_code(http::error::bad_target).category()) {
+        return Reply(400, "text/plain", "bad HTTP request: " + ec.message() + "\n", false);
+      }
+      return;
+    }
+    const auto& request = parser_->get();
+    const bool keep_alive = request.keep_alive();
+    if (request.target() != "/mutate") {
+      return Reply(404, "text/plain", "not found: POST an AdmissionReview to /mutate\n",
+                   keep_alive);
+    }
+    if (request.method() != http::verb::post) {
+      return Reply(405, "text/plain", "POST an AdmissionReview to /mutate\n", keep_alive);
+    }
+    MutateReply reply;
+    try {
+      reply = HandleMutate(request.body(), server_->options.operator_namespace, server_->lookup);
+    } catch (const std::exception& e) {
+      // The lookup is the caller's code; nothing of ours throws here.
+      reply = {500, std::string("webhook error: ") + e.what() + "\n", "text/plain"};
+    }
+    Reply(reply.http_status, reply.content_type, std::move(reply.body), keep_alive);
+  }
+
+  void Reply(int status, const std::string& content_type, std::string body, bool keep_alive) {
+    auto response =
+        std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
+    response->set(http::field::content_type, content_type);
+    response->keep_alive(keep_alive);
+    response->body() = std::move(body);
+    response->prepare_payload();
+    beast::get_lowest_layer(stream_).expires_after(server_->options.io_timeout);
+    http::async_write(
+        stream_, *response,
+        [self = shared_from_this(), response, keep_alive](beast::error_code ec, size_t) {
+          if (ec) return;
+          if (keep_alive) {
+            self->Read();
+          } else if (self->drain_after_reply_) {
+            self->Drain(0);
+          } else {
+            self->Close();
+          }
+        });
+  }
+
+  // Discards incoming bytes until the client closes, a bound of twice the
+  // body limit, or the timeout (set once, not renewed).
+  void Drain(size_t drained) {
+    if (drained == 0) {
+      beast::get_lowest_layer(stream_).expires_after(server_->options.io_timeout);
+    }
+    if (drained > 2 * server_->options.max_body_bytes) return Close();
+    stream_.async_read_some(asio::buffer(drain_buffer_),
+                            [self = shared_from_this(), drained](beast::error_code ec, size_t n) {
+                              if (ec) return self->Close();
+                              self->Drain(drained + n);
+                            });
+  }
+
+  void Close() {
+    beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(1));
+    stream_.async_shutdown([self = shared_from_this()](beast::error_code) {
+      beast::error_code ignored;
+      beast::get_lowest_layer(self->stream_).socket().close(ignored);
+    });
+  }
+
+  beast::ssl_stream<beast::tcp_stream> stream_;
+  WebhookServer::Impl* server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  bool drain_after_reply_ = false;
+  std::array<char, 16384> drain_buffer_{};
+};
+
+}  // namespace
+
+void WebhookServer::Impl::Accept() {
+  acceptor.async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+    if (!ec) {
+      if (connections.load() >= options.max_connections) {
+        beast::error_code ignored;
+        socket.close(ignored);
+      } else {
+        std::make_shared<Session>(std::move(socket), this)->Run();
+      }
+    }
+    Accept();
+  });
+}
+
+Result<std::unique_ptr<WebhookServer>> WebhookServer::Start(WebhookServerOptions options,
+                                                            InjectionLookup lookup) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->lookup = std::move(lookup);
+  const WebhookServerOptions& o = impl->options;
+  beast::error_code ec;
+  impl->tls.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                            ssl::context::no_sslv3 | ssl::context::no_tlsv1 |
+                            ssl::context::no_tlsv1_1,
+                        ec);
+  impl->tls.use_certificate_chain(asio::buffer(o.cert_pem), ec);
+  if (ec) {
+    return Status::InvalidArgument("webhook server: the serving certificate is not usable PEM: " +
+                                   ec.message());
+  }
+  impl->tls.use_private_key(asio::buffer(o.key_pem), ssl::context::pem, ec);
+  if (ec) {
+    return Status::InvalidArgument("webhook server: the serving key is not usable PEM: " +
+                                   ec.message());
+  }
+  const asio::ip::address address = asio::ip::make_address(o.listen_host, ec);
+  if (ec) {
+    return Status::InvalidArgument("webhook server: listen address \"" + o.listen_host +
+                                   "\" is not an IP address");
+  }
+  const tcp::endpoint endpoint(address, o.listen_port);
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status::Unavailable("webhook server: cannot listen on " + o.listen_host + ":" +
+                               std::to_string(o.listen_port) + ": " + ec.message() +
+                               " (choose another --webhook-listen)");
+  }
+  impl->Accept();
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->io.run(); });
+  return std::unique_ptr<WebhookServer>(new WebhookServer(std::move(impl)));
+}
+
+WebhookServer::WebhookServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+WebhookServer::~WebhookServer() { Stop(); }
+
+uint16_t WebhookServer::port() const {
+  beast::error_code ec;
+  const tcp::endpoint endpoint = impl_->acceptor.local_endpoint(ec);
+  return ec ? 0 : endpoint.port();
+}
+
+void WebhookServer::Stop() {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  asio::post(impl_->io, [impl = impl_.get()] {
+    beast::error_code ignored;
+    impl->acceptor.close(ignored);
+  });
+  // Sessions end on their own within io_timeout; stopping the loop drops
+  // them at once (their sockets close as their handlers are destroyed).
+  impl_->io.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace granary::kube
