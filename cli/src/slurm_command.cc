@@ -24,8 +24,10 @@
 // so a job's dataset is made exactly as a user's is.
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -106,7 +108,9 @@ Status Validate(CliContext& c, const std::string& script_path) {
 }
 
 // Reads and checks the script again: the later steps act on what validate
-// accepted, and a script changed since then is an error, not a guess.
+// accepted, and a script changed since then is an error, not a guess. %j is
+// this job's id; Slurm's symbol-replaced copy (setup and data_in, when a #DW
+// line holds a '%') is read with its '%' as literal characters.
 Result<JobDirectives> ReadDirectives(const std::string& job_id, const std::string& script_path) {
   Result<std::string> script = ReadFileToString(script_path);
   if (!script.ok()) {
@@ -114,7 +118,8 @@ Result<JobDirectives> ReadDirectives(const std::string& job_id, const std::strin
                                               Quoted(script_path) + ": " +
                                               script.status().message());
   }
-  DirectiveParse parse = ParseJobDirectives(*script);
+  DirectiveParse parse = ParseJobDirectives(
+      *script, ScriptSymbols{.job_id = job_id, .replaced = IsSlurmReplacedScript(script_path)});
   if (!parse.errors.empty()) {
     return Status::InvalidArgument(
         "job " + job_id + ": #DW directives not valid: " + parse.errors.front().ToString());
@@ -253,6 +258,32 @@ Status Teardown(CliContext& c, const SlurmJobOptions& o) {
   return Status::Ok();
 }
 
+// The prolog reads the script as submitted (scontrol write batch_script):
+// %j in its #DW lines is put in here, in a private copy, so that it names
+// the datasets setup made from Slurm's replaced copy.
+Status PrologWithJobId(CliContext& c, SlurmNodeOptions o) {
+  if (o.script.empty() || CheckJobId(o.job_id).ok() == false) return SlurmProlog(c, o);
+  Result<std::string> script = ReadFileToString(o.script);
+  if (!script.ok()) return SlurmProlog(c, o);  // it says why
+  std::string replaced = ReplaceJobIdSymbols(*script, o.job_id);
+  if (replaced == *script) return SlurmProlog(c, o);
+  char path[] = "/tmp/granary-prolog-script-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) {
+    return Status::Internal("job " + o.job_id + ": a copy of the job script: " + ErrnoText(errno));
+  }
+  ScopedFd owned(fd);
+  Status written = PwriteFull(fd, replaced.data(), replaced.size(), 0, path);
+  if (!written.ok()) {
+    unlink(path);
+    return written;
+  }
+  o.script = path;
+  Status s = SlurmProlog(c, o);
+  unlink(path);
+  return s;
+}
+
 }  // namespace
 
 void AddSlurmCommand(CLI::App& app, CliContext& context) {
@@ -319,7 +350,7 @@ void AddSlurmCommand(CLI::App& app, CliContext& context) {
   prolog->add_option("--node", n->node,
                      "This host's cache node id, which stages the job's datasets (default "
                      "$SLURMD_NODENAME, else the host name)");
-  context.OnParsed(prolog, [&context, n] { return SlurmProlog(context, *n); });
+  context.OnParsed(prolog, [&context, n] { return PrologWithJobId(context, *n); });
   CLI::App* epilog = slurm->add_subcommand(
       "epilog", "On a node after the job: sidecar stopped, views unmounted, files removed");
   node_options(epilog);

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <map>
+#include <optional>
+#include <set>
 #include <utility>
 
 #include "granary/core/config.h"
@@ -33,10 +35,67 @@ std::vector<std::string_view> SplitWords(std::string_view text) {
 
 // One directive line: its kind and key=value options, with the errors found
 // on the way.
+// The %j stand-in when the job id is not known: as long as the longest id.
+constexpr std::string_view kJobIdStandIn = "4294967294";
+
+// Replaces the '%' symbols of one value the way Slurm's copy will have them
+// (burst_buffer_common.c, _handle_replacement), for the symbols every step can
+// know: %% and %j. Sets *symbolic when the job id was not known. Returns the
+// reason when the value cannot be taken.
+std::optional<std::string> ReplaceSymbols(std::string_view value, const ScriptSymbols& symbols,
+                                          std::string* out, bool* symbolic) {
+  out->clear();
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] != '%') {
+      out->push_back(value[i]);
+      continue;
+    }
+    if (i + 1 == value.size()) {
+      return std::string("ends in a lone '%'; write %% for a '%'");
+    }
+    char c = value[++i];
+    std::string symbol = std::string("%") + c;
+    switch (c) {
+      case '%':
+        out->push_back('%');
+        break;
+      case 'j':
+        if (symbols.job_id.empty()) {
+          *out += kJobIdStandIn;
+          *symbolic = true;
+        } else {
+          *out += symbols.job_id;
+        }
+        break;
+      case 'A':
+      case 'a':
+      case 'd':
+      case 'u':
+      case 'x': {
+        const char* what = c == 'A'   ? "the array's job id"
+                           : c == 'a' ? "the array task id"
+                           : c == 'd' ? "the working directory"
+                           : c == 'u' ? "the user name"
+                                      : "the job name";
+        return symbol + " (" + what +
+               ") is not supported: Slurm replaces it only in the copy it gives setup and "
+               "data_in, while paths and the node prolog get the script as submitted and are not "
+               "told it; write the value itself (%j, the job id, and %% are supported)";
+      }
+      default:
+        return Quoted(symbol) +
+               " is not a Slurm symbol: Slurm deletes it (both characters) from the copy it "
+               "gives the later steps; write %% for a '%' (symbols: %%, %j)";
+    }
+  }
+  return std::nullopt;
+}
+
 class LineParser {
  public:
-  LineParser(int line, std::string kind, std::vector<DirectiveError>& errors)
-      : line_(line), kind_(std::move(kind)), errors_(errors) {}
+  LineParser(int line, std::string kind, std::vector<DirectiveError>& errors,
+             const ScriptSymbols& symbols)
+      : line_(line), kind_(std::move(kind)), errors_(errors), symbols_(symbols) {}
 
   void Error(const std::string& reason) {
     errors_.push_back({line_, "#DW " + kind_ + ": " + reason});
@@ -66,11 +125,37 @@ class LineParser {
         Error(key + "= has no value");
         continue;
       }
-      if (!options_.emplace(key, std::string(value)).second) {
+      given_.insert(key);
+      std::string resolved(value);
+      if (!symbols_.replaced && value.find('%') != std::string_view::npos) {
+        if (key != "source" && key != "destination" && key != "name") {
+          Error(key + "=" + std::string(value) +
+                ": Slurm reads this value as written, before it replaces '%' symbols; write it "
+                "without '%' (symbols are taken in source=, destination= and name=)");
+          continue;
+        }
+        bool symbolic = false;
+        if (std::optional<std::string> bad =
+                ReplaceSymbols(value, symbols_, &resolved, &symbolic)) {
+          Error(key + "=" + std::string(value) + ": " + *bad);
+          continue;
+        }
+        if (symbolic) symbolic_.insert(key);
+      }
+      if (!options_.emplace(key, resolved).second) {
         Error(key + "= is given twice; give it once");
+      } else {
+        raw_.emplace(key, std::string(value));
       }
     }
   }
+
+  // The value as written (before %j was replaced), and whether it held %j
+  // with no job id to put there.
+  const std::string& Raw(const std::string& key) const { return raw_.at(key); }
+  bool Symbolic(const std::string& key) const { return symbolic_.contains(key); }
+  // Given with a value, even one refused for its '%' symbols: not "missing".
+  bool Given(const std::string& key) const { return given_.contains(key); }
 
   const std::string* Get(const std::string& key) const {
     auto it = options_.find(key);
@@ -81,7 +166,11 @@ class LineParser {
   int line_;
   std::string kind_;
   std::vector<DirectiveError>& errors_;
+  const ScriptSymbols& symbols_;
   std::map<std::string, std::string> options_;
+  std::map<std::string, std::string> raw_;
+  std::set<std::string> symbolic_;
+  std::set<std::string> given_;
   bool failed_ = false;
 };
 
@@ -115,7 +204,7 @@ void ParseJobDw(LineParser& p, int line, const std::vector<std::string_view>& wo
     } else {
       d.capacity_bytes = size->bytes;
     }
-  } else {
+  } else if (!p.Given("capacity")) {
     p.Error("capacity= is missing; write e.g. capacity=100GiB");
   }
   if (const std::string* pool = p.Get("pool")) {
@@ -124,7 +213,7 @@ void ParseJobDw(LineParser& p, int line, const std::vector<std::string_view>& wo
     } else {
       d.pool = *pool;
     }
-  } else {
+  } else if (!p.Given("pool")) {
     // Slurm itself refuses capacity= without pool= ("Must specify pool with
     // capacity"), with no line; say it here with one.
     p.Error(
@@ -185,15 +274,26 @@ void ParseStageIn(LineParser& p, int line, const std::vector<std::string_view>& 
     if (!source->starts_with('/')) {
       p.Error("source " + Quoted(*source) +
               " is not an absolute path (variables are not expanded); write source=/path/to/dir");
+    } else if (p.Symbolic("source")) {
+      d.source = p.Raw("source");
+      d.symbolic = true;
     } else {
       d.source = *source;
     }
-  } else {
+  } else if (!p.Given("source")) {
     p.Error("source= is missing; write source=/path/to/dir");
   }
   if (const std::string* destination = p.Get("destination")) {
     d.name = DestinationName(p, *destination);
-  } else {
+    if (!d.name.empty() && p.Symbolic("destination")) {
+      // Checked with the stand-in; kept as written: "$DW_JOB_STRIPED/data-%j".
+      std::string_view raw = p.Raw("destination");
+      raw.remove_prefix(raw.find('/') + 1);
+      while (raw.ends_with('/')) raw.remove_suffix(1);
+      d.name = std::string(raw);
+      d.symbolic = true;
+    }
+  } else if (!p.Given("destination")) {
     p.Error("destination= is missing; write destination=$DW_JOB_STRIPED/<name>");
   }
   if (!d.name.empty()) {
@@ -216,10 +316,13 @@ void ParsePersistentDw(LineParser& p, int line, const std::vector<std::string_vi
     Status valid = ValidateDatasetName(*name);
     if (!valid.ok()) {
       p.Error("name " + Quoted(*name) + " is not a dataset name: " + valid.message());
+    } else if (p.Symbolic("name")) {
+      d.name = p.Raw("name");
+      d.symbolic = true;
     } else {
       d.name = *name;
     }
-  } else {
+  } else if (!p.Given("name")) {
     p.Error("name= is missing; write name=<dataset> (a dataset made with granary dataset create)");
   }
   for (const PersistentDwDirective& other : out.directives.persistent) {
@@ -237,36 +340,126 @@ void SortErrors(std::vector<DirectiveError>& errors) {
       [](const DirectiveError& a, const DirectiveError& b) { return a.line < b.line; });
 }
 
+bool IsDirectiveStart(std::string_view line) {
+  if (!line.starts_with(kDirectivePrefix)) return false;
+  std::string_view rest = line.substr(kDirectivePrefix.size());
+  return rest.empty() || IsSpace(rest.front());  // e.g. #DWX: not ours
+}
+
+struct PhysicalLine {
+  std::string_view text;  // without its '\n' and a Windows '\r'
+  bool had_cr = false;
+};
+
+std::vector<PhysicalLine> SplitLines(std::string_view script) {
+  std::vector<PhysicalLine> lines;
+  size_t pos = 0;
+  while (pos <= script.size()) {
+    size_t end = script.find('\n', pos);
+    if (end == std::string_view::npos) end = script.size();
+    PhysicalLine line{script.substr(pos, end - pos)};
+    pos = end + 1;
+    if (line.text.ends_with('\r')) {
+      line.text.remove_suffix(1);
+      line.had_cr = true;
+    }
+    lines.push_back(line);
+  }
+  return lines;
+}
+
 }  // namespace
 
 std::string DirectiveError::ToString() const {
   return "line " + std::to_string(line) + ": " + reason;
 }
 
-DirectiveParse ParseJobDirectives(std::string_view script) {
+DirectiveParse ParseJobDirectives(std::string_view script, const ScriptSymbols& symbols) {
   DirectiveParse out;
-  int line_number = 0;
   bool any_stage_in = false;
   bool any_jobdw = false;  // even one with errors: its errors say what to fix
   int first_stage_in_line = 0;
-  size_t pos = 0;
-  while (pos <= script.size()) {
-    size_t end = script.find('\n', pos);
-    if (end == std::string_view::npos) end = script.size();
-    std::string_view line = script.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_number;
-    if (line.ends_with('\r')) line.remove_suffix(1);
-    if (!line.starts_with(kDirectivePrefix)) continue;
-    std::string_view rest = line.substr(kDirectivePrefix.size());
-    if (!rest.empty() && !IsSpace(rest.front())) continue;  // e.g. #DWX: not ours
-    std::vector<std::string_view> words = SplitWords(rest);
+  std::vector<PhysicalLine> lines = SplitLines(script);
+  // Slurm reads #DW lines only up to the first line that is neither empty
+  // nor a '#' comment (_xlate_batch: "Quit at first non-comment").
+  int first_command = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const int line_number = static_cast<int>(i) + 1;
+    const PhysicalLine& physical = lines[i];
+    if (first_command == 0 && (!physical.text.empty() || physical.had_cr) &&
+        !physical.text.starts_with('#')) {
+      first_command = line_number;
+    }
+    if (!IsDirectiveStart(lines[i].text)) continue;
+    if (first_command != 0) {
+      out.errors.push_back({line_number, "#DW after the script's first command (line " +
+                                             std::to_string(first_command) +
+                                             "): Slurm reads #DW lines only before it and "
+                                             "ignores this one; move it up"});
+      continue;
+    }
+    // Slurm's merge (burst_buffer_lua.c, _xlate_batch): a #DW line ending in
+    // '\' goes on on the next line that starts with #DW, without that line's
+    // "#DW"; when a space came before the '\' that line's leading white
+    // space is dropped too. Empty lines in between are skipped, as strtok
+    // skips them.
+    std::string text(lines[i].text.substr(kDirectivePrefix.size()));
+    std::string merge_error;
+    size_t at = i;
+    while (!text.empty() && text.back() == '\\') {
+      const PhysicalLine& here = lines[at];
+      const int here_number = static_cast<int>(at) + 1;
+      if (here.had_cr) {
+        merge_error = "line " + std::to_string(here_number) +
+                      " ends in '\\' and a Windows line end: Slurm does not go on to the next "
+                      "line then; save the script with Unix line ends";
+        break;
+      }
+      bool has_space = here.text.size() >= 2 && IsSpace(here.text[here.text.size() - 2]);
+      size_t next = at + 1;
+      while (next < lines.size() && lines[next].text.empty() && !lines[next].had_cr) ++next;
+      if (next >= lines.size() || (next + 1 == lines.size() && lines[next].text.empty())) {
+        merge_error = "line " + std::to_string(here_number) +
+                      " ends in '\\' but no line follows to go on on; remove the '\\'";
+        break;
+      }
+      if (!lines[next].text.starts_with(kDirectivePrefix)) {
+        merge_error = "line " + std::to_string(here_number) + " ends in '\\' but line " +
+                      std::to_string(next + 1) +
+                      " does not start with #DW: Slurm ends the directive there and drops the "
+                      "'\\'; go on on a line starting with #DW, or remove the '\\'";
+        break;
+      }
+      text.pop_back();
+      std::string_view more = lines[next].text.substr(kDirectivePrefix.size());
+      if (has_space) {
+        while (!more.empty() &&
+               (IsSpace(more.front()) || more.front() == '\v' || more.front() == '\f')) {
+          more.remove_prefix(1);
+        }
+      }
+      text += more;
+      at = next;
+    }
+    i = at;
+    if (!merge_error.empty()) {
+      out.errors.push_back({line_number, "#DW: " + merge_error});
+      continue;
+    }
+    if (text.find("\\\\") != std::string::npos) {
+      out.errors.push_back(
+          {line_number,
+           "#DW: '\\\\' in a directive is not supported: Slurm stops replacing '%' symbols "
+           "after it; write the directive without it"});
+      continue;
+    }
+    std::vector<std::string_view> words = SplitWords(text);
     if (words.empty()) {
       out.errors.push_back({line_number, "#DW with no directive; " + std::string(kSupported)});
       continue;
     }
     std::string kind(words[0]);
-    LineParser parser(line_number, kind, out.errors);
+    LineParser parser(line_number, kind, out.errors, symbols);
     if (kind == "jobdw") {
       any_jobdw = true;
       ParseJobDw(parser, line_number, words, out);
@@ -306,6 +499,7 @@ Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
     return Status::Internal("checking #DW directives: jobdw and persistentdw need the store");
   }
   for (const StageInDirective& s : d.stage_ins) {
+    if (s.symbolic) continue;  // %j: setup looks at it, with the job id
     struct stat st;
     if (stat(s.source.c_str(), &st) != 0) {
       int e = errno;
@@ -339,6 +533,7 @@ Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
     }
   }
   for (const PersistentDwDirective& p : d.persistent) {
+    if (p.symbolic) continue;  // %j: data_in waits for it, with the job id
     Result<DatasetRecord> record = store->GetDataset(p.name);
     if (record.status().code() == StatusCode::kNotFound) {
       parse.errors.push_back({p.line, "#DW persistentdw: dataset " + Quoted(p.name) +
@@ -351,6 +546,40 @@ Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
   }
   SortErrors(parse.errors);
   return Status::Ok();
+}
+
+bool IsSlurmReplacedScript(std::string_view path) {
+  return path.starts_with("/proc/") && path.find("/fd/") != std::string_view::npos;
+}
+
+std::string ReplaceJobIdSymbols(std::string_view script, std::string_view job_id) {
+  std::string out;
+  out.reserve(script.size());
+  size_t pos = 0;
+  while (pos < script.size()) {
+    size_t end = script.find('\n', pos);
+    end = end == std::string_view::npos ? script.size() : end + 1;
+    std::string_view line = script.substr(pos, end - pos);
+    pos = end;
+    // Continuation lines start with #DW too (#DWfoo included).
+    if (!line.starts_with(kDirectivePrefix)) {
+      out += line;
+      continue;
+    }
+    for (size_t i = 0; i < line.size(); ++i) {
+      if (line[i] == '%' && i + 1 < line.size()) {
+        if (line[i + 1] == 'j') {
+          out += job_id;
+        } else {
+          out += line.substr(i, 2);  // %% and the rest stay as they are
+        }
+        ++i;
+      } else {
+        out.push_back(line[i]);
+      }
+    }
+  }
+  return out;
 }
 
 Result<std::string> JobDatasetName(std::string_view job_id, std::string_view name) {

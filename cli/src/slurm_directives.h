@@ -50,11 +50,16 @@ struct StageInDirective {
   int line = 0;
   std::string source;  // absolute directory
   std::string name;    // the part after $DW_JOB_STRIPED/
+  // source= or destination= holds %j and the job id was not given (validate):
+  // they are kept as written, checked with a 10-digit stand-in for the id,
+  // and the source is not looked at.
+  bool symbolic = false;
 };
 
 struct PersistentDwDirective {
   int line = 0;
-  std::string name;  // an existing dataset
+  std::string name;       // an existing dataset
+  bool symbolic = false;  // holds %j, kept as written (see StageInDirective)
 };
 
 struct JobDirectives {
@@ -78,9 +83,39 @@ struct DirectiveParse {
   std::vector<DirectiveError> errors;  // in line order
 };
 
+// How the '%' symbols Slurm replaces in burst-buffer lines are read.
+//
+// Slurm (src/plugins/burst_buffer/common/burst_buffer_common.c,
+// bb_handle_job_script/_handle_replacement) gives slurm_bb_setup and
+// slurm_bb_data_in, when a #DW line holds a '%', a copy of the script's
+// merged #DW lines under "#!/bin/sh" with %% %A %a %d %j %u %x replaced, as
+// /proc/<slurmctld pid>/fd/<n> (a memfd); slurm_bb_job_process,
+// slurm_bb_paths, the teardown and `scontrol write batch_script` (the node
+// prolog) get the script as submitted.
+struct ScriptSymbols {
+  // What %j stands for. Empty (validate): %j is checked with a 10-digit
+  // stand-in and the values holding it are kept as written (symbolic).
+  std::string job_id;
+  // The script is Slurm's replaced copy: a '%' in it is a literal '%'.
+  bool replaced = false;
+};
+
 // Reads every line that starts with "#DW" followed by white space (or
-// nothing) and applies the rules that need only the script.
-DirectiveParse ParseJobDirectives(std::string_view script);
+// nothing) and applies the rules that need only the script. A #DW line
+// ending in '\' goes on on the next #DW line, as Slurm merges them
+// (burst_buffer_lua.c, _xlate_batch); the directive keeps its first line's
+// number. In source=, destination= and persistentdw name=, %% is a '%' and %j
+// the job id; every other '%' is an error that says why.
+DirectiveParse ParseJobDirectives(std::string_view script, const ScriptSymbols& symbols = {});
+
+// Whether a script path Slurm passed is its symbol-replaced copy
+// (/proc/<pid>/fd/<n>) rather than the script as submitted.
+bool IsSlurmReplacedScript(std::string_view path);
+
+// The script with %j in its #DW lines replaced by `job_id` and everything
+// else (%% included) as it was, for a step that parses it without the job id
+// (the node prolog reads `scontrol write batch_script`).
+std::string ReplaceJobIdSymbols(std::string_view script, std::string_view job_id);
 
 // Adds to `parse.errors` (kept in line order) what the world says: a source
 // that does not exist or is not a directory (a source this user may not look

@@ -5,6 +5,7 @@
 
 #include "slurm_directives.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -192,6 +193,121 @@ TEST(SlurmDirectivesTest, EveryProblemIsReportedInLineOrder) {
   std::vector<int> lines;
   for (const cli::DirectiveError& e : parse.errors) lines.push_back(e.line);
   EXPECT_EQ(lines, (std::vector<int>{2, 2, 3, 4, 4})) << ::testing::PrintToString(Errors(parse));
+}
+
+// A #DW line ending in '\' goes on on the next #DW line, as Slurm merges them
+// (burst_buffer_lua.c, _xlate_batch): without that line's "#DW", and without
+// its leading white space when a space came before the '\'.
+TEST(SlurmDirectivesTest, ContinuedLinesAreMergedAsSlurmDoes) {
+  DirectiveParse parse = ParseJobDirectives(
+      "#!/bin/bash\n"
+      "#DW jobdw type=scratch capacity=1GiB \\\n"
+      "#DW      access_mode=striped pool=gpu\n"
+      "#DW stage_in source=/lustre/a\\\n"
+      "\n"
+      "#DW destination=$DW_JOB_STRIPED/a\n"
+      "#DW stage_in source=/lustre/b destination=$DW_JOB_STRIPED/b\\\n"
+      "#DWee\n"
+      "#DW persistentdw name=coco\n");
+  ASSERT_TRUE(parse.errors.empty()) << ::testing::PrintToString(Errors(parse));
+  const cli::JobDirectives& d = parse.directives;
+  ASSERT_TRUE(d.jobdw.has_value());
+  EXPECT_EQ(d.jobdw->line, 2);
+  EXPECT_EQ(d.jobdw->pool, "gpu");
+  EXPECT_EQ(d.jobdw->capacity_bytes, 1ull << 30);
+  ASSERT_EQ(d.stage_ins.size(), 2u);
+  EXPECT_EQ(d.stage_ins[0].line, 4);  // no space before '\': the next line's space stays
+  EXPECT_EQ(d.stage_ins[0].source, "/lustre/a");
+  EXPECT_EQ(d.stage_ins[0].name, "a");
+  EXPECT_EQ(d.stage_ins[1].line, 7);  // "#DWee" glued on: the name is "bee"
+  EXPECT_EQ(d.stage_ins[1].name, "bee");
+  ASSERT_EQ(d.persistent.size(), 1u);
+  EXPECT_EQ(d.persistent[0].line, 9);
+
+  // Errors in a continued directive are reported at its first line.
+  ExpectOneError("#DW jobdw capacity=1GiB \\\n#DW pool=Bad\n", 1, "is not a pool name");
+}
+
+// Slurm stops reading #DW lines at the first line that is neither empty nor a
+// comment; one after it would be ignored by Slurm.
+TEST(SlurmDirectivesTest, DirectivesAfterTheFirstCommandAreRefused) {
+  ExpectOneError(std::string("#!/bin/sh\n\n") + kJobDw + "srun true\n#DW persistentdw name=a\n", 5,
+                 "#DW after the script's first command (line 4): Slurm reads #DW lines only "
+                 "before it");
+  ExpectOneError(std::string(kJobDw) + "  \n#DW persistentdw name=a\n", 3, "(line 2)");
+}
+
+TEST(SlurmDirectivesTest, MalformedContinuationsSayWhy) {
+  ExpectOneError(std::string(kJobDw) + "#DW persistentdw name=coco \\\n", 2,
+                 "line 2 ends in '\\' but no line follows");
+  ExpectOneError(std::string(kJobDw) + "#DW persistentdw name=coco \\\n\n\n", 2, "no line follows");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu \\\n#SBATCH -N 1\n", 1,
+                 "line 1 ends in '\\' but line 2 does not start with #DW: Slurm ends the "
+                 "directive there and drops the '\\'");
+  ExpectOneError("#DW jobdw capacity=1GiB \\\nsrun true\n", 1, "line 2 does not start with #DW");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu \\\r\n#DW persistentdw name=a\r\n", 1,
+                 "Windows line end: Slurm does not go on");
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu\n#DW persistentdw name=a\\\\b\n", 2,
+                 "'\\\\' in a directive is not supported: Slurm stops replacing '%' symbols");
+}
+
+// In source=, destination= and persistentdw name=, %% is a '%' and %j the job
+// id. Without the id (validate), the values are kept as written and checked
+// with a 10-digit stand-in.
+TEST(SlurmDirectivesTest, PercentSymbols) {
+  const std::string script = std::string(kJobDw) +
+                             "#DW stage_in source=/lustre/run-%j/100%% "
+                             "destination=$DW_JOB_STRIPED/data-%j\n"
+                             "#DW persistentdw name=ckpt-%j\n";
+  DirectiveParse parse = ParseJobDirectives(script);
+  ASSERT_TRUE(parse.errors.empty()) << ::testing::PrintToString(Errors(parse));
+  ASSERT_EQ(parse.directives.stage_ins.size(), 1u);
+  EXPECT_EQ(parse.directives.stage_ins[0].source, "/lustre/run-%j/100%%");
+  EXPECT_EQ(parse.directives.stage_ins[0].name, "data-%j");
+  EXPECT_TRUE(parse.directives.stage_ins[0].symbolic);
+  EXPECT_EQ(parse.directives.persistent[0].name, "ckpt-%j");
+  EXPECT_TRUE(parse.directives.persistent[0].symbolic);
+
+  parse = ParseJobDirectives(script, {.job_id = "42"});
+  ASSERT_TRUE(parse.errors.empty()) << ::testing::PrintToString(Errors(parse));
+  EXPECT_EQ(parse.directives.stage_ins[0].source, "/lustre/run-42/100%");
+  EXPECT_EQ(parse.directives.stage_ins[0].name, "data-42");
+  EXPECT_FALSE(parse.directives.stage_ins[0].symbolic);
+  EXPECT_EQ(parse.directives.persistent[0].name, "ckpt-42");
+
+  // Slurm's replaced copy: a '%' is a '%'.
+  parse = ParseJobDirectives("#!/bin/sh\n" + std::string(kJobDw) +
+                                 "#DW stage_in source=/l/100%j destination=$DW_JOB_STRIPED/d-42\n",
+                             {.job_id = "42", .replaced = true});
+  ASSERT_TRUE(parse.errors.empty()) << ::testing::PrintToString(Errors(parse));
+  EXPECT_EQ(parse.directives.stage_ins[0].source, "/l/100%j");
+  EXPECT_TRUE(cli::IsSlurmReplacedScript("/proc/812/fd/14"));
+  EXPECT_FALSE(cli::IsSlurmReplacedScript("/var/spool/slurm/hash.2/job.42/script"));
+
+  // The stand-in is as long as the longest job id.
+  ExpectOneError(std::string(kJobDw) + "#DW stage_in source=/a destination=$DW_JOB_STRIPED/" +
+                     std::string(37, 'a') + "-%j\n",
+                 2, "must be one name");
+  ExpectOneError(std::string(kJobDw) + "#DW stage_in source=/a destination=$DW_JOB_STRIPED/a%%b\n",
+                 2, "must be one name");
+  ExpectOneError(std::string(kJobDw) + "#DW stage_in source=/a/%z destination=$DW_JOB_STRIPED/a\n",
+                 2, "'%z' is not a Slurm symbol: Slurm deletes it (both characters)");
+  ExpectOneError(std::string(kJobDw) + "#DW stage_in source=/a/% destination=$DW_JOB_STRIPED/a\n",
+                 2, "ends in a lone '%'; write %% for a '%'");
+  for (const char* symbol : {"%u", "%x", "%d", "%A", "%a"}) {
+    ExpectOneError(std::string(kJobDw) + "#DW stage_in source=/a/" + symbol +
+                       " destination=$DW_JOB_STRIPED/a\n",
+                   2, std::string(symbol) + " (");
+  }
+  ExpectOneError("#DW jobdw capacity=1GiB pool=gpu-%j\n", 1,
+                 "Slurm reads this value as written, before it replaces '%' symbols");
+  ExpectOneError("#DW jobdw capacity=%jGiB pool=gpu\n", 1, "Slurm reads this value as written");
+
+  EXPECT_EQ(cli::ReplaceJobIdSymbols("#!/bin/sh\necho %j\n#DW stage_in source=/a/%j%%j \\\n"
+                                     "#DW destination=$DW_JOB_STRIPED/d-%j\n",
+                                     "7"),
+            "#!/bin/sh\necho %j\n#DW stage_in source=/a/7%%j \\\n"
+            "#DW destination=$DW_JOB_STRIPED/d-7\n");
 }
 
 // The rules that look at the world, over a real store and real directories.
@@ -438,6 +554,54 @@ TEST_F(SlurmValidateTest, StepsRefuseBadJobIdsAndScripts) {
   EXPECT_NE(err.find("job 7: #DW directives not valid: line 2"), std::string::npos) << err;
   EXPECT_EQ(Run({"slurm", "data_in", "7", dir_.Join("gone.sh")}, &out, &err), kCliNotFound);
   EXPECT_NE(err.find("job 7: reading the job script"), std::string::npos) << err;
+}
+
+// A %j job as Slurm runs it: validate and paths get the script as submitted,
+// setup and data_in Slurm's replaced copy (/proc/<pid>/fd/<n>; here this
+// process's own descriptor), with the continued jobdw merged.
+TEST_F(SlurmValidateTest, PercentJAndContinuedLinesThroughTheSteps) {
+  const std::string source = dir_.Join("run-42");
+  ASSERT_EQ(mkdir(source.c_str(), 0755), 0);
+  testing::WriteAll(source + "/a.jpg", "bytes");
+  const std::string script = dir_.Join("job.sh");
+  testing::WriteAll(script,
+                    "#!/bin/bash\n#DW jobdw capacity=1GiB \\\n#DW pool=gpu\n"
+                    "#DW stage_in source=" +
+                        dir_.path() + "/run-%j destination=$DW_JOB_STRIPED/data-%j\nsrun true\n");
+  const std::string copy = dir_.Join("copy");
+  testing::WriteAll(copy,
+                    "#!/bin/sh\n#!/bin/bash\n#DW jobdw capacity=1GiB pool=gpu\n"
+                    "#DW stage_in source=" +
+                        source + " destination=$DW_JOB_STRIPED/data-42\n");
+  int fd = open(copy.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  const std::string proc_copy = "/proc/self/fd/" + std::to_string(fd);
+  std::string out;
+  std::string err;
+  ASSERT_EQ(Run({"slurm", "validate", script}, &out, &err), kCliOk) << err;
+  EXPECT_NE(out.find("line 2: jobdw 1.00 GiB in pool gpu"), std::string::npos) << out;
+  EXPECT_NE(out.find("line 4: stage_in " + dir_.path() + "/run-%j -> $DW_JOB_STRIPED/data-%j"),
+            std::string::npos)
+      << out;
+  const std::string uid = std::to_string(getuid());
+  const std::string gid = std::to_string(getgid());
+  ASSERT_EQ(Run({"slurm", "setup", "42", uid, gid, proc_copy}, &out, &err), kCliOk) << err;
+  auto created = store_->GetDataset("slurm-42-data-42");
+  ASSERT_OK(created);
+  EXPECT_EQ(created->spec.source_uri, "file://" + source);
+  // Without the copy (no memfd), the submitted script says the same.
+  ASSERT_EQ(Run({"slurm", "setup", "42", uid, gid, script}, &out, &err), kCliOk) << err;
+  ASSERT_EQ(Run({"slurm", "data_in", "42", proc_copy, "--timeout", "10s"}, &out, &err), kCliOk)
+      << err;
+  close(fd);
+  const std::string path_file = dir_.Join("paths");
+  testing::WriteAll(path_file, "");
+  ASSERT_EQ(Run({"slurm", "paths", "42", script, path_file, "--job-root", "/run/g"}, &out, &err),
+            kCliOk)
+      << err;
+  EXPECT_NE(testing::ReadAll(path_file).find("GRANARY_DATASET=slurm-42-data-42\n"),
+            std::string::npos);
+  ASSERT_EQ(Run({"slurm", "teardown", "42"}, &out, &err), kCliOk) << err;
 }
 
 }  // namespace

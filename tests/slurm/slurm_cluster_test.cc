@@ -332,6 +332,40 @@ TEST_F(SlurmClusterTest, StageInJobTrainsOverItsDatasetAndReadsFilesByPath) {
   ExpectNothingLeft(*job);
 }
 
+// The two forms Slurm reads its own way: a jobdw continued on a second #DW
+// line (Slurm merges them) and a stage_in whose destination holds %j and whose
+// source holds %% (Slurm gives setup and data_in a copy with them replaced, as
+// /proc/<slurmctld>/fd/<n>; paths and the prolog get the script as submitted).
+TEST_F(SlurmClusterTest, ContinuedJobDwAndPercentJDestinationAreStagedAsSlurmPassesThem) {
+  const std::string src = slurm_->dir() + "/src-100%";
+  MakeSource(src, 24);
+  const std::string script =
+      WriteScript("percent.sh", JobHeader("percent") +
+                                    "#DW jobdw type=scratch capacity=1GiB \\\n"
+                                    "#DW access_mode=striped pool=default\n"
+                                    "#DW stage_in type=directory source=" +
+                                    slurm_->dir() +
+                                    "/src-100%% destination=$DW_JOB_STRIPED/data-%j\n"
+                                    "set -e\n"
+                                    "echo \"dataset=$GRANARY_DATASET\"\n"
+                                    "d=\"$DW_JOB_STRIPED/data-$SLURM_JOB_ID\"\n"
+                                    "ls \"$d\"\n"
+                                    "cmp \"$d/class-1/f5.bin\" '" +
+                                    src + "/class-1/f5.bin' && echo same-bytes\n");
+  Result<std::string> job = slurm_->Submit(script);
+  ASSERT_OK(job);
+  Result<std::map<std::string, std::string>> end =
+      slurm_->WaitForJobState(*job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, seconds(120));
+  ASSERT_OK(end);
+  const std::string output = JobOutput("percent", *job);
+  EXPECT_EQ((*end)["JobState"], "COMPLETED")
+      << output << "\nreason " << (*end)["Reason"] << " comment " << (*end)["SystemComment"];
+  EXPECT_NE(output.find("dataset=slurm-" + *job + "-data-" + *job), std::string::npos) << output;
+  EXPECT_NE(output.find("class-1"), std::string::npos) << "ls of the view: " << output;
+  EXPECT_NE(output.find("same-bytes"), std::string::npos) << output;
+  ExpectNothingLeft(*job);
+}
+
 TEST_F(SlurmClusterTest, SourceTheUserCannotReadHoldsTheJobWithTheReason) {
   const std::string src = slurm_->dir() + "/src-secret";
   MakeSource(src, 20);
