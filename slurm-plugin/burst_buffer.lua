@@ -13,6 +13,11 @@ ignored, so one file serves both.
 
 job_process, pools and paths run inside slurmctld holding its locks: the
 steps they run read a file and the metadata store, nothing slower.
+
+The job_script Slurm passes is the script as submitted, except that setup
+and data_in get /proc/<slurmctld pid>/fd/<n> (its %-symbol-replaced copy of
+the merged #DW lines) when a #DW line holds a '%'; it is passed on as it is,
+and granary reads each as what it is (docs/slurm.md, "What Slurm passes").
 --]]
 
 -- Set by the admin: the granary binary and the metadata store every step
