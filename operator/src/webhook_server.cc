@@ -64,9 +64,12 @@ struct WebhookServer::Impl {
   InjectionLookup lookup;
   // Before io: sessions destroyed with the io_context decrement it.
   std::atomic<size_t> connections{0};
-  asio::io_context io{1};
+  // Reset by Stop, which destroys the sessions' handlers and so closes
+  // their connections (Stop joins the thread first).
+  std::optional<asio::io_context> io{std::in_place, 1};
   ssl::context tls{ssl::context::tls_server};
-  tcp::acceptor acceptor{io};
+  std::optional<tcp::acceptor> acceptor;  // emplaced by Start, reset by Stop
+  uint16_t port = 0;
   std::thread thread;
   bool stopped = false;
 
@@ -124,7 +127,9 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     const auto& request = parser_->get();
     const bool keep_alive = request.keep_alive();
-    if (request.target() != "/mutate") {
+    // The API server appends ?timeout=<n>s to the URL it was given.
+    const std::string_view target(request.target().data(), request.target().size());
+    if (target.substr(0, target.find('?')) != "/mutate") {
       return Reply(404, "text/plain", "not found: POST an AdmissionReview to /mutate\n",
                    keep_alive);
     }
@@ -196,8 +201,8 @@ class Session : public std::enable_shared_from_this<Session> {
 }  // namespace
 
 void WebhookServer::Impl::Accept() {
-  acceptor.async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+  acceptor->async_accept(asio::make_strand(*io), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
     if (!ec) {
       if (connections.load() >= options.max_connections) {
         beast::error_code ignored;
@@ -237,18 +242,22 @@ Result<std::unique_ptr<WebhookServer>> WebhookServer::Start(WebhookServerOptions
                                    "\" is not an IP address");
   }
   const tcp::endpoint endpoint(address, o.listen_port);
-  impl->acceptor.open(endpoint.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(endpoint, ec);
-  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  impl->acceptor.emplace(*impl->io);
+  impl->acceptor->open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor->bind(endpoint, ec);
+  if (!ec) impl->acceptor->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
     return Status::Unavailable("webhook server: cannot listen on " + o.listen_host + ":" +
                                std::to_string(o.listen_port) + ": " + ec.message() +
                                " (choose another --webhook-listen)");
   }
+  impl->port = impl->acceptor->local_endpoint(ec).port();
+  if (ec)
+    return Status::Unavailable("webhook server: the listener has no address: " + ec.message());
   impl->Accept();
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->io.run(); });
+  impl->thread = std::thread([raw] { raw->io->run(); });
   return std::unique_ptr<WebhookServer>(new WebhookServer(std::move(impl)));
 }
 
@@ -256,23 +265,17 @@ WebhookServer::WebhookServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 
 WebhookServer::~WebhookServer() { Stop(); }
 
-uint16_t WebhookServer::port() const {
-  beast::error_code ec;
-  const tcp::endpoint endpoint = impl_->acceptor.local_endpoint(ec);
-  return ec ? 0 : endpoint.port();
-}
+uint16_t WebhookServer::port() const { return impl_->port; }
 
 void WebhookServer::Stop() {
   if (impl_->stopped) return;
   impl_->stopped = true;
-  asio::post(impl_->io, [impl = impl_.get()] {
-    beast::error_code ignored;
-    impl->acceptor.close(ignored);
-  });
-  // Sessions end on their own within io_timeout; stopping the loop drops
-  // them at once (their sockets close as their handlers are destroyed).
-  impl_->io.stop();
+  impl_->io->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
+  // The loop no longer runs: close the listener, then destroy the pending
+  // handlers, which own the sessions (their connections close with them).
+  impl_->acceptor.reset();
+  impl_->io.reset();
 }
 
 }  // namespace granary::kube

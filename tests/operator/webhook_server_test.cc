@@ -219,6 +219,17 @@ TEST_F(WebhookServerTest, LabelledPodGetsTheSidecarPatch) {
   EXPECT_EQ(Json::parse(*patch), *expected);
 }
 
+TEST_F(WebhookServerTest, TheApiServersTimeoutQueryIsAccepted) {
+  Result<Reply> reply = Send(server_->port(), cert_.ca_pem, http::verb::post, "/mutate?timeout=5s",
+                             Review(LabelledPod("imagenet")));
+  ASSERT_TRUE(reply.ok()) << reply.status().message();
+  EXPECT_EQ(reply->status, 200) << reply->body;
+  Result<Reply> other = Send(server_->port(), cert_.ca_pem, http::verb::post, "/mutatex?timeout=5s",
+                             Review(LabelledPod("imagenet")));
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->status, 404);
+}
+
 TEST_F(WebhookServerTest, UnknownDatasetIsRefusedWithTheReason) {
   Result<Reply> reply = Post(Review(LabelledPod("missing")));
   ASSERT_TRUE(reply.ok()) << reply.status().message();
@@ -289,6 +300,32 @@ TEST_F(WebhookServerTest, AClientWithAnotherCaRefusesTheServer) {
   Result<Reply> reply = Send(server_->port(), other->ca_pem, http::verb::post, "/mutate",
                              Review(LabelledPod("imagenet")));
   EXPECT_FALSE(reply.ok());
+}
+
+TEST_F(WebhookServerTest, StopClosesTheListenerAndOpenConnections) {
+  // A connection open (TLS done, no request yet) when the server stops.
+  asio::io_context io;
+  ssl::context tls(ssl::context::tls_client);
+  tls.add_certificate_authority(asio::buffer(cert_.ca_pem));
+  tls.set_verify_mode(ssl::verify_peer);
+  beast::ssl_stream<beast::tcp_stream> open(io, tls);
+  beast::get_lowest_layer(open).connect(
+      tcp::endpoint(asio::ip::make_address("127.0.0.1"), server_->port()));
+  open.handshake(ssl::stream_base::client);
+
+  const uint16_t port = server_->port();
+  server_->Stop();
+  EXPECT_EQ(server_->port(), port);
+  const auto start = std::chrono::steady_clock::now();
+  char byte;
+  beast::error_code ec;
+  beast::get_lowest_layer(open).expires_after(std::chrono::seconds(5));
+  open.read_some(asio::buffer(&byte, 1), ec);
+  EXPECT_TRUE(ec) << "the open connection is closed";
+  EXPECT_NE(ec, beast::error::timeout);
+  Result<Reply> after = Post(Review(LabelledPod("imagenet")));
+  EXPECT_FALSE(after.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
 }
 
 TEST(WebhookServerStartTest, BadCertificateOrAddressIsAnError) {

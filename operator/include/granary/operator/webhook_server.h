@@ -66,7 +66,7 @@ class WebhookServer {
   WebhookServer(const WebhookServer&) = delete;
   WebhookServer& operator=(const WebhookServer&) = delete;
 
-  uint16_t port() const;
+  uint16_t port() const;  // the bound port (still known after Stop)
   // Closes the listener and every connection; joins the thread.
   void Stop();
 
