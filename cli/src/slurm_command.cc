@@ -55,12 +55,16 @@ Json DirectivesJson(const JobDirectives& d) {
     j["jobdw"] = nullptr;
   }
   j["stage_in"] = Json::array();
+  // A value holding %j (no job id at submit) is shown as written.
   for (const StageInDirective& s : d.stage_ins) {
-    j["stage_in"].push_back({{"line", s.line}, {"source", s.source}, {"name", s.name}});
+    j["stage_in"].push_back(
+        {{"line", s.line},
+         {"source", s.symbolic && !s.source_written.empty() ? s.source_written : s.source},
+         {"name", s.symbolic && !s.name_written.empty() ? s.name_written : s.name}});
   }
   j["persistentdw"] = Json::array();
   for (const PersistentDwDirective& p : d.persistent) {
-    j["persistentdw"].push_back({{"line", p.line}, {"name", p.name}});
+    j["persistentdw"].push_back({{"line", p.line}, {"name", p.symbolic ? p.name_written : p.name}});
   }
   return j;
 }
@@ -98,11 +102,13 @@ Status Validate(CliContext& c, const std::string& script_path) {
             << " in pool " << d.jobdw->pool << "\n";
   }
   for (const StageInDirective& s : d.stage_ins) {
-    c.out() << "line " << s.line << ": stage_in " << s.source << " -> $DW_JOB_STRIPED/" << s.name
-            << "\n";
+    c.out() << "line " << s.line << ": stage_in "
+            << (s.source_written.empty() ? s.source : s.source_written) << " -> $DW_JOB_STRIPED/"
+            << (s.name_written.empty() ? s.name : s.name_written) << "\n";
   }
   for (const PersistentDwDirective& p : d.persistent) {
-    c.out() << "line " << p.line << ": persistentdw " << p.name << "\n";
+    c.out() << "line " << p.line << ": persistentdw "
+            << (p.name_written.empty() ? p.name : p.name_written) << "\n";
   }
   return Status::Ok();
 }

@@ -274,11 +274,12 @@ void ParseStageIn(LineParser& p, int line, const std::vector<std::string_view>& 
     if (!source->starts_with('/')) {
       p.Error("source " + Quoted(*source) +
               " is not an absolute path (variables are not expanded); write source=/path/to/dir");
-    } else if (p.Symbolic("source")) {
-      d.source = p.Raw("source");
-      d.symbolic = true;
     } else {
       d.source = *source;
+      if (p.Symbolic("source")) {
+        d.source_written = p.Raw("source");
+        d.symbolic = true;
+      }
     }
   } else if (!p.Given("source")) {
     p.Error("source= is missing; write source=/path/to/dir");
@@ -286,11 +287,11 @@ void ParseStageIn(LineParser& p, int line, const std::vector<std::string_view>& 
   if (const std::string* destination = p.Get("destination")) {
     d.name = DestinationName(p, *destination);
     if (!d.name.empty() && p.Symbolic("destination")) {
-      // Checked with the stand-in; kept as written: "$DW_JOB_STRIPED/data-%j".
+      // Checked with the stand-in; as written: "$DW_JOB_STRIPED/data-%j".
       std::string_view raw = p.Raw("destination");
       raw.remove_prefix(raw.find('/') + 1);
       while (raw.ends_with('/')) raw.remove_suffix(1);
-      d.name = std::string(raw);
+      d.name_written = std::string(raw);
       d.symbolic = true;
     }
   } else if (!p.Given("destination")) {
@@ -316,11 +317,12 @@ void ParsePersistentDw(LineParser& p, int line, const std::vector<std::string_vi
     Status valid = ValidateDatasetName(*name);
     if (!valid.ok()) {
       p.Error("name " + Quoted(*name) + " is not a dataset name: " + valid.message());
-    } else if (p.Symbolic("name")) {
-      d.name = p.Raw("name");
-      d.symbolic = true;
     } else {
       d.name = *name;
+      if (p.Symbolic("name")) {
+        d.name_written = p.Raw("name");
+        d.symbolic = true;
+      }
     }
   } else if (!p.Given("name")) {
     p.Error("name= is missing; write name=<dataset> (a dataset made with granary dataset create)");

@@ -51,15 +51,19 @@ struct StageInDirective {
   std::string source;  // absolute directory
   std::string name;    // the part after $DW_JOB_STRIPED/
   // source= or destination= holds %j and the job id was not given (validate):
-  // they are kept as written, checked with a 10-digit stand-in for the id,
-  // and the source is not looked at.
+  // source and name then hold a 10-digit stand-in for the id (they were
+  // checked with it), the *_written fields the values as written (for
+  // showing), and the source is not looked at.
   bool symbolic = false;
+  std::string source_written;  // "/lustre/run-%j"; empty unless symbolic
+  std::string name_written;    // "data-%j"; empty unless symbolic
 };
 
 struct PersistentDwDirective {
   int line = 0;
-  std::string name;       // an existing dataset
-  bool symbolic = false;  // holds %j, kept as written (see StageInDirective)
+  std::string name;          // an existing dataset
+  bool symbolic = false;     // holds %j with no job id (see StageInDirective)
+  std::string name_written;  // "ckpt-%j"; empty unless symbolic
 };
 
 struct JobDirectives {
@@ -94,7 +98,7 @@ struct DirectiveParse {
 // prolog) get the script as submitted.
 struct ScriptSymbols {
   // What %j stands for. Empty (validate): %j is checked with a 10-digit
-  // stand-in and the values holding it are kept as written (symbolic).
+  // stand-in (the directives holding it are marked symbolic).
   std::string job_id;
   // The script is Slurm's replaced copy: a '%' in it is a literal '%'.
   bool replaced = false;

@@ -262,10 +262,13 @@ TEST(SlurmDirectivesTest, PercentSymbols) {
   DirectiveParse parse = ParseJobDirectives(script);
   ASSERT_TRUE(parse.errors.empty()) << ::testing::PrintToString(Errors(parse));
   ASSERT_EQ(parse.directives.stage_ins.size(), 1u);
-  EXPECT_EQ(parse.directives.stage_ins[0].source, "/lustre/run-%j/100%%");
-  EXPECT_EQ(parse.directives.stage_ins[0].name, "data-%j");
+  EXPECT_EQ(parse.directives.stage_ins[0].source, "/lustre/run-4294967294/100%");
+  EXPECT_EQ(parse.directives.stage_ins[0].source_written, "/lustre/run-%j/100%%");
+  EXPECT_EQ(parse.directives.stage_ins[0].name, "data-4294967294");
+  EXPECT_EQ(parse.directives.stage_ins[0].name_written, "data-%j");
   EXPECT_TRUE(parse.directives.stage_ins[0].symbolic);
-  EXPECT_EQ(parse.directives.persistent[0].name, "ckpt-%j");
+  EXPECT_EQ(parse.directives.persistent[0].name, "ckpt-4294967294");
+  EXPECT_EQ(parse.directives.persistent[0].name_written, "ckpt-%j");
   EXPECT_TRUE(parse.directives.persistent[0].symbolic);
 
   parse = ParseJobDirectives(script, {.job_id = "42"});
@@ -273,6 +276,7 @@ TEST(SlurmDirectivesTest, PercentSymbols) {
   EXPECT_EQ(parse.directives.stage_ins[0].source, "/lustre/run-42/100%");
   EXPECT_EQ(parse.directives.stage_ins[0].name, "data-42");
   EXPECT_FALSE(parse.directives.stage_ins[0].symbolic);
+  EXPECT_TRUE(parse.directives.stage_ins[0].name_written.empty());
   EXPECT_EQ(parse.directives.persistent[0].name, "ckpt-42");
 
   // Slurm's replaced copy: a '%' is a '%'.
@@ -583,6 +587,10 @@ TEST_F(SlurmValidateTest, PercentJAndContinuedLinesThroughTheSteps) {
   EXPECT_NE(out.find("line 4: stage_in " + dir_.path() + "/run-%j -> $DW_JOB_STRIPED/data-%j"),
             std::string::npos)
       << out;
+  ASSERT_EQ(Run({"-o", "json", "slurm", "validate", script}, &out, &err), kCliOk) << err;
+  nlohmann::json shown = nlohmann::json::parse(out);
+  EXPECT_EQ(shown["stage_in"][0]["name"], "data-%j") << out;
+  EXPECT_EQ(shown["stage_in"][0]["source"], dir_.path() + "/run-%j") << out;
   const std::string uid = std::to_string(getuid());
   const std::string gid = std::to_string(getgid());
   ASSERT_EQ(Run({"slurm", "setup", "42", uid, gid, proc_copy}, &out, &err), kCliOk) << err;

@@ -332,6 +332,25 @@ TEST_F(SlurmClusterTest, StageInJobTrainsOverItsDatasetAndReadsFilesByPath) {
   ExpectNothingLeft(*job);
 }
 
+// Their malformed forms are refused by sbatch with the line and why.
+TEST_F(SlurmClusterTest, MalformedContinuationAndPercentSymbolAreRefusedBySbatch) {
+  const std::string script =
+      WriteScript("bad-forms.sh", JobHeader("bad") +
+                                      "#DW jobdw type=scratch capacity=1GiB pool=default \\\n"
+                                      "#SBATCH -N 1\n"
+                                      "#DW stage_in source=/tmp destination=$DW_JOB_STRIPED/d-%u\n"
+                                      "true\n");
+  Result<std::string> job = slurm_->Submit(script);
+  ASSERT_FALSE(job.ok()) << "sbatch accepted job " << *job;
+  const std::string& said = job.status().message();
+  EXPECT_NE(said.find("line 3: #DW: line 3 ends in '\\' but line 4 does not start with #DW"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("line 5: #DW stage_in: destination=$DW_JOB_STRIPED/d-%u: %u (the user name)"),
+            std::string::npos)
+      << said;
+}
+
 // The two forms Slurm reads its own way: a jobdw continued on a second #DW
 // line (Slurm merges them) and a stage_in whose destination holds %j and whose
 // source holds %% (Slurm gives setup and data_in a copy with them replaced, as
