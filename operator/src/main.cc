@@ -1,20 +1,26 @@
 // granary-operator: the Kubernetes controller for CachePools and Datasets
 // (docs/kubernetes.md). Connects with a kubeconfig (--kubeconfig) or as its
-// pod's service account, serves /metrics, /healthz and /readyz, and runs
+// pod's service account, serves /metrics, /healthz and /readyz (and, with
+// --webhook-listen, the sidecar-injecting webhook), and runs
 // until SIGTERM or SIGINT. Exit status: 0 clean stop, 1 start-up failure
 // (API server unreachable, metrics address in use), 2 bad command line.
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "granary/core/config.h"
 #include "granary/core/log.h"
+#include "granary/core/net_address.h"
 #include "granary/daemon/observability.h"
 #include "granary/daemon/stop_signals.h"
 #include "granary/operator/kube_client.h"
 #include "granary/operator/kube_config.h"
 #include "granary/operator/operator.h"
+#include "granary/operator/webhook_lookup.h"
+#include "granary/operator/webhook_server.h"
 
 namespace {
 
@@ -43,6 +49,7 @@ int main(int argc, char** argv) {
   std::string lease_duration = "15s", renew_deadline = "10s", retry_period = "2s";
   std::string progress_interval = "2s";
   std::string cachenode_command = "granary-cachenode";
+  std::string webhook_listen, webhook_cert_dir;
   bool leader_elect = true;
   int workers = 2;
   app.add_option("--kubeconfig", kubeconfig,
@@ -64,6 +71,12 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
   app.add_option("--cachenode-command", cachenode_command,
                  "The command of the cache-node containers it generates");
+  app.add_option("--webhook-listen", webhook_listen,
+                 "Serve the sidecar-injecting webhook (HTTPS POST /mutate) on this IP:port; "
+                 "default: off (docs/kubernetes-webhook.md)");
+  app.add_option("--webhook-cert-dir", webhook_cert_dir,
+                 "The webhook's serving certificate and key: <dir>/tls.crt and <dir>/tls.key "
+                 "(PEM), e.g. a mounted kubernetes.io/tls Secret");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -76,6 +89,46 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   granary::SetLogLevel(*level);
+  granary::kube::WebhookServerOptions webhook_options;
+  if (!webhook_listen.empty()) {
+    granary::Result<granary::NetAddress> address =
+        granary::ParseNetAddress(webhook_listen, "--webhook-listen");
+    if (!address.ok()) {
+      std::fprintf(stderr, "granary-operator: %s\n", address.status().message().c_str());
+      return kExitUsage;
+    }
+    if (webhook_cert_dir.empty()) {
+      std::fprintf(stderr,
+                   "granary-operator: --webhook-listen needs --webhook-cert-dir (a directory "
+                   "with tls.crt and tls.key)\n");
+      return kExitUsage;
+    }
+    auto read = [](const std::string& path, std::string* out) {
+      std::ifstream in(path);
+      if (!in) return false;
+      std::ostringstream text;
+      text << in.rdbuf();
+      *out = text.str();
+      return static_cast<bool>(in) || in.eof();
+    };
+    for (auto [name, out] : {std::pair{"tls.crt", &webhook_options.cert_pem},
+                             std::pair{"tls.key", &webhook_options.key_pem}}) {
+      const std::string path = webhook_cert_dir + "/" + name;
+      if (!read(path, out) || out->empty()) {
+        std::fprintf(stderr,
+                     "granary-operator: --webhook-cert-dir: cannot read %s; put the webhook's "
+                     "PEM certificate and key there as tls.crt and tls.key\n",
+                     path.c_str());
+        return kExitUsage;
+      }
+    }
+    webhook_options.listen_host = address->host;
+    webhook_options.listen_port = address->port;
+  } else if (!webhook_cert_dir.empty()) {
+    std::fprintf(stderr, "granary-operator: --webhook-cert-dir needs --webhook-listen\n");
+    return kExitUsage;
+  }
+
   granary::kube::OperatorOptions options;
   bool durations_ok = true;
   options.lease_duration =
@@ -155,6 +208,21 @@ int main(int argc, char** argv) {
     return kExitRuntime;
   }
   auto log = granary::GetLogger("operator");
+  std::unique_ptr<granary::kube::WebhookServer> webhook;
+  if (!webhook_listen.empty()) {
+    webhook_options.operator_namespace = options.namespace_;
+    auto started = granary::kube::WebhookServer::Start(webhook_options,
+                                                       granary::kube::ApiInjectionLookup(**client));
+    if (!started.ok()) {
+      std::fprintf(stderr, "granary-operator: --webhook-listen %s: %s\n", webhook_listen.c_str(),
+                   started.status().ToString().c_str());
+      (*op)->Stop();
+      return started.status().code() == granary::StatusCode::kInvalidArgument ? kExitUsage
+                                                                              : kExitRuntime;
+    }
+    webhook = std::move(*started);
+    log->info("serving the sidecar webhook on {}:{}", webhook_options.listen_host, webhook->port());
+  }
   log->info("granary-operator {} started against {} (namespace {}, metrics on {})",
             options.identity, config->Describe(), options.namespace_,
             (*server)->address().ToString());
@@ -176,6 +244,7 @@ int main(int argc, char** argv) {
   log->info("received {}: stopping", by);
   done = true;
   exporter.join();
+  if (webhook) webhook->Stop();
   (*op)->Stop();
   (*server)->Stop();
   return 0;

@@ -8,21 +8,32 @@
 // docs/kubernetes-webhook.md, "Not yet").
 //
 // One cluster for the whole binary, run as one ctest test: the cases run in
-// order and the last one takes the webhook down.
+// order; the last two take the test's server down and then register
+// granary-operator's webhook (--webhook-listen) instead.
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "granary/operator/base64.h"
+#include "granary/operator/resources.h"
 #include "granary/operator/webhook_cert.h"
+#include "granary/operator/webhook_lookup.h"
 #include "granary/operator/webhook_server.h"
 #include "testing/kube_cluster.h"
+#include "testing/test_util.h"
 
 namespace granary::testing {
 namespace {
@@ -119,34 +130,7 @@ class WebhookTest : public ::testing::Test {
             }));
     server_ = server.release();
 
-    json config = {
-        {"apiVersion", "admissionregistration.k8s.io/v1"},
-        {"kind", "MutatingWebhookConfiguration"},
-        {"metadata", {{"name", "granary-sidecar"}}},
-        {"webhooks",
-         json::array({{
-             {"name", "sidecar.granary.io"},
-             {"admissionReviewVersions", {"v1"}},
-             {"sideEffects", "None"},
-             {"failurePolicy", "Fail"},
-             {"timeoutSeconds", 5},
-             {"reinvocationPolicy", "Never"},
-             {"clientConfig",
-              {{"url", "https://127.0.0.1:" + std::to_string(server_->port()) + "/mutate"},
-               {"caBundle", kube::Base64Encode(cert.ca_pem)}}},
-             {"rules", json::array({{{"operations", {"CREATE"}},
-                                     {"apiGroups", {""}},
-                                     {"apiVersions", {"v1"}},
-                                     {"resources", {"pods"}},
-                                     {"scope", "Namespaced"}}})},
-             {"objectSelector",
-              {{"matchExpressions",
-                json::array({{{"key", "granary.io/dataset"}, {"operator", "Exists"}}})}}},
-             {"namespaceSelector",
-              {{"matchExpressions", json::array({{{"key", "kubernetes.io/metadata.name"},
-                                                  {"operator", "NotIn"},
-                                                  {"values", {kOperatorNs}}}})}}},
-         }})}};
+    json config = WebhookConfig(server_->port(), cert.ca_pem);
     KubectlResult applied = cluster_->Kubectl({"apply", "-f", "-"}, config.dump());
     if (!applied.ok()) return Status::Unavailable("apply webhook: " + applied.Describe());
 
@@ -164,6 +148,36 @@ class WebhookTest : public ::testing::Test {
         seconds(60), "the webhook to be called");
     if (!active.ok()) return Status::DeadlineExceeded(active.ToString() + "; last: " + last);
     return Status::Ok();
+  }
+
+  static json WebhookConfig(uint16_t port, const std::string& ca_pem) {
+    return {{"apiVersion", "admissionregistration.k8s.io/v1"},
+            {"kind", "MutatingWebhookConfiguration"},
+            {"metadata", {{"name", "granary-sidecar"}}},
+            {"webhooks",
+             json::array({{
+                 {"name", "sidecar.granary.io"},
+                 {"admissionReviewVersions", {"v1"}},
+                 {"sideEffects", "None"},
+                 {"failurePolicy", "Fail"},
+                 {"timeoutSeconds", 5},
+                 {"reinvocationPolicy", "Never"},
+                 {"clientConfig",
+                  {{"url", "https://127.0.0.1:" + std::to_string(port) + "/mutate"},
+                   {"caBundle", kube::Base64Encode(ca_pem)}}},
+                 {"rules", json::array({{{"operations", {"CREATE"}},
+                                         {"apiGroups", {""}},
+                                         {"apiVersions", {"v1"}},
+                                         {"resources", {"pods"}},
+                                         {"scope", "Namespaced"}}})},
+                 {"objectSelector",
+                  {{"matchExpressions",
+                    json::array({{{"key", "granary.io/dataset"}, {"operator", "Exists"}}})}}},
+                 {"namespaceSelector",
+                  {{"matchExpressions", json::array({{{"key", "kubernetes.io/metadata.name"},
+                                                      {"operator", "NotIn"},
+                                                      {"values", {kOperatorNs}}}})}}},
+             }})}};
   }
 
   static KubectlResult Create(const std::string& ns, const json& pod) {
@@ -299,7 +313,7 @@ TEST_F(WebhookTest, PodNamingAMissingDatasetIsRefusedWithTheReason) {
   EXPECT_FALSE(Get(kTeamNs, "lost").ok());
 }
 
-// Last: takes the webhook down.
+// Takes the test's webhook down.
 TEST_F(WebhookTest, WebhookDownRefusesLabelledPodsOnlyWithFailurePolicyFail) {
   server_->Stop();
   KubectlResult labelled = Create(kTeamNs, Pod("while-down", "imagenet"));
@@ -307,6 +321,121 @@ TEST_F(WebhookTest, WebhookDownRefusesLabelledPodsOnlyWithFailurePolicyFail) {
   EXPECT_THAT(labelled.err, HasSubstr("sidecar.granary.io"));
   KubectlResult plain = Create(kTeamNs, Pod("plain-while-down", ""));
   EXPECT_TRUE(plain.ok()) << plain.Describe();
+}
+
+// A port that was free a moment ago (the operator binds it itself).
+uint16_t FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// After the test's own server is down: granary-operator --webhook-listen,
+// looking the example Dataset and CachePool up through the API server.
+TEST_F(WebhookTest, GranaryOperatorServesTheWebhookFromRealDatasets) {
+  const std::string source = GRANARY_SOURCE_DIR;
+  KubectlResult crds =
+      cluster_->Kubectl({"apply", "--server-side", "-f", source + "/charts/granary/crds/"});
+  ASSERT_TRUE(crds.ok()) << crds.Describe();
+  ASSERT_TRUE(cluster_
+                  ->Kubectl({"wait", "--for=condition=established", "--timeout=60s",
+                             "crd/cachepools.granary.io", "crd/datasets.granary.io"})
+                  .ok());
+  for (const char* file : {"cachepool.yaml", "dataset.yaml"}) {
+    KubectlResult r = cluster_->Kubectl({"apply", "-f", source + "/examples/kubernetes/" + file});
+    ASSERT_TRUE(r.ok()) << file << ": " << r.Describe();
+  }
+
+  kube::WebhookCertRequest request;
+  request.ip_addresses = {"127.0.0.1"};
+  Result<kube::WebhookCert> cert = kube::MakeWebhookCert(request);
+  ASSERT_TRUE(cert.ok()) << cert.status().ToString();
+  TempDir dir;
+  dir.WriteFile("certs/tls.crt", cert->cert_pem);
+  dir.WriteFile("certs/tls.key", cert->key_pem);
+  const uint16_t port = FreePort();
+  ASSERT_NE(port, 0);
+  DaemonProcessOptions o;
+  o.binary = GRANARY_OPERATOR_BINARY;
+  o.name = "granary-operator";
+  o.log_path = dir.Join("operator.log");
+  o.args = {"--kubeconfig=" + cluster_->kubeconfig_path(),
+            "--namespace=granary",
+            "--leader-elect=false",
+            "--metrics-listen=127.0.0.1:0",
+            "--webhook-listen=127.0.0.1:" + std::to_string(port),
+            "--webhook-cert-dir=" + dir.Join("certs")};
+  Result<std::unique_ptr<DaemonProcess>> op = DaemonProcess::Start(o);
+  ASSERT_TRUE(op.ok()) << op.status().ToString();
+
+  KubectlResult applied =
+      cluster_->Kubectl({"apply", "-f", "-"}, WebhookConfig(port, cert->ca_pem).dump());
+  ASSERT_TRUE(applied.ok()) << applied.Describe();
+  std::string last;
+  Status active = cluster_->WaitFor(
+      [&] {
+        KubectlResult r = cluster_->Kubectl(
+            {"create", "-n", kTeamNs, "--dry-run=server", "-o", "json", "-f", "-"},
+            Pod("probe", "imagenet-train").dump());
+        last = r.Describe();
+        return r.ok() && r.out.find("granary-sidecar") != std::string::npos;
+      },
+      seconds(60), "granary-operator's webhook to be called");
+  ASSERT_TRUE(active.ok()) << active.ToString() << "; last: " << last << "\n" << (*op)->LogTail();
+
+  KubectlResult created = Create(kTeamNs, Pod("real", "imagenet-train"));
+  ASSERT_TRUE(created.ok()) << created.Describe();
+  Result<json> pod = Get(kTeamNs, "real");
+  ASSERT_TRUE(pod.ok());
+  // The window from the Dataset's spec.prefetch (512Mi, 2048), the arena
+  // grown past the pool's 320Mi to hold it, the pool's store Secret.
+  const std::string config = (*pod)["metadata"]["annotations"]["granary.io/sidecar-config"];
+  EXPECT_THAT(config, HasSubstr("pool: gpu\n"));
+  EXPECT_THAT(config, HasSubstr("window_bytes: 536870912\n"));
+  EXPECT_THAT(config, HasSubstr("window_samples: 2048\n"));
+  EXPECT_THAT(config, HasSubstr("arena_bytes: 603979776\n"));
+  const json& sidecar = (*pod)["spec"]["initContainers"][0];
+  const json* store = FindNamed(sidecar["env"], "GRANARY_METADATA_STORE");
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ((*store)["valueFrom"]["secretKeyRef"]["name"], kube::SidecarStoreSecretName("gpu"));
+  const json* dataset = FindNamed((*pod)["spec"]["containers"][0]["env"], "GRANARY_DATASET");
+  ASSERT_NE(dataset, nullptr);
+  EXPECT_EQ((*dataset)["value"], kube::GranaryDatasetName(kTeamNs, "imagenet-train"));
+  EXPECT_EQ(
+      (*pod)["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
+      "granary.io/nvme");
+
+  KubectlResult missing = Create(kTeamNs, Pod("missing", "no-such-dataset"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.err, HasSubstr("Dataset team-a/no-such-dataset does not exist"));
+}
+
+// The flags are checked before anything is reached (no cluster needed).
+TEST(WebhookFlagsTest, BadWebhookFlagsAreUsageErrors) {
+  TempDir dir;
+  dir.WriteFile("empty/.keep", "");
+  const std::string binary = GRANARY_OPERATOR_BINARY;
+  for (const std::string& args : {
+           std::string("--webhook-listen=127.0.0.1:0"),
+           "--webhook-cert-dir=" + dir.Join("empty"),
+           "--webhook-listen=127.0.0.1:0 --webhook-cert-dir=" + dir.Join("empty"),
+           "--webhook-listen=not:an:address --webhook-cert-dir=" + dir.Join("empty"),
+       }) {
+    const std::string command = binary + " " + args + " >/dev/null 2>&1";
+    const int status = std::system(command.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << command;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << command;
+  }
 }
 
 }  // namespace
