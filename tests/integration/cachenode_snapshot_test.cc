@@ -162,6 +162,7 @@ std::vector<CacheNode*> AllNodes(CacheCluster& cluster) {
   return nodes;
 }
 
+#ifdef GRANARY_SLOWFS_BINARY  // the helpers of the mid-walk cases below
 // Waits until the dataset is Snapshotting under a claim (of `claimant`, if
 // given); the record then.
 Result<DatasetRecord> WaitForClaim(MetadataStore& store, const std::string& name,
@@ -232,6 +233,7 @@ bool ProcessGone(pid_t pid) {
   const size_t close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
 }
+#endif  // GRANARY_SLOWFS_BINARY
 
 // ---- the snapshot, its failures, and a new snapshot -----------------------------------
 
