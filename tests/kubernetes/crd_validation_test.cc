@@ -120,11 +120,7 @@ class CrdValidationTest : public ::testing::Test {
   // kubectl that must succeed.
   static std::string MustKubectl(const std::vector<std::string>& args,
                                  const std::string& stdin_text = "") {
-    KubectlResult r = cluster_->Kubectl(args, stdin_text);
-    std::string cmd;
-    for (const std::string& a : args) cmd += " " + a;
-    EXPECT_EQ(r.exit_code, 0) << "kubectl" << cmd << ": " << r.Describe();
-    return r.out;
+    return cluster_->MustKubectl(args, stdin_text);
   }
 
   // `kubectl apply --validate=strict` of `object`.

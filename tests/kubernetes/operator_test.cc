@@ -191,11 +191,7 @@ class OperatorTest : public ::testing::Test {
   static KubeCluster& cluster() { return *env_->cluster; }
 
   static std::string Kubectl(const std::vector<std::string>& args, const std::string& in = "") {
-    KubectlResult r = cluster().Kubectl(args, in);
-    std::string cmd;
-    for (const std::string& a : args) cmd += " " + a;
-    EXPECT_EQ(r.exit_code, 0) << "kubectl" << cmd << ": " << r.Describe();
-    return r.out;
+    return cluster().MustKubectl(args, in);
   }
 
   // A source tree of `files` files of random sizes (uid 1000 may read it).

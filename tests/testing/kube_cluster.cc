@@ -1,6 +1,7 @@
 #include "testing/kube_cluster.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
 #include <spawn.h>
@@ -570,6 +571,15 @@ KubectlResult KubeCluster::Kubectl(const std::vector<std::string>& args,
   // Discovery is cached in the TempDir, not in the user's home.
   return RunProgram(argv, {"KUBECACHEDIR=" + dir_.Join("run/kubectl-cache"), "HOME=" + dir()},
                     stdin_text, dir_.Join("run"), kKubectlTimeout);
+}
+
+std::string KubeCluster::MustKubectl(const std::vector<std::string>& args,
+                                     const std::string& stdin_text) const {
+  KubectlResult r = Kubectl(args, stdin_text);
+  std::string cmd;
+  for (const std::string& a : args) cmd += " " + a;
+  EXPECT_EQ(r.exit_code, 0) << "kubectl" << cmd << ": " << r.Describe();
+  return r.out;
 }
 
 Result<nlohmann::json> KubeCluster::GetJson(const std::vector<std::string>& args) const {

@@ -131,6 +131,10 @@ class KubeCluster {
   // Bounded: 60 s, after which it is killed (exit_code -1, err says so).
   KubectlResult Kubectl(const std::vector<std::string>& args,
                         const std::string& stdin_text = "") const;
+  // Kubectl that must succeed: a test failure naming the command and what
+  // kubectl said otherwise. Its stdout.
+  std::string MustKubectl(const std::vector<std::string>& args,
+                          const std::string& stdin_text = "") const;
 
   // `kubectl get <args> -o json`, parsed. kNotFound when kubectl says the
   // object is not found; kUnavailable for other failures.
