@@ -24,25 +24,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
-// The environment of the child: the test's, with `overrides` ("KEY=value")
-// replacing entries of the same key or added.
-std::vector<std::string> ChildEnvironment(const std::vector<std::string>& overrides) {
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
-  for (const std::string& o : overrides) {
-    const std::string key = o.substr(0, o.find('=') + 1);
-    bool replaced = false;
-    for (std::string& e : env) {
-      if (e.compare(0, key.size(), key) == 0) {
-        e = o;
-        replaced = true;
-      }
-    }
-    if (!replaced) env.push_back(o);
-  }
-  return env;
-}
-
 // Closes every descriptor from `first` up, in the child (async-signal-safe).
 void CloseFrom(int first) {
 #ifdef SYS_close_range
@@ -59,6 +40,23 @@ void CloseFrom(int first) {
 }
 
 }  // namespace
+
+std::vector<std::string> ChildEnvironment(const std::vector<std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+  for (const std::string& o : overrides) {
+    const std::string key = o.substr(0, o.find('=') + 1);
+    bool replaced = false;
+    for (std::string& e : env) {
+      if (e.compare(0, key.size(), key) == 0) {
+        e = o;
+        replaced = true;
+      }
+    }
+    if (!replaced) env.push_back(o);
+  }
+  return env;
+}
 
 std::string ExitStatus::ToString() const {
   if (exited) return "exit code " + std::to_string(code);

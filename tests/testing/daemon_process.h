@@ -36,6 +36,10 @@
 
 namespace granary::testing {
 
+// The environment of a child process: the test's, with `overrides`
+// ("KEY=value") replacing entries of the same key or added.
+std::vector<std::string> ChildEnvironment(const std::vector<std::string>& overrides);
+
 struct DaemonProcessOptions {
   std::string binary;             // absolute path, or a name looked up in $PATH
   std::vector<std::string> args;  // argv[1..]

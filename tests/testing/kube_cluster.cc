@@ -39,24 +39,6 @@ std::string Trim(std::string s) {
   return s;
 }
 
-// The test's environment with `overrides` ("KEY=value") replacing or added.
-std::vector<std::string> Environment(const std::vector<std::string>& overrides) {
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
-  for (const std::string& o : overrides) {
-    const std::string key = o.substr(0, o.find('=') + 1);
-    bool replaced = false;
-    for (std::string& e : env) {
-      if (e.compare(0, key.size(), key) == 0) {
-        e = o;
-        replaced = true;
-      }
-    }
-    if (!replaced) env.push_back(o);
-  }
-  return env;
-}
-
 // A YAML double-quoted scalar (JSON's string syntax is a subset of YAML's).
 std::string Quoted(const std::string& s) { return nlohmann::json(s).dump(); }
 
@@ -103,7 +85,7 @@ KubectlResult RunProgram(const std::vector<std::string>& argv, const std::vector
   std::vector<char*> c_argv;
   for (std::string& a : args) c_argv.push_back(a.data());
   c_argv.push_back(nullptr);
-  std::vector<std::string> environment = Environment(env);
+  std::vector<std::string> environment = ChildEnvironment(env);
   std::vector<char*> c_env;
   for (std::string& e : environment) c_env.push_back(e.data());
   c_env.push_back(nullptr);
