@@ -217,7 +217,7 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
   const int64_t ready = ds_status.value("numberReady", 0);
   status["nodesDesired"] = desired;
   status["nodesReady"] = ready;
-  Result<MetadataStore*> store = c.StoreFor(pool);
+  Result<MetadataStore*> store = c.StoreAt(*url, pool);  // the Secret was read above
   if (!store.ok()) {
     SetCondition(conditions, "StoreReachable", false, "StoreUnavailable", store.status().message(),
                  generation, now);

@@ -32,6 +32,10 @@ Result<std::string> ControllerContext::StoreUrl(const CachePool& pool) {
 
 Result<MetadataStore*> ControllerContext::StoreFor(const CachePool& pool) {
   GRANARY_ASSIGN_OR_RETURN(std::string url, StoreUrl(pool));
+  return StoreAt(url, pool);
+}
+
+Result<MetadataStore*> ControllerContext::StoreAt(const std::string& url, const CachePool& pool) {
   std::lock_guard lock(mu_);
   auto it = stores_.find(url);
   if (it != stores_.end()) return it->second.get();

@@ -39,6 +39,8 @@ class ControllerContext {
   Result<std::string> StoreUrl(const CachePool& pool);
   // The pool's store, opened once per URL and kept.
   Result<MetadataStore*> StoreFor(const CachePool& pool);
+  // The store at `url` (StoreUrl's answer), opened once and kept.
+  Result<MetadataStore*> StoreAt(const std::string& url, const CachePool& pool);
 
   // Records a core/v1 Event about `object` (deduplicated: the same reason and
   // message for the same object at most once per 10 minutes).
