@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "granary/core/file.h"
+#include "granary/operator/base64.h"
 #include "testing/daemon_process.h"
 
 namespace granary::testing {
@@ -46,30 +47,6 @@ cd "$1"
 shift
 exec "$@"
 )sh";
-
-std::string Base64Decode(const std::string& in, bool* ok) {
-  static const std::string kAlphabet =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  uint32_t acc = 0;
-  int bits = 0;
-  *ok = true;
-  for (char ch : in) {
-    if (ch == '=' || ch == '\n' || ch == '\r') continue;
-    const size_t v = kAlphabet.find(ch);
-    if (v == std::string::npos) {
-      *ok = false;
-      return {};
-    }
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xff));
-    }
-  }
-  return out;
-}
 
 std::string BaseName(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -160,9 +137,9 @@ Result<std::map<std::string, std::string>> ObjectData(const json& object, bool s
         out[k] = v.get<std::string>();
         continue;
       }
-      bool ok = false;
-      out[k] = Base64Decode(v.get<std::string>(), &ok);
-      if (!ok) return Status::Corruption("key " + k + " is not base64");
+      Result<std::string> bytes = kube::Base64Decode(v.get<std::string>(), "key " + k);
+      if (!bytes.ok()) return Status::Corruption(bytes.status().message());
+      out[k] = std::move(*bytes);
     }
   }
   return out;
