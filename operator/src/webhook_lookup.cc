@@ -7,7 +7,7 @@
 namespace granary::kube {
 
 std::string SidecarStoreSecretName(const std::string& pool) {
-  return "granary-cachenode-" + pool + "-store";
+  return "granary-store-" + pool;
 }
 
 InjectionLookup ApiInjectionLookup(KubeClient& client) {

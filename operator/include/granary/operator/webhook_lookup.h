@@ -13,9 +13,10 @@
 
 namespace granary::kube {
 
-// The Secret, in the pod's namespace, the injected sidecar's
-// GRANARY_METADATA_STORE comes from: named as the operator names its own
-// copy of the pool's store Secret (cache_pool_controller.cc).
+// The Secret, in the pod's namespace, holding the store URL (key "url") the
+// injected sidecar reads (mounted as a file, metadata_store_file): the
+// operator keeps one copy of pool <pool>'s store Secret, named
+// "granary-store-<pool>", in every namespace that has a Dataset of that pool.
 std::string SidecarStoreSecretName(const std::string& pool);
 
 // Refusals (the message reaches the user through kubectl):
