@@ -110,26 +110,7 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
 
   // The store URL, or a file holding it (a mounted Kubernetes Secret: a
   // Redis password stays out of the ConfigMap). LoadCacheNodeConfig reads it.
-  bool store_file_given = false;
-  GRANARY_RETURN_IF_ERROR(
-      OptionalString(m, "metadata_store_file", &c->metadata_store_file, &store_file_given));
-  if (store_file_given) {
-    if (m.Has("metadata_store")) {
-      return Status::InvalidArgument(m.Where("metadata_store_file") +
-                                     ": write one of 'metadata_store' and 'metadata_store_file', "
-                                     "not both");
-    }
-    if (c->metadata_store_file.empty() || c->metadata_store_file[0] != '/' ||
-        HasControlCharacter(c->metadata_store_file)) {
-      return Status::InvalidArgument(m.Where("metadata_store_file") + ": " +
-                                     Quoted(c->metadata_store_file) +
-                                     " is not an absolute path; write the full path of the file "
-                                     "holding the store URL, e.g. /etc/granary/store/url");
-    }
-  } else {
-    GRANARY_RETURN_IF_ERROR(m.Required("metadata_store", &c->metadata_store));
-    GRANARY_RETURN_IF_ERROR(CheckStoreUrl(m, "metadata_store", c->metadata_store));
-  }
+  GRANARY_RETURN_IF_ERROR(ParseStoreKeys(m, &c->metadata_store, &c->metadata_store_file));
 
   GRANARY_RETURN_IF_ERROR(OptionalCount(m, "source_concurrency", 1, kMaxCacheNodeSourceConcurrency,
                                         &c->source_concurrency));
@@ -206,20 +187,8 @@ Result<CacheNodeConfig> LoadCacheNodeConfig(const std::string& path) {
   GRANARY_ASSIGN_OR_RETURN(std::string text, ReadConfigFile(path, "cache node"));
   GRANARY_ASSIGN_OR_RETURN(CacheNodeConfig config, ParseCacheNodeConfig(text, path));
   if (!config.metadata_store_file.empty()) {
-    GRANARY_ASSIGN_OR_RETURN(std::string url, ReadConfigFile(config.metadata_store_file,
-                                                             "cache node's metadata_store_file"));
-    while (!url.empty() && std::isspace(static_cast<unsigned char>(url.back())) != 0)
-      url.pop_back();
-    // The same check as a metadata_store key, naming the file.
-    GRANARY_ASSIGN_OR_RETURN(
-        ConfigMap m, ConfigMap::FromText("metadata_store: \"\"\n", config.metadata_store_file));
-    Status valid = CheckStoreUrl(m, "metadata_store", url);
-    if (!valid.ok()) {
-      return Status::InvalidArgument(path + ": metadata_store_file " +
-                                     Quoted(config.metadata_store_file) +
-                                     " does not hold a store URL: " + valid.message());
-    }
-    config.metadata_store = url;
+    GRANARY_ASSIGN_OR_RETURN(config.metadata_store,
+                             ReadStoreUrlFile(path, config.metadata_store_file));
   }
   return config;
 }

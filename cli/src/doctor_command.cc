@@ -29,6 +29,7 @@
 #include "granary/core/file.h"
 #include "granary/core/identity.h"
 #include "granary/core/metadata_store.h"
+#include "granary/daemon/config_keys.h"
 #include "granary/core/names.h"
 #include "granary/core/sidecar_protocol.h"
 #include "granary/core/unix_socket.h"
@@ -495,7 +496,18 @@ class Doctor {
     CheckSidecarConfig(file, *sc);
   }
 
-  void CheckStoreMatches(const std::string& file, const std::string& config_store) {
+  // `store_file`: the config's metadata_store_file, read here when set.
+  void CheckStoreMatches(const std::string& file, std::string config_store,
+                         const std::string& store_file) {
+    if (!store_file.empty()) {
+      Result<std::string> url = ReadStoreUrlFile(file, store_file);
+      if (!url.ok()) {
+        Add("config", Verdict::kWarn, url.status().message(),
+            "run doctor as the daemon's user, or check the file " + store_file);
+        return;
+      }
+      config_store = *url;
+    }
     if (config_store == url_) return;
     Add("config", Verdict::kWarn,
         file + " names metadata_store " + config_store + ", but this check used " + url_,
@@ -520,7 +532,7 @@ class Doctor {
     } else {
       Add("config", Verdict::kPass, summary + "; data_dir " + Writable(config.data_dir, exists));
     }
-    CheckStoreMatches(file, config.metadata_store);
+    CheckStoreMatches(file, config.metadata_store, config.metadata_store_file);
   }
 
   void CheckSidecarConfig(const std::string& file, const sidecar::SidecarConfig& config) {
@@ -539,7 +551,7 @@ class Doctor {
     } else {
       Add("config", Verdict::kPass, summary + "; its directory " + Writable(dir, exists));
     }
-    CheckStoreMatches(file, config.metadata_store);
+    CheckStoreMatches(file, config.metadata_store, config.metadata_store_file);
   }
 
   // ---- FUSE ----------------------------------------------------------------------------

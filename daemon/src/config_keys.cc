@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <string>
 #include <utility>
@@ -135,6 +136,46 @@ Status CheckStoreUrl(ConfigMap& m, std::string_view key, const std::string& url)
   return Status::InvalidArgument(where +
                                  " is not a metadata store URL; write redis://host[:port][/db] "
                                  "or sqlite:///absolute/path/granary.db");
+}
+
+Status ParseStoreKeys(ConfigMap& m, std::string* url, std::string* file) {
+  bool file_given = false;
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "metadata_store_file", file, &file_given));
+  if (!file_given) {
+    GRANARY_RETURN_IF_ERROR(m.Required("metadata_store", url));
+    return CheckStoreUrl(m, "metadata_store", *url);
+  }
+  if (m.Has("metadata_store")) {
+    return Status::InvalidArgument(m.Where("metadata_store_file") +
+                                   ": write one of 'metadata_store' and 'metadata_store_file', "
+                                   "not both");
+  }
+  if (file->empty() || file->front() != '/' || HasControlCharacter(*file)) {
+    return Status::InvalidArgument(m.Where("metadata_store_file") + ": " + Quoted(*file) +
+                                   " is not an absolute path; write the full path of the file "
+                                   "holding the store URL, e.g. /etc/granary/store/url");
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ReadStoreUrlFile(const std::string& config_path, const std::string& file) {
+  Result<std::string> text = ReadFileToString(file);
+  if (!text.ok()) {
+    return Status(text.status().code(),
+                  config_path + ": metadata_store_file " + Quoted(file) + ": " +
+                      text.status().message() +
+                      "; mount the file holding the store URL there (under Kubernetes, the "
+                      "Secret with key url) and make it readable by the daemon's user");
+  }
+  std::string url = std::move(*text);
+  while (!url.empty() && std::isspace(static_cast<unsigned char>(url.back())) != 0) url.pop_back();
+  // The same check as a metadata_store key, naming the file.
+  GRANARY_ASSIGN_OR_RETURN(ConfigMap m, ConfigMap::FromText("metadata_store: \"\"\n", file));
+  if (Status valid = CheckStoreUrl(m, "metadata_store", url); !valid.ok()) {
+    return Status::InvalidArgument(config_path + ": metadata_store_file " + Quoted(file) +
+                                   " does not hold a store URL: " + valid.message());
+  }
+  return url;
 }
 
 Status OptionalLogLevel(ConfigMap& m, std::string_view key, spdlog::level::level_enum* out) {

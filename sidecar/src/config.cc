@@ -108,8 +108,7 @@ Status ParseSocket(ConfigMap& m, SidecarConfig* c) {
 Status Parse(ConfigMap& m, SidecarConfig* c) {
   GRANARY_RETURN_IF_ERROR(ParseSocket(m, c));
 
-  GRANARY_RETURN_IF_ERROR(m.Required("metadata_store", &c->metadata_store));
-  GRANARY_RETURN_IF_ERROR(CheckStoreUrl(m, "metadata_store", c->metadata_store));
+  GRANARY_RETURN_IF_ERROR(ParseStoreKeys(m, &c->metadata_store, &c->metadata_store_file));
 
   GRANARY_RETURN_IF_ERROR(m.Optional("pool", &c->pool));
   if (!IsDnsLabel(c->pool)) {
@@ -172,7 +171,12 @@ Result<SidecarConfig> ParseSidecarConfig(std::string_view text, std::string sour
 
 Result<SidecarConfig> LoadSidecarConfig(const std::string& path) {
   GRANARY_ASSIGN_OR_RETURN(std::string text, ReadConfigFile(path, "sidecar"));
-  return ParseSidecarConfig(text, path);
+  GRANARY_ASSIGN_OR_RETURN(SidecarConfig config, ParseSidecarConfig(text, path));
+  if (!config.metadata_store_file.empty()) {
+    GRANARY_ASSIGN_OR_RETURN(config.metadata_store,
+                             ReadStoreUrlFile(path, config.metadata_store_file));
+  }
+  return config;
 }
 
 }  // namespace granary::sidecar

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "granary/core/log.h"
+#include "granary/core/metadata_store.h"
 #include "granary/daemon/stop_signals.h"
 #include "granary/sidecar/config.h"
 #include "granary/sidecar/sidecar.h"
@@ -35,6 +36,11 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "The YAML configuration file (docs/sidecar.md)")
       ->required();
   app.add_flag("--check", check, "Check the configuration and exit");
+  // One configuration serves every pod of a pool (the webhook's annotation);
+  // the node the pod runs on comes on the command line.
+  std::string local_node;
+  app.add_option("--local-node", local_node,
+                 "Overrides the configuration's local_node (e.g. the Kubernetes node name)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -48,9 +54,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "granary-sidecar: %s\n", config.status().message().c_str());
     return kExitUsage;
   }
+  if (!local_node.empty()) {
+    const granary::Status valid = granary::ValidateNodeId(local_node);
+    if (!valid.ok()) {
+      std::fprintf(stderr, "granary-sidecar: --local-node: %s\n", valid.message().c_str());
+      return kExitUsage;
+    }
+    config->local_node = local_node;
+  }
   if (check) {
-    std::printf("%s: OK (socket %s, pool %s)\n", config_path.c_str(), config->socket_path.c_str(),
-                config->pool.c_str());
+    std::printf("%s: OK (socket %s, pool %s, local node %s)\n", config_path.c_str(),
+                config->socket_path.c_str(), config->pool.c_str(),
+                config->local_node.empty() ? "none" : config->local_node.c_str());
     return 0;
   }
   granary::SetLogLevel(config->log_level);

@@ -195,6 +195,43 @@ class SidecarTest : public ::testing::Test {
   std::unique_ptr<SidecarProcess> sidecar_;
 };
 
+// What the Kubernetes webhook relies on: the store URL from a mounted file
+// and the node from --local-node, checked with --check; bad values exit 2.
+TEST(SidecarCommandLineTest, StoreFileAndLocalNodeFromTheCommandLine) {
+  TempDir dir;
+  dir.WriteFile("store/url", "redis://127.0.0.1:6379\n");
+  dir.WriteFile("sidecar.yaml", "socket: " + dir.Join("s.sock") +
+                                    "\nmetadata_store_file: " + dir.Join("store/url") + "\n");
+  const auto run = [&](std::vector<std::string> args) -> std::pair<ExitStatus, std::string> {
+    DaemonProcessOptions o;
+    o.binary = SidecarBinary();
+    o.args = std::move(args);
+    o.log_path = dir.Join("sidecar.log");
+    o.name = "granary-sidecar";
+    Result<std::unique_ptr<DaemonProcess>> p = DaemonProcess::Start(std::move(o));
+    EXPECT_OK(p);
+    if (!p.ok()) return {};
+    Result<ExitStatus> exit = (*p)->Wait(30s);
+    EXPECT_OK(exit);
+    return {exit.ok() ? *exit : ExitStatus{}, (*p)->ReadLog()};
+  };
+  const std::string config = dir.Join("sidecar.yaml");
+  auto [good, good_log] = run({"--config", config, "--check", "--local-node", "gpu-7"});
+  EXPECT_TRUE(good.ExitedWith(0)) << good.ToString() << good_log;
+  EXPECT_THAT(good_log, ::testing::HasSubstr("local node gpu-7"));
+  EXPECT_THAT(good_log, ::testing::Not(::testing::HasSubstr("redis://")))
+      << "--check does not print the store URL (it may hold a password)";
+
+  auto [bad_node, bad_node_log] = run({"--config", config, "--check", "--local-node", "-x"});
+  EXPECT_TRUE(bad_node.ExitedWith(2)) << bad_node.ToString();
+  EXPECT_THAT(bad_node_log, ::testing::HasSubstr("--local-node"));
+
+  dir.WriteFile("store/url", "mysql://x\n");
+  auto [bad_url, bad_url_log] = run({"--config", config, "--check"});
+  EXPECT_TRUE(bad_url.ExitedWith(2)) << bad_url.ToString();
+  EXPECT_THAT(bad_url_log, ::testing::HasSubstr("does not hold a store URL"));
+}
+
 TEST_F(SidecarTest, ServesEveryByteStatsLooksUpAndWalksThePlan) {
   RawClient c = Client();
   auto open = c.Open(ds_.name);

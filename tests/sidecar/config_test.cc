@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include "testing/test_util.h"
+
 namespace granary::sidecar {
 namespace {
 
@@ -90,6 +92,38 @@ TEST(SidecarConfigTest, BadValuesNameTheKey) {
         << c.yaml << " -> " << got.status().message();
   }
   EXPECT_FALSE(LoadSidecarConfig("/nonexistent/sidecar.yaml").ok());
+}
+
+TEST(SidecarConfigTest, StoreUrlFromAFile) {
+  granary::testing::TempDir dir;
+  dir.WriteFile("url", "redis://10.0.0.2:6379/1\n");
+  dir.WriteFile("bad-url", "mysql://x\n");
+  const auto load = [&](const std::string& yaml) {
+    dir.WriteFile("sidecar.yaml", yaml);
+    return LoadSidecarConfig(dir.Join("sidecar.yaml"));
+  };
+  Result<SidecarConfig> c = load("metadata_store_file: " + dir.Join("url") + "\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->metadata_store, "redis://10.0.0.2:6379/1") << "the newline is dropped";
+
+  struct Case {
+    std::string yaml;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"metadata_store_file: " + dir.Join("url") + "\nmetadata_store: redis://h\n", "not both"},
+      {"metadata_store_file: url\n", "not an absolute path"},
+      {"metadata_store_file: " + dir.Join("missing") + "\n", "mount the file"},
+      {"metadata_store_file: " + dir.Join("bad-url") + "\n", "does not hold a store URL"},
+  };
+  for (const Case& bad : cases) {
+    Result<SidecarConfig> got = load(bad.yaml);
+    ASSERT_FALSE(got.ok()) << bad.yaml;
+    EXPECT_NE(got.status().message().find(bad.says), std::string::npos)
+        << bad.yaml << " -> " << got.status().message();
+    EXPECT_NE(got.status().message().find("metadata_store_file"), std::string::npos)
+        << got.status().message();
+  }
 }
 
 }  // namespace

@@ -55,6 +55,17 @@ Result<std::string> HostName();
 // or sqlite:///absolute/path; nothing is opened.
 Status CheckStoreUrl(ConfigMap& m, std::string_view key, const std::string& url);
 
+// The metadata store, given as exactly one of two keys: `metadata_store`
+// (the URL, checked by CheckStoreUrl) or `metadata_store_file` (the absolute
+// path of a file holding the URL, e.g. a mounted Kubernetes Secret, so a
+// Redis password stays out of the configuration file). Sets *url or *file.
+Status ParseStoreKeys(ConfigMap& m, std::string* url, std::string* file);
+
+// Reads the URL from `file` (as ParseStoreKeys returned it; `config_path`
+// is the configuration file that named it, for messages): trailing white
+// space (a newline) dropped, then checked as CheckStoreUrl does.
+Result<std::string> ReadStoreUrlFile(const std::string& config_path, const std::string& file);
+
 // The form of a Unix socket path named by `origin` ("file:line: key
 // 'socket'" or "$GRANARY_SOCKET"): absolute, no control characters, short
 // enough for sockaddr_un. `example` is shown in the fix.

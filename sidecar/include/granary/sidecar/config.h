@@ -39,6 +39,10 @@ struct SidecarConfig {
   uint32_t socket_mode = 0660;
   // `metadata_store`: the store URL (redis://... or sqlite:///...).
   std::string metadata_store;
+  // `metadata_store_file`: instead of metadata_store, an absolute path of a
+  // file holding the URL (a mounted Kubernetes Secret). LoadSidecarConfig
+  // reads it into metadata_store; ParseSidecarConfig only checks the path.
+  std::string metadata_store_file;
   // `pool`: the cache pool whose datasets this sidecar serves.
   std::string pool = "default";
   // `local_node`: the id of the cache node on this host, preferred when it
