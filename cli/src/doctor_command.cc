@@ -29,10 +29,10 @@
 #include "granary/core/file.h"
 #include "granary/core/identity.h"
 #include "granary/core/metadata_store.h"
-#include "granary/daemon/config_keys.h"
 #include "granary/core/names.h"
 #include "granary/core/sidecar_protocol.h"
 #include "granary/core/unix_socket.h"
+#include "granary/daemon/config_keys.h"
 #include "granary/sidecar/config.h"
 
 namespace granary::cli {

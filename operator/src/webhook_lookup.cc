@@ -6,9 +6,7 @@
 
 namespace granary::kube {
 
-std::string SidecarStoreSecretName(const std::string& pool) {
-  return "granary-store-" + pool;
-}
+std::string SidecarStoreSecretName(const std::string& pool) { return "granary-store-" + pool; }
 
 InjectionLookup ApiInjectionLookup(KubeClient& client) {
   return [&client](const std::string& ns, const std::string& name) -> Result<InjectionInputs> {
