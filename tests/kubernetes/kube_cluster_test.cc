@@ -2,10 +2,15 @@
 // pod_runner.h): a real control plane with kwok's fake GPU nodes, RBAC on,
 // objects surviving an API server restart, and a Granary pod (a real
 // granary-cachenode fed by a ConfigMap and a Secret) run by PodRunner and
-// stopped when the pod is deleted.
+// stopped when the pod is deleted; and Jobs whose pods really run to their
+// end (KubeClusterOptions::kwok_completes_job_pods = false with
+// PodRunnerOptions::report_completion) next to kwok's default of completing
+// them at once.
 //
-// One cluster serves the whole binary (SetUpTestSuite). ctest runs each case
-// in its own process (gtest_discover_tests), so there each case starts one.
+// One cluster serves each suite (SetUpTestSuite): KubeClusterTest's with
+// the default options, KubeClusterJobTest's without kwok's "complete" stage.
+// ctest runs each case in its own process (gtest_discover_tests), so there
+// each case starts one.
 
 #include "testing/kube_cluster.h"
 
@@ -13,6 +18,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +28,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "testing/pod_runner.h"
 #include "testing/test_util.h"
@@ -41,14 +48,18 @@ std::string ReadProcFile(pid_t pid, const std::string& name) {
 
 class KubeClusterTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  static void SetUpTestSuite() { StartSuiteCluster({}); }
+  static void StartSuiteCluster(KubeClusterOptions options) {
+    delete skip_reason_;
+    delete start_error_;
+    skip_reason_ = start_error_ = nullptr;
     Result<std::string> tools = KubeCluster::ToolsDir();
     if (!tools.ok()) {
       skip_reason_ = new std::string(tools.status().ToString());
       return;
     }
     const auto start = std::chrono::steady_clock::now();
-    Result<std::unique_ptr<KubeCluster>> cluster = KubeCluster::Start();
+    Result<std::unique_ptr<KubeCluster>> cluster = KubeCluster::Start(std::move(options));
     const auto took =
         std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
     if (!cluster.ok()) {
@@ -79,6 +90,61 @@ class KubeClusterTest : public ::testing::Test {
     o.images = {{"granary", GRANARY_POD_BIN_DIR}};
     o.nodes = {"gpu-node-1"};
     return o;
+  }
+
+  // The runner for the Job tests: besides Granary's images, "training"
+  // images whose commands are this host's programs (sh, true, false, sleep).
+  static PodRunnerOptions JobRunnerOptions(bool report_completion) {
+    PodRunnerOptions o = RunnerOptions();
+    o.images["pytorch/pytorch"] = "/usr/bin";
+    o.images["busybox"] = "/usr/bin";
+    o.report_completion = report_completion;
+    return o;
+  }
+
+  // A Job of one pod on gpu-node-1 that is not retried (backoffLimit 0,
+  // restartPolicy Never), with `containers` and `init_containers`.
+  static json Job(const std::string& name, const json& containers,
+                  const json& init_containers = json::array()) {
+    json pod_spec = {{"nodeSelector", {{"kubernetes.io/hostname", "gpu-node-1"}}},
+                     {"restartPolicy", "Never"},
+                     {"terminationGracePeriodSeconds", 5},
+                     {"containers", containers}};
+    if (!init_containers.empty()) pod_spec["initContainers"] = init_containers;
+    return {{"apiVersion", "batch/v1"},
+            {"kind", "Job"},
+            {"metadata", {{"name", name}}},
+            {"spec", {{"backoffLimit", 0}, {"template", {{"spec", pod_spec}}}}}};
+  }
+
+  // Whether Job ns/name has condition `type` True; `last` gets the Job.
+  static bool JobHasCondition(const std::string& ns, const std::string& name,
+                              const std::string& type, json* last) {
+    Result<json> job = cluster().GetJson({"job", name, "-n", ns});
+    if (!job.ok()) return false;
+    *last = *job;
+    for (const json& c : (*job)["status"].value("conditions", json::array())) {
+      if (c.value("type", "") == type && c.value("status", "") == "True") return true;
+    }
+    return false;
+  }
+
+  // The one pod of Job ns/name (an empty object if there is none, or more).
+  static json JobPod(const std::string& ns, const std::string& name) {
+    Result<json> pods = cluster().GetJson({"pods", "-n", ns, "-l", "job-name=" + name});
+    if (!pods.ok() || (*pods)["items"].size() != 1) return json::object();
+    return (*pods)["items"][0];
+  }
+
+  // The terminated state of container `container` in the pod's
+  // `list` (containerStatuses, initContainerStatuses); null if not there.
+  static json Terminated(const json& pod, const char* list, const std::string& container) {
+    for (const json& s : pod["status"].value(list, json::array())) {
+      if (s.value("name", "") == container && s["state"].contains("terminated")) {
+        return s["state"]["terminated"];
+      }
+    }
+    return nullptr;
   }
 
   // kubectl that must succeed.
@@ -449,6 +515,213 @@ TEST_F(KubeClusterTest, PodRunnerLeavesOtherPodsToKwok) {
         return p.ok() && (*p)["status"].value("phase", "") == "Running";
       },
       seconds(60), "kwok to report the busybox pod Running"));
+}
+
+// The default: kwok marks a Job's pod Succeeded as soon as it is Running,
+// so the Job completes although its container (`sleep 600`, run here) has
+// not ended; the runner then stops it.
+TEST_F(KubeClusterTest, KwokCompletesJobPodsByDefault) {
+  PodRunner runner(cluster(), JobRunnerOptions(/*report_completion=*/false));
+  Status started = runner.Start();
+  if (started.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << started.ToString();
+  ASSERT_OK(started);
+  MustKubectl({"create", "namespace", "kwok-jobs"});
+  const json job =
+      Job("sleeper",
+          {{{"name", "train"}, {"image", "pytorch/pytorch:2.5.1"}, {"command", {"sleep", "600"}}}});
+  MustKubectl({"apply", "-n", "kwok-jobs", "-f", "-"}, job.dump());
+  json last;
+  Status completed =
+      cluster().WaitFor([&] { return JobHasCondition("kwok-jobs", "sleeper", "Complete", &last); },
+                        seconds(60), "kwok to complete Job sleeper");
+  EXPECT_TRUE(completed.ok()) << completed.ToString() << "\n" << last.dump(2);
+  EXPECT_EQ(last["status"].value("succeeded", 0), 1) << last.dump(2);
+  // Whatever of it ran here was stopped, long before `sleep 600` could end.
+  EXPECT_OK(runner.WaitFor(
+      [](const std::vector<RunningContainer>& r) {
+        return std::none_of(r.begin(), r.end(), [](const RunningContainer& c) {
+          return c.pod.starts_with("sleeper-");
+        });
+      },
+      seconds(30), "the completed Job's container to stop"));
+  for (const ContainerExit& e : runner.Exits()) {
+    if (e.pod.starts_with("sleeper-")) {
+      EXPECT_TRUE(e.stopped) << e.status;
+    }
+  }
+}
+
+// A cluster whose kwok does not complete Job pods: their end is what the
+// runner reports.
+class KubeClusterJobTest : public KubeClusterTest {
+ protected:
+  static void SetUpTestSuite() {
+    KubeClusterOptions options;
+    options.kwok_completes_job_pods = false;
+    StartSuiteCluster(std::move(options));
+  }
+};
+
+// kwok's own stages still make pods Running and Ready, and delete them; a
+// Job's pod that nobody runs stays Running and its Job active.
+TEST_F(KubeClusterJobTest, KwokKeepsJobPodsRunningWithoutItsCompleteStage) {
+  MustKubectl({"create", "namespace", "job-kwok"});
+  const json job = Job("elsewhere", {{{"name", "train"}, {"image", "nginx:1.27"}}});
+  MustKubectl({"apply", "-n", "job-kwok", "-f", "-"}, job.dump());
+  std::string pod_name;
+  json pod;
+  Status running = cluster().WaitFor(
+      [&] {
+        pod = JobPod("job-kwok", "elsewhere");
+        if (pod.empty()) return false;
+        pod_name = pod["metadata"].value("name", "");
+        bool ready = false;
+        for (const json& c : pod["status"].value("conditions", json::array())) {
+          if (c.value("type", "") == "Ready") ready = c.value("status", "") == "True";
+        }
+        return pod["status"].value("phase", "") == "Running" && ready;
+      },
+      seconds(60), "kwok to report the Job's pod Running and Ready");
+  ASSERT_TRUE(running.ok()) << running.ToString() << "\n" << pod.dump(2);
+  // Given time in which the default stages complete it (well under a second
+  // in KwokCompletesJobPodsByDefault), it stays Running.
+  std::this_thread::sleep_for(seconds(3));
+  pod = JobPod("job-kwok", "elsewhere");
+  EXPECT_EQ(pod["status"].value("phase", ""), "Running") << pod.dump(2);
+  json last;
+  EXPECT_FALSE(JobHasCondition("job-kwok", "elsewhere", "Complete", &last)) << last.dump(2);
+  EXPECT_EQ(last["status"].value("active", 0), 1) << last.dump(2);
+  // The "delete" stage: a deleted pod goes (the Job controller then makes
+  // another one).
+  MustKubectl({"delete", "pod", pod_name, "-n", "job-kwok", "--wait=false"});
+  EXPECT_OK(cluster().WaitFor(
+      [&] {
+        return !cluster().GetJson({"pod", pod_name, "-n", "job-kwok"}).ok();
+      },
+      seconds(60), "the deleted pod to be gone"));
+  MustKubectl({"delete", "namespace", "job-kwok", "--wait=false"});
+}
+
+// A Job whose container really runs (sh, for 2 s) and exits 0: its pod is
+// Succeeded only once the process has ended, and the Job completes.
+TEST_F(KubeClusterJobTest, JobCompletesWhenItsContainerExitsZero) {
+  PodRunner runner(cluster(), JobRunnerOptions(/*report_completion=*/true));
+  Status started = runner.Start();
+  if (started.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << started.ToString();
+  ASSERT_OK(started);
+  MustKubectl({"create", "namespace", "job-ok"});
+  const json job = Job("train", {{{"name", "train"},
+                                  {"image", "pytorch/pytorch:2.5.1"},
+                                  {"command", {"sh", "-c", "sleep 2; echo trained"}}}});
+  MustKubectl({"apply", "-n", "job-ok", "-f", "-"}, job.dump());
+  ASSERT_OK(runner.WaitForRunning(
+      [](const RunningContainer& r) { return r.ns == "job-ok" && r.container == "train"; }, 1,
+      seconds(60)));
+  json last;
+  EXPECT_FALSE(JobHasCondition("job-ok", "train", "Complete", &last))
+      << "the Job completed while its container runs: " << last.dump(2);
+  Status completed =
+      cluster().WaitFor([&] { return JobHasCondition("job-ok", "train", "Complete", &last); },
+                        seconds(60), "Job train to complete");
+  EXPECT_TRUE(completed.ok()) << completed.ToString() << "\n"
+                              << last.dump(2) << "\n"
+                              << runner.EventLog();
+  EXPECT_EQ(last["status"].value("succeeded", 0), 1) << last.dump(2);
+  EXPECT_EQ(last["status"].value("failed", 0), 0) << last.dump(2);
+  const std::vector<ContainerExit> exits = runner.Exits();
+  ASSERT_EQ(exits.size(), 1u) << runner.EventLog();
+  EXPECT_TRUE(exits[0].exited && exits[0].code == 0 && !exits[0].stopped) << exits[0].status;
+  EXPECT_NE(ReadAll(exits[0].log_path).find("trained"), std::string::npos);
+  const json pod = JobPod("job-ok", "train");
+  EXPECT_EQ(pod["status"].value("phase", ""), "Succeeded") << pod.dump(2);
+  const json terminated = Terminated(pod, "containerStatuses", "train");
+  ASSERT_TRUE(terminated.is_object()) << pod.dump(2);
+  EXPECT_EQ(terminated.value("exitCode", -1), 0);
+  EXPECT_EQ(terminated.value("reason", ""), "Completed");
+  MustKubectl({"delete", "namespace", "job-ok", "--wait=false"});
+}
+
+// A container that exits 1 (`false`) under restartPolicy Never: the pod is
+// Failed, and the Job (backoffLimit 0) fails.
+TEST_F(KubeClusterJobTest, JobFailsWhenItsContainerExitsNonZero) {
+  PodRunner runner(cluster(), JobRunnerOptions(/*report_completion=*/true));
+  Status started = runner.Start();
+  if (started.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << started.ToString();
+  ASSERT_OK(started);
+  MustKubectl({"create", "namespace", "job-fail"});
+  const json job = Job(
+      "broken", {{{"name", "train"}, {"image", "pytorch/pytorch:2.5.1"}, {"command", {"false"}}}});
+  MustKubectl({"apply", "-n", "job-fail", "-f", "-"}, job.dump());
+  json last;
+  Status failed =
+      cluster().WaitFor([&] { return JobHasCondition("job-fail", "broken", "Failed", &last); },
+                        seconds(60), "Job broken to fail");
+  EXPECT_TRUE(failed.ok()) << failed.ToString() << "\n"
+                           << last.dump(2) << "\n"
+                           << runner.EventLog();
+  EXPECT_EQ(last["status"].value("failed", 0), 1) << last.dump(2);
+  EXPECT_EQ(last["status"].value("succeeded", 0), 0) << last.dump(2);
+  EXPECT_FALSE(JobHasCondition("job-fail", "broken", "Complete", &last)) << last.dump(2);
+  const std::vector<ContainerExit> exits = runner.Exits();
+  ASSERT_EQ(exits.size(), 1u) << runner.EventLog();
+  EXPECT_TRUE(exits[0].exited && exits[0].code == 1) << exits[0].status;
+  const json pod = JobPod("job-fail", "broken");
+  EXPECT_EQ(pod["status"].value("phase", ""), "Failed") << pod.dump(2);
+  const json terminated = Terminated(pod, "containerStatuses", "train");
+  ASSERT_TRUE(terminated.is_object()) << pod.dump(2);
+  EXPECT_EQ(terminated.value("exitCode", -1), 1);
+  EXPECT_EQ(terminated.value("reason", ""), "Error");
+  // Not restarted: restartPolicy Never.
+  EXPECT_TRUE(runner.Running().empty());
+  MustKubectl({"delete", "namespace", "job-fail", "--wait=false"});
+}
+
+// The pod the webhook makes of a training Job: a native sidecar (an init
+// container with restartPolicy Always, here `sleep 600`) next to the app.
+// When the app exits the sidecar is stopped, and the Job completes.
+TEST_F(KubeClusterJobTest, JobWithANativeSidecarCompletesWhenTheAppExits) {
+  PodRunner runner(cluster(), JobRunnerOptions(/*report_completion=*/true));
+  Status started = runner.Start();
+  if (started.code() == StatusCode::kFailedPrecondition) GTEST_SKIP() << started.ToString();
+  ASSERT_OK(started);
+  MustKubectl({"create", "namespace", "job-sidecar"});
+  const json job = Job("train",
+                       {{{"name", "train"},
+                         {"image", "pytorch/pytorch:2.5.1"},
+                         {"command", {"sh", "-c", "sleep 2"}}}},
+                       {{{"name", "granary-sidecar"},
+                         {"image", "busybox:1.36"},
+                         {"restartPolicy", "Always"},
+                         {"command", {"sleep", "600"}}}});
+  MustKubectl({"apply", "-n", "job-sidecar", "-f", "-"}, job.dump());
+  // Both run at once.
+  ASSERT_OK(runner.WaitForRunning(PodRunner::InNamespace("job-sidecar"), 2, seconds(60)));
+  json last;
+  Status completed =
+      cluster().WaitFor([&] { return JobHasCondition("job-sidecar", "train", "Complete", &last); },
+                        seconds(60), "Job train to complete");
+  EXPECT_TRUE(completed.ok()) << completed.ToString() << "\n"
+                              << last.dump(2) << "\n"
+                              << runner.EventLog();
+  EXPECT_EQ(last["status"].value("succeeded", 0), 1) << last.dump(2);
+  EXPECT_TRUE(runner.Running().empty());
+  // The app ended by itself, then the sidecar was stopped (SIGTERM).
+  const std::vector<ContainerExit> exits = runner.Exits();
+  ASSERT_EQ(exits.size(), 2u) << runner.EventLog();
+  EXPECT_EQ(exits[0].container, "train");
+  EXPECT_TRUE(exits[0].exited && exits[0].code == 0 && !exits[0].stopped) << exits[0].status;
+  EXPECT_EQ(exits[1].container, "granary-sidecar");
+  EXPECT_TRUE(exits[1].stopped) << exits[1].status;
+  EXPECT_FALSE(exits[1].exited) << exits[1].status;  // sleep dies of SIGTERM
+  const json pod = JobPod("job-sidecar", "train");
+  EXPECT_EQ(pod["status"].value("phase", ""), "Succeeded") << pod.dump(2);
+  const json app = Terminated(pod, "containerStatuses", "train");
+  ASSERT_TRUE(app.is_object()) << pod.dump(2);
+  EXPECT_EQ(app.value("exitCode", -1), 0);
+  const json sidecar = Terminated(pod, "initContainerStatuses", "granary-sidecar");
+  ASSERT_TRUE(sidecar.is_object()) << pod.dump(2);
+  EXPECT_EQ(sidecar.value("exitCode", -1), 128 + SIGTERM);
+  MustKubectl({"delete", "namespace", "job-sidecar", "--wait=false"});
 }
 
 }  // namespace

@@ -39,6 +39,108 @@ std::string Trim(std::string s) {
   return s;
 }
 
+// kwok's pod stages when it is not to complete Job pods
+// (KubeClusterOptions::kwok_completes_job_pods = false). kwok v0.7.0 uses
+// the pod stages of its configuration instead of all of its default ones
+// (pod-ready, pod-complete, pod-delete in kustomize/stage/pod/fast), so this
+// repeats "ready" and "delete" as they are there and leaves out "complete".
+// "ready" also skips a pod whose phase is terminal: the test writes that
+// status (with podIP kept, which already keeps "ready" off it) and kwok is
+// not to make such a pod Running again.
+constexpr const char* kKwokPodStagesWithoutComplete = R"yaml(apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: granary-pod-ready
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.podIP'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'NotIn'
+      values:
+      - 'Succeeded'
+      - 'Failed'
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Ready
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: ContainersReady
+      {{ range .spec.readinessGates }}
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: {{ .conditionType | Quote }}
+      {{ end }}
+
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        restartCount: 0
+        state:
+          running:
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+
+      initContainerStatuses:
+      {{ range .spec.initContainers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        restartCount: 0
+        {{ if eq .restartPolicy "Always" }}
+        started: true
+        state:
+          running:
+            startedAt: {{ $now | Quote }}
+        {{ else }}
+        state:
+          terminated:
+            exitCode: 0
+            finishedAt: {{ $now | Quote }}
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+        {{ end }}
+      {{ end }}
+
+      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: granary-pod-delete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+  next:
+    finalizers:
+      empty: true
+    delete: true
+)yaml";
+
 // A YAML double-quoted scalar (JSON's string syntax is a subset of YAML's).
 std::string Quoted(const std::string& s) { return nlohmann::json(s).dump(); }
 
@@ -454,12 +556,21 @@ Status KubeCluster::StartControllers() {
 }
 
 Status KubeCluster::StartKwok() {
-  GRANARY_ASSIGN_OR_RETURN(
-      kwok_, StartDaemon("kwok",
-                         {"--kubeconfig=" + kubeconfig_path_, "--manage-all-nodes=false",
-                          "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                          "--manage-nodes-with-label-selector=", "--node-lease-duration-seconds=40",
-                          "--cidr=10.244.0.1/16", "--node-ip=127.0.0.1"}));
+  std::vector<std::string> args = {
+      "--kubeconfig=" + kubeconfig_path_,
+      "--manage-all-nodes=false",
+      "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+      "--manage-nodes-with-label-selector=",
+      "--node-lease-duration-seconds=40",
+      "--cidr=10.244.0.1/16",
+      "--node-ip=127.0.0.1"};
+  if (!options_.kwok_completes_job_pods) {
+    const std::string stages = dir_.Join("kwok-stages.yaml");
+    GRANARY_RETURN_IF_ERROR(WriteFileAtomically(stages, kKwokPodStagesWithoutComplete, 0644)
+                                .WithContext("write kwok's pod stages"));
+    args.push_back("--config=" + stages);
+  }
+  GRANARY_ASSIGN_OR_RETURN(kwok_, StartDaemon("kwok", std::move(args)));
   return Status::Ok();
 }
 

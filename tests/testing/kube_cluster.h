@@ -32,6 +32,13 @@
 // port. The daemons run under DaemonProcess: killed with the test, their logs
 // printed if it fails.
 //
+// Pods on the fake nodes: kwok's "ready" stage reports a pod bound to one
+// Running and Ready (its containers running, its init containers completed
+// or, for native sidecars, running) with podIP in 10.244.0.0/16, and deletes
+// a pod marked for deletion. By default kwok also completes a Job's pods at
+// once; options.kwok_completes_job_pods = false leaves that to the test
+// (PodRunnerOptions::report_completion).
+//
 // The fake nodes are Node objects created here with their labels, capacity
 // and allocatable (cpu, memory, pods, nvidia.com/gpu) and the annotation
 // kwok.x-k8s.io/node=fake, which is what makes kwok manage them (kwok runs
@@ -80,6 +87,16 @@ struct KubeClusterOptions {
       {"gpu-node-2", {{"nvidia.com/gpu.present", "true"}, {"granary.io/nvme", "true"}}},
   };
   std::chrono::milliseconds start_timeout{120000};
+  // true: kwok runs with its default pod stages, which mark every Running
+  // pod owned by a Job Succeeded at once (its containers never run to their
+  // end). false: kwok gets its pod stages from a file this cluster writes
+  // (kwok-stages.yaml in dir()): "ready" (Running and Ready, as the default
+  // does, but never for a pod whose phase is Succeeded or Failed) and
+  // "delete" (a pod marked for deletion is deleted), and no "complete": a
+  // Job's pods stay Running until someone (PodRunner with
+  // report_completion) writes their terminal status, and only then does the
+  // Job controller complete or fail the Job.
+  bool kwok_completes_job_pods = true;
 };
 
 // What a kubectl command did.

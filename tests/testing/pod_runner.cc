@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <ctime>
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "granary/core/file.h"
 #include "granary/operator/base64.h"
@@ -21,6 +23,7 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
+using std::chrono::system_clock;
 
 constexpr const char* kUnshare = "/usr/bin/unshare";
 constexpr const char* kSetpriv = "/usr/bin/setpriv";
@@ -90,6 +93,16 @@ std::string Expand(const std::string& in, const std::map<std::string, std::strin
 }
 
 std::string Quote(const std::string& s) { return json(s).dump(); }
+
+// "2026-11-25T16:22:24Z", as the API server writes times.
+std::string Rfc3339(system_clock::time_point t) {
+  const std::time_t secs = system_clock::to_time_t(t);
+  std::tm utc{};
+  ::gmtime_r(&secs, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
 
 bool IsDirectory(const std::string& path) {
   struct stat st {};
@@ -163,6 +176,10 @@ struct PodRunner::ContainerState {
   milliseconds backoff{0};
   steady_clock::time_point next_start{};
   steady_clock::time_point started_at{};
+  // How its last process ended, and when it ran (for the pod's status).
+  std::optional<ExitStatus> last_exit;
+  system_clock::time_point started_wall{};
+  system_clock::time_point finished_wall{};
 };
 
 struct PodRunner::PodState {
@@ -175,7 +192,8 @@ struct PodRunner::PodState {
   milliseconds grace{0};
   std::string dir;
   bool set_up = false;
-  bool failed = false;  // not to be run (any more)
+  bool failed = false;               // not to be run (any more)
+  bool completion_reported = false;  // its terminal status is written (report_completion)
   steady_clock::time_point next_setup{};
   std::map<std::string, std::string> volume_paths;  // volume name -> its directory or host path
   std::vector<ContainerState> containers;           // init containers first, in order
@@ -632,7 +650,7 @@ Status PodRunner::SetUpPod(PodState* pod) {
 }
 
 void PodRunner::StepPod(PodState* pod) {
-  if (pod->failed) return;
+  if (pod->failed || pod->completion_reported) return;
   const auto now = steady_clock::now();
   if (!pod->set_up) {
     if (now < pod->next_setup) return;
@@ -654,6 +672,10 @@ void PodRunner::StepPod(PodState* pod) {
   if (pod->failed) {
     // An init container failed for good: the pod's sidecars end too.
     StopPod(pod, "an init container failed and restartPolicy is Never");
+    return;
+  }
+  if (options_.report_completion && RegularContainersEnded(*pod)) {
+    ReportCompletion(pod);
     return;
   }
   for (ContainerState& c : pod->containers) {
@@ -827,6 +849,7 @@ Status PodRunner::StartContainer(PodState* pod, ContainerState* c) {
   if (c->ever_started) ++c->restarts;
   c->ever_started = true;
   c->started_at = steady_clock::now();
+  c->started_wall = system_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (std::find(all_logs_.begin(), all_logs_.end(), c->log_path) == all_logs_.end()) {
@@ -851,6 +874,8 @@ void PodRunner::ReapContainer(PodState* pod, ContainerState* c) {
     exits_.push_back({pod->ns, pod->name, c->name, status.ToString(), status.exited, status.code,
                       false, c->log_path});
   }
+  c->last_exit = status;
+  c->finished_wall = system_clock::now();
   RetireProcess(c);
   const bool success = status.ExitedWith(0);
   bool restart = false;
@@ -916,9 +941,123 @@ void PodRunner::StopPod(PodState* pod, const std::string& why) {
       }
       Event("stopped " + pod->ns + "/" + pod->name + "/" + c->name + ": " +
             (status.ok() ? ended.ToString() : status.status().message()));
+      c->last_exit = ended;
+      c->finished_wall = system_clock::now();
       RetireProcess(c);
     }
   }
+}
+
+bool PodRunner::RegularContainersEnded(const PodState& pod) const {
+  if (pod.restart_policy != "Never" && pod.restart_policy != "OnFailure") return false;
+  bool any = false;
+  for (const ContainerState& c : pod.containers) {
+    if (c.init) continue;
+    // A container this runner does not run is kwok's: the pod's end is not
+    // known here.
+    if (c.image_dir.empty()) return false;
+    if (!c.completed && !c.given_up) return false;
+    any = true;
+  }
+  return any;
+}
+
+void PodRunner::ReportCompletion(PodState* pod) {
+  const json& observed = pod->pod.contains("status") ? pod->pod["status"] : json::object();
+  // The status kwok's "ready" stage writes first (Running, podIP): written
+  // after it, the terminal status is the last word; written before, kwok
+  // might still make the pod Running over it.
+  if (observed.value("phase", "") != "Running") {
+    Problem(pod,
+            "its regular containers have ended; waiting for kwok to report it Running "
+            "before writing its terminal status");
+    return;
+  }
+  bool all_succeeded = true;
+  for (const ContainerState& c : pod->containers) {
+    if (!c.init && !(c.last_exit.has_value() && c.last_exit->ExitedWith(0))) all_succeeded = false;
+  }
+  const std::string phase = all_succeeded ? "Succeeded" : "Failed";
+  // As the kubelet: the native sidecars end after the regular containers.
+  StopPod(pod, "its regular containers have all ended (restartPolicy " + pod->restart_policy +
+                   "): the pod has " + phase);
+
+  const std::string now = Rfc3339(system_clock::now());
+  auto status_of = [&](const ContainerState& c) {
+    const ExitStatus ended = c.last_exit.value_or(ExitStatus{});
+    const int code = ended.exited ? ended.code : 128 + ended.signal;
+    return json{{"name", c.name},
+                {"image", c.image},
+                {"imageID", ""},
+                {"ready", false},
+                {"started", false},
+                {"restartCount", c.restarts},
+                {"state",
+                 {{"terminated",
+                   {{"exitCode", code},
+                    {"reason", code == 0 ? "Completed" : "Error"},
+                    {"startedAt", Rfc3339(c.started_wall)},
+                    {"finishedAt", Rfc3339(c.finished_wall)}}}}}};
+  };
+  json containers = json::array();
+  for (const ContainerState& c : pod->containers) {
+    if (!c.init) containers.push_back(status_of(c));
+  }
+  // Init containers run here get their end; kwok's entries for the others
+  // stay (a merge patch replaces a list whole).
+  json init_statuses = json::array();
+  for (const ContainerState& c : pod->containers) {
+    if (!c.init) continue;
+    if (!c.image_dir.empty() && c.ever_started) {
+      init_statuses.push_back(status_of(c));
+      continue;
+    }
+    for (const json& s : observed.value("initContainerStatuses", json::array())) {
+      if (s.value("name", "") == c.name) init_statuses.push_back(s);
+    }
+  }
+  json conditions = json::array();
+  bool ready_seen = false, containers_ready_seen = false;
+  for (json cond : observed.value("conditions", json::array())) {
+    const std::string type = cond.value("type", "");
+    if (type == "Ready" || type == "ContainersReady") {
+      (type == "Ready" ? ready_seen : containers_ready_seen) = true;
+      cond["status"] = "False";
+      cond["reason"] = "PodCompleted";
+      cond["lastTransitionTime"] = now;
+    }
+    conditions.push_back(cond);
+  }
+  for (const auto& [type, seen] :
+       {std::pair{"Ready", ready_seen}, std::pair{"ContainersReady", containers_ready_seen}}) {
+    if (!seen) {
+      conditions.push_back({{"type", type},
+                            {"status", "False"},
+                            {"reason", "PodCompleted"},
+                            {"lastTransitionTime", now}});
+    }
+  }
+  const json patch = {{"metadata", {{"uid", pod->uid}}},
+                      {"status",
+                       {{"phase", phase},
+                        {"conditions", conditions},
+                        {"containerStatuses", containers},
+                        {"initContainerStatuses", init_statuses}}}};
+  Result<json> written = cluster_.ApiRequest(
+      "PATCH", "/api/v1/namespaces/" + pod->ns + "/pods/" + pod->name + "/status", patch.dump());
+  if (!written.ok()) {
+    Problem(pod, "cannot write its terminal status (retrying at the next poll): " +
+                     written.status().ToString());
+    return;
+  }
+  pod->completion_reported = true;
+  std::string codes;
+  for (const json& c : containers) {
+    codes += (codes.empty() ? "" : ", ") + c.value("name", "") + " exit " +
+             std::to_string(c["state"]["terminated"].value("exitCode", -1));
+  }
+  Event("pod " + pod->ns + "/" + pod->name + ": wrote phase " + phase + " (" + codes +
+        ") through the status subresource");
 }
 
 void PodRunner::RetireProcess(ContainerState* c) {

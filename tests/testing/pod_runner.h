@@ -122,6 +122,19 @@ struct PodRunnerOptions {
   std::chrono::milliseconds max_stop_timeout{10000};
   std::chrono::milliseconds initial_backoff{500};
   std::chrono::milliseconds max_backoff{8000};
+  // Whether this runner writes the end of the pods it runs to completion
+  // (restartPolicy Never or OnFailure, every regular container run here):
+  // when each regular container has exited for good (exit 0; under Never,
+  // any exit), it stops the pod's native sidecars (SIGTERM, as for a
+  // deleted pod) and writes, through the pod's status subresource, phase
+  // Succeeded if every regular container exited 0 and Failed otherwise,
+  // with each container terminated (exitCode, reason Completed or Error; a
+  // signal is 128 + its number) and Ready/ContainersReady False. A Job's
+  // controller then completes or fails the Job. Needs a cluster started with
+  // kwok_completes_job_pods = false (else kwok has marked a Job's pods
+  // Succeeded before they end). Off by default: the pods' status stays
+  // kwok's, as the suites written before it expect.
+  bool report_completion = false;
 };
 
 // A container process this runner runs now.
@@ -205,6 +218,8 @@ class PodRunner {
   Status StartContainer(PodState* pod, ContainerState* c);
   void ReapContainer(PodState* pod, ContainerState* c);
   void StopPod(PodState* pod, const std::string& why);
+  bool RegularContainersEnded(const PodState& pod) const;
+  void ReportCompletion(PodState* pod);
   void CleanUpPod(PodState* pod);
   void RetireProcess(ContainerState* c);
   void PublishSnapshot();
