@@ -2,11 +2,14 @@
 // docs/kubernetes.md.
 
 #include <cmath>
+#include <set>
 
 #include "controller_context.h"
 #include "granary/core/log.h"
 #include "granary/core/manifest.h"
 #include "granary/core/names.h"
+#include "granary/operator/base64.h"
+#include "granary/operator/webhook_lookup.h"
 
 namespace granary::kube {
 namespace {
@@ -89,11 +92,97 @@ DatasetSpec DesiredSpec(const Dataset& d) {
   return spec;
 }
 
+bool ManagedByUs(const Json& object) {
+  return object["metadata"]
+             .value("labels", Json::object())
+             .value("app.kubernetes.io/managed-by", "") == kFieldManager;
+}
+
+// The copy of pool `pool`'s store Secret in namespace `ns`, which the
+// injected sidecars read (SidecarStoreSecretName): owned by every Dataset of
+// the pool in `ns` that is not being deleted, and deleted here with the last
+// of them (the owner references let Kubernetes' garbage collector remove it
+// too when the operator is not running). `url` null: keep the URL it has
+// (a Dataset is being deleted). A Secret of that name that granary-operator
+// did not make (an admin's) is left alone, with an Event on `object`.
+Status SyncStoreCopy(ControllerContext& c, const Json& object, const std::string& ns,
+                     const std::string& pool, const std::string* url) {
+  // Pods in the operator's namespace get no sidecar; nothing is copied there.
+  if (ns == c.options().namespace_) return Status::Ok();
+  const std::string name = SidecarStoreSecretName(pool);
+  const std::string path = "/api/v1/namespaces/" + ns + "/secrets/" + name;
+  Json owners = Json::array();
+  std::set<std::string> owner_uids;
+  for (const Json& d : c.datasets().List()) {
+    const Json& meta = d["metadata"];
+    if (meta.value("namespace", "") != ns || d["spec"].value("cachePool", "") != pool ||
+        meta.contains("deletionTimestamp") || meta.value("uid", "").empty()) {
+      continue;
+    }
+    owners.push_back({{"apiVersion", std::string(kGroup) + "/" + std::string(kVersion)},
+                      {"kind", "Dataset"},
+                      {"name", meta.value("name", "")},
+                      {"uid", meta.value("uid", "")}});
+    owner_uids.insert(meta.value("uid", ""));
+  }
+  Result<Json> existing = c.client().Get(path);
+  if (!existing.ok() && existing.status().code() != StatusCode::kNotFound) {
+    return existing.status().WithContext("reading the store Secret copy " + ns + "/" + name);
+  }
+  if (existing.ok() && !ManagedByUs(*existing)) {
+    c.Event(object, "Warning", "StoreSecretNotManaged",
+            "the Secret " + ns + "/" + name +
+                " was not made by granary-operator, so it is left as it is and the injected "
+                "sidecars read the store URL from it; delete it to have the pool's copied there");
+    return Status::Ok();
+  }
+  if (owners.empty()) {
+    if (!existing.ok()) return Status::Ok();
+    Status deleted = c.client().Delete(path);
+    if (deleted.code() == StatusCode::kNotFound) return Status::Ok();
+    return deleted.WithContext("deleting the store Secret copy " + ns + "/" + name +
+                               " of the last Dataset of pool " + pool);
+  }
+  std::string encoded;
+  if (url != nullptr) {
+    encoded = Base64Encode(*url);
+  } else if (existing.ok()) {
+    encoded = existing->value("data", Json::object()).value("url", "");
+  } else {
+    return Status::Ok();  // the remaining Datasets' reconciles make it
+  }
+  if (existing.ok() && existing->value("data", Json::object()).value("url", "") == encoded) {
+    std::set<std::string> current;
+    for (const Json& r : (*existing)["metadata"].value("ownerReferences", Json::array())) {
+      current.insert(r.value("uid", ""));
+    }
+    if (current == owner_uids) return Status::Ok();
+  }
+  Json secret = {{"apiVersion", "v1"},
+                 {"kind", "Secret"},
+                 {"metadata",
+                  {{"name", name},
+                   {"namespace", ns},
+                   {"labels",
+                    {{"app.kubernetes.io/name", "granary-store"},
+                     {"app.kubernetes.io/managed-by", std::string(kFieldManager)},
+                     {"granary.io/pool", pool}}},
+                   {"ownerReferences", owners}}},
+                 {"type", "Opaque"},
+                 {"data", {{"url", encoded}}}};
+  return c.client()
+      .Apply(path, secret, std::string(kFieldManager))
+      .status()
+      .WithContext("copying the store Secret of pool " + pool + " to " + ns + "/" + name);
+}
+
 Result<std::chrono::milliseconds> Release(ControllerContext& c, const Json& object,
                                           const Dataset& d, const std::string& gname) {
   if (std::find(d.finalizers.begin(), d.finalizers.end(), kFinalizer) == d.finalizers.end()) {
     return std::chrono::milliseconds(0);
   }
+  // The copy first: a failure keeps the finalizer, and the copy is retried.
+  GRANARY_RETURN_IF_ERROR(SyncStoreCopy(c, object, d.namespace_, d.pool, nullptr));
   std::optional<Json> pool_object = c.pools().Get(d.pool);
   Status released = Status::Ok();
   if (pool_object) {
@@ -174,7 +263,10 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   Result<Json> ns = c.client().Get("/api/v1/namespaces/" + d.namespace_);
   if (!ns.ok()) return ns.status();
   Status granted = CheckGrant(*ns, d.run_as_uid, d.run_as_gid);
-  Result<MetadataStore*> store_or = c.StoreFor(*pool);
+  // The pool's Secret is read once per reconcile: for the store and the copy.
+  Result<std::string> url = c.StoreUrl(*pool);
+  Result<MetadataStore*> store_or =
+      url.ok() ? c.StoreAt(*url, *pool) : Result<MetadataStore*>(url.status());
   if (!granted.ok()) {
     // A grant withdrawn after the dataset was made: its cache nodes stop
     // staging it as that identity (Failed keeps its chunks until it is
@@ -191,6 +283,7 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
     }
     return Refuse(c, object, "IdentityNotGranted", granted);
   }
+  if (url.ok()) GRANARY_RETURN_IF_ERROR(SyncStoreCopy(c, object, d.namespace_, d.pool, &*url));
   if (!store_or.ok()) return Refuse(c, object, "StoreUnavailable", store_or.status());
   MetadataStore& store = **store_or;
 

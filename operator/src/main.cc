@@ -1,15 +1,19 @@
 // granary-operator: the Kubernetes controller for CachePools and Datasets
 // (docs/kubernetes.md). Connects with a kubeconfig (--kubeconfig) or as its
 // pod's service account, serves /metrics, /healthz and /readyz (and, with
-// --webhook-listen, the sidecar-injecting webhook), and runs
+// --webhook-listen, the sidecar-injecting webhook, whose certificate and
+// registration it keeps with --webhook-service or --webhook-url), and runs
 // until SIGTERM or SIGINT. Exit status: 0 clean stop, 1 start-up failure
 // (API server unreachable, metrics address in use), 2 bad command line.
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "granary/core/config.h"
 #include "granary/core/log.h"
@@ -20,6 +24,7 @@
 #include "granary/operator/kube_config.h"
 #include "granary/operator/operator.h"
 #include "granary/operator/webhook_lookup.h"
+#include "granary/operator/webhook_registration.h"
 #include "granary/operator/webhook_server.h"
 
 namespace {
@@ -38,6 +43,15 @@ int64_t ParseMillis(const std::string& text, const char* flag, bool* ok) {
   return d->count();
 }
 
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::ostringstream text;
+  text << in.rdbuf();
+  *out = text.str();
+  return static_cast<bool>(in) || in.eof();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,6 +64,11 @@ int main(int argc, char** argv) {
   std::string progress_interval = "2s";
   std::string cachenode_command = "granary-cachenode";
   std::string webhook_listen, webhook_cert_dir;
+  std::string webhook_service, webhook_url, webhook_ca_file,
+      webhook_failure_policy = "Fail", webhook_timeout = "10s", webhook_cert_validity = "8760h",
+      webhook_cert_renew_before = "720h";
+  std::vector<std::string> webhook_cert_ips;
+  int webhook_service_port = 443;
   bool leader_elect = true;
   int workers = 2;
   app.add_option("--kubeconfig", kubeconfig,
@@ -76,7 +95,28 @@ int main(int argc, char** argv) {
                  "default: off (docs/kubernetes-webhook.md)");
   app.add_option("--webhook-cert-dir", webhook_cert_dir,
                  "The webhook's serving certificate and key: <dir>/tls.crt and <dir>/tls.key "
-                 "(PEM), e.g. a mounted kubernetes.io/tls Secret");
+                 "(PEM), e.g. a mounted kubernetes.io/tls Secret, instead of the certificate "
+                 "the operator makes");
+  app.add_option("--webhook-service", webhook_service,
+                 "Register the webhook as this Service in the operator's namespace (port "
+                 "--webhook-service-port, path /mutate), and keep its certificate in the Secret "
+                 "granary-webhook-tls");
+  app.add_option("--webhook-service-port", webhook_service_port, "The webhook Service's port");
+  app.add_option("--webhook-url", webhook_url,
+                 "Register the webhook at this https URL instead of a Service (tests, outside "
+                 "the cluster)");
+  app.add_option("--webhook-ca-file", webhook_ca_file,
+                 "With --webhook-cert-dir: register with this CA bundle (PEM) as caBundle");
+  app.add_option("--webhook-cert-ip", webhook_cert_ips,
+                 "An IP address the operator's webhook certificate also names (repeatable)");
+  app.add_option("--webhook-cert-validity", webhook_cert_validity,
+                 "How long a webhook certificate the operator makes is valid");
+  app.add_option("--webhook-cert-renew-before", webhook_cert_renew_before,
+                 "Renew the webhook certificate when less than this of its validity is left");
+  app.add_option("--webhook-failure-policy", webhook_failure_policy,
+                 "Fail (labelled pods are refused while the webhook is down) or Ignore");
+  app.add_option("--webhook-timeout", webhook_timeout,
+                 "How long the API server waits for the webhook (1s to 30s)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -90,43 +130,83 @@ int main(int argc, char** argv) {
   }
   granary::SetLogLevel(*level);
   granary::kube::WebhookServerOptions webhook_options;
+  std::optional<granary::kube::WebhookRegistrationOptions> registration;
+  const bool registering = !webhook_service.empty() || !webhook_url.empty();
+  auto usage = [](const std::string& message) {
+    std::fprintf(stderr, "granary-operator: %s\n", message.c_str());
+    return kExitUsage;
+  };
   if (!webhook_listen.empty()) {
     granary::Result<granary::NetAddress> address =
         granary::ParseNetAddress(webhook_listen, "--webhook-listen");
-    if (!address.ok()) {
-      std::fprintf(stderr, "granary-operator: %s\n", address.status().message().c_str());
-      return kExitUsage;
+    if (!address.ok()) return usage(address.status().message());
+    if (webhook_cert_dir.empty() && !registering) {
+      return usage(
+          "--webhook-listen needs --webhook-service or --webhook-url (the operator makes its "
+          "certificate and registers the webhook) or --webhook-cert-dir (a directory with "
+          "tls.crt and tls.key)");
     }
-    if (webhook_cert_dir.empty()) {
-      std::fprintf(stderr,
-                   "granary-operator: --webhook-listen needs --webhook-cert-dir (a directory "
-                   "with tls.crt and tls.key)\n");
-      return kExitUsage;
-    }
-    auto read = [](const std::string& path, std::string* out) {
-      std::ifstream in(path);
-      if (!in) return false;
-      std::ostringstream text;
-      text << in.rdbuf();
-      *out = text.str();
-      return static_cast<bool>(in) || in.eof();
-    };
-    for (auto [name, out] : {std::pair{"tls.crt", &webhook_options.cert_pem},
-                             std::pair{"tls.key", &webhook_options.key_pem}}) {
-      const std::string path = webhook_cert_dir + "/" + name;
-      if (!read(path, out) || out->empty()) {
-        std::fprintf(stderr,
-                     "granary-operator: --webhook-cert-dir: cannot read %s; put the webhook's "
-                     "PEM certificate and key there as tls.crt and tls.key\n",
-                     path.c_str());
-        return kExitUsage;
+    if (!webhook_cert_dir.empty()) {
+      for (auto [name, out] : {std::pair{"tls.crt", &webhook_options.cert_pem},
+                               std::pair{"tls.key", &webhook_options.key_pem}}) {
+        const std::string path = webhook_cert_dir + "/" + name;
+        if (!ReadFile(path, out) || out->empty()) {
+          return usage("--webhook-cert-dir: cannot read " + path +
+                       "; put the webhook's PEM certificate and key there as tls.crt and tls.key");
+        }
       }
     }
     webhook_options.listen_host = address->host;
     webhook_options.listen_port = address->port;
-  } else if (!webhook_cert_dir.empty()) {
-    std::fprintf(stderr, "granary-operator: --webhook-cert-dir needs --webhook-listen\n");
-    return kExitUsage;
+  } else if (!webhook_cert_dir.empty() || registering || !webhook_ca_file.empty()) {
+    return usage(
+        "--webhook-cert-dir, --webhook-service, --webhook-url and --webhook-ca-file need "
+        "--webhook-listen (where this replica serves the webhook)");
+  }
+  if (registering) {
+    granary::kube::WebhookRegistrationOptions r;
+    r.service_name = webhook_service;
+    r.service_port = webhook_service_port;
+    r.url = webhook_url;
+    r.failure_policy = webhook_failure_policy;
+    granary::Result<std::chrono::milliseconds> timeout = granary::ParseDuration(webhook_timeout);
+    if (!timeout.ok() || timeout->count() % 1000 != 0) {
+      return usage("--webhook-timeout " + webhook_timeout +
+                   ": write whole seconds from 1s to 30s, such as 10s");
+    }
+    r.timeout_seconds = static_cast<int>(timeout->count() / 1000);
+    r.cert_ips = webhook_cert_ips;
+    r.manage_certificate = webhook_cert_dir.empty();
+    if (!r.manage_certificate) {
+      if (webhook_ca_file.empty()) {
+        return usage(
+            "--webhook-cert-dir with --webhook-service or --webhook-url needs --webhook-ca-file "
+            "(the CA the API server is to trust); or leave out --webhook-cert-dir and the "
+            "operator makes and renews its own certificate");
+      }
+      if (!ReadFile(webhook_ca_file, &r.ca_bundle_pem)) {
+        return usage("--webhook-ca-file: cannot read " + webhook_ca_file);
+      }
+      if (!webhook_cert_ips.empty()) {
+        return usage(
+            "--webhook-cert-ip names an IP in the certificate the operator makes; with "
+            "--webhook-cert-dir put it in your own certificate");
+      }
+    }
+    for (auto [text, flag, out] :
+         {std::tuple{&webhook_cert_validity, "--webhook-cert-validity", &r.cert_validity},
+          std::tuple{&webhook_cert_renew_before, "--webhook-cert-renew-before", &r.renew_before}}) {
+      granary::Result<std::chrono::milliseconds> d = granary::ParseDuration(*text);
+      if (!d.ok() || d->count() < 1000) {
+        return usage(std::string(flag) + " " + *text + ": write a duration such as 720h");
+      }
+      *out = std::chrono::duration_cast<std::chrono::seconds>(*d);
+    }
+    registration = r;
+  } else if (!webhook_ca_file.empty()) {
+    return usage("--webhook-ca-file needs --webhook-service or --webhook-url (where to register)");
+  } else if (!webhook_cert_ips.empty()) {
+    return usage("--webhook-cert-ip needs --webhook-service or --webhook-url");
   }
 
   granary::kube::OperatorOptions options;
@@ -168,6 +248,12 @@ int main(int argc, char** argv) {
   options.leader_elect = leader_elect;
   options.workers = workers;
   options.cachenode_command = cachenode_command;
+  if (registration) {
+    registration->namespace_ = options.namespace_;
+    granary::Status valid = granary::kube::ValidateWebhookRegistration(*registration);
+    if (!valid.ok()) return usage(valid.message());
+    options.webhook = registration;
+  }
 
   const sigset_t stop_signals = granary::BlockStopSignals();
   auto client = granary::kube::KubeClient::Create(*config);
@@ -195,19 +281,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "granary-operator: declaring metrics failed\n");
     return kExitRuntime;
   }
-  auto op = granary::kube::Operator::Start(**client, options);
-  if (!op.ok()) {
-    std::fprintf(stderr, "granary-operator: %s\n", op.status().ToString().c_str());
-    return kExitRuntime;
-  }
-  auto server =
-      granary::ObservabilityServer::Start(metrics_listen, registry, [&] { return (*op)->Ready(); });
-  if (!server.ok()) {
-    std::fprintf(stderr, "granary-operator: --metrics-listen %s: %s\n", metrics_listen.c_str(),
-                 server.status().ToString().c_str());
-    return kExitRuntime;
-  }
   auto log = granary::GetLogger("operator");
+  // The webhook server first: the operator hands it the certificates it reads.
   std::unique_ptr<granary::kube::WebhookServer> webhook;
   if (!webhook_listen.empty()) {
     webhook_options.operator_namespace = options.namespace_;
@@ -216,12 +291,38 @@ int main(int argc, char** argv) {
     if (!started.ok()) {
       std::fprintf(stderr, "granary-operator: --webhook-listen %s: %s\n", webhook_listen.c_str(),
                    started.status().ToString().c_str());
-      (*op)->Stop();
       return started.status().code() == granary::StatusCode::kInvalidArgument ? kExitUsage
                                                                               : kExitRuntime;
     }
     webhook = std::move(*started);
-    log->info("serving the sidecar webhook on {}:{}", webhook_options.listen_host, webhook->port());
+    log->info("serving the sidecar webhook on {}:{}{}", webhook_options.listen_host,
+              webhook->port(),
+              webhook->has_certificate() ? "" : " once the Secret has its certificate");
+    if (registration && registration->manage_certificate) {
+      granary::kube::WebhookServer* server = webhook.get();
+      options.on_webhook_cert = [server, log](const granary::kube::WebhookCert& cert) {
+        granary::Status s = server->SetCertificate(cert.cert_pem, cert.key_pem);
+        if (!s.ok()) log->warn("loading the webhook certificate: {}", s.ToString());
+      };
+    }
+  }
+  auto op = granary::kube::Operator::Start(**client, options);
+  if (!op.ok()) {
+    std::fprintf(stderr, "granary-operator: %s\n", op.status().ToString().c_str());
+    return kExitRuntime;
+  }
+  auto server = granary::ObservabilityServer::Start(metrics_listen, registry, [&] {
+    granary::Status ready = (*op)->Ready();
+    if (ready.ok() && webhook && !webhook->has_certificate()) {
+      return granary::Status::Unavailable("the webhook has no certificate yet (Secret " +
+                                          std::string(granary::kube::kWebhookTlsSecretName) + ")");
+    }
+    return ready;
+  });
+  if (!server.ok()) {
+    std::fprintf(stderr, "granary-operator: --metrics-listen %s: %s\n", metrics_listen.c_str(),
+                 server.status().ToString().c_str());
+    return kExitRuntime;
   }
   log->info("granary-operator {} started against {} (namespace {}, metrics on {})",
             options.identity, config->Describe(), options.namespace_,

@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -9,6 +13,8 @@
 #include "granary/core/log.h"
 #include "granary/operator/informer.h"
 #include "granary/operator/leader_election.h"
+#include "granary/operator/resources.h"
+#include "granary/operator/webhook_registration.h"
 #include "granary/operator/work_queue.h"
 
 namespace granary::kube {
@@ -29,6 +35,7 @@ class Operator::Impl {
     pools.resync = options_.resync;
     pool_informer_ = std::make_unique<Informer>(client_, pools, [this](const std::string& key) {
       pool_queue_.Add(key);
+      WatchStoreSecrets();
       // A pool's datasets depend on it (missing pool, mounts, store).
       for (const Json& d : dataset_informer_->List()) {
         if (d["spec"].value("cachePool", "") == key) dataset_queue_.Add(Informer::KeyOf(d));
@@ -40,6 +47,18 @@ class Operator::Impl {
     dataset_informer_ = std::make_unique<Informer>(
         client_, datasets, [this](const std::string& key) { dataset_queue_.Add(key); });
     context_.SetInformers(pool_informer_.get(), dataset_informer_.get());
+    if (options_.webhook && options_.webhook->manage_certificate) {
+      // Every replica watches the one Secret (a field selector: no other
+      // Secret of the namespace is read).
+      InformerOptions tls;
+      tls.collection_path =
+          "/api/v1/namespaces/" + options_.webhook->namespace_ +
+          "/secrets?fieldSelector=" + UrlEncode("metadata.name=" + options_.webhook->secret_name);
+      tls.resync = options_.resync;
+      webhook_secret_informer_ = std::make_unique<Informer>(
+          client_, tls, [this](const std::string& key) { OnWebhookSecret(key); });
+      webhook_secret_informer_->Start();
+    }
     pool_informer_->Start();
     dataset_informer_->Start();
     if (options_.leader_elect) {
@@ -56,6 +75,7 @@ class Operator::Impl {
             // Everything known is looked at by the new leader.
             for (const std::string& k : pool_informer_->Keys()) pool_queue_.Add(k);
             for (const std::string& k : dataset_informer_->Keys()) dataset_queue_.Add(k);
+            WakeRegistrar();
           },
           [] {});
       elector_->Start();
@@ -63,6 +83,7 @@ class Operator::Impl {
     for (int i = 0; i < std::max(1, options_.workers); ++i) {
       workers_.emplace_back([this] { Work(); });
     }
+    if (options_.webhook) registrar_thread_ = std::thread([this] { Register(); });
     return Status::Ok();
   }
 
@@ -74,9 +95,18 @@ class Operator::Impl {
       if (t.joinable()) t.join();
     }
     workers_.clear();
+    WakeRegistrar();
+    if (registrar_thread_.joinable()) registrar_thread_.join();
     if (elector_) elector_->Stop();
     if (pool_informer_) pool_informer_->Stop();
     if (dataset_informer_) dataset_informer_->Stop();
+    if (webhook_secret_informer_) webhook_secret_informer_->Stop();
+    std::map<std::string, std::unique_ptr<Informer>> secrets;
+    {
+      std::lock_guard lock(store_secrets_mu_);
+      secrets.swap(store_secret_informers_);
+    }
+    secrets.clear();  // each stops its thread
   }
 
   bool leading() const { return !options_.leader_elect || (elector_ && elector_->is_leader()); }
@@ -94,10 +124,128 @@ class Operator::Impl {
     c.reconcile_errors = errors_.load();
     c.relists = (pool_informer_ ? pool_informer_->gone() : 0) +
                 (dataset_informer_ ? dataset_informer_->gone() : 0);
+    c.webhook_registrations = registrations_.load();
+    c.webhook_certs_loaded = certs_loaded_.load();
     return c;
   }
 
  private:
+  // "namespace/name" of a pool's store Secret.
+  std::string StoreSecretKey(const CachePool& pool) const {
+    return (pool.store_secret_namespace.empty() ? options_.namespace_
+                                                : pool.store_secret_namespace) +
+           "/" + pool.store_secret_name;
+  }
+
+  // One informer per store Secret some pool names (few pools, each a watch
+  // of one Secret by a field selector): a changed URL reaches the pool's
+  // objects and the Datasets' copies (ReconcileDataset) at once, not at the
+  // next periodic look. Runs on the pool informer's thread.
+  void WatchStoreSecrets() {
+    if (stop_) return;
+    std::set<std::string> wanted;
+    for (const Json& p : pool_informer_->List()) {
+      Result<CachePool> pool = ParseCachePool(p);
+      if (pool.ok() && !pool->store_secret_name.empty()) wanted.insert(StoreSecretKey(*pool));
+    }
+    std::vector<std::unique_ptr<Informer>> unused;
+    std::lock_guard lock(store_secrets_mu_);
+    for (auto it = store_secret_informers_.begin(); it != store_secret_informers_.end();) {
+      if (wanted.count(it->first) == 0) {
+        unused.push_back(std::move(it->second));
+        it = store_secret_informers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const std::string& key : wanted) {
+      if (store_secret_informers_.count(key) != 0) continue;
+      const size_t slash = key.find('/');
+      InformerOptions o;
+      o.collection_path = "/api/v1/namespaces/" + key.substr(0, slash) + "/secrets?fieldSelector=" +
+                          UrlEncode("metadata.name=" + key.substr(slash + 1));
+      o.resync = options_.resync;
+      auto informer = std::make_unique<Informer>(
+          client_, o, [this, key](const std::string&) { OnStoreSecret(key); });
+      informer->Start();
+      store_secret_informers_[key] = std::move(informer);
+    }
+    // `unused` stop (join their threads) here; their callbacks take no lock.
+  }
+
+  // A store Secret changed: its pools and their Datasets are looked at.
+  void OnStoreSecret(const std::string& secret_key) {
+    std::set<std::string> pools;
+    for (const Json& p : pool_informer_->List()) {
+      Result<CachePool> pool = ParseCachePool(p);
+      if (pool.ok() && StoreSecretKey(*pool) == secret_key) pools.insert(pool->name);
+    }
+    for (const std::string& pool : pools) pool_queue_.Add(pool);
+    for (const Json& d : dataset_informer_->List()) {
+      if (pools.count(d["spec"].value("cachePool", "")) != 0) {
+        dataset_queue_.Add(Informer::KeyOf(d));
+      }
+    }
+  }
+
+  // The webhook Secret changed (every replica): a usable new certificate is
+  // handed on; the leader's registrar looks at it.
+  void OnWebhookSecret(const std::string& key) {
+    auto log = GetLogger("operator");
+    std::optional<Json> secret = webhook_secret_informer_->Get(key);
+    if (secret) {
+      Result<WebhookCert> cert = WebhookCertFromSecret(*secret);
+      Status usable = cert.ok() ? InspectWebhookCert(*cert).status() : cert.status();
+      if (!usable.ok()) {
+        log->warn("the webhook Secret {} is not usable ({}); serving the last certificate", key,
+                  usable.message());
+      } else if (cert->cert_pem != served_cert_pem_) {
+        served_cert_pem_ = cert->cert_pem;
+        if (options_.on_webhook_cert) options_.on_webhook_cert(*cert);
+        ++certs_loaded_;
+        log->info("serving the webhook certificate of Secret {}", key);
+      }
+    }
+    WakeRegistrar();
+  }
+
+  void WakeRegistrar() {
+    std::lock_guard lock(registrar_mu_);
+    registrar_wake_ = true;
+    registrar_cv_.notify_all();
+  }
+
+  void WaitRegistrar(std::chrono::milliseconds d) {
+    std::unique_lock lock(registrar_mu_);
+    registrar_cv_.wait_for(lock, d, [this] { return registrar_wake_ || stop_.load(); });
+    registrar_wake_ = false;
+  }
+
+  // The leader keeps the webhook's Secret and registration.
+  void Register() {
+    auto log = GetLogger("operator");
+    WebhookRegistrar registrar(client_, *options_.webhook);
+    std::chrono::milliseconds backoff{500};
+    while (!stop_) {
+      if (!leading() ||
+          (webhook_secret_informer_ != nullptr && !webhook_secret_informer_->synced())) {
+        WaitRegistrar(std::chrono::milliseconds(200));
+        continue;
+      }
+      Result<std::chrono::milliseconds> next = registrar.Reconcile();
+      if (next.ok()) {
+        ++registrations_;
+        backoff = std::chrono::milliseconds(500);
+        WaitRegistrar(*next);
+      } else {
+        log->warn("keeping the sidecar webhook registered: {} (retry in {} ms)",
+                  next.status().ToString(), backoff.count());
+        WaitRegistrar(backoff);
+        backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(30));
+      }
+    }
+  }
+
   // Alternates between the two queues so neither kind starves the other.
   void Work() {
     auto log = GetLogger("operator");
@@ -151,10 +299,18 @@ class Operator::Impl {
   WorkQueue dataset_queue_;
   std::unique_ptr<Informer> pool_informer_;
   std::unique_ptr<Informer> dataset_informer_;
+  std::unique_ptr<Informer> webhook_secret_informer_;
+  std::string served_cert_pem_;  // webhook_secret_informer_'s thread only
+  std::mutex store_secrets_mu_;
+  std::map<std::string, std::unique_ptr<Informer>> store_secret_informers_;  // by "ns/name"
   std::unique_ptr<LeaderElector> elector_;
   std::vector<std::thread> workers_;
+  std::thread registrar_thread_;
+  std::mutex registrar_mu_;
+  std::condition_variable registrar_cv_;
+  bool registrar_wake_ = false;  // guarded by registrar_mu_
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> reconciles_{0}, errors_{0};
+  std::atomic<uint64_t> reconciles_{0}, errors_{0}, registrations_{0}, certs_loaded_{0};
 };
 
 Operator::Operator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

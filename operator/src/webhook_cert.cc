@@ -1,5 +1,6 @@
 #include "granary/operator/webhook_cert.h"
 
+#include <arpa/inet.h>
 #include <openssl/bio.h>
 #include <openssl/bn.h>
 #include <openssl/err.h>
@@ -9,6 +10,7 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <ctime>
 #include <memory>
 #include <string>
 
@@ -20,6 +22,7 @@ struct Free {
   void operator()(X509* p) const { X509_free(p); }
   void operator()(BIO* p) const { BIO_free(p); }
   void operator()(X509_EXTENSION* p) const { X509_EXTENSION_free(p); }
+  void operator()(GENERAL_NAMES* p) const { GENERAL_NAMES_free(p); }
 };
 using Key = std::unique_ptr<EVP_PKEY, Free>;
 using Cert = std::unique_ptr<X509, Free>;
@@ -53,7 +56,7 @@ Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& value)
 
 // `issuer` null: self-signed (the CA).
 Result<Cert> NewCert(EVP_PKEY* key, const std::string& common_name, X509* issuer,
-                     std::chrono::hours validity) {
+                     std::chrono::seconds validity) {
   Cert cert(X509_new());
   if (!cert) return OpenSslError("X509_new");
   if (X509_set_version(cert.get(), 2) != 1) return OpenSslError("setting the version");
@@ -112,7 +115,72 @@ bool IsIpAddress(const std::string& text) {
   return true;
 }
 
+Result<std::chrono::system_clock::time_point> TimeOf(const ASN1_TIME* t, const char* which) {
+  std::tm tm{};
+  if (t == nullptr || ASN1_TIME_to_tm(t, &tm) != 1) {
+    return Status::InvalidArgument("the serving certificate's " + std::string(which) +
+                                   " date cannot be read");
+  }
+  return std::chrono::system_clock::from_time_t(timegm(&tm));
+}
+
+Bio ReadBio(const std::string& pem) {
+  return Bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
 }  // namespace
+
+Result<WebhookCertInfo> InspectWebhookCert(const WebhookCert& cert) {
+  Bio cert_bio = ReadBio(cert.cert_pem);
+  Cert leaf(cert_bio ? PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr) : nullptr);
+  ERR_clear_error();
+  if (!leaf) return Status::InvalidArgument("tls.crt holds no PEM certificate");
+  Bio key_bio = ReadBio(cert.key_pem);
+  Key key(key_bio ? PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr) : nullptr);
+  ERR_clear_error();
+  if (!key) return Status::InvalidArgument("tls.key holds no PEM private key");
+  if (X509_check_private_key(leaf.get(), key.get()) != 1) {
+    ERR_clear_error();
+    return Status::InvalidArgument("tls.key is not the key of the certificate in tls.crt");
+  }
+  WebhookCertInfo info;
+  Bio ca_bio = ReadBio(cert.ca_pem);
+  while (ca_bio) {
+    Cert ca(PEM_read_bio_X509(ca_bio.get(), nullptr, nullptr, nullptr));
+    if (!ca) break;
+    if (X509_check_issued(ca.get(), leaf.get()) == X509_V_OK &&
+        X509_verify(leaf.get(), X509_get0_pubkey(ca.get())) == 1) {
+      GRANARY_ASSIGN_OR_RETURN(info.issuer_pem, CertPem(ca.get()));
+      break;
+    }
+  }
+  ERR_clear_error();
+  if (info.issuer_pem.empty()) {
+    return Status::InvalidArgument("no certificate in ca.crt signed the certificate in tls.crt");
+  }
+  GRANARY_ASSIGN_OR_RETURN(info.not_before, TimeOf(X509_get0_notBefore(leaf.get()), "notBefore"));
+  GRANARY_ASSIGN_OR_RETURN(info.not_after, TimeOf(X509_get0_notAfter(leaf.get()), "notAfter"));
+  std::unique_ptr<GENERAL_NAMES, Free> names(static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(leaf.get(), NID_subject_alt_name, nullptr, nullptr)));
+  for (int i = 0; names && i < sk_GENERAL_NAME_num(names.get()); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names.get(), i);
+    if (name->type == GEN_DNS) {
+      const ASN1_STRING* dns = name->d.dNSName;
+      info.dns_names.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(dns)),
+                                  static_cast<size_t>(ASN1_STRING_length(dns)));
+    } else if (name->type == GEN_IPADD) {
+      const ASN1_OCTET_STRING* ip = name->d.iPAddress;
+      const int length = ASN1_STRING_length(ip);
+      char text[INET6_ADDRSTRLEN] = {};
+      if ((length == 4 || length == 16) &&
+          inet_ntop(length == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(ip), text,
+                    sizeof(text)) != nullptr) {
+        info.ip_addresses.emplace_back(text);
+      }
+    }
+  }
+  return info;
+}
 
 std::vector<std::string> ServiceDnsNames(const std::string& service, const std::string& ns) {
   return {service, service + "." + ns, service + "." + ns + ".svc",

@@ -10,6 +10,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -67,21 +68,52 @@ struct WebhookServer::Impl {
   // Reset by Stop, which destroys the sessions' handlers and so closes
   // their connections (Stop joins the thread first).
   std::optional<asio::io_context> io{std::in_place, 1};
-  ssl::context tls{ssl::context::tls_server};
+  // Swapped whole by SetCertificate; each session keeps the one it started
+  // with. Null: no certificate yet.
+  mutable std::mutex tls_mu;
+  std::shared_ptr<ssl::context> tls;      // guarded by tls_mu
   std::optional<tcp::acceptor> acceptor;  // emplaced by Start, reset by Stop
   uint16_t port = 0;
   std::thread thread;
   bool stopped = false;
 
   void Accept();
+  std::shared_ptr<ssl::context> Tls() const {
+    std::lock_guard lock(tls_mu);
+    return tls;
+  }
 };
 
 namespace {
 
+Result<std::shared_ptr<ssl::context>> MakeServerTls(const std::string& cert_pem,
+                                                    const std::string& key_pem) {
+  auto tls = std::make_shared<ssl::context>(ssl::context::tls_server);
+  beast::error_code ec;
+  tls->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                       ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1,
+                   ec);
+  tls->use_certificate_chain(asio::buffer(cert_pem), ec);
+  if (ec) {
+    return Status::InvalidArgument("webhook server: the serving certificate is not usable PEM: " +
+                                   ec.message());
+  }
+  tls->use_private_key(asio::buffer(key_pem), ssl::context::pem, ec);
+  if (ec) {
+    return Status::InvalidArgument("webhook server: the serving key is not usable PEM: " +
+                                   ec.message());
+  }
+  if (SSL_CTX_check_private_key(tls->native_handle()) != 1) {
+    return Status::InvalidArgument(
+        "webhook server: the serving key is not the serving certificate's key");
+  }
+  return tls;
+}
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, WebhookServer::Impl* server)
-      : stream_(std::move(socket), server->tls), server_(server) {
+  Session(tcp::socket socket, std::shared_ptr<ssl::context> tls, WebhookServer::Impl* server)
+      : tls_(std::move(tls)), stream_(std::move(socket), *tls_), server_(server) {
     server_->connections.fetch_add(1);
   }
   ~Session() { server_->connections.fetch_sub(1); }
@@ -190,6 +222,7 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  std::shared_ptr<ssl::context> tls_;  // before stream_, which uses it
   beast::ssl_stream<beast::tcp_stream> stream_;
   WebhookServer::Impl* server_;
   beast::flat_buffer buffer_;
@@ -204,11 +237,12 @@ void WebhookServer::Impl::Accept() {
   acceptor->async_accept(asio::make_strand(*io), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
     if (!ec) {
-      if (connections.load() >= options.max_connections) {
+      std::shared_ptr<ssl::context> context = Tls();
+      if (connections.load() >= options.max_connections || !context) {
         beast::error_code ignored;
         socket.close(ignored);
       } else {
-        std::make_shared<Session>(std::move(socket), this)->Run();
+        std::make_shared<Session>(std::move(socket), std::move(context), this)->Run();
       }
     }
     Accept();
@@ -222,19 +256,8 @@ Result<std::unique_ptr<WebhookServer>> WebhookServer::Start(WebhookServerOptions
   impl->lookup = std::move(lookup);
   const WebhookServerOptions& o = impl->options;
   beast::error_code ec;
-  impl->tls.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
-                            ssl::context::no_sslv3 | ssl::context::no_tlsv1 |
-                            ssl::context::no_tlsv1_1,
-                        ec);
-  impl->tls.use_certificate_chain(asio::buffer(o.cert_pem), ec);
-  if (ec) {
-    return Status::InvalidArgument("webhook server: the serving certificate is not usable PEM: " +
-                                   ec.message());
-  }
-  impl->tls.use_private_key(asio::buffer(o.key_pem), ssl::context::pem, ec);
-  if (ec) {
-    return Status::InvalidArgument("webhook server: the serving key is not usable PEM: " +
-                                   ec.message());
+  if (!o.cert_pem.empty() || !o.key_pem.empty()) {
+    GRANARY_ASSIGN_OR_RETURN(impl->tls, MakeServerTls(o.cert_pem, o.key_pem));
   }
   const asio::ip::address address = asio::ip::make_address(o.listen_host, ec);
   if (ec) {
@@ -266,6 +289,15 @@ WebhookServer::WebhookServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 WebhookServer::~WebhookServer() { Stop(); }
 
 uint16_t WebhookServer::port() const { return impl_->port; }
+
+Status WebhookServer::SetCertificate(const std::string& cert_pem, const std::string& key_pem) {
+  GRANARY_ASSIGN_OR_RETURN(std::shared_ptr<ssl::context> tls, MakeServerTls(cert_pem, key_pem));
+  std::lock_guard lock(impl_->tls_mu);
+  impl_->tls = std::move(tls);
+  return Status::Ok();
+}
+
+bool WebhookServer::has_certificate() const { return impl_->Tls() != nullptr; }
 
 void WebhookServer::Stop() {
   if (impl_->stopped) return;

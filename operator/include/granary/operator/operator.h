@@ -14,7 +14,13 @@
 //     pool's cache nodes as the Dataset's runAs identity and staged by them;
 //     status (phase, conditions Snapshotted/Staged/Ready, counts) from the
 //     store's records and verified progress. A finalizer deletes the record
-//     (the nodes drop the chunks) before the Dataset goes.
+//     (the nodes drop the chunks) before the Dataset goes. The pool's store
+//     Secret is copied into the Dataset's namespace as
+//     SidecarStoreSecretName(pool) for the injected sidecars, owned by every
+//     Dataset of that pool there, and deleted with the last of them.
+//   Webhook (with OperatorOptions::webhook) → the serving certificate's
+//     Secret and the MutatingWebhookConfiguration (webhook_registration.h),
+//     kept by the leader; every replica is handed each new certificate.
 //
 // Informers (list+watch) feed a WorkQueue per kind; `workers` threads
 // reconcile. With leader election only the Lease holder reconciles; the
@@ -23,11 +29,15 @@
 // Thread safety: Start/Stop from one thread; the rest is internal.
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "granary/core/status.h"
 #include "granary/operator/kube_client.h"
+#include "granary/operator/webhook_cert.h"
+#include "granary/operator/webhook_registration.h"
 
 namespace granary::kube {
 
@@ -47,6 +57,12 @@ struct OperatorOptions {
   std::chrono::milliseconds resync{60000};
   // The cache-node command in the DaemonSet's container.
   std::string cachenode_command = "granary-cachenode";
+  // The sidecar webhook's certificate and registration; unset: neither.
+  std::optional<WebhookRegistrationOptions> webhook;
+  // With webhook->manage_certificate: called with every new usable
+  // certificate of the webhook Secret, on every replica (from an informer
+  // thread), e.g. WebhookServer::SetCertificate.
+  std::function<void(const WebhookCert&)> on_webhook_cert;
 };
 
 class Operator {
@@ -65,6 +81,8 @@ class Operator {
     uint64_t reconciles = 0;
     uint64_t reconcile_errors = 0;
     uint64_t relists = 0;
+    uint64_t webhook_registrations = 0;  // successful WebhookRegistrar::Reconcile calls
+    uint64_t webhook_certs_loaded = 0;   // certificates handed to on_webhook_cert
   };
   Counters counters() const;
 

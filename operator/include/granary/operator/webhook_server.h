@@ -7,7 +7,8 @@
 // would give it one that reads its informers' caches.
 // docs/kubernetes-webhook.md.
 //
-// Thread safety: Start/Stop/port from one thread. Requests are served on the
+// Thread safety: Start/Stop/port from one thread; SetCertificate and
+// has_certificate from any thread. Requests are served on the
 // server's own thread, which calls the lookup: it must be thread-safe
 // against the caller's other threads.
 
@@ -44,7 +45,9 @@ MutateReply HandleMutate(std::string_view body, const std::string& operator_name
 struct WebhookServerOptions {
   std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 0;  // 0: any free port (see WebhookServer::port)
-  std::string cert_pem;      // serving certificate (chain) and key, PEM
+  // Serving certificate (chain) and key, PEM. Both empty: none yet (every
+  // connection is closed at once until SetCertificate gives one).
+  std::string cert_pem;
   std::string key_pem;
   std::string operator_namespace;
   size_t max_body_bytes = kMaxReviewBytes;
@@ -67,6 +70,13 @@ class WebhookServer {
   WebhookServer& operator=(const WebhookServer&) = delete;
 
   uint16_t port() const;  // the bound port (still known after Stop)
+
+  // Serves with this certificate and key from the next connection on
+  // (connections already open keep theirs): a renewed certificate takes
+  // effect without a restart. kInvalidArgument, and the old one kept, when
+  // they are not usable PEM or the key is not the certificate's.
+  Status SetCertificate(const std::string& cert_pem, const std::string& key_pem);
+  bool has_certificate() const;
   // Closes the listener and every connection; joins the thread.
   void Stop();
 
