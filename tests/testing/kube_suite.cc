@@ -1,0 +1,196 @@
+#include "testing/kube_suite.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <iostream>
+#include <regex>
+
+namespace granary::testing {
+
+using nlohmann::json;
+using std::chrono::seconds;
+
+std::string ReplaceAll(std::string text, const std::string& from, const std::string& to) {
+  if (from.empty()) return text;
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+std::string ConditionField(const json& object, const std::string& type, const std::string& field) {
+  for (const json& c : object.value("status", json::object()).value("conditions", json::array())) {
+    if (c.value("type", "") == type) return c.value(field, "");
+  }
+  return "";
+}
+
+KubeSuite::KubeSuite(KubeSuiteOptions options) : options_(std::move(options)) {
+  ::chmod(dir_.path().c_str(), 0755);
+}
+
+KubeSuite::~KubeSuite() {
+  // The operators first (they write to the store and the API server), then the
+  // cache node, then the store and the control plane under them.
+  operators_.clear();
+  runner_.reset();
+  redis_.reset();
+  cluster_.reset();
+}
+
+Status KubeSuite::Start() {
+  KubeClusterOptions o;
+  o.nodes = {{"gpu-node-1", {{"nvidia.com/gpu.present", "true"}, {"granary.io/nvme", "true"}}},
+             {"gpu-node-2", {{"nvidia.com/gpu.present", "true"}}}};
+  GRANARY_ASSIGN_OR_RETURN(cluster_, KubeCluster::Start(o));
+  GRANARY_ASSIGN_OR_RETURN(redis_, RedisServer::Start());
+  GRANARY_RETURN_IF_ERROR(ApplyCrdsPolicyAndNamespaces());
+  PodRunnerOptions ro;
+  ro.images = {{"granary", options_.pod_bin_dir}};
+  runner_ = std::make_unique<PodRunner>(*cluster_, ro);
+  GRANARY_RETURN_IF_ERROR(runner_->Start());
+  GRANARY_RETURN_IF_ERROR(StartOperator());
+  return ApplyPoolAndWaitReady();
+}
+
+Status KubeSuite::ApplyCrdsPolicyAndNamespaces() {
+  const std::string& root = options_.source_dir;
+  KubectlResult r =
+      cluster_->Kubectl({"apply", "--server-side", "-f", root + "/charts/granary/crds/"});
+  if (!r.ok()) return Status::Internal("applying the CRDs: " + r.Describe());
+  r = cluster_->Kubectl({"wait", "--for=condition=established", "--timeout=60s",
+                         "crd/datasets.granary.io", "crd/cachepools.granary.io"});
+  if (!r.ok()) return Status::Internal("CRDs not established: " + r.Describe());
+  r = cluster_->Kubectl({"apply", "-f", root + "/charts/granary/policies/dataset-identity.yaml"});
+  if (!r.ok()) return Status::Internal("applying the identity policy: " + r.Describe());
+  // The example namespaces, with the store Secret naming the test's Redis.
+  std::string namespaces = ReadAll(root + "/examples/kubernetes/namespace.yaml");
+  namespaces = std::regex_replace(namespaces, std::regex("url: \"redis://[^\"]*\""),
+                                  "url: \"" + redis_->url() + "\"");
+  r = cluster_->Kubectl({"apply", "--validate=strict", "-f", "-"}, namespaces);
+  if (!r.ok()) return Status::Internal("applying namespace.yaml: " + r.Describe());
+  return Status::Ok();
+}
+
+Status KubeSuite::ApplyPoolAndWaitReady() {
+  std::filesystem::create_directories(datasets());
+  ::chmod(datasets().c_str(), 0755);
+  data_port_ = FreeTcpPort();
+  metrics_port_ = FreeTcpPort();
+  std::string pool = ReadAll(options_.source_dir + "/examples/kubernetes/cachepool.yaml");
+  pool = ReplaceAll(pool, "/nvme/granary", nvme());
+  pool = ReplaceAll(pool, "/mnt/datasets", datasets());
+  pool = ReplaceAll(pool, "data: 7070", "data: " + std::to_string(data_port_));
+  pool = ReplaceAll(pool, "metrics: 9464", "metrics: " + std::to_string(metrics_port_));
+  KubectlResult r = cluster_->Kubectl({"apply", "--validate=strict", "-f", "-"}, pool);
+  if (!r.ok()) return Status::Internal("applying cachepool.yaml: " + r.Describe());
+  GRANARY_RETURN_IF_ERROR(
+      runner_->WaitForRunning(PodRunner::InNamespace("granary"), 1, options_.pool_ready_timeout));
+  Status ready = cluster_->WaitFor(
+      [&] {
+        Result<json> p = cluster_->GetJson({"cachepool", "gpu"});
+        return p.ok() && ConditionField(*p, "Ready") == "True" &&
+               p->value("status", json::object()).value("capacityBytes", uint64_t{0}) > 0;
+      },
+      options_.pool_ready_timeout, "CachePool gpu Ready with its node registered");
+  if (!ready.ok()) {
+    return Status(
+        ready.code(),
+        ready.message() + "\n" + cluster_->Kubectl({"get", "cachepool", "gpu", "-o", "yaml"}).out);
+  }
+  return Status::Ok();
+}
+
+Status KubeSuite::StartOperator(const std::vector<std::string>& extra) {
+  DaemonProcessOptions o;
+  o.binary = options_.operator_binary;
+  o.name = "operator-" + std::to_string(++operator_count_);
+  o.log_path = dir_.Join(o.name + ".log");
+  o.args = {"--kubeconfig=" + cluster_->kubeconfig_path(),
+            "--namespace=granary",
+            "--identity=" + o.name,
+            "--metrics-listen=127.0.0.1:0",
+            "--progress-interval=300ms",
+            "--lease-duration=4s",
+            "--renew-deadline=3s",
+            "--retry-period=500ms",
+            "--log-level=debug"};
+  o.args.insert(o.args.end(), extra.begin(), extra.end());
+  GRANARY_ASSIGN_OR_RETURN(auto p, DaemonProcess::Start(o));
+  operators_.push_back(std::move(p));
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<MetadataStore>> KubeSuite::Store() const {
+  return OpenMetadataStore(redis_->url());
+}
+
+void KubeSuite::WriteSource(const std::string& rel,
+                            const std::vector<std::pair<std::string, std::string>>& files) const {
+  const std::filesystem::path top = std::filesystem::path(datasets()) / rel;
+  for (const auto& [path, bytes] : files) {
+    const std::filesystem::path full = top / path;
+    std::filesystem::create_directories(full.parent_path());
+    WriteAll(full.string(), bytes);
+    ::chmod(full.c_str(), 0644);
+  }
+  // Every directory from datasets() down, so the tree's users can walk to it.
+  for (std::filesystem::path p = top; p.string().size() >= datasets().size(); p = p.parent_path()) {
+    ::chmod(p.c_str(), 0755);
+    if (p.string() == datasets()) break;
+  }
+  for (const auto& e : std::filesystem::recursive_directory_iterator(top)) {
+    if (e.is_directory()) ::chmod(e.path().c_str(), 0755);
+  }
+}
+
+std::string KubeSuite::DatasetYaml(const std::string& ns, const std::string& name,
+                                   const std::string& source, const std::string& extra) {
+  return "apiVersion: granary.io/v1alpha1\nkind: Dataset\nmetadata: {name: " + name +
+         ", namespace: " + ns + "}\nspec:\n  cachePool: gpu\n  source: " + source +
+         "\n  chunkSize: 64Ki\n  runAs: {uid: 1000, gid: 1000}\n" + extra;
+}
+
+Result<json> KubeSuite::Dataset(const std::string& ns, const std::string& name) const {
+  return cluster_->GetJson({"dataset", "-n", ns, name});
+}
+
+Status KubeSuite::WaitDatasetCondition(const std::string& ns, const std::string& name,
+                                       const std::string& type, const std::string& status,
+                                       const std::string& reason,
+                                       std::chrono::milliseconds timeout) const {
+  Status s = cluster_->WaitFor(
+      [&] {
+        Result<json> d = Dataset(ns, name);
+        return d.ok() && ConditionField(*d, type) == status &&
+               (reason.empty() || ConditionField(*d, type, "reason") == reason);
+      },
+      timeout, "dataset " + ns + "/" + name + " " + type + "=" + status + " " + reason);
+  if (s.ok()) return s;
+  return Status(s.code(), s.message() + "\n" +
+                              cluster_->Kubectl({"describe", "dataset", "-n", ns, name}).out);
+}
+
+std::string KubeSuite::OperatorLogs(size_t max_bytes_each) const {
+  std::string out;
+  for (const auto& p : operators_) {
+    std::string log = ReadAll(p->log_path());
+    if (log.size() > max_bytes_each) log = "..." + log.substr(log.size() - max_bytes_each);
+    out += "---- " + p->name() + " ----\n" + log;
+  }
+  return out;
+}
+
+void KubeSuite::PrintLogsIfTestFailed() {
+  if (!::testing::Test::HasFailure()) return;
+  if (cluster_) cluster_->PrintLogsIfTestFailed();
+  if (runner_) runner_->PrintLogsIfTestFailed();
+  if (!operator_logs_printed_ && !operators_.empty()) {
+    operator_logs_printed_ = true;
+    std::cerr << OperatorLogs();
+  }
+}
+
+}  // namespace granary::testing

@@ -1,0 +1,153 @@
+#pragma once
+
+// KubeSuite: what a Kubernetes suite needs before its first case, started in
+// one call: a real control plane (KubeCluster), a real Redis as the metadata
+// store, PodRunner running the pods of Granary's images as local processes,
+// granary-operator as a real process, and the example CachePool `gpu`
+// (examples/kubernetes/cachepool.yaml) Ready with its one cache node
+// registered.
+//
+//   KubeSuiteOptions o;
+//   o.source_dir = GRANARY_SOURCE_DIR; o.pod_bin_dir = GRANARY_POD_BIN_DIR;
+//   o.operator_binary = GRANARY_OPERATOR_BINARY;
+//   KubeSuite suite(o);
+//   ASSERT_OK(suite.Start());                     // ~15 s; pool Ready when it returns
+//   suite.WriteSource("imagenet/train", files);   // under suite.datasets()
+//   suite.cluster().MustKubectl({"apply", "-f", "-"},
+//                               KubeSuite::DatasetYaml("team-a", "x", suite.datasets() + "/..."));
+//   ASSERT_OK(suite.WaitDatasetCondition("team-a", "x", "Ready", "True", "", 60s));
+//
+// What Start applies, in order: the CRDs and the identity policy as the chart
+// ships them (charts/granary/), the example namespaces (team-a, granted uid
+// and gid 1000, and granary with the store Secret, its URL replaced by the
+// test's Redis), then starts PodRunner and the operator (namespace granary,
+// short lease and progress intervals), and applies the example pool with its
+// paths and ports made this host's: the chunk store at nvme(), the one source
+// mount at datasets(), free data and metrics ports. The cluster has two fake
+// GPU nodes of which only gpu-node-1 carries granary.io/nvme=true, so the
+// pool's DaemonSet runs one cache node (PodRunner runs every node's pods on
+// this host, where two would want the same ports).
+//
+// Everything lives in dir(), a TempDir of mode 0755 (uid 1000, the Datasets'
+// runAs, and a Slurm job's user must be able to walk to the sources).
+// Destruction stops the operators, then the runner (the cache node), then
+// Redis, then the cluster; if Start failed half-way, what started is stopped
+// the same way, and its logs are still there for the message
+// (OperatorLogs, PrintLogsIfTestFailed).
+//
+// Who uses it: tests/kubernetes/mixed_site_test.cc. (operator_test.cc has
+// the same set-up as a fixture of its own.)
+//
+// Thread safety: the test's main thread owns it. cluster(), runner() and
+// redis() hand out the fixtures, whose own contracts then apply.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "granary/core/metadata_store.h"
+#include "granary/core/status.h"
+#include "testing/daemon_process.h"
+#include "testing/kube_cluster.h"
+#include "testing/pod_runner.h"
+#include "testing/redis_server.h"
+#include "testing/test_util.h"
+
+namespace granary::testing {
+
+struct KubeSuiteOptions {
+  std::string source_dir;       // the source tree: charts/granary/, examples/kubernetes/
+  std::string pod_bin_dir;      // what PodRunner maps the `granary` images to
+  std::string operator_binary;  // granary-operator
+  std::chrono::milliseconds pool_ready_timeout{60000};
+};
+
+class KubeSuite {
+ public:
+  explicit KubeSuite(KubeSuiteOptions options);
+  ~KubeSuite();
+  KubeSuite(const KubeSuite&) = delete;
+  KubeSuite& operator=(const KubeSuite&) = delete;
+
+  // Starts everything above; bounded. An error names the step and carries
+  // what kubectl or the pool's status said.
+  Status Start();
+  // One more granary-operator replica (each has its own identity and log);
+  // `extra` flags are appended.
+  Status StartOperator(const std::vector<std::string>& extra = {});
+
+  KubeCluster& cluster() const { return *cluster_; }
+  RedisServer& redis() const { return *redis_; }
+  PodRunner& runner() const { return *runner_; }
+  const std::vector<std::unique_ptr<DaemonProcess>>& operators() const { return operators_; }
+
+  const std::string& dir() const { return dir_.path(); }
+  // The pool's one source mount: Datasets' sources lie under it.
+  std::string datasets() const { return dir_.Join("datasets"); }
+  // The pool's chunk store directory.
+  std::string nvme() const { return dir_.Join("nvme"); }
+  uint16_t data_port() const { return data_port_; }
+  // The cache node's /metrics, /healthz and /readyz: 127.0.0.1:<port>.
+  std::string metrics_address() const { return "127.0.0.1:" + std::to_string(metrics_port_); }
+
+  // A new client of the suite's store.
+  Result<std::unique_ptr<MetadataStore>> Store() const;
+
+  // Writes `files` (path relative to the tree -> bytes) under
+  // datasets()/<rel>, every directory on the way 0755 and every file 0644, so
+  // that uid 1000 (the example namespace's grant) and any other user may read
+  // them. Fails the test if a file cannot be written.
+  void WriteSource(const std::string& rel,
+                   const std::vector<std::pair<std::string, std::string>>& files) const;
+
+  // A Dataset of `ns` in pool gpu read as uid/gid 1000, chunkSize 64Ki, with
+  // `extra` (indented spec lines) appended to its spec.
+  static std::string DatasetYaml(const std::string& ns, const std::string& name,
+                                 const std::string& source, const std::string& extra = "");
+  // `kubectl get dataset -n ns name -o json`.
+  Result<nlohmann::json> Dataset(const std::string& ns, const std::string& name) const;
+  // Waits until the Dataset's condition `type` has `status` (and `reason`,
+  // unless empty): kDeadlineExceeded with its `kubectl describe` otherwise.
+  Status WaitDatasetCondition(const std::string& ns, const std::string& name,
+                              const std::string& type, const std::string& status,
+                              const std::string& reason, std::chrono::milliseconds timeout) const;
+
+  // The tail of every operator replica's log, for messages.
+  std::string OperatorLogs(size_t max_bytes_each = 6000) const;
+  // If the current test has failed: the cluster's and the runner's logs (once
+  // each, by those fixtures) and the operators' tails.
+  void PrintLogsIfTestFailed();
+
+ private:
+  Status ApplyCrdsPolicyAndNamespaces();
+  Status ApplyPoolAndWaitReady();
+
+  KubeSuiteOptions options_;
+  TempDir dir_;
+  // Declared in start order: destroyed in the reverse (operators first).
+  std::unique_ptr<KubeCluster> cluster_;
+  std::unique_ptr<RedisServer> redis_;
+  std::unique_ptr<PodRunner> runner_;
+  std::vector<std::unique_ptr<DaemonProcess>> operators_;
+  uint16_t data_port_ = 0;
+  uint16_t metrics_port_ = 0;
+  int operator_count_ = 0;
+  bool operator_logs_printed_ = false;
+};
+
+// `text` with every `from` replaced by `to`.
+std::string ReplaceAll(std::string text, const std::string& from, const std::string& to);
+
+// A field (`status`, `reason`, `message`) of condition `type` in an object's
+// status.conditions; empty if there is no such condition.
+std::string ConditionField(const nlohmann::json& object, const std::string& type,
+                           const std::string& field = "status");
+
+}  // namespace granary::testing
