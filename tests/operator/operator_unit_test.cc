@@ -1,17 +1,21 @@
 // granary::operator's pieces that need no API server: quantities, names,
-// grants, mounts, conditions, kubeconfig parsing, the work queue. The
+// grants, mounts, conditions, kubeconfig parsing, the work queue, the
+// webhook's registration (options, renewal decision, objects). The
 // reconcilers against a real control plane: tests/kubernetes/operator_test.cc.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "granary/core/metadata_store.h"
 #include "granary/operator/base64.h"
 #include "granary/operator/kube_config.h"
 #include "granary/operator/resources.h"
+#include "granary/operator/webhook_cert.h"
+#include "granary/operator/webhook_registration.h"
 #include "granary/operator/work_queue.h"
 #include "testing/test_util.h"
 
@@ -327,6 +331,220 @@ TEST(WorkQueueTest, BoundedAndShutDownWakesWaiters) {
   t.join();
   empty.Add("x");
   EXPECT_EQ(empty.Length(), 0u);
+}
+
+// --- the webhook's registration
+
+WebhookRegistrationOptions ServiceRegistration() {
+  WebhookRegistrationOptions o;
+  o.namespace_ = "granary";
+  o.service_name = "granary-webhook";
+  o.cert_ips = {"127.0.0.1"};
+  o.cert_validity = std::chrono::hours(100);
+  o.renew_before = std::chrono::hours(10);
+  return o;
+}
+
+Json TlsSecretOf(const WebhookRegistrationOptions& o) {
+  Result<WebhookCert> cert = MakeWebhookCert(DesiredWebhookCert(o));
+  EXPECT_TRUE(cert.ok()) << cert.status().ToString();
+  return WebhookTlsSecret(o, *cert);
+}
+
+TEST(WebhookRegistrationTest, BadOptionsNameTheirFlag) {
+  EXPECT_TRUE(ValidateWebhookRegistration(ServiceRegistration()).ok());
+  struct Case {
+    std::function<void(WebhookRegistrationOptions&)> change;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& o) { o.service_name.clear(); }, "--webhook-url"},
+      {[](auto& o) { o.url = "https://127.0.0.1:1/mutate"; }, "exactly one"},
+      {[](auto& o) { o.service_name = "Not_A_Label"; }, "--webhook-service"},
+      {[](auto& o) { o.service_port = 0; }, "--webhook-service-port"},
+      {[](auto& o) { o.failure_policy = "Maybe"; }, "--webhook-failure-policy"},
+      {[](auto& o) { o.timeout_seconds = 0; }, "--webhook-timeout"},
+      {[](auto& o) { o.timeout_seconds = 31; }, "--webhook-timeout"},
+      {[](auto& o) { o.cert_ips = {"localhost"}; }, "--webhook-cert-ip"},
+      {[](auto& o) { o.renew_before = o.cert_validity; }, "--webhook-cert-renew-before"},
+      {[](auto& o) {
+         o.manage_certificate = false;
+         o.ca_bundle_pem = "not PEM";
+       },
+       "--webhook-ca-file"},
+  };
+  for (const Case& c : cases) {
+    WebhookRegistrationOptions o = ServiceRegistration();
+    c.change(o);
+    Status s = ValidateWebhookRegistration(o);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.says;
+    EXPECT_THAT(s.message(), HasSubstr(c.says));
+  }
+}
+
+TEST(WebhookRegistrationTest, UrlsMustBeHttpsWithAHost) {
+  EXPECT_EQ(*WebhookUrlHost("https://127.0.0.1:8443/mutate"), "127.0.0.1");
+  EXPECT_EQ(*WebhookUrlHost("https://webhook.example.com/mutate"), "webhook.example.com");
+  EXPECT_EQ(*WebhookUrlHost("https://[::1]:443/mutate"), "::1");
+  EXPECT_EQ(*WebhookUrlHost("https://h"), "h");
+  for (const char* bad :
+       {"http://127.0.0.1/mutate", "127.0.0.1:8443/mutate", "https://", "https:///mutate",
+        "https://h:/x", "https://h:99999/x", "https://h:8x/x", "https://u@h/x", "https://h/x?y=1",
+        "https://h/x#f", "https://[::1/x", "https://[nope]/x", "https://h_1/x", "ftp://h/x"}) {
+    Result<std::string> host = WebhookUrlHost(bad);
+    EXPECT_FALSE(host.ok()) << bad;
+    EXPECT_THAT(host.status().message(), HasSubstr("--webhook-url")) << bad;
+  }
+  EXPECT_THAT(WebhookUrlHost("http://h/x").status().message(), HasSubstr("http://"));
+}
+
+TEST(WebhookRegistrationTest, TheCertificateNamesTheServiceOrTheUrlHostAndTheIps) {
+  WebhookCertRequest service = DesiredWebhookCert(ServiceRegistration());
+  EXPECT_EQ(service.dns_names.size(), 4u);
+  EXPECT_THAT(service.dns_names, ::testing::Contains("granary-webhook.granary.svc"));
+  EXPECT_EQ(service.ip_addresses, std::vector<std::string>{"127.0.0.1"});
+  EXPECT_EQ(service.validity, std::chrono::hours(100));
+  WebhookRegistrationOptions o = ServiceRegistration();
+  o.service_name.clear();
+  o.url = "https://127.0.0.1:9443/mutate";
+  WebhookCertRequest url = DesiredWebhookCert(o);
+  EXPECT_TRUE(url.dns_names.empty());
+  EXPECT_EQ(url.ip_addresses, std::vector<std::string>{"127.0.0.1"});  // once
+  o.url = "https://hook.example.com/mutate";
+  EXPECT_EQ(DesiredWebhookCert(o).dns_names, std::vector<std::string>{"hook.example.com"});
+}
+
+TEST(WebhookRegistrationTest, InspectReadsNamesDatesAndTheSigningCa) {
+  WebhookCertRequest request;
+  request.dns_names = {"a.example", "b.example"};
+  request.ip_addresses = {"127.0.0.1", "::1"};
+  request.validity = std::chrono::hours(2);
+  const auto before = std::chrono::system_clock::now();
+  Result<WebhookCert> cert = MakeWebhookCert(request);
+  ASSERT_TRUE(cert.ok());
+  Result<WebhookCertInfo> info = InspectWebhookCert(*cert);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->dns_names, request.dns_names);
+  EXPECT_EQ(info->ip_addresses, (std::vector<std::string>{"127.0.0.1", "::1"}));
+  EXPECT_EQ(info->issuer_pem, cert->ca_pem);
+  const auto expected = before + std::chrono::hours(2);
+  EXPECT_LE(std::chrono::abs(info->not_after - expected), std::chrono::seconds(5));
+  EXPECT_LE(std::chrono::abs(info->not_before - (before - std::chrono::hours(1))),
+            std::chrono::seconds(5));
+  // A bundle with another CA first still finds the signer.
+  Result<WebhookCert> other = MakeWebhookCert(request);
+  ASSERT_TRUE(other.ok());
+  WebhookCert bundled = *cert;
+  bundled.ca_pem = other->ca_pem + cert->ca_pem;
+  ASSERT_TRUE(InspectWebhookCert(bundled).ok());
+  EXPECT_EQ(InspectWebhookCert(bundled)->issuer_pem, cert->ca_pem);
+  // Another CA, another key, garbage: refused with what is wrong.
+  WebhookCert wrong_ca = *cert;
+  wrong_ca.ca_pem = other->ca_pem;
+  EXPECT_THAT(InspectWebhookCert(wrong_ca).status().message(), HasSubstr("ca.crt"));
+  WebhookCert wrong_key = *cert;
+  wrong_key.key_pem = other->key_pem;
+  EXPECT_THAT(InspectWebhookCert(wrong_key).status().message(), HasSubstr("tls.key"));
+  WebhookCert garbage = *cert;
+  garbage.cert_pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+  EXPECT_THAT(InspectWebhookCert(garbage).status().message(), HasSubstr("tls.crt"));
+}
+
+TEST(WebhookRegistrationTest, RenewalDecision) {
+  const WebhookRegistrationOptions o = ServiceRegistration();
+  const auto now = std::chrono::system_clock::now();
+  using Action = CertRenewal::Action;
+  // Missing, of the wrong type, missing a key, not base64: a new one.
+  EXPECT_EQ(DecideCertRenewal(nullptr, o, now).action, Action::kCreate);
+  Json secret = TlsSecretOf(o);
+  Json opaque = secret;
+  opaque["type"] = "Opaque";
+  EXPECT_EQ(DecideCertRenewal(&opaque, o, now).action, Action::kCreate);
+  Json keyless = secret;
+  keyless["data"].erase("tls.key");
+  CertRenewal keyless_decision = DecideCertRenewal(&keyless, o, now);
+  EXPECT_EQ(keyless_decision.action, Action::kCreate);
+  EXPECT_THAT(keyless_decision.reason, HasSubstr("tls.key"));
+  Json not_base64 = secret;
+  not_base64["data"]["tls.crt"] = "***";
+  EXPECT_EQ(DecideCertRenewal(&not_base64, o, now).action, Action::kCreate);
+  Json mismatched = secret;
+  mismatched["data"]["tls.key"] = TlsSecretOf(o)["data"]["tls.key"];
+  EXPECT_EQ(DecideCertRenewal(&mismatched, o, now).action, Action::kCreate);
+
+  // Fresh: kept until 10 h before its end (100 h from now).
+  CertRenewal keep = DecideCertRenewal(&secret, o, now);
+  ASSERT_EQ(keep.action, Action::kKeep) << keep.reason;
+  EXPECT_LE(std::chrono::abs(keep.renew_at - (now + std::chrono::hours(90))),
+            std::chrono::seconds(5));
+  EXPECT_FALSE(keep.current.ca_pem.empty());
+  // Within renew_before of its end: renewed, the old CA known.
+  CertRenewal expiring = DecideCertRenewal(&secret, o, now + std::chrono::hours(91));
+  EXPECT_EQ(expiring.action, Action::kRenew);
+  EXPECT_THAT(expiring.reason, HasSubstr("expires"));
+  EXPECT_EQ(expiring.info.issuer_pem, keep.current.ca_pem);
+  EXPECT_EQ(DecideCertRenewal(&secret, o, now + std::chrono::hours(89)).action, Action::kKeep);
+  // Names that no longer match: another Service, another IP, a URL instead.
+  WebhookRegistrationOptions renamed = o;
+  renamed.service_name = "other-webhook";
+  EXPECT_EQ(DecideCertRenewal(&secret, renamed, now).action, Action::kRenew);
+  WebhookRegistrationOptions more_ips = o;
+  more_ips.cert_ips.push_back("10.0.0.1");
+  CertRenewal ips = DecideCertRenewal(&secret, more_ips, now);
+  EXPECT_EQ(ips.action, Action::kRenew);
+  EXPECT_THAT(ips.reason, HasSubstr("10.0.0.1"));
+  WebhookRegistrationOptions by_url = o;
+  by_url.service_name.clear();
+  by_url.url = "https://127.0.0.1:8443/mutate";
+  EXPECT_EQ(DecideCertRenewal(&secret, by_url, now).action, Action::kRenew);
+  // The same names written differently (order, IPv6 spelling) are the same.
+  WebhookRegistrationOptions v6 = o;
+  v6.cert_ips = {"0:0:0:0:0:0:0:1", "127.0.0.1"};
+  Json v6_secret = TlsSecretOf(v6);
+  v6.cert_ips = {"127.0.0.1", "::1"};
+  EXPECT_EQ(DecideCertRenewal(&v6_secret, v6, now).action, Action::kKeep);
+}
+
+TEST(WebhookRegistrationTest, SecretAndConfiguration) {
+  WebhookRegistrationOptions o = ServiceRegistration();
+  Json secret = TlsSecretOf(o);
+  EXPECT_EQ(secret["type"], "kubernetes.io/tls");
+  EXPECT_EQ(secret["metadata"]["name"], "granary-webhook-tls");
+  EXPECT_EQ(secret["metadata"]["namespace"], "granary");
+  EXPECT_EQ(secret["metadata"]["labels"]["app.kubernetes.io/managed-by"], "granary-operator");
+  Result<WebhookCert> back = WebhookCertFromSecret(secret);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(InspectWebhookCert(*back).ok());
+
+  o.failure_policy = "Ignore";
+  o.timeout_seconds = 7;
+  Json config = MutatingWebhookConfiguration(o, "CA PEM");
+  EXPECT_EQ(config["apiVersion"], "admissionregistration.k8s.io/v1");
+  EXPECT_EQ(config["kind"], "MutatingWebhookConfiguration");
+  EXPECT_EQ(config["metadata"]["name"], "granary-sidecar-injector");
+  ASSERT_EQ(config["webhooks"].size(), 1u);
+  const Json& w = config["webhooks"][0];
+  EXPECT_EQ(w["name"], "sidecar.granary.io");
+  EXPECT_EQ(w["clientConfig"]["caBundle"], Base64Encode("CA PEM"));
+  EXPECT_EQ(w["clientConfig"]["service"],
+            Json::parse(R"({"name":"granary-webhook","namespace":"granary","path":"/mutate",
+                            "port":443})"));
+  EXPECT_FALSE(w["clientConfig"].contains("url"));
+  EXPECT_EQ(w["rules"], Json::parse(R"([{"apiGroups":[""],"apiVersions":["v1"],
+      "operations":["CREATE"],"resources":["pods"],"scope":"Namespaced"}])"));
+  EXPECT_EQ(w["objectSelector"], Json::parse(R"({"matchExpressions":[
+      {"key":"granary.io/dataset","operator":"Exists"}]})"));
+  EXPECT_EQ(w["namespaceSelector"], Json::parse(R"({"matchExpressions":[
+      {"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["granary"]}]})"));
+  EXPECT_EQ(w["sideEffects"], "None");
+  EXPECT_EQ(w["admissionReviewVersions"], Json::array({"v1"}));
+  EXPECT_EQ(w["failurePolicy"], "Ignore");
+  EXPECT_EQ(w["timeoutSeconds"], 7);
+  o.service_name.clear();
+  o.url = "https://127.0.0.1:9443/mutate";
+  Json by_url = MutatingWebhookConfiguration(o, "CA PEM");
+  EXPECT_EQ(by_url["webhooks"][0]["clientConfig"]["url"], o.url);
+  EXPECT_FALSE(by_url["webhooks"][0]["clientConfig"].contains("service"));
 }
 
 }  // namespace
