@@ -349,5 +349,50 @@ TEST(WebhookServerStartTest, BadCertificateOrAddressIsAnError) {
   EXPECT_FALSE(WebhookServer::Start(options, lookup).ok());
 }
 
+TEST(WebhookServerStartTest, CertificateCanComeLaterAndBeSwappedWhileServing) {
+  WebhookCertRequest request;
+  request.ip_addresses = {"127.0.0.1"};
+  Result<WebhookCert> first = MakeWebhookCert(request);
+  Result<WebhookCert> second = MakeWebhookCert(request);
+  ASSERT_TRUE(first.ok() && second.ok());
+  WebhookServerOptions options;  // no certificate yet
+  options.operator_namespace = "granary";
+  auto lookup = [](const std::string& ns, const std::string& name) -> Result<InjectionInputs> {
+    if (name == "imagenet") return Inputs(name);
+    return Status::NotFound("Dataset " + ns + "/" + name + " does not exist");
+  };
+  Result<std::unique_ptr<WebhookServer>> server = WebhookServer::Start(options, lookup);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  EXPECT_FALSE((*server)->has_certificate());
+  const uint16_t port = (*server)->port();
+  auto post = [&](const std::string& ca) {
+    return Send(port, ca, http::verb::post, "/mutate", Review(LabelledPod("imagenet")));
+  };
+  EXPECT_FALSE(post(first->ca_pem).ok()) << "served without a certificate";
+
+  ASSERT_TRUE((*server)->SetCertificate(first->cert_pem, first->key_pem).ok());
+  EXPECT_TRUE((*server)->has_certificate());
+  Result<Reply> with_first = post(first->ca_pem);
+  ASSERT_TRUE(with_first.ok()) << with_first.status().ToString();
+  EXPECT_EQ(with_first->status, 200);
+  EXPECT_THAT(with_first->body, HasSubstr("JSONPatch"));
+
+  // A renewal: the next connections get the new certificate; a client
+  // trusting only the old CA no longer accepts the server.
+  ASSERT_TRUE((*server)->SetCertificate(second->cert_pem, second->key_pem).ok());
+  Result<Reply> with_second = post(second->ca_pem);
+  ASSERT_TRUE(with_second.ok()) << with_second.status().ToString();
+  EXPECT_EQ(with_second->status, 200);
+  EXPECT_FALSE(post(first->ca_pem).ok());
+
+  // Unusable material is refused and the current certificate kept.
+  Status bad = (*server)->SetCertificate("not a certificate", second->key_pem);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("certificate"));
+  Status mismatched = (*server)->SetCertificate(second->cert_pem, first->key_pem);
+  EXPECT_EQ(mismatched.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(post(second->ca_pem).ok());
+}
+
 }  // namespace
 }  // namespace granary::kube
