@@ -73,9 +73,21 @@
 // 10 s of running. Volumes and ConfigMap-fed environment are read when the
 // pod starts, not refreshed. Status stays kwok's: a restart or a failed exit
 // is visible through Exits() and the logs, not in the pod's status, and the
-// pod is Ready as soon as kwok says so, before the process is. kwok also
-// marks a Job's pods Succeeded at once, which stops them here: Granary
-// containers in Jobs do not run to their end under this runner.
+// pod is Ready as soon as kwok says so, before the process is. By default
+// kwok also marks a Job's pods Succeeded at once, which stops them here.
+//
+// Pods that run to their end (options.report_completion, on a cluster with
+// KubeClusterOptions::kwok_completes_job_pods = false): a pod with
+// restartPolicy Never or OnFailure whose every regular container runs here
+// ends when each of them has exited for good. The runner then stops the
+// native sidecars (as for a deleted pod) and writes the pod's terminal
+// status (Succeeded or Failed, each container terminated with its exit code)
+// through the status subresource, as a kubelet does, so a Job completes or
+// fails by what its processes did. It waits for kwok to have reported the
+// pod Running first, so kwok's "ready" stage cannot write over it; a failed
+// write is retried at the next poll. A pod that has a container this runner
+// does not run (kwok's) is never reported, and an init container that fails
+// under Never stops the pod here without being reported.
 //
 // Every fake node runs its pods on this one host: two pods that listen on the
 // same fixed port (a cache-node DaemonSet on two nodes) conflict. Restrict
