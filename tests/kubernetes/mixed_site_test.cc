@@ -265,9 +265,9 @@ TEST(MixedSiteTest, KubernetesDatasetIsReadBySlurmPersistentDwWithoutSecondSnaps
   std::this_thread::sleep_for(milliseconds(2000));
   Result<Counters> after = SourceCounters(kube.metrics_address());
   ASSERT_OK(after);
-  EXPECT_EQ(*after, before) << "before the job:\n"
-                            << Describe(before) << "after it:\n"
-                            << Describe(*after);
+  EXPECT_TRUE(*after == before) << "the cache node's source counters moved; before the job:\n"
+                                << Describe(before) << "after it:\n"
+                                << Describe(*after);
   // One snapshot: the same manifest in the store and in the Dataset's status,
   // and no other manifest blob.
   Result<DatasetRecord> record_after = (*store)->GetDataset(gname);
