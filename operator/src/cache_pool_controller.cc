@@ -45,6 +45,9 @@ Json CacheNodeConfigMap(const CachePool& pool, const OperatorOptions& options) {
   yaml += "data_dir: " + pool.storage_host_path + "/" + pool.name + "\n";
   yaml += "capacity: " + std::to_string(pool.capacity_bytes) + "\n";
   yaml += std::string("metadata_store_file: ") + kStoreDir + "/url\n";
+  // The chunk handoff for sidecars on the same host (injected ones mount the
+  // same host directory, the pool's nodeSocketHostPath).
+  yaml += "local_socket: " + std::string(kNodeSocketPath) + "\n";
   return {{"cachenode.yaml", yaml}};
 }
 
@@ -62,6 +65,10 @@ Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
       {{"name", "data"},
        {"hostPath", {{"path", pool.storage_host_path}, {"type", "DirectoryOrCreate"}}}});
   mounts.push_back({{"name", "data"}, {"mountPath", pool.storage_host_path}});
+  volumes.push_back(
+      {{"name", "node-socket"},
+       {"hostPath", {{"path", pool.node_socket_host_path}, {"type", "DirectoryOrCreate"}}}});
+  mounts.push_back({{"name", "node-socket"}, {"mountPath", std::string(kNodeSocketDir)}});
   for (const SourceMount& m : pool.source_mounts) {
     const std::string name = "source-" + m.name;
     if (!m.host_path.empty()) {

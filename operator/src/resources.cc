@@ -190,6 +190,24 @@ Result<CachePool> ParseCachePool(const Json& object) {
   const Json& ports = spec.value("ports", Json::object());
   p.data_port = static_cast<int>(Int(ports, "data", 7070));
   p.metrics_port = static_cast<int>(Int(ports, "metrics", 9464));
+  p.node_socket_host_path =
+      CleanPath(Str(spec, "nodeSocketHostPath", "/var/run/granary/" + p.name));
+  GRANARY_RETURN_IF_ERROR(
+      CheckAbsolute(p.node_socket_host_path, what + ": spec.nodeSocketHostPath"));
+  static const Json kNoSidecar = Json::object();
+  const Json& sidecar = spec.is_object() && spec.contains("sidecar") && spec["sidecar"].is_object()
+                            ? spec["sidecar"]
+                            : kNoSidecar;
+  if (sidecar.contains("resources") && sidecar["resources"].is_object()) {
+    p.sidecar_resources = sidecar["resources"];
+  }
+  p.sidecar_metrics_port = static_cast<int>(Int(sidecar, "metricsPort", 9465));
+  if (p.sidecar_metrics_port < 1 || p.sidecar_metrics_port > 65535) {
+    return Status::InvalidArgument(what + ": spec.sidecar.metricsPort must be in 1..65535");
+  }
+  p.allow_posix_view = sidecar.contains("allowPosixView") &&
+                       sidecar["allowPosixView"].is_boolean() &&
+                       sidecar["allowPosixView"].get<bool>();
   return p;
 }
 
@@ -202,6 +220,7 @@ Result<Dataset> ParseDataset(const Json& object) {
   d.uid = Str(meta, "uid");
   d.generation = Int(meta, "generation", 0);
   d.deleting = meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null();
+  d.phase = Str(object.value("status", Json::object()), "phase");
   for (const Json& f : meta.value("finalizers", Json::array())) {
     if (f.is_string()) d.finalizers.push_back(f.get<std::string>());
   }

@@ -45,6 +45,7 @@ InjectionLookup ApiInjectionLookup(KubeClient& client) {
     GRANARY_ASSIGN_OR_RETURN(SidecarWindow window,
                              ResolveSidecarWindow(*pool_object, *dataset_object));
     InjectionInputs inputs;
+    SetDatasetInputs(*dataset, &inputs);
     inputs.dataset_namespace = ns;
     inputs.dataset_name = name;
     inputs.pool = *pool;

@@ -65,46 +65,106 @@ Json SocketMount() {
   return {{"name", std::string(kSocketVolumeName)}, {"mountPath", std::string(kSocketDir)}};
 }
 
-Json SidecarContainer(const InjectionInputs& inputs) {
+// The pod's annotation `key`, or "".
+std::string AnnotationOf(const Json& pod, std::string_view key) {
+  const Json* metadata = Member(pod, "metadata");
+  const Json* annotations = metadata != nullptr ? Member(*metadata, "annotations") : nullptr;
+  return annotations != nullptr ? StringMember(*annotations, std::string(key).c_str()) : "";
+}
+
+// The POSIX view's path in the app containers (the annotation), checked.
+Result<std::string> ViewPath(const Json& pod, const InjectionInputs& inputs) {
+  const std::string path = AnnotationOf(pod, kMountPathAnnotation);
+  if (path.empty()) return path;
+  const std::string what = "annotation " + std::string(kMountPathAnnotation) + ": \"" + path + "\"";
+  if (!inputs.pool.allow_posix_view) {
+    return Status::FailedPrecondition(
+        what + ": CachePool " + inputs.pool.name +
+        " does not allow the POSIX view (its spec.sidecar.allowPosixView is false); remove the "
+        "annotation and read through granary.torch, or ask an admin to allow it");
+  }
+  bool dotdot = false;
+  for (size_t at = 0; at < path.size();) {
+    size_t end = path.find('/', at);
+    if (end == std::string::npos) end = path.size();
+    if (path.compare(at, end - at, "..") == 0 && end - at == 2) dotdot = true;
+    at = end + 1;
+  }
+  bool control = false;
+  for (char ch : path) control = control || static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f;
+  if (path.front() != '/' || path == "/" || dotdot || control || path.size() > 1024) {
+    return Status::InvalidArgument(what +
+                                   " is not an absolute directory path (not /, no '..'); write "
+                                   "e.g. /data");
+  }
+  for (std::string_view reserved : {kSocketDir, kViewDir, kSidecarConfigDir, kStoreDir}) {
+    const std::string r(reserved);
+    if (path == r || path.starts_with(r + "/") || r.starts_with(path + "/")) {
+      return Status::InvalidArgument(what + " overlaps " + r +
+                                     ", which Granary's sidecar uses; choose another path");
+    }
+  }
+  return path;
+}
+
+Json SidecarContainer(const InjectionInputs& inputs, bool view) {
   const std::string config_path = std::string(kSidecarConfigDir) + "/sidecar.yaml";
-  Json probe_get = {{"path", "/readyz"}, {"port", kSidecarMetricsPort}};
+  const int port = inputs.pool.sidecar_metrics_port;
+  Json probe_get = {{"path", "/readyz"}, {"port", port}};
+  Json mounts = Json::array({SocketMount(),
+                             {{"name", std::string(kConfigVolumeName)},
+                              {"mountPath", std::string(kSidecarConfigDir)},
+                              {"readOnly", true}},
+                             {{"name", std::string(kStoreVolumeName)},
+                              {"mountPath", std::string(kStoreDir)},
+                              {"readOnly", true}},
+                             // Connecting to a socket needs no write access to its mount.
+                             {{"name", std::string(kNodeSocketVolumeName)},
+                              {"mountPath", std::string(kNodeSocketDir)},
+                              {"readOnly", true}}});
+  // The dataset owner's identity (never root: CheckGrant refuses uid 0). The
+  // POSIX view needs mount(2) in the host's mount namespace: root, privileged,
+  // and Bidirectional propagation of the view's volume.
+  Json security = {{"runAsNonRoot", true},
+                   {"runAsUser", inputs.run_as_uid},
+                   {"runAsGroup", inputs.run_as_gid},
+                   {"allowPrivilegeEscalation", false},
+                   {"privileged", false},
+                   {"readOnlyRootFilesystem", true},
+                   {"capabilities", {{"drop", Json::array({"ALL"})}}},
+                   {"seccompProfile", {{"type", "RuntimeDefault"}}}};
+  if (view) {
+    security = {{"runAsUser", 0},
+                {"runAsGroup", inputs.run_as_gid},
+                {"privileged", true},
+                {"readOnlyRootFilesystem", true}};
+    mounts.push_back({{"name", std::string(kViewVolumeName)},
+                      {"mountPath", std::string(kViewDir)},
+                      {"mountPropagation", "Bidirectional"}});
+  }
   Json container = {
       {"name", std::string(kSidecarContainerName)},
       {"image", inputs.pool.image},
       {"imagePullPolicy", inputs.pool.image_pull_policy},
       {"restartPolicy", "Always"},  // a native sidecar
       {"command", Json::array({"granary-sidecar"})},
-      {"args", Json::array({"--config=" + config_path})},
+      // $(GRANARY_NODE_NAME) is expanded by the kubelet from the env below.
+      {"args", Json::array({"--config=" + config_path, "--local-node=$(GRANARY_NODE_NAME)"})},
       {"env", Json::array({
                   {{"name", "GRANARY_SOCKET"}, {"value", std::string(kSocketPath)}},
                   {{"name", "GRANARY_NODE_NAME"},
                    {"valueFrom", {{"fieldRef", {{"fieldPath", "spec.nodeName"}}}}}},
-                  // Expanded by the kubelet ($(VAR) references to earlier entries).
-                  {{"name", "GRANARY_LOCAL_NODE"}, {"value", "$(GRANARY_NODE_NAME)"}},
-                  {{"name", "GRANARY_METADATA_STORE"},
-                   {"valueFrom",
-                    {{"secretKeyRef",
-                      {{"name", inputs.store_secret_name}, {"key", inputs.store_secret_key}}}}}},
               })},
-      {"ports", Json::array({{{"name", "granary-metrics"},
-                              {"containerPort", kSidecarMetricsPort},
-                              {"protocol", "TCP"}}})},
+      {"ports",
+       Json::array({{{"name", "granary-metrics"}, {"containerPort", port}, {"protocol", "TCP"}}})},
       {"startupProbe", {{"httpGet", probe_get}, {"periodSeconds", 1}, {"failureThreshold", 120}}},
       {"readinessProbe", {{"httpGet", probe_get}, {"periodSeconds", 5}, {"failureThreshold", 3}}},
-      {"volumeMounts", Json::array({SocketMount(),
-                                    {{"name", std::string(kConfigVolumeName)},
-                                     {"mountPath", std::string(kSidecarConfigDir)},
-                                     {"readOnly", true}}})},
-      {"securityContext",
-       {{"runAsNonRoot", true},
-        {"runAsUser", kSidecarUid},
-        {"runAsGroup", kSidecarUid},
-        {"allowPrivilegeEscalation", false},
-        {"privileged", false},
-        {"readOnlyRootFilesystem", true},
-        {"capabilities", {{"drop", Json::array({"ALL"})}}},
-        {"seccompProfile", {{"type", "RuntimeDefault"}}}}},
+      {"volumeMounts", mounts},
+      {"securityContext", security},
   };
+  if (!inputs.pool.sidecar_resources.empty()) {
+    container["resources"] = inputs.pool.sidecar_resources;
+  }
   return container;
 }
 
@@ -121,8 +181,9 @@ Json SelectorExpressions(const CachePool& pool) {
 }
 
 // Adds env vars and the socket mount to containers[i] (existing list).
+// `view_path`: the POSIX view's mount point in these containers ("" for none).
 Status AddToContainers(const Json& spec, const char* list_name, const InjectionInputs& inputs,
-                       Json& ops) {
+                       const std::string& view_path, Json& ops) {
   const Json* list = Member(spec, list_name);
   if (list == nullptr) return Status::Ok();
   if (!list->is_array()) {
@@ -151,18 +212,32 @@ Status AddToContainers(const Json& spec, const char* list_name, const InjectionI
     } else {
       return Status::InvalidArgument(base + "/env is not a list");
     }
+    Json add = Json::array({SocketMount()});
+    if (!view_path.empty()) {
+      add.push_back({{"name", std::string(kViewVolumeName)},
+                     {"mountPath", view_path},
+                     {"readOnly", true},
+                     {"mountPropagation", "HostToContainer"}});
+    }
     const Json* mounts = Member(c, "volumeMounts");
     if (mounts == nullptr || mounts->is_null()) {
-      ops.push_back(Op(base + "/volumeMounts", Json::array({SocketMount()})));
+      ops.push_back(Op(base + "/volumeMounts", add));
     } else if (mounts->is_array()) {
-      bool taken = false;
-      for (const Json& m : *mounts) {
-        if (StringMember(m, "mountPath") == kSocketDir ||
-            StringMember(m, "name") == kSocketVolumeName) {
-          taken = true;
+      for (const Json& want : add) {
+        bool taken = false;
+        for (const Json& m : *mounts) {
+          if (StringMember(m, "mountPath") == want["mountPath"].get<std::string>() ||
+              StringMember(m, "name") == want["name"].get<std::string>()) {
+            taken = true;
+          }
         }
+        if (taken && want["name"] == std::string(kViewVolumeName)) {
+          return Status::InvalidArgument(base + " already mounts something at " + view_path +
+                                         " (annotation " + std::string(kMountPathAnnotation) +
+                                         "); choose another path for the view");
+        }
+        if (!taken) ops.push_back(Op(base + "/volumeMounts/-", want));
       }
-      if (!taken) ops.push_back(Op(base + "/volumeMounts/-", SocketMount()));
     } else {
       return Status::InvalidArgument(base + "/volumeMounts is not a list");
     }
@@ -170,27 +245,59 @@ Status AddToContainers(const Json& spec, const char* list_name, const InjectionI
   return Status::Ok();
 }
 
+// The required node affinity to the pool's nodes; for a Dataset placed on
+// some nodes only, a preferred term (weight 100) to those nodes.
 Status AddAffinity(const Json& spec, const InjectionInputs& inputs, Json& ops) {
   const Json expressions = SelectorExpressions(inputs.pool);
-  if (expressions.empty()) return Status::Ok();
-  const Json term = {{"matchExpressions", expressions}};
-  const Json required = {{"nodeSelectorTerms", Json::array({term})}};
   const std::string req_key = "requiredDuringSchedulingIgnoredDuringExecution";
+  const std::string pref_key = "preferredDuringSchedulingIgnoredDuringExecution";
+  Json node_affinity = Json::object();
+  const Json term = {{"matchExpressions", expressions}};
+  if (!expressions.empty()) {
+    node_affinity[req_key] = {{"nodeSelectorTerms", Json::array({term})}};
+  }
+  Json preferred;
+  if (!inputs.preferred_nodes.empty()) {
+    // Node names, as the cache nodes' node ids are (--node-id=spec.nodeName).
+    preferred = {{"weight", 100},
+                 {"preference",
+                  {{"matchFields", Json::array({{{"key", "metadata.name"},
+                                                 {"operator", "In"},
+                                                 {"values", inputs.preferred_nodes}}})}}}};
+    node_affinity[pref_key] = Json::array({preferred});
+  }
+  if (node_affinity.empty()) return Status::Ok();
+
   const Json* affinity = Member(spec, "affinity");
   if (affinity == nullptr || affinity->is_null()) {
-    ops.push_back(Op("/spec/affinity", {{"nodeAffinity", {{req_key, required}}}}));
+    ops.push_back(Op("/spec/affinity", {{"nodeAffinity", node_affinity}}));
     return Status::Ok();
   }
   if (!affinity->is_object()) return Status::InvalidArgument("spec.affinity is not an object");
   const Json* node = Member(*affinity, "nodeAffinity");
   if (node == nullptr || node->is_null()) {
-    ops.push_back(Op("/spec/affinity/nodeAffinity", {{req_key, required}}));
+    ops.push_back(Op("/spec/affinity/nodeAffinity", node_affinity));
     return Status::Ok();
   }
-  if (!node->is_object())
+  if (!node->is_object()) {
     return Status::InvalidArgument("spec.affinity.nodeAffinity is not an object");
+  }
+  const std::string node_path = "/spec/affinity/nodeAffinity/";
+  if (!preferred.is_null()) {
+    const Json* have = Member(*node, pref_key.c_str());
+    if (have == nullptr || have->is_null()) {
+      ops.push_back(Op(node_path + pref_key, Json::array({preferred})));
+    } else if (have->is_array()) {
+      // The user's own preferences stay; ours is one more term.
+      ops.push_back(Op(node_path + pref_key + "/-", preferred));
+    } else {
+      return Status::InvalidArgument("spec.affinity.nodeAffinity." + pref_key + " is not a list");
+    }
+  }
+  if (expressions.empty()) return Status::Ok();
+  const Json required = node_affinity[req_key];
   const Json* req = Member(*node, req_key.c_str());
-  const std::string req_path = "/spec/affinity/nodeAffinity/" + req_key;
+  const std::string req_path = node_path + req_key;
   if (req == nullptr || req->is_null()) {
     ops.push_back(Op(req_path, required));
     return Status::Ok();
@@ -222,6 +329,60 @@ Status AddAffinity(const Json& spec, const InjectionInputs& inputs, Json& ops) {
   return Status::Ok();
 }
 
+// The Dataset must have a snapshot to serve (Staging or Ready), or be Ready
+// when the pod asks for a fully staged dataset.
+Status CheckDatasetPhase(const Json& pod, const InjectionInputs& inputs) {
+  const bool staged_only = AnnotationOf(pod, kRequireStagedAnnotation) == "true";
+  const std::string& phase = inputs.dataset_phase;
+  if (phase == "Ready" || (phase == "Staging" && !staged_only)) return Status::Ok();
+  const std::string what = "Dataset " + inputs.dataset_namespace + "/" + inputs.dataset_name;
+  const std::string wait_for = staged_only ? "Ready" : "Staging or Ready";
+  const std::string retry = "; create the pod again once `kubectl get dataset " +
+                            inputs.dataset_name + " -n " + inputs.dataset_namespace + "` shows " +
+                            wait_for + " (a Job's controller retries on its own)";
+  if (phase.empty()) {
+    return Status::FailedPrecondition(what + " has not been reconciled by granary-operator yet" +
+                                      retry);
+  }
+  if (phase == "Failed") {
+    return Status::FailedPrecondition(what + " has failed (see `kubectl describe dataset " +
+                                      inputs.dataset_name + "`); fix it first" + retry);
+  }
+  if (phase == "Staging") {
+    return Status::FailedPrecondition(what + " is still staging and the pod's annotation " +
+                                      std::string(kRequireStagedAnnotation) +
+                                      " asks for it staged whole" + retry);
+  }
+  return Status::FailedPrecondition(what + " has no snapshot yet (phase " + phase + ")" + retry);
+}
+
+// The dataset owner's gid joins the pod's supplemental groups, so that every
+// container may connect to the sidecar's socket (mode 0660, that group).
+Status AddSupplementalGroup(const Json& spec, uint32_t gid, Json& ops) {
+  const Json* security = Member(spec, "securityContext");
+  if (security == nullptr || security->is_null()) {
+    ops.push_back(Op("/spec/securityContext", {{"supplementalGroups", Json::array({gid})}}));
+    return Status::Ok();
+  }
+  if (!security->is_object())
+    return Status::InvalidArgument("spec.securityContext is not an object");
+  const Json* groups = Member(*security, "supplementalGroups");
+  if (groups == nullptr || groups->is_null()) {
+    ops.push_back(Op("/spec/securityContext/supplementalGroups", Json::array({gid})));
+    return Status::Ok();
+  }
+  if (!groups->is_array()) {
+    return Status::InvalidArgument("spec.securityContext.supplementalGroups is not a list");
+  }
+  for (const Json& g : *groups) {
+    if (g.is_number_integer() && g.get<int64_t>() == static_cast<int64_t>(gid)) {
+      return Status::Ok();
+    }
+  }
+  ops.push_back(Op("/spec/securityContext/supplementalGroups/-", gid));
+  return Status::Ok();
+}
+
 Result<Json> BuildPatchUnchecked(const Json& pod, const InjectionInputs& inputs) {
   Json ops = Json::array();
   if (AlreadyInjected(pod)) return ops;
@@ -231,6 +392,10 @@ Result<Json> BuildPatchUnchecked(const Json& pod, const InjectionInputs& inputs)
   if (containers == nullptr || !containers->is_array() || containers->empty()) {
     return Status::InvalidArgument("the pod's spec.containers is not a non-empty list");
   }
+
+  GRANARY_RETURN_IF_ERROR(CheckDatasetPhase(pod, inputs));
+  GRANARY_ASSIGN_OR_RETURN(const std::string view_path, ViewPath(pod, inputs));
+  const bool view = !view_path.empty();
 
   // Annotations: the sidecar's configuration (read via downwardAPI).
   const Json* metadata = Member(pod, "metadata");
@@ -244,19 +409,19 @@ Result<Json> BuildPatchUnchecked(const Json& pod, const InjectionInputs& inputs)
     return Status::InvalidArgument("metadata.annotations is not an object");
   }
   ops.push_back(Op("/metadata/annotations/" + EscapeJsonPointer(kSidecarConfigAnnotation),
-                   SidecarConfigYaml(inputs)));
+                   SidecarConfigYaml(inputs, view ? std::string(kViewDir) : "")));
 
   // Env and socket mounts on the existing containers, before the sidecar is
   // inserted at initContainers[0] (which shifts the existing indices).
-  GRANARY_RETURN_IF_ERROR(AddToContainers(*spec, "initContainers", inputs, ops));
-  GRANARY_RETURN_IF_ERROR(AddToContainers(*spec, "containers", inputs, ops));
+  GRANARY_RETURN_IF_ERROR(AddToContainers(*spec, "initContainers", inputs, view_path, ops));
+  GRANARY_RETURN_IF_ERROR(AddToContainers(*spec, "containers", inputs, view_path, ops));
 
   const Json* init = Member(*spec, "initContainers");
   if (init == nullptr || init->is_null()) {
-    ops.push_back(Op("/spec/initContainers", Json::array({SidecarContainer(inputs)})));
+    ops.push_back(Op("/spec/initContainers", Json::array({SidecarContainer(inputs, view)})));
   } else {
     // First, so the other init containers already find the socket.
-    ops.push_back(Op("/spec/initContainers/0", SidecarContainer(inputs)));
+    ops.push_back(Op("/spec/initContainers/0", SidecarContainer(inputs, view)));
   }
 
   const Json socket_volume = {{"name", std::string(kSocketVolumeName)},
@@ -270,22 +435,41 @@ Result<Json> BuildPatchUnchecked(const Json& pod, const InjectionInputs& inputs)
                        {"fieldRef",
                         {{"fieldPath", "metadata.annotations['" +
                                            std::string(kSidecarConfigAnnotation) + "']"}}}}})}}}};
+  // 0444: the sidecar runs as the dataset owner, not root; only the sidecar
+  // mounts it.
+  const Json store_volume = {
+      {"name", std::string(kStoreVolumeName)},
+      {"secret",
+       {{"secretName", inputs.store_secret_name},
+        {"defaultMode", 0444},
+        {"items", Json::array({{{"key", inputs.store_secret_key}, {"path", "url"}}})}}}};
+  const Json node_socket_volume = {
+      {"name", std::string(kNodeSocketVolumeName)},
+      {"hostPath",
+       {{"path", inputs.pool.node_socket_host_path.empty()
+                     ? "/var/run/granary/" + inputs.pool.name  // ParseCachePool's default
+                     : inputs.pool.node_socket_host_path},
+        {"type", "DirectoryOrCreate"}}}};
+  Json ours = Json::array({socket_volume, config_volume, store_volume, node_socket_volume});
+  if (view) ours.push_back({{"name", std::string(kViewVolumeName)}, {"emptyDir", Json::object()}});
   const Json* volumes = Member(*spec, "volumes");
   if (volumes == nullptr || volumes->is_null()) {
-    ops.push_back(Op("/spec/volumes", Json::array({socket_volume, config_volume})));
+    ops.push_back(Op("/spec/volumes", ours));
   } else if (volumes->is_array()) {
     for (const Json& v : *volumes) {
       const std::string name = StringMember(v, "name");
-      if (name == kSocketVolumeName || name == kConfigVolumeName) {
-        return Status::InvalidArgument("the pod already has a volume named " + name +
-                                       ", which Granary's sidecar needs; rename it");
+      for (const Json& mine : ours) {
+        if (name == mine["name"].get<std::string>()) {
+          return Status::InvalidArgument("the pod already has a volume named " + name +
+                                         ", which Granary's sidecar needs; rename it");
+        }
       }
     }
-    ops.push_back(Op("/spec/volumes/-", socket_volume));
-    ops.push_back(Op("/spec/volumes/-", config_volume));
+    for (const Json& mine : ours) ops.push_back(Op("/spec/volumes/-", mine));
   } else {
     return Status::InvalidArgument("spec.volumes is not a list");
   }
+  GRANARY_RETURN_IF_ERROR(AddSupplementalGroup(*spec, inputs.run_as_gid, ops));
 
   GRANARY_RETURN_IF_ERROR(AddAffinity(*spec, inputs, ops));
 
@@ -456,12 +640,27 @@ Result<SidecarWindow> ResolveSidecarWindow(const Json& pool_object, const Json& 
   return w;
 }
 
-std::string SidecarConfigYaml(const InjectionInputs& inputs) {
+void SetDatasetInputs(const Dataset& dataset, InjectionInputs* inputs) {
+  inputs->dataset_namespace = dataset.namespace_;
+  inputs->dataset_name = dataset.name;
+  inputs->run_as_uid = dataset.run_as_uid;
+  inputs->run_as_gid = dataset.run_as_gid;
+  inputs->preferred_nodes = dataset.nodes.value_or(std::vector<std::string>());
+  inputs->dataset_phase = dataset.phase;
+}
+
+std::string SidecarConfigYaml(const InjectionInputs& inputs, const std::string& view_dir) {
   std::string yaml = "# Written by granary-operator's webhook for Dataset " +
                      inputs.dataset_namespace + "/" + inputs.dataset_name + ".\n";
   yaml += "socket: " + std::string(kSocketPath) + "\n";
   yaml += "pool: " + inputs.pool.name + "\n";
-  yaml += "metrics_listen: 0.0.0.0:" + std::to_string(kSidecarMetricsPort) + "\n";
+  yaml += "metadata_store_file: " + std::string(kStoreDir) + "/url\n";
+  yaml += "local_node_socket: " + std::string(kNodeSocketPath) + "\n";
+  yaml += "metrics_listen: 0.0.0.0:" + std::to_string(inputs.pool.sidecar_metrics_port) + "\n";
+  if (!view_dir.empty()) {
+    yaml += "mounts: " + GranaryDatasetName(inputs.dataset_namespace, inputs.dataset_name) + ":" +
+            view_dir + "\n";
+  }
   if (inputs.window.window_samples) {
     yaml += "window_samples: " + std::to_string(*inputs.window.window_samples) + "\n";
   }

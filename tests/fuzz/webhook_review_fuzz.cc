@@ -38,6 +38,9 @@ InjectionInputs Inputs() {
   in.pool.node_selector = {{"granary.io/nvme", "true"}};
   in.pool.tolerations = Json::array({{{"key", "gpu"}, {"operator", "Exists"}}});
   in.store_secret_name = "granary-gpu-store";
+  in.run_as_uid = 1000;
+  in.run_as_gid = 1000;
+  in.dataset_phase = "Ready";
   return in;
 }
 

@@ -126,6 +126,9 @@ class WebhookTest : public ::testing::Test {
               in.pool.tolerations = json::array(
                   {{{"key", "nvidia.com/gpu"}, {"operator", "Exists"}, {"effect", "NoSchedule"}}});
               in.store_secret_name = "granary-gpu-store";
+              in.run_as_uid = 1000;
+              in.run_as_gid = 1000;
+              in.dataset_phase = "Ready";
               return in;
             }));
     server_ = server.release();
@@ -380,7 +383,28 @@ TEST_F(WebhookTest, GranaryOperatorServesTheWebhookFromRealDatasets) {
   KubectlResult applied =
       cluster_->Kubectl({"apply", "-f", "-"}, WebhookConfig(port, cert->ca_pem).dump());
   ASSERT_TRUE(applied.ok()) << applied.Describe();
+  // No cache node runs here, so the Dataset gets no snapshot: the webhook
+  // refuses pods that name it, saying what to wait for.
   std::string last;
+  Status refusing = cluster_->WaitFor(
+      [&] {
+        KubectlResult r = cluster_->Kubectl(
+            {"create", "-n", kTeamNs, "--dry-run=server", "-o", "json", "-f", "-"},
+            Pod("probe", "imagenet-train").dump());
+        last = r.Describe();
+        return !r.ok() && r.err.find("has no snapshot yet") != std::string::npos;
+      },
+      seconds(60), "granary-operator's webhook to refuse a Dataset without a snapshot");
+  ASSERT_TRUE(refusing.ok()) << refusing.ToString() << "; last: " << last << "\n"
+                             << (*op)->LogTail();
+  EXPECT_THAT(last, HasSubstr("kubectl get dataset imagenet-train -n team-a"));
+
+  // Once the Dataset has a snapshot (its phase as the operator would write
+  // it; the end-to-end test snapshots one for real), pods are admitted.
+  KubectlResult staged = cluster_->Kubectl({"patch", "dataset", "imagenet-train", "-n", kTeamNs,
+                                            "--subresource=status", "--type=merge", "-p",
+                                            R"({"status":{"phase":"Staging"}})"});
+  ASSERT_TRUE(staged.ok()) << staged.Describe();
   Status active = cluster_->WaitFor(
       [&] {
         KubectlResult r = cluster_->Kubectl(
@@ -389,7 +413,7 @@ TEST_F(WebhookTest, GranaryOperatorServesTheWebhookFromRealDatasets) {
         last = r.Describe();
         return r.ok() && r.out.find("granary-sidecar") != std::string::npos;
       },
-      seconds(60), "granary-operator's webhook to be called");
+      seconds(60), "granary-operator's webhook to inject a sidecar");
   ASSERT_TRUE(active.ok()) << active.ToString() << "; last: " << last << "\n" << (*op)->LogTail();
 
   KubectlResult created = Create(kTeamNs, Pod("real", "imagenet-train"));
@@ -403,10 +427,12 @@ TEST_F(WebhookTest, GranaryOperatorServesTheWebhookFromRealDatasets) {
   EXPECT_THAT(config, HasSubstr("window_bytes: 536870912\n"));
   EXPECT_THAT(config, HasSubstr("window_samples: 2048\n"));
   EXPECT_THAT(config, HasSubstr("arena_bytes: 603979776\n"));
-  const json& sidecar = (*pod)["spec"]["initContainers"][0];
-  const json* store = FindNamed(sidecar["env"], "GRANARY_METADATA_STORE");
+  const json* store = FindNamed((*pod)["spec"]["volumes"], "granary-store");
   ASSERT_NE(store, nullptr);
-  EXPECT_EQ((*store)["valueFrom"]["secretKeyRef"]["name"], kube::SidecarStoreSecretName("gpu"));
+  EXPECT_EQ((*store)["secret"]["secretName"], kube::SidecarStoreSecretName("gpu"));
+  // The sidecar runs as the Dataset's runAs identity (examples/kubernetes/dataset.yaml).
+  const json& sidecar = (*pod)["spec"]["initContainers"][0];
+  EXPECT_EQ(sidecar["securityContext"]["runAsUser"], 1000);
   const json* dataset = FindNamed((*pod)["spec"]["containers"][0]["env"], "GRANARY_DATASET");
   ASSERT_NE(dataset, nullptr);
   EXPECT_EQ((*dataset)["value"], kube::GranaryDatasetName(kTeamNs, "imagenet-train"));

@@ -15,6 +15,7 @@ namespace granary::kube {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // --- A small RFC 6902 applier (add, replace, remove, test) over RFC 6901 paths.
 
@@ -119,6 +120,10 @@ InjectionInputs Inputs() {
   in.dataset_name = "imagenet-train";
   in.pool = Pool();
   in.store_secret_name = "granary-gpu-store";
+  in.run_as_uid = 1000;
+  in.run_as_gid = 2000;
+  in.dataset_phase = "Ready";
+  in.pool.node_socket_host_path = "/var/run/granary/gpu";
   return in;
 }
 
@@ -187,28 +192,54 @@ TEST(WebhookPatchTest, InjectsTheNativeSidecarEnvVolumesAffinityAndTolerations) 
   EXPECT_EQ(sidecar["restartPolicy"], "Always");
   EXPECT_EQ(sidecar["image"], "granary:0.1.0");
   EXPECT_EQ(sidecar["command"], Json::array({"granary-sidecar"}));
-  EXPECT_EQ(sidecar["args"], Json::array({"--config=/etc/granary/sidecar/sidecar.yaml"}));
+  EXPECT_EQ(sidecar["args"], Json::array({"--config=/etc/granary/sidecar/sidecar.yaml",
+                                          "--local-node=$(GRANARY_NODE_NAME)"}));
   EXPECT_EQ(sidecar["startupProbe"]["httpGet"]["path"], "/readyz");
-  EXPECT_EQ(sidecar["startupProbe"]["httpGet"]["port"], kSidecarMetricsPort);
+  EXPECT_EQ(sidecar["startupProbe"]["httpGet"]["port"], 9465);
   EXPECT_EQ(sidecar["readinessProbe"]["httpGet"]["path"], "/readyz");
+  // The dataset owner's identity, which the cache node's chunk handoff accepts.
   EXPECT_EQ(sidecar["securityContext"]["runAsNonRoot"], true);
-  EXPECT_NE(sidecar["securityContext"]["runAsUser"], 0);
+  EXPECT_EQ(sidecar["securityContext"]["runAsUser"], 1000);
+  EXPECT_EQ(sidecar["securityContext"]["runAsGroup"], 2000);
   EXPECT_EQ(sidecar["securityContext"]["allowPrivilegeEscalation"], false);
+  EXPECT_EQ(sidecar["securityContext"]["privileged"], false);
+  EXPECT_EQ(spec["securityContext"]["supplementalGroups"], Json::array({2000}));
+  EXPECT_FALSE(sidecar.contains("resources"));
   EXPECT_EQ(EnvValue(sidecar, "GRANARY_SOCKET"), "/run/granary/sidecar.sock");
   const Json* node = FindNamed(sidecar["env"], "GRANARY_NODE_NAME");
   ASSERT_NE(node, nullptr);
   EXPECT_EQ((*node)["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
-  EXPECT_EQ(EnvValue(sidecar, "GRANARY_LOCAL_NODE"), "$(GRANARY_NODE_NAME)");
-  const Json* store = FindNamed(sidecar["env"], "GRANARY_METADATA_STORE");
+  // The store URL is nowhere in the pod spec: a file from the Secret, in the
+  // sidecar only.
+  EXPECT_EQ(FindNamed(sidecar["env"], "GRANARY_METADATA_STORE"), nullptr);
+  const Json* store = FindNamed(spec["volumes"], "granary-store");
   ASSERT_NE(store, nullptr);
-  EXPECT_EQ((*store)["valueFrom"]["secretKeyRef"]["name"], "granary-gpu-store");
-  EXPECT_EQ((*store)["valueFrom"]["secretKeyRef"]["key"], "url");
+  EXPECT_EQ((*store)["secret"]["secretName"], "granary-gpu-store");
+  EXPECT_EQ((*store)["secret"]["items"][0], Json({{"key", "url"}, {"path", "url"}}));
+  const Json* store_mount = FindNamed(sidecar["volumeMounts"], "granary-store");
+  ASSERT_NE(store_mount, nullptr);
+  EXPECT_EQ((*store_mount)["mountPath"], "/etc/granary/store");
+  EXPECT_EQ((*store_mount)["readOnly"], true);
+  // The cache node's handoff socket, from the pool's host directory.
+  const Json* node_socket = FindNamed(spec["volumes"], "granary-node-socket");
+  ASSERT_NE(node_socket, nullptr);
+  EXPECT_EQ((*node_socket)["hostPath"]["path"], "/var/run/granary/gpu");
+  const Json* node_mount = FindNamed(sidecar["volumeMounts"], "granary-node-socket");
+  ASSERT_NE(node_mount, nullptr);
+  EXPECT_EQ((*node_mount)["mountPath"], "/run/granary-node");
+  for (const Json& c : spec["containers"]) {
+    EXPECT_EQ(FindNamed(c["volumeMounts"], "granary-store"), nullptr) << c["name"];
+    EXPECT_EQ(FindNamed(c["volumeMounts"], "granary-node-socket"), nullptr) << c["name"];
+  }
 
   // The config annotation (its key escaped as ~1 in the patch) and its volume.
   const std::string config = pod["metadata"]["annotations"]["granary.io/sidecar-config"];
   EXPECT_THAT(config, HasSubstr("socket: /run/granary/sidecar.sock\n"));
   EXPECT_THAT(config, HasSubstr("pool: gpu\n"));
   EXPECT_THAT(config, HasSubstr("metrics_listen: 0.0.0.0:9465\n"));
+  EXPECT_THAT(config, HasSubstr("metadata_store_file: /etc/granary/store/url\n"));
+  EXPECT_THAT(config, HasSubstr("local_node_socket: /run/granary-node/cachenode.sock\n"));
+  EXPECT_THAT(config, Not(HasSubstr("mounts:")));
   const Json* config_volume = FindNamed(spec["volumes"], "granary-sidecar-config");
   ASSERT_NE(config_volume, nullptr);
   EXPECT_EQ((*config_volume)["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
@@ -263,7 +294,7 @@ TEST(WebhookPatchTest, OtherInitContainersGetTheEnvAndRunAfterTheSidecar) {
   EXPECT_EQ(EnvValue(init[1], "GRANARY_DATASET"), GranaryDatasetName("team-a", "imagenet-train"));
   EXPECT_NE(FindNamed(init[1]["volumeMounts"], "scratch"), nullptr);
   EXPECT_NE(FindNamed(init[1]["volumeMounts"], "granary-socket"), nullptr);
-  EXPECT_EQ(out["spec"]["volumes"].size(), 3u);
+  EXPECT_EQ(out["spec"]["volumes"].size(), 5u);
   EXPECT_EQ(out["metadata"]["annotations"]["team"], "a");
 }
 
@@ -320,6 +351,144 @@ TEST(WebhookPatchTest, AffinityWithoutRequiredTermsGetsThePoolsTerm) {
               ["matchExpressions"]
                   .size(),
             2u);
+}
+
+TEST(WebhookPatchTest, ADatasetOnSomeNodesIsPreferredThere) {
+  InjectionInputs in = Inputs();
+  in.preferred_nodes = {"gpu-1", "gpu-3"};
+  const Json expected = {
+      {"weight", 100},
+      {"preference",
+       {{"matchFields", Json::array({{{"key", "metadata.name"},
+                                      {"operator", "In"},
+                                      {"values", Json::array({"gpu-1", "gpu-3"})}}})}}}};
+  const Json out = Patched(TrainingPod(), in);
+  const Json& na = out["spec"]["affinity"]["nodeAffinity"];
+  EXPECT_EQ(na["preferredDuringSchedulingIgnoredDuringExecution"], Json::array({expected}));
+  EXPECT_EQ(na["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"].size(), 1u);
+
+  // The user's own preferences stay; ours is added after them.
+  Json pod = TrainingPod();
+  pod["spec"]["affinity"] = Json::parse(R"({"nodeAffinity": {
+      "preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 7, "preference": {"matchExpressions": [{"key": "x", "operator": "Exists"}]}}]}})");
+  const Json mine = Patched(pod, in);
+  const Json& prefs =
+      mine["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+  ASSERT_EQ(prefs.size(), 2u);
+  EXPECT_EQ(prefs[0]["weight"], 7);
+  EXPECT_EQ(prefs[1], expected);
+
+  // A pool without a node selector and a placed dataset: only the preference.
+  in.pool.node_selector = Json::object();
+  const Json bare = Patched(TrainingPod(), in);
+  EXPECT_FALSE(bare["spec"]["affinity"]["nodeAffinity"].contains(
+      "requiredDuringSchedulingIgnoredDuringExecution"));
+  EXPECT_EQ(
+      bare["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+          .size(),
+      1u);
+}
+
+TEST(WebhookPatchTest, TheSidecarGetsThePoolsResourcesPortAndTheGroupIsAddedOnce) {
+  InjectionInputs in = Inputs();
+  in.pool.sidecar_resources = {{"requests", {{"cpu", "500m"}, {"memory", "1Gi"}}}};
+  in.pool.sidecar_metrics_port = 19465;
+  Json pod = TrainingPod();
+  pod["spec"]["securityContext"] = {{"runAsUser", 1000}, {"supplementalGroups", {2000, 7}}};
+  const Json out = Patched(pod, in);
+  const Json& sidecar = out["spec"]["initContainers"][0];
+  EXPECT_EQ(sidecar["resources"], in.pool.sidecar_resources);
+  EXPECT_EQ(sidecar["ports"][0]["containerPort"], 19465);
+  EXPECT_EQ(sidecar["readinessProbe"]["httpGet"]["port"], 19465);
+  EXPECT_THAT(out["metadata"]["annotations"]["granary.io/sidecar-config"].get<std::string>(),
+              HasSubstr("metrics_listen: 0.0.0.0:19465\n"));
+  EXPECT_EQ(out["spec"]["securityContext"]["supplementalGroups"], Json::array({2000, 7}));
+  EXPECT_EQ(out["spec"]["securityContext"]["runAsUser"], 1000);
+  pod["spec"]["securityContext"]["supplementalGroups"] = {7};
+  EXPECT_EQ(Patched(pod, in)["spec"]["securityContext"]["supplementalGroups"],
+            Json::array({7, 2000}));
+}
+
+TEST(WebhookPatchTest, ADatasetWithoutASnapshotIsRefusedWithWhatToWaitFor) {
+  struct Case {
+    std::string phase;
+    bool staged_only;
+    std::string says;  // "" = admitted
+  };
+  const std::vector<Case> cases = {
+      {"Ready", false, ""},
+      {"Staging", false, ""},
+      {"Ready", true, ""},
+      {"Staging", true, "still staging"},
+      {"Pending", false, "no snapshot yet (phase Pending)"},
+      {"Snapshotting", false, "no snapshot yet (phase Snapshotting)"},
+      {"Failed", false, "has failed"},
+      {"", false, "not been reconciled"},
+  };
+  for (const Case& c : cases) {
+    InjectionInputs in = Inputs();
+    in.dataset_phase = c.phase;
+    Json pod = TrainingPod();
+    if (c.staged_only) pod["metadata"]["annotations"] = {{"granary.io/require-staged", "true"}};
+    Result<Json> patch = BuildInjectionPatch(pod, in);
+    if (c.says.empty()) {
+      EXPECT_TRUE(patch.ok()) << c.phase << ": " << patch.status().message();
+      continue;
+    }
+    ASSERT_FALSE(patch.ok()) << c.phase;
+    EXPECT_EQ(patch.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(patch.status().message(), HasSubstr(c.says));
+    EXPECT_THAT(patch.status().message(), HasSubstr("Dataset team-a/imagenet-train"));
+    EXPECT_THAT(patch.status().message(), HasSubstr("kubectl get dataset imagenet-train"));
+  }
+}
+
+TEST(WebhookPatchTest, ThePosixViewIsMountedWhereAskedAndCostsAPrivilegedSidecar) {
+  InjectionInputs in = Inputs();
+  in.pool.allow_posix_view = true;
+  Json pod = TrainingPod();
+  pod["metadata"]["annotations"] = {{"granary.io/mount-path", "/data"}};
+  const Json out = Patched(pod, in);
+  const Json& sidecar = out["spec"]["initContainers"][0];
+  EXPECT_EQ(sidecar["securityContext"]["privileged"], true);
+  EXPECT_EQ(sidecar["securityContext"]["runAsUser"], 0);
+  const Json* view_mount = FindNamed(sidecar["volumeMounts"], "granary-view");
+  ASSERT_NE(view_mount, nullptr);
+  EXPECT_EQ((*view_mount)["mountPath"], "/run/granary-view");
+  EXPECT_EQ((*view_mount)["mountPropagation"], "Bidirectional");
+  for (const Json& c : out["spec"]["containers"]) {
+    const Json* m = FindNamed(c["volumeMounts"], "granary-view");
+    ASSERT_NE(m, nullptr) << c["name"];
+    EXPECT_EQ((*m)["mountPath"], "/data");
+    EXPECT_EQ((*m)["mountPropagation"], "HostToContainer");
+    EXPECT_EQ((*m)["readOnly"], true);
+  }
+  EXPECT_NE(FindNamed(out["spec"]["volumes"], "granary-view"), nullptr);
+  EXPECT_THAT(out["metadata"]["annotations"]["granary.io/sidecar-config"].get<std::string>(),
+              HasSubstr("mounts: " + GranaryDatasetName("team-a", "imagenet-train") +
+                        ":/run/granary-view\n"));
+
+  // Refused: a pool that does not allow it, and paths that are not usable.
+  Result<Json> forbidden = BuildInjectionPatch(pod, Inputs());
+  ASSERT_FALSE(forbidden.ok());
+  EXPECT_EQ(forbidden.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(forbidden.status().message(), HasSubstr("allowPosixView"));
+  for (const std::string bad :
+       {"data", "/", "/data/../etc", "/run/granary", "/run", "/etc/granary/store/x", "/da\nta"}) {
+    Json p = TrainingPod();
+    p["metadata"]["annotations"] = {{"granary.io/mount-path", bad}};
+    Result<Json> refused = BuildInjectionPatch(p, in);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_THAT(refused.status().message(), HasSubstr("granary.io/mount-path")) << bad;
+  }
+  // A container that already mounts something at the view's path.
+  Json taken = pod;
+  taken["spec"]["containers"][0]["volumeMounts"] = {{{"name", "mine"}, {"mountPath", "/data"}}};
+  taken["spec"]["volumes"] = {{{"name", "mine"}, {"emptyDir", Json::object()}}};
+  Result<Json> clash = BuildInjectionPatch(taken, in);
+  ASSERT_FALSE(clash.ok());
+  EXPECT_THAT(clash.status().message(), HasSubstr("already mounts something at /data"));
 }
 
 TEST(WebhookPatchTest, AnInjectedPodGetsNoPatch) {

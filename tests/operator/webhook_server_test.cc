@@ -164,6 +164,9 @@ InjectionInputs Inputs(const std::string& name) {
   in.pool.name = "gpu";
   in.pool.node_selector = {{"granary.io/nvme", "true"}};
   in.store_secret_name = "granary-gpu-store";
+  in.run_as_uid = 1000;
+  in.run_as_gid = 1000;
+  in.dataset_phase = "Ready";
   return in;
 }
 

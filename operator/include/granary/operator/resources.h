@@ -27,6 +27,11 @@ inline constexpr std::string_view kFinalizer = "granary.io/release-cache";
 inline constexpr std::string_view kAllowedUidsAnnotation = "granary.io/allowed-uids";
 inline constexpr std::string_view kAllowedGidsAnnotation = "granary.io/allowed-gids";
 
+// Where a cache node's chunk-handoff socket is, inside the cache-node pod and
+// the injected sidecar alike: the pool's nodeSocketHostPath is mounted here.
+inline constexpr std::string_view kNodeSocketDir = "/run/granary-node";
+inline constexpr std::string_view kNodeSocketPath = "/run/granary-node/cachenode.sock";
+
 struct SourceMount {
   std::string name;
   std::string host_path;      // or
@@ -54,6 +59,16 @@ struct CachePool {
   Json resources = Json::object();
   int data_port = 7070;
   int metrics_port = 9464;
+  // Host directory the pool's cache node and the sidecars on the same host
+  // share for the chunk-handoff socket (spec.nodeSocketHostPath; default
+  // /var/run/granary/<pool>).
+  std::string node_socket_host_path;
+  // The injected sidecar (spec.sidecar): its container's resources, the
+  // port of its /metrics and /readyz, and whether pods may ask for the
+  // POSIX view (granary.io/mount-path).
+  Json sidecar_resources = Json::object();
+  int sidecar_metrics_port = 9465;
+  bool allow_posix_view = false;
 };
 
 struct Dataset {
@@ -72,6 +87,7 @@ struct Dataset {
   std::optional<std::vector<std::string>> nodes;
   uint32_t run_as_uid = 0;
   uint32_t run_as_gid = 0;
+  std::string phase;  // status.phase as the operator wrote it ("" before its first reconcile)
 };
 
 // A Kubernetes quantity of bytes: an integer, or "16Mi", "1G", "1.5Gi",

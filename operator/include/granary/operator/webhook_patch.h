@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "granary/core/status.h"
 #include "granary/operator/kube_client.h"
@@ -31,9 +32,22 @@ inline constexpr std::string_view kConfigVolumeName = "granary-sidecar-config";
 inline constexpr std::string_view kSocketDir = "/run/granary";
 inline constexpr std::string_view kSocketPath = "/run/granary/sidecar.sock";
 inline constexpr std::string_view kSidecarConfigDir = "/etc/granary/sidecar";
-inline constexpr int kSidecarMetricsPort = 9465;
-// The uid/gid the injected sidecar runs as (never root).
-inline constexpr int64_t kSidecarUid = 65532;
+// The store URL, from the Secret SidecarStoreSecretName(pool) in the pod's
+// namespace, mounted in the sidecar only (metadata_store_file).
+inline constexpr std::string_view kStoreVolumeName = "granary-store";
+inline constexpr std::string_view kStoreDir = "/etc/granary/store";
+// The host directory of the cache node's chunk-handoff socket (the pool's
+// nodeSocketHostPath), mounted read-only in the sidecar at kNodeSocketDir
+// (resources.h).
+inline constexpr std::string_view kNodeSocketVolumeName = "granary-node-socket";
+// Asks for the POSIX view of the dataset at this absolute path in the app
+// containers (needs the pool's spec.sidecar.allowPosixView).
+inline constexpr std::string_view kMountPathAnnotation = "granary.io/mount-path";
+inline constexpr std::string_view kViewVolumeName = "granary-view";
+inline constexpr std::string_view kViewDir = "/run/granary-view";
+// "true": admit the pod only once its Dataset is Ready (staged whole);
+// otherwise a Dataset with a snapshot (Staging or Ready) is enough.
+inline constexpr std::string_view kRequireStagedAnnotation = "granary.io/require-staged";
 
 // Bodies larger than this are refused before parsing (the API server's own
 // object limit is 1.5 MiB; a review carries the object once, plus oldObject).
@@ -86,11 +100,25 @@ struct InjectionInputs {
   // The Secret, in the pod's namespace, whose key holds the store URL.
   std::string store_secret_name;
   std::string store_secret_key = "url";
+  // The Dataset's spec.runAs: the sidecar runs as this uid and gid, the
+  // dataset's owner in the store, whom the cache node's chunk handoff
+  // accepts; the pod gets the gid as a supplemental group so its containers
+  // may connect to the sidecar's socket (mode 0660).
+  uint32_t run_as_uid = 0;
+  uint32_t run_as_gid = 0;
+  // The Dataset's spec.nodes (placed on some nodes only): preferred affinity.
+  std::vector<std::string> preferred_nodes;
+  // The Dataset's status.phase: Staging or Ready have a snapshot to serve.
+  std::string dataset_phase;
 };
 
+// Copies what a Dataset gives the injection into `inputs`.
+void SetDatasetInputs(const Dataset& dataset, InjectionInputs* inputs);
+
 // The sidecar's configuration file (YAML), without the store URL and the
-// node name, which come from the environment (docs/kubernetes-webhook.md).
-std::string SidecarConfigYaml(const InjectionInputs& inputs);
+// node name: the URL is a mounted file, the node comes on the command line.
+// `view_dir`: where the sidecar mounts the POSIX view ("" for none).
+std::string SidecarConfigYaml(const InjectionInputs& inputs, const std::string& view_dir = "");
 
 // The JSONPatch (an array of RFC 6902 operations) that injects the sidecar
 // into `pod`; an empty array when the pod is already injected. Only "add"
