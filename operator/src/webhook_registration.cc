@@ -365,10 +365,13 @@ Result<std::string> WebhookRegistrar::KeepSecret() {
   Json secret_object = WebhookTlsSecret(options_, fresh);
   const std::string collection = "/api/v1/namespaces/" + options_.namespace_ + "/secrets";
   if (secret != nullptr && secret->value("type", "") == "kubernetes.io/tls") {
-    // A compare-and-set: a Secret changed meanwhile is looked at again.
-    secret_object["metadata"]["resourceVersion"] =
-        (*secret)["metadata"].value("resourceVersion", "");
-    GRANARY_RETURN_IF_ERROR(client_.Replace(SecretPath(options_), secret_object)
+    // A compare-and-set (the resourceVersion): a Secret changed meanwhile
+    // fails here and is looked at again.
+    Json patch = {{"metadata",
+                   {{"resourceVersion", (*secret)["metadata"].value("resourceVersion", "")},
+                    {"labels", secret_object["metadata"]["labels"]}}},
+                  {"data", secret_object["data"]}};
+    GRANARY_RETURN_IF_ERROR(client_.MergePatch(SecretPath(options_), patch)
                                 .status()
                                 .WithContext("renewing the webhook Secret"));
   } else {

@@ -4,6 +4,9 @@
 // DaemonSet the operator generates run as real granary-cachenode processes
 // (PodRunner), a real Redis as the metadata store, and the operator itself a
 // real process (or, for the informer's relist, the library in process).
+// The last cases run the operator with its sidecar webhook (certificate,
+// registration) and check the store Secret it copies to the Datasets'
+// namespaces.
 //
 // The whole binary is one ctest test (one cluster for every case): a cluster
 // costs seconds to start and the cases build on one CachePool.
@@ -19,13 +22,17 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "granary/core/metadata_store.h"
+#include "granary/operator/base64.h"
 #include "granary/operator/informer.h"
 #include "granary/operator/kube_client.h"
 #include "granary/operator/kube_config.h"
 #include "granary/operator/resources.h"
+#include "granary/operator/webhook_cert.h"
+#include "granary/operator/webhook_lookup.h"
 #include "testing/daemon_process.h"
 #include "testing/kube_cluster.h"
 #include "testing/pod_runner.h"
@@ -645,6 +652,315 @@ TEST_F(OperatorTest, BadCommandLinesAndUnreachableServersAreClearErrors) {
     EXPECT_EQ(r.exit_code, c.code) << r.Describe();
     EXPECT_THAT(r.out + r.err, HasSubstr(c.says));
   }
+}
+
+// --- the sidecar webhook's certificate and registration, the store Secret copies
+
+// A Secret's key, base64-decoded ("" if it has none).
+std::string SecretValue(const json& secret, const std::string& key) {
+  const json& data = secret.value("data", json::object());
+  if (!data.contains(key)) return "";
+  Result<std::string> value = kube::Base64Decode(data[key].get<std::string>(), key);
+  return value.ok() ? *value : "";
+}
+
+size_t Certificates(const std::string& pem) {
+  size_t n = 0;
+  for (size_t at = pem.find("BEGIN CERTIFICATE"); at != std::string::npos;
+       at = pem.find("BEGIN CERTIFICATE", at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+::testing::AssertionResult Holds(const Status& s) {
+  if (s.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << s.ToString();
+}
+
+class OperatorWebhookTest : public OperatorTest {
+ protected:
+  static Result<json> TlsSecret() {
+    return cluster().GetJson({"secret", "-n", "granary", "granary-webhook-tls"});
+  }
+  static Result<json> Registration() {
+    return cluster().GetJson({"mutatingwebhookconfiguration", "granary-sidecar-injector"});
+  }
+  static std::string CaBundle() {
+    Result<json> config = Registration();
+    if (!config.ok() || (*config)["webhooks"].empty()) return "";
+    return (*config)["webhooks"][0]["clientConfig"].value("caBundle", "");
+  }
+  // The registration's caBundle is the Secret's ca.crt (both base64 of the
+  // same bytes).
+  static bool Registered() {
+    Result<json> secret = TlsSecret();
+    return secret.ok() && !CaBundle().empty() &&
+           CaBundle() == (*secret)["data"].value("ca.crt", "");
+  }
+  // A server-side dry run of a pod labelled for `dataset` in team-a: the API
+  // server calls the webhook (verifying it with the caBundle) as for a create.
+  static bool Injected(const std::string& dataset, std::string* last) {
+    json pod = {{"apiVersion", "v1"},
+                {"kind", "Pod"},
+                {"metadata", {{"name", "probe"}, {"labels", {{"granary.io/dataset", dataset}}}}},
+                {"spec",
+                 {{"containers", json::array({{{"name", "trainer"},
+                                               {"image", "pytorch/pytorch:2"},
+                                               {"command", {"python3", "train.py"}}}})}}}};
+    KubectlResult r = cluster().Kubectl(
+        {"create", "-n", "team-a", "--dry-run=server", "-o", "json", "-f", "-"}, pod.dump());
+    *last = r.Describe() + r.out.substr(0, 300);
+    return r.ok() && r.out.find("granary-sidecar") != std::string::npos;
+  }
+  // Stops every running replica and starts one serving the webhook on a
+  // fresh port, registered by URL; `extra` flags appended. Its port.
+  static Result<uint16_t> StartWebhookOperator(const std::vector<std::string>& extra = {}) {
+    for (auto& p : env_->operators) {
+      if (p->Running()) GRANARY_RETURN_IF_ERROR(p->Terminate(seconds(10)).status());
+    }
+    const uint16_t port = FreeTcpPort();
+    std::vector<std::string> flags = {
+        "--webhook-listen=127.0.0.1:" + std::to_string(port),
+        "--webhook-url=https://127.0.0.1:" + std::to_string(port) + "/mutate",
+        "--webhook-cert-ip=127.0.0.1", "--webhook-timeout=5s"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    GRANARY_RETURN_IF_ERROR(env_->StartOperator(flags));
+    return port;
+  }
+};
+
+TEST_F(OperatorWebhookTest, OperatorMakesItsCertificateRegistersAndRecreatesIt) {
+  MakeSource("webhook", 4, 9);
+  Kubectl({"apply", "-f", "-"}, DatasetYaml("webhook-ds", env_->datasets() + "/webhook"));
+  ASSERT_OK(WaitCondition("webhook-ds", "Ready", "True", "", seconds(60)));
+  Result<uint16_t> port = StartWebhookOperator();
+  ASSERT_OK(port);
+  ASSERT_TRUE(Holds(cluster().WaitFor(
+      Registered, seconds(30), "the Secret granary-webhook-tls and the registration's caBundle")))
+      << env_->OperatorLogs();
+  Result<json> secret = TlsSecret();
+  ASSERT_OK(secret);
+  EXPECT_EQ((*secret)["type"], "kubernetes.io/tls");
+  EXPECT_EQ((*secret)["metadata"]["labels"]["app.kubernetes.io/managed-by"], "granary-operator");
+  kube::WebhookCert cert{SecretValue(*secret, "ca.crt"), SecretValue(*secret, "tls.crt"),
+                         SecretValue(*secret, "tls.key")};
+  Result<kube::WebhookCertInfo> info = kube::InspectWebhookCert(cert);
+  ASSERT_OK(info);
+  EXPECT_EQ(info->ip_addresses, std::vector<std::string>{"127.0.0.1"});
+  EXPECT_TRUE(info->dns_names.empty());
+  EXPECT_EQ(Certificates(cert.ca_pem), 1u);
+  Result<json> config = cluster().GetJson(
+      {"mutatingwebhookconfiguration", "granary-sidecar-injector", "--show-managed-fields"});
+  ASSERT_OK(config);
+  const json& w = (*config)["webhooks"][0];
+  EXPECT_EQ(w["clientConfig"]["url"], "https://127.0.0.1:" + std::to_string(*port) + "/mutate");
+  EXPECT_EQ(w["failurePolicy"], "Fail");
+  EXPECT_EQ(w["timeoutSeconds"], 5);
+  EXPECT_EQ(w["sideEffects"], "None");
+  EXPECT_EQ(w["rules"][0]["operations"], json::array({"CREATE"}));
+  EXPECT_EQ(w["namespaceSelector"]["matchExpressions"][0]["values"], json::array({"granary"}));
+  EXPECT_EQ(w["objectSelector"]["matchExpressions"][0]["key"], "granary.io/dataset");
+  bool applied = false;
+  for (const json& f : (*config)["metadata"]["managedFields"]) {
+    applied |= f.value("manager", "") == "granary-operator" && f.value("operation", "") == "Apply";
+  }
+  EXPECT_TRUE(applied);
+
+  // The API server calls it (TLS verified with the caBundle): a pod created
+  // with kubectl gets the sidecar.
+  std::string last;
+  ASSERT_TRUE(Holds(cluster().WaitFor([&] { return Injected("webhook-ds", &last); }, seconds(30),
+                                      "the API server calling the operator's webhook")))
+      << last << "\n"
+      << env_->OperatorLogs();
+  json pod = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", "webhook-pod"}, {"labels", {{"granary.io/dataset", "webhook-ds"}}}}},
+      {"spec", {{"containers", json::array({{{"name", "t"}, {"image", "pytorch/pytorch:2"}}})}}}};
+  Kubectl({"create", "-n", "team-a", "-f", "-"}, pod.dump());
+  Result<json> stored = cluster().GetJson({"pod", "-n", "team-a", "webhook-pod"});
+  ASSERT_OK(stored);
+  ASSERT_TRUE((*stored)["spec"].contains("initContainers")) << stored->dump(2);
+  EXPECT_EQ((*stored)["spec"]["initContainers"][0]["name"], "granary-sidecar");
+  Kubectl({"delete", "pod", "-n", "team-a", "webhook-pod", "--wait=false"});
+
+  // The Secret deleted: made again, and the registration follows (the new
+  // CA first, then the one the running replica still served); pods are
+  // still injected, so the replica serves the new certificate.
+  const std::string old_ca = cert.ca_pem;
+  Kubectl({"delete", "secret", "-n", "granary", "granary-webhook-tls"});
+  ASSERT_TRUE(Holds(cluster().WaitFor(
+      [&] {
+        Result<json> s = TlsSecret();
+        return s.ok() && SecretValue(*s, "ca.crt").rfind(old_ca, 0) != 0 && Registered();
+      },
+      seconds(30), "a new Secret and caBundle")))
+      << env_->OperatorLogs();
+  EXPECT_NE(CaBundle(), kube::Base64Encode(old_ca));
+  ASSERT_TRUE(Holds(cluster().WaitFor([&] { return Injected("webhook-ds", &last); }, seconds(30),
+                                      "pods injected with the new certificate")))
+      << last;
+  const std::string log = ReadAll(env_->operators.back()->log_path());
+  EXPECT_THAT(log, HasSubstr("making the Secret granary/granary-webhook-tls"));
+  size_t loaded = 0;
+  for (size_t at = log.find("serving the webhook certificate of Secret"); at != std::string::npos;
+       at = log.find("serving the webhook certificate of Secret", at + 1)) {
+    ++loaded;
+  }
+  EXPECT_GE(loaded, 2u) << "the replica did not load the recreated certificate";
+}
+
+TEST_F(OperatorWebhookTest, AShortValidityIsRenewedAndPodsAreStillInjected) {
+  // A replica with certificates valid 40 s, renewed 30 s before their end:
+  // one renewal about every 10 s.
+  Result<uint16_t> port =
+      StartWebhookOperator({"--webhook-cert-validity=40s", "--webhook-cert-renew-before=30s"});
+  ASSERT_OK(port);
+  // The year-long certificate of the last case is kept (names unchanged),
+  // so it is replaced by a short one only once deleted.
+  Kubectl({"delete", "secret", "-n", "granary", "granary-webhook-tls", "--ignore-not-found"});
+  std::set<std::string> seen;
+  ASSERT_TRUE(Holds(cluster().WaitFor(
+      [&] {
+        Result<json> s = TlsSecret();
+        if (!s.ok()) return false;
+        kube::WebhookCert c{SecretValue(*s, "ca.crt"), SecretValue(*s, "tls.crt"),
+                            SecretValue(*s, "tls.key")};
+        Result<kube::WebhookCertInfo> i = kube::InspectWebhookCert(c);
+        if (i.ok() && i->not_after - std::chrono::system_clock::now() < std::chrono::minutes(2)) {
+          seen.insert(c.cert_pem);
+        }
+        return seen.size() >= 3;
+      },
+      seconds(60), "two renewals of a 40 s certificate")))
+      << env_->OperatorLogs();
+  // After a renewal ca.crt holds the new CA and the replaced one; the
+  // registration carries both.
+  ASSERT_OK(cluster().WaitFor(Registered, seconds(10), "the caBundle of the renewal"));
+  EXPECT_EQ(Certificates(SecretValue(*TlsSecret(), "ca.crt")), 2u);
+  std::string last;
+  ASSERT_TRUE(Holds(cluster().WaitFor([&] { return Injected("webhook-ds", &last); }, seconds(30),
+                                      "pods injected after the renewals")))
+      << last;
+  // Pods keep being injected across the next renewal.
+  const std::string before = SecretValue(*TlsSecret(), "tls.crt");
+  ASSERT_OK(cluster().WaitFor(
+      [&] { return TlsSecret().ok() && SecretValue(*TlsSecret(), "tls.crt") != before; },
+      seconds(30), "one more renewal"));
+  ASSERT_TRUE(Holds(cluster().WaitFor([&] { return Injected("webhook-ds", &last); }, seconds(30),
+                                      "pods injected after one more renewal")))
+      << last;
+  EXPECT_THAT(ReadAll(env_->operators.back()->log_path()), HasSubstr("renewing the Secret"));
+}
+
+TEST_F(OperatorWebhookTest, BadWebhookFlagsExitTwoNamingTheFlag) {
+  const std::string bin = GRANARY_OPERATOR_BINARY;
+  const std::string kubeconfig = "--kubeconfig=" + cluster().kubeconfig_path();
+  const std::string listen = "--webhook-listen=127.0.0.1:" + std::to_string(FreeTcpPort());
+  const std::string url = "--webhook-url=https://127.0.0.1:1/mutate";
+  // Bring your own certificate (the files are read, not parsed, before the
+  // registration flags are checked).
+  env_->dir.WriteFile("own-certs/tls.crt", "certificate");
+  env_->dir.WriteFile("own-certs/tls.key", "key");
+  const std::string cert_dir = "--webhook-cert-dir=" + env_->dir.Join("own-certs");
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{listen, url, "--webhook-failure-policy=Maybe"}, "--webhook-failure-policy"},
+      {{listen, url, "--webhook-timeout=0s"}, "--webhook-timeout"},
+      {{listen, url, "--webhook-timeout=31s"}, "--webhook-timeout"},
+      {{listen, url, "--webhook-timeout=soon"}, "--webhook-timeout"},
+      {{listen, "--webhook-url=https://127.0.0.1:99999/mutate"}, "--webhook-url"},
+      {{listen, "--webhook-url=not a url"}, "--webhook-url"},
+      {{listen, "--webhook-url=http://127.0.0.1:8443/mutate"}, "--webhook-url"},
+      {{listen, url, "--webhook-service=granary-webhook"}, "--webhook-service"},
+      {{listen, url, "--webhook-cert-ip=localhost"}, "--webhook-cert-ip"},
+      {{listen, url, "--webhook-cert-validity=1h", "--webhook-cert-renew-before=2h"},
+       "--webhook-cert-renew-before"},
+      {{url}, "--webhook-listen"},
+      {{listen, url, cert_dir}, "--webhook-ca-file"},
+      {{listen, url, cert_dir, "--webhook-ca-file=" + env_->dir.Join("nonexistent")},
+       "--webhook-ca-file"},
+      {{listen, cert_dir, "--webhook-ca-file=" + env_->dir.Join("own-certs/tls.crt")},
+       "--webhook-ca-file"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {bin, kubeconfig, "--metrics-listen=127.0.0.1:0"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    SCOPED_TRACE(c.args.back());
+    KubectlResult r = Run(argv);
+    EXPECT_EQ(r.exit_code, 2) << r.Describe();
+    EXPECT_THAT(r.out + r.err, HasSubstr(c.says));
+  }
+}
+
+// Last: changes the pool's store Secret (the cache node restarts).
+TEST_F(OperatorWebhookTest, StoreSecretIsCopiedToEveryNamespaceWithADatasetOfThePool) {
+  Kubectl({"apply", "-f", "-"},
+          "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-c\n  annotations:\n"
+          "    granary.io/allowed-uids: \"1000\"\n    granary.io/allowed-gids: \"1000\"\n---\n"
+          "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-d\n  annotations:\n"
+          "    granary.io/allowed-uids: \"1000\"\n    granary.io/allowed-gids: \"1000\"\n");
+  MakeSource("copies", 3, 10);
+  auto in_team_c = [&](const std::string& name) {
+    return ReplaceAll(DatasetYaml(name, env_->datasets() + "/copies"), "namespace: team-a",
+                      "namespace: team-c");
+  };
+  const std::string secret_name = kube::SidecarStoreSecretName("gpu");
+  auto copy = [&] { return cluster().GetJson({"secret", "-n", "team-c", secret_name}); };
+  auto owners = [&]() -> std::set<std::string> {
+    std::set<std::string> names;
+    Result<json> s = copy();
+    if (!s.ok()) return names;
+    for (const json& r : (*s)["metadata"].value("ownerReferences", json::array())) {
+      names.insert(r.value("kind", "") + "/" + r.value("name", ""));
+    }
+    return names;
+  };
+  Kubectl({"apply", "-f", "-"}, in_team_c("copy-1"));
+  ASSERT_TRUE(Holds(cluster().WaitFor([&] { return copy().ok(); }, seconds(30),
+                                      "the store Secret copy in team-c")))
+      << env_->OperatorLogs();
+  Result<json> copied = copy();
+  ASSERT_OK(copied);
+  EXPECT_EQ(SecretValue(*copied, "url"), env_->redis->url());
+  EXPECT_EQ((*copied)["metadata"]["labels"]["app.kubernetes.io/managed-by"], "granary-operator");
+  EXPECT_EQ(owners(), std::set<std::string>{"Dataset/copy-1"});
+  Kubectl({"apply", "-f", "-"}, in_team_c("copy-2"));
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        return owners() == std::set<std::string>{"Dataset/copy-1", "Dataset/copy-2"};
+      },
+      seconds(30), "both Datasets owning the copy"));
+  // No Dataset, no copy: not in team-d, nor in the operator's namespace.
+  EXPECT_EQ(cluster().GetJson({"secret", "-n", "team-d", secret_name}).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(cluster().GetJson({"secret", "-n", "granary", secret_name}).status().code(),
+            StatusCode::kNotFound);
+
+  // The pool's Secret changes (the same Redis by another name): the copy follows.
+  const std::string renamed = ReplaceAll(env_->redis->url(), "127.0.0.1", "localhost");
+  ASSERT_NE(renamed, env_->redis->url());
+  Kubectl({"patch", "secret", "-n", "granary", "granary-store", "--type=merge", "-p",
+           json({{"stringData", {{"url", renamed}}}}).dump()});
+  ASSERT_OK(cluster().WaitFor([&] { return copy().ok() && SecretValue(*copy(), "url") == renamed; },
+                              seconds(20), "the copy taking the new URL"));
+
+  // The last Dataset gone, the copy goes; before, it loses one owner.
+  Kubectl({"delete", "dataset", "-n", "team-c", "copy-1", "--timeout=60s"});
+  ASSERT_OK(cluster().WaitFor([&] { return owners() == std::set<std::string>{"Dataset/copy-2"}; },
+                              seconds(30), "copy-2 alone owning the copy"));
+  Kubectl({"delete", "dataset", "-n", "team-c", "copy-2", "--timeout=60s"});
+  ASSERT_OK(cluster().WaitFor([&] { return copy().status().code() == StatusCode::kNotFound; },
+                              seconds(30), "the copy deleted with the last Dataset"));
+  // team-a keeps its copy while it has Datasets of the pool.
+  EXPECT_TRUE(cluster().GetJson({"secret", "-n", "team-a", secret_name}).ok());
+  Kubectl({"patch", "secret", "-n", "granary", "granary-store", "--type=merge", "-p",
+           json({{"stringData", {{"url", env_->redis->url()}}}}).dump()});
 }
 
 }  // namespace
