@@ -256,16 +256,27 @@ Status AddAffinity(const Json& spec, const InjectionInputs& inputs, Json& ops) {
   if (!expressions.empty()) {
     node_affinity[req_key] = {{"nodeSelectorTerms", Json::array({term})}};
   }
-  Json preferred;
-  if (!inputs.preferred_nodes.empty()) {
-    // Node names, as the cache nodes' node ids are (--node-id=spec.nodeName).
-    preferred = {{"weight", 100},
-                 {"preference",
-                  {{"matchFields", Json::array({{{"key", "metadata.name"},
-                                                 {"operator", "In"},
-                                                 {"values", inputs.preferred_nodes}}})}}}};
-    node_affinity[pref_key] = Json::array({preferred});
+  // A node field selector takes one value per term: one term per node (the
+  // node names the cache nodes' ids are, --node-id=spec.nodeName), or, for
+  // more nodes than kMaxPreferredNodeTerms, one term on their hostname label.
+  Json preferred = Json::array();
+  if (inputs.preferred_nodes.size() > kMaxPreferredNodeTerms) {
+    preferred.push_back(
+        {{"weight", 100},
+         {"preference",
+          {{"matchExpressions", Json::array({{{"key", "kubernetes.io/hostname"},
+                                              {"operator", "In"},
+                                              {"values", inputs.preferred_nodes}}})}}}});
+  } else {
+    for (const std::string& node : inputs.preferred_nodes) {
+      preferred.push_back({{"weight", 100},
+                           {"preference",
+                            {{"matchFields", Json::array({{{"key", "metadata.name"},
+                                                           {"operator", "In"},
+                                                           {"values", Json::array({node})}}})}}}});
+    }
   }
+  if (!preferred.empty()) node_affinity[pref_key] = preferred;
   if (node_affinity.empty()) return Status::Ok();
 
   const Json* affinity = Member(spec, "affinity");
@@ -283,13 +294,13 @@ Status AddAffinity(const Json& spec, const InjectionInputs& inputs, Json& ops) {
     return Status::InvalidArgument("spec.affinity.nodeAffinity is not an object");
   }
   const std::string node_path = "/spec/affinity/nodeAffinity/";
-  if (!preferred.is_null()) {
+  if (!preferred.empty()) {
     const Json* have = Member(*node, pref_key.c_str());
     if (have == nullptr || have->is_null()) {
-      ops.push_back(Op(node_path + pref_key, Json::array({preferred})));
+      ops.push_back(Op(node_path + pref_key, preferred));
     } else if (have->is_array()) {
-      // The user's own preferences stay; ours is one more term.
-      ops.push_back(Op(node_path + pref_key + "/-", preferred));
+      // The user's own preferences stay; ours are more terms.
+      for (const Json& p : preferred) ops.push_back(Op(node_path + pref_key + "/-", p));
     } else {
       return Status::InvalidArgument("spec.affinity.nodeAffinity." + pref_key + " is not a list");
     }

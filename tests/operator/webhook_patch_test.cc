@@ -356,15 +356,18 @@ TEST(WebhookPatchTest, AffinityWithoutRequiredTermsGetsThePoolsTerm) {
 TEST(WebhookPatchTest, ADatasetOnSomeNodesIsPreferredThere) {
   InjectionInputs in = Inputs();
   in.preferred_nodes = {"gpu-1", "gpu-3"};
-  const Json expected = {
-      {"weight", 100},
-      {"preference",
-       {{"matchFields", Json::array({{{"key", "metadata.name"},
-                                      {"operator", "In"},
-                                      {"values", Json::array({"gpu-1", "gpu-3"})}}})}}}};
+  // One term per node: the API server allows one value per node field selector.
+  const auto term = [](const std::string& node) {
+    return Json{{"weight", 100},
+                {"preference",
+                 {{"matchFields", Json::array({{{"key", "metadata.name"},
+                                                {"operator", "In"},
+                                                {"values", Json::array({node})}}})}}}};
+  };
+  const Json expected = Json::array({term("gpu-1"), term("gpu-3")});
   const Json out = Patched(TrainingPod(), in);
   const Json& na = out["spec"]["affinity"]["nodeAffinity"];
-  EXPECT_EQ(na["preferredDuringSchedulingIgnoredDuringExecution"], Json::array({expected}));
+  EXPECT_EQ(na["preferredDuringSchedulingIgnoredDuringExecution"], expected);
   EXPECT_EQ(na["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"].size(), 1u);
 
   // The user's own preferences stay; ours is added after them.
@@ -375,9 +378,20 @@ TEST(WebhookPatchTest, ADatasetOnSomeNodesIsPreferredThere) {
   const Json mine = Patched(pod, in);
   const Json& prefs =
       mine["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
-  ASSERT_EQ(prefs.size(), 2u);
+  ASSERT_EQ(prefs.size(), 3u);
   EXPECT_EQ(prefs[0]["weight"], 7);
-  EXPECT_EQ(prefs[1], expected);
+  EXPECT_EQ(prefs[1], expected[0]);
+  EXPECT_EQ(prefs[2], expected[1]);
+
+  // Many nodes: one term on the hostname label.
+  InjectionInputs many = Inputs();
+  for (int i = 0; i < 40; ++i) many.preferred_nodes.push_back("gpu-" + std::to_string(i));
+  const Json wide = Patched(
+      TrainingPod(),
+      many)["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+  ASSERT_EQ(wide.size(), 1u);
+  EXPECT_EQ(wide[0]["preference"]["matchExpressions"][0]["key"], "kubernetes.io/hostname");
+  EXPECT_EQ(wide[0]["preference"]["matchExpressions"][0]["values"].size(), 40u);
 
   // A pool without a node selector and a placed dataset: only the preference.
   in.pool.node_selector = Json::object();
@@ -387,7 +401,7 @@ TEST(WebhookPatchTest, ADatasetOnSomeNodesIsPreferredThere) {
   EXPECT_EQ(
       bare["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
           .size(),
-      1u);
+      2u);
 }
 
 TEST(WebhookPatchTest, TheSidecarGetsThePoolsResourcesPortAndTheGroupIsAddedOnce) {

@@ -42,16 +42,24 @@ KubeSuite::~KubeSuite() {
 
 Status KubeSuite::Start() {
   KubeClusterOptions o;
-  o.nodes = {{"gpu-node-1", {{"nvidia.com/gpu.present", "true"}, {"granary.io/nvme", "true"}}},
-             {"gpu-node-2", {{"nvidia.com/gpu.present", "true"}}}};
+  o.nodes.clear();
+  for (int i = 1; i <= options_.pool_nodes + 1; ++i) {
+    FakeNode node{"gpu-node-" + std::to_string(i), {{"nvidia.com/gpu.present", "true"}}};
+    if (i <= options_.pool_nodes) node.labels["granary.io/nvme"] = "true";
+    o.nodes.push_back(std::move(node));
+  }
+  o.kwok_completes_job_pods = !options_.run_jobs;
   GRANARY_ASSIGN_OR_RETURN(cluster_, KubeCluster::Start(o));
   GRANARY_ASSIGN_OR_RETURN(redis_, RedisServer::Start());
   GRANARY_RETURN_IF_ERROR(ApplyCrdsPolicyAndNamespaces());
   PodRunnerOptions ro;
-  ro.images = {{"granary", options_.pod_bin_dir}};
+  ro.images = options_.extra_images;
+  ro.images["granary"] = options_.pod_bin_dir;
+  ro.nodes = {"gpu-node-1"};
+  ro.report_completion = options_.run_jobs;
   runner_ = std::make_unique<PodRunner>(*cluster_, ro);
   GRANARY_RETURN_IF_ERROR(runner_->Start());
-  GRANARY_RETURN_IF_ERROR(StartOperator());
+  GRANARY_RETURN_IF_ERROR(StartOperator(options_.operator_flags));
   return ApplyPoolAndWaitReady();
 }
 
@@ -77,13 +85,19 @@ Status KubeSuite::ApplyCrdsPolicyAndNamespaces() {
 Status KubeSuite::ApplyPoolAndWaitReady() {
   std::filesystem::create_directories(datasets());
   ::chmod(datasets().c_str(), 0755);
+  std::filesystem::create_directories(node_socket_dir());
+  ::chmod(node_socket_dir().c_str(), 0755);
   data_port_ = FreeTcpPort();
   metrics_port_ = FreeTcpPort();
+  sidecar_metrics_port_ = FreeTcpPort();
   std::string pool = ReadAll(options_.source_dir + "/examples/kubernetes/cachepool.yaml");
   pool = ReplaceAll(pool, "/nvme/granary", nvme());
   pool = ReplaceAll(pool, "/mnt/datasets", datasets());
   pool = ReplaceAll(pool, "data: 7070", "data: " + std::to_string(data_port_));
   pool = ReplaceAll(pool, "metrics: 9464", "metrics: " + std::to_string(metrics_port_));
+  pool = ReplaceAll(pool, "metricsPort: 9465",
+                    "metricsPort: " + std::to_string(sidecar_metrics_port_));
+  pool = ReplaceAll(pool, "/var/run/granary/gpu", node_socket_dir());
   KubectlResult r = cluster_->Kubectl({"apply", "--validate=strict", "-f", "-"}, pool);
   if (!r.ok()) return Status::Internal("applying cachepool.yaml: " + r.Describe());
   GRANARY_RETURN_IF_ERROR(

@@ -23,10 +23,11 @@
 // test's Redis), then starts PodRunner and the operator (namespace granary,
 // short lease and progress intervals), and applies the example pool with its
 // paths and ports made this host's: the chunk store at nvme(), the one source
-// mount at datasets(), free data and metrics ports. The cluster has two fake
-// GPU nodes of which only gpu-node-1 carries granary.io/nvme=true, so the
-// pool's DaemonSet runs one cache node (PodRunner runs every node's pods on
-// this host, where two would want the same ports).
+// mount at datasets(), free data, metrics and sidecar metrics ports, the
+// handoff socket's directory at node_socket_dir(). The cluster has
+// options.pool_nodes fake GPU nodes with granary.io/nvme=true and one
+// without; PodRunner runs the pods of gpu-node-1 only, so the pool runs one
+// real cache node (two would want the same ports on this host).
 //
 // Everything lives in dir(), a TempDir of mode 0755 (uid 1000, the Datasets'
 // runAs, and a Slurm job's user must be able to walk to the sources).
@@ -67,6 +68,19 @@ struct KubeSuiteOptions {
   std::string pod_bin_dir;      // what PodRunner maps the `granary` images to
   std::string operator_binary;  // granary-operator
   std::chrono::milliseconds pool_ready_timeout{60000};
+  // Pool nodes (granary.io/nvme=true): gpu-node-1..N, then one GPU node
+  // outside the pool. PodRunner runs pods of gpu-node-1 only (one cache node:
+  // they would all want the same ports here); kwok fakes the others.
+  int pool_nodes = 1;
+  // Jobs run to their end: kwok leaves Job pods to PodRunner, which writes
+  // their terminal status (KubeClusterOptions::kwok_completes_job_pods,
+  // PodRunnerOptions::report_completion).
+  bool run_jobs = false;
+  // More images PodRunner runs (prefix -> directory), e.g. a training image
+  // mapped to /usr/bin so that `python3 train.py` runs.
+  std::map<std::string, std::string> extra_images;
+  // Flags for the first granary-operator (e.g. --webhook-*).
+  std::vector<std::string> operator_flags;
 };
 
 class KubeSuite {
@@ -96,6 +110,12 @@ class KubeSuite {
   uint16_t data_port() const { return data_port_; }
   // The cache node's /metrics, /healthz and /readyz: 127.0.0.1:<port>.
   std::string metrics_address() const { return "127.0.0.1:" + std::to_string(metrics_port_); }
+  // The pool's nodeSocketHostPath: the cache node's chunk-handoff socket is
+  // in it, and injected sidecars mount it.
+  std::string node_socket_dir() const { return dir_.Join("node-socket"); }
+  // The pool's spec.sidecar.metricsPort (a free port: an injected sidecar
+  // listens on it on this host).
+  uint16_t sidecar_metrics_port() const { return sidecar_metrics_port_; }
 
   // A new client of the suite's store.
   Result<std::unique_ptr<MetadataStore>> Store() const;
@@ -138,6 +158,7 @@ class KubeSuite {
   std::vector<std::unique_ptr<DaemonProcess>> operators_;
   uint16_t data_port_ = 0;
   uint16_t metrics_port_ = 0;
+  uint16_t sidecar_metrics_port_ = 0;
   int operator_count_ = 0;
   bool operator_logs_printed_ = false;
 };

@@ -1,5 +1,6 @@
 #include "testing/pod_runner.h"
 
+#include <httplib.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -158,6 +159,31 @@ Result<std::map<std::string, std::string>> ObjectData(const json& object, bool s
   return out;
 }
 
+// A container's startupProbe, tried once as the kubelet would on this host
+// (every pod's network is the host's here): httpGet on 127.0.0.1 (the port a
+// number or the name of one of the container's ports) passes on a 2xx or 3xx
+// status; no probe passes at once; other probe kinds (exec, tcpSocket, grpc)
+// are not run and pass.
+bool StartupProbePasses(const json& container) {
+  const json probe = container.value("startupProbe", json::object());
+  if (!probe.is_object() || !probe.contains("httpGet")) return true;
+  const json get = probe["httpGet"];
+  int port = 0;
+  if (get.contains("port") && get["port"].is_number_integer()) {
+    port = get["port"].get<int>();
+  } else if (get.contains("port") && get["port"].is_string()) {
+    for (const json& p : container.value("ports", json::array())) {
+      if (p.value("name", "") == get["port"].get<std::string>()) port = p.value("containerPort", 0);
+    }
+  }
+  if (port <= 0 || port > 65535) return false;
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(0, 300000);
+  client.set_read_timeout(1, 0);
+  httplib::Result r = client.Get(get.value("path", "/"));
+  return r && r->status >= 200 && r->status < 400;
+}
+
 }  // namespace
 
 struct PodRunner::ContainerState {
@@ -172,7 +198,11 @@ struct PodRunner::ContainerState {
   int restarts = 0;
   bool ever_started = false;
   bool completed = false;  // ran to a successful exit and is not to run again
-  bool given_up = false;   // failed and the restart policy says not again
+  // A native sidecar's startupProbe has passed for its current process (the
+  // containers after it start only then, as the kubelet does).
+  bool startup_passed = false;
+  bool startup_wait_logged = false;
+  bool given_up = false;  // failed and the restart policy says not again
   milliseconds backoff{0};
   steady_clock::time_point next_start{};
   steady_clock::time_point started_at{};
@@ -691,6 +721,19 @@ void PodRunner::StepPod(PodState* pod) {
     }
     // An init container that runs to completion holds back the ones after it.
     if (c.init && !c.sidecar && !c.completed) return;
+    // So does a native sidecar until its startupProbe passes.
+    if (c.sidecar && !c.startup_passed) {
+      c.startup_passed = c.process != nullptr && c.process->Running() && StartupProbePasses(c.spec);
+      if (!c.startup_passed) {
+        if (!c.startup_wait_logged) {
+          Event("pod " + pod->ns + "/" + pod->name + ": the containers after " + c.name +
+                " wait for its startupProbe");
+          c.startup_wait_logged = true;
+        }
+        return;
+      }
+      Event("pod " + pod->ns + "/" + pod->name + ": " + c.name + "'s startupProbe passed");
+    }
   }
 }
 
@@ -849,6 +892,8 @@ Status PodRunner::StartContainer(PodState* pod, ContainerState* c) {
   if (c->ever_started) ++c->restarts;
   c->ever_started = true;
   c->started_at = steady_clock::now();
+  c->startup_passed = false;
+  c->startup_wait_logged = false;
   c->started_wall = system_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);

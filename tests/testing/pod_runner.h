@@ -21,8 +21,10 @@
 // containers and pods are left to kwok. Init containers of Granary images run
 // first, in order, each to a successful exit; native sidecars (init
 // containers with restartPolicy: Always) are started in order and keep
-// running; then the regular containers start. Probes are not run: kwok
-// reports the pod Running and Ready.
+// running, and those after a native sidecar start once its startupProbe
+// passes (an httpGet on 127.0.0.1, tried every poll; other probe kinds are
+// not run), as the kubelet does; then the regular containers start. No other
+// probe is run: kwok reports the pod Running and Ready.
 //
 // What the process sees:
 // - argv: the binary, then command[1..] and args, with $(VAR) references

@@ -48,6 +48,9 @@ inline constexpr std::string_view kViewDir = "/run/granary-view";
 // "true": admit the pod only once its Dataset is Ready (staged whole);
 // otherwise a Dataset with a snapshot (Staging or Ready) is enough.
 inline constexpr std::string_view kRequireStagedAnnotation = "granary.io/require-staged";
+// A Dataset placed on at most this many nodes gets one preferred-affinity term
+// per node (metadata.name); more, one term on kubernetes.io/hostname.
+inline constexpr size_t kMaxPreferredNodeTerms = 32;
 
 // Bodies larger than this are refused before parsing (the API server's own
 // object limit is 1.5 MiB; a review carries the object once, plus oldObject).
