@@ -495,6 +495,30 @@ bool NeedsStore(const JobDirectives& directives) {
   return directives.jobdw.has_value() || !directives.persistent.empty();
 }
 
+namespace {
+
+// The datasets granary-operator made from Kubernetes Datasets named `name`:
+// GranaryDatasetName gives <namespace>-<name>-<10 hex> (operator/resources.h;
+// a long <namespace>-<name> is cut at 52 characters, which this does not
+// try to match).
+Result<std::vector<std::string>> KubernetesNamesFor(MetadataStore& store, const std::string& name) {
+  GRANARY_ASSIGN_OR_RETURN(std::vector<DatasetRecord> records, store.ListDatasets());
+  std::vector<std::string> out;
+  const std::string middle = "-" + name + "-";
+  constexpr size_t kHash = 10;
+  for (const DatasetRecord& r : records) {
+    const std::string& n = r.name;
+    if (n.size() < middle.size() + kHash + 1) continue;
+    const std::string_view hash = std::string_view(n).substr(n.size() - kHash);
+    if (hash.find_first_not_of("0123456789abcdef") != std::string_view::npos) continue;
+    if (n.compare(n.size() - kHash - middle.size(), middle.size(), middle) != 0) continue;
+    out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
 Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
   JobDirectives& d = parse.directives;
   if (store == nullptr && NeedsStore(d)) {
@@ -538,10 +562,22 @@ Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
     if (p.symbolic) continue;  // %j: data_in waits for it, with the job id
     Result<DatasetRecord> record = store->GetDataset(p.name);
     if (record.status().code() == StatusCode::kNotFound) {
-      parse.errors.push_back({p.line, "#DW persistentdw: dataset " + Quoted(p.name) +
-                                          " does not exist; create it first with granary "
-                                          "dataset create " +
-                                          p.name + " --source DIR"});
+      GRANARY_ASSIGN_OR_RETURN(std::vector<std::string> named, KubernetesNamesFor(*store, p.name));
+      std::string message = "#DW persistentdw: dataset " + Quoted(p.name) + " does not exist; ";
+      if (named.empty()) {
+        message += "create it first with granary dataset create " + p.name + " --source DIR";
+      } else {
+        // A Kubernetes Dataset's name in the store is <namespace>-<name>-<hash>.
+        std::string list;
+        for (const std::string& n : named) list += (list.empty() ? "" : ", ") + n;
+        message +=
+            "a Kubernetes Dataset is named in Granary by its status.granaryName (kubectl "
+            "get dataset " +
+            p.name +
+            " -n <namespace> -o jsonpath='{.status.granaryName}'); write name=" + named.front() +
+            (named.size() > 1 ? " (or one of " + list + ")" : "");
+      }
+      parse.errors.push_back({p.line, message});
     } else if (!record.ok()) {
       return record.status();
     }

@@ -403,6 +403,22 @@ TEST_F(SlurmValidateTest, PersistentDatasetMustExist) {
                       "dataset 'imagenet' does not exist; create it first");
 }
 
+// A Kubernetes Dataset's Kubernetes name is not its Granary name: the error
+// names the Granary names that Dataset could have (<namespace>-<name>-<hash>).
+TEST_F(SlurmValidateTest, AKubernetesNameGetsTheGranaryNamesToUse) {
+  ASSERT_OK(store_->CreateDataset(testing::MakeDataset("team-a-imagenet-6a31ae5737")));
+  ASSERT_OK(store_->CreateDataset(testing::MakeDataset("team-b-imagenet-0123456789")));
+  ASSERT_OK(store_->CreateDataset(testing::MakeDataset("team-c-imagenet-notahash12")));
+  ASSERT_OK(store_->CreateDataset(testing::MakeDataset("team-d-xl-imagenet-00000000aa")));
+  ExpectOneCheckError("#DW persistentdw name=imagenet\n", 1,
+                      "status.granaryName (kubectl get dataset imagenet -n <namespace> -o "
+                      "jsonpath='{.status.granaryName}'); write name=team-a-imagenet-6a31ae5737 "
+                      "(or one of team-a-imagenet-6a31ae5737, team-b-imagenet-0123456789, "
+                      "team-d-xl-imagenet-00000000aa)");
+  ExpectOneCheckError("#DW persistentdw name=xl-imagenet\n", 1,
+                      "write name=team-d-xl-imagenet-00000000aa");
+}
+
 TEST_F(SlurmValidateTest, CommandPrintsTheDirectivesOrEveryProblem) {
   std::string out;
   std::string err;

@@ -291,12 +291,8 @@ TEST(MixedSiteTest, KubernetesDatasetIsReadBySlurmPersistentDwWithoutSecondSnaps
   const std::string said = refused.status().message();
   EXPECT_THAT(said, HasSubstr("line 3"));
   EXPECT_THAT(said, HasSubstr(std::string("dataset '") + kName + "' does not exist"));
-  // What it says today (issue 17): it does not name the Granary name to use.
-  std::cout << "sbatch on #DW persistentdw name=" << kName << " said:\n" << said << std::endl;
-  if (said.find(gname) == std::string::npos) {
-    std::cout << "NOTE: the message does not name " << gname
-              << " (the Dataset's status.granaryName)" << std::endl;
-  }
+  // It names the Granary name to write instead.
+  EXPECT_THAT(said, HasSubstr("write name=" + gname));
   EXPECT_EQ((*store)->GetDataset(kName).status().code(), StatusCode::kNotFound);
 
   std::cout << "mixed site test took "
