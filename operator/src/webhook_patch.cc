@@ -1,9 +1,11 @@
 #include "granary/operator/webhook_patch.h"
 
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <utility>
 
+#include "granary/core/names.h"
 #include "granary/operator/base64.h"
 
 namespace granary::kube {
@@ -54,10 +56,15 @@ Json Op(const std::string& path, Json value) {
 }
 
 Json SidecarEnvForApps(const InjectionInputs& inputs) {
+  std::string all = GranaryDatasetName(inputs.dataset_namespace, inputs.dataset_name);
+  for (const ExtraDataset& d : inputs.extra) {
+    all += "," + GranaryDatasetName(inputs.dataset_namespace, d.name);
+  }
   return Json::array({
       {{"name", "GRANARY_SOCKET"}, {"value", std::string(kSocketPath)}},
       {{"name", "GRANARY_DATASET"},
        {"value", GranaryDatasetName(inputs.dataset_namespace, inputs.dataset_name)}},
+      {{"name", "GRANARY_DATASETS"}, {"value", all}},
   });
 }
 
@@ -77,6 +84,12 @@ Result<std::string> ViewPath(const Json& pod, const InjectionInputs& inputs) {
   const std::string path = AnnotationOf(pod, kMountPathAnnotation);
   if (path.empty()) return path;
   const std::string what = "annotation " + std::string(kMountPathAnnotation) + ": \"" + path + "\"";
+  if (!inputs.extra.empty()) {
+    return Status::InvalidArgument(
+        what + ": the POSIX view serves one Dataset, and the pod names " +
+        std::to_string(inputs.extra.size() + 1) + " (annotation " +
+        std::string(kDatasetsAnnotation) + "); remove one of the two annotations");
+  }
   if (!inputs.pool.allow_posix_view) {
     return Status::FailedPrecondition(
         what + ": CachePool " + inputs.pool.name +
@@ -259,8 +272,14 @@ Status AddAffinity(const Json& spec, const InjectionInputs& inputs, Json& ops) {
   // A node field selector takes one value per term: one term per node (the
   // node names the cache nodes' ids are, --node-id=spec.nodeName), or, for
   // more nodes than kMaxPreferredNodeTerms, one term on their hostname label.
+  std::vector<std::string> nodes = inputs.preferred_nodes;
+  for (const ExtraDataset& d : inputs.extra) {
+    for (const std::string& n : d.nodes) {
+      if (std::find(nodes.begin(), nodes.end(), n) == nodes.end()) nodes.push_back(n);
+    }
+  }
   Json preferred = Json::array();
-  if (inputs.preferred_nodes.size() > kMaxPreferredNodeTerms) {
+  if (nodes.size() > kMaxPreferredNodeTerms) {
     preferred.push_back(
         {{"weight", 100},
          {"preference",
@@ -268,7 +287,7 @@ Status AddAffinity(const Json& spec, const InjectionInputs& inputs, Json& ops) {
                                               {"operator", "In"},
                                               {"values", inputs.preferred_nodes}}})}}}});
   } else {
-    for (const std::string& node : inputs.preferred_nodes) {
+    for (const std::string& node : nodes) {
       preferred.push_back({{"weight", 100},
                            {"preference",
                             {{"matchFields", Json::array({{{"key", "metadata.name"},
@@ -342,22 +361,33 @@ Status AddAffinity(const Json& spec, const InjectionInputs& inputs, Json& ops) {
 
 // The Dataset must have a snapshot to serve (Staging or Ready), or be Ready
 // when the pod asks for a fully staged dataset.
+Status CheckOnePhase(const Json& pod, const std::string& ns, const std::string& name,
+                     const std::string& phase);
+
 Status CheckDatasetPhase(const Json& pod, const InjectionInputs& inputs) {
+  GRANARY_RETURN_IF_ERROR(
+      CheckOnePhase(pod, inputs.dataset_namespace, inputs.dataset_name, inputs.dataset_phase));
+  for (const ExtraDataset& d : inputs.extra) {
+    GRANARY_RETURN_IF_ERROR(CheckOnePhase(pod, inputs.dataset_namespace, d.name, d.phase));
+  }
+  return Status::Ok();
+}
+
+Status CheckOnePhase(const Json& pod, const std::string& ns, const std::string& name,
+                     const std::string& phase) {
   const bool staged_only = AnnotationOf(pod, kRequireStagedAnnotation) == "true";
-  const std::string& phase = inputs.dataset_phase;
   if (phase == "Ready" || (phase == "Staging" && !staged_only)) return Status::Ok();
-  const std::string what = "Dataset " + inputs.dataset_namespace + "/" + inputs.dataset_name;
+  const std::string what = "Dataset " + ns + "/" + name;
   const std::string wait_for = staged_only ? "Ready" : "Staging or Ready";
-  const std::string retry = "; create the pod again once `kubectl get dataset " +
-                            inputs.dataset_name + " -n " + inputs.dataset_namespace + "` shows " +
-                            wait_for + " (a Job's controller retries on its own)";
+  const std::string retry = "; create the pod again once `kubectl get dataset " + name + " -n " +
+                            ns + "` shows " + wait_for + " (a Job's controller retries on its own)";
   if (phase.empty()) {
     return Status::FailedPrecondition(what + " has not been reconciled by granary-operator yet" +
                                       retry);
   }
   if (phase == "Failed") {
-    return Status::FailedPrecondition(what + " has failed (see `kubectl describe dataset " +
-                                      inputs.dataset_name + "`); fix it first" + retry);
+    return Status::FailedPrecondition(what + " has failed (see `kubectl describe dataset " + name +
+                                      "`); fix it first" + retry);
   }
   if (phase == "Staging") {
     return Status::FailedPrecondition(what + " is still staging and the pod's annotation " +
@@ -658,6 +688,54 @@ void SetDatasetInputs(const Dataset& dataset, InjectionInputs* inputs) {
   inputs->run_as_gid = dataset.run_as_gid;
   inputs->preferred_nodes = dataset.nodes.value_or(std::vector<std::string>());
   inputs->dataset_phase = dataset.phase;
+}
+
+Result<std::vector<std::string>> NamedDatasets(const Json& pod, const std::string& label_value) {
+  std::vector<std::string> names = {label_value};
+  const std::string list = AnnotationOf(pod, kDatasetsAnnotation);
+  const std::string what = "annotation " + std::string(kDatasetsAnnotation) + ": \"" + list + "\"";
+  size_t at = 0;
+  while (at < list.size()) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    std::string name = list.substr(at, end - at);
+    at = end + 1;
+    while (!name.empty() && name.front() == ' ') name.erase(name.begin());
+    while (!name.empty() && name.back() == ' ') name.pop_back();
+    if (name.empty()) continue;  // "a,,b", "a,"
+    if (!IsDnsLabel(name)) {
+      return Status::InvalidArgument(what + ": \"" + name +
+                                     "\" is not a Dataset name; write Dataset names of the pod's "
+                                     "namespace separated by commas, e.g. imagenet-train,coco");
+    }
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  if (names.size() > kMaxDatasetsPerPod) {
+    return Status::InvalidArgument(what + " names " + std::to_string(names.size()) +
+                                   " Datasets; one pod may use at most " +
+                                   std::to_string(kMaxDatasetsPerPod));
+  }
+  return names;
+}
+
+Status AddDataset(const InjectionInputs& other, InjectionInputs* inputs) {
+  const std::string what = "Dataset " + other.dataset_namespace + "/" + other.dataset_name;
+  const std::string first = "Dataset " + inputs->dataset_namespace + "/" + inputs->dataset_name;
+  if (other.pool.name != inputs->pool.name) {
+    return Status::FailedPrecondition(what + " is in CachePool " + other.pool.name + ", " + first +
+                                      " in " + inputs->pool.name +
+                                      "; one pod's sidecar serves the Datasets of one pool: run "
+                                      "them in separate pods");
+  }
+  if (other.run_as_uid != inputs->run_as_uid || other.run_as_gid != inputs->run_as_gid) {
+    return Status::FailedPrecondition(
+        what + " is read as uid/gid " + std::to_string(other.run_as_uid) + "/" +
+        std::to_string(other.run_as_gid) + ", " + first + " as " +
+        std::to_string(inputs->run_as_uid) + "/" + std::to_string(inputs->run_as_gid) +
+        "; the sidecar runs as one identity: give them the same spec.runAs or use separate pods");
+  }
+  inputs->extra.push_back({other.dataset_name, other.preferred_nodes, other.dataset_phase});
+  return Status::Ok();
 }
 
 std::string SidecarConfigYaml(const InjectionInputs& inputs, const std::string& view_dir) {

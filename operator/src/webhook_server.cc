@@ -42,12 +42,29 @@ MutateReply HandleMutate(std::string_view body, const std::string& operator_name
     reply.body = AllowResponse(request->uid);
     return reply;
   }
+  Result<std::vector<std::string>> names = NamedDatasets(request->pod, decision.dataset);
+  if (!names.ok()) {
+    reply.body = DenyResponse(request->uid, 400, names.status().message());
+    return reply;
+  }
   Result<InjectionInputs> inputs = lookup(request->namespace_, decision.dataset);
   if (!inputs.ok()) {
     reply.body =
         DenyResponse(request->uid, 403,
                      "granary.io/dataset=" + decision.dataset + ": " + inputs.status().message());
     return reply;
+  }
+  // Further Datasets (annotation granary.io/datasets): one lookup each.
+  for (size_t i = 1; i < names->size(); ++i) {
+    const std::string& name = (*names)[i];
+    Result<InjectionInputs> other = lookup(request->namespace_, name);
+    Status added = other.ok() ? AddDataset(*other, &*inputs) : other.status();
+    if (!added.ok()) {
+      reply.body =
+          DenyResponse(request->uid, 403,
+                       std::string(kDatasetsAnnotation) + " " + name + ": " + added.message());
+      return reply;
+    }
   }
   Result<Json> patch = BuildInjectionPatch(request->pod, *inputs);
   if (!patch.ok()) {

@@ -59,7 +59,21 @@ void Run(std::string_view body) {
   const InjectionDecision decision = Decide(*request, "granary");
   if (decision.kind != InjectionDecision::Kind::kInject) return;
   Check(request->operation == "CREATE", "only CREATE is mutated");
-  const InjectionInputs inputs = Inputs();
+  InjectionInputs inputs = Inputs();
+  // Further Datasets from the annotation, each "found" with the same pool
+  // and identity (a different Dataset name).
+  Result<std::vector<std::string>> names = NamedDatasets(request->pod, decision.dataset);
+  if (!names.ok()) {
+    Check(!names.status().message().empty(), "a bad datasets annotation has a message");
+  } else {
+    Check(!names->empty() && names->front() == decision.dataset, "the label's Dataset first");
+    Check(names->size() <= kMaxDatasetsPerPod, "at most kMaxDatasetsPerPod Datasets");
+    for (size_t i = 1; i < names->size(); ++i) {
+      InjectionInputs other = Inputs();
+      other.dataset_name = (*names)[i];
+      Check(AddDataset(other, &inputs).ok(), "a Dataset of the same pool and identity is added");
+    }
+  }
   Result<Json> patch = BuildInjectionPatch(request->pod, inputs);
   if (!patch.ok()) {
     Check(!patch.status().message().empty(), "a bad pod has a message");

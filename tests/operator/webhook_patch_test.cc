@@ -505,6 +505,70 @@ TEST(WebhookPatchTest, ThePosixViewIsMountedWhereAskedAndCostsAPrivilegedSidecar
   EXPECT_THAT(clash.status().message(), HasSubstr("already mounts something at /data"));
 }
 
+TEST(WebhookPatchTest, SeveralDatasetsShareOneSidecarOfOnePoolAndIdentity) {
+  Json pod = TrainingPod();
+  pod["metadata"]["annotations"] = {{"granary.io/datasets", " coco ,imagenet-train,, laion"}};
+  Result<std::vector<std::string>> names = NamedDatasets(pod, "imagenet-train");
+  ASSERT_TRUE(names.ok()) << names.status().message();
+  EXPECT_EQ(*names, (std::vector<std::string>{"imagenet-train", "coco", "laion"}));
+  EXPECT_EQ(*NamedDatasets(TrainingPod(), "imagenet-train"),
+            std::vector<std::string>{"imagenet-train"});
+  for (const std::string& bad :
+       std::vector<std::string>{"Bad_Name", "a,b c", std::string(64, 'a')}) {
+    Json p = TrainingPod();
+    p["metadata"]["annotations"] = {{"granary.io/datasets", bad}};
+    Result<std::vector<std::string>> refused = NamedDatasets(p, "imagenet-train");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_THAT(refused.status().message(), HasSubstr("granary.io/datasets"));
+  }
+  std::string many;
+  for (int i = 0; i < 20; ++i) many += "d" + std::to_string(i) + ",";
+  Json crowded = TrainingPod();
+  crowded["metadata"]["annotations"] = {{"granary.io/datasets", many}};
+  EXPECT_FALSE(NamedDatasets(crowded, "imagenet-train").ok());
+
+  InjectionInputs in = Inputs();
+  in.preferred_nodes = {"gpu-1"};
+  InjectionInputs coco = Inputs();
+  coco.dataset_name = "coco";
+  coco.preferred_nodes = {"gpu-1", "gpu-2"};
+  ASSERT_TRUE(AddDataset(coco, &in).ok());
+  InjectionInputs other_pool = coco;
+  other_pool.pool.name = "cpu";
+  Status pool_refused = AddDataset(other_pool, &in);
+  EXPECT_EQ(pool_refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(pool_refused.message(), HasSubstr("CachePool cpu"));
+  InjectionInputs other_uid = coco;
+  other_uid.run_as_uid = 1001;
+  Status uid_refused = AddDataset(other_uid, &in);
+  EXPECT_THAT(uid_refused.message(), HasSubstr("runs as one identity"));
+  ASSERT_EQ(in.extra.size(), 1u);
+
+  const Json out = Patched(TrainingPod(), in);
+  for (const Json& c : out["spec"]["containers"]) {
+    EXPECT_EQ(EnvValue(c, "GRANARY_DATASET"), GranaryDatasetName("team-a", "imagenet-train"));
+    EXPECT_EQ(EnvValue(c, "GRANARY_DATASETS"), GranaryDatasetName("team-a", "imagenet-train") +
+                                                   "," + GranaryDatasetName("team-a", "coco"));
+  }
+  // The nodes of both, once each.
+  EXPECT_EQ(
+      out["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+          .size(),
+      2u);
+  // Each must have a snapshot; the POSIX view serves one Dataset only.
+  in.extra[0].phase = "Pending";
+  Result<Json> pending = BuildInjectionPatch(TrainingPod(), in);
+  ASSERT_FALSE(pending.ok());
+  EXPECT_THAT(pending.status().message(), HasSubstr("Dataset team-a/coco has no snapshot yet"));
+  in.extra[0].phase = "Ready";
+  in.pool.allow_posix_view = true;
+  Json view = TrainingPod();
+  view["metadata"]["annotations"] = {{"granary.io/mount-path", "/data"}};
+  Result<Json> two_views = BuildInjectionPatch(view, in);
+  ASSERT_FALSE(two_views.ok());
+  EXPECT_THAT(two_views.status().message(), HasSubstr("serves one Dataset"));
+}
+
 TEST(WebhookPatchTest, AnInjectedPodGetsNoPatch) {
   const Json once = Patched(TrainingPod());
   EXPECT_TRUE(AlreadyInjected(once));

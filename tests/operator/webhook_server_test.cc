@@ -188,7 +188,12 @@ class WebhookServerTest : public ::testing::Test {
     Result<std::unique_ptr<WebhookServer>> server = WebhookServer::Start(
         options, [this](const std::string& ns, const std::string& name) -> Result<InjectionInputs> {
           ++lookups_;
-          if (ns == "team-a" && name == "imagenet") return Inputs(name);
+          if (ns == "team-a" && (name == "imagenet" || name == "coco")) return Inputs(name);
+          if (ns == "team-a" && name == "other-pool") {
+            InjectionInputs in = Inputs(name);
+            in.pool.name = "cpu";
+            return in;
+          }
           return Status::NotFound("Dataset " + ns + "/" + name +
                                   " does not exist; create it or fix the pod's label");
         });
@@ -241,6 +246,36 @@ TEST_F(WebhookServerTest, UnknownDatasetIsRefusedWithTheReason) {
   EXPECT_EQ(review["response"]["allowed"], false);
   EXPECT_THAT(review["response"]["status"]["message"].get<std::string>(),
               HasSubstr("Dataset team-a/missing does not exist"));
+}
+
+// Several Datasets (annotation granary.io/datasets): one lookup each; one
+// that does not exist, is in another pool or is not a name refuses the pod.
+TEST_F(WebhookServerTest, SeveralDatasetsAreLookedUpEachAndRefusedWithTheReason) {
+  const auto post = [&](const std::string& list) {
+    Json pod = LabelledPod("imagenet");
+    pod["metadata"]["annotations"] = {{"granary.io/datasets", list}};
+    Result<Reply> reply = Post(Review(pod));
+    EXPECT_TRUE(reply.ok()) << reply.status().message();
+    return reply.ok() ? Json::parse(reply->body)["response"] : Json();
+  };
+  const Json both = post("imagenet, coco");
+  EXPECT_EQ(both["allowed"], true);
+  EXPECT_EQ(lookups_.load(), 2);
+  Result<std::string> patch = Base64Decode(both["patch"].get<std::string>(), "patch");
+  ASSERT_TRUE(patch.ok());
+  EXPECT_THAT(*patch, HasSubstr("GRANARY_DATASETS"));
+  EXPECT_THAT(*patch, HasSubstr(GranaryDatasetName("team-a", "coco")));
+
+  const Json missing = post("coco,missing");
+  EXPECT_EQ(missing["allowed"], false);
+  EXPECT_THAT(missing["status"]["message"].get<std::string>(),
+              HasSubstr("granary.io/datasets missing: Dataset team-a/missing does not exist"));
+  const Json other_pool = post("other-pool");
+  EXPECT_EQ(other_pool["allowed"], false);
+  EXPECT_THAT(other_pool["status"]["message"].get<std::string>(), HasSubstr("is in CachePool cpu"));
+  const Json bad = post("coco,Not_A_Name");
+  EXPECT_EQ(bad["allowed"], false);
+  EXPECT_THAT(bad["status"]["message"].get<std::string>(), HasSubstr("is not a Dataset name"));
 }
 
 TEST_F(WebhookServerTest, UnlabelledPodsAndUpdatesAreAllowedUnchanged) {

@@ -48,6 +48,11 @@ inline constexpr std::string_view kViewDir = "/run/granary-view";
 // "true": admit the pod only once its Dataset is Ready (staged whole);
 // otherwise a Dataset with a snapshot (Staging or Ready) is enough.
 inline constexpr std::string_view kRequireStagedAnnotation = "granary.io/require-staged";
+// More Datasets for one pod: a comma-separated list of Dataset names of the
+// pod's namespace, served by the same sidecar (the label names the first, and
+// is what selects the pod). GRANARY_DATASETS lists them all.
+inline constexpr std::string_view kDatasetsAnnotation = "granary.io/datasets";
+inline constexpr size_t kMaxDatasetsPerPod = 16;
 // A Dataset placed on at most this many nodes gets one preferred-affinity term
 // per node (metadata.name); more, one term on kubernetes.io/hostname.
 inline constexpr size_t kMaxPreferredNodeTerms = 32;
@@ -95,6 +100,13 @@ struct SidecarWindow {
 // returns them. kInvalidArgument names a bad field.
 Result<SidecarWindow> ResolveSidecarWindow(const Json& pool_object, const Json& dataset_object);
 
+// A Dataset a pod names beyond its label's (annotation granary.io/datasets).
+struct ExtraDataset {
+  std::string name;  // Kubernetes name, in the pod's namespace
+  std::vector<std::string> nodes;
+  std::string phase;
+};
+
 struct InjectionInputs {
   std::string dataset_namespace;
   std::string dataset_name;  // the Kubernetes name (the label's value)
@@ -113,7 +125,19 @@ struct InjectionInputs {
   std::vector<std::string> preferred_nodes;
   // The Dataset's status.phase: Staging or Ready have a snapshot to serve.
   std::string dataset_phase;
+  // Further Datasets of the pod (AddDataset), the sidecar serves them too.
+  std::vector<ExtraDataset> extra;
 };
+
+// The Datasets a selected pod names: the label's value, then those of the
+// annotation granary.io/datasets not already named, in order. kInvalidArgument
+// for a name that is not a DNS-1123 label or more than kMaxDatasetsPerPod.
+Result<std::vector<std::string>> NamedDatasets(const Json& pod, const std::string& label_value);
+
+// Adds `other` (the lookup of a further Dataset of the same pod) to `inputs`:
+// kFailedPrecondition, saying why, unless it is in the same CachePool and read
+// as the same uid and gid (one sidecar, one identity).
+Status AddDataset(const InjectionInputs& other, InjectionInputs* inputs);
 
 // Copies what a Dataset gives the injection into `inputs`.
 void SetDatasetInputs(const Dataset& dataset, InjectionInputs* inputs);
