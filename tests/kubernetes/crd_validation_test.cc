@@ -207,7 +207,8 @@ TEST_F(CrdValidationTest, ExamplesApplyWithDefaultsColumnsAndStatus) {
   EXPECT_EQ(p["image"], "granary:0.1.0");
   EXPECT_EQ(p["imagePullPolicy"], "IfNotPresent");
   EXPECT_EQ(p["ports"], json({{"data", 7070}, {"metrics", 9464}}));
-  EXPECT_EQ(p["sidecar"], json({{"allowPosixView", false}}));
+  EXPECT_EQ(p["sidecar"], json({{"allowPosixView", false}, {"metricsPort", 9465}}));
+  EXPECT_FALSE(p.contains("nodeSocketHostPath")) << "the operator's default, per pool";
   EXPECT_EQ(p["metadataStore"]["secretRef"]["key"], "url");
   EXPECT_FALSE(p.contains("libfabric"));
 
@@ -470,6 +471,20 @@ TEST_F(CrdValidationTest, BadCachePoolsAreRefusedWithTheirFieldPath) {
       {"relative storage hostPath",
        [](json& o) { o["spec"]["storage"]["hostPath"] = "nvme"; },
        {"spec.storage.hostPath"}},
+      {"relative nodeSocketHostPath",
+       [](json& o) { o["spec"]["nodeSocketHostPath"] = "run/granary"; },
+       {"spec.nodeSocketHostPath"}},
+      {"a nodeSocketHostPath with ..",
+       [](json& o) { o["spec"]["nodeSocketHostPath"] = "/var/run/../../etc"; },
+       {"spec.nodeSocketHostPath", "'..'"}},
+      {"sidecar metricsPort 0",
+       [](json& o) { o["spec"]["sidecar"]["metricsPort"] = 0; },
+       {"spec.sidecar.metricsPort"}},
+      {"sidecar resources that are no quantities",
+       [](json& o) {
+         o["spec"]["sidecar"]["resources"] = {{"limits", {{"memory", "lots"}}}};
+       },
+       {"spec.sidecar.resources.limits.memory"}},
       {"capacity 0",
        [](json& o) { o["spec"]["storage"]["capacity"] = 0; },
        {"spec.storage.capacity", "greater than 0"}},
