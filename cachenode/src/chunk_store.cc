@@ -130,14 +130,19 @@ Status WithHint(const Status& s, std::string_view hint) {
   return Status(s.code(), fmt::format("{}; {}", s.message(), hint));
 }
 
-// Creates `root` if it is missing (not its parents), else checks it is a directory.
+// Creates `root` if it is missing (not its parents), else checks it is a
+// directory this process alone may write (DataDirOwnershipProblem).
 Status PrepareRoot(const std::string& root) {
   const std::string doing = "open chunk store " + root;
   struct stat st;
   if (::stat(root.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return Status::Ok();
-    return Status::InvalidArgument(fmt::format(
-        "{}: it is not a directory; set the data directory to a directory on local NVMe", doing));
+    if (!S_ISDIR(st.st_mode)) {
+      return Status::InvalidArgument(fmt::format(
+          "{}: it is not a directory; set the data directory to a directory on local NVMe", doing));
+    }
+    const std::string problem = DataDirOwnershipProblem(root, ::geteuid());
+    if (!problem.empty()) return Status::PermissionDenied(doing + ": " + problem);
+    return Status::Ok();
   }
   if (errno != ENOENT) {
     return WithHint(Status::FromErrno(errno, doing + ": stat"),
@@ -193,8 +198,17 @@ std::string DescribeHolder(std::string_view contents) {
 Result<ScopedFd> LockRoot(const std::string& root) {
   const std::string path = fmt::format("{}/{}", root, ChunkStore::kLockName);
   const std::string doing = "open chunk store " + root;
-  auto opened = OpenFile(path, O_RDWR | O_CREAT, 0600);
+  // O_NOFOLLOW: a symlink planted there is never followed (PrepareRoot has
+  // checked that no one else may write the directory; this is the second line).
+  auto opened = OpenFile(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0600);
   if (!opened.ok()) {
+    struct stat link;
+    if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+      return Status::PermissionDenied(fmt::format(
+          "{}: its lock file {} is a symbolic link, which the cache node never follows; remove "
+          "it, and check who else can write {}",
+          doing, path, root));
+    }
     return WithHint(opened.status().WithContext(doing),
                     "the directory must be writable by the cache node's user");
   }
@@ -1104,6 +1118,25 @@ Status ChunkStore::DropDataset(std::string_view dataset) {
   }
   changed_.notify_all();
   return s;
+}
+
+std::string DataDirOwnershipProblem(const std::string& path, uid_t uid) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "";  // missing: the node creates it 0700
+  if (st.st_uid != uid) {
+    return fmt::format(
+        "it is owned by uid {}, not by uid {} that the cache node runs as; another user's "
+        "directory could hold a symbolic link where the node writes its lock and chunk files: "
+        "give the node a directory of its own (chown {} {}; chmod 0700 {})",
+        st.st_uid, uid, uid, path, path);
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return fmt::format(
+        "its mode {:04o} lets group or others write in it, so they could plant a symbolic link "
+        "where the node writes its lock and chunk files: chmod go-w {} (0700 is best)",
+        st.st_mode & 07777, path);
+  }
+  return "";
 }
 
 }  // namespace granary

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cli_context.h"
+#include "granary/cachenode/chunk_store.h"
 #include "granary/cachenode/config.h"
 #include "granary/client/session.h"
 #include "granary/core/file.h"
@@ -522,7 +523,16 @@ class Doctor {
                                 (config.node_id.empty() ? "<host name>" : config.node_id) +
                                 ", pool " + config.pool + ", " + HumanBytes(config.capacity_bytes) +
                                 ")";
-    if (!problem.empty()) {
+    // Issue 19: a data_dir someone else may write lets them redirect the
+    // node's writes (the node refuses it at start-up; say so here first).
+    const std::string ownership =
+        problem.empty() ? DataDirOwnershipProblem(config.data_dir, ::geteuid()) : "";
+    if (!ownership.empty()) {
+      Add("config", Verdict::kFail,
+          summary + ", but its data_dir " + config.data_dir + " is unsafe: " + ownership,
+          "granary-cachenode refuses it; run doctor as the user the cache node runs as (" +
+              std::to_string(::geteuid()) + " now) to check it for that user");
+    } else if (!problem.empty()) {
       // The daemon usually runs as root; then only root's view counts.
       Add("config", geteuid() == 0 ? Verdict::kFail : Verdict::kWarn,
           summary + ", but its data_dir " + config.data_dir + ": " + problem,

@@ -5,8 +5,10 @@
 
 #include "sqlite_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -249,6 +251,22 @@ Result<DbPtr> OpenConnectionOnce(const SqliteConfig& config, bool create, std::s
                   std::string(what) + " on " + config.display_url + ": directory " + dir +
                       " is not accessible (" + std::strerror(err) +
                       "); create it, or fix the path in the URL");
+  }
+  if (create) {
+    // SQLite would create the file 0644 (less the umask), letting every user
+    // on the host read the store (dataset names, owners, manifest ids). Made
+    // here 0600 instead (its -wal and -shm files take the same mode); an
+    // existing file (or a link to one an admin made) is left as it is.
+    int fd = ::open(config.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+    } else if (errno != EEXIST) {
+      int err = errno;
+      return Status(err == EACCES ? StatusCode::kPermissionDenied : StatusCode::kIoError,
+                    std::string(what) + " on " + config.display_url + ": create " + config.path +
+                        ": " + std::strerror(err) +
+                        "; make its directory writable by this user, or fix the path in the URL");
+    }
   }
   sqlite3* raw = nullptr;
   int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (create ? SQLITE_OPEN_CREATE : 0);

@@ -998,7 +998,8 @@ TEST_F(ChunkStoreTest, RootNotWritableIsPermissionDenied) {
     auto store = ChunkStore::Open(readonly, 1 << 20);
     std::fprintf(stderr, "child: %s\n", store.status().ToString().c_str());
     if (store.status().code() != StatusCode::kPermissionDenied) return 3;
-    if (store.status().message().find("writable") == std::string::npos) return 4;
+    // Owned by root, not by this user: refused before anything is written.
+    if (store.status().message().find("owned by uid 0") == std::string::npos) return 4;
     auto inside = ChunkStore::Open(readonly + "/store", 1 << 20);
     std::fprintf(stderr, "child: %s\n", inside.status().ToString().c_str());
     if (inside.status().code() != StatusCode::kPermissionDenied) return 5;
@@ -1008,6 +1009,59 @@ TEST_F(ChunkStoreTest, RootNotWritableIsPermissionDenied) {
   auto code = (*child)->Wait(10s);
   ASSERT_OK(code);
   EXPECT_EQ(*code, 0) << "see the child's stderr; exit codes are its checks in order";
+}
+
+// Issue 19, finding 3: a data_dir another user may write could hold a
+// symbolic link where the node writes its LOCK, and a root node would
+// overwrite what it points to. Such a directory is refused, and the LOCK is
+// never followed.
+TEST_F(ChunkStoreTest, ADataDirAnotherUserMayWriteIsRefusedAndItsLockNeverFollowed) {
+  const std::string victim = dir_.Join("victim");
+  WriteAll(victim, "precious\n");
+  // The report's set-up: a sticky world-writable parent, a directory in it
+  // made by uid 65534 with LOCK -> victim, and the node (root) told to use it.
+  const std::string shared = dir_.Join("shared");
+  fs::create_directories(shared);
+  ::chmod(shared.c_str(), 01777);
+  const std::string planted = shared + "/gc";
+  fs::create_directories(planted);
+  ASSERT_EQ(::symlink(victim.c_str(), (planted + "/LOCK").c_str()), 0);
+  ASSERT_EQ(::lchown(planted.c_str(), 65534, 65534), 0);
+  ASSERT_EQ(::lchown((planted + "/LOCK").c_str(), 65534, 65534), 0);
+  auto store = ChunkStore::Open(planted, 1 << 20);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(store.status().message(), HasSubstr("owned by uid 65534"));
+  EXPECT_THAT(store.status().message(), HasSubstr("give the node a directory of its own"));
+  EXPECT_EQ(ReadAll(victim), "precious\n");
+
+  // Our own directory, but writable by others.
+  const std::string open_to_all = dir_.Join("open");
+  fs::create_directories(open_to_all);
+  ::chmod(open_to_all.c_str(), 0777);
+  auto writable = ChunkStore::Open(open_to_all, 1 << 20);
+  ASSERT_FALSE(writable.ok());
+  EXPECT_EQ(writable.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(writable.status().message(), HasSubstr("mode 0777"));
+  ::chmod(open_to_all.c_str(), 0775);
+  EXPECT_THAT(ChunkStore::Open(open_to_all, 1 << 20).status().message(), HasSubstr("mode 0775"));
+  EXPECT_EQ(DataDirOwnershipProblem(open_to_all, ::geteuid()).empty(), false);
+
+  // Our own 0700 directory with a LOCK symlink in it (left by whoever): not
+  // followed, named, the victim intact.
+  const std::string own = dir_.Join("own");
+  fs::create_directories(own);
+  ::chmod(own.c_str(), 0700);
+  EXPECT_EQ(DataDirOwnershipProblem(own, ::geteuid()), "");
+  ASSERT_EQ(::symlink(victim.c_str(), (own + "/LOCK").c_str()), 0);
+  auto linked = ChunkStore::Open(own, 1 << 20);
+  ASSERT_FALSE(linked.ok());
+  EXPECT_EQ(linked.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(linked.status().message(), HasSubstr("is a symbolic link"));
+  EXPECT_EQ(ReadAll(victim), "precious\n");
+  // Removed, the directory is a store.
+  ASSERT_EQ(::unlink((own + "/LOCK").c_str()), 0);
+  EXPECT_OK(ChunkStore::Open(own, 1 << 20));
 }
 
 TEST_F(ChunkStoreTest, BadKeysAndUnknownChunks) {

@@ -457,6 +457,20 @@ TEST_F(CliClusterTest, DoctorFailsEachWayWithItsFix) {
                               "\ncapacity: 1GiB\nmetadata_store: " + cluster_->store_url() + "\n");
   r = Cli({"-o", "json", "doctor", "--config", deep});
   fails(r, {"config", "neither it nor its parent", "mkdir -p"});
+  // A data_dir another user owns, or that others may write (issue 19): the
+  // node would refuse it; doctor says so, with the fix.
+  const std::string foreign_dir = cluster_->dir().Join("foreign-data");
+  std::filesystem::create_directories(foreign_dir);
+  ASSERT_EQ(::chown(foreign_dir.c_str(), 65534, 65534), 0);
+  const std::string foreign = cluster_->dir().Join("foreign.yaml");
+  testing::WriteAll(foreign, "data_dir: " + foreign_dir + "\ncapacity: 1GiB\nmetadata_store: " +
+                                 cluster_->store_url() + "\n");
+  r = Cli({"-o", "json", "doctor", "--config", foreign});
+  fails(r, {"config", "is unsafe: it is owned by uid 65534", "refuses it"});
+  ASSERT_EQ(::chown(foreign_dir.c_str(), ::geteuid(), ::getegid()), 0);
+  ASSERT_EQ(::chmod(foreign_dir.c_str(), 0777), 0);
+  r = Cli({"-o", "json", "doctor", "--config", foreign});
+  fails(r, {"config", "mode 0777 lets group or others write", "refuses it"});
 
   // Human output: every FAIL line is followed by its fix, then the summary.
   r = Cli({"doctor", "--socket", cluster_->dir().Join("none.sock")});

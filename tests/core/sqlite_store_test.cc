@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -147,6 +149,28 @@ TEST_F(SqliteStoreTest, LockedFileFailsAfterTheBusyTimeoutThenSucceedsOnceReleas
   RawExec(other, "COMMIT");
   ASSERT_OK(store->CreateDataset(MakeDataset("blocked")));
   sqlite3_close(other);
+}
+
+// Issue 19: the store is not world-readable (dataset names, owners and
+// manifest ids were readable by every user on the host at 0644).
+TEST_F(SqliteStoreTest, ANewStoreFileIsReadableByItsOwnerOnly) {
+  const std::string path = dir_.Join("fresh.db");
+  ::umask(022);
+  auto store = OpenMetadataStore("sqlite://" + path);
+  ASSERT_OK(store);
+  ASSERT_OK((*store)->CreateDataset(testing::MakeDataset("pets")));
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // An existing file keeps the mode its owner gave it.
+  const std::string shared = dir_.Join("shared.db");
+  testing::WriteAll(shared, "");
+  ASSERT_EQ(::chmod(shared.c_str(), 0640), 0);
+  auto kept = OpenMetadataStore("sqlite://" + shared);
+  ASSERT_OK(kept);
+  ASSERT_OK((*kept)->CreateDataset(testing::MakeDataset("pets")));
+  ASSERT_EQ(::stat(shared.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
 }
 
 TEST_F(SqliteStoreTest, GarbageFileIsCorruptionAtOpenNamingTheFile) {

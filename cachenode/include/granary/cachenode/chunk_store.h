@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sys/types.h>
+
 // ChunkStore: the chunk files one cache node keeps in its data directory on
 // local NVMe, under a byte capacity that it never exceeds. docs/cachenode.md
 // ("Chunk store") describes the layout on disk, the capacity policy, the
@@ -124,6 +126,14 @@ struct StoredManifest {
 
 class StoredChunkWriter;
 class StoredChunkReader;
+
+// Why a cache node running as `uid` must not use directory `path` (an
+// existing directory; stat follows a symlink) as its data_dir: owned by
+// another user, or writable by group or others, so that someone else could
+// put a symlink where the node creates a file (its LOCK, a chunk file) and
+// make it overwrite whatever that points to. Empty when it is fine. Used by
+// ChunkStore::Open (which refuses) and `granary doctor`.
+std::string DataDirOwnershipProblem(const std::string& path, uid_t uid);
 
 class ChunkStore : public std::enable_shared_from_this<ChunkStore> {
  public:
