@@ -1,9 +1,12 @@
-// granary-operator against a real control plane (tests/testing/kube_cluster.h):
-// the CRDs and the identity policy applied as the chart ships them, the
-// examples in examples/kubernetes applied with kubectl, the cache-node
-// DaemonSet the operator generates run as real granary-cachenode processes
-// (PodRunner), a real Redis as the metadata store, and the operator itself a
-// real process (or, for the informer's relist, the library in process).
+// granary-operator against a real control plane, on the shared fixture
+// KubeSuite (tests/testing/kube_suite.h): the CRDs and the identity policy
+// applied as the chart ships them, the example namespaces and CachePool
+// (examples/kubernetes) applied with kubectl on this test's directories and
+// ports, the cache-node DaemonSet the operator generates run as a real
+// granary-cachenode process (PodRunner), a real Redis as the metadata store,
+// and the operator itself a real process (or, for the informer's relist, the
+// library in process). The cases add the example Dataset and Datasets of
+// their own in team-a, replicas of the operator, and kill and restart them.
 // The last cases run the operator with its sidecar webhook (certificate,
 // registration) and check the store Secret it copies to the Datasets'
 // namespaces.
@@ -17,7 +20,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -35,8 +37,7 @@
 #include "granary/operator/webhook_lookup.h"
 #include "testing/daemon_process.h"
 #include "testing/kube_cluster.h"
-#include "testing/pod_runner.h"
-#include "testing/redis_server.h"
+#include "testing/kube_suite.h"
 #include "testing/test_util.h"
 
 namespace granary::testing {
@@ -47,21 +48,6 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
 
-std::string ReplaceAll(std::string text, const std::string& from, const std::string& to) {
-  if (from.empty()) return text;
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
-    text.replace(at, from.size(), to);
-  }
-  return text;
-}
-
-std::string Condition(const json& object, const std::string& type, const char* field = "status") {
-  for (const json& c : object.value("status", json::object()).value("conditions", json::array())) {
-    if (c.value("type", "") == type) return c.value(field, "");
-  }
-  return "";
-}
-
 class OperatorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -70,138 +56,35 @@ class OperatorTest : public ::testing::Test {
       skip_ = new std::string(tools.status().ToString());
       return;
     }
-    env_ = new Env;
-    Status s = env_->Start();
-    if (!s.ok()) error_ = new std::string(s.ToString() + "\n" + env_->OperatorLogs());
+    KubeSuiteOptions o;
+    o.source_dir = GRANARY_SOURCE_DIR;
+    o.pod_bin_dir = GRANARY_POD_BIN_DIR;
+    o.operator_binary = GRANARY_OPERATOR_BINARY;
+    suite_ = new KubeSuite(o);
+    Status s = suite_->Start();
+    if (!s.ok()) error_ = new std::string(s.ToString() + "\n" + suite_->OperatorLogs());
   }
   static void TearDownTestSuite() {
-    delete env_;
-    env_ = nullptr;
+    if (suite_ != nullptr) suite_->PrintLogsIfTestFailed();
+    delete suite_;
+    suite_ = nullptr;
   }
   void SetUp() override {
     if (skip_ != nullptr) GTEST_SKIP() << *skip_;
     ASSERT_EQ(error_, nullptr) << *error_;
   }
   void TearDown() override {
-    if (env_ != nullptr && env_->cluster) {
-      env_->cluster->PrintLogsIfTestFailed();
-      if (env_->runner) env_->runner->PrintLogsIfTestFailed();
-      if (HasFailure()) std::cerr << env_->OperatorLogs();
-    }
+    if (suite_ != nullptr) suite_->PrintLogsIfTestFailed();
   }
 
-  // Everything the cases share: the cluster, Redis, the runner, the pool.
-  struct Env {
-    TempDir dir;  // sources and the pool's NVMe directory (mode 0755: uid 1000 walks it)
-    std::unique_ptr<KubeCluster> cluster;
-    std::unique_ptr<RedisServer> redis;
-    std::unique_ptr<PodRunner> runner;
-    std::vector<std::unique_ptr<DaemonProcess>> operators;
-    uint16_t data_port = 0;
-    uint16_t metrics_port = 0;
-    int operator_count = 0;
-
-    std::string datasets() const { return dir.Join("datasets"); }
-    std::string nvme() const { return dir.Join("nvme"); }
-
-    Status Start() {
-      chmod(dir.path().c_str(), 0755);
-      KubeClusterOptions o;
-      // One node with NVMe: the pool's DaemonSet runs one cache node (every
-      // fake node's processes share this host's ports).
-      o.nodes = {{"gpu-node-1", {{"nvidia.com/gpu.present", "true"}, {"granary.io/nvme", "true"}}},
-                 {"gpu-node-2", {{"nvidia.com/gpu.present", "true"}}}};
-      GRANARY_ASSIGN_OR_RETURN(cluster, KubeCluster::Start(o));
-      GRANARY_ASSIGN_OR_RETURN(redis, RedisServer::Start());
-      const std::string root = GRANARY_SOURCE_DIR;
-      KubectlResult r =
-          cluster->Kubectl({"apply", "--server-side", "-f", root + "/charts/granary/crds/"});
-      if (!r.ok()) return Status::Internal("applying the CRDs: " + r.Describe());
-      r = cluster->Kubectl({"wait", "--for=condition=established", "--timeout=60s",
-                            "crd/datasets.granary.io", "crd/cachepools.granary.io"});
-      if (!r.ok()) return Status::Internal("CRDs not established: " + r.Describe());
-      r = cluster->Kubectl(
-          {"apply", "-f", root + "/charts/granary/policies/dataset-identity.yaml"});
-      if (!r.ok()) return Status::Internal("applying the identity policy: " + r.Describe());
-      // The example namespaces, with the store Secret naming the test's Redis.
-      std::string namespaces = ReadAll(root + "/examples/kubernetes/namespace.yaml");
-      namespaces = std::regex_replace(namespaces, std::regex("url: \"redis://[^\"]*\""),
-                                      "url: \"" + redis->url() + "\"");
-      r = cluster->Kubectl({"apply", "--validate=strict", "-f", "-"}, namespaces);
-      if (!r.ok()) return Status::Internal("applying namespace.yaml: " + r.Describe());
-      PodRunnerOptions ro;
-      ro.images = {{"granary", GRANARY_POD_BIN_DIR}};
-      runner = std::make_unique<PodRunner>(*cluster, ro);
-      GRANARY_RETURN_IF_ERROR(runner->Start());
-      GRANARY_RETURN_IF_ERROR(StartOperator());
-      // The example pool, on this host's directories and free ports.
-      std::filesystem::create_directories(datasets());
-      data_port = FreeTcpPort();
-      metrics_port = FreeTcpPort();
-      std::string pool = ReadAll(root + "/examples/kubernetes/cachepool.yaml");
-      pool = ReplaceAll(pool, "/nvme/granary", nvme());
-      pool = ReplaceAll(pool, "/mnt/datasets", datasets());
-      pool = ReplaceAll(pool, "data: 7070", "data: " + std::to_string(data_port));
-      pool = ReplaceAll(pool, "metrics: 9464", "metrics: " + std::to_string(metrics_port));
-      r = cluster->Kubectl({"apply", "--validate=strict", "-f", "-"}, pool);
-      if (!r.ok()) return Status::Internal("applying cachepool.yaml: " + r.Describe());
-      GRANARY_RETURN_IF_ERROR(
-          runner->WaitForRunning(PodRunner::InNamespace("granary"), 1, seconds(60)));
-      Status ready = cluster->WaitFor(
-          [&] {
-            Result<json> p = cluster->GetJson({"cachepool", "gpu"});
-            return p.ok() && Condition(*p, "Ready") == "True" &&
-                   p->value("status", json::object()).value("capacityBytes", uint64_t{0}) > 0;
-          },
-          seconds(60), "CachePool gpu Ready with its node registered");
-      if (!ready.ok()) {
-        return Status(ready.code(),
-                      ready.message() + "\n" +
-                          cluster->Kubectl({"get", "cachepool", "gpu", "-o", "yaml"}).out);
-      }
-      return ready;
-    }
-
-    Status StartOperator(const std::vector<std::string>& extra = {}) {
-      DaemonProcessOptions o;
-      o.binary = GRANARY_OPERATOR_BINARY;
-      o.name = "operator-" + std::to_string(++operator_count);
-      o.log_path = dir.Join(o.name + ".log");
-      o.args = {"--kubeconfig=" + cluster->kubeconfig_path(),
-                "--namespace=granary",
-                "--identity=" + o.name,
-                "--metrics-listen=127.0.0.1:0",
-                "--progress-interval=300ms",
-                "--lease-duration=4s",
-                "--renew-deadline=3s",
-                "--retry-period=500ms",
-                "--log-level=debug"};
-      o.args.insert(o.args.end(), extra.begin(), extra.end());
-      GRANARY_ASSIGN_OR_RETURN(auto p, DaemonProcess::Start(o));
-      operators.push_back(std::move(p));
-      return Status::Ok();
-    }
-
-    Result<std::unique_ptr<MetadataStore>> Store() const { return OpenMetadataStore(redis->url()); }
-
-    std::string OperatorLogs() const {
-      std::string out;
-      for (const auto& p : operators) {
-        std::string log = ReadAll(p->log_path());
-        if (log.size() > 6000) log = "..." + log.substr(log.size() - 6000);
-        out += "---- " + p->name() + " ----\n" + log;
-      }
-      return out;
-    }
-  };
-
-  static KubeCluster& cluster() { return *env_->cluster; }
+  static KubeCluster& cluster() { return suite_->cluster(); }
 
   static std::string Kubectl(const std::vector<std::string>& args, const std::string& in = "") {
     return cluster().MustKubectl(args, in);
   }
 
-  // A source tree of `files` files of random sizes (uid 1000 may read it).
+  // A source tree of `files` files of random sizes and a notes.txt under
+  // datasets()/<rel> (uid 1000 may read it); the files without notes.txt.
   static std::vector<std::pair<std::string, std::string>> MakeSource(const std::string& rel,
                                                                      int files, unsigned seed) {
     std::mt19937 rng(seed);
@@ -209,34 +92,33 @@ class OperatorTest : public ::testing::Test {
     for (int i = 0; i < files; ++i) {
       const std::string path =
           "class" + std::to_string(i % 4) + "/img" + std::to_string(i) + ".JPEG";
-      const std::string bytes = Bytes(rel + path, 100 + rng() % 200000);
-      env_->dir.WriteFile("datasets/" + rel + "/" + path, bytes);
-      out.emplace_back(path, bytes);
+      out.emplace_back(path, Bytes(rel + path, 100 + rng() % 200000));
     }
-    env_->dir.WriteFile("datasets/" + rel + "/notes.txt", "not a JPEG: excluded by include");
-    std::filesystem::path p = env_->datasets();
-    for (auto& e : std::filesystem::recursive_directory_iterator(env_->datasets())) {
-      chmod(e.path().c_str(), e.is_directory() ? 0755 : 0644);
-    }
-    chmod(env_->datasets().c_str(), 0755);
+    std::vector<std::pair<std::string, std::string>> written = out;
+    written.emplace_back("notes.txt", "not a JPEG: excluded by include");
+    suite_->WriteSource(rel, written);
     return out;
   }
 
+  // The cases' Datasets are in team-a, the example namespace.
   static std::string DatasetYaml(const std::string& name, const std::string& source,
                                  const std::string& extra = "") {
-    return "apiVersion: granary.io/v1alpha1\nkind: Dataset\nmetadata: {name: " + name +
-           ", namespace: team-a}\nspec:\n  cachePool: gpu\n  source: " + source +
-           "\n  chunkSize: 64Ki\n  runAs: {uid: 1000, gid: 1000}\n" + extra;
+    return KubeSuite::DatasetYaml("team-a", name, source, extra);
+  }
+  static Result<json> Dataset(const std::string& name) { return suite_->Dataset("team-a", name); }
+  static Status WaitCondition(const std::string& name, const std::string& type,
+                              const std::string& status, const std::string& reason,
+                              milliseconds timeout) {
+    return suite_->WaitDatasetCondition("team-a", name, type, status, reason, timeout);
   }
 
   static KubectlResult Run(const std::vector<std::string>& argv) {
-    return RunProgram(argv, {}, "", env_->dir.path(), seconds(60));
+    return RunProgram(argv, {}, "", suite_->dir(), seconds(60));
   }
 
   // granary_cachenode_snapshots_total{result="ok"} of the pool's cache node.
   static double SnapshotsOk() {
-    KubectlResult r =
-        Run({"curl", "-sf", "http://127.0.0.1:" + std::to_string(env_->metrics_port) + "/metrics"});
+    KubectlResult r = Run({"curl", "-sf", "http://" + suite_->metrics_address() + "/metrics"});
     EXPECT_EQ(r.exit_code, 0) << r.Describe();
     std::smatch m;
     const std::regex line("granary_cachenode_snapshots_total\\{result=\"ok\"\\} ([0-9.e+]+)");
@@ -247,35 +129,15 @@ class OperatorTest : public ::testing::Test {
     return std::stod(m[1].str());
   }
 
-  static Result<json> Dataset(const std::string& name) {
-    return cluster().GetJson({"dataset", "-n", "team-a", name});
-  }
-
-  static Status WaitCondition(const std::string& name, const std::string& type,
-                              const std::string& status, const std::string& reason,
-                              milliseconds timeout) {
-    return cluster().WaitFor(
-        [&] {
-          Result<json> d = Dataset(name);
-          return d.ok() && Condition(*d, type) == status &&
-                 (reason.empty() || Condition(*d, type, "reason") == reason);
-        },
-        timeout, "dataset " + name + " " + type + "=" + status + " " + reason);
-  }
-
-  static Env* env_;
-  static std::string* skip_;
-  static std::string* error_;
+  static inline KubeSuite* suite_ = nullptr;
+  static inline std::string* skip_ = nullptr;
+  static inline std::string* error_ = nullptr;
 };
-
-OperatorTest::Env* OperatorTest::env_ = nullptr;
-std::string* OperatorTest::skip_ = nullptr;
-std::string* OperatorTest::error_ = nullptr;
 
 TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   const auto files = MakeSource("imagenet/train", 120, 1);
   std::string yaml = ReadAll(std::string(GRANARY_SOURCE_DIR) + "/examples/kubernetes/dataset.yaml");
-  yaml = ReplaceAll(yaml, "/mnt/datasets", env_->datasets());
+  yaml = ReplaceAll(yaml, "/mnt/datasets", suite_->datasets());
   yaml = ReplaceAll(yaml, "chunkSize: 16Mi", "chunkSize: 1Mi");
   Kubectl({"apply", "--validate=strict", "-f", "-"}, yaml);
   KubectlResult wait = cluster().Kubectl(
@@ -289,8 +151,8 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   const std::string gname = st.value("granaryName", "");
   EXPECT_EQ(gname, kube::GranaryDatasetName("team-a", "imagenet-train"));
   EXPECT_EQ(st.value("phase", ""), "Ready");
-  EXPECT_EQ(Condition(*d, "Snapshotted"), "True");
-  EXPECT_EQ(Condition(*d, "Staged"), "True");
+  EXPECT_EQ(ConditionField(*d, "Snapshotted"), "True");
+  EXPECT_EQ(ConditionField(*d, "Staged"), "True");
   EXPECT_THAT((*d)["metadata"]["finalizers"].dump(), HasSubstr("granary.io/release-cache"));
   uint64_t total = 0;
   for (const auto& [p, b] : files) total += b.size();
@@ -301,8 +163,8 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   EXPECT_EQ(st.value("nodes", 0), 1);
 
   // The same numbers as granary's own view of the store.
-  KubectlResult show = Run(
-      {GRANARY_CLI_BINARY, "--store", env_->redis->url(), "-o", "json", "dataset", "show", gname});
+  KubectlResult show = Run({GRANARY_CLI_BINARY, "--store", suite_->redis().url(), "-o", "json",
+                            "dataset", "show", gname});
   ASSERT_EQ(show.exit_code, 0) << show.Describe();
   json shown = json::parse(show.out, nullptr, false);
   ASSERT_FALSE(shown.is_discarded()) << show.out;
@@ -333,12 +195,35 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
     }
     EXPECT_TRUE(applied) << meta["managedFields"].dump(2);
   }
+  // The chunk-handoff socket: the pool's nodeSocketHostPath (this test's
+  // directory, not the host-wide /var/run/granary/gpu) mounted at
+  // /run/granary-node, where the cache node's configuration puts the socket.
+  Result<json> ds = cluster().GetJson({"daemonset", "-n", "granary", "granary-cachenode-gpu"});
+  ASSERT_OK(ds);
+  const json& pod = (*ds)["spec"]["template"]["spec"];
+  std::string socket_host_path, socket_mount_path;
+  for (const json& v : pod["volumes"]) {
+    if (v.value("name", "") == "node-socket") {
+      socket_host_path = v.value("hostPath", json::object()).value("path", "");
+    }
+  }
+  for (const json& m : pod["containers"][0].value("volumeMounts", json::array())) {
+    if (m.value("name", "") == "node-socket") socket_mount_path = m.value("mountPath", "");
+  }
+  EXPECT_EQ(socket_host_path, suite_->node_socket_dir()) << pod["volumes"].dump(2);
+  EXPECT_EQ(socket_mount_path, "/run/granary-node") << pod["containers"].dump(2);
+  Result<json> config = cluster().GetJson({"configmap", "-n", "granary", "granary-cachenode-gpu"});
+  ASSERT_OK(config);
+  EXPECT_THAT((*config)["data"].value("cachenode.yaml", ""),
+              HasSubstr("\nlocal_socket: /run/granary-node/cachenode.sock\n"));
+  EXPECT_TRUE(std::filesystem::is_socket(suite_->node_socket_dir() + "/cachenode.sock"))
+      << "no cachenode.sock in " << suite_->node_socket_dir();
   const std::string pools = Kubectl({"get", "cachepools"});
   EXPECT_THAT(pools, ::testing::ContainsRegex("gpu +1 +1 +"));
 
   // Every sample read back through the cache node (no source fall-through).
-  std::vector<std::string> args = {
-      GRANARY_CLI_BINARY, "--store", env_->redis->url(), "cat", gname, "--direct", "--no-source"};
+  std::vector<std::string> args = {GRANARY_CLI_BINARY, "--store", suite_->redis().url()};
+  args.insert(args.end(), {"cat", gname, "--direct", "--no-source"});
   std::string expected;
   for (const auto& [p, b] : files) {
     args.push_back(p);
@@ -352,22 +237,23 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
 
 TEST_F(OperatorTest, BadDatasetsGetAConditionAndAnEventAndStageNothing) {
   MakeSource("good", 3, 2);
-  std::filesystem::create_directories(env_->datasets() + "/locked");
-  env_->dir.WriteFile("datasets/locked/a.JPEG", "secret");
-  chmod((env_->datasets() + "/locked").c_str(), 0700);  // root's: uid 1000 cannot list it
-  Kubectl({"apply", "-f", "-"}, ReplaceAll(DatasetYaml("no-pool", env_->datasets() + "/good"),
+  std::filesystem::create_directories(suite_->datasets() + "/locked");
+  suite_->WriteFile("datasets/locked/a.JPEG", "secret");
+  chmod((suite_->datasets() + "/locked").c_str(), 0700);  // root's: uid 1000 cannot list it
+  Kubectl({"apply", "-f", "-"}, ReplaceAll(DatasetYaml("no-pool", suite_->datasets() + "/good"),
                                            "cachePool: gpu", "cachePool: nowhere") +
                                     "---\n" + DatasetYaml("outside", "/etc") + "---\n" +
-                                    DatasetYaml("missing", env_->datasets() + "/does-not-exist") +
+                                    DatasetYaml("missing", suite_->datasets() + "/does-not-exist") +
                                     "---\n" +
-                                    DatasetYaml("unreadable", env_->datasets() + "/locked"));
+                                    DatasetYaml("unreadable", suite_->datasets() + "/locked"));
   ASSERT_OK(WaitCondition("no-pool", "Ready", "False", "PoolNotFound", seconds(30)));
   ASSERT_OK(WaitCondition("outside", "Ready", "False", "SourceNotMounted", seconds(30)));
   ASSERT_OK(WaitCondition("missing", "Ready", "False", "Failed", seconds(60)));
   ASSERT_OK(WaitCondition("unreadable", "Ready", "False", "Failed", seconds(60)));
-  EXPECT_THAT(Condition(*Dataset("outside"), "Ready", "message"), HasSubstr(env_->datasets()));
-  EXPECT_THAT(Condition(*Dataset("missing"), "Ready", "message"), HasSubstr("does-not-exist"));
-  EXPECT_THAT(Condition(*Dataset("unreadable"), "Ready", "message"), HasSubstr("1000"));
+  EXPECT_THAT(ConditionField(*Dataset("outside"), "Ready", "message"),
+              HasSubstr(suite_->datasets()));
+  EXPECT_THAT(ConditionField(*Dataset("missing"), "Ready", "message"), HasSubstr("does-not-exist"));
+  EXPECT_THAT(ConditionField(*Dataset("unreadable"), "Ready", "message"), HasSubstr("1000"));
   const std::string events = Kubectl({"get", "events", "-n", "team-a", "-o", "json"});
   for (const char* reason : {"PoolNotFound", "SourceNotMounted", "Failed"}) {
     EXPECT_THAT(events, HasSubstr("\"reason\": \"" + std::string(reason) + "\"")) << reason;
@@ -375,7 +261,7 @@ TEST_F(OperatorTest, BadDatasetsGetAConditionAndAnEventAndStageNothing) {
   EXPECT_THAT(Kubectl({"describe", "dataset", "-n", "team-a", "outside"}),
               HasSubstr("SourceNotMounted"));
   // Nothing of them is in the store but records without a manifest.
-  Result<std::unique_ptr<MetadataStore>> store = env_->Store();
+  Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
   ASSERT_OK(store);
   EXPECT_EQ((*store)->GetDataset(kube::GranaryDatasetName("team-a", "no-pool")).status().code(),
             StatusCode::kNotFound);
@@ -396,26 +282,26 @@ TEST_F(OperatorTest, BadDatasetsGetAConditionAndAnEventAndStageNothing) {
 
 TEST_F(OperatorTest, DeletingADatasetDropsItsChunksAndRecordsThenTheFinalizer) {
   MakeSource("deleteme", 20, 3);
-  Kubectl({"apply", "-f", "-"}, DatasetYaml("deleteme", env_->datasets() + "/deleteme"));
+  Kubectl({"apply", "-f", "-"}, DatasetYaml("deleteme", suite_->datasets() + "/deleteme"));
   ASSERT_OK(WaitCondition("deleteme", "Ready", "True", "", seconds(60)));
   const std::string gname = kube::GranaryDatasetName("team-a", "deleteme");
   const std::string manifest = (*Dataset("deleteme"))["status"].value("manifestId", "");
   ASSERT_FALSE(manifest.empty());
   auto chunk_files = [&] {
     size_t n = 0;
-    for (auto& e : std::filesystem::recursive_directory_iterator(env_->nvme())) {
+    for (auto& e : std::filesystem::recursive_directory_iterator(suite_->nvme())) {
       if (e.is_regular_file() &&
           e.path().string().find(manifest.substr(0, 16)) != std::string::npos)
         ++n;
     }
     return n;
   };
-  EXPECT_GT(chunk_files(), 0u) << "no chunk file names the manifest under " << env_->nvme();
+  EXPECT_GT(chunk_files(), 0u) << "no chunk file names the manifest under " << suite_->nvme();
   KubectlResult del =
       cluster().Kubectl({"delete", "dataset", "-n", "team-a", "deleteme", "--timeout=60s"});
   ASSERT_TRUE(del.ok()) << del.Describe();
   EXPECT_EQ(Dataset("deleteme").status().code(), StatusCode::kNotFound);
-  Result<std::unique_ptr<MetadataStore>> store = env_->Store();
+  Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
   ASSERT_OK(store);
   EXPECT_EQ((*store)->GetDataset(gname).status().code(), StatusCode::kNotFound);
   ASSERT_OK(cluster().WaitFor([&] { return chunk_files() == 0; }, seconds(30),
@@ -425,16 +311,16 @@ TEST_F(OperatorTest, DeletingADatasetDropsItsChunksAndRecordsThenTheFinalizer) {
 TEST_F(OperatorTest, OperatorKilledAndApiServerRestartedStatusConvergesWithOneSnapshot) {
   MakeSource("restarts", 40, 4);
   const double snapshots_before = SnapshotsOk();
-  Kubectl({"apply", "-f", "-"}, DatasetYaml("restarts", env_->datasets() + "/restarts"));
+  Kubectl({"apply", "-f", "-"}, DatasetYaml("restarts", suite_->datasets() + "/restarts"));
   // Kill the operator as soon as it has created the store record.
-  Result<std::unique_ptr<MetadataStore>> store = env_->Store();
+  Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
   ASSERT_OK(store);
   const std::string gname = kube::GranaryDatasetName("team-a", "restarts");
   ASSERT_OK(cluster().WaitFor([&] { return (*store)->GetDataset(gname).ok(); }, seconds(30),
                               "the store record"));
-  ASSERT_OK(env_->operators.back()->Kill().status());
+  ASSERT_OK(suite_->operators().back()->Kill().status());
   ASSERT_OK(cluster().RestartApiServer());
-  ASSERT_OK(env_->StartOperator());
+  ASSERT_OK(suite_->StartOperator());
   ASSERT_OK(WaitCondition("restarts", "Ready", "True", "", seconds(90)));
   Result<DatasetRecord> record = (*store)->GetDataset(gname);
   ASSERT_OK(record);
@@ -456,11 +342,9 @@ TEST_F(OperatorTest, OperatorKilledAndApiServerRestartedStatusConvergesWithOneSn
 
 TEST_F(OperatorTest, SpecChangeOfTheBytesTakesANewSnapshot) {
   MakeSource("respec", 10, 5);
-  env_->dir.WriteFile("datasets/respec/extra/more.png", "png bytes");
-  chmod((env_->datasets() + "/respec/extra").c_str(), 0755);
-  chmod((env_->datasets() + "/respec/extra/more.png").c_str(), 0644);
+  suite_->WriteSource("respec", {{"extra/more.png", "png bytes"}});
   Kubectl({"apply", "-f", "-"},
-          DatasetYaml("respec", env_->datasets() + "/respec", "  include: [\"*.JPEG\"]\n"));
+          DatasetYaml("respec", suite_->datasets() + "/respec", "  include: [\"*.JPEG\"]\n"));
   ASSERT_OK(WaitCondition("respec", "Ready", "True", "", seconds(60)));
   const std::string first = (*Dataset("respec"))["status"].value("manifestId", "");
   EXPECT_EQ((*Dataset("respec"))["status"].value("files", 0), 10);
@@ -469,7 +353,7 @@ TEST_F(OperatorTest, SpecChangeOfTheBytesTakesANewSnapshot) {
   ASSERT_OK(cluster().WaitFor(
       [&] {
         Result<json> d = Dataset("respec");
-        return d.ok() && Condition(*d, "Ready") == "True" &&
+        return d.ok() && ConditionField(*d, "Ready") == "True" &&
                (*d)["status"].value("manifestId", "") != first &&
                (*d)["status"].value("files", 0) == 11 &&
                (*d)["status"].value("observedGeneration", 0) ==
@@ -480,7 +364,7 @@ TEST_F(OperatorTest, SpecChangeOfTheBytesTakesANewSnapshot) {
   const std::string second = (*Dataset("respec"))["status"].value("manifestId", "");
   Kubectl({"patch", "dataset", "-n", "team-a", "respec", "--type=merge", "-p",
            R"({"spec":{"replication":2}})"});
-  Result<std::unique_ptr<MetadataStore>> store = env_->Store();
+  Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
   ASSERT_OK(store);
   const std::string gname = kube::GranaryDatasetName("team-a", "respec");
   ASSERT_OK(cluster().WaitFor(
@@ -495,10 +379,10 @@ TEST_F(OperatorTest, SpecChangeOfTheBytesTakesANewSnapshot) {
 
 TEST_F(OperatorTest, AWithdrawnGrantStopsTheDatasetAndAGrantAgainTakesItUp) {
   MakeSource("granted", 6, 8);
-  Kubectl({"apply", "-f", "-"}, DatasetYaml("granted", env_->datasets() + "/granted"));
+  Kubectl({"apply", "-f", "-"}, DatasetYaml("granted", suite_->datasets() + "/granted"));
   ASSERT_OK(WaitCondition("granted", "Ready", "True", "", seconds(60)));
   const std::string gname = kube::GranaryDatasetName("team-a", "granted");
-  Result<std::unique_ptr<MetadataStore>> store = env_->Store();
+  Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
   ASSERT_OK(store);
   // An admin withdraws uid 1000 (the policy checks creates and runAs
   // changes; the operator checks every reconcile). A touch of the Dataset
@@ -510,7 +394,7 @@ TEST_F(OperatorTest, AWithdrawnGrantStopsTheDatasetAndAGrantAgainTakesItUp) {
   ASSERT_OK(stopped);
   EXPECT_EQ(stopped->state.phase, DatasetPhase::kFailed);
   EXPECT_THAT(stopped->state.message, HasSubstr("no longer grants"));
-  EXPECT_THAT(Condition(*Dataset("granted"), "Ready", "message"), HasSubstr("uid 1000"));
+  EXPECT_THAT(ConditionField(*Dataset("granted"), "Ready", "message"), HasSubstr("uid 1000"));
   // Granted again: a new snapshot as that identity, Ready again.
   Kubectl({"annotate", "namespace", "team-a", "--overwrite", "granary.io/allowed-uids=1000"});
   Kubectl({"annotate", "dataset", "-n", "team-a", "granted", "--overwrite", "touch=2"});
@@ -524,7 +408,7 @@ TEST_F(OperatorTest, AWithdrawnGrantStopsTheDatasetAndAGrantAgainTakesItUp) {
       [&] {
         Result<json> d = Dataset("granted");
         return d.ok() && (*d)["status"].value("snapshotRequest", "") == "one" &&
-               Condition(*d, "Ready") == "True";
+               ConditionField(*d, "Ready") == "True";
       },
       seconds(60), "the snapshot asked for by the annotation"));
   EXPECT_EQ(SnapshotsOk() - before, 1.0);
@@ -570,7 +454,7 @@ TEST_F(OperatorTest, InformerListsAgainWhenTheApiServerSaysGone) {
 }
 
 TEST_F(OperatorTest, TwoReplicasOneLeadsTheOtherTakesOverAfterSigkill) {
-  ASSERT_OK(env_->StartOperator());  // a second replica
+  ASSERT_OK(suite_->StartOperator());  // a second replica
   auto holder = [&]() -> std::string {
     Result<json> lease = cluster().GetJson({"lease", "-n", "granary", "granary-operator"});
     return lease.ok() ? (*lease)["spec"].value("holderIdentity", "") : "";
@@ -579,7 +463,7 @@ TEST_F(OperatorTest, TwoReplicasOneLeadsTheOtherTakesOverAfterSigkill) {
   const std::string first = holder();
   DaemonProcess* leader = nullptr;
   DaemonProcess* other = nullptr;
-  for (auto& p : env_->operators) {
+  for (auto& p : suite_->operators()) {
     if (!p->Running()) continue;
     (p->name() == first ? leader : other) = p.get();
   }
@@ -609,7 +493,7 @@ TEST_F(OperatorTest, TwoReplicasOneLeadsTheOtherTakesOverAfterSigkill) {
   // The new leader acts.
   MakeSource("after-failover", 5, 6);
   Kubectl({"apply", "-f", "-"},
-          DatasetYaml("after-failover", env_->datasets() + "/after-failover"));
+          DatasetYaml("after-failover", suite_->datasets() + "/after-failover"));
   ASSERT_OK(WaitCondition("after-failover", "Ready", "True", "", seconds(60)));
 }
 
@@ -620,15 +504,15 @@ TEST_F(OperatorTest, BadCommandLinesAndUnreachableServersAreClearErrors) {
     int code;
     std::string says;
   };
-  env_->dir.WriteFile("bad.kubeconfig", "apiVersion: v1\nclusters: [unclosed\n");
-  env_->dir.WriteFile(
-      "nowhere.kubeconfig",
-      "apiVersion: v1\ncurrent-context: x\nclusters:\n- name: c\n  cluster: {server: "
-      "\"https://127.0.0.1:" +
-          std::to_string(FreeTcpPort()) + "\"}\ncontexts:\n- name: x\n  context: {cluster: c}\n");
+  suite_->WriteFile("bad.kubeconfig", "apiVersion: v1\nclusters: [unclosed\n");
+  suite_->WriteFile("nowhere.kubeconfig",
+                    "apiVersion: v1\ncurrent-context: x\nclusters:\n- name: c\n  cluster: {server: "
+                    "\"https://127.0.0.1:" +
+                        std::to_string(FreeTcpPort()) +
+                        "\"}\ncontexts:\n- name: x\n  context: {cluster: c}\n");
   const std::vector<Case> cases = {
-      {{"--kubeconfig=" + env_->dir.Join("missing")}, 2, "cannot be read"},
-      {{"--kubeconfig=" + env_->dir.Join("bad.kubeconfig")}, 2, "kubeconfig"},
+      {{"--kubeconfig=" + suite_->Join("missing")}, 2, "cannot be read"},
+      {{"--kubeconfig=" + suite_->Join("bad.kubeconfig")}, 2, "kubeconfig"},
       {{"--kubeconfig=" + cluster().kubeconfig_path(), "--context=nope"}, 2, "no context 'nope'"},
       {{"--kubeconfig=" + cluster().kubeconfig_path(), "--lease-duration=abc"},
        2,
@@ -639,7 +523,7 @@ TEST_F(OperatorTest, BadCommandLinesAndUnreachableServersAreClearErrors) {
        "--renew-deadline < --lease-duration"},
       {{"--kubeconfig=" + cluster().kubeconfig_path(), "--workers=0"}, 2, "workers"},
       {{"--kubeconfig=" + cluster().kubeconfig_path(), "--log-level=loud"}, 2, "--log-level"},
-      {{"--kubeconfig=" + env_->dir.Join("nowhere.kubeconfig")}, 1, "connecting to the API server"},
+      {{"--kubeconfig=" + suite_->Join("nowhere.kubeconfig")}, 1, "connecting to the API server"},
       {{"--kubeconfig=" + cluster().kubeconfig_path(), "--metrics-listen=256.0.0.1:1"},
        1,
        "--metrics-listen"},
@@ -716,7 +600,7 @@ class OperatorWebhookTest : public OperatorTest {
   // Stops every running replica and starts one serving the webhook on a
   // fresh port, registered by URL; `extra` flags appended. Its port.
   static Result<uint16_t> StartWebhookOperator(const std::vector<std::string>& extra = {}) {
-    for (auto& p : env_->operators) {
+    for (auto& p : suite_->operators()) {
       if (p->Running()) GRANARY_RETURN_IF_ERROR(p->Terminate(seconds(10)).status());
     }
     const uint16_t port = FreeTcpPort();
@@ -725,20 +609,20 @@ class OperatorWebhookTest : public OperatorTest {
         "--webhook-url=https://127.0.0.1:" + std::to_string(port) + "/mutate",
         "--webhook-cert-ip=127.0.0.1", "--webhook-timeout=5s"};
     flags.insert(flags.end(), extra.begin(), extra.end());
-    GRANARY_RETURN_IF_ERROR(env_->StartOperator(flags));
+    GRANARY_RETURN_IF_ERROR(suite_->StartOperator(flags));
     return port;
   }
 };
 
 TEST_F(OperatorWebhookTest, OperatorMakesItsCertificateRegistersAndRecreatesIt) {
   MakeSource("webhook", 4, 9);
-  Kubectl({"apply", "-f", "-"}, DatasetYaml("webhook-ds", env_->datasets() + "/webhook"));
+  Kubectl({"apply", "-f", "-"}, DatasetYaml("webhook-ds", suite_->datasets() + "/webhook"));
   ASSERT_OK(WaitCondition("webhook-ds", "Ready", "True", "", seconds(60)));
   Result<uint16_t> port = StartWebhookOperator();
   ASSERT_OK(port);
   ASSERT_TRUE(Holds(cluster().WaitFor(
       Registered, seconds(30), "the Secret granary-webhook-tls and the registration's caBundle")))
-      << env_->OperatorLogs();
+      << suite_->OperatorLogs();
   Result<json> secret = TlsSecret();
   ASSERT_OK(secret);
   EXPECT_EQ((*secret)["type"], "kubernetes.io/tls");
@@ -773,7 +657,7 @@ TEST_F(OperatorWebhookTest, OperatorMakesItsCertificateRegistersAndRecreatesIt) 
   ASSERT_TRUE(Holds(cluster().WaitFor([&] { return Injected("webhook-ds", &last); }, seconds(30),
                                       "the API server calling the operator's webhook")))
       << last << "\n"
-      << env_->OperatorLogs();
+      << suite_->OperatorLogs();
   json pod = {
       {"apiVersion", "v1"},
       {"kind", "Pod"},
@@ -797,12 +681,12 @@ TEST_F(OperatorWebhookTest, OperatorMakesItsCertificateRegistersAndRecreatesIt) 
         return s.ok() && SecretValue(*s, "ca.crt").rfind(old_ca, 0) != 0 && Registered();
       },
       seconds(30), "a new Secret and caBundle")))
-      << env_->OperatorLogs();
+      << suite_->OperatorLogs();
   EXPECT_NE(CaBundle(), kube::Base64Encode(old_ca));
   ASSERT_TRUE(Holds(cluster().WaitFor([&] { return Injected("webhook-ds", &last); }, seconds(30),
                                       "pods injected with the new certificate")))
       << last;
-  const std::string log = ReadAll(env_->operators.back()->log_path());
+  const std::string log = ReadAll(suite_->operators().back()->log_path());
   EXPECT_THAT(log, HasSubstr("making the Secret granary/granary-webhook-tls"));
   size_t loaded = 0;
   for (size_t at = log.find("serving the webhook certificate of Secret"); at != std::string::npos;
@@ -835,7 +719,7 @@ TEST_F(OperatorWebhookTest, AShortValidityIsRenewedAndPodsAreStillInjected) {
         return seen.size() >= 3;
       },
       seconds(60), "two renewals of a 40 s certificate")))
-      << env_->OperatorLogs();
+      << suite_->OperatorLogs();
   // After a renewal ca.crt holds the new CA and the replaced one; the
   // registration carries both.
   ASSERT_OK(cluster().WaitFor(Registered, seconds(10), "the caBundle of the renewal"));
@@ -852,7 +736,7 @@ TEST_F(OperatorWebhookTest, AShortValidityIsRenewedAndPodsAreStillInjected) {
   ASSERT_TRUE(Holds(cluster().WaitFor([&] { return Injected("webhook-ds", &last); }, seconds(30),
                                       "pods injected after one more renewal")))
       << last;
-  EXPECT_THAT(ReadAll(env_->operators.back()->log_path()), HasSubstr("renewing the Secret"));
+  EXPECT_THAT(ReadAll(suite_->operators().back()->log_path()), HasSubstr("renewing the Secret"));
 }
 
 TEST_F(OperatorWebhookTest, BadWebhookFlagsExitTwoNamingTheFlag) {
@@ -862,9 +746,9 @@ TEST_F(OperatorWebhookTest, BadWebhookFlagsExitTwoNamingTheFlag) {
   const std::string url = "--webhook-url=https://127.0.0.1:1/mutate";
   // Bring your own certificate (the files are read, not parsed, before the
   // registration flags are checked).
-  env_->dir.WriteFile("own-certs/tls.crt", "certificate");
-  env_->dir.WriteFile("own-certs/tls.key", "key");
-  const std::string cert_dir = "--webhook-cert-dir=" + env_->dir.Join("own-certs");
+  suite_->WriteFile("own-certs/tls.crt", "certificate");
+  suite_->WriteFile("own-certs/tls.key", "key");
+  const std::string cert_dir = "--webhook-cert-dir=" + suite_->Join("own-certs");
   struct Case {
     std::vector<std::string> args;
     std::string says;
@@ -883,9 +767,9 @@ TEST_F(OperatorWebhookTest, BadWebhookFlagsExitTwoNamingTheFlag) {
        "--webhook-cert-renew-before"},
       {{url}, "--webhook-listen"},
       {{listen, url, cert_dir}, "--webhook-ca-file"},
-      {{listen, url, cert_dir, "--webhook-ca-file=" + env_->dir.Join("nonexistent")},
+      {{listen, url, cert_dir, "--webhook-ca-file=" + suite_->Join("nonexistent")},
        "--webhook-ca-file"},
-      {{listen, cert_dir, "--webhook-ca-file=" + env_->dir.Join("own-certs/tls.crt")},
+      {{listen, cert_dir, "--webhook-ca-file=" + suite_->Join("own-certs/tls.crt")},
        "--webhook-ca-file"},
   };
   for (const Case& c : cases) {
@@ -907,8 +791,7 @@ TEST_F(OperatorWebhookTest, StoreSecretIsCopiedToEveryNamespaceWithADatasetOfThe
           "    granary.io/allowed-uids: \"1000\"\n    granary.io/allowed-gids: \"1000\"\n");
   MakeSource("copies", 3, 10);
   auto in_team_c = [&](const std::string& name) {
-    return ReplaceAll(DatasetYaml(name, env_->datasets() + "/copies"), "namespace: team-a",
-                      "namespace: team-c");
+    return KubeSuite::DatasetYaml("team-c", name, suite_->datasets() + "/copies");
   };
   const std::string secret_name = kube::SidecarStoreSecretName("gpu");
   auto copy = [&] { return cluster().GetJson({"secret", "-n", "team-c", secret_name}); };
@@ -924,10 +807,10 @@ TEST_F(OperatorWebhookTest, StoreSecretIsCopiedToEveryNamespaceWithADatasetOfThe
   Kubectl({"apply", "-f", "-"}, in_team_c("copy-1"));
   ASSERT_TRUE(Holds(cluster().WaitFor([&] { return copy().ok(); }, seconds(30),
                                       "the store Secret copy in team-c")))
-      << env_->OperatorLogs();
+      << suite_->OperatorLogs();
   Result<json> copied = copy();
   ASSERT_OK(copied);
-  EXPECT_EQ(SecretValue(*copied, "url"), env_->redis->url());
+  EXPECT_EQ(SecretValue(*copied, "url"), suite_->redis().url());
   EXPECT_EQ((*copied)["metadata"]["labels"]["app.kubernetes.io/managed-by"], "granary-operator");
   EXPECT_EQ(owners(), std::set<std::string>{"Dataset/copy-1"});
   Kubectl({"apply", "-f", "-"}, in_team_c("copy-2"));
@@ -943,8 +826,8 @@ TEST_F(OperatorWebhookTest, StoreSecretIsCopiedToEveryNamespaceWithADatasetOfThe
             StatusCode::kNotFound);
 
   // The pool's Secret changes (the same Redis by another name): the copy follows.
-  const std::string renamed = ReplaceAll(env_->redis->url(), "127.0.0.1", "localhost");
-  ASSERT_NE(renamed, env_->redis->url());
+  const std::string renamed = ReplaceAll(suite_->redis().url(), "127.0.0.1", "localhost");
+  ASSERT_NE(renamed, suite_->redis().url());
   Kubectl({"patch", "secret", "-n", "granary", "granary-store", "--type=merge", "-p",
            json({{"stringData", {{"url", renamed}}}}).dump()});
   ASSERT_OK(cluster().WaitFor([&] { return copy().ok() && SecretValue(*copy(), "url") == renamed; },
@@ -960,7 +843,7 @@ TEST_F(OperatorWebhookTest, StoreSecretIsCopiedToEveryNamespaceWithADatasetOfThe
   // team-a keeps its copy while it has Datasets of the pool.
   EXPECT_TRUE(cluster().GetJson({"secret", "-n", "team-a", secret_name}).ok());
   Kubectl({"patch", "secret", "-n", "granary", "granary-store", "--type=merge", "-p",
-           json({{"stringData", {{"url", env_->redis->url()}}}}).dump()});
+           json({{"stringData", {{"url", suite_->redis().url()}}}}).dump()});
 }
 
 }  // namespace

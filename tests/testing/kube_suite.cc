@@ -201,8 +201,10 @@ void KubeSuite::PrintLogsIfTestFailed() {
   if (!::testing::Test::HasFailure()) return;
   if (cluster_) cluster_->PrintLogsIfTestFailed();
   if (runner_) runner_->PrintLogsIfTestFailed();
-  if (!operator_logs_printed_ && !operators_.empty()) {
-    operator_logs_printed_ = true;
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name =
+      test == nullptr ? "" : std::string(test->test_suite_name()) + "." + test->name();
+  if (!operators_.empty() && operator_logs_printed_.insert(name).second) {
     std::cerr << OperatorLogs();
   }
 }

@@ -36,8 +36,11 @@
 // the same way, and its logs are still there for the message
 // (OperatorLogs, PrintLogsIfTestFailed).
 //
-// Who uses it: tests/kubernetes/mixed_site_test.cc. (operator_test.cc has
-// the same set-up as a fixture of its own.)
+// Who uses it: tests/kubernetes/operator_test.cc (the operator's cases:
+// more replicas through StartOperator, files under dir() through WriteFile),
+// mixed_site_test.cc (with a SlurmCluster on the same store and cache node)
+// and training_pod_test.cc (four pool nodes, Jobs run to their end, the
+// webhook through options.operator_flags).
 //
 // Thread safety: the test's main thread owns it. cluster(), runner() and
 // redis() hand out the fixtures, whose own contracts then apply.
@@ -49,6 +52,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,6 +107,13 @@ class KubeSuite {
   const std::vector<std::unique_ptr<DaemonProcess>>& operators() const { return operators_; }
 
   const std::string& dir() const { return dir_.path(); }
+  // dir()/<rel>.
+  std::string Join(const std::string& rel) const { return dir_.Join(rel); }
+  // Writes dir()/<rel>, its parent directories made as needed (modes as
+  // created: for a source uid 1000 reads, WriteSource).
+  void WriteFile(const std::string& rel, const std::string& contents) const {
+    dir_.WriteFile(rel, contents);
+  }
   // The pool's one source mount: Datasets' sources lie under it.
   std::string datasets() const { return dir_.Join("datasets"); }
   // The pool's chunk store directory.
@@ -142,7 +153,9 @@ class KubeSuite {
   // The tail of every operator replica's log, for messages.
   std::string OperatorLogs(size_t max_bytes_each = 6000) const;
   // If the current test has failed: the cluster's and the runner's logs (once
-  // each, by those fixtures) and the operators' tails.
+  // each, by those fixtures) and the operators' tails (once per failed test:
+  // a suite that keeps one KubeSuite for its cases calls it from TearDown, and
+  // may call it again from TearDownTestSuite).
   void PrintLogsIfTestFailed();
 
  private:
@@ -160,7 +173,8 @@ class KubeSuite {
   uint16_t metrics_port_ = 0;
   uint16_t sidecar_metrics_port_ = 0;
   int operator_count_ = 0;
-  bool operator_logs_printed_ = false;
+  // The tests (suite.name; "" outside a test) whose operator logs were printed.
+  std::set<std::string> operator_logs_printed_;
 };
 
 // `text` with every `from` replaced by `to`.
