@@ -325,7 +325,7 @@ class DashboardsTest : public ::testing::Test {
           (*session)->Release(*v);
           ++got;
         }
-        std::this_thread::sleep_for(15ms);  // the training step
+        std::this_thread::sleep_for(30ms);  // the training step
       }
       ASSERT_EQ(got, ds.sample_count()) << "epoch " << epoch;
     }
