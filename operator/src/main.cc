@@ -277,7 +277,13 @@ int main(int argc, char** argv) {
   auto relists = metrics.AddCounter("granary_operator_relists_total",
                                     "Lists again after a watch's resourceVersion was gone (410).");
   auto leader = metrics.AddGauge("granary_operator_leader", "1 while this replica leads.");
-  if (!reconciles.ok() || !errors.ok() || !relists.ok() || !leader.ok()) {
+  auto webhook_requests = metrics.AddCounterFamily(
+      "granary_operator_webhook_requests_total",
+      "Admission requests the sidecar webhook answered, by outcome: injected, skipped (not "
+      "selected, an UPDATE, already injected), refused (a Dataset the pod may not use), "
+      "bad_request (not a usable AdmissionReview or pod), error.",
+      {"outcome"});
+  if (!reconciles.ok() || !errors.ok() || !relists.ok() || !leader.ok() || !webhook_requests.ok()) {
     std::fprintf(stderr, "granary-operator: declaring metrics failed\n");
     return kExitRuntime;
   }
@@ -286,6 +292,19 @@ int main(int argc, char** argv) {
   std::unique_ptr<granary::kube::WebhookServer> webhook;
   if (!webhook_listen.empty()) {
     webhook_options.operator_namespace = options.namespace_;
+    // Every answer is counted; refusals and failures are logged with the pod.
+    webhook_options.on_reply = [family = *webhook_requests,
+                                log](const granary::kube::MutateReply& reply) {
+      granary::Result<prometheus::Counter*> counter = family.WithLabels({reply.outcome});
+      if (counter.ok()) (*counter)->Increment();
+      if (reply.outcome == "injected") {
+        log->info("webhook: injected the sidecar into pod {}", reply.pod);
+      } else if (reply.outcome == "refused") {
+        log->info("webhook: refused pod {}: {}", reply.pod, reply.message);
+      } else if (reply.outcome == "bad_request" || reply.outcome == "error") {
+        log->warn("webhook: {} for pod {}: {}", reply.outcome, reply.pod, reply.message);
+      }
+    };
     auto started = granary::kube::WebhookServer::Start(webhook_options,
                                                        granary::kube::ApiInjectionLookup(**client));
     if (!started.ok()) {

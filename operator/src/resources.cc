@@ -205,6 +205,9 @@ Result<CachePool> ParseCachePool(const Json& object) {
   if (p.sidecar_metrics_port < 1 || p.sidecar_metrics_port > 65535) {
     return Status::InvalidArgument(what + ": spec.sidecar.metricsPort must be in 1..65535");
   }
+  p.sidecar_chunk_handoff =
+      !(sidecar.contains("chunkHandoff") && sidecar["chunkHandoff"].is_boolean() &&
+        !sidecar["chunkHandoff"].get<bool>());
   p.allow_posix_view = sidecar.contains("allowPosixView") &&
                        sidecar["allowPosixView"].is_boolean() &&
                        sidecar["allowPosixView"].get<bool>();

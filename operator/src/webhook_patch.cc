@@ -130,11 +130,13 @@ Json SidecarContainer(const InjectionInputs& inputs, bool view) {
                               {"readOnly", true}},
                              {{"name", std::string(kStoreVolumeName)},
                               {"mountPath", std::string(kStoreDir)},
-                              {"readOnly", true}},
-                             // Connecting to a socket needs no write access to its mount.
-                             {{"name", std::string(kNodeSocketVolumeName)},
-                              {"mountPath", std::string(kNodeSocketDir)},
                               {"readOnly", true}}});
+  if (inputs.pool.sidecar_chunk_handoff) {
+    // Connecting to a socket needs no write access to its mount.
+    mounts.push_back({{"name", std::string(kNodeSocketVolumeName)},
+                      {"mountPath", std::string(kNodeSocketDir)},
+                      {"readOnly", true}});
+  }
   // The dataset owner's identity (never root: CheckGrant refuses uid 0). The
   // POSIX view needs mount(2) in the host's mount namespace: root, privileged,
   // and Bidirectional propagation of the view's volume.
@@ -280,12 +282,11 @@ Status AddAffinity(const Json& spec, const InjectionInputs& inputs, Json& ops) {
   }
   Json preferred = Json::array();
   if (nodes.size() > kMaxPreferredNodeTerms) {
-    preferred.push_back(
-        {{"weight", 100},
-         {"preference",
-          {{"matchExpressions", Json::array({{{"key", "kubernetes.io/hostname"},
-                                              {"operator", "In"},
-                                              {"values", inputs.preferred_nodes}}})}}}});
+    preferred.push_back({{"weight", 100},
+                         {"preference",
+                          {{"matchExpressions", Json::array({{{"key", "kubernetes.io/hostname"},
+                                                              {"operator", "In"},
+                                                              {"values", nodes}}})}}}});
   } else {
     for (const std::string& node : nodes) {
       preferred.push_back({{"weight", 100},
@@ -491,7 +492,10 @@ Result<Json> BuildPatchUnchecked(const Json& pod, const InjectionInputs& inputs)
                      ? "/var/run/granary/" + inputs.pool.name  // ParseCachePool's default
                      : inputs.pool.node_socket_host_path},
         {"type", "DirectoryOrCreate"}}}};
-  Json ours = Json::array({socket_volume, config_volume, store_volume, node_socket_volume});
+  Json ours = Json::array({socket_volume, config_volume, store_volume});
+  // A hostPath volume: the Pod Security baseline and restricted levels
+  // forbid it; a pool for such namespaces turns the handoff off.
+  if (inputs.pool.sidecar_chunk_handoff) ours.push_back(node_socket_volume);
   if (view) ours.push_back({{"name", std::string(kViewVolumeName)}, {"emptyDir", Json::object()}});
   const Json* volumes = Member(*spec, "volumes");
   if (volumes == nullptr || volumes->is_null()) {
@@ -744,7 +748,12 @@ std::string SidecarConfigYaml(const InjectionInputs& inputs, const std::string& 
   yaml += "socket: " + std::string(kSocketPath) + "\n";
   yaml += "pool: " + inputs.pool.name + "\n";
   yaml += "metadata_store_file: " + std::string(kStoreDir) + "/url\n";
-  yaml += "local_node_socket: " + std::string(kNodeSocketPath) + "\n";
+  if (inputs.pool.sidecar_chunk_handoff) {
+    yaml += "local_node_socket: " + std::string(kNodeSocketPath) + "\n";
+  }
+  // The pod mounts no source file system: what no cache node has is read by
+  // the cache nodes on demand, never by the sidecar.
+  yaml += "source_fallthrough: false\n";
   yaml += "metrics_listen: 0.0.0.0:" + std::to_string(inputs.pool.sidecar_metrics_port) + "\n";
   if (!view_dir.empty()) {
     yaml += "mounts: " + GranaryDatasetName(inputs.dataset_namespace, inputs.dataset_name) + ":" +

@@ -31,8 +31,29 @@ MutateReply HandleMutate(std::string_view body, const std::string& operator_name
     reply.http_status = 400;
     reply.content_type = "text/plain";
     reply.body = request.status().message() + "\n";
+    reply.outcome = "bad_request";
+    reply.message = request.status().message();
     return reply;
   }
+  {
+    const Json* meta = request->pod.is_object() && request->pod.contains("metadata")
+                           ? &request->pod["metadata"]
+                           : nullptr;
+    std::string name;
+    if (meta != nullptr && meta->is_object()) {
+      if (meta->contains("name") && (*meta)["name"].is_string()) {
+        name = (*meta)["name"].get<std::string>();
+      } else if (meta->contains("generateName") && (*meta)["generateName"].is_string()) {
+        name = (*meta)["generateName"].get<std::string>() + "*";
+      }
+    }
+    reply.pod = request->namespace_ + "/" + name;
+  }
+  const auto refuse = [&](int code, const std::string& message, const char* outcome) {
+    reply.body = DenyResponse(request->uid, code, message);
+    reply.outcome = outcome;
+    reply.message = message;
+  };
   const InjectionDecision decision = Decide(*request, operator_namespace);
   if (decision.kind != InjectionDecision::Kind::kInject) {
     reply.body = AllowResponse(request->uid);
@@ -44,14 +65,13 @@ MutateReply HandleMutate(std::string_view body, const std::string& operator_name
   }
   Result<std::vector<std::string>> names = NamedDatasets(request->pod, decision.dataset);
   if (!names.ok()) {
-    reply.body = DenyResponse(request->uid, 400, names.status().message());
+    refuse(400, names.status().message(), "bad_request");
     return reply;
   }
   Result<InjectionInputs> inputs = lookup(request->namespace_, decision.dataset);
   if (!inputs.ok()) {
-    reply.body =
-        DenyResponse(request->uid, 403,
-                     "granary.io/dataset=" + decision.dataset + ": " + inputs.status().message());
+    refuse(403, "granary.io/dataset=" + decision.dataset + ": " + inputs.status().message(),
+           "refused");
     return reply;
   }
   // Further Datasets (annotation granary.io/datasets): one lookup each.
@@ -60,20 +80,24 @@ MutateReply HandleMutate(std::string_view body, const std::string& operator_name
     Result<InjectionInputs> other = lookup(request->namespace_, name);
     Status added = other.ok() ? AddDataset(*other, &*inputs) : other.status();
     if (!added.ok()) {
-      reply.body =
-          DenyResponse(request->uid, 403,
-                       std::string(kDatasetsAnnotation) + " " + name + ": " + added.message());
+      refuse(403, std::string(kDatasetsAnnotation) + " " + name + ": " + added.message(),
+             "refused");
       return reply;
     }
   }
   Result<Json> patch = BuildInjectionPatch(request->pod, *inputs);
   if (!patch.ok()) {
-    reply.body = DenyResponse(request->uid, 400,
-                              "granary.io/dataset=" + decision.dataset +
-                                  ": cannot inject Granary's sidecar: " + patch.status().message());
+    // A Dataset without a snapshot, a view the pool forbids: refusals; a pod
+    // that cannot be read: a bad request.
+    const bool refusal = patch.status().code() == StatusCode::kFailedPrecondition;
+    refuse(400,
+           "granary.io/dataset=" + decision.dataset +
+               ": cannot inject Granary's sidecar: " + patch.status().message(),
+           refusal ? "refused" : "bad_request");
     return reply;
   }
   reply.body = PatchResponse(request->uid, *patch);
+  reply.outcome = patch->empty() ? "skipped" : "injected";
   return reply;
 }
 
@@ -190,8 +214,14 @@ class Session : public std::enable_shared_from_this<Session> {
       reply = HandleMutate(request.body(), server_->options.operator_namespace, server_->lookup);
     } catch (const std::exception& e) {
       // The lookup is the caller's code; nothing of ours throws here.
-      reply = {500, std::string("webhook error: ") + e.what() + "\n", "text/plain"};
+      reply = MutateReply();
+      reply.http_status = 500;
+      reply.content_type = "text/plain";
+      reply.body = std::string("webhook error: ") + e.what() + "\n";
+      reply.outcome = "error";
+      reply.message = e.what();
     }
+    if (server_->options.on_reply) server_->options.on_reply(reply);
     Reply(reply.http_status, reply.content_type, std::move(reply.body), keep_alive);
   }
 

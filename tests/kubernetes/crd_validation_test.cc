@@ -207,7 +207,8 @@ TEST_F(CrdValidationTest, ExamplesApplyWithDefaultsColumnsAndStatus) {
   EXPECT_EQ(p["image"], "granary:0.1.0");
   EXPECT_EQ(p["imagePullPolicy"], "IfNotPresent");
   EXPECT_EQ(p["ports"], json({{"data", 7070}, {"metrics", 9464}}));
-  EXPECT_EQ(p["sidecar"], json({{"allowPosixView", false}, {"metricsPort", 9465}}));
+  EXPECT_EQ(p["sidecar"],
+            json({{"allowPosixView", false}, {"chunkHandoff", true}, {"metricsPort", 9465}}));
   EXPECT_FALSE(p.contains("nodeSocketHostPath")) << "the operator's default, per pool";
   EXPECT_EQ(p["metadataStore"]["secretRef"]["key"], "url");
   EXPECT_FALSE(p.contains("libfabric"));

@@ -275,6 +275,9 @@ TEST_F(TrainingPodTest, AJobReadsEveryEpochSampleThroughItsInjectedSidecar) {
   // The same-host chunk handoff served the reads (train.py fails without it).
   EXPECT_THAT(trainer_log, HasSubstr("granary_sidecar_local_file_pieces_total"));
   std::cout << "trainer's output:\n" << trainer_log << "\n";
+  // The operator logs what its webhook did.
+  EXPECT_THAT(suite_->OperatorLogs(100000),
+              HasSubstr("webhook: injected the sidecar into pod team-a/train-"));
 }
 
 TEST_F(TrainingPodTest, PodsOfADatasetPlacedOnTwoOfFourNodesLandOnThoseTwo) {
@@ -304,6 +307,7 @@ TEST_F(TrainingPodTest, APodNamingAnotherNamespacesDatasetIsRefused) {
       cluster().Kubectl({"create", "-n", "team-b", "-f", "-"}, BarePod("x", kTrained).dump());
   ASSERT_FALSE(r.ok()) << r.Describe();
   EXPECT_THAT(r.err, HasSubstr("Dataset team-b/" + std::string(kTrained) + " does not exist"));
+  EXPECT_THAT(suite_->OperatorLogs(100000), HasSubstr("webhook: refused pod team-b/x: "));
 }
 
 }  // namespace

@@ -3,9 +3,9 @@
 // MakeWebhookCert, registered with a MutatingWebhookConfiguration in URL form
 // (caBundle = its CA, objectSelector on granary.io/dataset, CREATE only, the
 // operator's namespace excluded, failurePolicy Fail). Pods are created with
-// kubectl; what the API server stored is checked. The Dataset lookup is the
-// test's own (the operator's real lookup is not written yet;
-// docs/kubernetes-webhook.md, "Not yet").
+// kubectl; what the API server stored is checked. The Dataset lookup of the
+// first cases is the test's own; the last cases run granary-operator's, which
+// reads the Dataset and CachePool from the API server.
 //
 // One cluster for the whole binary, run as one ctest test: the cases run in
 // order; the last two take the test's server down and then register

@@ -240,6 +240,8 @@ TEST(WebhookPatchTest, InjectsTheNativeSidecarEnvVolumesAffinityAndTolerations) 
   EXPECT_THAT(config, HasSubstr("metadata_store_file: /etc/granary/store/url\n"));
   EXPECT_THAT(config, HasSubstr("local_node_socket: /run/granary-node/cachenode.sock\n"));
   EXPECT_THAT(config, Not(HasSubstr("mounts:")));
+  // The pod has no source mounted: the cache nodes read what they lack.
+  EXPECT_THAT(config, HasSubstr("source_fallthrough: false\n"));
   const Json* config_volume = FindNamed(spec["volumes"], "granary-sidecar-config");
   ASSERT_NE(config_volume, nullptr);
   EXPECT_EQ((*config_volume)["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
@@ -402,6 +404,21 @@ TEST(WebhookPatchTest, ADatasetOnSomeNodesIsPreferredThere) {
       bare["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
           .size(),
       2u);
+}
+
+// Pod Security baseline forbids hostPath volumes: a pool can leave the
+// chunk handoff out, and then the pod has none.
+TEST(WebhookPatchTest, APoolWithoutTheChunkHandoffAddsNoHostPath) {
+  InjectionInputs in = Inputs();
+  in.pool.sidecar_chunk_handoff = false;
+  const Json out = Patched(TrainingPod(), in);
+  for (const Json& v : out["spec"]["volumes"]) {
+    EXPECT_FALSE(v.contains("hostPath")) << v.dump();
+  }
+  EXPECT_EQ(FindNamed(out["spec"]["initContainers"][0]["volumeMounts"], "granary-node-socket"),
+            nullptr);
+  EXPECT_THAT(out["metadata"]["annotations"]["granary.io/sidecar-config"].get<std::string>(),
+              Not(HasSubstr("local_node_socket")));
 }
 
 TEST(WebhookPatchTest, TheSidecarGetsThePoolsResourcesPortAndTheGroupIsAddedOnce) {

@@ -19,6 +19,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <chrono>
+#include <mutex>
 #include <string>
 
 #include "granary/operator/base64.h"
@@ -185,6 +186,11 @@ class WebhookServerTest : public ::testing::Test {
     options.operator_namespace = "granary";
     options.max_body_bytes = 64 * 1024;
     options.io_timeout = std::chrono::milliseconds(500);
+    options.on_reply = [this](const MutateReply& reply) {
+      std::lock_guard lock(mu_);
+      outcomes_.push_back(reply.outcome + " " + reply.pod + (reply.message.empty() ? "" : ": ") +
+                          reply.message);
+    };
     Result<std::unique_ptr<WebhookServer>> server = WebhookServer::Start(
         options, [this](const std::string& ns, const std::string& name) -> Result<InjectionInputs> {
           ++lookups_;
@@ -206,8 +212,15 @@ class WebhookServerTest : public ::testing::Test {
     return Send(server_->port(), cert_.ca_pem, http::verb::post, "/mutate", body);
   }
 
+  std::vector<std::string> Outcomes() {
+    std::lock_guard lock(mu_);
+    return outcomes_;
+  }
+
   WebhookCert cert_;
   std::atomic<int> lookups_{0};
+  std::mutex mu_;
+  std::vector<std::string> outcomes_;  // what on_reply saw, in order
   std::unique_ptr<WebhookServer> server_;
 };
 
@@ -276,6 +289,25 @@ TEST_F(WebhookServerTest, SeveralDatasetsAreLookedUpEachAndRefusedWithTheReason)
   const Json bad = post("coco,Not_A_Name");
   EXPECT_EQ(bad["allowed"], false);
   EXPECT_THAT(bad["status"]["message"].get<std::string>(), HasSubstr("is not a Dataset name"));
+}
+
+// What the operator logs and counts (granary_operator_webhook_requests_total).
+TEST_F(WebhookServerTest, EveryAnswerIsReportedWithItsOutcomeAndPod) {
+  Json plain = LabelledPod("imagenet");
+  plain["metadata"].erase("labels");
+  for (const std::string& body : {Review(LabelledPod("imagenet")), Review(plain),
+                                  Review(LabelledPod("missing")), std::string("{nope")}) {
+    Result<Reply> reply = Post(body);
+    ASSERT_TRUE(reply.ok()) << reply.status().message();
+  }
+  const std::vector<std::string> seen = Outcomes();
+  ASSERT_EQ(seen.size(), 4u) << ::testing::PrintToString(seen);
+  EXPECT_THAT(seen[0], ::testing::StartsWith("injected team-a/"));
+  EXPECT_THAT(seen[1], ::testing::StartsWith("skipped team-a/"));
+  EXPECT_THAT(seen[2], ::testing::StartsWith("refused team-a/"));
+  EXPECT_THAT(seen[2], HasSubstr("Dataset team-a/missing does not exist"));
+  EXPECT_THAT(seen[3], ::testing::StartsWith("bad_request"));
+  EXPECT_THAT(seen[3], HasSubstr("not valid JSON"));
 }
 
 TEST_F(WebhookServerTest, UnlabelledPodsAndUpdatesAreAllowedUnchanged) {

@@ -69,6 +69,9 @@ struct CachePool {
   Json sidecar_resources = Json::object();
   int sidecar_metrics_port = 9465;
   bool allow_posix_view = false;
+  // spec.sidecar.chunkHandoff: mount node_socket_host_path into injected
+  // sidecars (a hostPath volume, which Pod Security baseline forbids).
+  bool sidecar_chunk_handoff = true;
 };
 
 struct Dataset {

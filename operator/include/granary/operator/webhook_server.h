@@ -38,6 +38,13 @@ struct MutateReply {
   int http_status = 200;
   std::string body;
   std::string content_type = "application/json";
+  // What became of the request, for logs and metrics: "injected", "skipped"
+  // (not selected, an UPDATE, already injected), "refused" (the pod names a
+  // Dataset it may not use, with `message`), "bad_request" (not a usable
+  // AdmissionReview or pod, with `message`), "error" (the lookup threw).
+  std::string outcome = "skipped";
+  std::string message;  // the refusal's or error's text; the pod as ns/name
+  std::string pod;      // "<namespace>/<name or generateName*>", when known
 };
 MutateReply HandleMutate(std::string_view body, const std::string& operator_namespace,
                          const InjectionLookup& lookup);
@@ -56,6 +63,9 @@ struct WebhookServerOptions {
   std::chrono::milliseconds io_timeout{10000};
   // Connections at once; more are closed on accept.
   size_t max_connections = 64;
+  // Called on the server's thread after each /mutate request (logs and
+  // metrics; must not block).
+  std::function<void(const MutateReply&)> on_reply;
 };
 
 class WebhookServer {
