@@ -425,7 +425,7 @@ TEST_F(DashboardsTest, EveryPanelAnswersFromRealData) {
     results["dashboards"].push_back(
         {{"uid", uid}, {"title", dashboard["title"]}, {"panels", panels}});
   }
-  EXPECT_GE(queries, 40u);
+  EXPECT_GE(queries, 59u);
   // The picture should show real traffic: bytes from the local node and a
   // peer, prefetched samples handed out, source opens saved.
   EXPECT_GT(prometheus_->Scalar("sum(granary_sidecar_fetched_bytes_total{from=\"local_node\"})"),
