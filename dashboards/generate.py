@@ -102,9 +102,9 @@ def query_var(name, label, query, include_all=False):
     v = {"name": name, "label": label, "type": "query", "datasource": DATASOURCE,
          "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
          "definition": query, "current": {}, "hide": 0, "refresh": 2, "regex": "", "sort": 1,
-         "options": [], "multi": False, "includeAll": include_all}
-    if include_all:
-        v["allValue"] = ".*"
+         "options": [], "multi": include_all, "includeAll": include_all}
+    # No allValue: "All" then stands for the values the query found, joined as a regex
+    # (a|b), never ".*", which would match every scrape job Prometheus has.
     return v
 
 
