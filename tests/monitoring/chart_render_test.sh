@@ -10,9 +10,12 @@
 #     the URL's password accepted, noeviction);
 #   - an external store (redis.enabled=false) renders no Redis; contradictory or
 #     incomplete values fail with the field named;
-#   - NetworkPolicies: Redis, the operator, one per chart-made pool.
+#   - NetworkPolicies: Redis, the operator, one per chart-made pool;
+#   - on a real kube-apiserver (with etcd, from scripts/k8s-tools): every object of an
+#     all-features rendering passes `kubectl apply --dry-run=server --validate=strict`,
+#     and `helm install` then `helm upgrade` keep the generated Redis password (lookup).
 # Usage: chart_render_test.sh <source dir>. Needs helm (scripts/k8s-tools, or
-# GRANARY_K8S_BIN), python3 with PyYAML, redis-server and redis-cli; a missing tool
+# GRANARY_K8S_BIN), python3 with PyYAML, redis-server, redis-cli and openssl; a missing tool
 # fails the test with what to run.
 set -euo pipefail
 
@@ -27,18 +30,27 @@ if [[ -z "$bin" ]]; then
 fi
 helm="$bin/helm"
 [[ -x "$helm" ]] || { echo "FAIL: no helm in $bin; run scripts/k8s-tools" >&2; exit 1; }
-for tool in python3 redis-server redis-cli timeout; do
+for tool in python3 redis-server redis-cli timeout openssl; do
   command -v "$tool" >/dev/null || { echo "FAIL: $tool not found; run scripts/install-deps" >&2; exit 1; }
 done
 python3 -c 'import yaml' || { echo "FAIL: python3 lacks PyYAML (python3-yaml); run scripts/install-deps" >&2; exit 1; }
 
 work=$(mktemp -d)
 redis_pid=""
+etcd_pid=""
+apiserver_pid=""
+stop() {  # stop <pid>: the processes this script started, by their id
+  if [[ -n "$1" ]]; then kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; fi
+}
 cleanup() {
-  if [[ -n "$redis_pid" ]]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi
+  stop "$redis_pid"
+  stop "$apiserver_pid"
+  stop "$etcd_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
@@ -113,7 +125,7 @@ fi
 
 # ---- the generated redis.conf on a real redis-server ----
 if [[ -s "$work/redis.conf" ]]; then
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(free_port)
   mkdir -p "$work/data"
   # The pod's paths and port replaced by this test's; everything else as rendered.
   sed -e "s|^dir /data$|dir $work/data|" -e "s|^port 6379$|port $port|" -e "s|^bind .*|bind 127.0.0.1|" \
@@ -142,8 +154,7 @@ if [[ -s "$work/redis.conf" ]]; then
   else
     fail "redis-server did not start with the rendered redis.conf: $(cat "$work/redis.log")"
   fi
-  kill "$redis_pid" 2>/dev/null || true
-  wait "$redis_pid" 2>/dev/null || true
+  stop "$redis_pid"
   redis_pid=""
 fi
 
@@ -268,6 +279,95 @@ if render "$work/np.yaml" "${np[@]}"; then
        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "granary-cachenode", "granary.io/pool": "nvme"}}}'
 else
   fail "helm template with network policies: $(cat "$work/np.yaml.err")"
+fi
+
+# ---- on a real API server: server-side validation, and the password across an upgrade ----
+start_apiserver() {
+  local pki="$work/pki" etcd_port etcd_peer
+  mkdir -p "$pki" "$work/etcd"
+  (
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=granary-test-ca
+    openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj /CN=kube-apiserver
+    printf 'subjectAltName=IP:127.0.0.1\n' >san.ext
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 1 -extfile san.ext
+    openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr -subj "/O=system:masters/CN=admin"
+    openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out admin.crt -days 1
+    openssl genrsa -out sa.key 2048
+    openssl rsa -in sa.key -pubout -out sa.pub
+  ) >"$work/pki.log" 2>&1 || { fail "making test certificates: $(cat "$work/pki.log")"; return 1; }
+  etcd_port=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
+  "$bin/etcd" --name=t --data-dir="$work/etcd" --unsafe-no-fsync --log-level=warn \
+    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls="http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls="http://127.0.0.1:$etcd_peer" \
+    --initial-cluster="t=http://127.0.0.1:$etcd_peer" >"$work/etcd.log" 2>&1 &
+  etcd_pid=$!
+  "$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" --bind-address=127.0.0.1 \
+    --advertise-address=127.0.0.1 --secure-port="$api_port" --cert-dir="$pki" \
+    --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
+    --client-ca-file="$pki/ca.crt" --service-account-key-file="$pki/sa.pub" \
+    --service-account-signing-key-file="$pki/sa.key" --service-account-issuer=https://kubernetes.default.svc \
+    --authorization-mode=RBAC --service-cluster-ip-range=10.96.0.0/16 --endpoint-reconciler-type=none \
+    --profiling=false >"$work/apiserver.log" 2>&1 &
+  apiserver_pid=$!
+  cat >"$work/kubeconfig" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters: [{name: t, cluster: {server: "https://127.0.0.1:$api_port", certificate-authority: "$pki/ca.crt"}}]
+users: [{name: admin, user: {client-certificate: "$pki/admin.crt", client-key: "$pki/admin.key"}}]
+contexts: [{name: t, context: {cluster: t, user: admin}}]
+current-context: t
+KUBECONFIG
+  for _ in $(seq 1 120); do
+    if "$bin/kubectl" --kubeconfig "$work/kubeconfig" get --raw /readyz >/dev/null 2>&1; then return 0; fi
+    kill -0 "$apiserver_pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  fail "kube-apiserver did not become ready: $(tail -20 "$work/apiserver.log")"
+  return 1
+}
+
+if start_apiserver; then
+  kubectl=("$bin/kubectl" --kubeconfig "$work/kubeconfig")
+  khelm=(timeout 120 "$helm" --kubeconfig "$work/kubeconfig")
+  "${kubectl[@]}" create namespace granary >/dev/null
+  if "${kubectl[@]}" apply --server-side -f "$chart/crds/" >"$work/crds.log" 2>&1; then
+    all=("${np[@]}" --set 'networkPolicy.redisExtraFrom[0].ipBlock.cidr=198.51.100.0/24'
+         --set-string 'cachePools[0].spec.nodeSelector.granary\.io/nvme=true'
+         --set 'cachePools[0].spec.sourceMounts[0].name=datasets'
+         --set 'cachePools[0].spec.sourceMounts[0].hostPath=/datasets')
+    if render "$work/all.yaml" "${all[@]}"; then
+      if "${kubectl[@]}" apply --dry-run=server --validate=strict -f "$work/all.yaml" >"$work/dry.log" 2>&1; then
+        pass "kubectl apply --dry-run=server --validate=strict accepts every object (Redis, network policies, pool)"
+      else
+        fail "the API server refuses the rendering: $(cat "$work/dry.log")"
+      fi
+    else
+      fail "helm template of every feature: $(cat "$work/all.yaml.err")"
+    fi
+  else
+    fail "installing the CRDs: $(cat "$work/crds.log")"
+  fi
+  secret() { "${kubectl[@]}" -n granary get secret "$1" -o jsonpath="{.data.$2}"; }
+  if "${khelm[@]}" install granary "$chart" -n granary >"$work/install.log" 2>&1; then
+    password=$(secret granary-redis password); url=$(secret granary-store url)
+    if "${khelm[@]}" upgrade granary "$chart" -n granary --set redis.maxmemory=512mb >"$work/upgrade.log" 2>&1; then
+      if [[ -n "$password" && "$(secret granary-redis password)" == "$password" && "$(secret granary-store url)" == "$url" ]]; then
+        pass "helm upgrade keeps the generated Redis password and the store URL"
+      else
+        fail "helm upgrade changed the Redis password or the store URL"
+      fi
+      if secret granary-redis 'redis\.conf' | base64 -d | grep -qx 'maxmemory 512mb'; then
+        pass "helm upgrade carries the new maxmemory into redis.conf"
+      else
+        fail "redis.conf after the upgrade lacks maxmemory 512mb"
+      fi
+    else
+      fail "helm upgrade: $(cat "$work/upgrade.log")"
+    fi
+  else
+    fail "helm install: $(cat "$work/install.log")"
+  fi
 fi
 
 if [[ $failures -gt 0 ]]; then
