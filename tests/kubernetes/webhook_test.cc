@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -110,6 +111,7 @@ class WebhookTest : public ::testing::Test {
     options.cert_pem = cert.cert_pem;
     options.key_pem = cert.key_pem;
     options.operator_namespace = kOperatorNs;
+    options.on_reply = [](const kube::MutateReply&) { ++calls_; };
     GRANARY_ASSIGN_OR_RETURN(
         std::unique_ptr<WebhookServer> server,
         WebhookServer::Start(
@@ -192,6 +194,8 @@ class WebhookTest : public ::testing::Test {
 
   static inline KubeCluster* cluster_ = nullptr;
   static inline WebhookServer* server_ = nullptr;
+  // Requests the API server sent to the test's webhook.
+  static inline std::atomic<int> calls_{0};
   static inline std::string* skip_reason_ = nullptr;
   static inline std::string* setup_error_ = nullptr;
 };
@@ -270,8 +274,10 @@ TEST_F(WebhookTest, UserAffinityAndNodeNameAreKept) {
 }
 
 TEST_F(WebhookTest, UnlabelledPodsAndTheOperatorNamespaceAreUntouched) {
-  // None of what the webhook adds is there (the API server's own defaults
-  // are, so the stored pod is not compared byte for byte).
+  // The API server never calls the webhook for them (its objectSelector and
+  // namespaceSelector), so nothing can have changed them; and none of what
+  // the webhook adds is there.
+  const int calls_before = calls_.load();
   for (const auto& [ns, pod] :
        {std::pair<std::string, json>{kTeamNs, Pod("plain", "")},
         std::pair<std::string, json>{kOperatorNs, Pod("own", "imagenet")}}) {
@@ -286,14 +292,18 @@ TEST_F(WebhookTest, UnlabelledPodsAndTheOperatorNamespaceAreUntouched) {
         FindNamed((*stored)["spec"]["containers"][0].value("env", json::array()), "GRANARY_SOCKET"),
         nullptr);
   }
+  EXPECT_EQ(calls_.load(), calls_before) << "the webhook was called for a pod it must not see";
 }
 
 TEST_F(WebhookTest, UpdatesAreNotMutated) {
-  // A pod created without the label and labelled afterwards (an UPDATE).
+  // A pod created without the label and labelled afterwards (an UPDATE):
+  // registered for CREATE only, the webhook is not even called.
   ASSERT_TRUE(Create(kTeamNs, Pod("late", "")).ok());
+  const int calls_before = calls_.load();
   KubectlResult labelled =
       cluster_->Kubectl({"label", "-n", kTeamNs, "pod/late", "granary.io/dataset=imagenet"});
   ASSERT_TRUE(labelled.ok()) << labelled.Describe();
+  EXPECT_EQ(calls_.load(), calls_before);
   Result<json> late = Get(kTeamNs, "late");
   ASSERT_TRUE(late.ok());
   EXPECT_EQ((*late)["metadata"]["labels"]["granary.io/dataset"], "imagenet");
