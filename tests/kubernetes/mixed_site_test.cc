@@ -10,7 +10,7 @@
 // granary-operator as a real process, the example pool) and SlurmCluster
 // (tests/testing/slurm_cluster.h: munged, slurmctld and slurmd with Granary's
 // burst_buffer.lua and prolog/epilog, pointed at the same store and at that
-// cache node's id). The job runs tests/slurm/slurm_trainer.py, the reader the
+// cache node's id). The job runs tests/trainer/check_epochs.py, the reader the
 // Slurm suite's persistentdw case uses, with the source moved away while it
 // runs: any read of the source would fail the job.
 //
@@ -247,7 +247,7 @@ TEST(MixedSiteTest, KubernetesDatasetIsReadBySlurmPersistentDwWithoutSecondSnaps
                        "' PYTHONDONTWRITEBYTECODE=1\n"
                        "exec /usr/bin/python3 '" +
                        std::string(GRANARY_SOURCE_DIR) +
-                       "/tests/slurm/slurm_trainer.py' --golden '" + golden + "'\n");
+                       "/tests/trainer/check_epochs.py' --golden '" + golden + "'\n");
   Result<std::string> job = slurm.Submit(script);
   ASSERT_OK(job);
   Result<std::map<std::string, std::string>> end =

@@ -3,7 +3,7 @@
 // with its own certificate), the stored pod carries the injected sidecar, the
 // real scheduler binds it to a pool node, and PodRunner runs the injected
 // sidecar from the pod spec, then the app container, `python3 train.py`
-// (tests/kubernetes/train.py), which reads every sample of two epochs through
+// (tests/trainer/check_epochs.py), which reads every sample of two epochs through
 // granary.torch over $GRANARY_SOCKET and checks each against the source. The
 // Job completes when the trainer exits 0 (PodRunner reports the pod's end).
 //
@@ -186,9 +186,9 @@ TEST_F(TrainingPodTest, AJobReadsEveryEpochSampleThroughItsInjectedSidecar) {
       seconds(30), "Secret team-a/granary-store-gpu"));
   WaitWebhookInjects(kTrained);
 
-  cluster().MustKubectl(
-      {"create", "configmap", "train-script", "-n", kNamespace,
-       "--from-file=train.py=" + std::string(GRANARY_SOURCE_DIR) + "/tests/kubernetes/train.py"});
+  cluster().MustKubectl({"create", "configmap", "train-script", "-n", kNamespace,
+                         "--from-file=train.py=" + std::string(GRANARY_SOURCE_DIR) +
+                             "/tests/trainer/check_epochs.py"});
   // What a user writes: a label, and nothing about Granary in the container.
   const json job = {
       {"apiVersion", "batch/v1"},
@@ -206,7 +206,7 @@ TEST_F(TrainingPodTest, AJobReadsEveryEpochSampleThroughItsInjectedSidecar) {
                    {"image", "pytorch/pytorch:2.5.1"},
                    {"command", {"/usr/bin/python3", "/app/train.py"}},
                    {"args",
-                    {"--golden=/golden",
+                    {"--golden=/golden", "--epochs=2", "--compare-local",
                      "--metrics-port=" + std::to_string(suite_->sidecar_metrics_port())}},
                    {"env", json::array({{{"name", "PYTHONPATH"}, {"value", PythonPath()}}})},
                    {"volumeMounts",

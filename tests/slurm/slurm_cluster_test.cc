@@ -128,7 +128,7 @@ class SlurmClusterTest : public ::testing::Test {
   static std::string TrainerLine(const std::string& golden, const std::string& mount) {
     return "export PYTHONPATH='" + PythonPath() + "' PYTHONDONTWRITEBYTECODE=1\n" +
            "exec /usr/bin/python3 '" + std::string(GRANARY_SOURCE_DIR) +
-           "/tests/slurm/slurm_trainer.py' --golden '" + golden + "'" +
+           "/tests/trainer/check_epochs.py' --golden '" + golden + "'" +
            (mount.empty() ? "" : " --mount \"" + mount + "\"") + "\n";
   }
 
