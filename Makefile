@@ -13,13 +13,14 @@
 #   make bench-client  Python client through the sidecar vs local files (ARGS=--small for a smoke run)
 #   make bench        the side-by-side benchmark over a slow source (bench/run-benchmark; ARGS=...)
 #   make bench-smoke  bench/run-benchmark --small on the debug build (part of make test)
+#   make image        the container image granary:0.1.0 (Dockerfile) with docker, podman or buildah (TAG=...)
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
 
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps build release quickstart demo demo-slurm test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
+.PHONY: image deps build release quickstart demo demo-slurm test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
 
 deps:
 	@scripts/install-deps
@@ -52,6 +53,11 @@ fuzz: deps
 	cmake --preset fuzz >/dev/null
 	cmake --build --preset fuzz
 	scripts/run-fuzzers build/fuzz $(FUZZ_SECONDS)
+
+# No deps: the image builds inside the Dockerfile's own Debian stage. Fails,
+# saying why, where no container builder works (scripts/build-image).
+image:
+	scripts/build-image $(TAG)
 
 format-check: deps
 	scripts/format-check
