@@ -414,6 +414,14 @@ TEST_F(HelmChartTest, InstallRunsTheOperatorAndAPoolAndDatasetGetReady) {
   ASSERT_FALSE(HasFailure());
   // Helm installed the CRDs from crds/; the identity policy is applied by hand (docs).
   cluster_->MustKubectl({"apply", "-f", ChartDir() + "/policies/dataset-identity.yaml"});
+  // The default values' objects (the chart's Redis on) pass the real API
+  // server's validation too (a dry run: nothing is made).
+  KubectlResult defaults =
+      Helm({"template", "defaults", ChartDir(), "-n", kNamespace, "--kube-version", "1.37.0"});
+  ASSERT_TRUE(defaults.ok()) << defaults.Describe();
+  KubectlResult dry_run = cluster_->Kubectl(
+      {"apply", "--dry-run=server", "--validate=strict", "-f", "-"}, defaults.out);
+  EXPECT_TRUE(dry_run.ok()) << dry_run.Describe() << "\n" << dry_run.out;
 
   ASSERT_OK(WaitRolledOut(seconds(60)));
   const json pods = OperatorPods();
