@@ -610,11 +610,7 @@ TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
       node.WaitForMetric("granary_cachenode_connections", {}, [](double v) { return v <= 1; }));
   const uint64_t rss_after = RssBytes(node.process()->pid());
   // ASan's quarantine holds up to 256 MiB of freed memory on top.
-#if defined(__SANITIZE_ADDRESS__)
-  constexpr uint64_t kRssGrowthLimit = 768ull << 20;
-#else
-  constexpr uint64_t kRssGrowthLimit = 256ull << 20;
-#endif
+  constexpr uint64_t kRssGrowthLimit = kAsanBuild ? 768ull << 20 : 256ull << 20;
   EXPECT_LT(rss_after, rss_before + kRssGrowthLimit)
       << "RSS grew from " << rss_before << " to " << rss_after << " bytes";
 }

@@ -27,14 +27,6 @@
 #include "testing/sidecar_fixture.h"
 #include "testing/test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define GRANARY_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define GRANARY_TEST_ASAN 1
-#endif
-#endif
-
 namespace granary::testing {
 namespace {
 
@@ -43,12 +35,7 @@ using std::chrono::seconds;
 
 constexpr char kPython[] = "/usr/bin/python3";
 
-std::string PythonPath() {
-  if (const char* env = std::getenv("GRANARY_PYTHONPATH"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  return GRANARY_PYTHONPATH;
-}
+std::string PythonPath() { return ::granary::testing::PythonPath(GRANARY_PYTHONPATH); }
 
 std::string ScriptPath(const std::string& script) {
   return std::string(GRANARY_PYTHON_TESTS_DIR) + "/" + script;
@@ -90,10 +77,10 @@ void ExpectSuccess(DaemonProcess* p, milliseconds timeout = seconds(90)) {
 
 // The plain-Python parts need no sidecar: the sampler against torch's own.
 TEST(PythonSamplerTest, AgreesWithTorchsDistributedSampler) {
-#ifdef GRANARY_TEST_ASAN
-  GTEST_SKIP() << "an AddressSanitizer build of the granary module cannot be loaded by "
-                  "/usr/bin/python3";
-#endif
+  if (kAsanBuild) {
+    GTEST_SKIP() << "an AddressSanitizer build of the granary module cannot be loaded by "
+                    "/usr/bin/python3";
+  }
   if (::access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
   TempDir dir;
   auto p = StartPython("sampler_semantics.py", {}, dir.path(), dir.Join("no-sidecar.sock"));
@@ -103,10 +90,10 @@ TEST(PythonSamplerTest, AgreesWithTorchsDistributedSampler) {
 class PythonClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-#ifdef GRANARY_TEST_ASAN
-    GTEST_SKIP() << "an AddressSanitizer build of the granary module cannot be loaded by "
-                    "/usr/bin/python3";
-#endif
+    if (kAsanBuild) {
+      GTEST_SKIP() << "an AddressSanitizer build of the granary module cannot be loaded by "
+                      "/usr/bin/python3";
+    }
     if (::access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is not installed";
     auto cluster = CacheCluster::Create();
     ASSERT_OK(cluster);

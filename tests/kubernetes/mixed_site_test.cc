@@ -41,14 +41,6 @@
 #include "testing/slurm_cluster.h"
 #include "testing/test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define GRANARY_ASAN_BUILD 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define GRANARY_ASAN_BUILD 1
-#endif
-#endif
-
 namespace granary::testing {
 namespace {
 
@@ -60,12 +52,7 @@ using ::testing::HasSubstr;
 constexpr char kNamespace[] = "team-a";
 constexpr char kName[] = "shared-train";
 
-std::string PythonPath() {
-  if (const char* env = std::getenv("GRANARY_PYTHONPATH"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  return GRANARY_PYTHONPATH;
-}
+std::string PythonPath() { return ::granary::testing::PythonPath(GRANARY_PYTHONPATH); }
 
 // The cache node's counters of source operations (every series of
 // granary_cachenode_source_*, and the staging and on-demand counters, which
@@ -120,9 +107,9 @@ Result<std::vector<std::string>> ManifestKeys(const RedisServer& redis,
 }
 
 TEST(MixedSiteTest, KubernetesDatasetIsReadBySlurmPersistentDwWithoutSecondSnapshotOrRead) {
-#ifdef GRANARY_ASAN_BUILD
-  GTEST_SKIP() << "an ASan build's Python module cannot be loaded by /usr/bin/python3";
-#endif
+  if (kAsanBuild) {
+    GTEST_SKIP() << "an ASan build's Python module cannot be loaded by /usr/bin/python3";
+  }
   if (Result<std::string> tools = KubeCluster::ToolsDir(); !tools.ok()) {
     GTEST_SKIP() << tools.status().ToString();
   }

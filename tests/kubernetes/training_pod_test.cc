@@ -45,12 +45,7 @@ constexpr char kTrained[] = "e2e-train";
 constexpr char kPlaced[] = "e2e-placed";
 constexpr int kFiles = 600;
 
-std::string PythonPath() {
-  if (const char* env = std::getenv("GRANARY_PYTHONPATH"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  return GRANARY_PYTHONPATH;
-}
+std::string PythonPath() { return ::granary::testing::PythonPath(GRANARY_PYTHONPATH); }
 
 std::string ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -76,10 +71,10 @@ std::string EnvValue(const json& container, const std::string& name) {
 class TrainingPodTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-#ifdef GRANARY_ASAN_BUILD
-    skip_reason_ = new std::string("an ASan build's Python module cannot be loaded by python3");
-    return;
-#endif
+    if (kAsanBuild) {
+      skip_reason_ = new std::string("an ASan build's Python module cannot be loaded by python3");
+      return;
+    }
     if (Result<std::string> tools = KubeCluster::ToolsDir(); !tools.ok()) {
       skip_reason_ = new std::string(tools.status().ToString());
       return;

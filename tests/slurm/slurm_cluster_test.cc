@@ -41,12 +41,7 @@ using std::chrono::seconds;
 
 constexpr uint32_t kNobody = 65534;
 
-std::string PythonPath() {
-  if (const char* env = std::getenv("GRANARY_PYTHONPATH"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  return GRANARY_PYTHONPATH;
-}
+std::string PythonPath() { return ::granary::testing::PythonPath(GRANARY_PYTHONPATH); }
 
 // A /proc file's contents (ReadFileToString reads st_size bytes: 0 there).
 std::string ReadProcFile(const std::string& path) {
@@ -254,21 +249,9 @@ TEST_F(SlurmClusterTest, BadDirectiveIsRefusedBySbatchWithLineAndReason) {
       << job2.status().message();
 }
 
-// The jobs below run /usr/bin/python3 with the build's granary module, which
-// an ASan build's module cannot be loaded into.
-#if defined(__SANITIZE_ADDRESS__)
-#define GRANARY_ASAN_BUILD 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define GRANARY_ASAN_BUILD 1
-#endif
-#endif
-#ifdef GRANARY_ASAN_BUILD
 #define SKIP_IF_ASAN() \
+  if (kAsanBuild)      \
   GTEST_SKIP() << "an ASan build's Python module cannot be loaded by /usr/bin/python3"
-#else
-#define SKIP_IF_ASAN() (void)0
-#endif
 
 TEST_F(SlurmClusterTest, StageInJobTrainsOverItsDatasetAndReadsFilesByPath) {
   SKIP_IF_ASAN();

@@ -77,6 +77,13 @@ std::string Bytes(const std::string& name, size_t size) {
   return out;
 }
 
+std::string PythonPath(const std::string& built) {
+  if (const char* env = std::getenv("GRANARY_PYTHONPATH"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return built;
+}
+
 uint16_t FreeTcpPort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error("socket failed");

@@ -51,6 +51,26 @@ std::string Version1ManifestBytes();
 // A TCP port on 127.0.0.1 that was free when asked (bind to port 0, read, close).
 uint16_t FreeTcpPort();
 
+// Whether this is an AddressSanitizer build: its Python module cannot be
+// loaded by /usr/bin/python3 (tests that run Python skip), and freed memory
+// sits in ASan's quarantine (RSS bounds are wider).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAsanBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kAsanBuild = true;
+#else
+inline constexpr bool kAsanBuild = false;
+#endif
+#else
+inline constexpr bool kAsanBuild = false;
+#endif
+
+// Where python3 finds the built granary package: $GRANARY_PYTHONPATH when
+// set, else `built` (the build's python directory, GRANARY_PYTHONPATH as
+// CMake defines it for the test).
+std::string PythonPath(const std::string& built);
+
 // Polls `condition` every `interval` until it holds or `timeout` passes.
 // Returns whether it held.
 bool WaitFor(const std::function<bool()>& condition,
