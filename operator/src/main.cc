@@ -281,7 +281,8 @@ int main(int argc, char** argv) {
       "granary_operator_webhook_requests_total",
       "Admission requests the sidecar webhook answered, by outcome: injected, skipped (not "
       "selected, an UPDATE, already injected), refused (a Dataset the pod may not use), "
-      "bad_request (not a usable AdmissionReview or pod), error.",
+      "lookup_error (the Dataset could not be looked up), bad_request (not a usable "
+      "AdmissionReview or pod), error.",
       {"outcome"});
   if (!reconciles.ok() || !errors.ok() || !relists.ok() || !leader.ok() || !webhook_requests.ok()) {
     std::fprintf(stderr, "granary-operator: declaring metrics failed\n");
@@ -301,7 +302,7 @@ int main(int argc, char** argv) {
         log->info("webhook: injected the sidecar into pod {}", reply.pod);
       } else if (reply.outcome == "refused") {
         log->info("webhook: refused pod {}: {}", reply.pod, reply.message);
-      } else if (reply.outcome == "bad_request" || reply.outcome == "error") {
+      } else {  // lookup_error, bad_request, error
         log->warn("webhook: {} for pod {}: {}", reply.outcome, reply.pod, reply.message);
       }
     };

@@ -68,10 +68,20 @@ MutateReply HandleMutate(std::string_view body, const std::string& operator_name
     refuse(400, names.status().message(), "bad_request");
     return reply;
   }
+  // A Dataset that is missing, being deleted or invalid is the user's to
+  // fix ("refused"); anything else means the lookup itself failed (the API
+  // server unreachable: "lookup_error", which an alert watches).
+  const auto outcome_of = [](const Status& s) {
+    const StatusCode c = s.code();
+    return c == StatusCode::kNotFound || c == StatusCode::kFailedPrecondition ||
+                   c == StatusCode::kInvalidArgument
+               ? "refused"
+               : "lookup_error";
+  };
   Result<InjectionInputs> inputs = lookup(request->namespace_, decision.dataset);
   if (!inputs.ok()) {
     refuse(403, "granary.io/dataset=" + decision.dataset + ": " + inputs.status().message(),
-           "refused");
+           outcome_of(inputs.status()));
     return reply;
   }
   // Further Datasets (annotation granary.io/datasets): one lookup each.
@@ -81,7 +91,7 @@ MutateReply HandleMutate(std::string_view body, const std::string& operator_name
     Status added = other.ok() ? AddDataset(*other, &*inputs) : other.status();
     if (!added.ok()) {
       refuse(403, std::string(kDatasetsAnnotation) + " " + name + ": " + added.message(),
-             "refused");
+             outcome_of(added));
       return reply;
     }
   }

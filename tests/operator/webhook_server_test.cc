@@ -195,6 +195,9 @@ class WebhookServerTest : public ::testing::Test {
         options, [this](const std::string& ns, const std::string& name) -> Result<InjectionInputs> {
           ++lookups_;
           if (ns == "team-a" && (name == "imagenet" || name == "coco")) return Inputs(name);
+          if (ns == "team-a" && name == "unreachable") {
+            return Status::Unavailable("reading Dataset team-a/unreachable: connection refused");
+          }
           if (ns == "team-a" && name == "other-pool") {
             InjectionInputs in = Inputs(name);
             in.pool.name = "cpu";
@@ -295,13 +298,15 @@ TEST_F(WebhookServerTest, SeveralDatasetsAreLookedUpEachAndRefusedWithTheReason)
 TEST_F(WebhookServerTest, EveryAnswerIsReportedWithItsOutcomeAndPod) {
   Json plain = LabelledPod("imagenet");
   plain["metadata"].erase("labels");
-  for (const std::string& body : {Review(LabelledPod("imagenet")), Review(plain),
-                                  Review(LabelledPod("missing")), std::string("{nope")}) {
+  for (const std::string& body :
+       {Review(LabelledPod("imagenet")), Review(plain), Review(LabelledPod("missing")),
+        std::string("{nope"), Review(LabelledPod("unreachable"))}) {
     Result<Reply> reply = Post(body);
     ASSERT_TRUE(reply.ok()) << reply.status().message();
   }
   const std::vector<std::string> seen = Outcomes();
-  ASSERT_EQ(seen.size(), 4u) << ::testing::PrintToString(seen);
+  ASSERT_EQ(seen.size(), 5u) << ::testing::PrintToString(seen);
+  EXPECT_THAT(seen[4], ::testing::StartsWith("lookup_error team-a/"));
   EXPECT_THAT(seen[0], ::testing::StartsWith("injected team-a/"));
   EXPECT_THAT(seen[1], ::testing::StartsWith("skipped team-a/"));
   EXPECT_THAT(seen[2], ::testing::StartsWith("refused team-a/"));

@@ -40,8 +40,10 @@ struct MutateReply {
   std::string content_type = "application/json";
   // What became of the request, for logs and metrics: "injected", "skipped"
   // (not selected, an UPDATE, already injected), "refused" (the pod names a
-  // Dataset it may not use, with `message`), "bad_request" (not a usable
-  // AdmissionReview or pod, with `message`), "error" (the lookup threw).
+  // Dataset it may not use, with `message`), "lookup_error" (the Dataset could
+  // not be looked up: the API server unreachable, with `message`),
+  // "bad_request" (not a usable AdmissionReview or pod, with `message`),
+  // "error" (the lookup threw).
   std::string outcome = "skipped";
   std::string message;  // the refusal's or error's text; the pod as ns/name
   std::string pod;      // "<namespace>/<name or generateName*>", when known
