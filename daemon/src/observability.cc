@@ -7,15 +7,20 @@
 #include <httplib.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <prometheus/text_serializer.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -39,6 +44,9 @@ constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8
 constexpr char kEndpoints[] = "/metrics, /healthz or /readyz";
 // Requests to this server are bodiless GETs; anything larger is refused.
 constexpr size_t kMaxRequestPayloadBytes = 4096;
+// The RequestReader reads at most this much of a request (cpp-httplib refuses
+// request lines over 8 KiB with 414 and header lines over 8 KiB with 400).
+constexpr size_t kMaxRequestReadBytes = 32 * 1024;
 
 constexpr int kMaxWorkerThreads = 64;
 constexpr size_t kMaxQueuedConnectionsLimit = 65536;
@@ -179,6 +187,15 @@ class WorkerPool {
     fn();
   }
 
+  // Queues `fn` for a worker unless the queue is full or shutting down.
+  bool TryEnqueue(std::function<void()>& fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_ || queue_.size() >= max_queued_) return false;
+    queue_.push_back(std::move(fn));
+    not_empty_.notify_one();
+    return true;
+  }
+
   // Lets the workers finish what is queued, then joins them. Idempotent.
   void Shutdown() {
     std::lock_guard<std::mutex> join_lock(join_mu_);
@@ -222,16 +239,354 @@ class WorkerPool {
   std::vector<std::thread> threads_;         // written by Start, then under join_mu_
 };
 
-// What cpp-httplib owns (it deletes its task queue when its accept loop ends);
-// the pool itself belongs to the server and outlives it.
-class PoolTaskQueue : public httplib::TaskQueue {
+// What cpp-httplib owns (it deletes its task queue when its accept loop ends).
+// Its only task is "serve this accepted socket", which GatedServer turns into
+// handing the socket to the RequestReader: quick, so it runs right on the
+// accept thread. The pool belongs to the server and outlives it.
+class InlineTaskQueue : public httplib::TaskQueue {
  public:
-  explicit PoolTaskQueue(WorkerPool* pool) : pool_(pool) {}
-  void enqueue(std::function<void()> fn) override { pool_->Enqueue(std::move(fn)); }
+  explicit InlineTaskQueue(WorkerPool* pool) : pool_(pool) {}
+  void enqueue(std::function<void()> fn) override { fn(); }
   void shutdown() override { pool_->Shutdown(); }
 
  private:
   WorkerPool* pool_;
+};
+
+// One request, already read whole by the RequestReader, for cpp-httplib's
+// process_request: reads come from the buffer only (end of stream after it, so
+// parsing never waits on the client), writes go to the socket until a
+// deadline for the whole reply.
+class BufferedRequestStream : public httplib::Stream {
+ public:
+  BufferedRequestStream(int sock, std::string request, steady_clock::time_point write_deadline)
+      : sock_(sock), request_(std::move(request)), write_deadline_(write_deadline) {}
+
+  bool is_readable() const override { return pos_ < request_.size(); }
+  bool is_writable() const override { return WaitWritable(); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, request_.size() - pos_);
+    std::memcpy(ptr, request_.data() + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    size_t sent = 0;
+    while (sent < size) {
+      const ssize_t n = ::send(sock_, ptr + sent, size - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && WaitWritable()) continue;
+      return -1;  // the client went away, or did not take its reply in time
+    }
+    return static_cast<ssize_t>(sent);
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    Name(::getpeername, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    Name(::getsockname, ip, port);
+  }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  bool WaitWritable() const {
+    while (true) {
+      const auto left =
+          std::chrono::duration_cast<milliseconds>(write_deadline_ - steady_clock::now()).count();
+      if (left <= 0) return false;
+      pollfd p{sock_, POLLOUT, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+      if (r > 0) return (p.revents & (POLLERR | POLLHUP | POLLNVAL)) == 0;
+      if (r < 0 && errno != EINTR) return false;
+    }
+  }
+
+  void Name(int (*get)(int, sockaddr*, socklen_t*), std::string& ip, int& port) const {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    ip.clear();
+    port = 0;
+    if (get(sock_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return;
+    char host[NI_MAXHOST];
+    char serv[NI_MAXSERV];
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), serv,
+                      sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+      ip = host;
+      port = std::atoi(serv);
+    }
+  }
+
+  const int sock_;
+  const std::string request_;
+  size_t pos_ = 0;
+  const steady_clock::time_point write_deadline_;
+};
+
+// Reads requests before any worker sees them, for every accepted connection
+// at once, on one thread with poll: a client that connects and sends half a
+// request (or nothing) costs a descriptor and a buffer here, never a worker.
+// A connection gets idle_timeout to send its first byte and io_timeout for
+// the whole request; then it is answered 408 and closed. When
+// max_reading connections are being read, the oldest is closed to make room,
+// so a flood of half-sent requests cannot keep a new one (a kubelet's
+// /healthz) out. A complete request goes to the worker pool (`dispatch`); if
+// the pool's queue is full it waits here, still not holding a worker.
+class RequestReader {
+ public:
+  using Dispatch = std::function<bool(int sock, std::string& request)>;
+
+  struct Limits {
+    milliseconds first_byte{2000};
+    milliseconds whole_request{5000};
+    size_t max_reading = 1024;
+  };
+
+  static Result<std::unique_ptr<RequestReader>> Start(Limits limits, Dispatch dispatch) {
+    std::unique_ptr<RequestReader> r(new RequestReader(limits, std::move(dispatch)));
+    r->wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (r->wake_ < 0) {
+      return Status::FromErrno(errno, "create the HTTP request reader's eventfd");
+    }
+    try {
+      r->thread_ = std::thread([p = r.get()] { p->Run(); });
+    } catch (const std::system_error& e) {
+      return Status::ResourceExhausted(std::string("start the HTTP request reader thread: ") +
+                                       e.what() + "; raise the process's thread limit");
+    }
+    return r;
+  }
+
+  ~RequestReader() {
+    Stop();
+    if (wake_ >= 0) ::close(wake_);
+  }
+  RequestReader(const RequestReader&) = delete;
+  RequestReader& operator=(const RequestReader&) = delete;
+
+  // Takes an accepted socket (from cpp-httplib's accept thread).
+  void Add(int sock) {
+    (void)::fcntl(sock, F_SETFD, FD_CLOEXEC);
+    (void)::fcntl(sock, F_SETFL, ::fcntl(sock, F_GETFL) | O_NONBLOCK);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stopping_) {
+        incoming_.push_back(sock);
+        Wake();
+        return;
+      }
+    }
+    Close(sock);
+  }
+
+  // Closes every connection not yet handed to a worker; joins the thread.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    Wake();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Conn {
+    int sock = -1;
+    steady_clock::time_point accepted;
+    steady_clock::time_point deadline;  // first byte, then whole request
+    std::string request;
+    bool complete = false;  // waiting for a free place in the pool's queue
+  };
+
+  RequestReader(Limits limits, Dispatch dispatch)
+      : limits_(limits), dispatch_(std::move(dispatch)) {}
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!::write(wake_, &one, sizeof(one));
+  }
+
+  static void Close(int sock) {
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+  }
+
+  // A request head ends at an empty line; a body announced by Content-Length
+  // (at most kMaxRequestPayloadBytes) must follow. Anything larger than
+  // kMaxRequestReadBytes goes to cpp-httplib as it is, to be refused there.
+  static bool Complete(const std::string& request) {
+    if (request.size() >= kMaxRequestReadBytes) return true;
+    const size_t end = request.find("\r\n\r\n");
+    if (end == std::string::npos) return false;
+    const size_t body = end + 4;
+    std::string lower = request.substr(0, end);
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](char c) {
+      return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    });
+    const size_t at = lower.find("\r\ncontent-length:");
+    if (at == std::string::npos) return true;
+    size_t length = 0;
+    for (size_t i = at + 17; i < lower.size() && lower[i] != '\r'; ++i) {
+      if (lower[i] == ' ' || lower[i] == '\t') continue;
+      if (lower[i] < '0' || lower[i] > '9') return true;  // cpp-httplib refuses it
+      length = length * 10 + static_cast<size_t>(lower[i] - '0');
+      if (length > kMaxRequestPayloadBytes) return true;  // refused as too large
+    }
+    return request.size() >= body + length;
+  }
+
+  void Run() {
+    std::vector<pollfd> fds;
+    std::vector<size_t> which;
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) break;
+        const steady_clock::time_point now = steady_clock::now();
+        for (int sock : incoming_) {
+          if (conns_.size() >= limits_.max_reading) {
+            // The oldest connection still sending (or waiting for the pool) goes.
+            auto oldest = std::min_element(
+                conns_.begin(), conns_.end(),
+                [](const Conn& a, const Conn& b) { return a.accepted < b.accepted; });
+            Close(oldest->sock);
+            conns_.erase(oldest);
+          }
+          conns_.push_back(Conn{sock, now, now + limits_.first_byte, {}, false});
+        }
+        incoming_.clear();
+      }
+      // Complete requests waiting for a place in the pool's queue.
+      for (size_t i = 0; i < conns_.size();) {
+        if (conns_[i].complete && dispatch_(conns_[i].sock, conns_[i].request)) {
+          conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      const steady_clock::time_point now = steady_clock::now();
+      for (size_t i = 0; i < conns_.size();) {
+        if (!conns_[i].complete && now >= conns_[i].deadline) {
+          static constexpr char kTimeout[] =
+              "HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; "
+              "charset=utf-8\r\nContent-Length: 39\r\nConnection: close\r\n\r\n"
+              "the request did not arrive in time; resend\n";
+          (void)!::send(conns_[i].sock, kTimeout, sizeof(kTimeout) - 1, MSG_NOSIGNAL);
+          Close(conns_[i].sock);
+          conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      fds.assign(1, pollfd{wake_, POLLIN, 0});
+      which.clear();
+      milliseconds wait{200};
+      for (size_t i = 0; i < conns_.size(); ++i) {
+        if (conns_[i].complete) continue;  // retried each round (at most 200 ms away)
+        fds.push_back(pollfd{conns_[i].sock, POLLIN, 0});
+        which.push_back(i);
+        wait = std::min(wait, std::chrono::duration_cast<milliseconds>(conns_[i].deadline - now) +
+                                  milliseconds(1));
+      }
+      const int n =
+          ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(0, wait.count())));
+      if (n < 0 && errno != EINTR) {
+        Logger()->error("observability endpoint: poll failed: {}", ErrnoText(errno));
+        std::this_thread::sleep_for(milliseconds(10));
+        continue;
+      }
+      if (n <= 0) continue;
+      if (fds[0].revents != 0) {
+        uint64_t count = 0;
+        (void)!::read(wake_, &count, sizeof(count));
+      }
+      std::vector<size_t> gone;
+      for (size_t k = 1; k < fds.size(); ++k) {
+        if (fds[k].revents == 0) continue;
+        Conn& c = conns_[which[k - 1]];
+        const Read read = Receive(c);
+        if (read == Read::kClosed) Close(c.sock);
+        if (read != Read::kMore) gone.push_back(which[k - 1]);
+      }
+      for (auto it = gone.rbegin(); it != gone.rend(); ++it) {
+        conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(*it));
+      }
+    }
+    for (Conn& c : conns_) Close(c.sock);
+    conns_.clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int sock : incoming_) Close(sock);
+    incoming_.clear();
+  }
+
+  enum class Read {
+    kMore,        // keep reading (or waiting for the pool's queue)
+    kHandedOver,  // a worker has it
+    kClosed       // the client went away or failed: close it
+  };
+
+  // Reads what has arrived.
+  Read Receive(Conn& c) {
+    char buf[4096];
+    while (c.request.size() < kMaxRequestReadBytes) {
+      const ssize_t n =
+          ::recv(c.sock, buf, std::min(sizeof(buf), kMaxRequestReadBytes - c.request.size()), 0);
+      if (n > 0) {
+        if (c.request.empty()) c.deadline = c.accepted + limits_.whole_request;
+        c.request.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      // End of stream: what came is all there is. A whole request is still
+      // answered (a client may shut down its side after sending).
+      if (n == 0 && !c.request.empty() && Complete(c.request)) break;
+      return Read::kClosed;
+    }
+    if (!Complete(c.request)) return Read::kMore;
+    c.complete = true;
+    return dispatch_(c.sock, c.request) ? Read::kHandedOver : Read::kMore;
+  }
+
+  const Limits limits_;
+  const Dispatch dispatch_;
+  int wake_ = -1;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<int> incoming_;  // guarded by mu_: accepted, not yet read
+  bool stopping_ = false;      // guarded by mu_
+  std::vector<Conn> conns_;    // the reader thread's own
+};
+
+// cpp-httplib's server, except that an accepted socket is not served on the
+// spot: it goes to the RequestReader, and only a complete request reaches a
+// worker (process_request over a BufferedRequestStream).
+class GatedServer : public httplib::Server {
+ public:
+  void set_reader(RequestReader* reader) { reader_ = reader; }
+
+  // On a worker: answers one complete request, then closes the connection.
+  void Serve(int sock, std::string request, milliseconds write_timeout) {
+    BufferedRequestStream stream(sock, std::move(request), steady_clock::now() + write_timeout);
+    bool closed = false;
+    (void)process_request(stream, /*close_connection=*/true, closed, nullptr);
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+  }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    reader_->Add(sock);
+    return true;
+  }
+
+  RequestReader* reader_ = nullptr;
 };
 
 Status CheckOptions(const ObservabilityOptions& o) {
@@ -242,6 +597,11 @@ Status CheckOptions(const ObservabilityOptions& o) {
   if (o.max_queued_connections < 1 || o.max_queued_connections > kMaxQueuedConnectionsLimit) {
     return Status::InvalidArgument("max_queued_connections " +
                                    std::to_string(o.max_queued_connections) + " is outside 1.." +
+                                   std::to_string(kMaxQueuedConnectionsLimit));
+  }
+  if (o.max_reading_connections < 1 || o.max_reading_connections > kMaxQueuedConnectionsLimit) {
+    return Status::InvalidArgument("max_reading_connections " +
+                                   std::to_string(o.max_reading_connections) + " is outside 1.." +
                                    std::to_string(kMaxQueuedConnectionsLimit));
   }
   for (const auto& [name, value] :
@@ -280,11 +640,29 @@ class ObservabilityServer::Impl {
        std::unique_ptr<WorkerPool> pool)
       : registry_(std::move(registry)), readiness_(std::move(readiness)), pool_(std::move(pool)) {}
 
+  Status StartReader(const ObservabilityOptions& options) {
+    RequestReader::Limits limits;
+    limits.first_byte = options.idle_timeout;
+    limits.whole_request = options.io_timeout;
+    limits.max_reading = options.max_reading_connections;
+    const milliseconds write_timeout = options.io_timeout;
+    GRANARY_ASSIGN_OR_RETURN(
+        reader_,
+        RequestReader::Start(limits, [this, write_timeout](int sock, std::string& request) {
+          std::function<void()> serve = [this, sock, request, write_timeout] {
+            server_.Serve(sock, request, write_timeout);
+          };
+          return pool_->TryEnqueue(serve);
+        }));
+    server_.set_reader(reader_.get());
+    return Status::Ok();
+  }
+
   ~Impl() { Stop(); }
 
   void Configure(const ObservabilityOptions& options) {
     WorkerPool* pool = pool_.get();
-    server_.new_task_queue = [pool] { return new PoolTaskQueue(pool); };
+    server_.new_task_queue = [pool] { return new InlineTaskQueue(pool); };
     // cpp-httplib's default sets SO_REUSEPORT, which would let a second server
     // bind a port already in use. SO_REUSEADDR only allows a restart while old
     // connections linger in TIME_WAIT. CLOEXEC: programs the daemon runs must
@@ -379,6 +757,9 @@ class ObservabilityServer::Impl {
     // loop winds down.
     server_.stop();
     listener_.join();
+    // No more accepts: close what is still being read, then let the workers
+    // finish the requests they hold.
+    if (reader_ != nullptr) reader_->Stop();
     pool_->Shutdown();
     Logger()->info("stopped serving /metrics, /healthz, /readyz on {}", address_.ToString());
   }
@@ -436,7 +817,8 @@ class ObservabilityServer::Impl {
   const std::shared_ptr<prometheus::Registry> registry_;
   const ReadinessCheck readiness_;
   const std::unique_ptr<WorkerPool> pool_;  // outlives server_'s use of it
-  httplib::Server server_;
+  std::unique_ptr<RequestReader> reader_;   // set before listening; outlives server_'s use
+  GatedServer server_;
   NetAddress address_;
   int listen_fd_ = -1;  // the socket cpp-httplib bound; it owns it
 
@@ -463,6 +845,7 @@ Result<std::unique_ptr<ObservabilityServer>> ObservabilityServer::Start(
 
   auto impl = std::make_unique<Impl>(std::move(registry), std::move(readiness), std::move(*pool));
   impl->Configure(options);
+  GRANARY_RETURN_IF_ERROR(impl->StartReader(options).WithContext(what));
   GRANARY_RETURN_IF_ERROR(impl->Bind(*requested, what));
   GRANARY_RETURN_IF_ERROR(impl->Listen(what));
   Logger()->info("serving /metrics, /healthz, /readyz on {}", impl->address().ToString());

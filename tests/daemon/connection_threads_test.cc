@@ -65,5 +65,48 @@ TEST(ConnectionThreadsTest, ServesEachConnectionOnItsOwnThreadUpToTheLimit) {
   threads.StopAll();  // idempotent
 }
 
+TEST(ConnectionThreadsTest, DefaultLimitsGiveAQuarterPerUidAndReserveAnEighth) {
+  const ConnectionLimits handoff = ConnectionLimits::DefaultFor(64);
+  EXPECT_EQ(handoff.per_uid, 16u);
+  EXPECT_EQ(handoff.reserved, 8u);
+  const ConnectionLimits sidecar = ConnectionLimits::DefaultFor(256);
+  EXPECT_EQ(sidecar.per_uid, 64u);
+  EXPECT_EQ(sidecar.reserved, 32u);
+  const ConnectionLimits one = ConnectionLimits::DefaultFor(1);
+  EXPECT_EQ(one.per_uid, 1u);
+  EXPECT_EQ(one.reserved, 0u);
+}
+
+TEST(ConnectionThreadsTest, OneUidCannotTakeThePlacesOfOthersOrOfRoot) {
+  ConnectionThreads threads;
+  ConnectionLimits limits;
+  limits.max_open = 8;
+  limits.per_uid = 3;
+  limits.reserved = 2;
+  std::vector<ScopedFd> peers;
+  const auto start = [&](uint32_t uid, bool privileged) {
+    auto [served, peer] = Pair();
+    peers.push_back(std::move(peer));
+    const Admission a = threads.Start(served, uid, privileged, limits, Echo);
+    EXPECT_EQ(a == Admission::kAdmitted, !served.valid());
+    return a;
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(start(65534, false), Admission::kAdmitted);
+  EXPECT_EQ(start(65534, false), Admission::kUidFull);
+  EXPECT_EQ(threads.open_of(65534), 3u);
+  // Another user still gets in, up to the reserve.
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(start(1000, false), Admission::kAdmitted);
+  EXPECT_EQ(start(1001, false), Admission::kReservedOnly);
+  // Root takes the reserved places; then everything is full.
+  EXPECT_EQ(start(0, true), Admission::kAdmitted);
+  EXPECT_EQ(start(0, true), Admission::kAdmitted);
+  EXPECT_EQ(start(0, true), Admission::kFull);
+  // A closed connection gives its uid a place back.
+  peers[0].Reset();
+  ASSERT_TRUE(testing::WaitFor([&] { return threads.open_of(65534) == 2; }, 10s));
+  EXPECT_EQ(start(65534, false), Admission::kAdmitted);
+  threads.StopAll();
+}
+
 }  // namespace
 }  // namespace granary

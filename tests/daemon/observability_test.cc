@@ -677,9 +677,9 @@ TEST(ObservabilityConcurrency, ScrapesWhileOtherThreadsUpdate) {
 }
 
 TEST(ObservabilityConcurrency, AFullQueueMakesClientsWaitNotFail) {
-  // One worker, one queue slot, and silent connections that hold the worker
-  // until the idle timeout: a real request waits behind them (in the queue,
-  // then in the kernel's backlog) and is still answered.
+  // One worker, one queue slot, and silent connections: they wait with the
+  // reader (never holding the worker) until the idle timeout, and a real
+  // request is answered meanwhile.
   ObservabilityOptions options;
   options.worker_threads = 1;
   options.max_queued_connections = 1;
@@ -696,6 +696,94 @@ TEST(ObservabilityConcurrency, AFullQueueMakesClientsWaitNotFail) {
   for (int fd : idle) ::close(fd);
   ASSERT_OK(r);
   EXPECT_EQ(r->status, 200);
+}
+
+// Issue 19, finding 5: half-sent requests held the two workers for io_timeout
+// each while the others waited in the queue, so /healthz of a daemon took
+// about 160 s to answer behind 66 of them (a kubelet restarts the pod).
+// Requests are now read by one thread for every connection at once.
+
+// Opens `n` connections that each send the start of a request and stop.
+std::vector<int> HalfSentRequests(uint16_t port, int n) {
+  std::vector<int> fds;
+  for (int i = 0; i < n; ++i) {
+    Result<int> fd = Connect(port);
+    EXPECT_OK(fd);
+    if (!fd.ok()) break;
+    EXPECT_OK(SendAll(*fd, "GET /metrics HTTP/1.1\r\nHost: attacker\r\n"));
+    fds.push_back(*fd);
+  }
+  return fds;
+}
+
+// GET `path`, failing unless the whole reply arrives within `within`.
+Result<HttpReply> FetchWithin(uint16_t port, const std::string& path,
+                              std::chrono::milliseconds within) {
+  GRANARY_ASSIGN_OR_RETURN(int fd, Connect(port));
+  Status sent = SendAll(fd, "GET " + path + " HTTP/1.1\r\nHost: kubelet\r\n\r\n");
+  Result<std::string> raw = sent.ok() ? ReadToEof(fd, within) : Result<std::string>(sent);
+  ::close(fd);
+  if (!raw.ok()) return raw.status();
+  return ParseReply(*raw);
+}
+
+TEST(ObservabilitySlowClients, HealthzAnswersWhileHalfSentRequestsAreOpen) {
+  auto server = ObservabilityServer::Start("127.0.0.1:0", NewRegistry(), nullptr);
+  ASSERT_OK(server);
+  const uint16_t port = (*server)->port();
+  std::vector<int> held = HalfSentRequests(port, 100);
+  ASSERT_EQ(held.size(), 100u);
+  for (const char* path : {"/healthz", "/readyz", "/metrics"}) {
+    SCOPED_TRACE(path);
+    // Within a second, while all 100 are still open (they are dropped only
+    // after io_timeout, 5 s).
+    Result<HttpReply> r = FetchWithin(port, path, 1s);
+    ASSERT_OK(r);
+    EXPECT_EQ(r->status, 200);
+  }
+  for (int fd : held) ::close(fd);
+}
+
+TEST(ObservabilitySlowClients, AHalfSentRequestIsAnswered408AfterIoTimeout) {
+  ObservabilityOptions options;
+  options.io_timeout = 1s;
+  options.idle_timeout = 1s;
+  auto server = ObservabilityServer::Start("127.0.0.1:0", NewRegistry(), nullptr, options);
+  ASSERT_OK(server);
+  std::vector<int> held = HalfSentRequests((*server)->port(), 1);
+  ASSERT_EQ(held.size(), 1u);
+  Result<int> silent = Connect((*server)->port());
+  ASSERT_OK(silent);
+  // Both are let go after about a second, with a reason.
+  for (int fd : {held[0], *silent}) {
+    Result<std::string> raw = ReadToEof(fd, 5s);
+    ::close(fd);
+    ASSERT_OK(raw);
+    Result<HttpReply> r = ParseReply(*raw);
+    ASSERT_OK(r);
+    EXPECT_EQ(r->status, 408);
+    EXPECT_THAT(r->body, HasSubstr("did not arrive in time"));
+  }
+}
+
+TEST(ObservabilitySlowClients, MoreHalfSentRequestsThanPlacesCloseTheOldest) {
+  ObservabilityOptions options;
+  options.max_reading_connections = 8;
+  options.worker_threads = 1;
+  auto server = ObservabilityServer::Start("127.0.0.1:0", NewRegistry(), nullptr, options);
+  ASSERT_OK(server);
+  const uint16_t port = (*server)->port();
+  std::vector<int> held = HalfSentRequests(port, 20);
+  ASSERT_EQ(held.size(), 20u);
+  Result<HttpReply> r = FetchWithin(port, "/healthz", 1s);
+  ASSERT_OK(r);
+  EXPECT_EQ(r->status, 200);
+  // The oldest were closed to make room (end of stream, no reply), long
+  // before io_timeout.
+  Result<std::string> first = ReadToEof(held[0], 2s);
+  ASSERT_OK(first);
+  EXPECT_EQ(*first, "");
+  for (int fd : held) ::close(fd);
 }
 
 // ---- bind errors ----

@@ -73,17 +73,23 @@ inline constexpr std::string_view kDefaultObservabilityHost = "127.0.0.1";
 using ReadinessCheck = std::function<Status()>;
 
 struct ObservabilityOptions {
-  // Threads answering requests; each serves one connection at a time.
+  // Threads answering requests; a worker gets a connection only once its
+  // request has arrived whole, and answers it within io_timeout.
   int worker_threads = 2;
-  // Accepted connections waiting for a worker. When full the server stops
-  // accepting (back-pressure onto the kernel's listen backlog) instead of
-  // queueing more.
+  // Complete requests waiting for a worker. When full they wait, still
+  // unserved, with the connections being read.
   size_t max_queued_connections = 64;
-  // Limit on each read and write of a connection: a client that stalls is
-  // dropped after this long. Also bounds how long Stop() waits for one.
+  // Connections whose request is still arriving, read all at once by one
+  // thread (poll) without holding a worker. When full, the oldest is closed
+  // to make room: a flood of half-sent requests cannot keep /healthz out.
+  size_t max_reading_connections = 1024;
+  // The whole request must arrive within this of the connection's accept,
+  // and the whole reply be taken within it; otherwise the connection is
+  // answered 408 (request) or dropped (reply). Also bounds how long Stop()
+  // waits for a worker.
   std::chrono::seconds io_timeout{5};
-  // How long a new connection may stay silent before its request starts; it
-  // holds a worker meanwhile. Each connection carries one request (the reply
+  // How long a new connection may stay silent before its request starts
+  // (then 408 and closed). Each connection carries one request (the reply
   // says "Connection: close").
   std::chrono::seconds idle_timeout{2};
 };
