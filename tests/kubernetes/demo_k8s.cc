@@ -1,0 +1,587 @@
+// granary-demo-k8s (`make demo-k8s`, scripts/demo-k8s): the Kubernetes side of
+// Granary on this one machine, with the fixtures the Kubernetes suites use and
+// nothing of them faked but the nodes:
+//
+//   1. KubeCluster: etcd, kube-apiserver, kube-controller-manager,
+//      kube-scheduler and kwok (one fake GPU node, gpu-node-1, labelled
+//      granary.io/nvme=true), Jobs' pods left to PodRunner; RedisServer as the
+//      metadata store; PodRunner running the pods of the `granary` images
+//      (pod-bin: the build's daemons) and of `pytorch` (this host's /usr/bin)
+//      as local processes, reporting the end of a Job's pod.
+//   2. `helm install granary charts/granary` from the working tree (helm from
+//      scripts/k8s-tools) with values much like helm_chart_test's: the store
+//      from an existing Secret (the Redis above), one operator replica, and
+//      the CachePool `gpu` with this host's paths and free ports. This host
+//      has no kube-proxy, so the API server cannot reach the chart's webhook
+//      Service; a helm post-renderer has the operator register its webhook at
+//      https://127.0.0.1:<port>/mutate instead (--webhook-url for
+//      --webhook-service), which is the only change to what the chart renders.
+//   3. The Dataset identity policy (charts/granary/policies), the example
+//      namespaces (examples/kubernetes/namespace.yaml, the store URL made the
+//      Redis'), a generated source of 2,000 files (20 classes x 100, 4-12
+//      KiB) and a Dataset of it in team-a; `kubectl wait` for the operator,
+//      the pool and the Dataset.
+//   4. A Job labelled granary.io/dataset=demo whose container knows nothing
+//      of Granary: the operator's webhook injects the sidecar, PodRunner runs
+//      it and then `python3 train.py` (tests/trainer/check_epochs.py: two
+//      epochs through granary.torch, every sample's SHA-256 checked against
+//      the source, then the same order from the local files), and the Job
+//      completes. Prints `kubectl get cachepools,datasets`, the Job and the
+//      trainer's output.
+//   5. Deletes the Dataset, `helm uninstall`s, and stops everything: the
+//      pods' processes, Redis, the control plane, the temp directories.
+//
+// SIGINT and SIGTERM (Ctrl-C) end the step under way within about a second
+// (every wait is polled in short slices) and unwind the same way as step 5,
+// then exit 130. Needs root (PodRunner's mount namespaces) and the tools of
+// scripts/k8s-tools. Exit 0 when the Job completed, 1 on a failure (with the
+// logs of what failed), 130 when interrupted.
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "testing/kube_cluster.h"
+#include "testing/kube_suite.h"
+#include "testing/pod_runner.h"
+#include "testing/redis_server.h"
+#include "testing/test_util.h"
+
+namespace granary::testing {
+namespace {
+
+using nlohmann::json;
+using std::chrono::seconds;
+
+constexpr char kRelease[] = "granary";
+constexpr char kNamespace[] = "granary";
+constexpr char kTeam[] = "team-a";
+constexpr char kDataset[] = "demo";
+constexpr int kClasses = 20;
+constexpr int kPerClass = 100;
+
+volatile std::sig_atomic_t g_signal = 0;
+
+void OnSignal(int sig) { g_signal = sig; }
+
+bool Interrupted() { return g_signal != 0; }
+
+const auto g_start = std::chrono::steady_clock::now();
+
+std::string Elapsed() {
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%6.1f s", s);
+  return buf;
+}
+
+void Step(const std::string& what) {
+  std::cout << "== [" << Elapsed() << "] " << what << std::endl;
+}
+
+std::string Indent(const std::string& text, const std::string& prefix = "  ") {
+  std::string out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out += prefix + line + "\n";
+  return out;
+}
+
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A failed step: what, and what helps to see why.
+struct Failure {
+  std::string message;
+};
+
+class Demo {
+ public:
+  Demo() { ::chmod(work_.path().c_str(), 0755); }  // uid 1000 (runAs) walks to the source
+
+  // The fixtures in reverse start order: the pods' processes, Redis, the
+  // control plane; then the work directory (TempDir).
+  ~Demo() {
+    if (runner_ != nullptr) {
+      Step("stopping the pods' processes (PodRunner), Redis and the control plane");
+      runner_->Stop();
+    }
+    runner_.reset();
+    redis_.reset();
+    cluster_.reset();
+  }
+
+  void Run() {
+    Result<std::string> tools = KubeCluster::ToolsDir();
+    if (!tools.ok()) throw Failure{tools.status().ToString()};
+    StartFixtures();
+    WriteSource();
+    InstallChart();
+    ApplyDataset();
+    RunJob();
+    TearDownRelease();
+  }
+
+  // Everything that helps after a failure: the operator's and the pods' logs,
+  // the runner's events, the cluster's objects.
+  void PrintDiagnostics() {
+    if (cluster_ == nullptr) return;
+    std::cerr
+        << "-- kubectl get pods,jobs,cachepools,datasets -A\n"
+        << cluster_->Kubectl({"get", "pods,jobs,cachepools,datasets", "-A", "-o", "wide"}).out;
+    if (runner_ != nullptr) {
+      for (const RunningContainer& c : runner_->Running()) {
+        std::cerr << "-- running " << c.ns << "/" << c.pod << " " << c.container << ":\n"
+                  << Tail(ReadWhole(c.log_path));
+      }
+      for (const ContainerExit& e : runner_->Exits()) {
+        std::cerr << "-- ended " << e.ns << "/" << e.pod << " " << e.container << " (" << e.status
+                  << "):\n"
+                  << Tail(ReadWhole(e.log_path));
+      }
+      std::cerr << "-- PodRunner's events:\n" << Tail(runner_->EventLog(), 6000);
+    }
+  }
+
+ private:
+  static std::string Tail(const std::string& text, size_t max = 4000) {
+    return text.size() <= max ? text : "..." + text.substr(text.size() - max);
+  }
+
+  // Throws when a signal came: the destructors unwind the fixtures.
+  static void CheckInterrupted() {
+    if (Interrupted()) throw Failure{"interrupted"};
+  }
+
+  // Polls `condition` every 200 ms until it holds, a signal comes, or `timeout`.
+  void WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout,
+                 const std::string& what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!condition()) {
+      CheckInterrupted();
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw Failure{what + " did not happen within " +
+                      std::to_string(std::chrono::duration_cast<seconds>(timeout).count()) + " s"};
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+
+  KubectlResult Kubectl(const std::vector<std::string>& args, const std::string& in = "") {
+    CheckInterrupted();
+    return cluster_->Kubectl(args, in);
+  }
+
+  std::string MustKubectl(const std::vector<std::string>& args, const std::string& in = "") {
+    KubectlResult r = Kubectl(args, in);
+    if (!r.ok()) {
+      std::string command = "kubectl";
+      for (const std::string& a : args) command += " " + a;
+      throw Failure{command + ": " + r.Describe() + "\n" + r.out};
+    }
+    return r.out;
+  }
+
+  // `kubectl wait <args> --timeout=2s`, repeated until it succeeds (its
+  // output printed), a signal comes, or `timeout`.
+  void KubectlWait(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+    std::string shown = "kubectl wait";
+    for (const std::string& a : args) shown += " " + a;
+    std::cout << "  $ " << shown << std::endl;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<std::string> argv = {"wait"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back("--timeout=2s");
+    for (;;) {
+      KubectlResult r = Kubectl(argv);
+      if (r.ok()) {
+        std::cout << Indent(r.out) << std::flush;
+        return;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw Failure{shown + " did not succeed within " +
+                      std::to_string(std::chrono::duration_cast<seconds>(timeout).count()) +
+                      " s: " + r.Describe()};
+      }
+      // Not found yet, or its condition not yet met: try again.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  }
+
+  // helm with the cluster's admin kubeconfig and its own home in the work dir.
+  KubectlResult Helm(const std::vector<std::string>& args) {
+    CheckInterrupted();
+    std::vector<std::string> argv = {cluster_->Tool("helm")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string home = work_.Join("helm-home");
+    return RunProgram(argv,
+                      {"KUBECONFIG=" + cluster_->kubeconfig_path(),
+                       "HELM_CACHE_HOME=" + home + "/cache", "HELM_CONFIG_HOME=" + home + "/config",
+                       "HELM_DATA_HOME=" + home + "/data", "HOME=" + home},
+                      "", work_.path(), seconds(120));
+  }
+
+  void StartFixtures() {
+    Step(
+        "the control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, "
+        "kwok with one fake GPU node) and Redis");
+    KubeClusterOptions o;
+    o.nodes = {{"gpu-node-1",
+                {{"nvidia.com/gpu.present", "true"},
+                 {"granary.io/nvme", "true"},
+                 {"kubernetes.io/hostname", "gpu-node-1"}}}};
+    o.kwok_completes_job_pods = false;  // PodRunner runs the Job's containers to their end
+    Result<std::unique_ptr<KubeCluster>> cluster = KubeCluster::Start(o);
+    if (!cluster.ok()) throw Failure{"starting the control plane: " + cluster.status().ToString()};
+    cluster_ = std::move(*cluster);
+    CheckInterrupted();
+    Result<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+    if (!redis.ok()) throw Failure{"starting Redis: " + redis.status().ToString()};
+    redis_ = std::move(*redis);
+    std::cout << "  API server " << cluster_->server() << " (kubeconfig "
+              << cluster_->kubeconfig_path() << "), Redis " << redis_->url() << std::endl;
+    std::cout << Indent(MustKubectl({"get", "nodes"}));
+
+    Step(
+        "PodRunner: the pods of images granary/* (this build's daemons) and pytorch/* "
+        "(python3 of this host) run as local processes");
+    PodRunnerOptions ro;
+    ro.images = {{"granary", GRANARY_POD_BIN_DIR}, {"pytorch", "/usr/bin"}};
+    ro.report_completion = true;
+    runner_ = std::make_unique<PodRunner>(*cluster_, ro);
+    if (Status s = runner_->Start(); !s.ok()) throw Failure{"starting PodRunner: " + s.ToString()};
+  }
+
+  std::string Source() const { return work_.Join("datasets") + "/demo/train"; }
+
+  void WriteSource() {
+    Step("a source of " + std::to_string(kClasses * kPerClass) + " files (" +
+         std::to_string(kClasses) + " classes x " + std::to_string(kPerClass) + ", 4-12 KiB) in " +
+         Source());
+    std::mt19937_64 rng(7);
+    for (int c = 0; c < kClasses; ++c) {
+      char cls[32];
+      std::snprintf(cls, sizeof cls, "/class-%02d", c);
+      const std::string dir = Source() + cls;
+      std::filesystem::create_directories(dir);
+      for (int i = 0; i < kPerClass; ++i) {
+        std::string bytes(4096 + rng() % 8193, '\0');
+        for (char& b : bytes) b = static_cast<char>(rng());
+        char name[32];
+        std::snprintf(name, sizeof name, "/img-%04d.bin", i);
+        const std::string path = dir + name;
+        std::ofstream(path, std::ios::binary) << bytes;
+        ::chmod(path.c_str(), 0644);
+      }
+    }
+    for (const auto& e : std::filesystem::recursive_directory_iterator(work_.Join("datasets"))) {
+      if (e.is_directory()) ::chmod(e.path().c_str(), 0755);
+    }
+    ::chmod(work_.Join("datasets").c_str(), 0755);
+  }
+
+  void InstallChart() {
+    const std::string chart = std::string(GRANARY_SOURCE_DIR) + "/charts/granary";
+    Step(
+        "the example namespaces (examples/kubernetes/namespace.yaml: team-a granted uid/gid "
+        "1000; granary with the store Secret, its URL made the Redis')");
+    std::string namespaces =
+        ReadWhole(std::string(GRANARY_SOURCE_DIR) + "/examples/kubernetes/namespace.yaml");
+    namespaces = std::regex_replace(namespaces, std::regex("url: \"redis://[^\"]*\""),
+                                    "url: \"" + redis_->url() + "\"");
+    std::cout << Indent(MustKubectl({"apply", "--validate=strict", "-f", "-"}, namespaces));
+
+    // This host's paths and free ports; the store from the Secret above.
+    const std::string nvme = work_.Join("nvme");
+    const std::string sockets = work_.Join("node-socket");
+    std::filesystem::create_directories(nvme);
+    std::filesystem::create_directories(sockets);
+    ::chmod(sockets.c_str(), 0755);
+    webhook_port_ = FreeTcpPort();
+    sidecar_metrics_port_ = FreeTcpPort();
+    json values = {
+        {"store", {{"existingSecret", "granary-store"}, {"existingSecretKey", "url"}}},
+        {"redis", {{"enabled", false}}},
+        {"operator",
+         {{"replicas", 1},
+          {"metricsPort", FreeTcpPort()},
+          {"webhook", {{"port", webhook_port_}}},
+          {"progressInterval", "500ms"}}},
+        {"cachePools",
+         json::array(
+             {{{"name", "gpu"},
+               {"spec",
+                {{"nodeSelector", {{"granary.io/nvme", "true"}}},
+                 {"storage", {{"hostPath", nvme}, {"capacity", "1Gi"}}},
+                 {"sourceMounts",
+                  json::array({{{"name", "datasets"}, {"hostPath", work_.Join("datasets")}}})},
+                 {"nodeSocketHostPath", sockets},
+                 {"ports", {{"data", FreeTcpPort()}, {"metrics", FreeTcpPort()}}},
+                 {"sidecar", {{"metricsPort", sidecar_metrics_port_}}},
+                 {"resources", {{"requests", {{"cpu", "100m"}, {"memory", "128Mi"}}}}}}}}})}};
+    work_.WriteFile("values.yaml", values.dump(2));
+    // No kube-proxy here: the webhook is registered at 127.0.0.1 (see the top).
+    const std::string url = "https://127.0.0.1:" + std::to_string(webhook_port_) + "/mutate";
+    work_.WriteFile("webhook-url.sh",
+                    "#!/bin/sh\n"
+                    "# helm post-renderer: no kube-proxy on this host, so the operator registers\n"
+                    "# its webhook at a URL on 127.0.0.1 instead of the chart's Service.\n"
+                    "exec sed -e 's#- --webhook-service=.*#- --webhook-url=" +
+                        url + "#' -e '/- --webhook-service-port=/d'\n");
+    ::chmod(work_.Join("webhook-url.sh").c_str(), 0755);
+
+    Step("helm install " + std::string(kRelease) + " charts/granary -n " + kNamespace +
+         " (values: " + work_.Join("values.yaml") + ")");
+    std::cout << "  values: store.existingSecret=granary-store, redis.enabled=false, "
+                 "operator.replicas=1, cachePools[0]: gpu (this host's paths and ports)\n"
+              << "  post-renderer: the operator's --webhook-service=granary-webhook -> "
+                 "--webhook-url="
+              << url << " (no kube-proxy here)" << std::endl;
+    KubectlResult install =
+        Helm({"install", kRelease, chart, "-n", kNamespace, "-f", work_.Join("values.yaml"),
+              "--post-renderer", work_.Join("webhook-url.sh")});
+    if (!install.ok()) throw Failure{"helm install: " + install.Describe() + "\n" + install.out};
+    // helm's summary without the NOTES (charts/granary/templates/NOTES.txt).
+    std::istringstream lines(install.out);
+    for (std::string line; std::getline(lines, line) && line != "NOTES:";) {
+      std::cout << "  " << line << "\n";
+    }
+    Step(
+        "the Dataset identity policy (charts/granary/policies/dataset-identity.yaml), "
+        "applied separately as docs/install.md says");
+    std::cout << Indent(MustKubectl({"apply", "-f", chart + "/policies/dataset-identity.yaml"}));
+
+    Step("waiting for the operator (PodRunner runs its pod) and the pool's cache node");
+    KubectlWait({"-n", kNamespace, "--for=condition=Available", "deployment/granary-operator"},
+                seconds(90));
+    KubectlWait({"--for=condition=Ready", "cachepool/gpu"}, seconds(90));
+    std::cout << Indent(MustKubectl({"get", "pods", "-n", kNamespace, "-o", "wide"}));
+  }
+
+  void ApplyDataset() {
+    Step("Dataset team-a/demo (pool gpu, read as uid/gid 1000) of the source");
+    const std::string yaml = KubeSuite::DatasetYaml(kTeam, kDataset, Source());
+    std::cout << Indent(yaml, "  | ");
+    std::cout << Indent(MustKubectl({"apply", "--validate=strict", "-f", "-"}, yaml));
+    KubectlWait({"-n", kTeam, "--for=condition=Ready", "dataset/" + std::string(kDataset)},
+                seconds(180));
+    std::cout << "  $ kubectl get cachepools,datasets -A\n"
+              << Indent(MustKubectl({"get", "cachepools,datasets", "-A"}));
+  }
+
+  json TrainingJob() const {
+    return {
+        {"apiVersion", "batch/v1"},
+        {"kind", "Job"},
+        {"metadata", {{"name", "train"}, {"namespace", kTeam}}},
+        {"spec",
+         {{"backoffLimit", 0},
+          {"template",
+           {{"metadata", {{"labels", {{"granary.io/dataset", kDataset}}}}},
+            {"spec",
+             {{"restartPolicy", "Never"},
+              {"containers",
+               json::array(
+                   {{{"name", "trainer"},
+                     {"image", "pytorch/pytorch:2.5.1"},
+                     {"command", {"/usr/bin/python3", "/app/train.py"}},
+                     {"args",
+                      {"--golden=/golden", "--epochs=2", "--compare-local",
+                       "--metrics-port=" + std::to_string(sidecar_metrics_port_)}},
+                     {"env", json::array({{{"name", "PYTHONPATH"},
+                                           {"value", PythonPath(GRANARY_PYTHONPATH)}},
+                                          {{"name", "PYTHONDONTWRITEBYTECODE"}, {"value", "1"}}})},
+                     {"volumeMounts", json::array({{{"name", "script"}, {"mountPath", "/app"}},
+                                                   {{"name", "golden"},
+                                                    {"mountPath", "/golden"},
+                                                    {"readOnly", true}}})}}})},
+              {"volumes",
+               json::array({{{"name", "script"}, {"configMap", {{"name", "train-script"}}}},
+                            {{"name", "golden"},
+                             {"hostPath", {{"path", Source()}, {"type", "Directory"}}}}})}}}}}}}};
+  }
+
+  void RunJob() {
+    Step(
+        "waiting for the operator's webhook to inject a pod labelled granary.io/dataset=demo "
+        "(server-side dry run)");
+    const json probe = {
+        {"apiVersion", "v1"},
+        {"kind", "Pod"},
+        {"metadata", {{"name", "probe"}, {"labels", {{"granary.io/dataset", kDataset}}}}},
+        {"spec",
+         {{"containers", json::array({{{"name", "trainer"},
+                                       {"image", "pytorch/pytorch:2.5.1"},
+                                       {"command", {"true"}}}})}}}};
+    WaitUntil(
+        [&] {
+          KubectlResult r = Kubectl(
+              {"create", "-n", kTeam, "--dry-run=server", "-o", "json", "-f", "-"}, probe.dump());
+          return r.ok() && r.out.find("granary-sidecar") != std::string::npos;
+        },
+        seconds(60), "the webhook injecting a dry-run pod");
+
+    Step(
+        "a training Job: label granary.io/dataset=demo, image pytorch/pytorch:2.5.1, "
+        "python3 train.py (tests/trainer/check_epochs.py, 2 epochs)");
+    MustKubectl({"create", "configmap", "train-script", "-n", kTeam,
+                 "--from-file=train.py=" + std::string(GRANARY_SOURCE_DIR) +
+                     "/tests/trainer/check_epochs.py"});
+    std::cout << Indent(MustKubectl({"apply", "-f", "-"}, TrainingJob().dump()));
+
+    json pod;
+    WaitUntil(
+        [&] {
+          Result<json> pods = cluster_->GetJson({"pods", "-n", kTeam, "-l", "job-name=train"});
+          if (!pods.ok() || (*pods)["items"].empty()) return false;
+          pod = (*pods)["items"][0];
+          return !pod["spec"].value("nodeName", "").empty();
+        },
+        seconds(60), "the Job's pod created and scheduled");
+    const json& spec = pod["spec"];
+    std::cout << "  pod " << pod["metadata"].value("name", "") << " on "
+              << spec.value("nodeName", "") << "; what the webhook injected:\n";
+    for (const json& c : spec.value("initContainers", json::array())) {
+      std::cout << "    initContainer " << c.value("name", "") << ": image " << c.value("image", "")
+                << ", restartPolicy " << c.value("restartPolicy", "") << ", runAsUser "
+                << c["securityContext"].value("runAsUser", -1) << "\n";
+    }
+    for (const json& c : spec.value("containers", json::array())) {
+      std::cout << "    container " << c.value("name", "") << ": env";
+      for (const json& e : c.value("env", json::array())) {
+        const std::string name = e.value("name", "");
+        if (name.rfind("GRANARY_", 0) == 0) {
+          std::cout << " " << name << "=" << e.value("value", "<valueFrom>");
+        }
+      }
+      std::cout << "\n";
+    }
+    std::cout << std::flush;
+
+    Step("the Job runs: the injected sidecar, then the trainer (PodRunner)");
+    std::cout << "  $ kubectl wait -n team-a --for=condition=Complete job/train" << std::endl;
+    std::string done;
+    WaitUntil(
+        [&] {
+          Result<json> j = cluster_->GetJson({"job", "-n", kTeam, "train"});
+          if (!j.ok()) return false;
+          if (ConditionField(*j, "Failed") == "True") {
+            done = "Failed";
+            return true;
+          }
+          KubectlResult r = cluster_->Kubectl(
+              {"wait", "-n", kTeam, "--for=condition=Complete", "job/train", "--timeout=1s"});
+          if (r.ok()) {
+            std::cout << Indent(r.out);
+            done = "Complete";
+          }
+          return r.ok();
+        },
+        seconds(300), "Job team-a/train finishing");
+
+    std::string trainer_log;
+    for (const ContainerExit& e : runner_->Exits()) {
+      if (e.ns == kTeam && e.container == "trainer") {
+        trainer_log = ReadWhole(e.log_path);
+        std::cout << "  trainer process: " << e.status << "\n";
+      }
+    }
+    std::cout << "  $ kubectl get jobs,pods -n team-a\n"
+              << Indent(MustKubectl({"get", "jobs,pods", "-n", kTeam}));
+    Step("the trainer's output");
+    std::cout << Indent(trainer_log);
+    std::cout << "  $ kubectl get cachepools,datasets -A\n"
+              << Indent(MustKubectl({"get", "cachepools,datasets", "-A"})) << std::flush;
+    if (done != "Complete") throw Failure{"Job team-a/train failed"};
+    job_complete_ = true;
+  }
+
+  void TearDownRelease() {
+    Step("deleting the Dataset (its finalizer needs the operator) and helm uninstall");
+    MustKubectl({"delete", "dataset", "-n", kTeam, kDataset, "--wait=false"});
+    KubectlWait({"-n", kTeam, "--for=delete", "dataset/" + std::string(kDataset)}, seconds(60));
+    KubectlResult uninstall =
+        Helm({"uninstall", kRelease, "-n", kNamespace, "--wait", "--timeout", "60s"});
+    if (!uninstall.ok()) {
+      throw Failure{"helm uninstall: " + uninstall.Describe() + "\n" + uninstall.out};
+    }
+    std::cout << Indent(uninstall.out) << std::flush;
+  }
+
+ public:
+  bool job_complete() const { return job_complete_; }
+
+ private:
+  TempDir work_;  // destroyed last: the fixtures' processes use it
+  std::unique_ptr<KubeCluster> cluster_;
+  std::unique_ptr<RedisServer> redis_;
+  std::unique_ptr<PodRunner> runner_;
+  uint16_t webhook_port_ = 0;
+  uint16_t sidecar_metrics_port_ = 0;
+  bool job_complete_ = false;
+};
+
+int Main() {
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  if (::geteuid() != 0) {
+    std::cerr << "granary-demo-k8s: run as root (PodRunner runs each container in its own "
+                 "mount namespace)\n";
+    return 1;
+  }
+  int rc = 0;
+  {
+    Demo demo;
+    try {
+      demo.Run();
+    } catch (const Failure& f) {
+      if (Interrupted()) {
+        std::cerr << "granary-demo-k8s: interrupted (signal " << g_signal
+                  << "); tearing everything down\n";
+        rc = 130;
+      } else {
+        std::cerr << "granary-demo-k8s: " << f.message << "\n";
+        demo.PrintDiagnostics();
+        rc = 1;
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "granary-demo-k8s: " << e.what() << "\n";
+      demo.PrintDiagnostics();
+      rc = 1;
+    }
+    if (rc == 0 && !demo.job_complete()) rc = 1;
+  }
+  Step(rc == 0 ? "demo-k8s: OK (everything stopped, temp directories removed)"
+               : "demo-k8s: everything stopped, temp directories removed");
+  return rc;
+}
+
+}  // namespace
+}  // namespace granary::testing
+
+int main() { return granary::testing::Main(); }
