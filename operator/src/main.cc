@@ -284,7 +284,12 @@ int main(int argc, char** argv) {
       "lookup_error (the Dataset could not be looked up), bad_request (not a usable "
       "AdmissionReview or pod), error.",
       {"outcome"});
-  if (!reconciles.ok() || !errors.ok() || !relists.ok() || !leader.ok() || !webhook_requests.ok()) {
+  auto datasets = metrics.AddGaugeFamily(
+      "granary_operator_datasets",
+      "Datasets this replica's cache holds, by status.phase (every replica reports all).",
+      {"phase"});
+  if (!reconciles.ok() || !errors.ok() || !relists.ok() || !leader.ok() || !webhook_requests.ok() ||
+      !datasets.ok()) {
     std::fprintf(stderr, "granary-operator: declaring metrics failed\n");
     return kExitRuntime;
   }
@@ -356,6 +361,10 @@ int main(int argc, char** argv) {
       (*errors)->Increment(static_cast<double>(c.reconcile_errors - last.reconcile_errors));
       (*relists)->Increment(static_cast<double>(c.relists - last.relists));
       (*leader)->Set((*op)->leading() ? 1 : 0);
+      for (const auto& [phase, count] : (*op)->DatasetPhases()) {
+        granary::Result<prometheus::Gauge*> gauge = datasets->WithLabels({phase});
+        if (gauge.ok()) (*gauge)->Set(static_cast<double>(count));
+      }
       last = c;
       for (int i = 0; i < 10 && !done; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -129,6 +129,25 @@ class Operator::Impl {
     return c;
   }
 
+  std::map<std::string, uint64_t> DatasetPhases() const {
+    std::map<std::string, uint64_t> by_phase;
+    for (const char* phase : {"Pending", "Snapshotting", "Staging", "Ready", "Failed"}) {
+      by_phase[phase] = 0;
+    }
+    if (dataset_informer_ == nullptr || !dataset_informer_->synced()) return by_phase;
+    for (const Json& d : dataset_informer_->List()) {
+      std::string phase;
+      if (d.contains("status") && d["status"].is_object() && d["status"].contains("phase") &&
+          d["status"]["phase"].is_string()) {
+        phase = d["status"]["phase"].get<std::string>();
+      }
+      // Not reconciled yet, or a phase this build does not know: Pending.
+      if (!by_phase.contains(phase)) phase = "Pending";
+      ++by_phase[phase];
+    }
+    return by_phase;
+  }
+
  private:
   // "namespace/name" of a pool's store Secret.
   std::string StoreSecretKey(const CachePool& pool) const {
@@ -328,5 +347,7 @@ void Operator::Stop() {
 bool Operator::leading() const { return impl_->leading(); }
 Status Operator::Ready() const { return impl_->Ready(); }
 Operator::Counters Operator::counters() const { return impl_->counters(); }
+
+std::map<std::string, uint64_t> Operator::DatasetPhases() const { return impl_->DatasetPhases(); }
 
 }  // namespace granary::kube

@@ -495,6 +495,27 @@ TEST_F(OperatorTest, TwoReplicasOneLeadsTheOtherTakesOverAfterSigkill) {
   Kubectl({"apply", "-f", "-"},
           DatasetYaml("after-failover", suite_->datasets() + "/after-failover"));
   ASSERT_OK(WaitCondition("after-failover", "Ready", "True", "", seconds(60)));
+  // Datasets by phase, from its cache: every phase present, the Ready ones
+  // counted as kubectl counts them.
+  Result<json> all = cluster().GetJson({"datasets", "-A"});
+  ASSERT_OK(all);
+  size_t ready = 0;
+  for (const json& d : (*all)["items"]) {
+    if (d.value("status", json::object()).value("phase", "") == "Ready") ++ready;
+  }
+  std::string text;
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        text = Run({"curl", "-sf", "http://127.0.0.1:" + port[1].str() + "/metrics"}).out;
+        return text.find("granary_operator_datasets{phase=\"Ready\"} " + std::to_string(ready)) !=
+               std::string::npos;
+      },
+      seconds(10), "granary_operator_datasets{phase=\"Ready\"} " + std::to_string(ready)));
+  for (const char* phase : {"Pending", "Snapshotting", "Staging", "Failed"}) {
+    EXPECT_NE(text.find(std::string("granary_operator_datasets{phase=\"") + phase + "\"}"),
+              std::string::npos)
+        << phase;
+  }
 }
 
 TEST_F(OperatorTest, BadCommandLinesAndUnreachableServersAreClearErrors) {

@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -85,6 +86,10 @@ class Operator {
     uint64_t webhook_certs_loaded = 0;   // certificates handed to on_webhook_cert
   };
   Counters counters() const;
+  // Datasets in the informer's cache by status.phase (Pending, Snapshotting,
+  // Staging, Ready, Failed; each present, 0 when none; a Dataset not
+  // reconciled yet counts as Pending). All zero until the informer has listed.
+  std::map<std::string, uint64_t> DatasetPhases() const;
 
  private:
   class Impl;
