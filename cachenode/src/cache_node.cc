@@ -276,6 +276,10 @@ Status CacheNode::Impl::Start() {
   server_options.service_threads = config_.service_threads;
   server_options.max_connections = config_.max_connections;
   server_options.drain_timeout = config_.drain_timeout;
+  server_options.write_timeout = config_.write_timeout;
+  server_options.reply_stall_timeout = config_.reply_stall_timeout;
+  server_options.reply_buffer_bytes = config_.reply_buffer_bytes;
+  server_options.connection_reply_buffer_bytes = config_.connection_reply_buffer_bytes;
   Result<std::unique_ptr<Server>> server = Server::Start(reads_, server_options);
   if (!server.ok()) {
     return Status(server.status().code(),

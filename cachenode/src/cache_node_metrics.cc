@@ -137,6 +137,29 @@ Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registr
       m.buffered_bytes,
       r.AddGauge("granary_cachenode_buffered_bytes",
                  "Bytes the protocol connections hold in memory (buffers, replies waiting)."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.reply_budget_bytes,
+      r.AddGauge("granary_cachenode_reply_budget_bytes",
+                 "The reply budget: bytes of READ replies all connections may hold in memory "
+                 "(reply_buffer_bytes)."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.reply_budget_used_bytes,
+      r.AddGauge("granary_cachenode_reply_budget_used_bytes",
+                 "Bytes of the reply budget reserved by READs started and not yet sent."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.reply_budget_waits,
+      r.AddCounter("granary_cachenode_reply_budget_waits_total",
+                   "READs that waited for the reply budget before they started."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.connection_reply_waits,
+      r.AddCounter("granary_cachenode_connection_reply_waits_total",
+                   "READs that waited for their connection's share of the reply budget (its "
+                   "client not reading replies)."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.reply_stall_closes,
+      r.AddCounter("granary_cachenode_reply_stall_closes_total",
+                   "Connections closed for holding reply-budget bytes others waited for while "
+                   "their client read nothing for reply_stall_timeout."));
   prometheus::Histogram::BucketBoundaries bounds(kServerLatencyBucketsSeconds.begin(),
                                                  kServerLatencyBucketsSeconds.end());
   GRANARY_ASSIGN_OR_RETURN(
@@ -246,6 +269,12 @@ void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
   Advance(m.connections_rejected, server.connections_rejected_total, &s.connections_rejected_total);
   SetGauge(m.connections, server.connections_open);
   SetGauge(m.buffered_bytes, server.buffered_bytes);
+  SetGauge(m.reply_budget_bytes, server.reply_budget_bytes);
+  SetGauge(m.reply_budget_used_bytes, server.reply_budget_used_bytes);
+  Advance(m.reply_budget_waits, server.reply_budget_waits_total, &s.reply_budget_waits_total);
+  Advance(m.connection_reply_waits, server.connection_reply_waits_total,
+          &s.connection_reply_waits_total);
+  Advance(m.reply_stall_closes, server.reply_stall_closes_total, &s.reply_stall_closes_total);
 
   // The histogram: the new observations per bucket since the last refresh.
   if (server.latency_count > s.latency_count) {

@@ -110,6 +110,11 @@ struct CacheNodeMetrics {
   prometheus::Counter* connections_rejected = nullptr;
   prometheus::Gauge* connections = nullptr;
   prometheus::Gauge* buffered_bytes = nullptr;
+  prometheus::Gauge* reply_budget_bytes = nullptr;
+  prometheus::Gauge* reply_budget_used_bytes = nullptr;
+  prometheus::Counter* reply_budget_waits = nullptr;
+  prometheus::Counter* connection_reply_waits = nullptr;
+  prometheus::Counter* reply_stall_closes = nullptr;
   prometheus::Histogram* request_duration = nullptr;
 
   prometheus::Counter* items_from_disk = nullptr;

@@ -17,6 +17,46 @@
 namespace granary {
 namespace {
 
+std::string ByteText(uint64_t bytes) {
+  if (bytes >= (1ull << 30) && bytes % (1ull << 30) == 0) {
+    return std::to_string(bytes >> 30) + "GiB";
+  }
+  if (bytes >= (1ull << 20) && bytes % (1ull << 20) == 0) {
+    return std::to_string(bytes >> 20) + "MiB";
+  }
+  return std::to_string(bytes) + " bytes";
+}
+
+// reply_buffer_bytes and connection_reply_buffer_bytes (the server's reply
+// budget and one connection's share of it).
+Status ParseReplyBuffers(ConfigMap& m, CacheNodeConfig* c) {
+  ByteSize total{c->reply_buffer_bytes};
+  GRANARY_RETURN_IF_ERROR(m.Optional("reply_buffer_bytes", &total));
+  if (total.bytes < kMinCacheNodeReplyBufferBytes || total.bytes > kMaxCacheNodeReplyBufferBytes) {
+    return Status::InvalidArgument(
+        m.Where("reply_buffer_bytes") + ": " + ByteText(total.bytes) + " is out of range; write " +
+        ByteText(kMinCacheNodeReplyBufferBytes) + " (one READ of the largest size) to " +
+        ByteText(kMaxCacheNodeReplyBufferBytes) + ", e.g. 256MiB");
+  }
+  c->reply_buffer_bytes = total.bytes;
+  // Not written, or written without a value: 0, the server's default (a quarter).
+  constexpr uint64_t kNotGiven = ~0ull;
+  ByteSize share{kNotGiven};
+  GRANARY_RETURN_IF_ERROR(m.Optional("connection_reply_buffer_bytes", &share));
+  if (share.bytes == kNotGiven) return Status::Ok();
+  if (share.bytes < kMinCacheNodeConnectionReplyBufferBytes || share.bytes > total.bytes) {
+    const bool total_given = m.Has("reply_buffer_bytes");
+    return Status::InvalidArgument(m.Where("connection_reply_buffer_bytes") + ": " +
+                                   ByteText(share.bytes) + " is out of range; write " +
+                                   ByteText(kMinCacheNodeConnectionReplyBufferBytes) +
+                                   " to 'reply_buffer_bytes' (" + ByteText(total.bytes) +
+                                   (total_given ? std::string() : ", the default") +
+                                   "), or leave it out for a quarter of 'reply_buffer_bytes'");
+  }
+  c->connection_reply_buffer_bytes = share.bytes;
+  return Status::Ok();
+}
+
 Status Parse(ConfigMap& m, CacheNodeConfig* c) {
   // node_id: default the host name, which must then be a valid node id too.
   bool node_id_given = false;
@@ -122,12 +162,16 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
       OptionalCount(m, "max_connections", 1, kMaxCacheNodeConnections, &c->max_connections));
   GRANARY_RETURN_IF_ERROR(
       OptionalCount(m, "scan_threads", 1, kMaxCacheNodeScanThreads, &c->scan_threads));
+  GRANARY_RETURN_IF_ERROR(ParseReplyBuffers(m, c));
 
   GRANARY_RETURN_IF_ERROR(
       OptionalPositiveDuration(m, "heartbeat_interval", &c->heartbeat_interval));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "heartbeat_ttl", &c->heartbeat_ttl));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "drain_timeout", &c->drain_timeout));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "startup_timeout", &c->startup_timeout));
+  GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "write_timeout", &c->write_timeout));
+  GRANARY_RETURN_IF_ERROR(
+      OptionalPositiveDuration(m, "reply_stall_timeout", &c->reply_stall_timeout));
   if (c->heartbeat_ttl < kMinNodeTtl || c->heartbeat_ttl > kMaxNodeTtl) {
     return Status::InvalidArgument(m.Where("heartbeat_ttl") + ": " +
                                    DurationText(c->heartbeat_ttl) + " is out of range; write " +

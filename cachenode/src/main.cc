@@ -6,6 +6,7 @@
 // fails at run time (metadata store unreachable, data directory locked,
 // address in use), 2 for a bad command line or configuration.
 
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -31,6 +32,15 @@ constexpr int kExitUsage = 2;
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Replies are built in memory, up to the reply budget (reply_buffer_bytes),
+  // as strings of one READ item each (up to 64 MiB). glibc serves a block of
+  // at least M_MMAP_THRESHOLD with its own mmap and unmaps it when freed; by
+  // default that threshold rises to the size of each such block freed (up to
+  // 32 MiB), after which blocks of a few MiB come from the heap arenas and
+  // stay in the process after a flood of requests has gone (measured: 267 MiB
+  // of 280 kept). A fixed threshold turns that off: every block of 1 MiB or
+  // more goes back to the OS when its reply is sent or dropped.
+  (void)::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   // The snapshot helper the node spawns to walk a source as its owner
   // (granary/core/snapshot.h): its request on stdin, its answer on stdout.
   if (argc == 2 && std::string_view(argv[1]) == granary::kSnapshotChildFlag) {

@@ -92,6 +92,114 @@ OutgoingFrame ErrorFrame(uint64_t request_id, const Status& status, bool closing
   return OutgoingFrame{EncodeError(request_id, status, closing, version), {}};
 }
 
+// The bytes a READ asks for: an upper bound of the memory its reply holds.
+uint64_t RequestedBytes(const ReadRequest& request) {
+  uint64_t total = 0;
+  for (const ReadItem& item : request.items) total += item.length;
+  return total;
+}
+
+// The server-wide reply budget (server.h, "Bounded reply memory"). Any thread.
+class ReplyBudget {
+ public:
+  explicit ReplyBudget(uint64_t limit) : limit_(limit) {}
+
+  uint64_t limit() const { return limit_; }
+  uint64_t used() const { return used_gauge_.load(std::memory_order_relaxed); }
+  // Some READ waits for bytes (it may be retrying just now: a moment's false
+  // is possible, the next look sees it again).
+  bool has_waiters() const { return waiter_count_.load(std::memory_order_relaxed) > 0; }
+
+  // Reserves `bytes` and returns true if they fit (or nothing is reserved);
+  // otherwise remembers `wake`, calls it (once, on the releasing thread) the
+  // next time bytes are released, and returns false.
+  bool ReserveOrWait(uint64_t bytes, std::function<void()> wake) {
+    std::lock_guard lock(mu_);
+    if (used_ == 0 || (bytes <= limit_ && used_ <= limit_ - bytes)) {
+      used_ += bytes;
+      used_gauge_.store(used_, std::memory_order_relaxed);
+      return true;
+    }
+    waiters_.push_back(std::move(wake));
+    waiter_count_.store(waiters_.size(), std::memory_order_relaxed);
+    return false;
+  }
+
+  // Unconditionally: a reply's header, found larger than reserved only once
+  // it is encoded (a few bytes per item).
+  void Grow(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    used_ += bytes;
+    used_gauge_.store(used_, std::memory_order_relaxed);
+  }
+
+  // Every waiter is woken: each tries again, and those that fit go ahead
+  // (first fit; the others wait for the next release).
+  void Release(uint64_t bytes) {
+    std::vector<std::function<void()>> wake;
+    {
+      std::lock_guard lock(mu_);
+      used_ -= std::min(used_, bytes);
+      used_gauge_.store(used_, std::memory_order_relaxed);
+      wake.swap(waiters_);
+      waiter_count_.store(0, std::memory_order_relaxed);
+    }
+    for (auto& w : wake) w();
+  }
+
+ private:
+  const uint64_t limit_;
+  std::mutex mu_;
+  uint64_t used_ = 0;                           // guarded by mu_
+  std::vector<std::function<void()>> waiters_;  // guarded by mu_
+  std::atomic<uint64_t> used_gauge_{0};         // used_, for readers without mu_
+  std::atomic<size_t> waiter_count_{0};         // waiters_.size(), likewise
+};
+
+// Bytes reserved from a ReplyBudget, released when destroyed.
+class BudgetReservation {
+ public:
+  BudgetReservation() = default;
+  BudgetReservation(ReplyBudget* budget, uint64_t bytes) : budget_(budget), bytes_(bytes) {}
+  BudgetReservation(BudgetReservation&& other) noexcept
+      : budget_(std::exchange(other.budget_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  BudgetReservation& operator=(BudgetReservation&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      budget_ = std::exchange(other.budget_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  BudgetReservation(const BudgetReservation&) = delete;
+  BudgetReservation& operator=(const BudgetReservation&) = delete;
+  ~BudgetReservation() { Reset(); }
+
+  bool held() const { return budget_ != nullptr; }
+  uint64_t bytes() const { return bytes_; }
+
+  // Shrinks to, or grows to, `bytes`.
+  void Resize(uint64_t bytes) {
+    if (budget_ == nullptr) return;
+    if (bytes < bytes_) {
+      budget_->Release(bytes_ - bytes);
+    } else if (bytes > bytes_) {
+      budget_->Grow(bytes - bytes_);
+    }
+    bytes_ = bytes;
+  }
+
+  void Reset() {
+    if (budget_ != nullptr) budget_->Release(bytes_);
+    budget_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  ReplyBudget* budget_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 }  // namespace
 
 Status ServerOptions::Validate() const {
@@ -104,11 +212,18 @@ Status ServerOptions::Validate() const {
   if (max_in_flight == 0 || max_in_flight > 1024) return bad("max_in_flight must be 1..1024");
   if (receive_chunk_bytes == 0) return bad("receive_chunk_bytes must be at least 1");
   if (write_quantum_bytes == 0) return bad("write_quantum_bytes must be at least 1");
+  if (reply_buffer_bytes == 0) return bad("reply_buffer_bytes must be at least 1");
+  if (connection_reply_buffer_bytes > reply_buffer_bytes) {
+    return bad("connection_reply_buffer_bytes (" + std::to_string(connection_reply_buffer_bytes) +
+               ") must be at most reply_buffer_bytes (" + std::to_string(reply_buffer_bytes) +
+               "), or 0 for a quarter of it");
+  }
   const std::pair<const char*, std::chrono::milliseconds> timeouts[] = {
       {"handshake_timeout", handshake_timeout},
       {"frame_timeout", frame_timeout},
       {"idle_timeout", idle_timeout},
       {"write_timeout", write_timeout},
+      {"reply_stall_timeout", reply_stall_timeout},
       {"drain_timeout", drain_timeout}};
   for (const auto& [name, value] : timeouts) {
     if (value.count() <= 0) return bad(std::string(name) + " must be positive");
@@ -133,6 +248,7 @@ struct ConnectionGauge {
   std::mutex mu;
   std::string peer_name;  // guarded by mu
   std::atomic<uint64_t> buffered{0};
+  std::atomic<uint64_t> reserved{0};
   std::atomic<uint32_t> in_flight{0};
   std::atomic<bool> reading{false};
   std::atomic<bool> write_blocked{false};
@@ -179,6 +295,9 @@ struct AtomicCounters {
   std::atomic<uint64_t> send_errors{0};
   std::atomic<uint64_t> buffered_bytes{0};
   std::atomic<uint64_t> max_connection_buffered{0};
+  std::atomic<uint64_t> reply_budget_waits{0};
+  std::atomic<uint64_t> connection_reply_waits{0};
+  std::atomic<uint64_t> reply_stall_closes{0};
   std::array<std::atomic<uint64_t>, kServerLatencyBucketsSeconds.size() + 1> latency_buckets{};
   std::atomic<uint64_t> latency_count{0};
   std::atomic<uint64_t> latency_sum_ns{0};
@@ -199,13 +318,15 @@ class ServerCore {
  public:
   ServerCore(std::shared_ptr<ReadService> service, ServerOptions options)
       : options_(std::move(options)),
+        budget_(options_.reply_buffer_bytes),
         service_(std::move(service)),
         log_(GetLogger("cachenode")),
         sweep_period_(std::min<std::chrono::milliseconds>(
             {kMaxSweepPeriod, std::max<std::chrono::milliseconds>(
                                   std::chrono::milliseconds(1),
                                   std::min({options_.handshake_timeout, options_.frame_timeout,
-                                            options_.idle_timeout, options_.write_timeout}) /
+                                            options_.idle_timeout, options_.write_timeout,
+                                            options_.reply_stall_timeout}) /
                                       4)})) {}
   ~ServerCore() { Stop(); }
   ServerCore(const ServerCore&) = delete;
@@ -220,6 +341,7 @@ class ServerCore {
   // Used by connections.
   const ServerOptions& options() const { return options_; }
   AtomicCounters& counters() { return counters_; }
+  ReplyBudget& budget() { return budget_; }
   bool draining() const { return draining_.load(std::memory_order_acquire); }
   asio::thread_pool& pool() { return *pool_; }
   // Runs a READ or STAT on the calling pool thread and encodes its reply.
@@ -242,6 +364,9 @@ class ServerCore {
   void AppendServerEntries(StatReply* reply) const;
 
   const ServerOptions options_;
+  // Before the loops and the pool (declared later, destroyed earlier): the
+  // replies they hold release into it.
+  ReplyBudget budget_;
   const std::shared_ptr<ReadService> service_;
   const std::shared_ptr<spdlog::logger> log_;
   const std::chrono::milliseconds sweep_period_;
@@ -313,6 +438,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (phase_ == Phase::kClosed) return;
     if (phase_ == Phase::kLingering) {
       if (now >= linger_deadline_) Close();
+      return;
+    }
+    if (write_waiting_ && now - last_write_progress_ >= o.reply_stall_timeout &&
+        server_.budget().has_waiters() && ReservedBytes() > 0) {
+      // It holds reply bytes others wait for, and its client reads nothing:
+      // sooner than write_timeout, or a few such clients would hold the
+      // whole budget (and every other reader) for write_timeout.
+      Add(server_.counters().timeouts);
+      Add(server_.counters().reply_stall_closes);
+      server_.WarnAboutClient("connection " + Describe() + ": held " +
+                              std::to_string(ReservedBytes()) +
+                              " bytes of the reply budget that other requests wait for, and the "
+                              "client took no reply bytes for " +
+                              Millis(o.reply_stall_timeout) + " (reply_stall_timeout); closed it");
+      Close();
       return;
     }
     if (write_waiting_ && now - last_write_progress_ >= o.write_timeout) {
@@ -393,6 +533,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // A request decoded and not yet fully answered, in arrival order.
   struct Work {
+    // First, so that it is released after the memory below is freed.
+    BudgetReservation reservation;       // of a READ, from its start until its reply is gone
+    bool waited_for_budget = false;      // counted in reply_budget_waits
+    bool waited_for_connection = false;  // counted in connection_reply_waits
     uint64_t seq = 0;
     uint64_t request_id = 0;
     uint16_t type = 0;  // request type, for the counters; 0: not a request (a closing ERROR)
@@ -443,9 +587,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // ---- input ----
 
+  // Back-pressure: at max_in_flight, or holding its share of the reply budget
+  // (its client is not reading its replies), the connection neither decodes
+  // nor reads its socket.
   bool AcceptsRequests() const {
     return phase_ == Phase::kOpen && !input_stopped_ &&
-           queue_.size() < server_.options().max_in_flight;
+           queue_.size() < server_.options().max_in_flight &&
+           ReservedBytes() < server_.options().ConnectionReplyBufferBytes();
+  }
+
+  // Bytes this connection's requests hold of the reply budget.
+  uint64_t ReservedBytes() const {
+    uint64_t total = 0;
+    for (const auto& work : queue_) total += work->reservation.bytes();
+    return total;
   }
 
   // Decodes what was received while requests are accepted, then reads more if
@@ -689,6 +844,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
     if (it == queue_.end() || (*it)->running) return;
     Work& work = **it;
+    if (!Reserve(work)) return;
     work.running = true;
     auto request = std::make_shared<const std::variant<ReadRequest, StatRequest>>(
         std::move(*work.service_request));
@@ -707,6 +863,45 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
+  // A READ's reply bytes from the reply budget, before it starts: true when
+  // reserved. Else it waits, for its own replies to be read (FinishFront pumps
+  // again) or for the budget (ReplyBudget wakes it).
+  bool Reserve(Work& work) {
+    if (work.reservation.held()) return true;
+    const auto* read = std::get_if<ReadRequest>(&*work.service_request);
+    if (read == nullptr) return true;  // STAT: a small reply, not reserved
+    if (budget_wait_registered_) return false;
+    const uint64_t need = RequestedBytes(*read);
+    const uint64_t held = ReservedBytes();
+    if (held > 0 && held + need > server_.options().ConnectionReplyBufferBytes()) {
+      if (!work.waited_for_connection) {
+        work.waited_for_connection = true;
+        Add(server_.counters().connection_reply_waits);
+      }
+      return false;
+    }
+    std::weak_ptr<Connection> weak = weak_from_this();
+    asio::io_context& io = worker_.io;
+    const bool reserved = server_.budget().ReserveOrWait(need, [weak, &io] {
+      asio::post(io, [weak] {
+        if (auto self = weak.lock()) {
+          self->budget_wait_registered_ = false;
+          self->Pump();
+        }
+      });
+    });
+    if (!reserved) {
+      budget_wait_registered_ = true;
+      if (!work.waited_for_budget) {
+        work.waited_for_budget = true;
+        Add(server_.counters().reply_budget_waits);
+      }
+      return false;
+    }
+    work.reservation = BudgetReservation(&server_.budget(), need);
+    return true;
+  }
+
   void OnServiceDone(uint64_t seq, ServiceResult& result) {
     if (phase_ == Phase::kClosed) return;  // the answer is released with `result`
     auto it =
@@ -721,6 +916,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     work.item_errors = result.item_errors;
     work.reply_memory =
         work.frame.header.size() + (work.answer.has_value() ? work.answer->memory_bytes() : 0);
+    // File ranges (sendfile) and an ERROR instead of the bytes hold no memory:
+    // give the rest back now.
+    work.reservation.Resize(work.reply_memory);
     Pump();
   }
 
@@ -921,6 +1119,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     server_.NoteBuffered(buffered_, bytes);
     buffered_ = bytes;
     gauge_->buffered.store(bytes, std::memory_order_relaxed);
+    gauge_->reserved.store(phase_ != Phase::kClosed ? ReservedBytes() : 0,
+                           std::memory_order_relaxed);
     gauge_->in_flight.store(static_cast<uint32_t>(queue_.size()), std::memory_order_relaxed);
   }
 
@@ -956,6 +1156,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t send_offset_ = 0;
   uint64_t front_memory_sent_ = 0;
   bool write_waiting_ = false;
+  bool budget_wait_registered_ = false;  // ReplyBudget will wake this connection
 
   SteadyClock::time_point accepted_at_;
   SteadyClock::time_point last_activity_;
@@ -1275,6 +1476,8 @@ void ServerCore::AppendServerEntries(StatReply* reply) const {
       {"server_sent_bytes_total", Load(c.sent_bytes)},
       {"server_errors_total", errors},
       {"server_buffered_bytes", Load(c.buffered_bytes)},
+      {"server_reply_budget_used_bytes", budget_.used()},
+      {"server_reply_budget_waits_total", Load(c.reply_budget_waits)},
   };
   for (const auto& [key, value] : entries) {
     if (reply->entries.size() >= pf::kMaxStatEntries) break;
@@ -1378,6 +1581,11 @@ ServerCounters ServerCore::Counters() const {
   out.send_errors_total = Load(c.send_errors);
   out.buffered_bytes = Load(c.buffered_bytes);
   out.max_connection_buffered_bytes = Load(c.max_connection_buffered);
+  out.reply_budget_bytes = budget_.limit();
+  out.reply_budget_used_bytes = budget_.used();
+  out.reply_budget_waits_total = Load(c.reply_budget_waits);
+  out.connection_reply_waits_total = Load(c.connection_reply_waits);
+  out.reply_stall_closes_total = Load(c.reply_stall_closes);
   for (size_t i = 0; i < out.latency_buckets.size(); ++i) {
     out.latency_buckets[i] = Load(c.latency_buckets[i]);
   }
@@ -1399,6 +1607,7 @@ std::vector<ConnectionInfo> ServerCore::Connections() const {
       info.peer_name = g->peer_name;
     }
     info.buffered_bytes = g->buffered.load(std::memory_order_relaxed);
+    info.reply_budget_bytes = g->reserved.load(std::memory_order_relaxed);
     info.in_flight = g->in_flight.load(std::memory_order_relaxed);
     info.reading = g->reading.load(std::memory_order_relaxed);
     info.write_blocked = g->write_blocked.load(std::memory_order_relaxed);

@@ -108,6 +108,10 @@ TEST(CacheNodeConfigTest, TheExampleFileParses) {
   EXPECT_EQ(c->log_level, spdlog::level::info);
   EXPECT_EQ(c->scan_mode, ChunkScanMode::kPresence);
   EXPECT_EQ(c->scan_threads, 4u);
+  EXPECT_EQ(c->reply_buffer_bytes, 256ull << 20);
+  EXPECT_EQ(c->connection_reply_buffer_bytes, 64ull << 20);
+  EXPECT_EQ(c->write_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(c->reply_stall_timeout, std::chrono::seconds(5));
 }
 
 TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
@@ -135,7 +139,7 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
               std::string::npos)
         << key << " not in the example";
   }
-  EXPECT_EQ(keys, 21u) << msg;
+  EXPECT_EQ(keys, 25u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {
@@ -162,12 +166,20 @@ TEST(CacheNodeConfigTest, Defaults) {
   EXPECT_EQ(c->log_level, spdlog::level::info);
   EXPECT_EQ(c->scan_mode, ChunkScanMode::kPresence);
   EXPECT_EQ(c->scan_threads, 4u);
+  EXPECT_EQ(c->reply_buffer_bytes, 256ull << 20);
+  EXPECT_EQ(c->connection_reply_buffer_bytes, 0u);  // the server's default: a quarter
+  EXPECT_EQ(c->write_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(c->reply_stall_timeout, std::chrono::seconds(5));
 }
 
 TEST(CacheNodeConfigTest, KeysWithoutAValueTakeTheirDefaults) {
-  std::string text = With("", nullptr) + "node_id:\nlisten:\nadvertise:\npool:\nscan_mode:\n";
+  std::string text = With("", nullptr) +
+                     "node_id:\nlisten:\nadvertise:\npool:\nscan_mode:\nreply_buffer_bytes:\n"
+                     "connection_reply_buffer_bytes:\n";
   Result<CacheNodeConfig> c = ParseCacheNodeConfig(text, "node.yaml");
   ASSERT_OK(c);
+  EXPECT_EQ(c->reply_buffer_bytes, 256ull << 20);
+  EXPECT_EQ(c->connection_reply_buffer_bytes, 0u);
   EXPECT_EQ(c->pool, "default");
   EXPECT_EQ(c->listen, (NetAddress{"0.0.0.0", kDefaultCacheNodePort}));
   EXPECT_EQ(c->advertise.port, kDefaultCacheNodePort);
@@ -189,7 +201,11 @@ TEST(CacheNodeConfigTest, EveryFieldSet) {
                      "drain_timeout: 1m\n"
                      "startup_timeout: 750ms\n"
                      "log_level: debug\n"
-                     "scan_mode: verify\n";
+                     "scan_mode: verify\n"
+                     "reply_buffer_bytes: 1TiB\n"
+                     "connection_reply_buffer_bytes: 1TiB\n"
+                     "write_timeout: 2s\n"
+                     "reply_stall_timeout: 500ms\n";
   Result<CacheNodeConfig> c = ParseCacheNodeConfig(text, "node.yaml");
   ASSERT_OK(c);
   EXPECT_EQ(c->node_id, "Node_3.rack-2");
@@ -209,6 +225,45 @@ TEST(CacheNodeConfigTest, EveryFieldSet) {
   EXPECT_EQ(c->startup_timeout, std::chrono::milliseconds(750));
   EXPECT_EQ(c->log_level, spdlog::level::debug);
   EXPECT_EQ(c->scan_mode, ChunkScanMode::kVerifyPayload);
+  EXPECT_EQ(c->reply_buffer_bytes, 1ull << 40);
+  EXPECT_EQ(c->connection_reply_buffer_bytes, 1ull << 40);
+  EXPECT_EQ(c->write_timeout, std::chrono::seconds(2));
+  EXPECT_EQ(c->reply_stall_timeout, std::chrono::milliseconds(500));
+}
+
+TEST(CacheNodeConfigTest, ReplyBuffers) {
+  // The least of each, and the share equal to the whole.
+  Result<CacheNodeConfig> c = ParseCacheNodeConfig(
+      With("", nullptr) + "reply_buffer_bytes: 64MiB\nconnection_reply_buffer_bytes: 1MiB\n",
+      "node.yaml");
+  ASSERT_OK(c);
+  EXPECT_EQ(c->reply_buffer_bytes, 64ull << 20);
+  EXPECT_EQ(c->connection_reply_buffer_bytes, 1ull << 20);
+  c = ParseCacheNodeConfig(
+      With("", nullptr) + "reply_buffer_bytes: 100MB\nconnection_reply_buffer_bytes: 100MB\n",
+      "node.yaml");
+  ASSERT_OK(c);
+  EXPECT_EQ(c->connection_reply_buffer_bytes, 100'000'000u);
+
+  const std::string range = "write 64MiB (one READ of the largest size) to 1024GiB";
+  ExpectBadValue("reply_buffer_bytes", "0", "0 bytes is out of range", range);
+  ExpectBadValue("reply_buffer_bytes", "63MiB", "63MiB is out of range", range);
+  ExpectBadValue("reply_buffer_bytes", "2TiB", "2048GiB is out of range", range);
+  ExpectBadValue("reply_buffer_bytes", "lots", "'lots'", "");
+  ExpectBadValue("reply_buffer_bytes", "-1MiB", "'-1MiB'", "");
+  ExpectBadValue("reply_buffer_bytes", "[1GiB]", "expected a single value", "not a list or map");
+
+  // The share: 1MiB up to reply_buffer_bytes, written or the default.
+  ExpectBadValue("connection_reply_buffer_bytes", "0", "0 bytes is out of range",
+                 "write 1MiB to 'reply_buffer_bytes' (256MiB, the default)");
+  ExpectBadValue("connection_reply_buffer_bytes", "512KiB", "524288 bytes is out of range",
+                 "write 1MiB to 'reply_buffer_bytes' (256MiB, the default)");
+  ExpectBadValue("connection_reply_buffer_bytes", "257MiB", "257MiB is out of range",
+                 "or leave it out for a quarter of 'reply_buffer_bytes'");
+  ExpectError(
+      With("", nullptr) + "reply_buffer_bytes: 128MiB\nconnection_reply_buffer_bytes: 129MiB\n",
+      {"node.yaml:5: key 'connection_reply_buffer_bytes': 129MiB is out of range",
+       "write 1MiB to 'reply_buffer_bytes' (128MiB)"});
 }
 
 TEST(CacheNodeConfigTest, CapacityUnitsAndStoreUrls) {
@@ -346,8 +401,8 @@ TEST(CacheNodeConfigTest, BadCounts) {
 }
 
 TEST(CacheNodeConfigTest, BadDurations) {
-  for (const char* key :
-       {"heartbeat_interval", "heartbeat_ttl", "drain_timeout", "startup_timeout"}) {
+  for (const char* key : {"heartbeat_interval", "heartbeat_ttl", "drain_timeout", "startup_timeout",
+                          "write_timeout", "reply_stall_timeout"}) {
     ExpectBadValue(key, "0s", "0s is not a positive duration", "e.g. 250ms");
     ExpectBadValue(key, "0", "0s is not a positive duration", "e.g. 250ms");
     for (const char* bad : {"-1s", "5 parsecs", "fast", "2d", "1.2.3s"}) {

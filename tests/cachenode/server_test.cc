@@ -368,6 +368,16 @@ TEST(ServerTest, StartRejectsBadOptions) {
   o.node_name = "has space";
   expect_invalid(o, "node_name");
   o = TestOptions();
+  o.reply_buffer_bytes = 0;
+  expect_invalid(o, "reply_buffer_bytes must be at least 1");
+  o = TestOptions();
+  o.reply_buffer_bytes = 1 << 20;
+  o.connection_reply_buffer_bytes = (1 << 20) + 1;
+  expect_invalid(o, "connection_reply_buffer_bytes (1048577) must be at most reply_buffer_bytes");
+  o = TestOptions();
+  o.reply_stall_timeout = 0ms;
+  expect_invalid(o, "reply_stall_timeout");
+  o = TestOptions();
   o.limits.max_body_bytes = 10;
   expect_invalid(o, "limits");
   o = TestOptions();
@@ -833,6 +843,112 @@ TEST(ServerTest, AReaderThatDoesNotReadMeetsBackPressureNotGrowth) {
     ASSERT_EQ(frame->payload, f.service->chunk(id % 4));
   }
   EXPECT_LE(f.server->Counters().max_connection_buffered_bytes, bound);
+}
+
+// --- the reply budget --------------------------------------------------------
+
+TEST(ServerTest, TheReplyBudgetBoundsTheRepliesOfAllConnectionsTogether) {
+  ServerOptions o = TestOptions();
+  constexpr uint32_t kChunk = 1 << 20;
+  o.reply_buffer_bytes = 4 * kChunk;
+  o.connection_reply_buffer_bytes = 2 * kChunk;
+  o.write_timeout = 60s;
+  o.reply_stall_timeout = 60s;  // nobody is closed: this test looks at the bound
+  Fixture f(8, 4, o, 100, kChunk);
+  // Eight clients that never read, each asking for 8 MiB of memory replies.
+  std::vector<std::unique_ptr<RawClient>> flood;
+  for (int c = 0; c < 8; ++c) {
+    flood.push_back(std::make_unique<RawClient>(f.server->port(), 16 << 10));
+    flood.back()->Hello();
+    std::string batch;
+    for (uint64_t id = 2; id < 10; ++id) {
+      batch += RawClient::Encode(
+          id, ReadOf({{ReadKind::kChunkRange, static_cast<uint32_t>(id % 4), 0, kChunk}}));
+    }
+    flood.back()->Send(batch);
+  }
+  ServerCounters c;
+  ASSERT_TRUE(WaitFor([&] {
+    c = f.server->Counters();
+    return c.reply_budget_waits_total > 0 && c.reply_budget_used_bytes >= 3 * kChunk;
+  })) << "used "
+      << c.reply_budget_used_bytes << ", waits " << c.reply_budget_waits_total;
+  // Hold it a moment: nothing grows past the budget (plus reply headers).
+  for (int i = 0; i < 20; ++i) {
+    c = f.server->Counters();
+    EXPECT_LE(c.reply_budget_used_bytes, 4 * kChunk + 8 * 4096);
+    EXPECT_LE(c.buffered_bytes, 4 * kChunk + 8 * 4096 + 8 * o.receive_chunk_bytes);
+    for (const ConnectionInfo& info : f.server->Connections()) {
+      EXPECT_LE(info.reply_budget_bytes, 2 * kChunk + 4096) << "connection " << info.id;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(c.reply_budget_bytes, 4 * kChunk);
+  // Not every READ asked for was read into memory: some wait (what the
+  // kernel's socket buffers took let a few more go).
+  EXPECT_LT(f.service->calls(), 8 * 8);
+}
+
+TEST(ServerTest, ClientsThatHoldTheReplyBudgetAndReadNothingAreClosedForOthers) {
+  ServerOptions o = TestOptions();
+  constexpr uint32_t kChunk = 1 << 20;
+  o.reply_buffer_bytes = 2 * kChunk;
+  o.write_timeout = 60s;
+  o.reply_stall_timeout = 300ms;
+  Fixture f(8, 4, o, 100, kChunk);
+  std::vector<std::unique_ptr<RawClient>> flood;
+  for (int c = 0; c < 6; ++c) {
+    flood.push_back(std::make_unique<RawClient>(f.server->port(), 16 << 10));
+    flood.back()->Hello();
+    std::string batch;
+    for (uint64_t id = 2; id < 6; ++id) {
+      batch += RawClient::Encode(id, ReadOf({{ReadKind::kChunkRange, 0, 0, kChunk}}));
+    }
+    flood.back()->Send(batch);
+  }
+  ASSERT_TRUE(WaitFor([&] { return f.server->Counters().reply_budget_waits_total > 0; }));
+  // A well-behaved client: its READ waits for the budget, which the stalled
+  // holders give up after reply_stall_timeout.
+  PeerClient client = f.Client();
+  const auto start = Clock::now();
+  const ReadRequest request = ReadOf({{ReadKind::kChunkRange, 1, 0, kChunk}});
+  auto got = client.Read(request);
+  ASSERT_OK(got);
+  f.ExpectExact(request, *got);
+  EXPECT_LT(Clock::now() - start, 8s);
+  const ServerCounters c = f.server->Counters();
+  EXPECT_GT(c.reply_stall_closes_total, 0u);
+  EXPECT_GE(c.timeouts_total, c.reply_stall_closes_total);
+}
+
+TEST(ServerTest, SendfileRepliesHoldNoReplyBudget) {
+  ServerOptions o = TestOptions();
+  o.write_timeout = 60s;
+  Fixture f(8, 1, o, 4 << 20, 1024);
+  uint32_t big = 0;
+  for (uint32_t i = 0; i < 8; ++i) {
+    if (f.service->sample(i).size() > f.service->sample(big).size()) big = i;
+  }
+  const auto size = static_cast<uint32_t>(f.service->sample(big).size());
+  ASSERT_GT(size, 1u << 20);
+  RawClient raw(f.server->port(), 16 << 10);
+  raw.Hello();
+  raw.Send(RawClient::Encode(2, ReadOf({{ReadKind::kSample, big, 0, size}})));
+  ConnectionInfo info;
+  ASSERT_TRUE(WaitFor([&] {
+    auto connections = f.server->Connections();
+    if (connections.size() != 1) return false;
+    info = connections[0];
+    return info.in_flight == 1 && info.write_blocked;
+  }));
+  // Only the header is reserved: the payload goes from the file by sendfile.
+  EXPECT_LE(info.reply_budget_bytes, 4096u);
+  EXPECT_LE(f.server->Counters().reply_budget_used_bytes, 4096u);
+  auto frame = raw.Next();
+  ASSERT_OK(frame);
+  EXPECT_EQ(frame->payload, f.service->sample(big));
+  EXPECT_GT(f.server->Counters().sendfile_bytes_total, 0u);
+  ASSERT_TRUE(WaitFor([&] { return f.server->Counters().reply_budget_used_bytes == 0; }));
 }
 
 TEST(ServerTest, AClientThatVanishesMidReplyCostsNothing) {

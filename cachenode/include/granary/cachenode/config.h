@@ -42,6 +42,13 @@ inline constexpr uint32_t kMaxCacheNodeServiceThreads = 256;
 inline constexpr uint32_t kMaxCacheNodeScanThreads = 64;  // = ChunkStore::kMaxScanThreads
 inline constexpr uint32_t kMaxCacheNodeConnections = 65536;
 
+// The range of `reply_buffer_bytes`: at least one READ of the largest size the
+// protocol allows (kDefaultMaxReadBytes), so every READ fits the budget alone.
+inline constexpr uint64_t kMinCacheNodeReplyBufferBytes = 64ull << 20;
+inline constexpr uint64_t kMaxCacheNodeReplyBufferBytes = 1ull << 40;
+// The least `connection_reply_buffer_bytes`.
+inline constexpr uint64_t kMinCacheNodeConnectionReplyBufferBytes = 1ull << 20;
+
 // The default ports: the protocol's and the metrics endpoint's (9464 is the
 // port OpenTelemetry's Prometheus exporter uses).
 inline constexpr uint16_t kDefaultCacheNodePort = 7070;
@@ -82,6 +89,22 @@ struct CacheNodeConfig {
   uint32_t service_threads = 4;
   // `max_connections`: protocol connections open at once (ServerOptions::max_connections).
   uint32_t max_connections = 1024;
+  // `reply_buffer_bytes`: bytes of READ replies all protocol connections
+  // together may hold in memory (ServerOptions::reply_buffer_bytes);
+  // kMinCacheNodeReplyBufferBytes..kMaxCacheNodeReplyBufferBytes.
+  uint64_t reply_buffer_bytes = 256ull << 20;
+  // `connection_reply_buffer_bytes`: what one connection may hold of it
+  // before it stops reading requests (ServerOptions::
+  // connection_reply_buffer_bytes); kMinCacheNodeConnectionReplyBufferBytes..
+  // reply_buffer_bytes. 0 (not written): a quarter of reply_buffer_bytes.
+  uint64_t connection_reply_buffer_bytes = 0;
+  // `write_timeout`: a connection whose reply takes no byte for this long (a
+  // client that stopped reading) is closed (ServerOptions::write_timeout); > 0.
+  std::chrono::milliseconds write_timeout{30000};
+  // `reply_stall_timeout`: while a READ waits for the reply budget, a
+  // connection holding some of it whose client took no reply byte for this
+  // long is closed (ServerOptions::reply_stall_timeout); > 0.
+  std::chrono::milliseconds reply_stall_timeout{5000};
   // `metrics_listen`: /metrics, /healthz and /readyz. Default 127.0.0.1:9464:
   // the endpoint has no authentication, so exposing it is the admin's choice.
   NetAddress metrics_listen{"127.0.0.1", kDefaultMetricsPort};

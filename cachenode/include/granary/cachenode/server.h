@@ -20,6 +20,23 @@
 //    resumes when a reply has been written. Replies go out with sendmsg(2) for
 //    memory and sendfile(2) for file ranges; file payloads never pass through
 //    user space.
+//  - Bounded reply memory per server (the reply budget): before a READ goes to
+//    the ReadService, the bytes it asks for are reserved from
+//    reply_buffer_bytes, shared by every connection; after the answer the
+//    reservation shrinks to what the reply holds in memory (its header and
+//    memory payload: file ranges need none) and it is released when the reply
+//    has been written or dropped. A READ that does not fit waits (it is not
+//    failed) and starts when bytes are released; waiting READs that fit go
+//    first (a small one is not held up behind a large one). A READ asking more
+//    than the whole budget starts when nothing else is reserved. One
+//    connection may hold at most connection_reply_buffer_bytes of it (or one
+//    reply of any size when it holds nothing): past that it neither starts
+//    requests nor reads its socket until its client reads replies, so a client
+//    that stops reading holds at most one share, and write_timeout closes it.
+//    Clients enough to fill the budget with replies they never read would
+//    hold every other reader up to write_timeout: while a READ waits for the
+//    budget, a connection holding some of it whose client has taken no reply
+//    byte for reply_stall_timeout is closed.
 //  - Framing errors: a best-effort ERROR (closing) and the connection closes.
 //    Message errors and the ReadService's whole-request failures: an ERROR for
 //    that request, and the connection keeps serving. Per-item failures: in the
@@ -27,7 +44,9 @@
 //  - Timeouts: HELLO within handshake_timeout of the accept; a frame, once
 //    started, complete within frame_timeout (slowloris); a connection with
 //    nothing in flight closed after idle_timeout; a reply that makes no progress
-//    for write_timeout (a reader that stopped reading) closes the connection.
+//    for write_timeout (a reader that stopped reading) closes the connection,
+//    or for reply_stall_timeout while it holds reply-budget bytes that other
+//    requests wait for.
 //  - Stop(): closes the listener, stops reading new requests, lets in-flight
 //    replies finish until drain_timeout, then closes what is left and joins
 //    every thread.
@@ -47,6 +66,7 @@
 // thread; Stop is idempotent. port(), Counters() and Connections() may be
 // called from any thread at any time.
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -84,16 +104,32 @@ struct ServerOptions {
   // Bytes one connection writes before it lets the other connections of its
   // loop run (fairness when a fast reader asks for a lot).
   uint64_t write_quantum_bytes = 4u << 20;
+  // The reply budget (above): bytes of READ replies all connections together
+  // may hold in memory. At least 1.
+  uint64_t reply_buffer_bytes = 256ull << 20;
+  // What one connection may hold of the budget before it stops starting
+  // requests and reading its socket; 0 means a quarter of reply_buffer_bytes.
+  // At most reply_buffer_bytes.
+  uint64_t connection_reply_buffer_bytes = 0;
 
   std::chrono::milliseconds handshake_timeout{10'000};
   std::chrono::milliseconds frame_timeout{10'000};
   std::chrono::milliseconds idle_timeout{300'000};
   std::chrono::milliseconds write_timeout{30'000};
+  // While a READ waits for the reply budget: how long a connection holding
+  // some of it may take no reply bytes before it is closed (above).
+  std::chrono::milliseconds reply_stall_timeout{5'000};
   std::chrono::milliseconds drain_timeout{5'000};
 
   // Nonzero counts and timeouts, valid limits, a node name the protocol
   // accepts. kInvalidArgument naming the field.
   Status Validate() const;
+
+  // connection_reply_buffer_bytes, or its default when 0.
+  uint64_t ConnectionReplyBufferBytes() const {
+    return connection_reply_buffer_bytes != 0 ? connection_reply_buffer_bytes
+                                              : std::max<uint64_t>(1, reply_buffer_bytes / 4);
+  }
 };
 
 // Upper bounds (seconds) of the request latency histogram's buckets; one more
@@ -144,6 +180,18 @@ struct ServerCounters {
   uint64_t buffered_bytes = 0;
   uint64_t max_connection_buffered_bytes = 0;
 
+  // The reply budget: its size (reply_buffer_bytes), the bytes reserved from
+  // it now, and the READs that had to wait before they started: for the
+  // budget (every connection's replies together), or for their own
+  // connection's share (its client not reading its replies). Each READ counts
+  // at most once in each.
+  uint64_t reply_budget_bytes = 0;
+  uint64_t reply_budget_used_bytes = 0;
+  uint64_t reply_budget_waits_total = 0;
+  uint64_t connection_reply_waits_total = 0;
+  // Connections closed by reply_stall_timeout (also in timeouts_total).
+  uint64_t reply_stall_closes_total = 0;
+
   // Request latency: counts per bucket of kServerLatencyBucketsSeconds (not
   // cumulative; the last one is +Inf), their sum, and their number.
   std::array<uint64_t, kServerLatencyBucketsSeconds.size() + 1> latency_buckets{};
@@ -157,10 +205,11 @@ struct ConnectionInfo {
   std::string peer_address;  // "127.0.0.1:53412"
   std::string peer_name;     // from HELLO; empty before it
   uint64_t buffered_bytes = 0;
-  uint32_t in_flight = 0;       // requests decoded and not fully answered
-  bool reading = false;         // false while back-pressure (or a drain) stops reading
-  bool write_blocked = false;   // waiting for the socket to take more bytes
-  uint64_t requests_total = 0;  // answered on this connection
+  uint64_t reply_budget_bytes = 0;  // reserved from the reply budget by its requests
+  uint32_t in_flight = 0;           // requests decoded and not fully answered
+  bool reading = false;             // false while back-pressure (or a drain) stops reading
+  bool write_blocked = false;       // waiting for the socket to take more bytes
+  uint64_t requests_total = 0;      // answered on this connection
   uint64_t sent_bytes_total = 0;
 };
 
