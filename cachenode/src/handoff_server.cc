@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -24,6 +26,7 @@ namespace granary {
 namespace {
 
 constexpr int kPollMs = 500;
+using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
@@ -44,21 +47,45 @@ struct HandoffServer::Impl {
   std::atomic<uint64_t> refused{0};
   std::atomic<uint64_t> protocol_errors{0};
   std::atomic<uint64_t> rejected{0};
+  std::atomic<uint64_t> rejected_full{0};
+  std::atomic<uint64_t> rejected_uid{0};
+  std::atomic<uint64_t> idle_closes{0};
+  ConnectionLimits limits;
 
   void AcceptLoop();
   void Serve(uint64_t id, int fd);
-  // Reads exactly n bytes; false at end of stream, on error, or when stopping.
-  bool ReadExact(int fd, char* out, size_t n, bool* clean_eof);
+  // Reads exactly n bytes by `deadline`; false at end of stream, on error,
+  // when stopping, or at the deadline (*timed_out).
+  bool ReadExact(int fd, char* out, size_t n, Clock::time_point deadline, bool* clean_eof,
+                 bool* timed_out);
   bool SendReply(int fd, const Status& status, int passed_fd);
 };
 
-bool HandoffServer::Impl::ReadExact(int fd, char* out, size_t n, bool* clean_eof) {
+namespace {
+
+// Milliseconds to wait in one poll: at most kPollMs (to notice Stop), at
+// most what is left before `deadline`.
+int PollMs(Clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, kPollMs));
+}
+
+}  // namespace
+
+bool HandoffServer::Impl::ReadExact(int fd, char* out, size_t n, Clock::time_point deadline,
+                                    bool* clean_eof, bool* timed_out) {
   size_t have = 0;
   *clean_eof = false;
+  *timed_out = false;
   for (int round = 0; have < n && round < kMaxPollRounds; ++round) {
     if (stopping) return false;
+    if (Clock::now() >= deadline) {
+      *timed_out = true;
+      return false;
+    }
     pollfd p{fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, kPollMs);
+    const int r = ::poll(&p, 1, PollMs(deadline));
     if (r < 0 && errno != EINTR) return false;
     if (r <= 0) continue;
     std::vector<ScopedFd> fds;  // peers pass none; any that arrive are closed
@@ -80,7 +107,10 @@ bool HandoffServer::Impl::SendReply(int fd, const Status& status, int passed_fd)
   const std::string frame = handoff::EncodeReply(status);
   std::string_view rest = frame;
   bool first = true;
+  // A peer that does not take its reply within idle_timeout is closed.
+  const Clock::time_point deadline = Clock::now() + options.idle_timeout;
   for (int round = 0; !rest.empty() && round < kMaxPollRounds; ++round) {
+    if (Clock::now() >= deadline) return false;
     const int one[1] = {passed_fd};
     std::span<const int> fds;
     if (first && passed_fd >= 0) fds = std::span<const int>(one, 1);
@@ -88,7 +118,7 @@ bool HandoffServer::Impl::SendReply(int fd, const Status& status, int passed_fd)
     if (!sent.ok()) {
       if (sent.status().code() != StatusCode::kUnavailable) return false;
       pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, kPollMs) < 0 && errno != EINTR) return false;
+      if (::poll(&p, 1, PollMs(deadline)) < 0 && errno != EINTR) return false;
       if (stopping) return false;
       continue;
     }
@@ -104,8 +134,23 @@ void HandoffServer::Impl::Serve(uint64_t id, int fd) {
   std::string body;
   while (peer.ok() && !stopping) {
     bool eof = false;
-    if (!ReadExact(fd, header, sizeof(header), &eof)) {
-      if (!eof && !stopping) protocol_errors.fetch_add(1, std::memory_order_relaxed);
+    bool timed_out = false;
+    // Idle from here until the whole request is in: bytes of a request that
+    // never completes do not keep the place.
+    const Clock::time_point idle_deadline = Clock::now() + options.idle_timeout;
+    const auto closed_idle = [&] {
+      idle_closes.fetch_add(1, std::memory_order_relaxed);
+      log->debug("handoff connection {} (uid {}): idle for {} ms (idle_timeout); closed", id,
+                 peer->uid, options.idle_timeout.count());
+    };
+    if (!ReadExact(fd, header, sizeof(header), idle_deadline, &eof, &timed_out)) {
+      if (timed_out) {
+        // No reply: the peer is not waiting for one, and a reply it did not
+        // ask for would answer its next request. It sees end of stream.
+        closed_idle();
+      } else if (!eof && !stopping) {
+        protocol_errors.fetch_add(1, std::memory_order_relaxed);
+      }
       break;
     }
     Result<handoff::Header> h = handoff::DecodeHeader(std::string_view(header, sizeof(header)));
@@ -120,8 +165,13 @@ void HandoffServer::Impl::Serve(uint64_t id, int fd) {
       break;
     }
     body.assign(h->body_size, '\0');
-    if (h->body_size > 0 && !ReadExact(fd, body.data(), body.size(), &eof)) {
-      protocol_errors.fetch_add(1, std::memory_order_relaxed);
+    if (h->body_size > 0 &&
+        !ReadExact(fd, body.data(), body.size(), idle_deadline, &eof, &timed_out)) {
+      if (timed_out) {
+        closed_idle();
+      } else if (!stopping) {
+        protocol_errors.fetch_add(1, std::memory_order_relaxed);
+      }
       break;
     }
     Result<handoff::OpenChunkRequest> request = handoff::DecodeOpenChunk(body);
@@ -159,14 +209,39 @@ void HandoffServer::Impl::AcceptLoop() {
     if (!accepted.ok()) continue;
     ScopedFd fd = std::move(*accepted);
     const uint64_t id = next_conn++;
-    if (!connections.Start(fd, options.max_connections,
-                           [this, id](int conn) { Serve(id, conn); })) {
+    Result<PeerCredentials> peer = PeerCredentialsOf(fd.get());
+    if (!peer.ok()) {
+      // Serve says nothing to a peer it cannot name; neither does this.
       rejected.fetch_add(1, std::memory_order_relaxed);
-      (void)SendWithFds(fd.get(), handoff::EncodeReply(Status::ResourceExhausted(
-                                      "the cache node's handoff socket serves at most " +
-                                      std::to_string(options.max_connections) +
-                                      " connections at once; close idle ones")));
+      log->warn("handoff socket {}: SO_PEERCRED of a new connection failed: {}",
+                Quoted(options.path), peer.status().ToString());
+      continue;
     }
+    const uint32_t uid = peer->uid;
+    const bool privileged =
+        uid == 0 || uid == ::geteuid() || (options.privileged && options.privileged(uid));
+    const Admission admitted =
+        connections.Start(fd, uid, privileged, limits, [this, id](int conn) { Serve(id, conn); });
+    if (admitted == Admission::kAdmitted) continue;
+    rejected.fetch_add(1, std::memory_order_relaxed);
+    std::string why;
+    if (admitted == Admission::kFull) {
+      rejected_full.fetch_add(1, std::memory_order_relaxed);
+      why = "the cache node's handoff socket serves at most " + std::to_string(limits.max_open) +
+            " connections at once; close idle ones";
+    } else {
+      rejected_uid.fetch_add(1, std::memory_order_relaxed);
+      why = admitted == Admission::kUidFull
+                ? "uid " + std::to_string(uid) + " already holds " +
+                      std::to_string(limits.per_uid) +
+                      " connections to the cache node's handoff socket (its per-uid limit); "
+                      "reuse or close them"
+                : "the cache node's handoff socket keeps its last " +
+                      std::to_string(limits.reserved) +
+                      " places for root, the node's user and dataset owners; uid " +
+                      std::to_string(uid) + " must wait for other users to close connections";
+    }
+    (void)SendWithFds(fd.get(), handoff::EncodeReply(Status::ResourceExhausted(why)));
   }
 }
 
@@ -176,7 +251,19 @@ Result<std::unique_ptr<HandoffServer>> HandoffServer::Start(HandoffServerOptions
   if (options.max_connections == 0) {
     return Status::InvalidArgument("HandoffServer: max_connections must be at least 1");
   }
+  if (options.idle_timeout.count() <= 0) {
+    return Status::InvalidArgument("HandoffServer: idle_timeout must be positive");
+  }
+  ConnectionLimits limits = ConnectionLimits::DefaultFor(options.max_connections);
+  if (options.max_per_uid != 0) limits.per_uid = options.max_per_uid;
+  if (options.reserved.has_value()) limits.reserved = *options.reserved;
+  if (limits.reserved >= limits.max_open) {
+    return Status::InvalidArgument("HandoffServer: reserved (" + std::to_string(limits.reserved) +
+                                   ") must be below max_connections (" +
+                                   std::to_string(limits.max_open) + ")");
+  }
   auto impl = std::make_unique<Impl>();
+  impl->limits = limits;
   impl->options = std::move(options);
   impl->resolver = std::move(resolver);
   UnixListenOptions listen;
@@ -220,6 +307,10 @@ HandoffServerCounters HandoffServer::counters() const {
   c.refused = impl_->refused.load();
   c.protocol_errors = impl_->protocol_errors.load();
   c.rejected_connections = impl_->rejected.load();
+  c.rejected_full = impl_->rejected_full.load();
+  c.rejected_uid = impl_->rejected_uid.load();
+  c.idle_closes = impl_->idle_closes.load();
+  c.open_connections = impl_->connections.open();
   return c;
 }
 

@@ -63,6 +63,13 @@ Result<std::shared_ptr<LocalChunks::Open>> LocalChunks::Get(const FetchDataset& 
   }
 
   Result<ScopedFd> fd = client_.OpenChunk({dataset.name, key.manifest, key.chunk});
+  if (!fd.ok() && (fd.status().code() == StatusCode::kUnavailable ||
+                   fd.status().code() == StatusCode::kIoError)) {
+    // The node closes connections idle for its local_socket_idle_timeout: a
+    // kept connection found closed is not a node that is down. Once more, on
+    // a new connection (the client dropped the old one).
+    fd = client_.OpenChunk({dataset.name, key.manifest, key.chunk});
+  }
   const auto remember = [&](Clock::duration for_how_long) {
     std::lock_guard<std::mutex> lock(mu_);
     if (not_before_.size() >= kMaxRemembered) {

@@ -15,6 +15,16 @@
 // never blocks other connections on one slow peer (a thread per connection,
 // at most max_connections).
 //
+// Idle and greedy peers (docs/cachenode.md, "Same-host sidecars"): a
+// connection is idle from accept, and from the end of each reply, until a
+// whole request has arrived; idle for idle_timeout, it is closed (a request
+// being resolved or answered is never idle, but a reply the peer does not take
+// within idle_timeout closes it too). Places are given by uid
+// (ConnectionLimits): an unprivileged uid holds at most max_per_uid
+// connections, and the last `reserved` places are kept for privileged peers:
+// uid 0, the node's own uid, and any uid `privileged` says yes to (the cache
+// node: the owners of the datasets it stages).
+//
 // Who calls it: CacheNode (start, stop); tests.
 //
 // Thread safety: Start/Stop from one thread; the resolver is called from
@@ -26,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "granary/core/chunk_handoff.h"
@@ -39,13 +50,27 @@ struct HandoffServerOptions {
   std::string path;      // the socket file; its directory must exist
   uint32_t mode = 0666;  // who may connect; requests are authorized per peer uid anyway
   uint32_t max_connections = 64;
+  // 0: max_connections / 4. Connections one unprivileged uid may hold.
+  uint32_t max_per_uid = 0;
+  // Places only privileged peers may take: max_connections / 8 (at least 1).
+  // An explicit value here is used as is.
+  std::optional<uint32_t> reserved;
+  // A connection with no request or reply in progress for this long is closed.
+  std::chrono::milliseconds idle_timeout{60000};
+  // Uids besides 0 and the node's own that are privileged (may be null).
+  // Called at accept, on the accept thread: it must be quick.
+  std::function<bool(uint32_t uid)> privileged;
 };
 
 struct HandoffServerCounters {
-  uint64_t handed = 0;           // descriptors sent
-  uint64_t refused = 0;          // requests answered with an error by the resolver
-  uint64_t protocol_errors = 0;  // malformed frames (connection closed)
-  uint64_t rejected_connections = 0;
+  uint64_t handed = 0;                // descriptors sent
+  uint64_t refused = 0;               // requests answered with an error by the resolver
+  uint64_t protocol_errors = 0;       // malformed frames (connection closed)
+  uint64_t rejected_connections = 0;  // refused at accept, for any reason below
+  uint64_t rejected_full = 0;         // max_connections reached
+  uint64_t rejected_uid = 0;          // the peer's uid at max_per_uid, or only reserved places left
+  uint64_t idle_closes = 0;           // connections closed after idle_timeout
+  uint64_t open_connections = 0;      // now
 };
 
 class HandoffServer {
