@@ -7,6 +7,7 @@
 #   make quickstart   single-host Granary + a PyTorch training loop through it (DIR=... for your data)
 #   make demo         stage a generated (or DIR=...) dataset with one cache node
 #   make demo-slurm   a job with #DW jobdw + stage_in on a real one-node Slurm (2,000 files; as root)
+#   make demo-k8s     helm install the chart on a local control plane, a Dataset and a training Job (as root)
 #   make bench-manifest  manifest build/load figures at ImageNet scale
 #   make bench-core   placement and plan micro-benchmarks
 #   make bench-cachenode  cache node staging and serving figures (about 1.5 minutes, 7 GB in /tmp)
@@ -20,7 +21,7 @@
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: image deps build release quickstart demo demo-slurm test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
+.PHONY: image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
 
 deps:
 	@scripts/install-deps
@@ -73,6 +74,9 @@ demo: release
 
 demo-slurm: release
 	scripts/demo-slurm
+
+demo-k8s: release
+	scripts/demo-k8s
 
 bench-manifest: release
 	build/release/bench/manifest_bench

@@ -511,10 +511,14 @@ class Demo {
               << Indent(MustKubectl({"get", "jobs,pods", "-n", kTeam}));
     Step("the trainer's output");
     std::cout << Indent(trainer_log);
-    std::cout << "  $ kubectl get cachepools,datasets -A\n"
-              << Indent(MustKubectl({"get", "cachepools,datasets", "-A"})) << std::flush;
     if (done != "Complete") throw Failure{"Job team-a/train failed"};
     job_complete_ = true;
+    // The operator looks at a Ready pool again every 30 s: its USED and
+    // DATASETS columns follow the store then.
+    Step("the pool's status counting the Dataset (the operator refreshes a Ready pool every 30 s)");
+    KubectlWait({"--for=jsonpath={.status.datasets}=1", "cachepool/gpu"}, seconds(45));
+    std::cout << "  $ kubectl get cachepools,datasets -A\n"
+              << Indent(MustKubectl({"get", "cachepools,datasets", "-A"})) << std::flush;
   }
 
   void TearDownRelease() {
