@@ -1,5 +1,6 @@
 #include "granary/sidecar/config.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -147,6 +148,10 @@ Status Parse(ConfigMap& m, SidecarConfig* c) {
   GRANARY_RETURN_IF_ERROR(m.Optional("source_fallthrough", &c->source_fallthrough));
   GRANARY_RETURN_IF_ERROR(OptionalCount(m, "source_concurrency", 1, 1024, &c->source_concurrency));
   GRANARY_RETURN_IF_ERROR(OptionalCount(m, "max_clients", 1, 65536, &c->max_clients));
+  c->max_clients_per_uid = std::max<uint32_t>(1, c->max_clients / 4);
+  GRANARY_RETURN_IF_ERROR(
+      OptionalCount(m, "max_clients_per_uid", 1, c->max_clients, &c->max_clients_per_uid));
+  GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "idle_timeout", &c->idle_timeout));
   GRANARY_RETURN_IF_ERROR(
       OptionalAddress(m, "metrics_listen", "metrics listen address", &c->metrics_listen));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "refresh_interval", &c->refresh_interval));

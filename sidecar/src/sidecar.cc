@@ -5,8 +5,10 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -44,6 +46,13 @@ namespace {
 
 constexpr size_t kReceiveBuffer = 64 * 1024;
 
+timeval TimevalOf(std::chrono::milliseconds d) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(d.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((d.count() % 1000) * 1000);
+  return tv;
+}
+
 }  // namespace
 
 struct Sidecar::Impl {
@@ -73,6 +82,7 @@ struct Sidecar::Impl {
   std::mutex views_mu;  // guards `views` (the refresh loop reads their counters)
   std::vector<std::unique_ptr<posix::PosixView>> views;
   ConnectionThreads connections;
+  ConnectionLimits limits;             // from max_clients and max_clients_per_uid
   std::atomic<uint64_t> next_conn{1};  // connection ids, for logs
 
   std::mutex caches_mu;
@@ -354,19 +364,39 @@ struct Sidecar::Impl {
       // Connections are served with blocking I/O on their own thread.
       const int flags = ::fcntl(fd.get(), F_GETFL);
       ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
-      const uint64_t id = next_conn++;
-      if (!connections.Start(fd, config.max_clients,
-                             [this, id](int conn) { ServeConnection(id, conn); })) {
-        metrics.rejected_clients->Increment();
-        const std::string error = sp::EncodeError(
-            0,
-            Status::ResourceExhausted("the sidecar serves at most " +
-                                      std::to_string(config.max_clients) +
-                                      " clients at once (max_clients); close idle ones or raise "
-                                      "max_clients"),
-            /*closing=*/true, sp::kHandshakeVersion);
-        (void)SendWithFds(fd.get(), error);
+      // A client that does not take a reply within idle_timeout is closed.
+      const timeval send_timeout = TimevalOf(config.idle_timeout);
+      (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+      Result<PeerCredentials> peer = PeerCredentialsOf(fd.get());
+      if (!peer.ok()) {
+        metrics.rejected_clients_full->Increment();
+        log->warn("SO_PEERCRED of a new client failed ({}); refused", peer.status().ToString());
+        continue;
       }
+      const uint32_t uid = peer->uid;
+      const bool privileged = uid == 0 || uid == ::geteuid();
+      const uint64_t id = next_conn++;
+      const Admission admitted = connections.Start(
+          fd, uid, privileged, limits, [this, id](int conn) { ServeConnection(id, conn); });
+      if (admitted == Admission::kAdmitted) continue;
+      std::string why;
+      if (admitted == Admission::kFull) {
+        metrics.rejected_clients_full->Increment();
+        why = "the sidecar serves at most " + std::to_string(limits.max_open) +
+              " clients at once (max_clients); close idle ones or raise max_clients";
+      } else {
+        metrics.rejected_clients_uid->Increment();
+        why = admitted == Admission::kUidFull
+                  ? "uid " + std::to_string(uid) + " already has " +
+                        std::to_string(limits.per_uid) +
+                        " connections to the sidecar (max_clients_per_uid); close idle ones"
+                  : "the sidecar keeps its last " + std::to_string(limits.reserved) +
+                        " places for root and its own user; uid " + std::to_string(uid) +
+                        " must wait for other users' clients to close";
+      }
+      const std::string error = sp::EncodeError(0, Status::ResourceExhausted(why),
+                                                /*closing=*/true, sp::kHandshakeVersion);
+      (void)SendWithFds(fd.get(), error);
     }
   }
 
@@ -391,7 +421,26 @@ struct Sidecar::Impl {
     sp::FrameDecoder decoder;
     std::string buffer(kReceiveBuffer, '\0');
     bool open = true;
+    // Idle from accept and from the end of each reply until a whole request
+    // is in: bytes of a frame that never completes do not keep the place.
+    Clock::time_point idle_deadline = Clock::now() + config.idle_timeout;
     while (open && !stopping) {
+      if (!AwaitRequestBytes(conn, idle_deadline)) {
+        if (stopping) break;
+        metrics.idle_closes->Increment();
+        log->debug("connection {} ({}): idle for {} ms (idle_timeout); closed", id,
+                   session.client_name, config.idle_timeout.count());
+        (void)SendAll(conn,
+                      sp::EncodeError(0,
+                                      Status::DeadlineExceeded(
+                                          "the sidecar closed this connection after " +
+                                          DurationText(config.idle_timeout) +
+                                          " with no request (idle_timeout); its pins are "
+                                          "dropped: reconnect, and PING while pausing longer"),
+                                      /*closing=*/true, session.version),
+                      {});
+        break;
+      }
       std::vector<ScopedFd> fds;  // clients pass none; any that arrive are closed
       Result<size_t> got =
           ReceiveWithFds(conn, std::span<char>(buffer.data(), buffer.size()), &fds);
@@ -411,11 +460,29 @@ struct Sidecar::Impl {
           break;
         }
         data.remove_prefix(*used);
-        if (decoder.has_frame()) open = HandleFrame(conn, &session, decoder.TakeFrame());
+        if (decoder.has_frame()) {
+          open = HandleFrame(conn, &session, decoder.TakeFrame());
+          idle_deadline = Clock::now() + config.idle_timeout;
+        }
       }
     }
     // ConnectionThreads shuts the connection down and closes it.
     if (session.cache != nullptr) session.cache->DropClient(session.client);
+  }
+
+  // Waits until `conn` has bytes (or end of stream, or is shut down by
+  // Stop); false once `deadline` passes first.
+  bool AwaitRequestBytes(int conn, Clock::time_point deadline) {
+    for (int round = 0; round < kMaxPollRounds; ++round) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return false;
+      pollfd p{conn, POLLIN, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+      if (r > 0 || (r < 0 && errno != EINTR)) return true;  // recv says which
+      if (stopping) return true;
+    }
+    return false;
   }
 
   Status SendAll(int fd, std::string_view bytes, std::span<const int> fds) {
@@ -697,6 +764,8 @@ struct Sidecar::Impl {
 Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  impl->limits = ConnectionLimits::DefaultFor(config.max_clients);
+  if (config.max_clients_per_uid != 0) impl->limits.per_uid = config.max_clients_per_uid;
   Result<std::string> host = HostName();
   impl->name = "granary-sidecar@" + (host.ok() ? *host : std::string("unknown"));
   GRANARY_ASSIGN_OR_RETURN(impl->metrics, SidecarMetrics::Declare(*impl->registry));

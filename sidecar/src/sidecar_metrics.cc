@@ -49,9 +49,20 @@ Result<SidecarMetrics> SidecarMetrics::Declare(prometheus::Registry& registry) {
   }
   GRANARY_ASSIGN_OR_RETURN(m.sessions_opened, r.AddCounter("granary_sidecar_sessions_opened_total",
                                                            "Client connections accepted."));
-  GRANARY_ASSIGN_OR_RETURN(m.rejected_clients,
-                           r.AddCounter("granary_sidecar_rejected_clients_total",
-                                        "Connections refused because max_clients were open."));
+  GRANARY_ASSIGN_OR_RETURN(
+      auto rejected,
+      r.AddCounterFamily("granary_sidecar_rejected_clients_total",
+                         "Connections refused at accept: max_clients (all places taken), per_uid "
+                         "(the peer's uid holds max_clients_per_uid, or only the places reserved "
+                         "for root and the sidecar's user are left).",
+                         {"reason"}));
+  GRANARY_ASSIGN_OR_RETURN(m.rejected_clients_full, rejected.WithLabels({"max_clients"}));
+  GRANARY_ASSIGN_OR_RETURN(m.rejected_clients_uid, rejected.WithLabels({"per_uid"}));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.idle_closes,
+      r.AddCounter("granary_sidecar_idle_closes_total",
+                   "Client connections closed after idle_timeout with no request or reply in "
+                   "progress (their pins dropped)."));
   GRANARY_ASSIGN_OR_RETURN(
       m.plans, r.AddCounter("granary_sidecar_plans_total", "Plans announced with SET_PLAN."));
   GRANARY_ASSIGN_OR_RETURN(m.store_errors, r.AddCounter("granary_sidecar_store_errors_total",

@@ -24,7 +24,9 @@ struct SidecarMetrics {
   prometheus::Counter* errors_framing = nullptr;
   prometheus::Counter* errors_request = nullptr;
   prometheus::Counter* sessions_opened = nullptr;
-  prometheus::Counter* rejected_clients = nullptr;
+  prometheus::Counter* rejected_clients_full = nullptr;  // {reason="max_clients"}
+  prometheus::Counter* rejected_clients_uid = nullptr;   // {reason="per_uid"}
+  prometheus::Counter* idle_closes = nullptr;
   prometheus::Counter* plans = nullptr;
   prometheus::Counter* store_errors = nullptr;
   // Samples handed to clients, by how they got into the arena.

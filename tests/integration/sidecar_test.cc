@@ -4,22 +4,27 @@
 // The Python/PyTorch path is tests/integration/python_client_test.cc.
 
 #include <gmock/gmock.h>
+#include <grp.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/sidecar_protocol.h"
 #include "granary/core/unix_socket.h"
 #include "testing/cachenode_fixture.h"
+#include "testing/child_process.h"
 #include "testing/sidecar_fixture.h"
 #include "testing/test_util.h"
 
@@ -593,6 +598,145 @@ TEST_F(SidecarTest, TwoDatasetsNeverShareBytes) {
     EXPECT_EQ(a.Bytes(x->items[0]), ds_.contents[id]);
     EXPECT_EQ(b.Bytes(y->items[0]), other->contents[id]);
   }
+}
+
+// ---- idle and greedy clients (issue 19, finding 5) ----
+
+// Whether the sidecar admitted `c` (HELLO answered) or refused it at accept
+// (an ERROR ResourceExhausted, then end of stream); any other outcome is an
+// error.
+Result<bool> Admitted(RawClient& c) {
+  Result<sp::HelloReply> hello = c.Hello();
+  if (hello.ok()) return true;
+  if (hello.status().code() == StatusCode::kResourceExhausted) return false;
+  // The HELLO may not have gone out (the sidecar had closed already); the
+  // refusal is still there to read.
+  Result<sp::Reply> r = c.Receive();
+  if (r.ok()) {
+    if (auto* e = std::get_if<sp::Error>(&*r);
+        e != nullptr && e->status.code() == StatusCode::kResourceExhausted) {
+      return false;
+    }
+  }
+  return hello.status();
+}
+
+// Before: 256 connections (max_clients) of one user refused every other
+// client of the sidecar, root's too.
+TEST_F(SidecarTest, OneUidAtItsCapLocksOutNeitherRootNorAnotherUid) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to become other users";
+  // The socket is 0660, group root: the children keep gid 0 and drop their
+  // uid, as training processes in the socket's group would be.
+  ASSERT_EQ(::chmod(cluster_->dir().path().c_str(), 0711), 0);
+  ASSERT_EQ(::chmod((cluster_->dir().path() + "/sidecar").c_str(), 0711), 0);
+  const std::string socket = sidecar_->socket_path();
+  auto greedy = ChildProcess::Start([socket](int control) {
+    if (::setgroups(0, nullptr) != 0 || ::setuid(65534) != 0) return 10;
+    std::vector<RawClient> held;
+    int admitted = 0;
+    for (int i = 0; i < 256; ++i) {
+      Result<RawClient> c = RawClient::Connect(socket);
+      if (!c.ok()) return 11;
+      Result<bool> in = Admitted(*c);
+      if (!in.ok()) return 12;
+      admitted += *in ? 1 : 0;
+      held.push_back(std::move(*c));
+    }
+    if (::write(control, "r", 1) != 1) return 13;
+    pollfd p{control, POLLIN, 0};
+    (void)::poll(&p, 1, 120000);  // hold them until the parent is done
+    return admitted == 64 ? 0 : 14;
+  });
+  ASSERT_OK(greedy);
+  ASSERT_OK((*greedy)->AwaitReady(60s));
+
+  // Root gets in and reads.
+  RawClient root = Client();
+  Result<bool> in = Admitted(root);
+  ASSERT_OK(in);
+  ASSERT_TRUE(*in) << "root is locked out by uid 65534's connections";
+  ASSERT_OK(root.Open(ds_.name));
+  Result<sp::Samples> got = root.Get({0});
+  ASSERT_OK(got);
+  ASSERT_EQ(got->items.size(), 1u);
+  EXPECT_EQ(root.Bytes(got->items[0]), ds_.contents[0]);
+
+  // So does another user.
+  auto other = ChildProcess::Start([socket](int) {
+    if (::setgroups(0, nullptr) != 0 || ::setuid(65533) != 0) return 10;
+    Result<RawClient> c = RawClient::Connect(socket);
+    if (!c.ok()) return 11;
+    Result<bool> admitted = Admitted(*c);
+    if (!admitted.ok()) return 12;
+    return *admitted ? 0 : 13;
+  });
+  ASSERT_OK(other);
+  Result<int> code = (*other)->Wait(60s);
+  ASSERT_OK(code);
+  EXPECT_EQ(*code, 0) << "uid 65533: 10 set-up, 11 connect, 12 error, 13 refused";
+
+  EXPECT_OK(sidecar_->WaitForMetric("granary_sidecar_rejected_clients_total",
+                                    {{"reason", "per_uid"}}, [](double v) { return v == 192; }));
+  (*greedy)->RequestStop();
+  Result<int> greedy_code = (*greedy)->Wait(60s);
+  ASSERT_OK(greedy_code);
+  EXPECT_EQ(*greedy_code, 0) << "uid 65534: 10 set-up, 11 connect, 12 error, 14 not 64 admitted";
+}
+
+// Before: idle connections were kept forever, so max_clients of them (of the
+// same user) refused every new client for good.
+TEST_F(SidecarTest, IdleClientsAreClosedTheirPinsDroppedAndTheirPlacesFreed) {
+  ASSERT_OK(sidecar_->Terminate());
+  sidecar_->mutable_options().extra_yaml = "idle_timeout: 1s\nmax_clients: 4\n";
+  ASSERT_OK(sidecar_->StartAndWaitReady());
+
+  RawClient pinned = Client();
+  ASSERT_OK(pinned.Open(ds_.name));
+  Result<sp::Samples> got = pinned.Get({0, 1, 2});
+  ASSERT_OK(got);
+  ASSERT_OK(sidecar_->WaitForMetric("granary_sidecar_pins", {}, [](double v) { return v >= 3; }));
+  RawClient busy = Client();
+  ASSERT_OK(busy.Hello());
+  std::vector<RawClient> idle;
+  for (int i = 0; i < 2; ++i) idle.push_back(Client());
+  // All four places are taken.
+  {
+    RawClient fifth = Client();
+    Result<bool> in = Admitted(fifth);
+    ASSERT_OK(in);
+    EXPECT_FALSE(*in);
+  }
+
+  // A client that keeps asking is never idle; the others are closed after
+  // about a second, the pinned one told why.
+  for (int i = 0; i < 10; ++i) {
+    Result<sp::Reply> pong = busy.Call(sp::Ping{});
+    ASSERT_OK(pong);
+    ASSERT_TRUE(std::holds_alternative<sp::Pong>(*pong));
+    std::this_thread::sleep_for(300ms);
+  }
+  Result<sp::Reply> told = pinned.Receive();
+  ASSERT_OK(told);
+  auto* error = std::get_if<sp::Error>(&*told);
+  ASSERT_NE(error, nullptr);
+  EXPECT_EQ(error->status.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(error->status.message(), ::testing::HasSubstr("idle_timeout"));
+  EXPECT_TRUE(error->closing);
+  EXPECT_EQ(pinned.Receive().status().code(), StatusCode::kUnavailable) << "then end of stream";
+  for (RawClient& c : idle) {
+    Result<sp::Reply> r = c.Receive();
+    ASSERT_OK(r);
+    ASSERT_TRUE(std::holds_alternative<sp::Error>(*r));
+    EXPECT_EQ(c.Receive().status().code(), StatusCode::kUnavailable);
+  }
+  // Its pins went with it, and the places are free again.
+  EXPECT_OK(sidecar_->WaitForMetric("granary_sidecar_pins", {}, [](double v) { return v == 0; }));
+  EXPECT_OK(sidecar_->WaitForMetric("granary_sidecar_idle_closes_total", {},
+                                    [](double v) { return v == 3; }));
+  RawClient again = Client();
+  Result<bool> in = Admitted(again);
+  ASSERT_OK(in);
+  EXPECT_TRUE(*in);
 }
 
 }  // namespace

@@ -21,6 +21,12 @@ TEST(SidecarConfigTest, DefaultsAndEnvironmentSocket) {
   EXPECT_EQ(c->socket_mode, 0660u);
   EXPECT_EQ(c->arena_bytes, c->window_bytes + (64ull << 20));
   EXPECT_EQ(c->local_node, "gpu-1");
+  EXPECT_EQ(c->max_clients, 256u);
+  EXPECT_EQ(c->max_clients_per_uid, 64u) << "max_clients / 4";
+  EXPECT_EQ(c->idle_timeout, std::chrono::minutes(30));
+  c = Parse("metadata_store: redis://h\nmax_clients: 2\n");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->max_clients_per_uid, 1u) << "at least one";
   ::setenv("GRANARY_SOCKET", "/tmp/x/g.sock", 1);
   c = Parse("metadata_store: redis://127.0.0.1:6379\n");
   ASSERT_TRUE(c.ok());
@@ -38,8 +44,10 @@ TEST(SidecarConfigTest, EveryKey) {
       "fetch_threads: 3\nfetch_batch: 7\nsource_fallthrough: false\nsource_concurrency: 2\n"
       "max_clients: 9\nmetrics_listen: 127.0.0.1:0\nrefresh_interval: 2s\nconnect_timeout: 1s\n"
       "call_timeout: 5s\nnode_down_for: 4s\nwait_timeout: 9s\nstartup_timeout: 3s\n"
-      "log_level: debug\n");
+      "log_level: debug\nmax_clients_per_uid: 5\nidle_timeout: 90s\n");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->max_clients_per_uid, 5u);
+  EXPECT_EQ(c->idle_timeout, std::chrono::seconds(90));
   EXPECT_EQ(c->socket_mode, 0600u);
   EXPECT_EQ(c->window_bytes, 8ull << 20);
   EXPECT_EQ(c->arena_bytes, 64ull << 20);
@@ -81,6 +89,9 @@ TEST(SidecarConfigTest, BadValuesNameTheKey) {
       {store + "window_bytes: 64MiB\narena_bytes: 65MiB\n", "arena_bytes"},
       {store + "fetch_threads: 0\n", "fetch_threads"},
       {store + "refresh_interval: 0s\n", "refresh_interval"},
+      {store + "idle_timeout: 0s\n", "idle_timeout"},
+      {store + "max_clients_per_uid: 0\n", "max_clients_per_uid"},
+      {store + "max_clients: 8\nmax_clients_per_uid: 9\n", "max_clients_per_uid"},
       {store + "log_level: loud\n", "log_level"},
       {store + "windw_bytes: 1MiB\n", "windw_bytes"},
   };

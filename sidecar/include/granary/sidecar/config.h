@@ -79,6 +79,15 @@ struct SidecarConfig {
   uint32_t source_concurrency = 8;
   // `max_clients`: connections served at once (one thread each).
   uint32_t max_clients = 256;
+  // `max_clients_per_uid`: connections one uid other than root and the
+  // sidecar's own may hold; default max_clients / 4 (at least 1). The last
+  // max_clients / 8 places are kept for root and the sidecar's uid
+  // (ConnectionLimits, docs/sidecar.md "Idle and greedy clients").
+  uint32_t max_clients_per_uid = 0;
+  // `idle_timeout`: a connection with no request and no reply in progress
+  // for this long is closed (its pins dropped). A request being served (a
+  // GET waiting for samples) is never idle.
+  std::chrono::milliseconds idle_timeout{30 * 60 * 1000};
   // `metrics_listen`: /metrics, /healthz, /readyz.
   NetAddress metrics_listen{"127.0.0.1", kDefaultSidecarMetricsPort};
   // `refresh_interval`: how often the node list is re-read from the store.

@@ -16,6 +16,10 @@
 //  - fetches on demand what a client asks for and is not there, through the
 //    owner, another replica, or the source (SampleFetcher);
 //  - reclaims every pin of a connection when it closes, however it closes;
+//  - closes connections idle for idle_timeout and admits by peer uid
+//    (max_clients_per_uid; places reserved for root and its own uid), so one
+//    user's connections cannot lock out another (docs/sidecar.md, "Idle and
+//    greedy clients");
 //  - exports /metrics, /healthz, /readyz.
 //
 // Who calls it: sidecar/src/main.cc; tests start the binary.
