@@ -149,10 +149,10 @@ Status ExplainBindFailure(const std::string& what, const std::string& host, uint
 
 // ---- workers ----
 
-// A fixed set of threads running the connections cpp-httplib accepts, with a
-// bounded queue: when it is full, Enqueue blocks the accept loop, so excess
-// clients wait in (and then are refused by) the kernel's listen backlog
-// instead of growing a queue here. cpp-httplib's own ThreadPool has no bound.
+// A fixed set of threads answering complete requests (RequestReader below),
+// with a bounded queue: when it is full, TryEnqueue says so and the request
+// waits with the reader instead of growing a queue here. cpp-httplib's own
+// ThreadPool has no bound.
 class WorkerPool {
  public:
   static Result<std::unique_ptr<WorkerPool>> Start(int threads, size_t max_queued) {
@@ -172,21 +172,6 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  // Runs `fn` on a worker; blocks while the queue is full. After Shutdown
-  // began, runs it here (cpp-httplib's tasks then only close their socket).
-  void Enqueue(std::function<void()> fn) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      not_full_.wait(lock, [&] { return queue_.size() < max_queued_ || shutting_down_; });
-      if (!shutting_down_) {
-        queue_.push_back(std::move(fn));
-        not_empty_.notify_one();
-        return;
-      }
-    }
-    fn();
-  }
-
   // Queues `fn` for a worker unless the queue is full or shutting down.
   bool TryEnqueue(std::function<void()>& fn) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -204,7 +189,6 @@ class WorkerPool {
       shutting_down_ = true;
     }
     not_empty_.notify_all();
-    not_full_.notify_all();
     for (std::thread& t : threads_) {
       if (t.joinable()) t.join();
     }
@@ -223,7 +207,6 @@ class WorkerPool {
         if (queue_.empty()) return;  // shutting down, nothing left
         fn = std::move(queue_.front());
         queue_.pop_front();
-        not_full_.notify_one();
       }
       fn();
     }
@@ -232,7 +215,6 @@ class WorkerPool {
   const size_t max_queued_;
   std::mutex mu_;
   std::condition_variable not_empty_;
-  std::condition_variable not_full_;
   std::deque<std::function<void()>> queue_;  // guarded by mu_
   bool shutting_down_ = false;               // guarded by mu_
   std::mutex join_mu_;                       // serializes Shutdown
