@@ -33,10 +33,15 @@
 //
 // SIGINT and SIGTERM (Ctrl-C) end the step under way within about a second
 // (every wait is polled in short slices) and unwind the same way as step 5,
-// then exit 130. Needs root (PodRunner's mount namespaces) and the tools of
-// scripts/k8s-tools. Exit 0 when the Job completed, 1 on a failure (with the
-// logs of what failed), 130 when interrupted.
+// then exit 130. scripts/demo-k8s starts this program in a session of its
+// own and forwards Ctrl-C to it alone: a terminal's SIGINT to the whole
+// process group would also end etcd and the API server at once, and the pods'
+// processes would then be stopped against a dying API server (slowly). The
+// program also gets SIGTERM when its parent (the script) dies. Needs root (PodRunner's mount
+// namespaces) and the tools of scripts/k8s-tools. Exit 0 when the Job completed, 1 on a failure
+// (with the logs of what failed), 130 when interrupted.
 
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -553,6 +558,7 @@ int Main() {
   sa.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // the script that started it died
   if (::geteuid() != 0) {
     std::cerr << "granary-demo-k8s: run as root (PodRunner runs each container in its own "
                  "mount namespace)\n";
