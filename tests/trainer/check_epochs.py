@@ -72,7 +72,7 @@ def epoch_from_local_files(golden, order, paths, expected):
     return time.monotonic() - start
 
 
-def check_sidecar_counters(port):
+def sidecar_counters(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
     counters = {}
@@ -80,6 +80,20 @@ def check_sidecar_counters(port):
         if line.startswith("granary_sidecar_"):
             name, _, value = line.rpartition(" ")
             counters[name] = float(value)
+    return counters
+
+
+def check_sidecar_counters(port):
+    # The sidecar copies its fetcher's counts into /metrics periodically: wait
+    # (at most 10 s) until they have caught up with what was read.
+    deadline = time.monotonic() + 10
+    while True:
+        counters = sidecar_counters(port)
+        fetched = sum(v for k, v in counters.items()
+                      if k.startswith("granary_sidecar_fetched_samples_total"))
+        if fetched > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     for key in sorted(counters):
         if "local_file" in key or "fetched_samples_total" in key:
             print(f"sidecar {key} {counters[key]:.0f}", flush=True)
