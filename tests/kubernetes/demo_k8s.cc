@@ -520,8 +520,17 @@ class Demo {
     job_complete_ = true;
     // The operator looks at a Ready pool again every 30 s: its USED and
     // DATASETS columns follow the store then.
-    Step("the pool's status counting the Dataset (the operator refreshes a Ready pool every 30 s)");
-    KubectlWait({"--for=jsonpath={.status.datasets}=1", "cachepool/gpu"}, seconds(45));
+    Step(
+        "the pool's status counting the Dataset and its staged bytes (the operator refreshes "
+        "a Ready pool every 30 s)");
+    WaitUntil(
+        [&] {
+          Result<json> p = cluster_->GetJson({"cachepool", "gpu"});
+          if (!p.ok()) return false;
+          const json st = p->value("status", json::object());
+          return st.value("datasets", 0) >= 1 && st.value("usedBytes", uint64_t{0}) > 0;
+        },
+        seconds(70), "CachePool gpu's status counting the Dataset");
     std::cout << "  $ kubectl get cachepools,datasets -A\n"
               << Indent(MustKubectl({"get", "cachepools,datasets", "-A"})) << std::flush;
   }
