@@ -292,6 +292,17 @@ Status CacheNode::Impl::Start() {
   if (!config_.local_socket.empty()) {
     HandoffServerOptions handoff_options;
     handoff_options.path = config_.local_socket;
+    handoff_options.idle_timeout = config_.local_socket_idle_timeout;
+    handoff_options.max_per_uid = config_.local_socket_max_per_uid;
+    // The owners of the datasets this node serves share the places kept for
+    // root and the node's own uid: the sidecars that read them run as them.
+    handoff_options.privileged = [this](uint32_t uid) {
+      std::lock_guard<std::mutex> lock(datasets_mu_);
+      for (const auto& [name, dataset] : datasets_) {
+        if (dataset->owner_uid == uid) return true;
+      }
+      return false;
+    };
     GRANARY_ASSIGN_OR_RETURN(
         handoff_,
         HandoffServer::Start(handoff_options, [this](const PeerCredentials& peer,

@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "granary/cachenode/handoff_server.h"
 #include "granary/core/config.h"
 #include "granary/core/file.h"
 #include "granary/core/log.h"
@@ -127,6 +128,11 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
     GRANARY_RETURN_IF_ERROR(
         CheckSocketPath(m.Where("local_socket"), c->local_socket, "/run/granary/cachenode.sock"));
   }
+  GRANARY_RETURN_IF_ERROR(
+      OptionalPositiveDuration(m, "local_socket_idle_timeout", &c->local_socket_idle_timeout));
+  GRANARY_RETURN_IF_ERROR(OptionalCount(m, "local_socket_max_per_uid", 1,
+                                        HandoffServerOptions{}.max_connections,
+                                        &c->local_socket_max_per_uid));
 
   GRANARY_RETURN_IF_ERROR(m.Required("data_dir", &c->data_dir));
   if (c->data_dir.empty() || c->data_dir.front() != '/') {

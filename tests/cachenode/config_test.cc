@@ -139,7 +139,7 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
               std::string::npos)
         << key << " not in the example";
   }
-  EXPECT_EQ(keys, 25u) << msg;
+  EXPECT_EQ(keys, 27u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {
@@ -306,6 +306,9 @@ TEST(CacheNodeConfigTest, BadNodeIdAndPool) {
   ExpectBadValue("node_id", std::string(254, 'a').c_str(), "aaaa", "write e.g. gpu-7");
   ExpectBadValue("node_id", "[a, b]", "expected a single value", "not a list or map");
   ExpectBadValue("local_socket", "node.sock", "'node.sock'", "not an absolute path");
+  ExpectBadValue("local_socket_idle_timeout", "0s", "local_socket_idle_timeout", "");
+  ExpectBadValue("local_socket_max_per_uid", "0", "local_socket_max_per_uid", "");
+  ExpectBadValue("local_socket_max_per_uid", "65", "local_socket_max_per_uid", "");
   ExpectBadValue("local_socket", ("/" + std::string(200, 's')).c_str(), "sss",
                  "a Unix socket path holds at most 107");
   ExpectBadValue("pool", "Default", "'Default'", "DNS-1123 label");

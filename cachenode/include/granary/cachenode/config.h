@@ -112,6 +112,13 @@ struct CacheNodeConfig {
   // read-only descriptors of chunk files (chunk handoff, chunk_handoff.h), an
   // absolute path. Empty (the default): off.
   std::string local_socket;
+  // `local_socket_idle_timeout`: a handoff connection with no request or reply
+  // in progress for this long is closed (HandoffServerOptions::idle_timeout).
+  std::chrono::milliseconds local_socket_idle_timeout{60000};
+  // `local_socket_max_per_uid`: handoff connections one uid other than root,
+  // the node's own and the owners of the datasets it serves may hold, of the
+  // socket's 64 places (a quarter of them by default).
+  uint32_t local_socket_max_per_uid = 16;
   // `heartbeat_interval` and `heartbeat_ttl`: how often the node heartbeats,
   // and how long the store keeps it alive without one. The TTL must exceed
   // twice the interval (one lost heartbeat must not expire the node) and lie
