@@ -22,7 +22,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,6 +40,7 @@
 #include "granary/core/snapshot.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/daemon_process.h"
+#include "testing/slowfs_mount.h"
 #include "testing/test_util.h"
 
 #ifndef GRANARY_CLI_BINARY
@@ -395,48 +395,6 @@ TEST(CacheNodeSnapshotTest, NewSnapshotAfterTheSourceChangedDropsTheOldChunks) {
 
 #ifdef GRANARY_SLOWFS_BINARY
 
-// granary-slowfs serving `src` at `mnt`, `latency_ms` per operation. The
-// destructor stops it (SIGTERM unmounts) and detaches the mount if it stayed.
-class SlowSource {
- public:
-  SlowSource(std::string src, std::string mnt) : src_(std::move(src)), mnt_(std::move(mnt)) {}
-  ~SlowSource() {
-    if (process_) (void)process_->Terminate(10s);
-    ::umount2(mnt_.c_str(), MNT_DETACH);
-  }
-
-  Status Start(double latency_ms, const std::string& log_path) {
-    std::filesystem::create_directories(mnt_);
-    DaemonProcessOptions o;
-    o.binary = GRANARY_SLOWFS_BINARY;
-    o.args = {src_,
-              mnt_,
-              "--latency-ms",
-              std::to_string(latency_ms),
-              "--bandwidth-mb-s",
-              "0",
-              "--max-concurrency",
-              "0"};
-    o.log_path = log_path;
-    o.name = "granary-slowfs";
-    GRANARY_ASSIGN_OR_RETURN(process_, DaemonProcess::Start(o));
-    const std::string stats = mnt_ + "/.slowfs-stats";
-    if (!WaitFor([&] { return ::access(stats.c_str(), R_OK) == 0 || !process_->Running(); }, 20s)) {
-      return Status::DeadlineExceeded("granary-slowfs did not serve " + mnt_ + ":\n" +
-                                      process_->LogTail());
-    }
-    if (!process_->Running()) {
-      return Status::Unavailable("granary-slowfs exited:\n" + process_->LogTail());
-    }
-    return Status::Ok();
-  }
-
- private:
-  std::string src_;
-  std::string mnt_;
-  std::unique_ptr<DaemonProcess> process_;
-};
-
 // A tree whose walk pays for 60 files it keeps and 800 it does not (include
 // data/**): seconds at 20 ms an operation, while staging reads only the 60.
 void WriteSlowTree(const std::string& src) {
@@ -452,9 +410,9 @@ constexpr double kSlowLatencyMs = 20;
 
 TEST(CacheNodeSnapshotTest, ClaimantKilledMidWalkAnotherNodeTakesOver) {
   TempDir slow_dir;  // outlives the mount, which outlives the nodes
-  SlowSource slow(slow_dir.Join("src"), slow_dir.Join("mnt"));
+  SlowFsMount slow(GRANARY_SLOWFS_BINARY, slow_dir.Join("src"), slow_dir.Join("mnt"));
   WriteSlowTree(slow_dir.Join("src"));
-  ASSERT_OK(slow.Start(kSlowLatencyMs, slow_dir.Join("slowfs.log")));
+  ASSERT_OK(slow.Start({.latency_ms = kSlowLatencyMs}, slow_dir.Join("slowfs.log")));
   auto cluster = CacheCluster::Create();
   ASSERT_OK(cluster);
   CacheNodeOptions options;
@@ -505,9 +463,9 @@ TEST(CacheNodeSnapshotTest, ClaimantKilledMidWalkAnotherNodeTakesOver) {
 
 TEST(CacheNodeSnapshotTest, ClaimantStoppedMidWalkGivesTheClaimBack) {
   TempDir slow_dir;
-  SlowSource slow(slow_dir.Join("src"), slow_dir.Join("mnt"));
+  SlowFsMount slow(GRANARY_SLOWFS_BINARY, slow_dir.Join("src"), slow_dir.Join("mnt"));
   WriteSlowTree(slow_dir.Join("src"));
-  ASSERT_OK(slow.Start(kSlowLatencyMs, slow_dir.Join("slowfs.log")));
+  ASSERT_OK(slow.Start({.latency_ms = kSlowLatencyMs}, slow_dir.Join("slowfs.log")));
   auto cluster = CacheCluster::Create();
   ASSERT_OK(cluster);
   ASSERT_OK((*cluster)->StartNodes(1));

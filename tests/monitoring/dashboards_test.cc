@@ -16,7 +16,6 @@
 // on failure) with its config and TSDB in the cluster's TempDir (removed).
 
 #include <gtest/gtest.h>
-#include <sys/mount.h>
 
 #include <algorithm>
 #include <chrono>
@@ -37,6 +36,7 @@
 #include "testing/cachenode_fixture.h"
 #include "testing/daemon_process.h"
 #include "testing/sidecar_fixture.h"
+#include "testing/slowfs_mount.h"
 #include "testing/test_util.h"
 
 namespace granary::testing {
@@ -151,54 +151,6 @@ class PrometheusServer {
   std::string address_;
   std::unique_ptr<DaemonProcess> process_;
 };
-
-#ifdef GRANARY_SLOWFS_BINARY
-// granary-slowfs (bench/slowfs) serving `src` at `mnt` with a bandwidth cap,
-// so that staging lasts several scrapes (on a local disk it is over before
-// Prometheus scrapes twice, and the panels would show a step, not a rate).
-// The destructor stops it (SIGTERM unmounts) and detaches a mount left over.
-class SlowSource {
- public:
-  SlowSource(std::string src, std::string mnt) : src_(std::move(src)), mnt_(std::move(mnt)) {}
-  ~SlowSource() {
-    if (process_) (void)process_->Terminate(10s);
-    ::umount2(mnt_.c_str(), MNT_DETACH);
-  }
-  SlowSource(const SlowSource&) = delete;
-  SlowSource& operator=(const SlowSource&) = delete;
-
-  Status Start(double bandwidth_mb_s, const std::string& log_path) {
-    std::filesystem::create_directories(mnt_);
-    DaemonProcessOptions o;
-    o.binary = GRANARY_SLOWFS_BINARY;
-    o.args = {src_,
-              mnt_,
-              "--latency-ms",
-              "0",
-              "--bandwidth-mb-s",
-              std::to_string(bandwidth_mb_s),
-              "--max-concurrency",
-              "0"};
-    o.log_path = log_path;
-    o.name = "granary-slowfs";
-    GRANARY_ASSIGN_OR_RETURN(process_, DaemonProcess::Start(o));
-    const std::string stats = mnt_ + "/.slowfs-stats";
-    if (!WaitFor([&] { return ::access(stats.c_str(), R_OK) == 0 || !process_->Running(); }, 20s)) {
-      return Status::DeadlineExceeded("granary-slowfs did not serve " + mnt_ + ":\n" +
-                                      process_->LogTail());
-    }
-    if (!process_->Running()) {
-      return Status::Unavailable("granary-slowfs exited:\n" + process_->LogTail());
-    }
-    return Status::Ok();
-  }
-
- private:
-  std::string src_;
-  std::string mnt_;
-  std::unique_ptr<DaemonProcess> process_;
-};
-#endif
 
 // A dataset of `files` files of [min_size, max_size] bytes written under
 // `src`, snapshotted there (fast) but recorded with the source `source_root`
@@ -343,9 +295,9 @@ TEST_F(DashboardsTest, EveryPanelAnswersFromRealData) {
   std::string source_root = src;
 #ifdef GRANARY_SLOWFS_BINARY
   source_root = cluster_->dir().Join("slow-source");
-  SlowSource slow(src, source_root);
+  SlowFsMount slow(GRANARY_SLOWFS_BINARY, src, source_root);
   std::filesystem::create_directories(src);
-  ASSERT_OK(slow.Start(10, cluster_->dir().Join("slowfs.log")));
+  ASSERT_OK(slow.Start({.bandwidth_mb_s = 10}, cluster_->dir().Join("slowfs.log")));
 #endif
   auto ds =
       RegisterDataset(*cluster_, "imagenet-mini", src, source_root, 2000, 4 * 1024, 36 * 1024);
