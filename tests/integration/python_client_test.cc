@@ -10,6 +10,7 @@
 // this file skips them too.
 
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -328,6 +329,16 @@ TEST_F(PythonClientTest, ImageFolderSeesEmptyClassFolders) {
 TEST_F(PythonClientTest, ReadFileOverTheMountSendsNoIoctl) {
   const std::string view = cluster_->dir().Join("view");
   std::filesystem::create_directories(view);
+  // However the test ends, the view goes: the sidecar is stopped with SIGTERM
+  // (it unmounts), and a view a killed sidecar left behind is detached.
+  struct StopAndDetach {
+    std::unique_ptr<SidecarProcess>& sidecar;
+    std::string dir;
+    ~StopAndDetach() {
+      if (sidecar) (void)sidecar->Terminate(std::chrono::seconds(30));
+      ::umount2(dir.c_str(), MNT_DETACH);
+    }
+  } stop_and_detach{sidecar_, view};
   SidecarOptions o;
   o.extra_yaml = "mounts: \"" + ds_.name + ":" + view + "\"\n";
   StartSidecar(o);
