@@ -285,33 +285,8 @@ TEST(CacheNodeFaultsTest, CapacityOfAThirdOfTheDatasetIsNeverExceeded) {
 
 // ---- hostile sockets ---------------------------------------------------------------
 
-// A blocking loopback connection with 5 s send/receive timeouts.
-ScopedFd RawConnect(const std::string& address) {
-  auto parsed = ParseNetAddress(address);
-  if (!parsed.ok()) return ScopedFd();
-  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  timeval tv{5, 0};
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(parsed->port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return ScopedFd();
-  }
-  return fd;
-}
-
 // Sends what it can; the server may close first.
-void SendRaw(int fd, std::string_view bytes) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    sent += static_cast<size_t>(n);
-  }
-}
+void SendRaw(int fd, std::string_view bytes) { (void)SendAll(fd, bytes); }
 
 // Reads until the server closes (true, with what it sent) or `timeout`.
 bool ReadUntilClosed(int fd, std::chrono::milliseconds timeout, std::string* received = nullptr) {
@@ -372,15 +347,6 @@ std::vector<Frame> DecodeFrames(const std::string& bytes) {
   return frames;
 }
 
-uint64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.starts_with("VmRSS:")) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
-
 TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
   auto cluster = CacheCluster::Create();
   ASSERT_OK(cluster);
@@ -425,7 +391,7 @@ TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
   const std::string hello = HelloFrame();
   for (int i = 0; i < 20; ++i) {
     Slow s;
-    s.fd = RawConnect(address);
+    s.fd = ConnectLoopback(address);
     ASSERT_TRUE(s.fd.valid());
     if (i % 2 == 0) {
       s.frame = hello;
@@ -443,7 +409,7 @@ TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
     // Random bytes, with and without a HELLO first: the server closes.
     int random_closed = 0;
     for (int i = 0; i < 20; ++i) {
-      ScopedFd fd = RawConnect(address);
+      ScopedFd fd = ConnectLoopback(address);
       ASSERT_TRUE(fd.valid());
       std::string junk = Bytes("junk-" + std::to_string(i), 4096);
       junk[0] = 'X';  // never the magic
@@ -456,7 +422,7 @@ TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
     // Huge length fields: an ERROR, then the close; nothing allocated for them.
     for (const auto& [body, payload] : std::vector<std::pair<uint32_t, uint64_t>>{
              {0xFFFFFFFFu, 0}, {16, 1ull << 62}, {0x7FFFFFFFu, ~0ull}}) {
-      ScopedFd fd = RawConnect(address);
+      ScopedFd fd = ConnectLoopback(address);
       ASSERT_TRUE(fd.valid());
       SendRaw(fd.get(), hello);
       SendRaw(fd.get(), RawHeader(protocol_format::kTypeRead, body, payload, 2));
@@ -480,7 +446,7 @@ TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
     auto read_frame = EncodeRequest(2, request);
     ASSERT_OK(read_frame);
     for (int i = 0; i < 10; ++i) {
-      ScopedFd fd = RawConnect(address);
+      ScopedFd fd = ConnectLoopback(address);
       ASSERT_TRUE(fd.valid());
       if (i % 2 == 0) {
         SendRaw(fd.get(), hello.substr(0, 10));
@@ -501,7 +467,7 @@ TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
     // connection keeps serving (a READ of every sample of a bad dataset name,
     // then a good READ).
     {
-      ScopedFd fd = RawConnect(address);
+      ScopedFd fd = ConnectLoopback(address);
       ASSERT_TRUE(fd.valid());
       SendRaw(fd.get(), hello);
       std::string bad = *read_frame;
@@ -530,7 +496,7 @@ TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
     // Churn: hundreds of connections opened and dropped, some with a reset,
     // then a hundred held open at once and dropped.
     for (int i = 0; i < 300; ++i) {
-      ScopedFd fd = RawConnect(address);
+      ScopedFd fd = ConnectLoopback(address);
       ASSERT_TRUE(fd.valid()) << "connection " << i << " refused";
       if (i % 3 == 0) SendRaw(fd.get(), hello);
       if (i % 2 == 0) {
@@ -541,7 +507,7 @@ TEST(CacheNodeFaultsTest, HostileSocketsDoNotDisturbAWellBehavedReader) {
     {
       std::vector<ScopedFd> held;
       for (int i = 0; i < 100; ++i) {
-        held.push_back(RawConnect(address));
+        held.push_back(ConnectLoopback(address));
         ASSERT_TRUE(held.back().valid());
       }
     }

@@ -38,45 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-uint64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.starts_with("VmRSS:")) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
-
-// A loopback connection that sends and never reads: a small receive buffer,
-// so that the kernel takes little of what the node sends.
-ScopedFd ConnectNeverReading(const std::string& address) {
-  auto parsed = ParseNetAddress(address);
-  if (!parsed.ok()) return ScopedFd();
-  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  const int small = 64 << 10;
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  timeval tv{5, 0};
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(parsed->port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return ScopedFd();
-  }
-  return fd;
-}
-
-bool SendAll(int fd, std::string_view bytes) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
-}
-
 std::string Mib(uint64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.0f MiB", static_cast<double>(bytes) / kMiB);
@@ -143,7 +104,8 @@ TEST(CacheNodeMemoryTest, UnreadRepliesAreBoundedByTheReplyBudgetAndGiveTheMemor
   constexpr int kFlooders = 12;
   std::vector<ScopedFd> flooders;
   for (int i = 0; i < kFlooders; ++i) {
-    ScopedFd fd = ConnectNeverReading(node.address());
+    // Sends and never reads: a small receive buffer, so the kernel takes little.
+    ScopedFd fd = ConnectLoopback(node.address(), 64 << 10);
     ASSERT_TRUE(fd.valid()) << "connection " << i << " to " << node.address();
     ASSERT_TRUE(SendAll(fd.get(), flood)) << "connection " << i;
     flooders.push_back(std::move(fd));

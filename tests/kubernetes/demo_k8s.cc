@@ -395,38 +395,6 @@ class Demo {
               << Indent(MustKubectl({"get", "cachepools,datasets", "-A"}));
   }
 
-  json TrainingJob() const {
-    return {
-        {"apiVersion", "batch/v1"},
-        {"kind", "Job"},
-        {"metadata", {{"name", "train"}, {"namespace", kTeam}}},
-        {"spec",
-         {{"backoffLimit", 0},
-          {"template",
-           {{"metadata", {{"labels", {{"granary.io/dataset", kDataset}}}}},
-            {"spec",
-             {{"restartPolicy", "Never"},
-              {"containers",
-               json::array(
-                   {{{"name", "trainer"},
-                     {"image", "pytorch/pytorch:2.5.1"},
-                     {"command", {"/usr/bin/python3", "/app/train.py"}},
-                     {"args",
-                      {"--golden=/golden", "--epochs=2", "--compare-local",
-                       "--metrics-port=" + std::to_string(sidecar_metrics_port_)}},
-                     {"env", json::array({{{"name", "PYTHONPATH"},
-                                           {"value", PythonPath(GRANARY_PYTHONPATH)}},
-                                          {{"name", "PYTHONDONTWRITEBYTECODE"}, {"value", "1"}}})},
-                     {"volumeMounts", json::array({{{"name", "script"}, {"mountPath", "/app"}},
-                                                   {{"name", "golden"},
-                                                    {"mountPath", "/golden"},
-                                                    {"readOnly", true}}})}}})},
-              {"volumes",
-               json::array({{{"name", "script"}, {"configMap", {{"name", "train-script"}}}},
-                            {{"name", "golden"},
-                             {"hostPath", {{"path", Source()}, {"type", "Directory"}}}}})}}}}}}}};
-  }
-
   void RunJob() {
     Step(
         "waiting for the operator's webhook to inject a pod labelled granary.io/dataset=demo "
@@ -450,10 +418,10 @@ class Demo {
     Step(
         "a training Job: label granary.io/dataset=demo, image pytorch/pytorch:2.5.1, "
         "python3 train.py (tests/trainer/check_epochs.py, 2 epochs)");
-    MustKubectl({"create", "configmap", "train-script", "-n", kTeam,
-                 "--from-file=train.py=" + std::string(GRANARY_SOURCE_DIR) +
-                     "/tests/trainer/check_epochs.py"});
-    std::cout << Indent(MustKubectl({"apply", "-f", "-"}, TrainingJob().dump()));
+    MustKubectl(KubeSuite::TrainerScriptConfigMap(kTeam));
+    const json job = KubeSuite::TrainingJob(kTeam, "train", kDataset, Source(),
+                                            sidecar_metrics_port_, PythonPath(GRANARY_PYTHONPATH));
+    std::cout << Indent(MustKubectl({"apply", "-f", "-"}, job.dump()));
 
     json pod;
     WaitUntil(

@@ -181,37 +181,10 @@ TEST_F(TrainingPodTest, AJobReadsEveryEpochSampleThroughItsInjectedSidecar) {
       seconds(30), "Secret team-a/granary-store-gpu"));
   WaitWebhookInjects(kTrained);
 
-  cluster().MustKubectl({"create", "configmap", "train-script", "-n", kNamespace,
-                         "--from-file=train.py=" + std::string(GRANARY_SOURCE_DIR) +
-                             "/tests/trainer/check_epochs.py"});
+  cluster().MustKubectl(KubeSuite::TrainerScriptConfigMap(kNamespace));
   // What a user writes: a label, and nothing about Granary in the container.
-  const json job = {
-      {"apiVersion", "batch/v1"},
-      {"kind", "Job"},
-      {"metadata", {{"name", "train"}, {"namespace", kNamespace}}},
-      {"spec",
-       {{"backoffLimit", 0},
-        {"template",
-         {{"metadata", {{"labels", {{"granary.io/dataset", kTrained}}}}},
-          {"spec",
-           {{"restartPolicy", "Never"},
-            {"containers",
-             json::array(
-                 {{{"name", "trainer"},
-                   {"image", "pytorch/pytorch:2.5.1"},
-                   {"command", {"/usr/bin/python3", "/app/train.py"}},
-                   {"args",
-                    {"--golden=/golden", "--epochs=2", "--compare-local",
-                     "--metrics-port=" + std::to_string(suite_->sidecar_metrics_port())}},
-                   {"env", json::array({{{"name", "PYTHONPATH"}, {"value", PythonPath()}}})},
-                   {"volumeMounts",
-                    json::array(
-                        {{{"name", "script"}, {"mountPath", "/app"}},
-                         {{"name", "golden"}, {"mountPath", "/golden"}, {"readOnly", true}}})}}})},
-            {"volumes",
-             json::array({{{"name", "script"}, {"configMap", {{"name", "train-script"}}}},
-                          {{"name", "golden"},
-                           {"hostPath", {{"path", Source()}, {"type", "Directory"}}}}})}}}}}}}};
+  const json job = KubeSuite::TrainingJob(kNamespace, "train", kTrained, Source(),
+                                          suite_->sidecar_metrics_port(), PythonPath());
   cluster().MustKubectl({"apply", "-f", "-"}, job.dump());
 
   // The stored pod: injected, and bound by the real scheduler to the node

@@ -167,6 +167,47 @@ std::string KubeSuite::DatasetYaml(const std::string& ns, const std::string& nam
          "\n  chunkSize: 64Ki\n  runAs: {uid: 1000, gid: 1000}\n" + extra;
 }
 
+json KubeSuite::TrainingJob(const std::string& ns, const std::string& name,
+                            const std::string& dataset, const std::string& golden,
+                            uint16_t sidecar_metrics_port, const std::string& python_path) {
+  const json trainer = {
+      {"name", "trainer"},
+      {"image", "pytorch/pytorch:2.5.1"},
+      {"command", {"/usr/bin/python3", "/app/train.py"}},
+      {"args",
+       {"--golden=/golden", "--epochs=2", "--compare-local",
+        "--metrics-port=" + std::to_string(sidecar_metrics_port)}},
+      {"env", json::array({{{"name", "PYTHONPATH"}, {"value", python_path}},
+                           {{"name", "PYTHONDONTWRITEBYTECODE"}, {"value", "1"}}})},
+      {"volumeMounts",
+       json::array({{{"name", "script"}, {"mountPath", "/app"}},
+                    {{"name", "golden"}, {"mountPath", "/golden"}, {"readOnly", true}}})}};
+  const json volumes =
+      json::array({{{"name", "script"}, {"configMap", {{"name", "train-script"}}}},
+                   {{"name", "golden"}, {"hostPath", {{"path", golden}, {"type", "Directory"}}}}});
+  return {{"apiVersion", "batch/v1"},
+          {"kind", "Job"},
+          {"metadata", {{"name", name}, {"namespace", ns}}},
+          {"spec",
+           {{"backoffLimit", 0},
+            {"template",
+             {{"metadata", {{"labels", {{"granary.io/dataset", dataset}}}}},
+              {"spec",
+               {{"restartPolicy", "Never"},
+                {"containers", json::array({trainer})},
+                {"volumes", volumes}}}}}}}};
+}
+
+std::vector<std::string> KubeSuite::TrainerScriptConfigMap(const std::string& ns) {
+  return {
+      "create",
+      "configmap",
+      "train-script",
+      "-n",
+      ns,
+      "--from-file=train.py=" + std::string(GRANARY_SOURCE_DIR) + "/tests/trainer/check_epochs.py"};
+}
+
 Result<json> KubeSuite::Dataset(const std::string& ns, const std::string& name) const {
   return cluster_->GetJson({"dataset", "-n", ns, name});
 }

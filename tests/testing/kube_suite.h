@@ -138,6 +138,21 @@ class KubeSuite {
   void WriteSource(const std::string& rel,
                    const std::vector<std::pair<std::string, std::string>>& files) const;
 
+  // The training Job the end-to-end tests and `make demo-k8s` run: Job `name`
+  // in `ns`, its pod labelled granary.io/dataset=`dataset` and nothing else
+  // about Granary, image pytorch/pytorch:2.5.1 (PodRunner maps "pytorch" to
+  // /usr/bin) running `python3 /app/train.py` (tests/trainer/check_epochs.py,
+  // from the ConfigMap train-script: MakeTrainerScript) for two epochs over
+  // `golden` (a hostPath of the source), comparing with the local files and
+  // checking the sidecar's handoff counters on `sidecar_metrics_port`;
+  // PYTHONPATH `python_path`.
+  static nlohmann::json TrainingJob(const std::string& ns, const std::string& name,
+                                    const std::string& dataset, const std::string& golden,
+                                    uint16_t sidecar_metrics_port, const std::string& python_path);
+  // `kubectl create configmap train-script -n ns` of tests/trainer/check_epochs.py
+  // as train.py: the kubectl arguments.
+  static std::vector<std::string> TrainerScriptConfigMap(const std::string& ns);
+
   // A Dataset of `ns` in pool gpu read as uid/gid 1000, chunkSize 64Ki, with
   // `extra` (indented spec lines) appended to its spec.
   static std::string DatasetYaml(const std::string& ns, const std::string& name,

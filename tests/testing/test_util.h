@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
+#include "granary/core/file.h"
 #include "granary/core/status.h"
 
 namespace granary::testing {
@@ -70,6 +72,20 @@ inline constexpr bool kAsanBuild = false;
 // set, else `built` (the build's python directory, GRANARY_PYTHONPATH as
 // CMake defines it for the test).
 std::string PythonPath(const std::string& built);
+
+// A blocking TCP connection to 127.0.0.1 at the port of `address`
+// ("host:port"), with 5 s send and receive timeouts; `receive_buffer` > 0
+// sets SO_RCVBUF first (a client that never reads then holds little). An
+// empty ScopedFd when the address is bad or nobody accepts.
+ScopedFd ConnectLoopback(const std::string& address, int receive_buffer = 0);
+
+// The resident set of process `pid` in bytes (VmRSS of /proc/<pid>/status);
+// 0 when it cannot be read.
+uint64_t RssBytes(int pid);
+
+// Sends all of `bytes` (MSG_NOSIGNAL); false when the peer closed or a send
+// failed or timed out first.
+bool SendAll(int fd, std::string_view bytes);
 
 // Polls `condition` every `interval` until it holds or `timeout` passes.
 // Returns whether it held.
