@@ -191,7 +191,7 @@ Result<CachePool> ParseCachePool(const Json& object) {
   p.data_port = static_cast<int>(Int(ports, "data", 7070));
   p.metrics_port = static_cast<int>(Int(ports, "metrics", 9464));
   p.node_socket_host_path =
-      CleanPath(Str(spec, "nodeSocketHostPath", "/var/run/granary/" + p.name));
+      CleanPath(Str(spec, "nodeSocketHostPath", DefaultNodeSocketHostPath(p.name)));
   GRANARY_RETURN_IF_ERROR(
       CheckAbsolute(p.node_socket_host_path, what + ": spec.nodeSocketHostPath"));
   static const Json kNoSidecar = Json::object();

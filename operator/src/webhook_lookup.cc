@@ -45,9 +45,7 @@ InjectionLookup ApiInjectionLookup(KubeClient& client) {
     GRANARY_ASSIGN_OR_RETURN(SidecarWindow window,
                              ResolveSidecarWindow(*pool_object, *dataset_object));
     InjectionInputs inputs;
-    SetDatasetInputs(*dataset, &inputs);
-    inputs.dataset_namespace = ns;
-    inputs.dataset_name = name;
+    SetDatasetInputs(*dataset, &inputs);  // namespace and name as read: ns and name
     inputs.pool = *pool;
     inputs.window = window;
     inputs.store_secret_name = SidecarStoreSecretName(pool->name);

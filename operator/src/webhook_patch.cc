@@ -485,13 +485,12 @@ Result<Json> BuildPatchUnchecked(const Json& pod, const InjectionInputs& inputs)
        {{"secretName", inputs.store_secret_name},
         {"defaultMode", 0444},
         {"items", Json::array({{{"key", inputs.store_secret_key}, {"path", "url"}}})}}}};
-  const Json node_socket_volume = {
-      {"name", std::string(kNodeSocketVolumeName)},
-      {"hostPath",
-       {{"path", inputs.pool.node_socket_host_path.empty()
-                     ? "/var/run/granary/" + inputs.pool.name  // ParseCachePool's default
-                     : inputs.pool.node_socket_host_path},
-        {"type", "DirectoryOrCreate"}}}};
+  const Json node_socket_volume = {{"name", std::string(kNodeSocketVolumeName)},
+                                   {"hostPath",
+                                    {{"path", inputs.pool.node_socket_host_path.empty()
+                                                  ? DefaultNodeSocketHostPath(inputs.pool.name)
+                                                  : inputs.pool.node_socket_host_path},
+                                     {"type", "DirectoryOrCreate"}}}};
   Json ours = Json::array({socket_volume, config_volume, store_volume});
   // A hostPath volume: the Pod Security baseline and restricted levels
   // forbid it; a pool for such namespaces turns the handoff off.

@@ -32,6 +32,11 @@ inline constexpr std::string_view kAllowedGidsAnnotation = "granary.io/allowed-g
 inline constexpr std::string_view kNodeSocketDir = "/run/granary-node";
 inline constexpr std::string_view kNodeSocketPath = "/run/granary-node/cachenode.sock";
 
+// A pool's nodeSocketHostPath when its spec names none.
+inline std::string DefaultNodeSocketHostPath(const std::string& pool) {
+  return "/var/run/granary/" + pool;
+}
+
 struct SourceMount {
   std::string name;
   std::string host_path;      // or
