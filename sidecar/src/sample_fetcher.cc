@@ -237,6 +237,9 @@ struct SampleFetcher::Impl {
   void ReadOverNetwork(FetchState& st, uint32_t node, const std::vector<uint32_t>& list);
   void ReadFromSource(FetchState& st, const std::vector<uint32_t>& list);
   std::string NoNodeMessage(const FetchState& st, const Piece& piece);
+  // What the cache nodes said of `piece` ("tried 'n1' at addr: <status>; ..."
+  // or that none was listed), for messages.
+  std::string AttemptsText(const FetchState& st, const Piece& piece);
 
   Result<std::shared_ptr<NodeView>> MakeView(std::vector<NodeRecord> nodes) const;
   std::shared_ptr<const NodeView> View() const;
@@ -513,7 +516,10 @@ void SampleFetcher::Impl::ReadFromSource(FetchState& st, const std::vector<uint3
   if (!slot.ok()) {
     for (uint32_t p : list) {
       st.pieces[p].state = Piece::State::kFailed;
-      st.pieces[p].status = slot.status();
+      // Why it came to the source at all belongs in the message too.
+      st.pieces[p].status =
+          Status(slot.status().code(), slot.status().message() + " (after the cache nodes: " +
+                                           AttemptsText(st, st.pieces[p]) + ")");
     }
     return;
   }
@@ -533,8 +539,11 @@ void SampleFetcher::Impl::ReadFromSource(FetchState& st, const std::vector<uint3
         piece.checksum.reset();
       } else {
         piece.state = Piece::State::kFailed;
-        piece.status = s.WithContext("sample " + std::to_string(target.id) + " of dataset " +
-                                     Quoted(ds.name) + " from its source");
+        const Status read = s.WithContext("sample " + std::to_string(target.id) + " of dataset " +
+                                          Quoted(ds.name) + " from its source");
+        piece.status =
+            Status(read.code(),
+                   read.message() + " (after the cache nodes: " + AttemptsText(st, piece) + ")");
       }
     }
   };
@@ -805,28 +814,29 @@ void SampleFetcher::Impl::ReadOverNetwork(FetchState& st, uint32_t node,
 std::string SampleFetcher::Impl::NoNodeMessage(const FetchState& st, const Piece& piece) {
   const FetchTarget& target = st.targets[piece.target];
   const FetchDataset& ds = *st.dataset;
-  std::string m = "fetching sample " + std::to_string(target.id) + " (" +
-                  Quoted(ds.manifest->PathOf(target.id)) + ") of dataset " + Quoted(ds.name) +
-                  ": no cache node delivered it and source fall-through is off; ";
-  if (piece.attempts.empty()) {
-    m += "no live cache node was listed";
-  } else {
-    m += "tried";
-    std::lock_guard<std::mutex> lock(down_mu_);
-    for (size_t i = 0; i < piece.attempts.size(); ++i) {
-      const Attempt& a = piece.attempts[i];
-      const NodeRecord& n = st.view->nodes[a.node];
-      m += (i == 0 ? " " : "; ") + Quoted(n.id) + " at " + n.address + ": ";
-      if (a.skipped) {
-        auto it = down_.find(n.id);
-        m += "skipped, marked down after " +
-             (it != down_.end() ? it->second.why.ToString() : std::string("a failure"));
-      } else {
-        m += a.status.ToString();
-      }
+  return "fetching sample " + std::to_string(target.id) + " (" +
+         Quoted(ds.manifest->PathOf(target.id)) + ") of dataset " + Quoted(ds.name) +
+         ": no cache node delivered it and source fall-through is off; " + AttemptsText(st, piece) +
+         ". Check that the pool's cache nodes are running, or enable source fall-through";
+}
+
+std::string SampleFetcher::Impl::AttemptsText(const FetchState& st, const Piece& piece) {
+  if (piece.attempts.empty()) return "no live cache node was listed";
+  std::string m = "tried";
+  std::lock_guard<std::mutex> lock(down_mu_);
+  for (size_t i = 0; i < piece.attempts.size(); ++i) {
+    const Attempt& a = piece.attempts[i];
+    const NodeRecord& n = st.view->nodes[a.node];
+    m += (i == 0 ? " " : "; ") + Quoted(n.id) + " at " + n.address + ": ";
+    if (a.skipped) {
+      auto it = down_.find(n.id);
+      m += "skipped, marked down after " +
+           (it != down_.end() ? it->second.why.ToString() : std::string("a failure"));
+    } else {
+      m += a.status.ToString();
     }
   }
-  return m + ". Check that the pool's cache nodes are running, or enable source fall-through";
+  return m;
 }
 
 // ---- Fetch ------------------------------------------------------------------------
