@@ -635,6 +635,7 @@ Result<std::shared_ptr<ActiveDataset>> CacheNode::Impl::Activate(const DatasetRe
   PosixSourceOptions source_options;
   source_options.root = root;
   source_options.uri = record.spec.source_uri;
+  source_options.dataset = record.name;
   source_options.owner = owner;
   source_options.executor = executor_.get();
   source_options.max_in_flight = config_.source_concurrency + kOnDemandSourceSlots;

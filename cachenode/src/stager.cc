@@ -579,8 +579,11 @@ Status Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segm
 
 Status Stager::ReadFromSource(const ChunkSegment& segment, std::string* out, bool bulk,
                               uint32_t retries) {
-  SourceFile file{manifest_->PathOf(segment.sample), manifest_->SizeOf(segment.sample),
-                  manifest_->MtimeOf(segment.sample)};
+  // Size, mtime, ctime and inode as the snapshot recorded them: the source
+  // checks them on the descriptor it reads this piece from, so the pieces of a
+  // large sample staged at different times (on different nodes) are all of
+  // the snapshot's version, never of two.
+  const SourceFile file = SourceFileAt(*manifest_, segment.sample);
   std::chrono::milliseconds wait = options_.io_retry_backoff;
   for (uint32_t attempt = 0;; ++attempt) {
     out->assign(segment.length, '\0');

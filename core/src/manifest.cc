@@ -154,6 +154,9 @@ struct Manifest::Rep {
   std::vector<uint64_t> size;
   std::vector<int64_t> mtime_ns;
   std::vector<uint16_t> mode;
+  // Version 3 on; empty for an older manifest (nothing recorded).
+  std::vector<int64_t> ctime_ns;
+  std::vector<uint64_t> inode;
   std::vector<ChunkId> chunk;
   std::vector<uint32_t> chunk_offset;
 
@@ -258,7 +261,7 @@ struct Manifest::Rep {
   std::string EncodeBody() const {
     std::string body;
     const size_t n = sample_count();
-    body.reserve(64 + names.size() + n * 26);
+    body.reserve(64 + names.size() + n * 42);
     ByteWriter w(&body);
     w.Put(header.chunk_size);
     w.Put(static_cast<uint64_t>(n));
@@ -288,6 +291,10 @@ struct Manifest::Rep {
     if (version >= 2) {
       for (uint16_t m : mode) w.Put(m);
       for (uint16_t m : dir_mode) w.Put(m);
+    }
+    if (version >= 3) {
+      for (int64_t c : ctime_ns) w.Put(c);
+      for (uint64_t i : inode) w.Put(i);
     }
     return body;
   }
@@ -380,6 +387,8 @@ Result<Manifest> Manifest::FromEntries(ManifestHeaderInfo header, std::vector<Fi
   rep->size.reserve(n);
   rep->mtime_ns.reserve(n);
   rep->mode.reserve(n);
+  rep->ctime_ns.reserve(n);
+  rep->inode.reserve(n);
   for (const auto& e : entries) {
     rep->sample_dir.push_back(dir_index.at(DirPart(e.path)));
     rep->names.append(NamePart(e.path));
@@ -390,6 +399,8 @@ Result<Manifest> Manifest::FromEntries(ManifestHeaderInfo header, std::vector<Fi
     rep->size.push_back(e.size);
     rep->mtime_ns.push_back(e.mtime_ns);
     rep->mode.push_back(e.mode);
+    rep->ctime_ns.push_back(e.ctime_ns);
+    rep->inode.push_back(e.inode);
   }
   rep->names.shrink_to_fit();
   GRANARY_RETURN_IF_ERROR(rep->Pack());
@@ -496,9 +507,11 @@ Result<Manifest> internal::DecodeManifestBody(std::string_view body, const Conte
   if (!r.ok()) return corrupt("sample columns are truncated");
   if (version >= 2) {
     // Bounded by the counts already checked against the bytes left.
-    if (r.remaining() != 2 * (n + static_cast<size_t>(dir_count))) {
-      return corrupt("mode columns are " + std::to_string(r.remaining()) + " bytes, not " +
-                     std::to_string(2 * (n + static_cast<size_t>(dir_count))));
+    const size_t want = 2 * (n + static_cast<size_t>(dir_count)) + (version >= 3 ? 16 * n : 0);
+    if (r.remaining() != want) {
+      return corrupt(std::string(version >= 3 ? "mode, ctime and inode" : "mode") +
+                     " columns are " + std::to_string(r.remaining()) + " bytes, not " +
+                     std::to_string(want));
     }
     rep->mode.resize(n);
     for (auto& m : rep->mode) r.Get(&m);
@@ -508,6 +521,12 @@ Result<Manifest> internal::DecodeManifestBody(std::string_view body, const Conte
     if (std::any_of(rep->mode.begin(), rep->mode.end(), bad) ||
         std::any_of(rep->dir_mode.begin(), rep->dir_mode.end(), bad)) {
       return corrupt("a mode has bits beyond 07777");
+    }
+    if (version >= 3) {
+      rep->ctime_ns.resize(n);
+      for (auto& c : rep->ctime_ns) r.Get(&c);
+      rep->inode.resize(n);
+      for (auto& i : rep->inode) r.Get(&i);
     }
   } else {
     rep->mode.assign(n, kDefaultFileMode);
@@ -627,6 +646,11 @@ size_t Manifest::directory_count() const { return rep_->dir_path.size(); }
 uint64_t Manifest::SizeOf(SampleId id) const { return rep_->size[id]; }
 int64_t Manifest::MtimeOf(SampleId id) const { return rep_->mtime_ns[id]; }
 uint16_t Manifest::ModeOf(SampleId id) const { return rep_->mode[id]; }
+int64_t Manifest::CtimeOf(SampleId id) const {
+  return rep_->ctime_ns.empty() ? 0 : rep_->ctime_ns[id];
+}
+uint64_t Manifest::InodeOf(SampleId id) const { return rep_->inode.empty() ? 0 : rep_->inode[id]; }
+uint32_t Manifest::format_version() const { return rep_->version; }
 std::string_view Manifest::NameOf(SampleId id) const { return rep_->NameOf(id); }
 uint32_t Manifest::DirectoryOf(SampleId id) const { return rep_->sample_dir[id]; }
 uint32_t Manifest::DirectoryParent(uint32_t d) const { return rep_->dir_parent[d]; }
@@ -657,6 +681,8 @@ Result<SampleInfo> Manifest::Sample(SampleId id) const {
   info.chunk = rep_->chunk[id];
   info.chunk_offset = rep_->chunk_offset[id];
   info.mode = rep_->mode[id];
+  info.ctime_ns = CtimeOf(id);
+  info.inode = InodeOf(id);
   uint64_t cs = chunk_size();
   info.chunk_count = info.size > cs ? static_cast<uint32_t>((info.size + cs - 1) / cs) : 1;
   return info;
@@ -705,6 +731,7 @@ size_t Manifest::MemoryBytes() const {
   bytes += r.sample_dir.capacity() * sizeof(uint32_t) + r.name_end.capacity() * sizeof(uint32_t);
   bytes += r.names.capacity() + r.size.capacity() * sizeof(uint64_t) +
            r.mtime_ns.capacity() * sizeof(int64_t) + r.mode.capacity() * sizeof(uint16_t) +
+           r.ctime_ns.capacity() * sizeof(int64_t) + r.inode.capacity() * sizeof(uint64_t) +
            r.dir_mode.capacity() * sizeof(uint16_t) + r.chunk.capacity() * sizeof(ChunkId) +
            r.chunk_offset.capacity() * sizeof(uint32_t) + r.runs.capacity() * sizeof(ChunkRun) +
            r.index.capacity() * sizeof(uint32_t);

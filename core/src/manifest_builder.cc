@@ -29,6 +29,10 @@ int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
+int64_t CtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
+}
+
 uint16_t ModeBits(const struct stat& st) { return static_cast<uint16_t>(st.st_mode & kMaxMode); }
 
 std::string Join(const std::string& dir, const char* name) {
@@ -242,8 +246,12 @@ class Walker {
       local->stats.skipped_not_included++;
       return;
     }
-    local->entries.push_back(
-        FileEntry{std::move(rel), static_cast<uint64_t>(st.st_size), MtimeNs(st), ModeBits(st)});
+    // ctime and inode identify this version of the file for the reads that
+    // stage or serve it (FileEntry); a file's ctime is never 0 in practice,
+    // nor its inode number.
+    local->entries.push_back(FileEntry{std::move(rel), static_cast<uint64_t>(st.st_size),
+                                       MtimeNs(st), ModeBits(st), CtimeNs(st),
+                                       static_cast<uint64_t>(st.st_ino)});
   }
 
   const ManifestBuildOptions& options_;

@@ -22,8 +22,32 @@ constexpr int kMaxEintrRetries = 100;
 // block the open waiting for a writer (regular files ignore it).
 constexpr int kFileOpenFlags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
 
-int64_t MtimeNs(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+int64_t Ns(const struct timespec& t) {
+  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+int64_t Ns(const struct statx_timestamp& t) {
+  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + static_cast<int64_t>(t.tv_nsec);
+}
+
+// What identifies the version of an open file (FileEntry): its type, size,
+// mtime, ctime and inode.
+struct Version {
+  mode_t mode = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  uint64_t inode = 0;
+};
+
+Version VersionOf(const struct stat& st) {
+  return {st.st_mode, static_cast<uint64_t>(st.st_size), Ns(st.st_mtim), Ns(st.st_ctim),
+          static_cast<uint64_t>(st.st_ino)};
+}
+
+Version VersionOf(const struct statx& stx) {
+  return {static_cast<mode_t>(stx.stx_mode), stx.stx_size, Ns(stx.stx_mtime), Ns(stx.stx_ctime),
+          stx.stx_ino};
 }
 
 std::string_view FileType(mode_t mode) {
@@ -56,37 +80,44 @@ int OpenAt(int dir_fd, const char* path, int flags) {
   return fd;
 }
 
-// Compares the open file's type, size and mtime with the manifest. Empty when
-// equal.
-std::string Mismatch(mode_t mode, uint64_t size, int64_t mtime_ns, const SourceFile& file) {
-  if (!S_ISREG(mode)) return "it is " + std::string(FileType(mode)) + " now";
+// Compares the open file's version with the manifest's: type, size, mtime,
+// and the ctime and inode when the manifest recorded them (not 0). Empty when
+// equal; otherwise every difference, each with what it means.
+std::string Mismatch(const Version& v, const SourceFile& file) {
+  if (!S_ISREG(v.mode)) return "it is " + std::string(FileType(v.mode)) + " now";
   std::string diff;
-  if (size != file.size) {
-    diff = "size " + std::to_string(size) + " bytes, snapshot " + std::to_string(file.size);
-  }
-  if (mtime_ns != file.mtime_ns) {
+  auto add = [&](const std::string& what) {
     if (!diff.empty()) diff += "; ";
-    diff += "mtime " + std::to_string(mtime_ns) + " ns, snapshot " + std::to_string(file.mtime_ns);
+    diff += what;
+  };
+  if (v.size != file.size) {
+    add("size " + std::to_string(v.size) + " bytes, snapshot " + std::to_string(file.size));
+  }
+  if (v.mtime_ns != file.mtime_ns) {
+    add("mtime " + std::to_string(v.mtime_ns) + " ns, snapshot " + std::to_string(file.mtime_ns));
+  }
+  if (file.inode != 0 && v.inode != file.inode) {
+    add("inode " + std::to_string(v.inode) + ", snapshot " + std::to_string(file.inode) +
+        ": another file now has its name, e.g. one renamed over it");
+  } else if (file.ctime_ns != 0 && v.ctime_ns != file.ctime_ns) {
+    // ctime cannot be set from user space: a rewrite whose writer restored
+    // the size and mtime (touch -r, cp -p, rsync -t) still moves it.
+    add("ctime " + std::to_string(v.ctime_ns) + " ns, snapshot " + std::to_string(file.ctime_ns) +
+        ": written to, or its mode, owner or links changed, after the snapshot" +
+        (v.size == file.size && v.mtime_ns == file.mtime_ns
+             ? " (its size and mtime were kept, e.g. by touch -r, cp -p or rsync -t)"
+             : ""));
   }
   return diff;
-}
-
-std::string Mismatch(const struct stat& st, const SourceFile& file) {
-  return Mismatch(st.st_mode, static_cast<uint64_t>(st.st_size), MtimeNs(st), file);
 }
 
 // The attributes the open just fetched, without asking the file system again
 // (AT_STATX_DONT_SYNC: NFS and FUSE answer from the inode). Local file
 // systems answer as fstat does.
+constexpr unsigned int kVersionMask =
+    STATX_TYPE | STATX_SIZE | STATX_MTIME | STATX_CTIME | STATX_INO;
 int StatCached(int fd, struct statx* stx) {
-  return ::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE | STATX_SIZE | STATX_MTIME,
-                 stx);
-}
-
-std::string Mismatch(const struct statx& stx, const SourceFile& file) {
-  const int64_t mtime_ns = static_cast<int64_t>(stx.stx_mtime.tv_sec) * 1'000'000'000 +
-                           static_cast<int64_t>(stx.stx_mtime.tv_nsec);
-  return Mismatch(static_cast<mode_t>(stx.stx_mode), stx.stx_size, mtime_ns, file);
+  return ::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, kVersionMask, stx);
 }
 
 }  // namespace
@@ -190,6 +221,11 @@ PosixSource::PosixSource(PosixSourceOptions options, ScopedFd root, bool use_ope
       use_openat2_(use_openat2),
       limit_(options_.max_in_flight) {}
 
+std::string PosixSource::Resnapshot() const {
+  return "re-snapshot the dataset: `granary dataset snapshot " +
+         (options_.dataset.empty() ? std::string("NAME") : options_.dataset) + "`";
+}
+
 std::string PosixSource::What(const SourceFile& file, uint64_t offset, size_t length) const {
   std::string s = "read " + Quoted(file.path);
   if (offset != 0 || length != file.size) {
@@ -276,18 +312,34 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
     auto changed = [&](const std::string& how) {
       return Fail(SourceErrorKind::kChanged,
                   Status::FailedPrecondition(what() + ": changed since the snapshot (" + how +
-                                             "); re-snapshot the dataset"));
+                                             "); none of its bytes are used, as they are not "
+                                             "the version the snapshot recorded; " +
+                                             Resnapshot()));
     };
 
     hook(SourceReadStage::kBeforeOpen);
     GRANARY_ASSIGN_OR_RETURN(ScopedFd fd, OpenBeneath(file));
 
+    // The descriptor's attributes, not the path's: what is read below is
+    // what was checked, whatever is renamed meanwhile.
+    Version opened;
     struct statx stx {};
     if (StatCached(fd.get(), &stx) != 0) {
       int err = errno;
       return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": statx"));
     }
-    if (std::string diff = Mismatch(stx, file); !diff.empty()) return changed(diff);
+    if ((stx.stx_mask & kVersionMask) == kVersionMask) {
+      opened = VersionOf(stx);
+    } else {
+      // A file system that did not fill them all: ask it.
+      struct stat st;
+      if (::fstat(fd.get(), &st) != 0) {
+        int err = errno;
+        return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": fstat"));
+      }
+      opened = VersionOf(st);
+    }
+    if (std::string diff = Mismatch(opened, file); !diff.empty()) return changed(diff);
     hook(SourceReadStage::kChecked);
 
     size_t done = 0;
@@ -316,7 +368,7 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
       int err = errno;
       return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": fstat after the read"));
     }
-    if (std::string diff = Mismatch(st, file); !diff.empty()) {
+    if (std::string diff = Mismatch(VersionOf(st), file); !diff.empty()) {
       return changed(diff + ", during the read");
     }
     return Status::Ok();
@@ -401,8 +453,10 @@ Result<ScopedFd> PosixSource::OpenBeneath(const SourceFile& file) {
   switch (err) {
     case ENOENT:
       return Fail(SourceErrorKind::kNotFound,
-                  Status::NotFound(what + ": it no longer exists (deleted or renamed since the "
-                                          "snapshot); re-snapshot the dataset"));
+                  Status::NotFound(what +
+                                   ": it no longer exists (deleted or renamed since the "
+                                   "snapshot); " +
+                                   Resnapshot()));
     case ENOTDIR:
       return Fail(SourceErrorKind::kNotFound,
                   Status::NotFound(what + ": a directory on its path is no longer a directory; "

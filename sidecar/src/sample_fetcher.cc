@@ -490,6 +490,7 @@ Result<std::shared_ptr<SourceSlot>> SampleFetcher::Impl::SourceFor(const FetchDa
     PosixSourceOptions o;
     o.root = *root;
     o.uri = ds.source_uri;
+    o.dataset = ds.name;
     o.owner = *owner;
     o.executor = *ex;
     o.max_in_flight = options_.source_concurrency;

@@ -507,6 +507,68 @@ TEST_F(StagerTest, ChangedAndVanishedFilesArePerSampleErrors) {
   EXPECT_EQ(source_->Counters().opens, total_segments_);
 }
 
+// Security issue 19, finding 4, in the stager: a 300,000-byte sample (five
+// 64 KiB chunks) on a node with room for two. Once those two are staged, the
+// file is rewritten at the same size and its mtime restored (touch -r). The
+// on-demand read of the whole sample (two pieces from the store, three from
+// the source) must not join the old version's pieces with the new one's, nor
+// may staging the rest once there is room.
+TEST_F(StagerTest, PiecesOfARewrittenFileAreNeverJoinedWithStagedOnes) {
+  Write("big/e.bin", 300'000);
+  Snapshot();
+  auto found = manifest_->Find("big/e.bin");
+  ASSERT_OK(found);
+  const SampleId big = *found;
+  ASSERT_EQ(manifest_->Sample(big)->chunk_count, 5u);
+  std::vector<ChunkId> owned;
+  for (ChunkId c = manifest_->ChunkOf(big); c < manifest_->ChunkOf(big) + 5; ++c) {
+    owned.push_back(c);
+  }
+  // Room for the first two chunks of the order, not a byte more.
+  OpenSourceAndStore();
+  CreateStager(owned, Threads(1));
+  std::vector<ChunkId> order;  // the owned chunks in staging order
+  for (ChunkId c : stager_->chunk_order()) {
+    if (std::find(owned.begin(), owned.end(), c) != owned.end()) order.push_back(c);
+  }
+  ASSERT_EQ(order.size(), 5u);
+  const uint64_t capacity = store_->ChunkBytes(*manifest_->Segments(order[0])) +
+                            store_->ChunkBytes(*manifest_->Segments(order[1]));
+  stager_.reset();
+  OpenSourceAndStore(capacity);
+  CreateStager(owned, Threads(1));
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kCapacity));
+  for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(ChunkComplete(order[i]), i < 2) << i;
+
+  testing::RewriteKeepingMtime(root_ + "/big/e.bin", Bytes("big/e.bin, version 2", 300'000));
+  auto fetched = stager_->FetchSample(big);
+  ASSERT_FALSE(fetched.ok()) << "returned " << fetched->size() << " bytes, of which the first "
+                             << "two pieces are the snapshot's and the rest the rewrite's";
+  EXPECT_EQ(fetched.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(fetched.status().message(), HasSubstr("'big/e.bin'"));
+  EXPECT_THAT(fetched.status().message(), HasSubstr("ctime "));
+  EXPECT_THAT(fetched.status().message(), HasSubstr("granary dataset snapshot"));
+  EXPECT_EQ(SourceErrorKindOf(fetched.status()), SourceErrorKind::kChanged);
+
+  // A restart with room for everything: the rest is not staged from the new
+  // version; what was staged is the snapshot's and stays.
+  OpenSourceAndStore(kBigCapacity);
+  CreateStager(owned, Threads(1));
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  StagerProgress p = stager_->Progress();
+  EXPECT_EQ(p.samples_failed_of(SourceErrorKind::kChanged), 1u);
+  EXPECT_EQ(stager_->SampleError(big).code(), StatusCode::kFailedPrecondition);
+  for (size_t i = 0; i < order.size(); ++i) {
+    auto present = store_->PresentSegments(Key(order[i]));
+    const bool staged = present.ok() && !present->empty() && (*present)[0];
+    EXPECT_EQ(staged, i < 2) << "chunk " << order[i];
+  }
+  EXPECT_EQ(VerifyAll(), 2u);  // the two pieces staged before, with the snapshot's bytes
+  EXPECT_FALSE(stager_->FetchSample(big).ok());
+}
+
 // The file system fills up under chunk files that exist already (created
 // without preallocation): the Puts fail with ENOSPC. Staging pauses as
 // disk_full, fails no chunk, and finishes once space is back.

@@ -259,14 +259,14 @@ TEST(ManifestTest, EveryBitFlipIsDetected) {
 
 TEST(ManifestTest, WrongVersionAndMagicAreClear) {
   std::string bytes = Build({{"a", 1, 1}}).Encode();
-  for (uint32_t version : {0u, 3u}) {
+  for (uint32_t version : {0u, 4u}) {
     std::string other = bytes;
     StoreLe(other.data() + manifest_format::kVersionOffset, version);
     auto d = Manifest::Decode(other);
     ASSERT_FALSE(d.ok());
     EXPECT_EQ(d.status().code(), StatusCode::kVersionMismatch);
     EXPECT_NE(d.status().message().find("version " + std::to_string(version)), std::string::npos);
-    EXPECT_NE(d.status().message().find("versions 1 to 2"), std::string::npos);
+    EXPECT_NE(d.status().message().find("versions 1 to 3"), std::string::npos);
   }
   std::string bad_magic = bytes;
   bad_magic[0] = 'X';
@@ -278,10 +278,10 @@ TEST(ManifestTest, WrongVersionAndMagicAreClear) {
 // and the parser must still refuse them cleanly.
 TEST(ManifestTest, MalformedBodiesAreRefused) {
   // Bodies built by hand with the documented layout (docs/formats.md).
-  // Version 2 unless `modes` is false (version 1: no mode columns).
+  // Of format `version`: 1 has no mode columns, 2 no ctime and inode columns.
   auto body_of = [](uint64_t chunk, std::vector<std::pair<uint32_t, std::string>> dirs,
                     std::vector<std::tuple<uint32_t, std::string, uint64_t>> samples,
-                    uint64_t claimed_samples, bool modes = true, uint16_t file_mode = 0644) {
+                    uint64_t claimed_samples, uint32_t version = 3, uint16_t file_mode = 0644) {
     std::string b;
     ByteWriter w(&b);
     w.Put(chunk);
@@ -301,9 +301,13 @@ TEST(ManifestTest, MalformedBodiesAreRefused) {
     for (auto& s : samples) w.PutBytes(std::get<1>(s));
     for (auto& s : samples) w.Put(std::get<2>(s));
     for (size_t i = 0; i < samples.size(); ++i) w.Put(int64_t{0});
-    if (modes) {
+    if (version >= 2) {
       for (size_t i = 0; i < samples.size(); ++i) w.Put(file_mode);
       for (size_t i = 0; i < dirs.size(); ++i) w.Put(uint16_t{0755});
+    }
+    if (version >= 3) {
+      for (size_t i = 0; i < samples.size(); ++i) w.Put(int64_t{1'700'000'000'000'000'000} + i);
+      for (size_t i = 0; i < samples.size(); ++i) w.Put(uint64_t{1000} + i);
     }
     return b;
   };
@@ -315,15 +319,25 @@ TEST(ManifestTest, MalformedBodiesAreRefused) {
   EXPECT_EQ(ok->PathOf(1), "a/y");
   EXPECT_EQ(ok->ModeOf(1), 0644);
   EXPECT_EQ(ok->DirectoryMode(1), 0755);
-  // The same body without mode columns is a good version 1 body.
+  EXPECT_EQ(ok->CtimeOf(1), 1'700'000'000'000'000'001);
+  EXPECT_EQ(ok->InodeOf(2), 1002u);
+  // Without the ctime and inode columns it is a good version 2 body, and
+  // without the mode columns too a good version 1 body.
+  auto v2 = internal::DecodeManifestBody(
+      body_of(1024, {{kRoot, ""}, {0, "a"}}, {{1, "x", 5}}, 1, /*version=*/2), id, 2);
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  EXPECT_EQ(v2->ModeOf(0), 0644);
+  EXPECT_EQ(v2->CtimeOf(0), 0);
+  EXPECT_EQ(v2->InodeOf(0), 0u);
   auto v1 = internal::DecodeManifestBody(
-      body_of(1024, {{kRoot, ""}, {0, "a"}}, {{1, "x", 5}}, 1, /*modes=*/false), id, 1);
+      body_of(1024, {{kRoot, ""}, {0, "a"}}, {{1, "x", 5}}, 1, /*version=*/1), id, 1);
   ASSERT_TRUE(v1.ok()) << v1.status().ToString();
   EXPECT_EQ(v1->ModeOf(0), kDefaultFileMode);
   EXPECT_EQ(v1->DirectoryMode(0), kDefaultDirectoryMode);
+  EXPECT_EQ(v1->CtimeOf(0), 0);
   // Bodies of a version this build does not know are refused as such.
   EXPECT_EQ(
-      internal::DecodeManifestBody(body_of(1024, {{kRoot, ""}}, {}, 0), id, 3).status().code(),
+      internal::DecodeManifestBody(body_of(1024, {{kRoot, ""}}, {}, 0), id, 4).status().code(),
       StatusCode::kVersionMismatch);
 
   struct Case {
@@ -342,11 +356,12 @@ TEST(ManifestTest, MalformedBodiesAreRefused) {
       {"count too small", body_of(1024, {{kRoot, ""}}, {{0, "a", 1}, {0, "b", 1}}, 1)},
       {"bad chunk size", body_of(7, {{kRoot, ""}}, {{0, "a", 1}}, 1)},
       {"empty", std::string()},
-      {"mode beyond 07777", body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, true, 010000)},
-      {"version 1 body read as 2", body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, false)},
-      {"mode column short",
-       body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, true)
-           .substr(0, body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, true).size() - 1)},
+      {"mode beyond 07777", body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, 3, 010000)},
+      {"version 1 body read as 3", body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, 1)},
+      {"version 2 body read as 3", body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1, 2)},
+      {"inode column short",
+       body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1)
+           .substr(0, body_of(1024, {{kRoot, ""}}, {{0, "a", 1}}, 1).size() - 1)},
   };
   for (const auto& c : cases) {
     auto r = internal::DecodeManifestBody(c.body, id);
@@ -437,14 +452,86 @@ TEST(ManifestTest, Version1ManifestsStillRead) {
   EXPECT_EQ(m->header().source_uri, "file:///data/v1");
   // It stays version 1: the same bytes, so its id (and every chunk key) holds.
   EXPECT_EQ(m->Encode(), bytes);
-  // The same files built now make a version 2 manifest with another id.
+  // The same files built now make a version 3 manifest with another id.
   auto now = Manifest::FromEntries(
       m->header(), {{"cls/a.jpg", 3, 100}, {"cls/b.jpg", 2000, 200}, {"top", 0, 300}});
   ASSERT_TRUE(now.ok());
   EXPECT_NE(now->id(), m->id());
   EXPECT_EQ(LoadLe<uint32_t>(reinterpret_cast<const uint8_t*>(now->Encode().data()) +
                              manifest_format::kVersionOffset),
-            2u);
+            3u);
+}
+
+// A manifest written by the version 2 format (modes, no ctime or inode): made
+// by Granary at f747c30 (testing::Version2ManifestBytes says from what). It is
+// read, its files have no ctime or inode (the source checks their size and
+// mtime only), and it stays version 2, byte for byte.
+TEST(ManifestTest, Version2ManifestsStillRead) {
+  const std::string bytes = testing::Version2ManifestBytes();
+  auto m = Manifest::Decode(bytes);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->id().ToHex(), "8cfd8e25de4b65259b95adb8a0f7650f");
+  EXPECT_EQ(m->format_version(), 2u);
+  ASSERT_EQ(m->sample_count(), 3u);
+  EXPECT_EQ(m->PathOf(1), "cls/b.jpg");
+  EXPECT_EQ(m->SizeOf(1), 2000u);
+  EXPECT_EQ(m->MtimeOf(1), 200);
+  EXPECT_EQ(m->ModeOf(0), 0640);
+  EXPECT_EQ(m->ModeOf(2), 0600);
+  ASSERT_EQ(m->directory_count(), 3u);
+  EXPECT_EQ(m->DirectoryPath(2), "empty");
+  EXPECT_EQ(m->DirectoryMode(1), 0750);
+  EXPECT_EQ(m->header().source_uri, "file:///data/v2");
+  for (SampleId id = 0; id < m->sample_count(); ++id) {
+    EXPECT_EQ(m->CtimeOf(id), 0);
+    EXPECT_EQ(m->InodeOf(id), 0u);
+    EXPECT_EQ(m->Sample(id)->ctime_ns, 0);
+    EXPECT_EQ(m->Sample(id)->inode, 0u);
+  }
+  EXPECT_EQ(m->Encode(), bytes);
+  // The same files built now: version 3, another id.
+  auto now = Manifest::FromEntries(
+      m->header(),
+      {{"cls/a.jpg", 3, 100, 0640}, {"cls/b.jpg", 2000, 200, 0444}, {"top", 0, 300, 0600}},
+      {{"", 0755}, {"cls", 0750}, {"empty", 0700}});
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(now->format_version(), 3u);
+  EXPECT_NE(now->id(), m->id());
+}
+
+TEST(ManifestTest, CtimeAndInodeRoundTripAndAreContent) {
+  std::vector<FileEntry> files = {{"a", 3, 100, 0644, 1'700'000'000'123'456'789, 42},
+                                  {"b/c", 70'000, 200, 0600, 1'700'000'001'000'000'000, 1ull << 40},
+                                  {"d", 5, 300}};  // built by hand: nothing recorded
+  auto m = Manifest::FromEntries(Header(), files);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->format_version(), manifest_format::kVersion);
+  EXPECT_EQ(m->CtimeOf(0), 1'700'000'000'123'456'789);
+  EXPECT_EQ(m->InodeOf(1), 1ull << 40);
+  EXPECT_EQ(m->CtimeOf(2), 0);
+  EXPECT_EQ(m->InodeOf(2), 0u);
+  auto info = m->Sample(1);
+  ASSERT_OK(info);
+  EXPECT_EQ(info->ctime_ns, 1'700'000'001'000'000'000);
+  EXPECT_EQ(info->inode, 1ull << 40);
+  auto back = Manifest::Decode(m->Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->id(), m->id());
+  EXPECT_EQ(back->Encode(), m->Encode());
+  for (SampleId id = 0; id < 3; ++id) {
+    EXPECT_EQ(back->CtimeOf(id), m->CtimeOf(id));
+    EXPECT_EQ(back->InodeOf(id), m->InodeOf(id));
+  }
+  // Another version of a file is another manifest.
+  files[0].ctime_ns += 1;
+  auto touched = Manifest::FromEntries(Header(), files);
+  ASSERT_TRUE(touched.ok());
+  EXPECT_NE(touched->id(), m->id());
+  files[0].ctime_ns -= 1;
+  files[1].inode += 1;
+  auto replaced = Manifest::FromEntries(Header(), files);
+  ASSERT_TRUE(replaced.ok());
+  EXPECT_NE(replaced->id(), m->id());
 }
 
 TEST(ManifestTest, SaveAndLoad) {

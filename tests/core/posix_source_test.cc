@@ -267,9 +267,104 @@ TEST_F(PosixSourceTest, ChangedMtimeAloneIsAnError) {
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("mtime 1600000000123456790 ns, snapshot 1600000000123456789"));
   EXPECT_EQ(source->Counters().bytes, 0u);
-  // Back as it was: readable again.
+  // The mtime set back as it was: the ctime moved with each change, and
+  // nothing can set it back, so the file stays refused.
   SetMtime(Path("f"), 1'600'000'000'123'456'789);
-  EXPECT_OK(source->Read(file, 0, std::span<char>(buf.data(), buf.size())));
+  s = source->Read(file, 0, std::span<char>(buf.data(), buf.size()));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("ctime"));
+  EXPECT_EQ(source->Counters().bytes, 0u);
+}
+
+// Security issue 19, finding 4: a 300,000-byte file rewritten after the
+// snapshot at the same size with its mtime restored (`touch -r`). Pieces read
+// before the rewrite are the snapshot's; every piece read after it, the
+// first ones again included, is refused: pieces of the two versions can
+// never be joined into one sample.
+TEST_F(PosixSourceTest, RewriteThatRestoresSizeAndMtimeIsRefusedForEveryPiece) {
+  constexpr size_t kSize = 300'000;
+  constexpr size_t kPiece = 64 << 10;
+  Write("f", kSize);
+  Snapshot();
+  PosixSourceOptions o = Options();
+  o.dataset = "pets";
+  auto source = OpenSource(std::move(o));
+  ASSERT_NE(source, nullptr);
+  const SourceFile file = File("f");
+  ASSERT_NE(file.ctime_ns, 0);
+  ASSERT_NE(file.inode, 0u);
+  const std::string old_bytes = Bytes("f", kSize);
+  for (uint64_t off = 0; off < 2 * kPiece; off += kPiece) {
+    std::string piece(kPiece, '\0');
+    ASSERT_OK(source->Read(file, off, std::span<char>(piece.data(), piece.size())));
+    EXPECT_EQ(piece, old_bytes.substr(off, kPiece));
+  }
+  testing::RewriteKeepingMtime(Path("f"), Bytes("f, version 2", kSize));
+  struct stat st {};
+  ASSERT_EQ(::stat(Path("f").c_str(), &st), 0);
+  ASSERT_EQ(static_cast<uint64_t>(st.st_size), file.size);
+  ASSERT_EQ(st.st_mtim.tv_sec * 1'000'000'000 + st.st_mtim.tv_nsec, file.mtime_ns);
+
+  for (uint64_t off = 0; off < kSize; off += kPiece) {
+    std::string piece(std::min<uint64_t>(kPiece, kSize - off), 'x');
+    Status s = source->Read(file, off, std::span<char>(piece.data(), piece.size()));
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << "bytes from " << off;
+    EXPECT_THAT(s.message(), HasSubstr("'f'"));
+    EXPECT_THAT(s.message(), HasSubstr("changed since the snapshot"));
+    EXPECT_THAT(s.message(), HasSubstr("ctime "));
+    EXPECT_THAT(s.message(), HasSubstr("size and mtime were kept"));
+    EXPECT_THAT(s.message(), HasSubstr("`granary dataset snapshot pets`"));
+    EXPECT_EQ(piece, std::string(piece.size(), 'x')) << "no bytes returned from " << off;
+  }
+  SourceCounters c = source->Counters();
+  EXPECT_EQ(c.completed, 2u);
+  EXPECT_EQ(c.bytes, 2 * kPiece);  // nothing read after the rewrite
+  EXPECT_EQ(c.error(SourceErrorKind::kChanged), 5u);
+}
+
+// The same file swapped for another by a rename: same name, size and mtime,
+// another inode.
+TEST_F(PosixSourceTest, FileRenamedOverWithTheSameSizeAndMtimeIsRefused) {
+  Write("cls/f", 5000);
+  Snapshot();
+  auto source = OpenSource();
+  ASSERT_NE(source, nullptr);
+  const SourceFile file = File("cls/f");
+  testing::ReplaceKeepingMtime(Path("cls/f"), Bytes("another f", 5000));
+  struct stat st {};
+  ASSERT_EQ(::stat(Path("cls/f").c_str(), &st), 0);
+  ASSERT_EQ(st.st_mtim.tv_sec * 1'000'000'000 + st.st_mtim.tv_nsec, file.mtime_ns);
+  ASSERT_NE(st.st_ino, file.inode);
+  std::string buf(5000, 'x');
+  Status s = source->Read(file, 0, std::span<char>(buf.data(), buf.size()));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("'cls/f'"));
+  EXPECT_THAT(s.message(), HasSubstr("inode " + std::to_string(st.st_ino) + ", snapshot " +
+                                     std::to_string(file.inode)));
+  EXPECT_THAT(s.message(), HasSubstr("`granary dataset snapshot NAME`"));
+  EXPECT_EQ(buf, std::string(5000, 'x'));
+  EXPECT_EQ(source->Counters().bytes, 0u);
+}
+
+// A manifest of format version 1 or 2 recorded no ctime or inode (0 in the
+// SourceFile): size and mtime are checked as before, the rest cannot be.
+TEST_F(PosixSourceTest, WithoutARecordedCtimeAndInodeSizeAndMtimeAreChecked) {
+  Write("f", 100);
+  Snapshot();
+  auto source = OpenSource();
+  ASSERT_NE(source, nullptr);
+  SourceFile old = File("f");
+  old.ctime_ns = 0;
+  old.inode = 0;
+  testing::ReplaceKeepingMtime(Path("f"), Bytes("f2", 100));
+  auto bytes = ReadAll(*source, old);
+  ASSERT_OK(bytes);
+  EXPECT_EQ(*bytes, Bytes("f2", 100));
+  EXPECT_EQ(ReadAll(*source, File("f")).status().code(), StatusCode::kFailedPrecondition);
+  old.size = 99;
+  Status s = source->Read(old, 0, std::span<char>(bytes->data(), 99));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("size 100 bytes, snapshot 99"));
 }
 
 TEST_F(PosixSourceTest, DeletedFileIsNotFound) {
@@ -301,12 +396,21 @@ TEST_F(PosixSourceTest, KeptDirectoriesFollowTheSourceAndStayInside) {
   auto source = OpenSource();
   ASSERT_NE(source, nullptr);
   ASSERT_OK(ReadAll(*source, File("cls/a")));  // cls is kept from here on
-  // cls made again with the same files (same bytes, same mtimes).
+  // cls made again with the same files (same bytes, same mtimes): another
+  // file (the file system may even reuse the inode number; the ctime moved),
+  // so the snapshot's is refused once the new directory was found; as a
+  // manifest without ctimes and inodes (version 2) saw it, it reads.
   const fs::file_time_type b_mtime = fs::last_write_time(Path("cls/b"));
   fs::remove_all(Path("cls"));
   Write("cls/b", 20);
   fs::last_write_time(Path("cls/b"), b_mtime);
-  auto b = ReadAll(*source, File("cls/b"));
+  Status replaced = ReadAll(*source, File("cls/b")).status();
+  EXPECT_EQ(replaced.code(), StatusCode::kFailedPrecondition) << replaced.ToString();
+  EXPECT_THAT(replaced.message(), HasSubstr("changed since the snapshot"));
+  SourceFile b_file = File("cls/b");
+  b_file.ctime_ns = 0;
+  b_file.inode = 0;
+  auto b = ReadAll(*source, b_file);
   ASSERT_OK(b);
   EXPECT_EQ(*b, Bytes("cls/b", 20));
   // cls replaced by a link to a directory outside the root holding a file
@@ -316,7 +420,7 @@ TEST_F(PosixSourceTest, KeptDirectoriesFollowTheSourceAndStayInside) {
   fs::last_write_time(outside.Join("a"), fs::last_write_time(Path("cls/b")));
   fs::remove_all(Path("cls"));
   fs::create_directory_symlink(outside.path(), Path("cls"));
-  Status s = ReadAll(*source, File("cls/b")).status();
+  Status s = ReadAll(*source, b_file).status();
   EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
   EXPECT_THAT(s.message(), HasSubstr("outside the source root"));
   EXPECT_EQ(source->Counters().error(SourceErrorKind::kUnsafePath), 1u);
@@ -345,10 +449,12 @@ TEST_F(PosixSourceTest, ChangesDuringTheReadAreErrors) {
   Write("grows", 5000);
   Write("shrinks", 5000);
   Write("rewritten", 5000);
+  Write("restored", 5000);
   Snapshot();
   const SourceFile grows = File("grows");
   const SourceFile shrinks = File("shrinks");
   const SourceFile rewritten = File("rewritten");
+  const SourceFile restored = File("restored");
   PosixSourceOptions o = Options();
   // Between the check and the read, change the file the way a writer would.
   o.stage_hook = [&](SourceReadStage stage, const SourceFile& f) {
@@ -358,6 +464,9 @@ TEST_F(PosixSourceTest, ChangesDuringTheReadAreErrors) {
       std::ofstream(p, std::ios::app) << "more";
     } else if (f.path == "shrinks") {
       ASSERT_EQ(::truncate(p.c_str(), 3000), 0);
+    } else if (f.path == "restored") {
+      // Same size, new bytes, the mtime set back: only the ctime moves.
+      testing::RewriteKeepingMtime(p, Bytes("restored, version 2", 5000));
     } else {
       std::fstream out(p, std::ios::in | std::ios::out | std::ios::binary);
       out.seekp(10);
@@ -378,8 +487,12 @@ TEST_F(PosixSourceTest, ChangesDuringTheReadAreErrors) {
   s = ReadAll(*source, rewritten).status();
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("during the read"));
+  s = ReadAll(*source, restored).status();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("ctime "));
+  EXPECT_THAT(s.message(), HasSubstr("during the read"));
   SourceCounters c = source->Counters();
-  EXPECT_EQ(c.error(SourceErrorKind::kChanged), 3u);
+  EXPECT_EQ(c.error(SourceErrorKind::kChanged), 4u);
   EXPECT_EQ(c.completed, 0u);
 }
 

@@ -1,11 +1,15 @@
 #include "testing/test_util.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -67,6 +71,77 @@ std::string Version1ManifestBytes() {
     bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   }
   return bytes;
+}
+
+std::string Version2ManifestBytes() {
+  const std::string hex =
+      "47524e594d414e46020000004000000000000000000000000f65f7a0b8ad959b25654bde258efd8cd400000000"
+      "0000007800000000000000f08a4bbd8a32ec6228b52ffd20d47d0300040500040003000f00000066696c653a2f"
+      "2f2f646174612f763200ffffffff0300636c730500656d7074790100000001050005000300612e6a706762746f"
+      "70d0070064c82c01a00124018001ed01e801c0010c006020c86c2513f81913430325a4a43201ab5b0682b8c356"
+      "2016c010";
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  return bytes;
+}
+
+namespace {
+
+int64_t CtimeNs(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
+}
+
+// Waits until a file created now beside `path` gets a ctime past `path`'s.
+void WaitForCtimeToPass(const std::string& path) {
+  const int64_t old = CtimeNs(path);
+  ASSERT_GE(old, 0) << "stat " << path << ": " << std::strerror(errno);
+  const std::string probe = path + ".clock-probe";
+  const bool passed = WaitFor(
+      [&] {
+        WriteAll(probe, "x");
+        const int64_t now = CtimeNs(probe);
+        ::unlink(probe.c_str());
+        return now > old;
+      },
+      std::chrono::seconds(5), std::chrono::milliseconds(1));
+  ASSERT_TRUE(passed) << "the file system's clock did not move past the ctime of " << path;
+}
+
+void SetMtimeOf(const std::string& path, const struct timespec& mtime) {
+  struct timespec times[2];
+  times[0].tv_sec = 0;
+  times[0].tv_nsec = UTIME_OMIT;
+  times[1] = mtime;
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0)
+      << "utimensat " << path << ": " << std::strerror(errno);
+}
+
+}  // namespace
+
+void RewriteKeepingMtime(const std::string& path, const std::string& bytes) {
+  struct stat before {};
+  ASSERT_EQ(::stat(path.c_str(), &before), 0) << path << ": " << std::strerror(errno);
+  WaitForCtimeToPass(path);
+  WriteAll(path, bytes);  // truncates and writes: the same inode
+  SetMtimeOf(path, before.st_mtim);
+  struct stat after {};
+  ASSERT_EQ(::stat(path.c_str(), &after), 0);
+  ASSERT_EQ(after.st_ino, before.st_ino) << path << " was rewritten in place";
+}
+
+void ReplaceKeepingMtime(const std::string& path, const std::string& bytes) {
+  struct stat before {};
+  ASSERT_EQ(::stat(path.c_str(), &before), 0) << path << ": " << std::strerror(errno);
+  WaitForCtimeToPass(path);
+  const std::string fresh = path + ".replacement";
+  WriteAll(fresh, bytes);
+  SetMtimeOf(fresh, before.st_mtim);
+  ASSERT_EQ(::rename(fresh.c_str(), path.c_str()), 0)
+      << "rename " << fresh << ": " << std::strerror(errno);
 }
 
 std::string Bytes(const std::string& name, size_t size) {

@@ -50,6 +50,24 @@ std::string Bytes(const std::string& name, size_t size);
 // 300} with chunk size 1024 and source file:///data/v1: its encoded bytes.
 std::string Version1ManifestBytes();
 
+// A manifest written by the version 2 format (modes, no ctime or inode), made
+// by Granary at f747c30 from {"cls/a.jpg", 3, 100, 0640}, {"cls/b.jpg", 2000,
+// 200, 0444}, {"top", 0, 300, 0600} and directories {"", 0755}, {"cls", 0750},
+// {"empty", 0700}, chunk size 1024, source file:///data/v2: its encoded bytes.
+std::string Version2ManifestBytes();
+
+// Source files changed the ways a snapshot's size and mtime cannot see
+// (security issue 19, finding 4). Both first wait until the file system's
+// clock has moved past the file's ctime, so the change shows in the ctime even
+// where timestamps are as coarse as a jiffy. Fail the test on error.
+//   RewriteKeepingMtime: `bytes` written over the file in place (same inode),
+//     then its old mtime set again, as `touch -r` or `cp -p` do; the kernel
+//     sets the ctime to now, and nothing in user space can set it back.
+//   ReplaceKeepingMtime: `bytes` written to a new file that gets the old one's
+//     mtime, then renamed over it: another inode (and ctime) under the name.
+void RewriteKeepingMtime(const std::string& path, const std::string& bytes);
+void ReplaceKeepingMtime(const std::string& path, const std::string& bytes);
+
 // A TCP port on 127.0.0.1 that was free when asked (bind to port 0, read, close).
 uint16_t FreeTcpPort();
 

@@ -53,11 +53,21 @@ inline constexpr uint16_t kDefaultDirectoryMode = 0555;
 inline constexpr uint16_t kMaxMode = 07777;
 
 // One file of the source, as the walk saw it.
+//
+// size, mtime_ns, ctime_ns and inode together identify the version of the file
+// the snapshot saw: every read of its bytes from the source checks them on
+// the opened descriptor (source.h). ctime cannot be set from user space, so a
+// rewrite that restores the mtime (`touch -r`, `cp -p`, `rsync -t`) still shows;
+// a new inode shows a file replaced by a rename. 0 in ctime_ns or inode means
+// "not recorded" (manifests of format version 1 and 2, entries built by hand):
+// that attribute is then not checked.
 struct FileEntry {
   std::string path;  // relative to the source root, '/'-separated, no leading '/'
   uint64_t size = 0;
   int64_t mtime_ns = 0;              // st_mtim in nanoseconds since the epoch
   uint16_t mode = kDefaultFileMode;  // st_mode & 07777
+  int64_t ctime_ns = 0;              // st_ctim in nanoseconds since the epoch; 0: not recorded
+  uint64_t inode = 0;                // st_ino; 0: not recorded
 };
 
 // One directory of the source, as the walk saw it. Directories holding
@@ -100,6 +110,8 @@ struct SampleInfo {
   uint32_t chunk_offset = 0;         // offset of its first byte in that chunk's payload
   uint32_t chunk_count = 1;          // chunks it spans (>1 only when size > chunk_size)
   uint16_t mode = kDefaultFileMode;  // permission bits at snapshot time
+  int64_t ctime_ns = 0;              // st_ctim at snapshot time; 0: not recorded (FileEntry)
+  uint64_t inode = 0;                // st_ino at snapshot time; 0: not recorded
 };
 
 // One chunk: the samples with bytes in it.
@@ -174,6 +186,13 @@ class Manifest {
   std::string_view NameOf(SampleId id) const;
   // Permission bits at snapshot time (st_mode & 07777).
   uint16_t ModeOf(SampleId id) const;
+  // st_ctim (ns) and st_ino at snapshot time; 0 when not recorded (a manifest
+  // of format version 1 or 2, or an entry built without them).
+  int64_t CtimeOf(SampleId id) const;
+  uint64_t InodeOf(SampleId id) const;
+  // The format version this manifest encodes as (manifest_format.h): its own
+  // for a decoded one, kVersion for a built one.
+  uint32_t format_version() const;
   // The directory (index below directory_count()) holding the sample.
   uint32_t DirectoryOf(SampleId id) const;
 

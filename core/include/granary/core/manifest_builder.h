@@ -10,9 +10,11 @@
 //   - a regular file is a sample if it matches an include glob (or there are
 //     none) and no exclude glob;
 //   - a symlink is never followed out of the root: a link to a regular file
-//     inside the root is a sample under the link's own path (size and mtime of
-//     the target); links to directories (cycles), outside the root or dangling
+//     inside the root is a sample under the link's own path (size, mtime,
+//     ctime and inode of the target); links to directories (cycles), outside the root or dangling
 //     are skipped and counted;
+//   - every sample records size, mtime, ctime and inode: what identifies the
+//     version of the file the walk saw (FileEntry, source.h);
 //   - every directory read is recorded with its permission bits, so one
 //     without samples (an empty class folder) is in the manifest too;
 //   - sockets, fifos and devices are skipped and counted; entries the walk

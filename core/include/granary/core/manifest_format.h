@@ -1,6 +1,6 @@
 #pragma once
 
-// Byte layout of an encoded manifest (version 2; version 1 is still read). docs/formats.md
+// Byte layout of an encoded manifest (version 3; versions 1 and 2 are still read). docs/formats.md
 // describes it field by field; this header holds the sized constants both sides share.
 //
 //   file   := fixed_header (64 bytes) + zstd frame of `body`
@@ -26,7 +26,11 @@ inline constexpr char kMagic[8] = {'G', 'R', 'N', 'Y', 'M', 'A', 'N', 'F'};
 // Version 2 added the permission bits of samples and directories (and lists
 // directories without samples); version 1 manifests are still read, with
 // kDefaultFileMode / kDefaultDirectoryMode, and re-encode as version 1.
-inline constexpr uint32_t kVersion = 2;
+// Version 3 added each sample's ctime (ns) and inode, which the source reads
+// check besides size and mtime; version 1 and 2 manifests are still read (no
+// ctime or inode: those reads check size and mtime only) and re-encode as
+// themselves.
+inline constexpr uint32_t kVersion = 3;
 inline constexpr uint32_t kOldestVersion = 1;
 inline constexpr size_t kHeaderSize = 64;
 

@@ -19,11 +19,17 @@
 //      FIFO swapped in cannot hang it;
 //   4. the opened descriptor's attributes as the open just fetched them
 //      (statx with AT_STATX_DONT_SYNC: no extra round trip on NFS or FUSE)
-//      must show a regular file with the manifest's size and mtime (ns), else
-//      kFailedPrecondition ("changed since the snapshot") and nothing is read;
+//      must show a regular file with the manifest's size and mtime (ns), and
+//      its ctime (ns) and inode when the manifest recorded them (format
+//      version 3 on), else kFailedPrecondition ("changed since the snapshot",
+//      naming what changed and the `granary dataset snapshot` to run) and
+//      nothing is read. ctime catches a rewrite that restored size and mtime
+//      (touch -r), the inode a file renamed over the recorded one;
 //   5. pread until the range is read; end of file first is "changed";
-//   6. fstat again: a size or mtime that moved during the read is "changed",
+//   6. fstat again: any of those that moved during the read is "changed",
 //      so bytes from a file rewritten meanwhile are never returned.
+// Every Read does all of this, so each piece of a large sample is checked on
+// its own: pieces of two versions of a file are never both returned.
 // Kernels without openat2 (before 5.6, or a seccomp filter that refuses it)
 // get a component-by-component walk with O_NOFOLLOW instead: as safe, but
 // symlinks are refused (kUnsafePath) rather than followed.
@@ -70,6 +76,9 @@ struct PosixSourceOptions {
   std::string root;
   // Shown in messages; default "file://" + root.
   std::string uri;
+  // The dataset's name, for the re-snapshot command messages give
+  // (`granary dataset snapshot NAME`); empty: "NAME".
+  std::string dataset;
   // Whose rights every access uses (ResolveOwnerIdentity of the dataset owner).
   Identity owner;
   // Runs the accesses as `owner`; required; must outlive the source.
@@ -115,6 +124,8 @@ class PosixSource final : public Source {
   Result<ScopedFd> OpenBeneath(const SourceFile& file);
   Status Fail(SourceErrorKind kind, Status status);
   std::string What(const SourceFile& file, uint64_t offset, size_t length) const;
+  // "re-snapshot the dataset: `granary dataset snapshot <dataset>`".
+  std::string Resnapshot() const;
 
   const PosixSourceOptions options_;
   // The O_PATH descriptor of directory `dir` (relative, not empty) beneath

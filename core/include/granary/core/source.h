@@ -3,9 +3,12 @@
 // Source: where a dataset's bytes come from at staging time. The cache node
 // reads each sample (or, for a sample larger than a chunk, the piece of it that
 // one chunk holds) through this interface, naming it as the manifest recorded
-// it: path relative to the source root, size and mtime. A driver checks the
-// file against those before returning bytes, so a file that changed since the
-// snapshot is a per-sample error (kFailedPrecondition), never wrong bytes.
+// it: path relative to the source root, and what identifies the version the
+// snapshot saw (size, mtime, ctime, inode). A driver checks the opened file
+// against those for every read, before and after reading, so a file that
+// changed since the snapshot is a per-sample error (kFailedPrecondition),
+// never wrong bytes, and pieces of two versions of a file are never joined:
+// each piece of a large sample is read (and checked) on its own.
 //
 // Drivers: PosixSource (posix_source.h) for a mounted file system; S3 and HTTP
 // drivers later. Every driver bounds its reads in flight (Read waits for a slot,
@@ -39,17 +42,28 @@ struct SourceFile {
   std::string path;  // relative to the source root: "a/b.jpg", no leading '/', no '.' or '..'
   uint64_t size = 0;
   int64_t mtime_ns = 0;  // st_mtim in nanoseconds since the epoch
+  // st_ctim in nanoseconds and st_ino; 0 when the manifest did not record it
+  // (format version 1 or 2): that attribute is then not checked.
+  int64_t ctime_ns = 0;
+  uint64_t inode = 0;
 };
+
+// The source file of sample `id` (unchecked: id < manifest.sample_count()).
+inline SourceFile SourceFileAt(const Manifest& manifest, SampleId id) {
+  return SourceFile{manifest.PathOf(id), manifest.SizeOf(id), manifest.MtimeOf(id),
+                    manifest.CtimeOf(id), manifest.InodeOf(id)};
+}
 
 // The source file of sample `id`; kOutOfRange past the end.
 inline Result<SourceFile> SourceFileOf(const Manifest& manifest, SampleId id) {
   GRANARY_ASSIGN_OR_RETURN(SampleInfo info, manifest.Sample(id));
-  return SourceFile{std::move(info.path), info.size, info.mtime_ns};
+  return SourceFile{std::move(info.path), info.size, info.mtime_ns, info.ctime_ns, info.inode};
 }
 
 // Why a read failed, for counting (the Status carries the details).
 enum class SourceErrorKind : uint8_t {
-  kChanged,           // size, mtime or type differs from the snapshot, or changed during the read
+  kChanged,           // size, mtime, ctime, inode or type differs from the snapshot, or
+                      // changed during the read
   kNotFound,          // the file (or a directory on its path) is gone
   kPermissionDenied,  // the dataset's owner may not read it
   kUnsafePath,        // resolves outside the root, or through a link the driver will not follow
