@@ -80,35 +80,53 @@ int OpenAt(int dir_fd, const char* path, int flags) {
   return fd;
 }
 
-// Compares the open file's version with the manifest's: type, size, mtime,
-// and the ctime and inode when the manifest recorded them (not 0). Empty when
-// equal; otherwise every difference, each with what it means.
-std::string Mismatch(const Version& v, const SourceFile& file) {
-  if (!S_ISREG(v.mode)) return "it is " + std::string(FileType(v.mode)) + " now";
-  std::string diff;
-  auto add = [&](const std::string& what) {
-    if (!diff.empty()) diff += "; ";
-    diff += what;
+// How an open file differs from the version the manifest recorded: type,
+// size, mtime, and the ctime and inode when the manifest recorded them (not 0).
+struct Change {
+  // Short, for the front of the message: a cache node's reply keeps only the
+  // first 192 bytes of an item's message (protocol_format.h).
+  std::string summary;
+  std::string details;  // the values, both sides
+  bool none() const { return summary.empty(); }
+};
+
+Change Compare(const Version& v, const SourceFile& file) {
+  Change c;
+  if (!S_ISREG(v.mode)) {
+    c.summary = "it is " + std::string(FileType(v.mode)) + " now";
+    return c;
+  }
+  std::string moved;
+  auto add = [&](std::string_view what, const std::string& values) {
+    moved += moved.empty() ? "" : ", ";
+    moved += what;
+    c.details += c.details.empty() ? "" : "; ";
+    c.details += values;
   };
   if (v.size != file.size) {
-    add("size " + std::to_string(v.size) + " bytes, snapshot " + std::to_string(file.size));
+    add("size", "size " + std::to_string(v.size) + " bytes, snapshot " + std::to_string(file.size));
   }
   if (v.mtime_ns != file.mtime_ns) {
-    add("mtime " + std::to_string(v.mtime_ns) + " ns, snapshot " + std::to_string(file.mtime_ns));
+    add("mtime",
+        "mtime " + std::to_string(v.mtime_ns) + " ns, snapshot " + std::to_string(file.mtime_ns));
   }
+  // ctime cannot be set from user space: a rewrite whose writer restored the
+  // size and mtime (touch -r, cp -p, rsync -t) still moves it. A new inode
+  // is a file renamed over the recorded one (whose ctime differs too).
   if (file.inode != 0 && v.inode != file.inode) {
-    add("inode " + std::to_string(v.inode) + ", snapshot " + std::to_string(file.inode) +
-        ": another file now has its name, e.g. one renamed over it");
+    add("inode", "inode " + std::to_string(v.inode) + ", snapshot " + std::to_string(file.inode));
   } else if (file.ctime_ns != 0 && v.ctime_ns != file.ctime_ns) {
-    // ctime cannot be set from user space: a rewrite whose writer restored
-    // the size and mtime (touch -r, cp -p, rsync -t) still moves it.
-    add("ctime " + std::to_string(v.ctime_ns) + " ns, snapshot " + std::to_string(file.ctime_ns) +
-        ": written to, or its mode, owner or links changed, after the snapshot" +
-        (v.size == file.size && v.mtime_ns == file.mtime_ns
-             ? " (its size and mtime were kept, e.g. by touch -r, cp -p or rsync -t)"
-             : ""));
+    add("ctime",
+        "ctime " + std::to_string(v.ctime_ns) + " ns, snapshot " + std::to_string(file.ctime_ns));
   }
-  return diff;
+  if (moved == "inode") {
+    c.summary = "another file was renamed over it (new inode; size and mtime kept)";
+  } else if (moved == "ctime") {
+    c.summary = "its ctime moved, size and mtime kept (rewritten and touch -r'd, or chmod/chown)";
+  } else if (!moved.empty()) {
+    c.summary = "its " + moved + " differ";
+  }
+  return c;
 }
 
 // The attributes the open just fetched, without asking the file system again
@@ -309,12 +327,13 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
     auto hook = [&](SourceReadStage stage) {
       if (options_.stage_hook) options_.stage_hook(stage, file);
     };
-    auto changed = [&](const std::string& how) {
-      return Fail(SourceErrorKind::kChanged,
-                  Status::FailedPrecondition(what() + ": changed since the snapshot (" + how +
-                                             "); none of its bytes are used, as they are not "
-                                             "the version the snapshot recorded; " +
-                                             Resnapshot()));
+    // What changed and what to do first; the read and the values after.
+    auto changed = [&](const std::string& summary, const std::string& details) {
+      return Fail(
+          SourceErrorKind::kChanged,
+          Status::FailedPrecondition(Quoted(file.path) + " changed since the snapshot: " + summary +
+                                     "; " + Resnapshot() + "; none of its bytes are used (" +
+                                     what() + (details.empty() ? "" : ": " + details) + ")"));
     };
 
     hook(SourceReadStage::kBeforeOpen);
@@ -339,7 +358,7 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
       }
       opened = VersionOf(st);
     }
-    if (std::string diff = Mismatch(opened, file); !diff.empty()) return changed(diff);
+    if (Change c = Compare(opened, file); !c.none()) return changed(c.summary, c.details);
     hook(SourceReadStage::kChecked);
 
     size_t done = 0;
@@ -357,7 +376,8 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
       meter_.CountRead(static_cast<uint64_t>(n));
       if (n == 0) {
         return changed("the file ended after " + std::to_string(offset + done) + " of " +
-                       std::to_string(file.size) + " bytes during the read");
+                           std::to_string(file.size) + " bytes during the read",
+                       "");
       }
       done += static_cast<size_t>(n);
     }
@@ -368,8 +388,8 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
       int err = errno;
       return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": fstat after the read"));
     }
-    if (std::string diff = Mismatch(VersionOf(st), file); !diff.empty()) {
-      return changed(diff + ", during the read");
+    if (Change c = Compare(VersionOf(st), file); !c.none()) {
+      return changed(c.summary + ", during the read", c.details);
     }
     return Status::Ok();
   });

@@ -345,6 +345,74 @@ TEST_F(CliClusterTest, BrokenPipeExitsQuietly) {
   EXPECT_EQ(r.out[0], ds_.contents[0][0]);
 }
 
+// Security issue 19, finding 4, end to end: a 300,000-byte file in a dataset
+// of 64 KiB chunks on a node with room for two of its five chunks, rewritten
+// after the snapshot at the same size with its mtime restored (touch -r).
+// `granary cat` returned the staged bytes 0..131071 of the old file joined
+// with the rest of the new one, exit 0. Now it writes none of it and fails
+// naming the file, what changed and the re-snapshot command; after that
+// re-snapshot it reads the new version, whole.
+TEST(CliChangedSourceTest, CatNeverJoinsStagedPiecesWithARewrittenFile) {
+  auto created = CacheCluster::Create();
+  ASSERT_OK(created);
+  CacheCluster& cluster = **created;
+  testing::CacheNodeOptions small;
+  small.capacity_bytes = 150'000;  // two chunk files (4 KiB header + 64 KiB), not three
+  ASSERT_OK(cluster.StartNodes(1, small));
+  constexpr size_t kSize = 300'000;
+  const std::string root = cluster.dir().Join("changing");
+  const std::string old_bytes = testing::Bytes("big.bin", kSize);
+  cluster.dir().WriteFile("changing/big.bin", old_bytes);
+  auto manifest = cluster.RegisterTree("changing", root, 64 * 1024);
+  ASSERT_OK(manifest);
+  ASSERT_EQ((*manifest)->chunk_count(), 5u);
+  const std::map<std::string, std::string> ds = {{"dataset", "changing"}};
+  testing::CacheNode& node = cluster.node(0);
+  ASSERT_OK(node.WaitForMetric("granary_cachenode_staging_state", ds,
+                               [](double state) { return state == 3; }));  // capacity
+  auto staged = node.MetricValue("granary_cachenode_staged_chunks", ds);
+  ASSERT_OK(staged);
+  ASSERT_EQ(*staged, 2.0);
+
+  auto cat = [&] {
+    std::ostringstream out;
+    std::ostringstream err;
+    ProcessRun run;
+    run.code = RunCli({"--store", cluster.store_url(), "cat", "changing", "--direct", "big.bin"},
+                      out, err);
+    run.out = out.str();
+    run.err = err.str();
+    return run;
+  };
+  ProcessRun r = cat();
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  ASSERT_TRUE(r.out == old_bytes) << r.out.size() << " bytes";
+
+  const std::string new_bytes = testing::Bytes("big.bin, version 2", kSize);
+  testing::RewriteKeepingMtime(root + "/big.bin", new_bytes);
+  r = cat();
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  // Nothing of it is written (it was the old file's bytes 0..131071, from the
+  // node, and the new file's rest, from the source).
+  const bool joined = r.out.size() == kSize &&
+                      r.out.compare(0, 131072, old_bytes, 0, 131072) == 0 &&
+                      r.out.compare(131072, kSize, new_bytes, 131072, kSize) == 0;
+  EXPECT_FALSE(joined) << "the two versions were joined";
+  EXPECT_EQ(r.out.size(), 0u);
+  EXPECT_NE(r.err.find("big.bin"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("changed since the snapshot"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ctime"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("`granary dataset snapshot changing`"), std::string::npos) << r.err;
+
+  // What the message says to do: then the new version, whole.
+  ProcessRun snapshot =
+      RunGranary({"--store", cluster.store_url(), "dataset", "snapshot", "changing"});
+  ASSERT_EQ(snapshot.code, kCliOk) << snapshot.err;
+  r = cat();
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_TRUE(r.out == new_bytes) << r.out.size() << " bytes";
+}
+
 TEST_F(CliClusterTest, DoctorPassesOnALiveSetUp) {
   SidecarProcess& sidecar = StartSidecar();
   ProcessRun r = Cli({"doctor", "--socket", sidecar.socket_path(), "--config",
