@@ -1,9 +1,10 @@
 // Writes the manifest fuzzer's seed corpus: a few valid manifests (format
-// version 2), whole files (first byte 0) and bare bodies (first byte 1). Run
+// version 3), whole files (first byte 0) and bare bodies (first byte 5). Run
 // from the fuzz build:
 //   make_fuzz_seeds tests/fuzz/corpus/manifest
-// The corpus also keeps version 1 seeds made before modes existed
-// (*-v1: whole files, and bodies with first byte 3).
+// The corpus also keeps version 2 seeds made before ctimes and inodes existed
+// (*-v2: whole files, and bodies with first byte 1) and version 1 seeds made
+// before modes existed (*-v1: whole files, and bodies with first byte 3).
 
 #include <zstd.h>
 
@@ -38,7 +39,8 @@ int main(int argc, char** argv) {
       {},
       {{"a", 1, 1}},
       {{"a/x.jpg", 100, 5}, {"a/y.jpg", 2000, 6}, {"b/c/d.jpg", 0, 7}, {"e.jpg", 1024, 8}},
-      {{"cls/a.jpg", 10, 5, 0640}, {"top", 3, 6, 04755}},
+      {{"cls/a.jpg", 10, 5, 0640, 1'700'000'000'123'456'789, 131},
+       {"top", 3, 6, 04755, 1'700'000'001'000'000'000, 1ull << 40}},
   };
   // Directories with modes, one without files, for the last set.
   std::vector<granary::DirectoryEntry> dirs = {{"", 0750}, {"cls", 0700}, {"empty/inner", 01777}};
@@ -53,12 +55,12 @@ int main(int argc, char** argv) {
     }
     std::string file = m->Encode();
     Write(dir, "file" + std::to_string(i), 0, file);
-    // The body under the 64-byte header, for the body parser (mode 1).
+    // The body under the 64-byte header, for the body parser (mode 5: version 3).
     std::string frame = file.substr(64);
     std::string body(ZSTD_getFrameContentSize(frame.data(), frame.size()), '\0');
     size_t n = ZSTD_decompress(body.data(), body.size(), frame.data(), frame.size());
     if (ZSTD_isError(n)) return 1;
-    Write(dir, "body" + std::to_string(i), 1, body);
+    Write(dir, "body" + std::to_string(i), 5, body);
     ++i;
   }
   std::cout << "wrote " << i << " seeds to " << dir << "\n";

@@ -1,9 +1,11 @@
 // Feeds arbitrary bytes to the manifest decoder. The first byte picks the entry:
 // even → the whole file (header, checksum, zstd) as Manifest::Decode sees it;
 // odd → an uncompressed body, which reaches the body parser without having to
-// forge checksums (bit 1 picks the body's format version: 2, or 1 without the
-// mode columns). Whatever decodes must answer every lookup without crashing,
-// and re-encode to a manifest that decodes to the same one.
+// forge checksums (bits 1-2 pick the body's format version: 0 → 2, 1 → 1
+// without the mode columns, 2 and 3 → 3 with the ctime and inode columns;
+// seeds made before version 3 keep their meaning). Whatever decodes must
+// answer every lookup without crashing, and re-encode to a manifest that
+// decodes to the same one.
 
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +18,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::string_view input(reinterpret_cast<const char*>(data + 1), size - 1);
-  const uint32_t version = (data[0] & 2) == 0 ? 2u : 1u;
+  const uint32_t selector = (data[0] >> 1) & 3u;
+  const uint32_t version = selector == 0 ? 2u : selector == 1 ? 1u : 3u;
   auto m = (data[0] & 1) == 0
                ? granary::Manifest::Decode(input)
                : granary::internal::DecodeManifestBody(input, granary::ContentId{}, version);
@@ -33,6 +36,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto found = m->Find(m->PathOf(s));
     if (!found.ok() || *found != s) __builtin_trap();
     if (m->ModeOf(s) > granary::kMaxMode || m->DirectoryOf(s) >= m->directory_count()) {
+      __builtin_trap();
+    }
+    auto info = m->Sample(s);
+    if (!info.ok() || info->ctime_ns != m->CtimeOf(s) || info->inode != m->InodeOf(s)) {
       __builtin_trap();
     }
   }
