@@ -709,8 +709,11 @@ Result<ScopedFd> CacheNode::Impl::HandOff(const PeerCredentials& peer,
 }
 
 // (Re)creates the dataset's Stager with the order of `plans` and puts it in
-// service. A running one is replaced: READs in that instant see the dataset
-// as not served (kNotFound) and readers retry or fall back.
+// service. A running one is stopped first and then replaced in the read
+// service in one step, so the dataset is served throughout: a READ that found
+// it unserved would be taken for "not placed here" and read from the source
+// (which may be gone once the dataset is Ready). A sidecar registers its plan
+// when its job starts reading, so this happens at every job's first reads.
 Status CacheNode::Impl::Restage(ActiveDataset& ds, std::vector<PlanRecord> plans) {
   StagerOptions options;
   options.dataset = ds.name;
@@ -722,16 +725,17 @@ Status CacheNode::Impl::Restage(ActiveDataset& ds, std::vector<PlanRecord> plans
       std::unique_ptr<Stager> created,
       Stager::Create(ds.manifest, ds.source, chunks_, ds.owned, std::move(options)));
   std::shared_ptr<Stager> stager = std::move(created);
-  if (ds.stager) {
-    (void)reads_->Remove(ds.name, ds.manifest_id);
-    ds.stager->Stop();
-  }
+  const std::shared_ptr<Stager> replaced = ds.stager;
+  // Still serving while it stops (a stopped Stager fetches on demand), and
+  // stopped before the new one starts (one bulk writer per chunk).
+  if (replaced) replaced->Stop();
   {
     std::lock_guard<std::mutex> lock(datasets_mu_);
     ds.stager = stager;
     ds.plans_key = key;
   }
-  GRANARY_RETURN_IF_ERROR(reads_->Add(ds.manifest, stager));
+  GRANARY_RETURN_IF_ERROR(replaced ? reads_->Replace(ds.manifest, stager)
+                                   : reads_->Add(ds.manifest, stager));
   GRANARY_RETURN_IF_ERROR(stager->Start());
   log_->info("dataset {}: staging in {} order", Quoted(ds.name),
              ordered ? "the registered plans'" : "chunk");

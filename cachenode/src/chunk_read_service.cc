@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "granary/core/hash.h"
@@ -211,25 +212,51 @@ ChunkReadService::ChunkReadService(std::shared_ptr<ChunkStore> store,
                                    ChunkReadServiceOptions options)
     : store_(std::move(store)), options_(std::move(options)) {}
 
-Status ChunkReadService::Add(std::shared_ptr<const Manifest> manifest,
-                             std::shared_ptr<Stager> stager) {
+Status ChunkReadService::CheckServable(const std::shared_ptr<const Manifest>& manifest,
+                                       const std::shared_ptr<Stager>& stager,
+                                       const std::string& doing) const {
   if (manifest == nullptr || stager == nullptr) {
-    return Status::InvalidArgument(
-        "adding a dataset to the read service: the manifest and the stager must not be null");
+    return Status::InvalidArgument(doing + " a dataset in the read service of node " +
+                                   Quoted(options_.node_name) +
+                                   ": the manifest and the stager must not be null");
   }
-  const std::string what = "adding " + ManifestName(stager->dataset(), manifest->id()) +
-                           " to the read service of node " + Quoted(options_.node_name);
   if (stager->manifest()->id() != manifest->id()) {
-    return Status::InvalidArgument(what + ": the stager stages manifest " +
+    return Status::InvalidArgument(doing + " " + ManifestName(stager->dataset(), manifest->id()) +
+                                   " in the read service of node " + Quoted(options_.node_name) +
+                                   ": the stager stages manifest " +
                                    stager->manifest()->id().ToHex() +
                                    "; create the stager over this manifest");
   }
+  return Status::Ok();
+}
+
+Status ChunkReadService::Add(std::shared_ptr<const Manifest> manifest,
+                             std::shared_ptr<Stager> stager) {
+  GRANARY_RETURN_IF_ERROR(CheckServable(manifest, stager, "adding"));
+  const std::string what = "adding " + ManifestName(stager->dataset(), manifest->id()) +
+                           " to the read service of node " + Quoted(options_.node_name);
   std::lock_guard<std::mutex> lock(mu_);
   auto key = std::pair(stager->dataset(), manifest->id());
   if (served_.count(key) != 0) {
     return Status::AlreadyExists(what + ": it is served already; Remove it first");
   }
   served_.emplace(std::move(key), Served{std::move(manifest), std::move(stager)});
+  return Status::Ok();
+}
+
+Status ChunkReadService::Replace(std::shared_ptr<const Manifest> manifest,
+                                 std::shared_ptr<Stager> stager) {
+  GRANARY_RETURN_IF_ERROR(CheckServable(manifest, stager, "replacing the stager of"));
+  Served replaced;  // destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = served_.find(std::pair(stager->dataset(), manifest->id()));
+  if (it == served_.end()) {
+    return Status::NotFound("replacing the stager of " +
+                            ManifestName(stager->dataset(), manifest->id()) +
+                            " in the read service of node " + Quoted(options_.node_name) +
+                            ": it is not served; Add it");
+  }
+  replaced = std::exchange(it->second, Served{std::move(manifest), std::move(stager)});
   return Status::Ok();
 }
 

@@ -506,6 +506,41 @@ TEST_F(ChunkReadServiceTest, AddRefusesAStagerOfAnotherManifestWithTheSameChunkC
   EXPECT_EQ(stager_->source(), source_);
 }
 
+// The daemon re-creates a dataset's Stager when the registered plans change:
+// Replace swaps it in one step, so the dataset is served before, at and after.
+TEST_F(ChunkReadServiceTest, ReplaceSwapsTheStagerAndTheDatasetStaysServed) {
+  StagerOptions o;
+  o.dataset = kDataset;
+  o.threads = 2;
+  std::vector<ChunkId> all;
+  for (ChunkId c = 0; c < manifest_->chunk_count(); ++c) all.push_back(c);
+  auto created = Stager::Create(manifest_, source_, store_, all, o);
+  ASSERT_OK(created);
+  std::shared_ptr<Stager> next(std::move(*created));
+  EXPECT_EQ(service_->Replace(manifest_, next).code(), StatusCode::kNotFound)
+      << "nothing to replace yet";
+  EXPECT_EQ(service_->dataset_count(), 0u);
+
+  Serve({}, /*start=*/true);
+  const std::weak_ptr<Stager> old = stager_;
+  stager_->Stop();
+  ASSERT_OK(service_->Replace(manifest_, next));
+  stager_.reset();
+  EXPECT_TRUE(old.expired()) << "the service still holds the replaced stager";
+  EXPECT_EQ(service_->dataset_count(), 1u);
+  auto answer = service_->Read(Request({WholeSample(0)}));
+  ASSERT_OK(answer);
+  ASSERT_OK(answer->reply().items[0].status);
+  EXPECT_EQ(ItemBytes(*answer, 0), Expected(0));
+  auto stat = service_->Stat(StatRequest{kDataset, manifest_->id()});
+  ASSERT_OK(stat);
+
+  EXPECT_EQ(service_->Replace(nullptr, next).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_->Replace(manifest_, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_->dataset_count(), 1u);
+  ASSERT_OK(service_->Remove(kDataset, manifest_->id()));
+}
+
 TEST_F(ChunkReadServiceTest, StatNodeAndDataset) {
   Serve({}, /*start=*/true);
   auto node = service_->Stat(StatRequest{});

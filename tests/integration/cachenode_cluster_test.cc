@@ -11,7 +11,9 @@
 //  - Redis restarted mid-run: the nodes reconnect, heartbeat and finish;
 //  - a node restarted on its data dir after Ready opens no source file again;
 //  - `promtool check metrics` accepts what a node that staged and served
-//    exports, and every metric of the contract is there.
+//    exports, and every metric of the contract is there;
+//  - a plan registered while the node stages (its stager is re-created in
+//    the plan's order) never leaves the dataset unserved.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -23,8 +25,10 @@
 #include <thread>
 
 #include "granary/core/file.h"
+#include "granary/core/manifest_builder.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/daemon_process.h"
+#include "testing/slowfs_mount.h"
 #include "testing/test_util.h"
 
 namespace granary::testing {
@@ -350,6 +354,98 @@ TEST(CacheNodeClusterTest, RestartOnTheSameDataDirOpensNoSourceFileAgain) {
   EXPECT_EQ(*fetches, 0);
   EXPECT_EQ(node.ChunkFiles(), files_before);
 }
+
+#ifdef GRANARY_SLOWFS_BINARY
+
+// A job's sidecar registers its plan when the job starts reading, and the
+// node then re-creates the dataset's Stager in the plan's order. A READ in
+// that moment must still find the dataset served: "not served by node" sends
+// the sidecar to the source, which may be gone once the dataset is Ready
+// (SlurmClusterTest.PersistentDwJobReadsAStagedDatasetWithoutTheSource failed
+// so now and then). The old Stager used to be out of the read service while
+// it stopped, which lasts until its workers' source reads return: over
+// granary-slowfs at 200 ms an operation, with four workers busy, that is most
+// of 200 ms, and the reader below asks about every millisecond.
+TEST(CacheNodeClusterTest, PlanRegisteredMidStagingLeavesTheDatasetServedThroughout) {
+  TempDir slow_dir;  // outlives the mount, which outlives the node
+  const std::string src = slow_dir.Join("src");
+  constexpr size_t kFiles = 400;  // minutes of staging at 200 ms an operation
+  for (size_t i = 0; i < kFiles; ++i) {
+    char rel[32];
+    std::snprintf(rel, sizeof(rel), "f%04zu.bin", i);
+    slow_dir.WriteFile(std::string("src/") + rel, Bytes(rel, 4096));
+  }
+  SlowFsMount slow(GRANARY_SLOWFS_BINARY, src, slow_dir.Join("mnt"));
+  ASSERT_OK(slow.Start({.latency_ms = 200}, slow_dir.Join("slowfs.log")));
+  auto cluster = CacheCluster::Create();
+  ASSERT_OK(cluster);
+  // Snapshotted on the tree itself (quick), staged through the slow mount.
+  ManifestBuildOptions build;
+  build.source_root = src;
+  build.source_uri = "file://" + slow.mount_point();
+  build.chunk_size = 16 * 1024;
+  auto manifest = BuildManifest(build);
+  ASSERT_OK(manifest);
+  ASSERT_EQ(manifest->sample_count(), kFiles);
+  TestDataset ds;
+  ds.name = "replan";
+  ds.pool = "default";
+  ds.root = src;
+  ds.manifest = std::make_shared<const Manifest>(std::move(*manifest));
+  ds.manifest_id = ds.manifest->id();
+  for (SampleId id = 0; id < kFiles; ++id) ds.contents.push_back(ReadAll(ds.PathOf(id)));
+  ASSERT_OK((*cluster)->RegisterManifest(ds.name, *ds.manifest));
+  ASSERT_OK((*cluster)->StartNodes(1));
+  CacheNode& node = (*cluster)->node(0);
+
+  // The last sample, in the chunk bulk staging reaches last: fetched on
+  // demand once (stored), read from the chunk file from then on.
+  const SampleId last = kFiles - 1;
+  DatasetReader reader(&(*cluster)->store(), ds);
+  std::vector<std::string> wrong;
+  ASSERT_OK(reader.ReadAllCorrect({last}, 60s, &wrong));
+  ASSERT_TRUE(wrong.empty()) << wrong.front();
+
+  // Reads it from the node until told to stop (or for a minute at most).
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> served{0};
+  std::vector<std::string> failures;  // the reader thread's until it is joined
+  std::thread reading([&] {
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (!stop && std::chrono::steady_clock::now() < deadline) {
+      const DatasetReader::Outcome got = reader.ReadFrom(node.id(), {last}).at(0);
+      if (got.status.ok() && got.bytes == ds.contents[last]) {
+        ++served;
+      } else if (failures.size() < 5) {
+        failures.push_back(got.status.ok() ? "wrong bytes" : got.status.ToString());
+      }
+    }
+  });
+  const uint64_t served_before = WaitFor([&] { return served > 0; }, 20s) ? served.load() : 0;
+  PlanRecord plan;
+  plan.plan_id = "job-1";
+  const Status put = (*cluster)->store().PutPlan(ds.name, plan);
+  auto in_plan_order = [&] {
+    return node.Log().find("staging in the registered plans' order") != std::string::npos;
+  };
+  const bool restaged = put.ok() && WaitFor(in_plan_order, 30s);
+  stop = true;
+  reading.join();
+  ASSERT_OK(put);
+  ASSERT_TRUE(restaged) << "the node did not re-order the staging after the plan";
+  EXPECT_GT(served_before, 0u) << "the reader never got the sample before the plan";
+  EXPECT_GT(served.load(), served_before) << "no read during or after the restage";
+  EXPECT_THAT(failures, ::testing::IsEmpty())
+      << "a READ found the dataset unserved while its stager was replaced";
+  // Bulk staging was still going (its workers in source reads) when the plan
+  // came: otherwise the old Stager stopped at once and this proved nothing.
+  auto record = (*cluster)->store().GetDataset(ds.name);
+  ASSERT_OK(record);
+  EXPECT_EQ(record->state.phase, DatasetPhase::kStaging)
+      << "staging finished before the plan; make the tree larger or the mount slower";
+}
+
+#endif  // GRANARY_SLOWFS_BINARY
 
 TEST(CacheNodeClusterTest, PromtoolAcceptsTheMetricsOfANodeThatStagedAndServed) {
   const char* promtool = "/usr/bin/promtool";

@@ -80,6 +80,13 @@ class ChunkReadService final : public ReadService {
   // store. kInvalidArgument for null arguments or a stager of another
   // manifest; kAlreadyExists if served already.
   Status Add(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Stager> stager);
+  // Serves it with `stager` from now on in place of the stager serving it now,
+  // in one step: no READ finds it unserved in between (READs in progress
+  // finish with the old stager). For a Stager created again over the same
+  // manifest (a new staging order): readers take kNotFound for "not placed
+  // on this node" and go to the source, so the daemon must not Remove and
+  // Add. kNotFound if it is not served; otherwise errors as Add.
+  Status Replace(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Stager> stager);
   // Stops serving it (READs in progress finish). kNotFound if not served.
   Status Remove(std::string_view dataset, const ContentId& manifest_id);
   size_t dataset_count() const;
@@ -106,6 +113,9 @@ class ChunkReadService final : public ReadService {
   };
   class ItemReader;
 
+  // Add's and Replace's checks of their arguments; `doing` says which.
+  Status CheckServable(const std::shared_ptr<const Manifest>& manifest,
+                       const std::shared_ptr<Stager>& stager, const std::string& doing) const;
   Result<Served> Find(std::string_view dataset, const ContentId& manifest_id) const;
   void CountError(const Status& status);
 
