@@ -21,16 +21,19 @@
 #include "granary/cachenode/handoff_server.h"
 #include "granary/cachenode/server.h"
 #include "granary/cachenode/stager.h"
+#include "granary/cachenode/token_review.h"
 #include "granary/core/identity.h"
 #include "granary/core/log.h"
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
+#include "granary/core/peer_auth.h"
 #include "granary/core/placement.h"
 #include "granary/core/plan.h"
 #include "granary/core/posix_source.h"
 #include "granary/core/snapshot.h"
 #include "granary/daemon/observability.h"
+#include "granary/operator/kube_config.h"
 
 namespace granary {
 namespace {
@@ -101,6 +104,8 @@ struct ActiveDataset {
   std::string name;
   DatasetRecord record;    // as last seen
   uint32_t owner_uid = 0;  // record.owner.uid at activation (read by handoff threads)
+  // record.spec.kubernetes_namespace at activation (read by the server's loops)
+  std::string kubernetes_namespace;
   ContentId manifest_id;
   std::shared_ptr<const Manifest> manifest;
   std::shared_ptr<PosixSource> source;
@@ -122,6 +127,9 @@ class CacheNode::Impl {
 
   Status Start();
   void Stop();
+  // The server's authentication from cluster_key_file and kubernetes_auth;
+  // null (an open port, warned about) when neither is set.
+  Result<std::shared_ptr<const ServerAuth>> MakeServerAuth();
 
   uint16_t port() const { return server_ ? server_->port() : 0; }
   uint16_t metrics_port() const { return observability_ ? observability_->port() : 0; }
@@ -240,6 +248,49 @@ Status CacheNode::Impl::OpenStore() {
                                  " (check `metadata_store` in the config and that the store runs)");
 }
 
+Result<std::shared_ptr<const ServerAuth>> CacheNode::Impl::MakeServerAuth() {
+  if (config_.cluster_key_file.empty() && config_.kubernetes_auth.empty()) {
+    log_->warn(
+        "`listen` ({}) requires no authentication: whoever reaches it can read every dataset this "
+        "node serves; set cluster_key_file (docs/security.md)",
+        config_.listen.ToString());
+    return std::shared_ptr<const ServerAuth>();
+  }
+  auto auth = std::make_shared<ServerAuth>();
+  if (!config_.cluster_key_file.empty()) {
+    Result<ClusterKeys> keys = ClusterKeys::Load(config_.cluster_key_file);
+    if (!keys.ok()) return keys.status().WithContext("`cluster_key_file`");
+    log_->info("cluster key {} loaded from {}{}", KeyIdHex(keys->current_id()),
+               config_.cluster_key_file, keys->size() > 1 ? " (and a second key: rotating)" : "");
+    auth->cluster_keys = std::make_shared<const ClusterKeys>(std::move(*keys));
+  }
+  if (!config_.kubernetes_auth.empty()) {
+    Result<kube::KubeConfig> api = config_.kubernetes_auth == "in-cluster"
+                                       ? kube::InClusterConfig()
+                                       : kube::LoadKubeConfig(config_.kubernetes_auth);
+    if (!api.ok()) return api.status().WithContext("`kubernetes_auth`");
+    TokenReviewOptions review;
+    review.audience = config_.kubernetes_audience;
+    Result<std::shared_ptr<TokenReviewVerifier>> verifier =
+        TokenReviewVerifier::Create(*api, review);
+    if (!verifier.ok()) return verifier.status().WithContext("`kubernetes_auth`");
+    auth->tokens = std::move(*verifier);
+    log_->info("pods' tokens with audience {} are checked with the API server at {}",
+               config_.kubernetes_audience, api->Describe());
+  }
+  // A token reads the datasets of its namespace that this node serves.
+  auth->authorize = [this](const PeerIdentity& who, const std::string& dataset) {
+    std::lock_guard<std::mutex> lock(datasets_mu_);
+    auto it = datasets_.find(dataset);
+    if (it == datasets_.end() || it->second->kubernetes_namespace.empty() ||
+        it->second->kubernetes_namespace != who.namespace_) {
+      return Status::PermissionDenied("another namespace's dataset, or none");
+    }
+    return Status::Ok();
+  };
+  return std::shared_ptr<const ServerAuth>(std::move(auth));
+}
+
 Status CacheNode::Impl::Start() {
   started_ms_ = NowMs();
   SetLogLevel(config_.log_level);
@@ -275,11 +326,14 @@ Status CacheNode::Impl::Start() {
   server_options.io_threads = config_.worker_threads;
   server_options.service_threads = config_.service_threads;
   server_options.max_connections = config_.max_connections;
+  server_options.max_connections_per_address = config_.max_connections_per_address;
+  server_options.max_unauthenticated_per_address = config_.max_unauthenticated_per_address;
   server_options.drain_timeout = config_.drain_timeout;
   server_options.write_timeout = config_.write_timeout;
   server_options.reply_stall_timeout = config_.reply_stall_timeout;
   server_options.reply_buffer_bytes = config_.reply_buffer_bytes;
   server_options.connection_reply_buffer_bytes = config_.connection_reply_buffer_bytes;
+  GRANARY_ASSIGN_OR_RETURN(server_options.auth, MakeServerAuth());
   Result<std::unique_ptr<Server>> server = Server::Start(reads_, server_options);
   if (!server.ok()) {
     return Status(server.status().code(),
@@ -615,6 +669,7 @@ Result<std::shared_ptr<ActiveDataset>> CacheNode::Impl::Activate(const DatasetRe
   ds->name = record.name;
   ds->record = record;
   ds->owner_uid = record.owner.uid;
+  ds->kubernetes_namespace = record.spec.kubernetes_namespace;
   GRANARY_ASSIGN_OR_RETURN(ds->manifest_id, ContentId::Parse(record.manifest_id));
   GRANARY_ASSIGN_OR_RETURN(std::string blob, store_->GetManifest(record.manifest_id));
   Result<Manifest> manifest = Manifest::Decode(blob);

@@ -160,6 +160,15 @@ Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registr
       r.AddCounter("granary_cachenode_reply_stall_closes_total",
                    "Connections closed for holding reply-budget bytes others waited for while "
                    "their client read nothing for reply_stall_timeout."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.auth_granted,
+      r.AddCounter("granary_cachenode_auth_granted_total",
+                   "Connections that authenticated (cluster key or Kubernetes token)."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.auth_refused,
+      r.AddCounter("granary_cachenode_auth_refused_total",
+                   "Connections refused for authentication: no or a wrong credential, a request "
+                   "before AUTH, a client too old to authenticate."));
   prometheus::Histogram::BucketBoundaries bounds(kServerLatencyBucketsSeconds.begin(),
                                                  kServerLatencyBucketsSeconds.end());
   GRANARY_ASSIGN_OR_RETURN(
@@ -275,6 +284,8 @@ void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
   Advance(m.connection_reply_waits, server.connection_reply_waits_total,
           &s.connection_reply_waits_total);
   Advance(m.reply_stall_closes, server.reply_stall_closes_total, &s.reply_stall_closes_total);
+  Advance(m.auth_granted, server.auth_granted_total, &s.auth_granted_total);
+  Advance(m.auth_refused, server.auth_refused_total, &s.auth_refused_total);
 
   // The histogram: the new observations per bucket since the last refresh.
   if (server.latency_count > s.latency_count) {

@@ -115,6 +115,8 @@ struct CacheNodeMetrics {
   prometheus::Counter* reply_budget_waits = nullptr;
   prometheus::Counter* connection_reply_waits = nullptr;
   prometheus::Counter* reply_stall_closes = nullptr;
+  prometheus::Counter* auth_granted = nullptr;
+  prometheus::Counter* auth_refused = nullptr;
   prometheus::Histogram* request_duration = nullptr;
 
   prometheus::Counter* items_from_disk = nullptr;

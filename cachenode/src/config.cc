@@ -122,6 +122,26 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
         ") use the same port; give one of them another port");
   }
 
+  GRANARY_RETURN_IF_ERROR(
+      OptionalFilePath(m, "cluster_key_file", &c->cluster_key_file, "/etc/granary/cluster.key"));
+  bool kubernetes_given = false;
+  GRANARY_RETURN_IF_ERROR(
+      OptionalString(m, "kubernetes_auth", &c->kubernetes_auth, &kubernetes_given));
+  if (kubernetes_given && c->kubernetes_auth != "in-cluster" &&
+      (c->kubernetes_auth.empty() || c->kubernetes_auth.front() != '/' ||
+       HasControlCharacter(c->kubernetes_auth))) {
+    return Status::InvalidArgument(m.Where("kubernetes_auth") + ": " + Quoted(c->kubernetes_auth) +
+                                   " is neither in-cluster nor an absolute kubeconfig path; write "
+                                   "in-cluster in a pod, or e.g. /etc/granary/kubeconfig");
+  }
+  GRANARY_RETURN_IF_ERROR(m.Optional("kubernetes_audience", &c->kubernetes_audience));
+  if (c->kubernetes_audience.empty() || HasControlCharacter(c->kubernetes_audience) ||
+      c->kubernetes_audience.find(' ') != std::string::npos) {
+    return Status::InvalidArgument(m.Where("kubernetes_audience") + ": " +
+                                   Quoted(c->kubernetes_audience) +
+                                   " is not an audience; write one word, e.g. granary");
+  }
+
   bool local_socket_given = false;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "local_socket", &c->local_socket, &local_socket_given));
   if (local_socket_given) {
@@ -166,6 +186,27 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
       OptionalCount(m, "service_threads", 1, kMaxCacheNodeServiceThreads, &c->service_threads));
   GRANARY_RETURN_IF_ERROR(
       OptionalCount(m, "max_connections", 1, kMaxCacheNodeConnections, &c->max_connections));
+  // Unset means "a quarter of max_connections" (0 in the struct).
+  uint32_t per_address = 1;
+  GRANARY_RETURN_IF_ERROR(
+      OptionalCount(m, "max_connections_per_address", 1, kMaxCacheNodeConnections, &per_address));
+  std::string per_address_text;
+  bool per_address_given = false;
+  GRANARY_RETURN_IF_ERROR(
+      OptionalString(m, "max_connections_per_address", &per_address_text, &per_address_given));
+  if (per_address_given && !per_address_text.empty()) {
+    c->max_connections_per_address = per_address;
+  }
+  if (c->max_connections_per_address > c->max_connections) {
+    return Status::InvalidArgument(m.Where("max_connections_per_address") + ": " +
+                                   std::to_string(c->max_connections_per_address) +
+                                   " is more than 'max_connections' (" +
+                                   std::to_string(c->max_connections) +
+                                   "); write at most that, or leave it out for a quarter of it");
+  }
+  GRANARY_RETURN_IF_ERROR(OptionalCount(m, "max_unauthenticated_per_address", 1,
+                                        kMaxCacheNodeConnections,
+                                        &c->max_unauthenticated_per_address));
   GRANARY_RETURN_IF_ERROR(
       OptionalCount(m, "scan_threads", 1, kMaxCacheNodeScanThreads, &c->scan_threads));
   GRANARY_RETURN_IF_ERROR(ParseReplyBuffers(m, c));

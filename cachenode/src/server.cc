@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <csignal>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <future>
@@ -209,6 +210,14 @@ Status ServerOptions::Validate() const {
   if (io_threads == 0 || io_threads > 1024) return bad("io_threads must be 1..1024");
   if (service_threads == 0 || service_threads > 1024) return bad("service_threads must be 1..1024");
   if (max_connections == 0) return bad("max_connections must be at least 1");
+  if (max_connections_per_address > max_connections) {
+    return bad("max_connections_per_address (" + std::to_string(max_connections_per_address) +
+               ") must be at most max_connections (" + std::to_string(max_connections) +
+               "), or 0 for its default");
+  }
+  if (max_unauthenticated_per_address == 0) {
+    return bad("max_unauthenticated_per_address must be at least 1");
+  }
   if (max_in_flight == 0 || max_in_flight > 1024) return bad("max_in_flight must be 1..1024");
   if (receive_chunk_bytes == 0) return bad("receive_chunk_bytes must be at least 1");
   if (write_quantum_bytes == 0) return bad("write_quantum_bytes must be at least 1");
@@ -245,6 +254,9 @@ class Connection;
 struct ConnectionGauge {
   uint64_t id = 0;
   std::string peer_address;
+  std::string peer_ip;  // the key of the per-address counts
+  // Counted among its address's unauthenticated connections (until granted).
+  std::atomic<bool> unauthenticated{false};
   std::mutex mu;
   std::string peer_name;  // guarded by mu
   std::atomic<uint64_t> buffered{0};
@@ -298,17 +310,25 @@ struct AtomicCounters {
   std::atomic<uint64_t> reply_budget_waits{0};
   std::atomic<uint64_t> connection_reply_waits{0};
   std::atomic<uint64_t> reply_stall_closes{0};
+  std::atomic<uint64_t> auth_granted{0};
+  std::atomic<uint64_t> auth_refused{0};
   std::array<std::atomic<uint64_t>, kServerLatencyBucketsSeconds.size() + 1> latency_buckets{};
   std::atomic<uint64_t> latency_count{0};
   std::atomic<uint64_t> latency_sum_ns{0};
 };
 
 // A reply computed on the service pool, ready for the loop.
+// What a connection asks of the service pool: a READ or STAT for the
+// ReadService, or a Kubernetes token for the TokenVerifier (both may block).
+using ServiceRequest = std::variant<ReadRequest, StatRequest, AuthRequest>;
+
 struct ServiceResult {
   OutgoingFrame frame;
   std::optional<ReadAnswer> answer;  // owns what the frame's payload points into
   uint64_t items = 0;
   uint64_t item_errors = 0;
+  std::optional<PeerIdentity> granted;  // a token accepted
+  bool close_after = false;             // a token refused: the frame is a closing ERROR
 };
 
 // Everything the server shares between its loops: the listener, the loops,
@@ -345,9 +365,14 @@ class ServerCore {
   bool draining() const { return draining_.load(std::memory_order_acquire); }
   asio::thread_pool& pool() { return *pool_; }
   // Runs a READ or STAT on the calling pool thread and encodes its reply.
-  ServiceResult RunService(const std::variant<ReadRequest, StatRequest>& request,
-                           uint64_t request_id, uint16_t version);
+  // A Kubernetes token through options().auth->tokens: AUTH_REPLY granted, or
+  // a closing ERROR.
+  ServiceResult CheckToken(const AuthRequest& auth, uint64_t request_id, uint16_t version);
+  ServiceResult RunService(const ServiceRequest& request, uint64_t request_id, uint16_t version);
   void OnConnectionClosed(uint64_t id);
+  // A connection of `gauge` was granted an identity: it no longer counts
+  // among its address's unauthenticated connections.
+  void OnAuthenticated(ConnectionGauge& gauge);
   void NoteBuffered(uint64_t old_bytes, uint64_t new_bytes);
   void RecordLatency(SteadyClock::duration latency);
   // A warning about a client, rate-limited (see kWarnInterval).
@@ -357,7 +382,8 @@ class ServerCore {
  private:
   void Accept();
   void OnAccepted(Worker& target, Socket socket);
-  void Reject(Socket& socket);
+  // Answers ERROR kResourceExhausted (closing) saying `why`, and closes.
+  void Reject(Socket& socket, const std::string& why);
   void ArmSweep(Worker& worker);
   // Runs `fn` on the worker's loop and waits for it.
   void RunOn(Worker& worker, std::function<void()> fn);
@@ -386,6 +412,12 @@ class ServerCore {
   mutable std::mutex registry_mu_;
   std::condition_variable registry_cv_;  // signalled when a connection closes
   std::map<uint64_t, std::shared_ptr<ConnectionGauge>> registry_;  // guarded by registry_mu_
+  struct AddressCount {
+    uint32_t open = 0;
+    uint32_t unauthenticated = 0;
+  };
+  std::mutex address_mu_;
+  std::unordered_map<std::string, AddressCount> per_address_;  // guarded by address_mu_
 
   std::mutex warn_mu_;
   SteadyClock::time_point last_warn_{};  // guarded by warn_mu_
@@ -463,12 +495,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     if (input_stopped_) return;
-    if (!hello_done_ && queue_.empty() && now - accepted_at_ >= o.handshake_timeout) {
+    if ((!hello_done_ || !authenticated_) && queue_.empty() &&
+        now - accepted_at_ >= o.handshake_timeout) {
       Add(server_.counters().timeouts);
-      StopInput(Status::DeadlineExceeded("no HELLO within " + Millis(o.handshake_timeout) +
-                                         " of connecting (handshake_timeout); open every "
-                                         "connection with HELLO"),
-                "no HELLO in time");
+      StopInput(Status::DeadlineExceeded(
+                    std::string(hello_done_ ? "not authenticated" : "no HELLO") + " within " +
+                    Millis(o.handshake_timeout) +
+                    " of connecting (handshake_timeout); open every connection with HELLO" +
+                    (hello_done_ ? " and AUTH" : "")),
+                hello_done_ ? "not authenticated in time" : "no HELLO in time");
       return;
     }
     if (frame_started_.has_value()) {
@@ -541,10 +576,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     uint64_t request_id = 0;
     uint16_t type = 0;  // request type, for the counters; 0: not a request (a closing ERROR)
     SteadyClock::time_point decoded_at;
-    std::optional<std::variant<ReadRequest, StatRequest>> service_request;  // until started
-    uint64_t request_bytes = 0;  // memory the request holds until started
-    bool running = false;        // with the service pool
-    bool ready = false;          // frame holds the reply
+    std::optional<ServiceRequest> service_request;  // until started
+    uint64_t request_bytes = 0;                     // memory the request holds until started
+    bool running = false;                           // with the service pool
+    bool ready = false;                             // frame holds the reply
     OutgoingFrame frame;
     std::optional<ReadAnswer> answer;  // what the frame's payload points into
     uint64_t reply_memory = 0;         // header + memory payload of the reply
@@ -748,7 +783,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
         PolicyError(id, type, version.status());
         return;
       }
+      const bool auth_required = server_.options().auth != nullptr;
+      if (auth_required && *version < pf::kAuthVersion) {
+        Add(server_.counters().policy_errors);
+        Add(server_.counters().auth_refused);
+        PolicyError(id, type,
+                    Status::VersionMismatch(
+                        "this cache node requires authentication, which needs protocol version " +
+                        std::to_string(pf::kAuthVersion) + "; the client speaks " +
+                        std::to_string(hello.min_version) + ".." +
+                        std::to_string(hello.max_version) + ": upgrade it"));
+        return;
+      }
       hello_done_ = true;
+      authenticated_ = !auth_required;
       version_ = *version;
       decoder_.ExpectVersion(version_);
       peer_name_ = hello.peer_name;
@@ -757,9 +805,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
         gauge_->peer_name = hello.peer_name;
       }
       // ServerOptions::Validate encoded this reply at start: it does not fail.
-      Result<OutgoingFrame> reply =
-          EncodeResponse(id, HelloReply{version_, server_.options().node_name, limits}, {},
-                         EncodeOptions{version_, limits});
+      Result<OutgoingFrame> reply = EncodeResponse(
+          id, HelloReply{version_, server_.options().node_name, limits, auth_required}, {},
+          EncodeOptions{version_, limits});
       QueueReady(id, type,
                  reply.ok() ? std::move(*reply)
                             : ErrorFrame(id, reply.status(), true, pf::kHandshakeVersion),
@@ -783,12 +831,34 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                              " was agreed): send HELLO only first"));
       return;
     }
+    if (auto* auth = std::get_if<AuthRequest>(&*message)) {
+      OnAuth(id, type, std::move(*auth));
+      return;
+    }
+    if (const auto* proof = std::get_if<AuthProofRequest>(&*message)) {
+      OnAuthProof(id, type, *proof);
+      return;
+    }
     if (std::holds_alternative<PingRequest>(*message)) {
       Result<OutgoingFrame> pong =
           EncodeResponse(id, PongReply{}, {}, EncodeOptions{version_, limits});
       QueueReady(id, type,
                  pong.ok() ? std::move(*pong) : ErrorFrame(id, pong.status(), false, version_),
                  false);
+      return;
+    }
+    if (!authenticated_) {
+      Add(server_.counters().policy_errors);
+      Add(server_.counters().auth_refused);
+      PolicyError(id, type,
+                  Status::PermissionDenied(std::string(MessageTypeName(type)) +
+                                           " before authentication: this cache node requires "
+                                           "AUTH first (docs/protocol.md, \"Authentication\")"));
+      return;
+    }
+    if (Status allowed = Authorize(*message); !allowed.ok()) {
+      Add(server_.counters().policy_errors);
+      QueueReady(id, type, ErrorFrame(id, allowed, false, version_), false);
       return;
     }
     auto work = NewWork(id, type);
@@ -800,6 +870,142 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     queue_.push_back(std::move(work));
     Pump();
+  }
+
+  // ---- authentication (protocol version 2) ----
+
+  // AUTH: a cluster key gets its challenge here; a token goes to the service
+  // pool (the verifier may ask the API server).
+  void OnAuth(uint64_t id, uint16_t type, AuthRequest auth) {
+    const ServerAuth* config = server_.options().auth.get();
+    if (config == nullptr || authenticated_ || auth_state_ != AuthState::kNone) {
+      Add(server_.counters().policy_errors);
+      PolicyError(id, type,
+                  Status::FailedPrecondition(
+                      config == nullptr
+                          ? "AUTH to a cache node that requires no authentication (its "
+                            "HELLO_REPLY did not ask for it): send AUTH only when asked"
+                          : "a second AUTH on one connection: authenticate once, after HELLO"));
+      return;
+    }
+    if (auth.method == AuthMethod::kKubernetesToken) {
+      if (config->tokens == nullptr) {
+        AuthRefused(id, type,
+                    Status::PermissionDenied(
+                        "this cache node accepts no Kubernetes tokens (auth.kubernetes is not "
+                        "configured): authenticate with the cluster key"));
+        return;
+      }
+      auth_state_ = AuthState::kVerifying;
+      auto work = NewWork(id, type);
+      work->request_bytes = auth.credential.size();
+      work->service_request.emplace(std::move(auth));
+      queue_.push_back(std::move(work));
+      Pump();
+      return;
+    }
+    KeyId key_id{};
+    std::memcpy(key_id.data(), auth.credential.data(), key_id.size());
+    const std::string* key =
+        config->cluster_keys != nullptr ? config->cluster_keys->Find(key_id) : nullptr;
+    if (key == nullptr) {
+      AuthRefused(
+          id, type,
+          Status::PermissionDenied(
+              config->cluster_keys == nullptr
+                  ? std::string("this cache node accepts no cluster key (auth.cluster_key_file "
+                                "is not configured)")
+                  : "the client's cluster key " + KeyIdHex(key_id) +
+                        " is not one of this node's (" +
+                        KeyIdHex(config->cluster_keys->current_id()) +
+                        (config->cluster_keys->size() > 1 ? " and one more" : "") +
+                        "): give both sides the same cluster_key_file; while rotating, "
+                        "put the new key on every node before any client uses it"));
+      return;
+    }
+    auth_key_ = key;
+    auth_key_id_ = key_id;
+    client_nonce_ = auth.client_nonce;
+    server_nonce_ = RandomNonce();
+    const std::string& server_name = server_.options().node_name;
+    AuthReply challenge{false, server_nonce_,
+                        ClusterKeyProof(*key, ProofRole::kServer, client_nonce_, server_nonce_,
+                                        server_name, peer_name_),
+                        ""};
+    auth_state_ = AuthState::kChallenged;
+    Result<OutgoingFrame> reply =
+        EncodeResponse(id, challenge, {}, EncodeOptions{version_, server_.options().limits});
+    QueueReady(id, type,
+               reply.ok() ? std::move(*reply) : ErrorFrame(id, reply.status(), true, version_),
+               !reply.ok());
+  }
+
+  void OnAuthProof(uint64_t id, uint16_t type, const AuthProofRequest& proof) {
+    if (auth_state_ != AuthState::kChallenged) {
+      Add(server_.counters().policy_errors);
+      PolicyError(id, type,
+                  Status::FailedPrecondition(
+                      "AUTH_PROOF without a challenge: send AUTH with the cluster key's id "
+                      "first, then the proof of the AUTH_REPLY's nonce"));
+      return;
+    }
+    const AuthProof expected =
+        ClusterKeyProof(*auth_key_, ProofRole::kClient, client_nonce_, server_nonce_,
+                        server_.options().node_name, peer_name_);
+    if (!ProofsEqual(expected, proof.proof)) {
+      AuthRefused(id, type,
+                  Status::PermissionDenied(
+                      "the proof does not match cluster key " + KeyIdHex(auth_key_id_) +
+                      " for this connection's challenge (a proof is good for one connection "
+                      "only; the client may hold another key with the same id)"));
+      return;
+    }
+    PeerIdentity identity;
+    identity.kind = PeerIdentity::Kind::kCluster;
+    identity.subject = "cluster key " + KeyIdHex(auth_key_id_);
+    Grant(std::move(identity));
+    Add(server_.counters().auth_granted);
+    Result<OutgoingFrame> reply = EncodeResponse(id, AuthProofReply{identity_.Scope()}, {},
+                                                 EncodeOptions{version_, server_.options().limits});
+    QueueReady(id, type,
+               reply.ok() ? std::move(*reply) : ErrorFrame(id, reply.status(), true, version_),
+               !reply.ok());
+  }
+
+  void Grant(PeerIdentity identity) {
+    server_.OnAuthenticated(*gauge_);
+    identity_ = std::move(identity);
+    authenticated_ = true;
+    auth_state_ = AuthState::kDone;
+    auth_key_ = nullptr;
+    server_.log().debug("connection {}: authenticated as {} ({})", Describe(), identity_.subject,
+                        identity_.Scope());
+  }
+
+  void AuthRefused(uint64_t id, uint16_t type, const Status& status) {
+    Add(server_.counters().auth_refused);
+    PolicyError(id, type, Status(status.code(), "authentication refused: " + status.message()));
+  }
+
+  // Whether this connection's identity may touch the request's dataset. A
+  // refusal names no more than the request did: the same answer whether the
+  // dataset exists in another namespace or not at all.
+  Status Authorize(const RequestMessage& message) const {
+    if (!authenticated_ || server_.options().auth == nullptr ||
+        identity_.kind == PeerIdentity::Kind::kCluster) {
+      return Status::Ok();
+    }
+    std::string dataset;
+    if (const auto* read = std::get_if<ReadRequest>(&message)) dataset = read->dataset;
+    if (const auto* stat = std::get_if<StatRequest>(&message)) dataset = stat->dataset;
+    if (dataset.empty()) return Status::Ok();  // the node's own STAT
+    const auto& authorize = server_.options().auth->authorize;
+    Status allowed = authorize ? authorize(identity_, dataset)
+                               : Status::PermissionDenied("no dataset is readable with a token");
+    if (allowed.ok()) return allowed;
+    return Status::PermissionDenied("dataset " + Quoted(dataset) + " is not readable as " +
+                                    identity_.Scope() + " (" + identity_.subject +
+                                    "): a token reads only its own namespace's datasets");
   }
 
   // HELLO-related failures leave the connection without a version: ERROR
@@ -846,8 +1052,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Work& work = **it;
     if (!Reserve(work)) return;
     work.running = true;
-    auto request = std::make_shared<const std::variant<ReadRequest, StatRequest>>(
-        std::move(*work.service_request));
+    auto request = std::make_shared<const ServiceRequest>(std::move(*work.service_request));
     work.service_request.reset();
     work.request_bytes = 0;
     auto self = shared_from_this();
@@ -910,6 +1115,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Work& work = **it;
     work.running = false;
     work.ready = true;
+    if (result.granted.has_value()) Grant(std::move(*result.granted));
+    if (result.close_after) {
+      work.close_after = true;
+      input_stopped_ = true;
+      receive_begin_ = receive_end_ = 0;
+      frame_started_.reset();
+    }
     work.frame = std::move(result.frame);
     work.answer = std::move(result.answer);
     work.items = result.items;
@@ -1137,6 +1349,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool input_stopped_ = false;        // no more requests will be read
   bool close_when_answered_ = false;  // close once the queue is empty
   bool hello_done_ = false;
+  // Authentication: required when the server has ServerOptions::auth.
+  enum class AuthState { kNone, kChallenged, kVerifying, kDone };
+  bool authenticated_ = false;
+  AuthState auth_state_ = AuthState::kNone;
+  PeerIdentity identity_;
+  const std::string* auth_key_ = nullptr;  // the key the challenge used (in ServerAuth)
+  KeyId auth_key_id_{};
+  AuthNonce client_nonce_{};
+  AuthNonce server_nonce_{};
   uint16_t version_ = pf::kHandshakeVersion;
   std::string peer_name_;
 
@@ -1265,17 +1486,14 @@ void ServerCore::Accept() {
   });
 }
 
-void ServerCore::Reject(Socket& socket) {
+void ServerCore::Reject(Socket& socket, const std::string& why) {
   Add(counters_.connections_rejected);
-  WarnAboutClient("refused a connection: " + std::to_string(options_.max_connections) +
-                  " connections are open (max_connections)");
-  std::string error = EncodeError(
-      0,
-      Status::ResourceExhausted("cache node " + options_.node_name + " has " +
-                                std::to_string(options_.max_connections) +
-                                " connections open, its maximum; retry later or read from "
-                                "another replica"),
-      true);
+  WarnAboutClient("refused a connection: " + why);
+  std::string error =
+      EncodeError(0,
+                  Status::ResourceExhausted("cache node " + options_.node_name + " has " + why +
+                                            "; retry later or read from another replica"),
+                  true);
   // Best effort, never waiting: a fresh socket's buffer takes these few bytes.
   (void)::send(socket.native_handle(), error.data(), error.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   ErrorCode ec;
@@ -1290,15 +1508,42 @@ void ServerCore::OnAccepted(Worker& target, Socket socket) {
     return;
   }
   if (Load(counters_.connections_open) >= options_.max_connections) {
-    Reject(socket);
+    Reject(socket, std::to_string(options_.max_connections) +
+                       " connections open, its maximum (max_connections)");
     return;
   }
   auto gauge = std::make_shared<ConnectionGauge>();
   gauge->id = ++next_connection_id_;
   ErrorCode ec;
   tcp::endpoint remote = socket.remote_endpoint(ec);
+  gauge->peer_ip = ec ? std::string("unknown") : remote.address().to_string();
   gauge->peer_address = ec ? std::string("unknown peer")
                            : NetAddress{remote.address().to_string(), remote.port()}.ToString();
+  {
+    // One address may not take every place (1,024 idle connections from one
+    // host locked the port), nor, before it has authenticated, more than a few.
+    std::lock_guard lock(address_mu_);
+    AddressCount& count = per_address_[gauge->peer_ip];
+    std::string why;
+    if (count.open >= options_.MaxConnectionsPerAddress()) {
+      why = std::to_string(count.open) + " connections open from " + gauge->peer_ip +
+            ", the most one address may hold (max_connections_per_address)";
+    } else if (options_.auth != nullptr &&
+               count.unauthenticated >= options_.max_unauthenticated_per_address) {
+      why = std::to_string(count.unauthenticated) + " connections from " + gauge->peer_ip +
+            " that have not authenticated (max_unauthenticated_per_address)";
+    }
+    if (!why.empty()) {
+      if (count.open == 0) per_address_.erase(gauge->peer_ip);
+      Reject(socket, why);
+      return;
+    }
+    ++count.open;
+    if (options_.auth != nullptr) {
+      ++count.unauthenticated;
+      gauge->unauthenticated.store(true, std::memory_order_relaxed);
+    }
+  }
   Add(counters_.connections_accepted);
   Add(counters_.connections_open);
   {
@@ -1319,9 +1564,29 @@ void ServerCore::OnAccepted(Worker& target, Socket socket) {
 void ServerCore::OnConnectionClosed(uint64_t id) {
   Add(counters_.connections_closed);
   counters_.connections_open.fetch_sub(1, std::memory_order_relaxed);
-  std::lock_guard lock(registry_mu_);
-  registry_.erase(id);
-  registry_cv_.notify_all();
+  std::shared_ptr<ConnectionGauge> gauge;
+  {
+    std::lock_guard lock(registry_mu_);
+    auto it = registry_.find(id);
+    if (it != registry_.end()) gauge = it->second;
+    registry_.erase(id);
+    registry_cv_.notify_all();
+  }
+  if (gauge == nullptr) return;
+  std::lock_guard lock(address_mu_);
+  auto it = per_address_.find(gauge->peer_ip);
+  if (it == per_address_.end()) return;
+  if (gauge->unauthenticated.exchange(false) && it->second.unauthenticated > 0) {
+    --it->second.unauthenticated;
+  }
+  if (--it->second.open == 0) per_address_.erase(it);
+}
+
+void ServerCore::OnAuthenticated(ConnectionGauge& gauge) {
+  if (!gauge.unauthenticated.exchange(false)) return;
+  std::lock_guard lock(address_mu_);
+  auto it = per_address_.find(gauge.peer_ip);
+  if (it != per_address_.end() && it->second.unauthenticated > 0) --it->second.unauthenticated;
 }
 
 void ServerCore::NoteBuffered(uint64_t old_bytes, uint64_t new_bytes) {
@@ -1394,13 +1659,16 @@ void ServerCore::RunOn(Worker& worker, std::function<void()> fn) {
   finished.wait();
 }
 
-ServiceResult ServerCore::RunService(const std::variant<ReadRequest, StatRequest>& request,
-                                     uint64_t request_id, uint16_t version) {
+ServiceResult ServerCore::RunService(const ServiceRequest& request, uint64_t request_id,
+                                     uint16_t version) {
   const EncodeOptions encode{version, options_.limits};
   ServiceResult out;
   auto error = [&](const Status& status) {
     out.frame = ErrorFrame(request_id, status, false, version);
   };
+  if (const auto* auth = std::get_if<AuthRequest>(&request)) {
+    return CheckToken(*auth, request_id, version);
+  }
   if (const auto* read = std::get_if<ReadRequest>(&request)) {
     Result<ReadAnswer> answer = service_->Read(*read);
     if (!answer.ok()) {
@@ -1459,6 +1727,36 @@ ServiceResult ServerCore::RunService(const std::variant<ReadRequest, StatRequest
     return out;
   }
   out.frame = std::move(*frame);
+  return out;
+}
+
+ServiceResult ServerCore::CheckToken(const AuthRequest& auth, uint64_t request_id,
+                                     uint16_t version) {
+  ServiceResult out;
+  // OnFrame sends a token here only when a verifier is configured.
+  Result<PeerIdentity> identity = options_.auth->tokens->Verify(auth.credential);
+  if (!identity.ok()) {
+    Add(counters_.auth_refused);
+    WarnAboutClient("a Kubernetes token was refused: " + identity.status().ToString());
+    out.frame = ErrorFrame(
+        request_id,
+        Status(identity.status().code(), "authentication refused: " + identity.status().message()),
+        true, version);
+    out.close_after = true;
+    return out;
+  }
+  Result<OutgoingFrame> frame =
+      EncodeResponse(request_id, AuthReply{true, {}, {}, identity->Scope()}, {},
+                     EncodeOptions{version, options_.limits});
+  if (!frame.ok()) {
+    Add(counters_.auth_refused);
+    out.frame = ErrorFrame(request_id, frame.status(), true, version);
+    out.close_after = true;
+    return out;
+  }
+  Add(counters_.auth_granted);
+  out.frame = std::move(*frame);
+  out.granted = std::move(*identity);
   return out;
 }
 
@@ -1586,6 +1884,8 @@ ServerCounters ServerCore::Counters() const {
   out.reply_budget_waits_total = Load(c.reply_budget_waits);
   out.connection_reply_waits_total = Load(c.connection_reply_waits);
   out.reply_stall_closes_total = Load(c.reply_stall_closes);
+  out.auth_granted_total = Load(c.auth_granted);
+  out.auth_refused_total = Load(c.auth_refused);
   for (size_t i = 0; i < out.latency_buckets.size(); ++i) {
     out.latency_buckets[i] = Load(c.latency_buckets[i]);
   }

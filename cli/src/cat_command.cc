@@ -236,6 +236,7 @@ class Cat {
     ro.client_name = "granary-cat";
     ro.source_fallthrough = !o_.no_source;
     ro.timeout = timeout_;
+    GRANARY_ASSIGN_OR_RETURN(ro.credentials, c_.PeerCredentials());
     Result<std::unique_ptr<DirectReader>> reader =
         DirectReader::Create(c_.store(), record, manifest, ro);
     if (!reader.ok() && reader.status().code() == StatusCode::kFailedPrecondition) {

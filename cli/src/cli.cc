@@ -32,6 +32,9 @@ int Run(const std::vector<std::string>& args, CliContext& context) {
                  "Metadata store URL (redis://host:port or sqlite:///path); default "
                  "$GRANARY_STORE, else " +
                      DefaultStoreUrl());
+  app.add_option("--cluster-key-file", context.cluster_key_option(),
+                 "Cluster key proved to cache nodes that require authentication; default "
+                 "$GRANARY_CLUSTER_KEY_FILE, else /etc/granary/cluster.key if readable");
   app.add_option("-o,--output", context.output_option(), "Output format: human or json")
       ->check(CLI::IsMember({"human", "json"}));
 
@@ -46,7 +49,7 @@ int Run(const std::vector<std::string>& args, CliContext& context) {
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--store" || a == "-o" || a == "--output") {
+    if (a == "--store" || a == "-o" || a == "--output" || a == "--cluster-key-file") {
       ++i;
       continue;
     }

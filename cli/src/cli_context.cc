@@ -40,6 +40,26 @@ std::string CliContext::StoreUrl() const {
   return env != nullptr && *env != '\0' ? env : DefaultStoreUrl();
 }
 
+std::string CliContext::ClusterKeyPath() const {
+  if (!cluster_key_file_.empty()) return cluster_key_file_;
+  const char* env = std::getenv("GRANARY_CLUSTER_KEY_FILE");
+  if (env != nullptr && *env != '\0') return env;
+  // The default place, when this user may read it; other users read
+  // without a key (a node that requires one refuses them, saying so).
+  if (::access(kDefaultClusterKeyFile, R_OK) == 0) return kDefaultClusterKeyFile;
+  return {};
+}
+
+Result<ClientCredentials> CliContext::PeerCredentials() const {
+  const std::string path = ClusterKeyPath();
+  if (path.empty()) return ClientCredentials{};
+  Result<ClusterKeys> keys = ClusterKeys::Load(path);
+  if (!keys.ok()) return keys.status().WithContext("--cluster-key-file");
+  ClientCredentials credentials;
+  credentials.cluster_key = std::make_shared<const ClusterKeys>(std::move(*keys));
+  return credentials;
+}
+
 Status CliContext::OpenStore() {
   if (store_) return Status::Ok();
   const std::string url = StoreUrl();

@@ -33,6 +33,7 @@
 
 #include "granary/core/config.h"
 #include "granary/core/metadata_store.h"
+#include "granary/core/peer_auth.h"
 #include "granary/core/status.h"
 
 namespace CLI {
@@ -43,6 +44,9 @@ namespace granary::cli {
 
 using Json = nlohmann::ordered_json;
 using SteadyClock = std::chrono::steady_clock;
+
+// Where `granary cluster-key generate` writes, and the CLI looks by default.
+inline constexpr char kDefaultClusterKeyFile[] = "/etc/granary/cluster.key";
 
 class CliContext {
  public:
@@ -61,10 +65,18 @@ class CliContext {
   // The global options (bound to the parser by RunCli).
   std::string& store_option() { return store_url_; }
   std::string& output_option() { return output_; }
+  std::string& cluster_key_option() { return cluster_key_file_; }
   bool json_output() const { return output_ == "json"; }
 
   // --store, else $GRANARY_STORE, else DefaultStoreUrl().
   std::string StoreUrl() const;
+  // What the CLI proves to cache nodes that require authentication: the
+  // cluster key from --cluster-key-file, else $GRANARY_CLUSTER_KEY_FILE (an
+  // error if it cannot be loaded), else /etc/granary/cluster.key when this
+  // user can read it (root), else none.
+  Result<ClientCredentials> PeerCredentials() const;
+  // The key file PeerCredentials loads, or empty for none.
+  std::string ClusterKeyPath() const;
   // Opens the store once (creating the directory of the embedded SQLite file);
   // the error says how to point the CLI elsewhere.
   Status OpenStore();
@@ -98,6 +110,7 @@ class CliContext {
   const int stdout_fd_;
   std::string store_url_;
   std::string output_ = "human";
+  std::string cluster_key_file_;
   std::unique_ptr<MetadataStore> store_;
   SteadyClock::time_point last_progress_{};
   bool progress_drawn_ = false;

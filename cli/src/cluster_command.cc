@@ -1,9 +1,12 @@
 // `granary node list`, `granary plan show`, `granary status` (docs/cli.md):
 // what the store says about the cluster.
 
+#include <sys/stat.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iomanip>
 #include <map>
 #include <memory>
@@ -13,7 +16,10 @@
 #include <vector>
 
 #include "cli_context.h"
+#include "granary/core/file.h"
 #include "granary/core/metadata_store.h"
+#include "granary/core/names.h"
+#include "granary/core/peer_auth.h"
 
 namespace granary::cli {
 namespace {
@@ -150,7 +156,54 @@ Status ClusterStatus(CliContext& c) {
   return Status::Ok();
 }
 
+// Writes a fresh cluster key to `out` (mode 0600), never over an existing
+// file unless `force`.
+Status ClusterKeyGenerate(CliContext& c, const std::string& out, bool force) {
+  if (out.empty() || out.front() != '/') {
+    return Status::InvalidArgument("--out " + Quoted(out) +
+                                   " is not an absolute path; write e.g. /etc/granary/cluster.key");
+  }
+  struct stat st {};
+  if (!force && ::lstat(out.c_str(), &st) == 0) {
+    return Status::AlreadyExists(
+        Quoted(out) +
+        " exists; a new key there would lock out every node and client using the "
+        "old one. To rotate, follow docs/security.md (\"Rotating the cluster "
+        "key\"); to replace it anyway, add --force");
+  }
+  GRANARY_ASSIGN_OR_RETURN(std::string hex, GenerateClusterKeyHex());
+  std::error_code ignored;  // WriteFileAtomically names the failure if the directory is missing
+  std::filesystem::create_directories(std::filesystem::path(out).parent_path(), ignored);
+  GRANARY_RETURN_IF_ERROR(WriteFileAtomically(out, hex + "\n", 0600));
+  GRANARY_ASSIGN_OR_RETURN(ClusterKeys keys, ClusterKeys::Load(out));
+  if (c.json_output()) {
+    c.out() << Json{{"path", out}, {"key_id", KeyIdHex(keys.current_id())}}.dump() << "\n";
+  } else {
+    c.out() << "wrote a new cluster key (id " << KeyIdHex(keys.current_id()) << ") to " << out
+            << " (mode 0600); copy it to every cache node, Slurm node and admin host, readable "
+               "by root only, and set cluster_key_file in their configurations\n";
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+void AddClusterKeyCommand(CLI::App& app, CliContext& context) {
+  struct State {
+    std::string out = kDefaultClusterKeyFile;
+    bool force = false;
+  };
+  State* state = context.Keep(std::make_unique<State>());
+  CLI::App* key =
+      app.add_subcommand("cluster-key", "The cluster key cache nodes authenticate with");
+  key->require_subcommand(1);
+  CLI::App* generate = key->add_subcommand("generate", "Write a new cluster key file (mode 0600)");
+  generate->add_option("--out", state->out, "Where to write it")->capture_default_str();
+  generate->add_flag("--force", state->force, "Replace an existing file");
+  context.OnParsed(generate, [&context, state] {
+    return ClusterKeyGenerate(context, state->out, state->force);
+  });
+}
 
 void AddNodeCommand(CLI::App& app, CliContext& context) {
   std::string* pool = context.Keep(std::make_unique<std::string>());

@@ -5,12 +5,13 @@
 // Deliberately without #pragma once: it is included with GRANARY_CLI_COMMAND
 // defined differently each time.
 
-GRANARY_CLI_COMMAND(AddDatasetCommand)  // dataset_command.cc
-GRANARY_CLI_COMMAND(AddNodeCommand)     // cluster_command.cc
-GRANARY_CLI_COMMAND(AddPlanCommand)     // cluster_command.cc
-GRANARY_CLI_COMMAND(AddStatusCommand)   // cluster_command.cc
-GRANARY_CLI_COMMAND(AddLsCommand)       // ls_command.cc
-GRANARY_CLI_COMMAND(AddCatCommand)      // cat_command.cc
-GRANARY_CLI_COMMAND(AddDoctorCommand)   // doctor_command.cc
-GRANARY_CLI_COMMAND(AddMountCommand)    // mount_command.cc
-GRANARY_CLI_COMMAND(AddSlurmCommand)    // slurm_command.cc
+GRANARY_CLI_COMMAND(AddDatasetCommand)     // dataset_command.cc
+GRANARY_CLI_COMMAND(AddNodeCommand)        // cluster_command.cc
+GRANARY_CLI_COMMAND(AddPlanCommand)        // cluster_command.cc
+GRANARY_CLI_COMMAND(AddStatusCommand)      // cluster_command.cc
+GRANARY_CLI_COMMAND(AddClusterKeyCommand)  // cluster_command.cc
+GRANARY_CLI_COMMAND(AddLsCommand)          // ls_command.cc
+GRANARY_CLI_COMMAND(AddCatCommand)         // cat_command.cc
+GRANARY_CLI_COMMAND(AddDoctorCommand)      // doctor_command.cc
+GRANARY_CLI_COMMAND(AddMountCommand)       // mount_command.cc
+GRANARY_CLI_COMMAND(AddSlurmCommand)       // slurm_command.cc

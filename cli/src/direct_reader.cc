@@ -50,6 +50,7 @@ Result<std::unique_ptr<DirectReader>> DirectReader::Create(MetadataStore& store,
   fo.peer.connect_timeout =
       std::min<std::chrono::milliseconds>(options.timeout, std::chrono::seconds(2));
   fo.peer.call_timeout = options.timeout;
+  fo.peer.credentials = options.credentials;
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) {
     for (const NodeRecord& n : nodes) {

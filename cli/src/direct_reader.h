@@ -25,6 +25,7 @@
 
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
+#include "granary/core/peer_auth.h"
 #include "granary/core/status.h"
 
 namespace granary::sidecar {
@@ -40,6 +41,8 @@ struct DirectReaderOptions {
   bool source_fallthrough = true;
   // Per cache-node call (connects take at most 2 s of it).
   std::chrono::milliseconds timeout{120'000};
+  // Proved to cache nodes that require authentication (CliContext::PeerCredentials).
+  ClientCredentials credentials;
 };
 
 class DirectReader {

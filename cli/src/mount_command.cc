@@ -179,6 +179,7 @@ class MountCommand {
     if (!o_.no_fallback) {
       DirectReaderOptions dro;
       dro.client_name = "granary-mount/" + std::to_string(getpid());
+      GRANARY_ASSIGN_OR_RETURN(dro.credentials, c_.PeerCredentials());
       Result<std::unique_ptr<DirectReader>> direct =
           DirectReader::Create(c_.store(), *record, manifest, dro);
       if (!direct.ok()) {

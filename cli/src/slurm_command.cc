@@ -142,6 +142,9 @@ Status CheckJobId(const std::string& job_id) {
 // becomes the Status message (exit code mapped back to the code).
 Status RunNested(CliContext& c, const std::string& what, std::vector<std::string> args) {
   args.insert(args.begin(), {"--store", c.StoreUrl()});
+  if (const std::string key = c.ClusterKeyPath(); !key.empty()) {
+    args.insert(args.begin(), {"--cluster-key-file", key});
+  }
   std::ostringstream out;
   std::ostringstream err;
   int code = RunCli(args, out, err, /*interactive=*/false);

@@ -454,6 +454,11 @@ Status StartJobSidecar(CliContext& c, const SlurmNodeOptions& o, const std::stri
        << "pool: " << pool << "\n"
        << "metrics_listen: 127.0.0.1:" << port << "\n";
   if (!mounts.empty()) yaml << "mounts: \"" << mounts << "\"\n";
+  // The sidecar runs as root: it proves the cluster key to the cache nodes.
+  if (const std::string key = c.ClusterKeyPath(); !key.empty()) {
+    GRANARY_RETURN_IF_ERROR(c.PeerCredentials().status());  // a key that will not load: say so now
+    yaml << "cluster_key_file: \"" << key << "\"\n";
+  }
   GRANARY_RETURN_IF_ERROR(WriteFileAtomically(p.config, yaml.str(), 0600));
   GRANARY_ASSIGN_OR_RETURN(pid_t pid, SpawnSidecar(o.sidecar_binary, p));
   GRANARY_RETURN_IF_ERROR(WriteFileAtomically(p.pid_file, std::to_string(pid) + "\n", 0600));

@@ -672,6 +672,10 @@ Status ValidateDataset(const DatasetRecord& record) {
     GRANARY_RETURN_IF_ERROR(
         ValidateNodeId(record.state.claimed_by).WithContext(what + "state.claimed_by"));
   }
+  if (!spec.kubernetes_namespace.empty() && !IsDnsLabel(spec.kubernetes_namespace)) {
+    return Status::InvalidArgument(what + "spec.namespace " + Quoted(spec.kubernetes_namespace) +
+                                   " is not a Kubernetes namespace name (a DNS-1123 label)");
+  }
   if (!record.manifest_id.empty()) {
     GRANARY_RETURN_IF_ERROR(ValidateManifestId(record.manifest_id).WithContext(what));
   }
@@ -738,6 +742,9 @@ Result<std::string> EncodeDataset(const DatasetRecord& r) {
     if (r.spec.snapshot_by != SnapshotBy::kClient) {
       doc["spec"]["snapshot_by"] = SnapshotByName(r.spec.snapshot_by);
     }
+    if (!r.spec.kubernetes_namespace.empty()) {
+      doc["spec"]["namespace"] = r.spec.kubernetes_namespace;
+    }
     if (!r.state.claimed_by.empty()) doc["state"]["claimed_by"] = r.state.claimed_by;
     return doc;
   });
@@ -765,6 +772,10 @@ Result<DatasetRecord> DecodeDataset(std::string_view text, std::string_view key_
       GRANARY_ASSIGN_OR_RETURN(std::string by,
                                StringField(*spec, "snapshot_by", "spec.snapshot_by"));
       GRANARY_ASSIGN_OR_RETURN(r.spec.snapshot_by, ParseSnapshotBy(by));
+    }
+    if (spec->contains("namespace")) {
+      GRANARY_ASSIGN_OR_RETURN(r.spec.kubernetes_namespace,
+                               StringField(*spec, "namespace", "spec.namespace"));
     }
     GRANARY_ASSIGN_OR_RETURN(const json* owner, ObjectField(j, "owner", "owner"));
     GRANARY_ASSIGN_OR_RETURN(r.owner.uid, IntField<uint32_t>(*owner, "uid", "owner.uid"));

@@ -27,8 +27,8 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kReceiveChunk = 64u << 10;
 
 std::string_view ResponseName(const ResponseMessage& m) {
-  static constexpr std::string_view kNames[] = {"HELLO_REPLY", "PONG", "STAT_REPLY", "READ_REPLY",
-                                                "ERROR"};
+  static constexpr std::string_view kNames[] = {
+      "HELLO_REPLY", "PONG", "STAT_REPLY", "READ_REPLY", "ERROR", "AUTH_REPLY", "AUTH_PROOF_REPLY"};
   return kNames[m.index()];
 }
 
@@ -188,7 +188,91 @@ Status PeerClient::Open(Clock::time_point deadline) {
   // common limits loses nothing.
   decoder_ = FrameDecoder(FrameDirection::kResponses, limits_, PayloadMode::kDetached);
   decoder_.ExpectVersion(version_);
+  scope_.clear();
+  if (reply->auth_required) GRANARY_RETURN_IF_ERROR(Authenticate(deadline));
   if (++connections_ > 1) ++reconnects_;
+  return Status::Ok();
+}
+
+Status PeerClient::Authenticate(Clock::time_point deadline) {
+  const std::string where =
+      "authenticate to cache node " + address_.ToString() + " (" + server_name_ + ")";
+  const ClientCredentials& creds = options_.credentials;
+  if (creds.empty()) {
+    return Fail(Status::PermissionDenied(
+        where +
+        ": the node requires authentication and this client has no credential; give it "
+        "the cluster key (cluster_key_file, readable by root only: run as root) or, in "
+        "a Kubernetes pod, a projected token with audience granary (docs/security.md)"));
+  }
+  AuthRequest auth;
+  auth.client_nonce = RandomNonce();
+  if (creds.cluster_key != nullptr) {
+    auth.method = AuthMethod::kClusterKey;
+    const KeyId id = creds.cluster_key->current_id();
+    auth.credential.assign(reinterpret_cast<const char*>(id.data()), id.size());
+  } else {
+    auth.method = AuthMethod::kKubernetesToken;
+    Result<std::string> token = ReadFileToString(creds.token_file);
+    if (!token.ok()) {
+      return Fail(token.status().WithContext(where + ": read the token file"));
+    }
+    while (!token->empty() && (token->back() == '\n' || token->back() == '\r')) token->pop_back();
+    auth.credential = std::move(*token);
+  }
+  const EncodeOptions encode{version_, limits_};
+  uint64_t id = next_request_id_++;
+  Result<std::string> encoded = EncodeRequest(id, auth, encode);
+  if (!encoded.ok()) return Fail(encoded.status().WithContext(where));
+  GRANARY_ASSIGN_OR_RETURN(ResponseMessage response,
+                           Exchange(id, *encoded, nullptr, deadline, where));
+  if (const auto* error = std::get_if<ErrorReply>(&response)) {
+    return Fail(Status(error->status.code(), where + ": " + error->status.message()));
+  }
+  const auto* reply = std::get_if<AuthReply>(&response);
+  if (reply == nullptr) {
+    return Fail(Status::InvalidArgument(where + ": the server answered AUTH with " +
+                                        std::string(ResponseName(response))));
+  }
+  if (auth.method == AuthMethod::kKubernetesToken) {
+    if (!reply->granted) {
+      return Fail(
+          Status::InvalidArgument(where + ": the server answered a token with a challenge"));
+    }
+    scope_ = reply->scope;
+    return Status::Ok();
+  }
+  if (reply->granted) {
+    return Fail(Status::PermissionDenied(
+        where +
+        ": the server granted a cluster-key AUTH without proving it holds the key; it is "
+        "not a Granary cache node of this cluster"));
+  }
+  const std::string& key = creds.cluster_key->current();
+  const AuthProof expected =
+      ClusterKeyProof(key, ProofRole::kServer, auth.client_nonce, reply->server_nonce, server_name_,
+                      options_.client_name);
+  if (!ProofsEqual(expected, reply->server_proof)) {
+    return Fail(Status::PermissionDenied(
+        where + ": the server's proof does not match the cluster key " +
+        KeyIdHex(creds.cluster_key->current_id()) +
+        ": it holds another key (or is not a node of this cluster); check cluster_key_file"));
+  }
+  AuthProofRequest proof{ClusterKeyProof(key, ProofRole::kClient, auth.client_nonce,
+                                         reply->server_nonce, server_name_, options_.client_name)};
+  id = next_request_id_++;
+  encoded = EncodeRequest(id, proof, encode);
+  if (!encoded.ok()) return Fail(encoded.status().WithContext(where));
+  GRANARY_ASSIGN_OR_RETURN(response, Exchange(id, *encoded, nullptr, deadline, where));
+  if (const auto* error = std::get_if<ErrorReply>(&response)) {
+    return Fail(Status(error->status.code(), where + ": " + error->status.message()));
+  }
+  const auto* granted = std::get_if<AuthProofReply>(&response);
+  if (granted == nullptr) {
+    return Fail(Status::InvalidArgument(where + ": the server answered AUTH_PROOF with " +
+                                        std::string(ResponseName(response))));
+  }
+  scope_ = granted->scope;
   return Status::Ok();
 }
 

@@ -392,6 +392,180 @@ Result<RequestMessage> DecodeHello(const Frame& f) {
   return RequestMessage(std::move(hello));
 }
 
+// Authentication frames exist from version 2 on.
+Status ExpectAuthVersion(const FrameHeader& h) {
+  if (h.version < pf::kAuthVersion) {
+    return DecodeInvalid(h, "authentication frames need protocol version " +
+                                std::to_string(pf::kAuthVersion) + ", this one is version " +
+                                std::to_string(h.version));
+  }
+  return Status::Ok();
+}
+
+template <size_t N>
+void GetArray(ByteReader* r, std::array<uint8_t, N>* out) {
+  std::string_view bytes;
+  r->GetBytes(N, &bytes);
+  std::memcpy(out->data(), bytes.data(), N);
+}
+
+template <size_t N>
+void PutArray(ByteWriter* w, const std::array<uint8_t, N>& a) {
+  w->PutBytes(std::string_view(reinterpret_cast<const char*>(a.data()), N));
+}
+
+Status RequireAuthVersion(uint16_t version) {
+  if (version < pf::kAuthVersion) {
+    return Status::InvalidArgument("authentication needs protocol version " +
+                                   std::to_string(pf::kAuthVersion) + ", the connection speaks " +
+                                   std::to_string(version));
+  }
+  return Status::Ok();
+}
+
+Status CheckAuthRequest(const AuthRequest& a) {
+  switch (a.method) {
+    case AuthMethod::kClusterKey:
+      if (a.credential.size() != pf::kAuthKeyIdSize) {
+        return Status::InvalidArgument("a cluster-key AUTH carries the key's " +
+                                       std::to_string(pf::kAuthKeyIdSize) + "-byte id, not " +
+                                       std::to_string(a.credential.size()) + " bytes");
+      }
+      return Status::Ok();
+    case AuthMethod::kKubernetesToken:
+      if (a.credential.empty() || a.credential.size() > pf::kMaxTokenLength) {
+        return Status::InvalidArgument(
+            "a Kubernetes token of " + std::to_string(a.credential.size()) +
+            " bytes; tokens are 1.." + std::to_string(pf::kMaxTokenLength) + " bytes");
+      }
+      for (char c : a.credential) {
+        if (c <= ' ' || c > '~') {
+          return Status::InvalidArgument(
+              "the Kubernetes token holds a byte that is not graphic ASCII; send the token "
+              "file's contents without its line end");
+        }
+      }
+      return Status::Ok();
+  }
+  return Status::InvalidArgument("unknown authentication method " +
+                                 std::to_string(static_cast<uint16_t>(a.method)) +
+                                 "; this build knows 1 (cluster key) and 2 (Kubernetes token)");
+}
+
+Status CheckAuthScope(std::string_view scope) {
+  if (scope.empty() || scope.size() > pf::kMaxAuthScopeLength) {
+    return Status::InvalidArgument("an authentication scope of " + std::to_string(scope.size()) +
+                                   " bytes; scopes are 1.." +
+                                   std::to_string(pf::kMaxAuthScopeLength) + " bytes");
+  }
+  for (char c : scope) {
+    if (c <= ' ' || c > '~') {
+      return Status::InvalidArgument("the authentication scope holds a non-graphic byte");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<RequestMessage> DecodeAuth(const Frame& f) {
+  const FrameHeader& h = f.header;
+  GRANARY_RETURN_IF_ERROR(ExpectAuthVersion(h));
+  if (f.body.size() < pf::kAuthFixedSize) {
+    return DecodeInvalid(h, "body of " + std::to_string(f.body.size()) +
+                                " bytes is shorter than AUTH's fixed " +
+                                std::to_string(pf::kAuthFixedSize));
+  }
+  ByteReader r(f.body);
+  AuthRequest auth;
+  uint16_t method = 0, flags = 0;
+  uint32_t length = 0;
+  r.Get(&method);
+  r.Get(&flags);
+  r.Get(&length);
+  GetArray(&r, &auth.client_nonce);
+  GRANARY_RETURN_IF_ERROR(ExpectZero(h, flags, "flags"));
+  if (length > pf::kMaxTokenLength) {
+    return DecodeRange(h, "a credential of " + std::to_string(length) + " bytes; at most " +
+                              std::to_string(pf::kMaxTokenLength));
+  }
+  GRANARY_RETURN_IF_ERROR(ExpectSize(h, size_t{pf::kAuthFixedSize} + length));
+  std::string_view credential;
+  r.GetBytes(length, &credential);
+  auth.method = static_cast<AuthMethod>(method);
+  auth.credential = std::string(credential);
+  GRANARY_RETURN_IF_ERROR(InContext(h, CheckAuthRequest(auth)));
+  return RequestMessage(std::move(auth));
+}
+
+Result<RequestMessage> DecodeAuthProof(const Frame& f) {
+  const FrameHeader& h = f.header;
+  GRANARY_RETURN_IF_ERROR(ExpectAuthVersion(h));
+  GRANARY_RETURN_IF_ERROR(ExpectSize(h, pf::kAuthProofRequestSize));
+  ByteReader r(f.body);
+  AuthProofRequest proof;
+  GetArray(&r, &proof.proof);
+  return RequestMessage(proof);
+}
+
+Result<std::string> GetScope(const FrameHeader& h, ByteReader* r, size_t fixed, uint32_t length) {
+  if (length > pf::kMaxAuthScopeLength) {
+    return DecodeRange(h, "a scope of " + std::to_string(length) + " bytes; at most " +
+                              std::to_string(pf::kMaxAuthScopeLength));
+  }
+  GRANARY_RETURN_IF_ERROR(ExpectSize(h, fixed + length));
+  std::string_view scope;
+  r->GetBytes(length, &scope);
+  return std::string(scope);
+}
+
+Result<ResponseMessage> DecodeAuthReply(const Frame& f) {
+  const FrameHeader& h = f.header;
+  GRANARY_RETURN_IF_ERROR(ExpectAuthVersion(h));
+  if (f.body.size() < pf::kAuthReplyFixedSize) {
+    return DecodeInvalid(h, "body of " + std::to_string(f.body.size()) +
+                                " bytes is shorter than AUTH_REPLY's fixed " +
+                                std::to_string(pf::kAuthReplyFixedSize));
+  }
+  ByteReader r(f.body);
+  AuthReply reply;
+  uint16_t granted = 0, reserved = 0;
+  uint32_t length = 0;
+  r.Get(&granted);
+  r.Get(&reserved);
+  r.Get(&length);
+  GetArray(&r, &reply.server_nonce);
+  GetArray(&r, &reply.server_proof);
+  GRANARY_RETURN_IF_ERROR(ExpectZero(h, reserved, "reserved"));
+  if (granted > 1)
+    return DecodeInvalid(h, "granted is " + std::to_string(granted) + ", not 0 or 1");
+  reply.granted = granted == 1;
+  GRANARY_ASSIGN_OR_RETURN(reply.scope, GetScope(h, &r, pf::kAuthReplyFixedSize, length));
+  if (reply.granted) {
+    GRANARY_RETURN_IF_ERROR(InContext(h, CheckAuthScope(reply.scope)));
+  } else if (!reply.scope.empty()) {
+    return DecodeInvalid(h, "a challenge carries no scope");
+  }
+  return ResponseMessage(std::move(reply));
+}
+
+Result<ResponseMessage> DecodeAuthProofReply(const Frame& f) {
+  const FrameHeader& h = f.header;
+  GRANARY_RETURN_IF_ERROR(ExpectAuthVersion(h));
+  if (f.body.size() < pf::kAuthProofReplyFixedSize) {
+    return DecodeInvalid(h, "body of " + std::to_string(f.body.size()) +
+                                " bytes is shorter than AUTH_PROOF_REPLY's fixed " +
+                                std::to_string(pf::kAuthProofReplyFixedSize));
+  }
+  ByteReader r(f.body);
+  AuthProofReply reply;
+  uint32_t reserved = 0, length = 0;
+  r.Get(&reserved);
+  r.Get(&length);
+  GRANARY_RETURN_IF_ERROR(ExpectZero(h, reserved, "reserved"));
+  GRANARY_ASSIGN_OR_RETURN(reply.scope, GetScope(h, &r, pf::kAuthProofReplyFixedSize, length));
+  GRANARY_RETURN_IF_ERROR(InContext(h, CheckAuthScope(reply.scope)));
+  return ResponseMessage(std::move(reply));
+}
+
 Result<RequestMessage> DecodeStat(const Frame& f) {
   const FrameHeader& h = f.header;
   GRANARY_RETURN_IF_ERROR(ExpectSize(h, pf::kStatRequestSize));
@@ -471,6 +645,10 @@ Result<ResponseMessage> DecodeHelloReply(const Frame& f) {
   r.Get(&name_length);
   r.Get(&name_reserved);
   GRANARY_RETURN_IF_ERROR(ExpectZero(h, reserved, "reserved"));
+  if (reply.version >= pf::kAuthVersion) {
+    reply.auth_required = (flags & pf::kHelloReplyAuthRequired) != 0;
+    flags &= ~pf::kHelloReplyAuthRequired;
+  }
   GRANARY_RETURN_IF_ERROR(ExpectZero(h, flags, "flags"));
   GRANARY_RETURN_IF_ERROR(ExpectZero(h, name_reserved, "name reserved"));
   GRANARY_RETURN_IF_ERROR(ExpectSize(h, size_t{pf::kHelloReplyFixedSize} + name_length));
@@ -706,6 +884,14 @@ std::string_view MessageTypeName(uint16_t type) {
       return "READ_REPLY";
     case pf::kTypeError:
       return "ERROR";
+    case pf::kTypeAuth:
+      return "AUTH";
+    case pf::kTypeAuthProof:
+      return "AUTH_PROOF";
+    case pf::kTypeAuthReply:
+      return "AUTH_REPLY";
+    case pf::kTypeAuthProofReply:
+      return "AUTH_PROOF_REPLY";
     default:
       return "unknown";
   }
@@ -881,6 +1067,23 @@ Result<std::string> EncodeRequest(uint64_t request_id, const RequestMessage& req
                        }
                        return Status::Ok();
                      },
+                     [&](const AuthRequest& auth) -> Status {
+                       type = pf::kTypeAuth;
+                       GRANARY_RETURN_IF_ERROR(RequireAuthVersion(version));
+                       GRANARY_RETURN_IF_ERROR(CheckAuthRequest(auth));
+                       w.Put(static_cast<uint16_t>(auth.method));
+                       w.Put(uint16_t{0});
+                       w.Put(static_cast<uint32_t>(auth.credential.size()));
+                       PutArray(&w, auth.client_nonce);
+                       w.PutBytes(auth.credential);
+                       return Status::Ok();
+                     },
+                     [&](const AuthProofRequest& proof) -> Status {
+                       type = pf::kTypeAuthProof;
+                       GRANARY_RETURN_IF_ERROR(RequireAuthVersion(version));
+                       PutArray(&w, proof.proof);
+                       return Status::Ok();
+                     },
                  },
                  request);
   if (!status.ok()) {
@@ -916,9 +1119,15 @@ Result<OutgoingFrame> EncodeResponse(uint64_t request_id, const ResponseMessage&
                                              " is not spoken by this build (" + VersionRange() +
                                              ")");
             }
+            if (hello.auth_required && hello.version < pf::kAuthVersion) {
+              return Status::InvalidArgument(
+                  "authentication cannot be required in protocol version " +
+                  std::to_string(hello.version) + "; it needs version " +
+                  std::to_string(pf::kAuthVersion));
+            }
             w.Put(hello.version);
             w.Put(uint16_t{0});
-            w.Put(uint32_t{0});
+            w.Put(hello.auth_required ? pf::kHelloReplyAuthRequired : uint32_t{0});
             w.Put(hello.limits.max_body_bytes);
             w.Put(hello.limits.max_items);
             w.Put(hello.limits.max_read_bytes);
@@ -994,6 +1203,31 @@ Result<OutgoingFrame> EncodeResponse(uint64_t request_id, const ResponseMessage&
             EncodeErrorBody(&w, error.status, error.closing);
             return Status::Ok();
           },
+          [&](const AuthReply& auth) -> Status {
+            type = pf::kTypeAuthReply;
+            GRANARY_RETURN_IF_ERROR(RequireAuthVersion(version));
+            if (auth.granted) {
+              GRANARY_RETURN_IF_ERROR(CheckAuthScope(auth.scope));
+            } else if (!auth.scope.empty()) {
+              return Status::InvalidArgument("a challenge carries no scope");
+            }
+            w.Put(uint16_t{auth.granted ? uint16_t{1} : uint16_t{0}});
+            w.Put(uint16_t{0});
+            w.Put(static_cast<uint32_t>(auth.scope.size()));
+            PutArray(&w, auth.server_nonce);
+            PutArray(&w, auth.server_proof);
+            w.PutBytes(auth.scope);
+            return Status::Ok();
+          },
+          [&](const AuthProofReply& auth) -> Status {
+            type = pf::kTypeAuthProofReply;
+            GRANARY_RETURN_IF_ERROR(RequireAuthVersion(version));
+            GRANARY_RETURN_IF_ERROR(CheckAuthScope(auth.scope));
+            w.Put(uint32_t{0});
+            w.Put(static_cast<uint32_t>(auth.scope.size()));
+            w.PutBytes(auth.scope);
+            return Status::Ok();
+          },
       },
       response);
   if (status.ok() && type != pf::kTypeReadReply && !payload.empty()) {
@@ -1048,6 +1282,10 @@ Result<RequestMessage> DecodeRequest(const Frame& frame, const ProtocolLimits& l
       return DecodeStat(frame);
     case pf::kTypeRead:
       return DecodeRead(frame, limits);
+    case pf::kTypeAuth:
+      return DecodeAuth(frame);
+    case pf::kTypeAuthProof:
+      return DecodeAuthProof(frame);
     default:
       return DecodeInvalid(
           h, "unknown request type " + Hex16(h.type) + "; the client may speak a newer protocol");
@@ -1069,6 +1307,10 @@ Result<ResponseMessage> DecodeResponse(const Frame& frame, const ProtocolLimits&
       return DecodeReadReply(frame, limits);
     case pf::kTypeError:
       return DecodeErrorReply(frame);
+    case pf::kTypeAuthReply:
+      return DecodeAuthReply(frame);
+    case pf::kTypeAuthProofReply:
+      return DecodeAuthProofReply(frame);
     default:
       if ((h.type & pf::kResponseBit) == 0) {
         return DecodeInvalid(h, "a client accepts responses only, this is a request type");

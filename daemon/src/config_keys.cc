@@ -138,6 +138,32 @@ Status CheckStoreUrl(ConfigMap& m, std::string_view key, const std::string& url)
                                  "or sqlite:///absolute/path/granary.db");
 }
 
+Status OptionalFilePath(ConfigMap& m, std::string_view key, std::string* out,
+                        std::string_view example) {
+  bool given = false;
+  std::string path;
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, key, &path, &given));
+  if (!given) return Status::Ok();
+  if (path.empty() || path.front() != '/' || HasControlCharacter(path)) {
+    return Status::InvalidArgument(m.Where(key) + ": " + Quoted(path) +
+                                   " is not an absolute path; write the full path, e.g. " +
+                                   std::string(example));
+  }
+  *out = std::move(path);
+  return Status::Ok();
+}
+
+Result<ClientCredentials> LoadPeerCredentials(const std::string& cluster_key_file,
+                                              const std::string& token_file) {
+  ClientCredentials credentials;
+  if (!cluster_key_file.empty()) {
+    GRANARY_ASSIGN_OR_RETURN(ClusterKeys keys, ClusterKeys::Load(cluster_key_file));
+    credentials.cluster_key = std::make_shared<const ClusterKeys>(std::move(keys));
+  }
+  credentials.token_file = token_file;
+  return credentials;
+}
+
 Status ParseStoreKeys(ConfigMap& m, std::string* url, std::string* file) {
   bool file_given = false;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "metadata_store_file", file, &file_given));

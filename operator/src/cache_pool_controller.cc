@@ -7,6 +7,7 @@
 #include "controller_context.h"
 #include "granary/core/log.h"
 #include "granary/core/names.h"
+#include "granary/core/peer_auth.h"
 #include "granary/operator/base64.h"
 
 namespace granary::kube {
@@ -30,6 +31,42 @@ Json Metadata(const CachePool& pool, const Json& owner, const OperatorOptions& o
 
 constexpr const char* kConfigDir = "/etc/granary/cachenode";
 constexpr const char* kStoreDir = "/etc/granary/store";
+constexpr const char* kClusterKeyDir = "/etc/granary/cluster-key";
+
+// The cluster key's Secret: made with a fresh key when missing, never
+// overwritten (a new key would lock out every client of the old one). Returns
+// the key's text, which the pods' template hashes so a rotated key rolls the
+// cache nodes.
+Result<std::string> EnsureClusterKey(ControllerContext& c) {
+  const OperatorOptions& options = c.options();
+  const std::string path =
+      "/api/v1/namespaces/" + options.namespace_ + "/secrets/" + options.cluster_key_secret;
+  Result<Json> secret = c.client().Get(path);
+  if (!secret.ok() && secret.status().code() == StatusCode::kNotFound) {
+    GRANARY_ASSIGN_OR_RETURN(std::string hex, GenerateClusterKeyHex());
+    Json fresh = {{"apiVersion", "v1"},
+                  {"kind", "Secret"},
+                  {"metadata",
+                   {{"name", options.cluster_key_secret},
+                    {"namespace", options.namespace_},
+                    {"labels", {{"app.kubernetes.io/managed-by", std::string(kFieldManager)}}}}},
+                  {"type", "Opaque"},
+                  {"data", {{"key", Base64Encode(hex + "\n")}}}};
+    Result<Json> made =
+        c.client().Create("/api/v1/namespaces/" + options.namespace_ + "/secrets", fresh);
+    if (!made.ok() && made.status().code() != StatusCode::kAlreadyExists) return made.status();
+    secret = c.client().Get(path);
+  }
+  if (!secret.ok()) return secret.status().WithContext("the cluster key Secret");
+  const std::string encoded = secret->value("data", Json::object()).value("key", "");
+  if (encoded.empty()) {
+    return Status::FailedPrecondition(
+        "Secret " + options.namespace_ + "/" + options.cluster_key_secret +
+        " has no 'key'; put the cluster key there (`granary "
+        "cluster-key generate`) or delete the Secret to get a new one");
+  }
+  return Base64Decode(encoded, "Secret " + options.cluster_key_secret + " key");
+}
 
 }  // namespace
 
@@ -48,6 +85,10 @@ Json CacheNodeConfigMap(const CachePool& pool, const OperatorOptions& options) {
   // The chunk handoff for sidecars on the same host (injected ones mount the
   // same host directory, the pool's nodeSocketHostPath).
   yaml += "local_socket: " + std::string(kNodeSocketPath) + "\n";
+  // Every connection to the port authenticates: peers and admins with the
+  // cluster key, injected sidecars with their pod's token (its namespace only).
+  yaml += std::string("cluster_key_file: ") + kClusterKeyDir + "/key\n";
+  yaml += "kubernetes_auth: in-cluster\n";
   return {{"cachenode.yaml", yaml}};
 }
 
@@ -61,6 +102,10 @@ Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
       {{"name", "store"},
        {"secret", {{"secretName", PoolObjectName(pool) + "-store"}, {"defaultMode", 0400}}}});
   mounts.push_back({{"name", "store"}, {"mountPath", kStoreDir}, {"readOnly", true}});
+  volumes.push_back(
+      {{"name", "cluster-key"},
+       {"secret", {{"secretName", options.cluster_key_secret}, {"defaultMode", 0400}}}});
+  mounts.push_back({{"name", "cluster-key"}, {"mountPath", kClusterKeyDir}, {"readOnly", true}});
   volumes.push_back(
       {{"name", "data"},
        {"hostPath", {{"path", pool.storage_host_path}, {"type", "DirectoryOrCreate"}}}});
@@ -114,6 +159,7 @@ Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
          {{"drop", Json::array({"ALL"})}, {"add", Json::array({"SETUID", "SETGID"})}}}}}};
   if (!pool.resources.empty()) container["resources"] = pool.resources;
   Json pod_spec = {{"hostNetwork", true},
+                   {"serviceAccountName", options.cachenode_service_account},
                    {"dnsPolicy", "ClusterFirstWithHostNet"},
                    {"terminationGracePeriodSeconds", 30},
                    {"nodeSelector", pool.node_selector},
@@ -186,7 +232,9 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
                  {"data", config_data}};
   GRANARY_RETURN_IF_ERROR(
       c.client().Apply(base + "/configmaps/" + name, config, std::string(kFieldManager)).status());
-  const std::string hashed = config_data.dump() + *url;
+  Result<std::string> cluster_key = EnsureClusterKey(c);
+  if (!cluster_key.ok()) return fail("ClusterKeyMissing", cluster_key.status());
+  const std::string hashed = config_data.dump() + *url + *cluster_key;
   char hash[17];
   std::snprintf(hash, sizeof(hash), "%016llx",
                 static_cast<unsigned long long>(XXH3_64bits(hashed.data(), hashed.size())));

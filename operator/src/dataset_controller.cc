@@ -89,6 +89,7 @@ DatasetSpec DesiredSpec(const Dataset& d) {
   spec.replication = d.replication;
   spec.nodes = d.nodes;
   spec.snapshot_by = SnapshotBy::kPool;
+  spec.kubernetes_namespace = d.namespace_;
   return spec;
 }
 

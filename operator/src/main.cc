@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
   std::string lease_duration = "15s", renew_deadline = "10s", retry_period = "2s";
   std::string progress_interval = "2s";
   std::string cachenode_command = "granary-cachenode";
+  std::string cachenode_service_account = "granary-cachenode";
+  std::string cluster_key_secret = "granary-cluster-key";
   std::string webhook_listen, webhook_cert_dir;
   std::string webhook_service, webhook_url, webhook_ca_file,
       webhook_failure_policy = "Fail", webhook_timeout = "10s", webhook_cert_validity = "8760h",
@@ -88,6 +90,12 @@ int main(int argc, char** argv) {
   app.add_option("--workers", workers, "Reconciling threads")->check(CLI::Range(1, 64));
   app.add_option("--metrics-listen", metrics_listen, "/metrics, /healthz, /readyz (host:port)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
+  app.add_option("--cachenode-service-account", cachenode_service_account,
+                 "ServiceAccount of the cache-node pods (needs create on tokenreviews)")
+      ->capture_default_str();
+  app.add_option("--cluster-key-secret", cluster_key_secret,
+                 "Secret (in --namespace) with the cluster key under 'key'; made when missing")
+      ->capture_default_str();
   app.add_option("--cachenode-command", cachenode_command,
                  "The command of the cache-node containers it generates");
   app.add_option("--webhook-listen", webhook_listen,
@@ -248,6 +256,8 @@ int main(int argc, char** argv) {
   options.leader_elect = leader_elect;
   options.workers = workers;
   options.cachenode_command = cachenode_command;
+  options.cachenode_service_account = cachenode_service_account;
+  options.cluster_key_secret = cluster_key_secret;
   if (registration) {
     registration->namespace_ = options.namespace_;
     granary::Status valid = granary::kube::ValidateWebhookRegistration(*registration);

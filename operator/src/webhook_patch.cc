@@ -110,7 +110,8 @@ Result<std::string> ViewPath(const Json& pod, const InjectionInputs& inputs) {
                                    " is not an absolute directory path (not /, no '..'); write "
                                    "e.g. /data");
   }
-  for (std::string_view reserved : {kSocketDir, kViewDir, kSidecarConfigDir, kStoreDir}) {
+  for (std::string_view reserved :
+       {kSocketDir, kViewDir, kSidecarConfigDir, kStoreDir, kTokenDir}) {
     const std::string r(reserved);
     if (path == r || path.starts_with(r + "/") || r.starts_with(path + "/")) {
       return Status::InvalidArgument(what + " overlaps " + r +
@@ -130,6 +131,9 @@ Json SidecarContainer(const InjectionInputs& inputs, bool view) {
                               {"readOnly", true}},
                              {{"name", std::string(kStoreVolumeName)},
                               {"mountPath", std::string(kStoreDir)},
+                              {"readOnly", true}},
+                             {{"name", std::string(kTokenVolumeName)},
+                              {"mountPath", std::string(kTokenDir)},
                               {"readOnly", true}}});
   if (inputs.pool.sidecar_chunk_handoff) {
     // Connecting to a socket needs no write access to its mount.
@@ -491,7 +495,17 @@ Result<Json> BuildPatchUnchecked(const Json& pod, const InjectionInputs& inputs)
                                                   ? DefaultNodeSocketHostPath(inputs.pool.name)
                                                   : inputs.pool.node_socket_host_path},
                                      {"type", "DirectoryOrCreate"}}}};
-  Json ours = Json::array({socket_volume, config_volume, store_volume});
+  // The pod's own ServiceAccount, for audience granary only: it proves the
+  // pod's namespace to the cache nodes and is no use against the API server.
+  const Json token_volume = {
+      {"name", std::string(kTokenVolumeName)},
+      {"projected",
+       {{"defaultMode", 0444},
+        {"sources", Json::array({{{"serviceAccountToken",
+                                   {{"audience", std::string(kTokenAudience)},
+                                    {"expirationSeconds", kTokenExpirationSeconds},
+                                    {"path", "token"}}}}})}}}};
+  Json ours = Json::array({socket_volume, config_volume, store_volume, token_volume});
   // A hostPath volume: the Pod Security baseline and restricted levels
   // forbid it; a pool for such namespaces turns the handoff off.
   if (inputs.pool.sidecar_chunk_handoff) ours.push_back(node_socket_volume);
@@ -747,6 +761,7 @@ std::string SidecarConfigYaml(const InjectionInputs& inputs, const std::string& 
   yaml += "socket: " + std::string(kSocketPath) + "\n";
   yaml += "pool: " + inputs.pool.name + "\n";
   yaml += "metadata_store_file: " + std::string(kStoreDir) + "/url\n";
+  yaml += "peer_token_file: " + std::string(kTokenDir) + "/token\n";
   if (inputs.pool.sidecar_chunk_handoff) {
     yaml += "local_node_socket: " + std::string(kNodeSocketPath) + "\n";
   }

@@ -133,6 +133,16 @@ Status Parse(ConfigMap& m, SidecarConfig* c) {
                                             "/run/granary/cachenode.sock"));
   }
 
+  GRANARY_RETURN_IF_ERROR(
+      OptionalFilePath(m, "cluster_key_file", &c->cluster_key_file, "/etc/granary/cluster.key"));
+  GRANARY_RETURN_IF_ERROR(OptionalFilePath(m, "peer_token_file", &c->peer_token_file,
+                                           "/var/run/secrets/granary/token"));
+  if (!c->cluster_key_file.empty() && !c->peer_token_file.empty()) {
+    return Status::InvalidArgument(m.Where("peer_token_file") +
+                                   ": write one of 'cluster_key_file' and 'peer_token_file', "
+                                   "not both");
+  }
+
   std::string mounts;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "mounts", &mounts, &given));
   if (given) GRANARY_RETURN_IF_ERROR(ParseMounts(m, mounts, c));

@@ -781,6 +781,12 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
   fetch.node_down_for = config.node_down_for;
   fetch.peer.connect_timeout = config.connect_timeout;
   fetch.peer.call_timeout = config.call_timeout;
+  {
+    Result<ClientCredentials> credentials =
+        LoadPeerCredentials(config.cluster_key_file, config.peer_token_file);
+    if (!credentials.ok()) return credentials.status().WithContext("`cluster_key_file`");
+    fetch.peer.credentials = std::move(*credentials);
+  }
   fetch.source_fallthrough = config.source_fallthrough;
   fetch.source_concurrency = config.source_concurrency;
   GRANARY_ASSIGN_OR_RETURN(impl->fetcher, SampleFetcher::Create(fetch, impl->executor.get()));

@@ -8,6 +8,7 @@
 
 #include "granary/cachenode/server.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <netinet/in.h>
@@ -171,10 +172,17 @@ class FileReadService : public ReadService {
 // A client on a raw socket: sends any bytes, reads frames with a deadline.
 class RawClient {
  public:
-  explicit RawClient(uint16_t port, int receive_buffer = 0) {
+  // `source`: the loopback address to connect from (127.0.0.1 by default).
+  explicit RawClient(uint16_t port, int receive_buffer = 0, const char* source = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (receive_buffer > 0) {
       ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
+    }
+    if (source != nullptr) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      EXPECT_EQ(::inet_pton(AF_INET, source, &from.sin_addr), 1);
+      EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0);
     }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -198,7 +206,7 @@ class RawClient {
   }
 
   void Hello(uint64_t id = 1) {
-    Send(Encode(id, HelloRequest{1, 1, "raw-client"}));
+    Send(Encode(id, HelloRequest{1, 1, "raw-client"}, 1));
     auto reply = Next();
     ASSERT_OK(reply);
     ASSERT_EQ(reply->header.type, pf::kTypeHelloReply);
@@ -252,8 +260,8 @@ class RawClient {
     fd_ = -1;
   }
 
-  static std::string Encode(uint64_t id, const RequestMessage& m) {
-    auto bytes = EncodeRequest(id, m);
+  static std::string Encode(uint64_t id, const RequestMessage& m, uint16_t version = 1) {
+    auto bytes = EncodeRequest(id, m, EncodeOptions{version, {}});
     EXPECT_OK(bytes);
     return bytes.ok() ? *bytes : std::string();
   }
@@ -417,7 +425,8 @@ TEST(ServerTest, HelloPingAndStat) {
   Fixture f;
   PeerClient client = f.Client();
   EXPECT_EQ(client.server_name(), "node-test");
-  EXPECT_EQ(client.version(), 1);
+  EXPECT_EQ(client.version(), 2);
+  EXPECT_EQ(client.scope(), "");  // no authentication asked
   EXPECT_EQ(client.limits(), ProtocolLimits{});
   EXPECT_OK(client.Ping());
 
@@ -1113,6 +1122,322 @@ TEST(ServerTest, LatencyIsRecordedForEveryAnsweredRequest) {
   for (uint64_t n : c.latency_buckets) in_buckets += n;
   EXPECT_EQ(in_buckets, 11u);
   EXPECT_GT(c.latency_sum_seconds, 0.0);
+}
+
+// --- authentication (protocol version 2) ----------------------------------------
+
+constexpr char kKeyA[] = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";  // 32 bytes each
+constexpr char kKeyB[] = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+std::shared_ptr<const ClusterKeys> Keys(std::vector<std::string> keys) {
+  auto loaded = ClusterKeys::FromKeys(std::move(keys));
+  EXPECT_OK(loaded);
+  return std::make_shared<const ClusterKeys>(std::move(*loaded));
+}
+
+// Grants "team-a" to the token "token-a" and "team-b" to "token-b"; refuses
+// the rest as the API server would. The real verifier (TokenReview) is tested
+// against a real API server in tests/kubernetes.
+class ScriptedTokens : public TokenVerifier {
+ public:
+  Result<PeerIdentity> Verify(std::string_view token) override {
+    ++calls;
+    if (token == "token-a" || token == "token-b") {
+      const std::string ns = token == "token-a" ? "team-a" : "team-b";
+      return PeerIdentity{PeerIdentity::Kind::kNamespace, ns,
+                          "system:serviceaccount:" + ns + ":trainer"};
+    }
+    return Status::PermissionDenied("the token is not valid for audience granary");
+  }
+  std::atomic<int> calls{0};
+};
+
+ServerOptions AuthOptions(std::shared_ptr<TokenVerifier> tokens = nullptr) {
+  ServerOptions o = TestOptions();
+  auto auth = std::make_shared<ServerAuth>();
+  auth->cluster_keys = Keys({kKeyA, kKeyB});  // A current, B accepted too
+  auth->tokens = std::move(tokens);
+  // kDataset belongs to namespace team-a.
+  auth->authorize = [](const PeerIdentity& who, const std::string& dataset) {
+    return who.namespace_ == "team-a" && dataset == kDataset
+               ? Status::Ok()
+               : Status::PermissionDenied("not this namespace's");
+  };
+  o.auth = std::move(auth);
+  return o;
+}
+
+PeerClientOptions KeyClient(const char* key) {
+  PeerClientOptions o = ClientOptions();
+  o.credentials.cluster_key = Keys({key});
+  return o;
+}
+
+std::vector<ReadItem> FirstSamples() {
+  return {{ReadKind::kSample, 0, 0, 1}, {ReadKind::kSample, 1, 0, 1}};
+}
+
+TEST(ServerAuthTest, TheClusterKeyIsProvedAndEveryDatasetReadable) {
+  Fixture f(8, 1, AuthOptions());
+  for (const char* key : {kKeyA, kKeyB}) {  // either key of a rotation
+    auto client = PeerClient::Connect(Address(*f.server), KeyClient(key));
+    ASSERT_OK(client);
+    EXPECT_EQ(client->version(), 2);
+    EXPECT_EQ(client->scope(), "cluster");
+    ReadRequest read = ReadOf(FirstSamples());
+    auto result = client->Read(read);
+    ASSERT_OK(result);
+    f.ExpectExact(read, *result);
+  }
+  ServerCounters c = f.server->Counters();
+  EXPECT_EQ(c.auth_granted_total, 2u);
+  EXPECT_EQ(c.auth_refused_total, 0u);
+}
+
+TEST(ServerAuthTest, NoCredentialAWrongKeyAndAnOldClientAreRefusedBeforeAnyByte) {
+  Fixture f(8, 1, AuthOptions());
+  // No credential: refused, and told what to configure.
+  auto none = PeerClient::Connect(Address(*f.server), ClientOptions());
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(none.status().message(), HasSubstr("requires authentication"));
+  EXPECT_THAT(none.status().message(), HasSubstr("cluster_key_file"));
+  // Another cluster's key: refused by id, the key never sent.
+  auto wrong =
+      PeerClient::Connect(Address(*f.server), KeyClient("cccccccccccccccccccccccccccccccc"));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("is not one of this node's"));
+  // A client of version 1 cannot authenticate: refused at HELLO, saying why.
+  {
+    RawClient old(f.server->port());
+    old.Send(RawClient::Encode(1, HelloRequest{1, 1, "old-sidecar"}));
+    ExpectClosingError(old, StatusCode::kVersionMismatch, 1, "requires authentication");
+  }
+  // A version-2 client that skips AUTH: no READ, no dataset STAT, not even the node's STAT.
+  for (const RequestMessage& request :
+       {RequestMessage(ReadOf(FirstSamples())), RequestMessage(StatRequest{kDataset, {}}),
+        RequestMessage(StatRequest{})}) {
+    RawClient raw(f.server->port());
+    raw.Send(RawClient::Encode(1, HelloRequest{1, 2, "skipper"}, 2));
+    auto hello = raw.NextMessage();
+    ASSERT_OK(hello);
+    ASSERT_TRUE(std::holds_alternative<HelloReply>(*hello));
+    EXPECT_TRUE(std::get<HelloReply>(*hello).auth_required);
+    raw.Send(RawClient::Encode(2, PingRequest{}, 2));  // PING is allowed
+    auto pong = raw.NextMessage();
+    ASSERT_OK(pong);
+    EXPECT_TRUE(std::holds_alternative<PongReply>(*pong));
+    raw.Send(RawClient::Encode(3, request, 2));
+    ExpectClosingError(raw, StatusCode::kPermissionDenied, 3, "before authentication");
+  }
+  EXPECT_EQ(f.service->calls(), 0);
+  EXPECT_EQ(f.server->Counters().auth_granted_total, 0u);
+  EXPECT_GE(f.server->Counters().auth_refused_total, 5u);
+}
+
+// The client's side of a cluster-key handshake on a raw socket: the challenge.
+AuthReply Challenge(RawClient& raw, const AuthNonce& client_nonce, const char* key) {
+  raw.Send(RawClient::Encode(1, HelloRequest{1, 2, "replayer"}, 2));
+  auto hello = raw.NextMessage();
+  EXPECT_OK(hello);
+  const KeyId id = ClusterKeyId(key);
+  raw.Send(RawClient::Encode(
+      2,
+      AuthRequest{AuthMethod::kClusterKey, client_nonce,
+                  std::string(reinterpret_cast<const char*>(id.data()), id.size())},
+      2));
+  auto reply = raw.NextMessage();
+  EXPECT_OK(reply);
+  if (!reply.ok() || !std::holds_alternative<AuthReply>(*reply)) return {};
+  return std::get<AuthReply>(*reply);
+}
+
+TEST(ServerAuthTest, AProofIsGoodForItsOwnConnectionOnly) {
+  Fixture f(8, 1, AuthOptions());
+  const AuthNonce nonce = RandomNonce();
+  AuthProof recorded{};
+  {
+    RawClient first(f.server->port());
+    AuthReply challenge = Challenge(first, nonce, kKeyA);
+    EXPECT_FALSE(challenge.granted);
+    // The server proves it holds the key.
+    EXPECT_TRUE(ProofsEqual(challenge.server_proof,
+                            ClusterKeyProof(kKeyA, ProofRole::kServer, nonce,
+                                            challenge.server_nonce, "node-test", "replayer")));
+    recorded = ClusterKeyProof(kKeyA, ProofRole::kClient, nonce, challenge.server_nonce,
+                               "node-test", "replayer");
+    first.Send(RawClient::Encode(3, AuthProofRequest{recorded}, 2));
+    auto granted = first.NextMessage();
+    ASSERT_OK(granted);
+    ASSERT_TRUE(std::holds_alternative<AuthProofReply>(*granted));
+    EXPECT_EQ(std::get<AuthProofReply>(*granted).scope, "cluster");
+  }
+  // The same client nonce and the recorded proof on a new connection: the
+  // server's nonce is new, so the proof is refused.
+  RawClient second(f.server->port());
+  AuthReply challenge = Challenge(second, nonce, kKeyA);
+  second.Send(RawClient::Encode(3, AuthProofRequest{recorded}, 2));
+  ExpectClosingError(second, StatusCode::kPermissionDenied, 3, "does not match");
+  // The server's own proof sent back as the client's: refused too.
+  RawClient third(f.server->port());
+  AuthReply mirrored = Challenge(third, nonce, kKeyA);
+  third.Send(RawClient::Encode(3, AuthProofRequest{mirrored.server_proof}, 2));
+  ExpectClosingError(third, StatusCode::kPermissionDenied, 3, "does not match");
+  EXPECT_EQ(f.server->Counters().auth_granted_total, 1u);
+}
+
+TEST(ServerAuthTest, HandshakeMisstepsCloseTheConnection) {
+  Fixture f(8, 1, AuthOptions());
+  {  // AUTH_PROOF without a challenge
+    RawClient raw(f.server->port());
+    raw.Send(RawClient::Encode(1, HelloRequest{1, 2, "x"}, 2));
+    ASSERT_OK(raw.NextMessage());
+    raw.Send(RawClient::Encode(2, AuthProofRequest{}, 2));
+    ExpectClosingError(raw, StatusCode::kFailedPrecondition, 2, "without a challenge");
+  }
+  {  // a second AUTH after a challenge
+    RawClient raw(f.server->port());
+    Challenge(raw, RandomNonce(), kKeyA);
+    const KeyId id = ClusterKeyId(kKeyA);
+    raw.Send(RawClient::Encode(
+        3,
+        AuthRequest{AuthMethod::kClusterKey,
+                    {},
+                    std::string(reinterpret_cast<const char*>(id.data()), id.size())},
+        2));
+    ExpectClosingError(raw, StatusCode::kFailedPrecondition, 3, "a second AUTH");
+  }
+  {  // a token to a node that takes none
+    RawClient raw(f.server->port());
+    raw.Send(RawClient::Encode(1, HelloRequest{1, 2, "x"}, 2));
+    ASSERT_OK(raw.NextMessage());
+    raw.Send(RawClient::Encode(2, AuthRequest{AuthMethod::kKubernetesToken, {}, "token-a"}, 2));
+    ExpectClosingError(raw, StatusCode::kPermissionDenied, 2, "accepts no Kubernetes tokens");
+  }
+  // AUTH to a node that requires none.
+  Fixture open;
+  RawClient raw(open.server->port());
+  raw.Send(RawClient::Encode(1, HelloRequest{1, 2, "x"}, 2));
+  ASSERT_OK(raw.NextMessage());
+  raw.Send(RawClient::Encode(2, AuthRequest{AuthMethod::kKubernetesToken, {}, "token-a"}, 2));
+  ExpectClosingError(raw, StatusCode::kFailedPrecondition, 2, "requires no authentication");
+}
+
+TEST(ServerAuthTest, AConnectionThatNeverAuthenticatesIsClosed) {
+  ServerOptions o = AuthOptions();
+  o.handshake_timeout = 300ms;
+  Fixture f(8, 1, o);
+  RawClient raw(f.server->port());
+  raw.Send(RawClient::Encode(1, HelloRequest{1, 2, "lingerer"}, 2));
+  ASSERT_OK(raw.NextMessage());
+  ExpectClosingError(raw, StatusCode::kDeadlineExceeded, 0, "not authenticated within");
+}
+
+TEST(ServerAuthTest, ATokenReadsOnlyItsNamespacesDatasets) {
+  auto tokens = std::make_shared<ScriptedTokens>();
+  Fixture f(8, 1, AuthOptions(tokens));
+  TempDir dir;
+  auto client_with = [&](const std::string& token) {
+    dir.WriteFile("token", token + "\n");  // as the kubelet writes it, line end or not
+    PeerClientOptions o = ClientOptions();
+    o.credentials.token_file = dir.Join("token");
+    return PeerClient::Connect(Address(*f.server), o);
+  };
+  auto a = client_with("token-a");
+  ASSERT_OK(a);
+  EXPECT_EQ(a->scope(), "namespace/team-a");
+  ReadRequest read = ReadOf(FirstSamples());
+  auto bytes = a->Read(read);
+  ASSERT_OK(bytes);
+  f.ExpectExact(read, *bytes);
+  EXPECT_OK(a->Stat());  // the node's own STAT
+  // Another namespace's token: the same dataset is refused, by the same words
+  // as a dataset that does not exist; the connection goes on.
+  auto b = client_with("token-b");
+  ASSERT_OK(b);
+  const int calls = f.service->calls();
+  auto refused = b->Read(read);
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.status().message(), HasSubstr("not readable as namespace/team-b"));
+  auto unknown = b->Read(ReadOf(FirstSamples(), "no-such"));
+  EXPECT_EQ(unknown.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(b->Stat(StatRequest{kDataset, {}}).status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(f.service->calls(), calls);  // nothing reached the read service
+  EXPECT_OK(b->Ping());
+  EXPECT_EQ(b->reconnects(), 0u);
+  // A token the verifier refuses.
+  auto forged = client_with("forged");
+  ASSERT_FALSE(forged.ok());
+  EXPECT_EQ(forged.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(forged.status().message(), HasSubstr("audience granary"));
+  // A token file that is not there.
+  PeerClientOptions o = ClientOptions();
+  o.credentials.token_file = dir.Join("none");
+  auto missing = PeerClient::Connect(Address(*f.server), o);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("token file"));
+  EXPECT_EQ(tokens->calls, 3);
+}
+
+// --- places per address ------------------------------------------------------------
+
+TEST(ServerPlacesTest, OneAddressCannotTakeEveryPlace) {
+  ServerOptions o = TestOptions();
+  o.max_connections = 8;
+  o.max_connections_per_address = 3;
+  Fixture f(8, 1, o);
+  // Three from 127.0.0.1 hold their places (they PING; they are not idle)...
+  std::vector<std::unique_ptr<RawClient>> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(std::make_unique<RawClient>(f.server->port()));
+    held.back()->Hello();
+  }
+  // ...a fourth from the same address is refused, naming the address...
+  RawClient fourth(f.server->port());
+  ExpectClosingError(fourth, StatusCode::kResourceExhausted, 0, "from 127.0.0.1");
+  // ...and another host still gets in.
+  RawClient other(f.server->port(), 0, "127.0.0.2");
+  other.Hello();
+  other.Send(RawClient::Encode(2, PingRequest{}));
+  auto pong = other.NextMessage();
+  ASSERT_OK(pong);
+  EXPECT_TRUE(std::holds_alternative<PongReply>(*pong));
+  // A closed connection gives its place back.
+  held.pop_back();
+  ASSERT_TRUE(WaitFor([&] { return f.server->Counters().connections_open == 3; }));
+  RawClient again(f.server->port());
+  again.Hello();
+  EXPECT_EQ(f.server->Counters().connections_rejected_total, 1u);
+}
+
+TEST(ServerPlacesTest, ConnectionsThatDoNotAuthenticateHoldFewPlaces) {
+  ServerOptions o = AuthOptions();
+  o.max_connections = 64;
+  o.max_unauthenticated_per_address = 2;
+  Fixture f(8, 1, o);
+  // Two lingerers that never authenticate...
+  RawClient a(f.server->port()), b(f.server->port());
+  for (RawClient* raw : {&a, &b}) {
+    raw->Send(RawClient::Encode(1, HelloRequest{1, 2, "lingerer"}, 2));
+    ASSERT_OK(raw->NextMessage());
+  }
+  // ...a third from that address is refused before its HELLO.
+  RawClient c(f.server->port());
+  ExpectClosingError(c, StatusCode::kResourceExhausted, 0, "have not authenticated");
+  // Even a client with the key, from that address, until a lingerer leaves;
+  // once authenticated, a connection no longer counts against the address.
+  auto refused = PeerClient::Connect(Address(*f.server), KeyClient(kKeyA));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  a.Close();
+  ASSERT_TRUE(WaitFor([&] { return f.server->Counters().connections_open == 1; }));
+  auto keyed = PeerClient::Connect(Address(*f.server), KeyClient(kKeyA));
+  ASSERT_OK(keyed);
+  auto keyed2 = PeerClient::Connect(Address(*f.server), KeyClient(kKeyA));
+  ASSERT_OK(keyed2);  // the first one's place counts as authenticated now
+  EXPECT_OK(keyed->Ping());
+  EXPECT_OK(keyed2->Ping());
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "cli_context.h"
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
+#include "granary/core/peer_auth.h"
 #include "testing/test_util.h"
 
 namespace granary {
@@ -494,6 +495,47 @@ TEST_F(CliTest, CatWithoutCacheNodesReadsTheSourceAsTheCaller) {
   EXPECT_EQ(r.code, kCliUsage) << r.err;
 }
 
+TEST_F(CliTest, ClusterKeyGenerateWritesAKeyOnlyItsOwnerReadsAndNeverOverwritesOne) {
+  const std::string key = dir_.path() + "/etc/cluster.key";
+  CliRun r = Run({"cluster-key", "generate", "--out", key});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.out.find("wrote a new cluster key (id "), std::string::npos) << r.out;
+  struct stat st {};
+  ASSERT_EQ(::stat(key.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto loaded = ClusterKeys::Load(key);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const std::string first = testing::ReadAll(key);
+  // An existing key is never replaced by accident: every holder would be locked out.
+  r = Run({"cluster-key", "generate", "--out", key});
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_NE(r.err.find("exists"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Rotating the cluster key"), std::string::npos) << r.err;
+  EXPECT_EQ(testing::ReadAll(key), first);
+  r = Run({"-o", "json", "cluster-key", "generate", "--out", key, "--force"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(testing::ReadAll(key), first);
+  EXPECT_NE(r.out.find("\"key_id\""), std::string::npos) << r.out;
+  r = Run({"cluster-key", "generate", "--out", "relative.key"});
+  EXPECT_EQ(r.code, kCliUsage) << r.err;
+  EXPECT_NE(r.err.find("not an absolute path"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, AClusterKeyFileOthersMayReadIsRefusedBeforeAnyRead) {
+  ASSERT_EQ(Run({"dataset", "create", "pets", "--source", source_}).code, kCliOk);
+  const std::string loose = dir_.path() + "/loose.key";
+  testing::WriteAll(loose, std::string(64, 'a') + "\n");
+  ASSERT_EQ(::chmod(loose.c_str(), 0644), 0);
+  CliRun r = Run({"--cluster-key-file", loose, "cat", "pets", "dogs/2.jpg", "--direct"});
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_NE(r.err.find("chmod 600 " + loose), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  r = Run(
+      {"--cluster-key-file", dir_.path() + "/none.key", "cat", "pets", "dogs/2.jpg", "--direct"});
+  EXPECT_EQ(r.code, kCliNotFound) << r.err;
+  EXPECT_NE(r.err.find("granary cluster-key generate"), std::string::npos) << r.err;
+}
+
 TEST_F(CliTest, DoctorOnAnEmbeddedStoreWithoutDaemons) {
   // A store file that does not exist is a warning, and is not created.
   const std::string path = dir_.path() + "/not-yet.db";
@@ -532,7 +574,8 @@ TEST_F(CliTest, HelpListsTheExitCodesAndEveryCommand) {
   // command added later (one line in command_list.h) is listed too.
   r = Run({"frobnicate"});
   EXPECT_EQ(r.code, kCliUsage);
-  EXPECT_NE(r.err.find("the commands are dataset, node, plan, status, ls, cat"), std::string::npos)
+  EXPECT_NE(r.err.find("the commands are dataset, node, plan, status, cluster-key, ls, cat"),
+            std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("doctor"), std::string::npos) << r.err;
 }

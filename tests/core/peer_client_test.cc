@@ -88,7 +88,7 @@ class ScriptConn {
     EXPECT_OK(message);
     if (!message.ok()) return {};
     auto hello = std::get<HelloRequest>(*message);
-    Reply(frame->header.request_id, HelloReply{1, "scripted-node", limits});
+    Reply(frame->header.request_id, HelloReply{pf::kMaxVersion, "scripted-node", limits});
     return hello;
   }
 
@@ -284,7 +284,7 @@ TEST(PeerClientTest, HandshakeAdoptsTheCommonLimits) {
   auto client = PeerClient::Connect(server.address(), FastOptions());
   ASSERT_OK(client);
   EXPECT_TRUE(client->connected());
-  EXPECT_EQ(client->version(), 1);
+  EXPECT_EQ(client->version(), pf::kMaxVersion);
   EXPECT_EQ(client->server_name(), "scripted-node");
   EXPECT_EQ(client->limits(), CommonLimits(ProtocolLimits{}, server_limits));
   EXPECT_EQ(client->reconnects(), 0u);
@@ -610,7 +610,7 @@ TEST(PeerClientTest, PayloadOverTheClientsLimitIsRefusedBeforeItIsBuffered) {
     if (!frame.ok()) return;
     std::string header(pf::kFrameHeaderSize, '\0');
     std::memcpy(header.data(), pf::kMagic, 4);
-    StoreLe(header.data() + pf::kVersionOffset, uint16_t{1});
+    StoreLe(header.data() + pf::kVersionOffset, pf::kMaxVersion);  // the one agreed
     StoreLe(header.data() + pf::kTypeOffset, pf::kTypeReadReply);
     StoreLe(header.data() + pf::kBodyLengthOffset, uint32_t{32});
     StoreLe(header.data() + pf::kPayloadLengthOffset, uint64_t{1} << 29);

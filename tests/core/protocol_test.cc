@@ -231,7 +231,7 @@ TEST(ProtocolTest, NegotiateVersionPicksTheHighestCommon) {
 
 // The layout docs/protocol.md gives, checked byte for byte.
 TEST(ProtocolTest, PingFrameIsTheDocumentedBytes) {
-  std::string ping = Request(0x0102030405060708ull, PingRequest{});
+  std::string ping = Request(0x0102030405060708ull, PingRequest{}, {.version = 1, .limits = {}});
   const std::string expected(
       "GRNW"
       "\x01\x00"                           // version 1
@@ -380,7 +380,7 @@ TEST(ProtocolTest, HandshakeFramesAlwaysCarryTheHandshakeVersion) {
   EXPECT_EQ(LoadLe<uint16_t>(hello.data() + pf::kVersionOffset), pf::kHandshakeVersion);
   std::string reply = Response(1, HelloReply{1, "s", {}});
   EXPECT_EQ(LoadLe<uint16_t>(reply.data() + pf::kVersionOffset), pf::kHandshakeVersion);
-  EXPECT_EQ(EncodeRequest(1, PingRequest{}, {.version = 2, .limits = {}}).status().code(),
+  EXPECT_EQ(EncodeRequest(1, PingRequest{}, {.version = 3, .limits = {}}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(EncodeRequest(1, PingRequest{}, {.version = 0, .limits = {}}).status().code(),
             StatusCode::kInvalidArgument);
@@ -417,7 +417,8 @@ TEST(ProtocolTest, EncodeErrorNeverFails) {
   EXPECT_EQ(std::get<ErrorReply>(*d).closing, false);
   // Same bytes as the generic encoder.
   ErrorReply e{Status::NotFound("no such dataset"), true};
-  EXPECT_EQ(EncodeError(8, e.status, true), Response(8, e));
+  EXPECT_EQ(EncodeError(8, e.status, true), Response(8, e, {}, {.version = 1, .limits = {}}));
+  EXPECT_EQ(EncodeError(8, e.status, true, 2), Response(8, e));
 }
 
 TEST(ProtocolTest, UnknownWireStatusDecodesAsInternalWithTheNumber) {
@@ -741,7 +742,7 @@ TEST(FrameDecoderTest, BadMagic) {
 }
 
 TEST(FrameDecoderTest, UnknownVersion) {
-  for (uint16_t v : {uint16_t{0}, uint16_t{2}, uint16_t{0xffff}}) {
+  for (uint16_t v : {uint16_t{0}, uint16_t{3}, uint16_t{0xffff}}) {
     EXPECT_CODE(FeedAll(FrameDirection::kRequests, RawFrame(pf::kTypePing, 1, "", 0, v)),
                 StatusCode::kVersionMismatch, "protocol version " + std::to_string(v));
   }
@@ -749,18 +750,18 @@ TEST(FrameDecoderTest, UnknownVersion) {
 
 TEST(FrameDecoderTest, ExpectVersionAcceptsOnlyTheAgreedVersion) {
   FrameDecoder d(FrameDirection::kRequests);
-  d.ExpectVersion(2);  // as if a newer build had agreed on version 2
+  d.ExpectVersion(3);  // as if a newer build had agreed on version 3
   // HELLO as the handshake version is still fine...
-  ASSERT_OK(d.Feed(Request(1, HelloRequest{1, 2, "c"})));
+  ASSERT_OK(d.Feed(Request(1, HelloRequest{1, 3, "c"})));
   ASSERT_TRUE(d.has_frame());
   d.TakeFrame();
-  // ...a version-2 frame passes the frame layer (this build cannot decode its body)...
-  ASSERT_OK(d.Feed(RawFrame(pf::kTypePing, 2, "", 0, 2)));
-  Frame v2 = d.TakeFrame();
-  EXPECT_EQ(DecodeRequest(v2).status().code(), StatusCode::kVersionMismatch);
-  // ...and a version-1 PING no longer does.
+  // ...a version-3 frame passes the frame layer (this build cannot decode its body)...
+  ASSERT_OK(d.Feed(RawFrame(pf::kTypePing, 2, "", 0, 3)));
+  Frame v3 = d.TakeFrame();
+  EXPECT_EQ(DecodeRequest(v3).status().code(), StatusCode::kVersionMismatch);
+  // ...and a version-2 PING no longer does.
   EXPECT_CODE(d.Feed(Request(3, PingRequest{})).status(), StatusCode::kVersionMismatch,
-              "agreed on version 2");
+              "agreed on version 3");
 }
 
 TEST(FrameDecoderTest, ReservedHeaderFlags) {
@@ -885,12 +886,14 @@ TEST(ProtocolMessageTest, HelloErrors) {
   EXPECT_CODE(RequestStatus(RawFrame(pf::kTypeHello, 1, empty_name)), StatusCode::kInvalidArgument,
               "must be 1..255 bytes");
   // HELLO is always sent as the handshake version.
-  std::string v2 = RawFrame(pf::kTypeHello, 1, body, 0, 2);
+  std::string v3 = RawFrame(pf::kTypeHello, 1, body, 0, 3);
   FrameDecoder d(FrameDirection::kRequests);
-  d.ExpectVersion(2);
-  ASSERT_OK(d.Feed(v2));
+  d.ExpectVersion(3);
+  ASSERT_OK(d.Feed(v3));
   EXPECT_CODE(DecodeRequest(d.TakeFrame()).status(), StatusCode::kVersionMismatch,
-              "protocol version 2 is not spoken");
+              "protocol version 3 is not spoken");
+  std::string v2 = RawFrame(pf::kTypeHello, 1, body, 0, 2);
+  EXPECT_CODE(RequestStatus(v2), StatusCode::kVersionMismatch, "handshake frames are always");
   // The encoder refuses what the decoder would refuse.
   EXPECT_FALSE(EncodeRequest(1, HelloRequest{1, 1, ""}).ok());
   EXPECT_FALSE(EncodeRequest(1, HelloRequest{1, 1, std::string(256, 'a')}).ok());
@@ -900,8 +903,8 @@ TEST(ProtocolMessageTest, HelloErrors) {
 
 TEST(ProtocolMessageTest, HelloReplyErrors) {
   std::string reply = Response(1, HelloReply{1, "server", {}});
-  EXPECT_CODE(ResponseStatus(WithBodyValue(reply, pf::kHelloReplyVersionOffset, uint16_t{2})),
-              StatusCode::kVersionMismatch, "chose version 2");
+  EXPECT_CODE(ResponseStatus(WithBodyValue(reply, pf::kHelloReplyVersionOffset, uint16_t{3})),
+              StatusCode::kVersionMismatch, "chose version 3");
   EXPECT_CODE(ResponseStatus(WithBodyValue(reply, pf::kHelloReplyMaxItemsOffset, uint32_t{0})),
               StatusCode::kInvalidArgument, "max_items");
   EXPECT_CODE(ResponseStatus(WithBodyValue(reply, pf::kHelloReplyMaxReadOffset, ~uint64_t{0})),
@@ -912,8 +915,127 @@ TEST(ProtocolMessageTest, HelloReplyErrors) {
               StatusCode::kInvalidArgument, "reserved");
   EXPECT_CODE(ResponseStatus(WithBodyValue(reply, pf::kHelloReplyNameLengthOffset, uint16_t{7})),
               StatusCode::kInvalidArgument, "expected 43");
-  EXPECT_FALSE(EncodeResponse(1, HelloReply{2, "s", {}}).ok());
+  EXPECT_FALSE(EncodeResponse(1, HelloReply{3, "s", {}}).ok());
   EXPECT_FALSE(EncodeResponse(1, HelloReply{1, "s", ProtocolLimits{1, 1, 1, 1}}).ok());
+}
+
+// --- authentication (version 2) ----------------------------------------------
+
+AuthNonce NonceOf(uint8_t v) {
+  AuthNonce n{};
+  n.fill(v);
+  return n;
+}
+
+TEST(ProtocolAuthTest, AuthMessagesRoundTrip) {
+  AuthProof proof{};
+  proof.fill(0xab);
+  const std::vector<RequestMessage> requests = {
+      AuthRequest{AuthMethod::kClusterKey, NonceOf(1),
+                  std::string("\x01\x02\x03\x04\x05\x06\x07\x08", 8)},
+      AuthRequest{AuthMethod::kKubernetesToken, NonceOf(2), "eyJhbGciOi.payload.sig"},
+      AuthRequest{AuthMethod::kKubernetesToken, NonceOf(3), std::string(pf::kMaxTokenLength, 'a')},
+      AuthProofRequest{proof},
+  };
+  for (const RequestMessage& m : requests) {
+    std::string bytes = Request(9, m);
+    EXPECT_EQ(LoadLe<uint16_t>(bytes.data() + pf::kVersionOffset), 2);
+    EXPECT_EQ(DecodedRequest(bytes), m);
+  }
+  const std::vector<ResponseMessage> responses = {
+      AuthReply{false, NonceOf(4), proof, ""},
+      AuthReply{true, {}, {}, "namespace/team-a"},
+      AuthProofReply{"cluster"},
+      HelloReply{2, "node", {}, true},
+      HelloReply{2, "node", {}, false},
+  };
+  for (const ResponseMessage& m : responses) {
+    auto frame = DecodeFrame(Response(5, m), FrameDirection::kResponses);
+    ASSERT_OK(frame);
+    auto decoded = DecodeResponse(*frame);
+    ASSERT_OK(decoded);
+    EXPECT_EQ(*decoded, m);
+  }
+}
+
+TEST(ProtocolAuthTest, AuthFramesAreRefusedInVersionOne) {
+  const EncodeOptions v1{1, {}};
+  EXPECT_CODE(EncodeRequest(1, AuthProofRequest{}, v1).status(), StatusCode::kInvalidArgument,
+              "needs protocol version 2");
+  EXPECT_CODE(EncodeResponse(1, AuthProofReply{"cluster"}, {}, v1).status(),
+              StatusCode::kInvalidArgument, "needs protocol version 2");
+  // Authentication cannot be asked for in a version-1 HELLO_REPLY.
+  EXPECT_CODE(EncodeResponse(1, HelloReply{1, "s", {}, true}).status(),
+              StatusCode::kInvalidArgument, "version 1");
+  std::string proof = Request(1, AuthProofRequest{});
+  StoreLe(proof.data() + pf::kVersionOffset, uint16_t{1});
+  EXPECT_CODE(RequestStatus(proof), StatusCode::kInvalidArgument, "need protocol version 2");
+  // A version-1 HELLO_REPLY with the flag set: a reserved bit.
+  std::string hello = Response(1, HelloReply{1, "s", {}});
+  EXPECT_CODE(
+      ResponseStatus(WithBodyValue(hello, pf::kHelloReplyFlagsOffset, pf::kHelloReplyAuthRequired)),
+      StatusCode::kInvalidArgument, "flags");
+  std::string hello2 = Response(1, HelloReply{2, "s", {}, true});
+  EXPECT_CODE(ResponseStatus(WithBodyValue(hello2, pf::kHelloReplyFlagsOffset, uint32_t{3})),
+              StatusCode::kInvalidArgument, "flags");
+}
+
+TEST(ProtocolAuthTest, BadAuthRequestsNameTheField) {
+  const std::string key_id(8, 'k');
+  std::string auth = Request(1, AuthRequest{AuthMethod::kClusterKey, NonceOf(1), key_id});
+  EXPECT_CODE(RequestStatus(WithBodyValue(auth, pf::kAuthMethodOffset, uint16_t{7})),
+              StatusCode::kInvalidArgument, "unknown authentication method 7");
+  EXPECT_CODE(RequestStatus(WithBodyValue(auth, pf::kAuthFlagsOffset, uint16_t{1})),
+              StatusCode::kInvalidArgument, "flags");
+  EXPECT_CODE(RequestStatus(WithBodyValue(auth, pf::kAuthCredentialLengthOffset, uint32_t{9})),
+              StatusCode::kInvalidArgument, "expected 49");
+  EXPECT_CODE(RequestStatus(WithBodyValue(auth, pf::kAuthCredentialLengthOffset, ~uint32_t{0})),
+              StatusCode::kOutOfRange, "at most");
+  EXPECT_CODE(RequestStatus(RawFrame(pf::kTypeAuth, 1, "short", 0, 2)),
+              StatusCode::kInvalidArgument, "shorter than AUTH's fixed 40");
+  // A cluster key is named by 8 bytes; a token is graphic ASCII of bounded length.
+  EXPECT_CODE(EncodeRequest(1, AuthRequest{AuthMethod::kClusterKey, {}, "1234567"}).status(),
+              StatusCode::kInvalidArgument, "8-byte id");
+  EXPECT_CODE(EncodeRequest(1, AuthRequest{AuthMethod::kKubernetesToken, {}, ""}).status(),
+              StatusCode::kInvalidArgument, "tokens are 1..");
+  EXPECT_CODE(EncodeRequest(1, AuthRequest{AuthMethod::kKubernetesToken, {}, "a b"}).status(),
+              StatusCode::kInvalidArgument, "graphic ASCII");
+  EXPECT_CODE(EncodeRequest(1, AuthRequest{AuthMethod::kKubernetesToken,
+                                           {},
+                                           std::string(pf::kMaxTokenLength + 1, 'a')})
+                  .status(),
+              StatusCode::kInvalidArgument, "tokens are 1..");
+  std::string token = Request(1, AuthRequest{AuthMethod::kKubernetesToken, {}, "tok.en"});
+  token[pf::kFrameHeaderSize + pf::kAuthFixedSize + 3] = '\n';
+  EXPECT_CODE(RequestStatus(token), StatusCode::kInvalidArgument, "graphic ASCII");
+  EXPECT_CODE(RequestStatus(RawFrame(pf::kTypeAuthProof, 1, std::string(31, 'p'), 0, 2)),
+              StatusCode::kInvalidArgument, "expected 32");
+}
+
+TEST(ProtocolAuthTest, BadAuthRepliesAreRefused) {
+  std::string challenge = Response(1, AuthReply{false, NonceOf(1), {}, ""});
+  EXPECT_CODE(ResponseStatus(WithBodyValue(challenge, pf::kAuthReplyGrantedOffset, uint16_t{2})),
+              StatusCode::kInvalidArgument, "not 0 or 1");
+  EXPECT_CODE(ResponseStatus(WithBodyValue(challenge, pf::kAuthReplyReservedOffset, uint16_t{2})),
+              StatusCode::kInvalidArgument, "reserved");
+  EXPECT_CODE(
+      ResponseStatus(WithBodyValue(challenge, pf::kAuthReplyScopeLengthOffset, uint32_t{1000})),
+      StatusCode::kOutOfRange, "at most 128");
+  std::string with_scope = challenge + "x";
+  StoreLe(with_scope.data() + pf::kBodyLengthOffset, uint32_t{pf::kAuthReplyFixedSize + 1});
+  StoreLe(with_scope.data() + pf::kFrameHeaderSize + pf::kAuthReplyScopeLengthOffset, uint32_t{1});
+  EXPECT_CODE(ResponseStatus(with_scope), StatusCode::kInvalidArgument, "no scope");
+  EXPECT_FALSE(EncodeResponse(1, AuthReply{true, {}, {}, ""}).ok());
+  EXPECT_FALSE(EncodeResponse(1, AuthReply{false, {}, {}, "cluster"}).ok());
+  EXPECT_FALSE(EncodeResponse(1, AuthProofReply{std::string(129, 'a')}).ok());
+  EXPECT_FALSE(EncodeResponse(1, AuthProofReply{"a b"}).ok());
+  std::string granted = Response(1, AuthProofReply{"cluster"});
+  EXPECT_CODE(
+      ResponseStatus(WithBodyValue(granted, pf::kAuthProofReplyReservedOffset, uint32_t{1})),
+      StatusCode::kInvalidArgument, "reserved");
+  EXPECT_CODE(
+      ResponseStatus(WithBodyValue(granted, pf::kAuthProofReplyScopeLengthOffset, uint32_t{0})),
+      StatusCode::kInvalidArgument, "expected 8");
 }
 
 TEST(ProtocolMessageTest, DatasetNamesMustBeDnsLabels) {
@@ -1242,6 +1364,19 @@ TEST(ProtocolTest, SeedCorpus) {
   seeds["responses-detached"] = {5 | (3 << 3), ResponseStream(&payload_store, 1).bytes, true};
   seeds["hello"] = {0, Request(1, HelloRequest{1, 1, "sidecar/job@gpu"}), true};
   seeds["hello-reply"] = {1, Response(1, HelloReply{1, "node", {}}), true};
+  seeds["auth-cluster-key"] = {
+      0,
+      Request(1, HelloRequest{1, 2, "sidecar"}) +
+          Request(2, AuthRequest{AuthMethod::kClusterKey, {}, std::string(8, 'i')}) +
+          Request(3, AuthProofRequest{}),
+      true};
+  seeds["auth-token"] = {
+      0, Request(1, AuthRequest{AuthMethod::kKubernetesToken, {}, "eyJh.eyJz.c2ln"}), true};
+  seeds["auth-replies"] = {1,
+                           Response(1, HelloReply{2, "node", {}, true}) +
+                               Response(2, AuthReply{false, {}, {}, ""}) +
+                               Response(3, AuthProofReply{"namespace/team-a"}),
+                           true};
   seeds["stat-reply"] = {1, Response(2, StatReply{NodeState::kServing, {{"staged_bytes", 5}}}),
                          true};
   seeds["error"] = {1, EncodeError(3, Status::NotFound("no dataset 'x'"), true), true};

@@ -227,9 +227,22 @@ TEST(WebhookPatchTest, InjectsTheNativeSidecarEnvVolumesAffinityAndTolerations) 
   const Json* node_mount = FindNamed(sidecar["volumeMounts"], "granary-node-socket");
   ASSERT_NE(node_mount, nullptr);
   EXPECT_EQ((*node_mount)["mountPath"], "/run/granary-node");
+  // The pod's own token, for the cache nodes only (audience granary), in the
+  // sidecar only: it proves the pod's namespace over TCP.
+  const Json* token = FindNamed(spec["volumes"], "granary-token");
+  ASSERT_NE(token, nullptr);
+  const Json& projected = (*token)["projected"]["sources"][0]["serviceAccountToken"];
+  EXPECT_EQ(projected["audience"], "granary");
+  EXPECT_EQ(projected["path"], "token");
+  EXPECT_EQ(projected["expirationSeconds"], 3600);
+  const Json* token_mount = FindNamed(sidecar["volumeMounts"], "granary-token");
+  ASSERT_NE(token_mount, nullptr);
+  EXPECT_EQ((*token_mount)["mountPath"], "/var/run/secrets/granary");
+  EXPECT_EQ((*token_mount)["readOnly"], true);
   for (const Json& c : spec["containers"]) {
     EXPECT_EQ(FindNamed(c["volumeMounts"], "granary-store"), nullptr) << c["name"];
     EXPECT_EQ(FindNamed(c["volumeMounts"], "granary-node-socket"), nullptr) << c["name"];
+    EXPECT_EQ(FindNamed(c["volumeMounts"], "granary-token"), nullptr) << c["name"];
   }
 
   // The config annotation (its key escaped as ~1 in the patch) and its volume.
@@ -238,6 +251,7 @@ TEST(WebhookPatchTest, InjectsTheNativeSidecarEnvVolumesAffinityAndTolerations) 
   EXPECT_THAT(config, HasSubstr("pool: gpu\n"));
   EXPECT_THAT(config, HasSubstr("metrics_listen: 0.0.0.0:9465\n"));
   EXPECT_THAT(config, HasSubstr("metadata_store_file: /etc/granary/store/url\n"));
+  EXPECT_THAT(config, HasSubstr("peer_token_file: /var/run/secrets/granary/token\n"));
   EXPECT_THAT(config, HasSubstr("local_node_socket: /run/granary-node/cachenode.sock\n"));
   EXPECT_THAT(config, Not(HasSubstr("mounts:")));
   // The pod has no source mounted: the cache nodes read what they lack.
@@ -296,7 +310,7 @@ TEST(WebhookPatchTest, OtherInitContainersGetTheEnvAndRunAfterTheSidecar) {
   EXPECT_EQ(EnvValue(init[1], "GRANARY_DATASET"), GranaryDatasetName("team-a", "imagenet-train"));
   EXPECT_NE(FindNamed(init[1]["volumeMounts"], "scratch"), nullptr);
   EXPECT_NE(FindNamed(init[1]["volumeMounts"], "granary-socket"), nullptr);
-  EXPECT_EQ(out["spec"]["volumes"].size(), 5u);
+  EXPECT_EQ(out["spec"]["volumes"].size(), 6u);
   EXPECT_EQ(out["metadata"]["annotations"]["team"], "a");
 }
 

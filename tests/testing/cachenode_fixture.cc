@@ -506,6 +506,7 @@ Result<PeerClient*> DatasetReader::ClientFor(const std::string& node_id) {
   o.client_name = "integration-reader";
   o.connect_timeout = 3s;
   o.call_timeout = call_timeout_;
+  o.credentials = credentials_;
   auto client = PeerClient::Connect(at->second, o);
   if (!client.ok()) return client.status().WithContext("connect to " + node_id);
   return &clients_.emplace(at->second, std::move(*client)).first->second;
@@ -728,6 +729,7 @@ Result<TestDataset> CacheCluster::CreateDataset(const DatasetOptions& options) {
   record.spec.pool = options.pool;
   record.spec.replication = options.replication;
   record.spec.nodes = options.nodes;
+  record.spec.kubernetes_namespace = options.kubernetes_namespace;
   record.owner = options.owner.value_or(DatasetOwner{::getuid(), ::getgid()});
   record.state.phase = DatasetPhase::kStaging;
   record.state.message = "created by the integration test";

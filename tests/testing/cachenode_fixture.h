@@ -219,6 +219,8 @@ struct DatasetOptions {
   std::optional<DatasetOwner> owner;  // default: this process's uid and gid
   // The cache nodes it is placed on (DatasetSpec::nodes); default the pool.
   std::optional<std::vector<std::string>> nodes;
+  // DatasetSpec::kubernetes_namespace (which pods' tokens may read it).
+  std::string kubernetes_namespace;
   // Called with the source root after the files are written, before the
   // snapshot (permissions, ownership).
   std::function<void(const std::string& root)> before_snapshot;
@@ -256,6 +258,12 @@ class DatasetReader {
   DatasetReader(MetadataStore* store, const TestDataset& dataset,
                 std::chrono::milliseconds call_timeout = std::chrono::seconds(20));
 
+  // What the reader proves to nodes that require authentication (none by default).
+  void SetCredentials(ClientCredentials credentials) {
+    credentials_ = std::move(credentials);
+    clients_.clear();
+  }
+
   // Re-reads the live nodes and recomputes placement.
   Status Refresh();
   // Reads whole samples, each from its owner (Refresh first if never done).
@@ -280,6 +288,7 @@ class DatasetReader {
   MetadataStore* store_;
   const TestDataset* dataset_;
   std::chrono::milliseconds call_timeout_;
+  ClientCredentials credentials_;
   Placement placement_;
   bool refreshed_ = false;
   std::map<std::string, std::string> addresses_;  // node id -> host:port

@@ -79,6 +79,25 @@ Status KubeSuite::ApplyCrdsPolicyAndNamespaces() {
                                   "url: \"" + redis_->url() + "\"");
   r = cluster_->Kubectl({"apply", "--validate=strict", "-f", "-"}, namespaces);
   if (!r.ok()) return Status::Internal("applying namespace.yaml: " + r.Describe());
+  // What the chart's cachenode-rbac.yaml makes: the cache nodes' account,
+  // which may create TokenReviews (they check the sidecars' tokens).
+  r = cluster_->Kubectl({"apply", "--validate=strict", "-f", "-"}, R"(apiVersion: v1
+kind: ServiceAccount
+metadata: {name: granary-cachenode, namespace: granary}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: granary-cachenode}
+rules:
+  - {apiGroups: [authentication.k8s.io], resources: [tokenreviews], verbs: [create]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: granary-cachenode}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: granary-cachenode}
+subjects: [{kind: ServiceAccount, name: granary-cachenode, namespace: granary}]
+)");
+  if (!r.ok()) return Status::Internal("applying the cache nodes' RBAC: " + r.Describe());
   return Status::Ok();
 }
 

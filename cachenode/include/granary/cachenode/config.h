@@ -89,6 +89,11 @@ struct CacheNodeConfig {
   uint32_t service_threads = 4;
   // `max_connections`: protocol connections open at once (ServerOptions::max_connections).
   uint32_t max_connections = 1024;
+  // `max_connections_per_address`: connections one remote address may hold
+  // (ServerOptions::max_connections_per_address; 0: its default).
+  uint32_t max_connections_per_address = 0;
+  // `max_unauthenticated_per_address`: of those, not yet authenticated.
+  uint32_t max_unauthenticated_per_address = 16;
   // `reply_buffer_bytes`: bytes of READ replies all protocol connections
   // together may hold in memory (ServerOptions::reply_buffer_bytes);
   // kMinCacheNodeReplyBufferBytes..kMaxCacheNodeReplyBufferBytes.
@@ -108,6 +113,17 @@ struct CacheNodeConfig {
   // `metrics_listen`: /metrics, /healthz and /readyz. Default 127.0.0.1:9464:
   // the endpoint has no authentication, so exposing it is the admin's choice.
   NetAddress metrics_listen{"127.0.0.1", kDefaultMetricsPort};
+  // `cluster_key_file`: the cluster key (peer_auth.h; a file only root reads).
+  // Set, or with `kubernetes_auth`: every connection to `listen` must
+  // authenticate before it reads anything (protocol version 2). Neither: the
+  // port is open to whoever reaches it, and the node warns at start.
+  std::string cluster_key_file;
+  // `kubernetes_auth`: accept pods' projected ServiceAccount tokens, checked
+  // with the API server (TokenReview): "in-cluster" (the pod's own
+  // ServiceAccount) or the absolute path of a kubeconfig. Empty: off.
+  std::string kubernetes_auth;
+  // `kubernetes_audience`: the audience those tokens must carry.
+  std::string kubernetes_audience = "granary";
   // `local_socket`: a Unix socket through which sidecars on this host get
   // read-only descriptors of chunk files (chunk handoff, chunk_handoff.h), an
   // absolute path. Empty (the default): off.

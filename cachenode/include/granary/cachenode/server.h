@@ -13,6 +13,13 @@
 //    they arrived (pipelining is allowed); PING and HELLO on the loop, READ and
 //    STAT on a bounded service pool (service_threads), one at a time per
 //    connection, because the ReadService may block on disk.
+//  - Authentication (ServerOptions::auth; docs/protocol.md, "Authentication"):
+//    after HELLO the connection proves the cluster key (challenge-response on
+//    the loop) or a Kubernetes token (checked on the service pool); before
+//    that only PING is answered. A token's connection reads only the datasets
+//    ServerAuth::authorize allows. Places: one address holds at most
+//    max_connections_per_address, and at most max_unauthenticated_per_address
+//    of them before they authenticate.
 //  - Bounded memory per connection: one receive chunk plus the FrameDecoder's
 //    partial frame (at most max_body_bytes: requests carry no payload), and at
 //    most max_in_flight requests decoded and not yet fully answered. At that
@@ -70,15 +77,31 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "granary/cachenode/read_service.h"
+#include "granary/core/peer_auth.h"
 #include "granary/core/protocol.h"
 #include "granary/core/status.h"
 
 namespace granary {
+
+// Authentication on the port (protocol version 2; docs/protocol.md,
+// "Authentication"). With it, a connection must authenticate after HELLO
+// before STAT or READ; a client speaking only version 1 is refused at HELLO.
+struct ServerAuth {
+  // Cluster keys a client may prove (both during a rotation). Null: none.
+  std::shared_ptr<const ClusterKeys> cluster_keys;
+  // Checks Kubernetes tokens (on the service pool: it may block). Null: none.
+  std::shared_ptr<TokenVerifier> tokens;
+  // Whether a namespace identity may read `dataset` (cluster identities read
+  // everything). Called on the event loops for every READ and dataset STAT of
+  // such a connection: fast and thread-safe. Null: they read nothing.
+  std::function<Status(const PeerIdentity& identity, const std::string& dataset)> authorize;
+};
 
 struct ServerOptions {
   // "host:port" or "[ipv6]:port" (ParseNetAddress in net_address.h). Port 0
@@ -94,11 +117,20 @@ struct ServerOptions {
   // Connections open at once; one more is answered ERROR kResourceExhausted
   // (closing) and closed.
   uint32_t max_connections = 1024;
+  // Connections one remote address may hold; 0: a quarter of max_connections,
+  // but at least min(max_connections, 64). One more is refused like one over
+  // max_connections, so one host cannot take every place.
+  uint32_t max_connections_per_address = 0;
+  // With `auth`: connections one address may hold that have not yet
+  // authenticated (each lasts at most handshake_timeout).
+  uint32_t max_unauthenticated_per_address = 16;
   // Requests per connection decoded and not yet fully answered (K). At K the
   // connection stops reading its socket until a reply has been written.
   uint32_t max_in_flight = 8;
   // What the server accepts, advertised in HELLO_REPLY. Must be valid.
   ProtocolLimits limits;
+  // Null: the port is open, any client reads any dataset (the daemon warns).
+  std::shared_ptr<const ServerAuth> auth;
   // Bytes read from a socket at once (the connection's receive buffer).
   uint32_t receive_chunk_bytes = 64u << 10;
   // Bytes one connection writes before it lets the other connections of its
@@ -124,6 +156,13 @@ struct ServerOptions {
   // Nonzero counts and timeouts, valid limits, a node name the protocol
   // accepts. kInvalidArgument naming the field.
   Status Validate() const;
+
+  // max_connections_per_address, or its default when 0.
+  uint32_t MaxConnectionsPerAddress() const {
+    return max_connections_per_address != 0
+               ? max_connections_per_address
+               : std::max(std::min(max_connections, 64u), max_connections / 4);
+  }
 
   // connection_reply_buffer_bytes, or its default when 0.
   uint64_t ConnectionReplyBufferBytes() const {
@@ -191,6 +230,11 @@ struct ServerCounters {
   uint64_t connection_reply_waits_total = 0;
   // Connections closed by reply_stall_timeout (also in timeouts_total).
   uint64_t reply_stall_closes_total = 0;
+
+  // Authentication: connections granted an identity, and refusals (no or a
+  // wrong credential, a request before AUTH, a version-1 client).
+  uint64_t auth_granted_total = 0;
+  uint64_t auth_refused_total = 0;
 
   // Request latency: counts per bucket of kServerLatencyBucketsSeconds (not
   // cumulative; the last one is +Inf), their sum, and their number.

@@ -103,6 +103,11 @@ struct DatasetSpec {
   // Who takes the snapshot. Stored as "snapshot_by" only when kPool, so
   // records of client-snapshotted datasets are as before.
   SnapshotBy snapshot_by = SnapshotBy::kClient;
+  // The Kubernetes namespace of the Dataset this record was made for (by
+  // granary-operator); empty for datasets made outside Kubernetes. A cache
+  // node lets a pod's token of namespace N read only records with namespace N
+  // (peer_auth.h). Stored as "namespace" only when set.
+  std::string kubernetes_namespace;
 
   friend bool operator==(const DatasetSpec&, const DatasetSpec&) = default;
 };

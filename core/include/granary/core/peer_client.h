@@ -49,6 +49,7 @@
 
 #include "granary/core/file.h"
 #include "granary/core/net_address.h"
+#include "granary/core/peer_auth.h"
 #include "granary/core/protocol.h"
 #include "granary/core/status.h"
 
@@ -65,6 +66,10 @@ struct PeerClientOptions {
   ProtocolLimits limits;
   // Check each OK item's checksum (when the server sent one) against its bytes.
   bool verify_checksums = true;
+  // Presented when a node requires authentication (protocol version 2,
+  // peer_auth.h): the cluster key first, else the token. None: such a node is
+  // refused with kPermissionDenied saying what to configure.
+  ClientCredentials credentials;
 
   // Positive timeouts, valid limits, a name the protocol accepts.
   Status Validate() const;
@@ -118,6 +123,9 @@ class PeerClient {
   // Of the current connection (from its HELLO_REPLY); kept after it closes.
   uint16_t version() const { return version_; }
   const std::string& server_name() const { return server_name_; }
+  // What the node granted this connection ("cluster", "namespace/<name>"), or
+  // empty when it required no authentication.
+  const std::string& scope() const { return scope_; }
   // CommonLimits(own, server's): size batches with these.
   const ProtocolLimits& limits() const { return limits_; }
   // Connections opened after the first.
@@ -145,6 +153,8 @@ class PeerClient {
   Status ReceiveInto(char* dst, size_t got, size_t size, Clock::time_point deadline,
                      std::string_view doing);
   Status Fail(Status status);
+  // AUTH (and AUTH_PROOF) after a HELLO_REPLY that asks for it.
+  Status Authenticate(Clock::time_point deadline);
 
   NetAddress address_;
   PeerClientOptions options_;
@@ -154,6 +164,7 @@ class PeerClient {
   size_t in_begin_ = 0;  // first unfed byte of in_
   uint16_t version_ = 0;
   std::string server_name_;
+  std::string scope_;
   ProtocolLimits limits_;
   uint64_t next_request_id_ = 1;
   uint64_t connections_ = 0;

@@ -36,6 +36,7 @@
 // FrameDecoder belongs to one connection and is used by one thread at a time.
 // Message structs are values.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -87,10 +88,14 @@ enum class MessageType : uint16_t {
   kPing = protocol_format::kTypePing,
   kStat = protocol_format::kTypeStat,
   kRead = protocol_format::kTypeRead,
+  kAuth = protocol_format::kTypeAuth,
+  kAuthProof = protocol_format::kTypeAuthProof,
   kHelloReply = protocol_format::kTypeHelloReply,
   kPong = protocol_format::kTypePong,
   kStatReply = protocol_format::kTypeStatReply,
   kReadReply = protocol_format::kTypeReadReply,
+  kAuthReply = protocol_format::kTypeAuthReply,
+  kAuthProofReply = protocol_format::kTypeAuthProofReply,
   kError = protocol_format::kTypeError,
 };
 
@@ -148,7 +153,34 @@ struct ReadRequest {
   friend bool operator==(const ReadRequest&, const ReadRequest&) = default;
 };
 
-using RequestMessage = std::variant<HelloRequest, PingRequest, StatRequest, ReadRequest>;
+// Authentication (version 2; docs/protocol.md, "Authentication"; the proofs
+// are computed by peer_auth.h). Bytes of nonces and proofs are raw.
+enum class AuthMethod : uint16_t {
+  kClusterKey = protocol_format::kAuthMethodClusterKey,
+  kKubernetesToken = protocol_format::kAuthMethodKubernetesToken,
+};
+using AuthNonce = std::array<uint8_t, protocol_format::kAuthNonceSize>;
+using AuthProof = std::array<uint8_t, protocol_format::kAuthProofSize>;
+
+// Opens authentication: the method, a fresh client nonce, and the credential
+// (cluster key: the key's 8-byte id; Kubernetes: the token).
+struct AuthRequest {
+  AuthMethod method = AuthMethod::kClusterKey;
+  AuthNonce client_nonce{};
+  std::string credential;
+
+  friend bool operator==(const AuthRequest&, const AuthRequest&) = default;
+};
+
+// The client's answer to the server's challenge (cluster key only).
+struct AuthProofRequest {
+  AuthProof proof{};
+
+  friend bool operator==(const AuthProofRequest&, const AuthProofRequest&) = default;
+};
+
+using RequestMessage = std::variant<HelloRequest, PingRequest, StatRequest, ReadRequest,
+                                    AuthRequest, AuthProofRequest>;
 
 // The server's answer to HELLO: the version both will speak from now on, the
 // server's name, and the limits it enforces.
@@ -156,6 +188,8 @@ struct HelloReply {
   uint16_t version = protocol_format::kMaxVersion;
   std::string peer_name;  // as in HelloRequest
   ProtocolLimits limits;
+  // Version 2 and later: the client must authenticate before STAT or READ.
+  bool auth_required = false;
 
   friend bool operator==(const HelloReply&, const HelloReply&) = default;
 };
@@ -216,7 +250,26 @@ struct ErrorReply {
   friend bool operator==(const ErrorReply&, const ErrorReply&) = default;
 };
 
-using ResponseMessage = std::variant<HelloReply, PongReply, StatReply, ReadReply, ErrorReply>;
+// The answer to AUTH: a challenge (cluster key: the server's nonce and its
+// proof that it holds the key too) or, for a token, granted with its scope.
+struct AuthReply {
+  bool granted = false;
+  AuthNonce server_nonce{};  // zero when granted
+  AuthProof server_proof{};  // zero when granted
+  std::string scope;         // granted only: "cluster" or "namespace/<name>"
+
+  friend bool operator==(const AuthReply&, const AuthReply&) = default;
+};
+
+// The answer to AUTH_PROOF: granted, with its scope.
+struct AuthProofReply {
+  std::string scope;
+
+  friend bool operator==(const AuthProofReply&, const AuthProofReply&) = default;
+};
+
+using ResponseMessage = std::variant<HelloReply, PongReply, StatReply, ReadReply, ErrorReply,
+                                     AuthReply, AuthProofReply>;
 
 // The numeric code on the wire for a status code, and back. An unknown wire
 // value maps to kInternal (the decoders put the number in the message).

@@ -1,6 +1,6 @@
 #pragma once
 
-// Byte layout of the cache node's wire protocol (version 1): the frames that
+// Byte layout of the cache node's wire protocol (versions 1 and 2): the frames that
 // sidecars and peer cache nodes exchange with a cache node over TCP (and, later,
 // RDMA). docs/protocol.md describes every field, the limits, version
 // negotiation and how a server answers bad input; protocol.h encodes and decodes
@@ -21,11 +21,19 @@
 // Bodies (all offsets from the start of the body):
 //   HELLO        0 min_version u16, 2 max_version u16, 4 flags u32 (0),
 //                8 name_length u16, 10 reserved u16 (0), 12 peer name
-//   HELLO_REPLY  0 version u16, 2 reserved u16 (0), 4 flags u32 (0),
+//   HELLO_REPLY  0 version u16, 2 reserved u16 (0), 4 flags u32 (0 in version 1;
+//                kHelloReplyAuthRequired in version 2),
 //                8 max_body_bytes u32, 12 max_items u32, 16 max_read_bytes u64,
 //                24 max_message_bytes u64, 32 name_length u16, 34 reserved u16 (0),
 //                36 peer name
 //   PING, PONG   empty
+//   AUTH         (version 2) 0 method u16, 2 flags u16 (0), 4 credential_length u32,
+//                8 client_nonce 32 bytes, 40 credential
+//   AUTH_REPLY   (version 2) 0 granted u16 (0: a challenge follows, 1: granted),
+//                2 reserved u16 (0), 4 scope_length u32, 8 server_nonce 32 bytes,
+//                40 server_proof 32 bytes, 72 scope
+//   AUTH_PROOF   (version 2) 0 client_proof 32 bytes
+//   AUTH_PROOF_REPLY (version 2) 0 reserved u32 (0), 4 scope_length u32, 8 scope
 //   STAT         0 dataset 64 bytes (NUL-padded, may be empty), 64 manifest_id 16 bytes,
 //                80 flags u32 (0)
 //   STAT_REPLY   0 state u16, 2 reserved u16 (0), 4 entry_count u32, 8 entries:
@@ -57,7 +65,11 @@ inline constexpr char kMagic[4] = {'G', 'R', 'N', 'W'};
 // The versions this build speaks. The fixed header and the HELLO, HELLO_REPLY
 // and ERROR bodies are frozen in every version, so any two builds can negotiate.
 inline constexpr uint16_t kMinVersion = 1;
-inline constexpr uint16_t kMaxVersion = 1;
+inline constexpr uint16_t kMaxVersion = 2;
+// Version 2 adds authentication (AUTH, AUTH_PROOF and their replies,
+// kHelloReplyAuthRequired); nothing else changed. A node that requires
+// authentication refuses a client that speaks only version 1.
+inline constexpr uint16_t kAuthVersion = 2;
 // HELLO, HELLO_REPLY and an ERROR sent before a version is agreed always carry
 // this version in their fixed header, whatever versions the peers speak.
 inline constexpr uint16_t kHandshakeVersion = 1;
@@ -79,10 +91,14 @@ inline constexpr uint16_t kTypeHello = 0x0001;
 inline constexpr uint16_t kTypePing = 0x0002;
 inline constexpr uint16_t kTypeStat = 0x0003;
 inline constexpr uint16_t kTypeRead = 0x0004;
+inline constexpr uint16_t kTypeAuth = 0x0005;       // version 2
+inline constexpr uint16_t kTypeAuthProof = 0x0006;  // version 2
 inline constexpr uint16_t kTypeHelloReply = kResponseBit | kTypeHello;
 inline constexpr uint16_t kTypePong = kResponseBit | kTypePing;
 inline constexpr uint16_t kTypeStatReply = kResponseBit | kTypeStat;
 inline constexpr uint16_t kTypeReadReply = kResponseBit | kTypeRead;
+inline constexpr uint16_t kTypeAuthReply = kResponseBit | kTypeAuth;
+inline constexpr uint16_t kTypeAuthProofReply = kResponseBit | kTypeAuthProof;
 inline constexpr uint16_t kTypeError = 0x80FF;
 
 // HELLO body.
@@ -104,7 +120,45 @@ inline constexpr uint32_t kHelloReplyMaxMessageOffset = 24;    // u64
 inline constexpr uint32_t kHelloReplyNameLengthOffset = 32;    // u16
 inline constexpr uint32_t kHelloReplyNameReservedOffset = 34;  // u16, zero
 inline constexpr uint32_t kHelloReplyFixedSize = 36;           // the name follows
-inline constexpr uint32_t kMaxPeerNameLength = 255;            // bytes, graphic ASCII
+// HELLO_REPLY flags (version 2): the client must authenticate (AUTH) before
+// anything but PING.
+inline constexpr uint32_t kHelloReplyAuthRequired = 0x0001;
+inline constexpr uint32_t kMaxPeerNameLength = 255;  // bytes, graphic ASCII
+
+// AUTH body (version 2).
+inline constexpr uint32_t kAuthMethodOffset = 0;            // u16 kAuthMethod*
+inline constexpr uint32_t kAuthFlagsOffset = 2;             // u16, zero
+inline constexpr uint32_t kAuthCredentialLengthOffset = 4;  // u32
+inline constexpr uint32_t kAuthClientNonceOffset = 8;       // kAuthNonceSize bytes
+inline constexpr uint32_t kAuthFixedSize = 40;              // the credential follows
+inline constexpr uint32_t kAuthNonceSize = 32;
+inline constexpr uint32_t kAuthProofSize = 32;  // HMAC-SHA256
+// Methods. Cluster key: the credential is the key's 8-byte id (KeyId in
+// peer_auth.h); the server answers with a challenge. Kubernetes token: the
+// credential is a ServiceAccount token (a JWT, 1..kMaxTokenLength bytes); the
+// server answers granted or ERROR.
+inline constexpr uint16_t kAuthMethodClusterKey = 1;
+inline constexpr uint16_t kAuthMethodKubernetesToken = 2;
+inline constexpr uint32_t kAuthKeyIdSize = 8;
+inline constexpr uint32_t kMaxTokenLength = 16u << 10;
+
+// AUTH_REPLY body (version 2).
+inline constexpr uint32_t kAuthReplyGrantedOffset = 0;       // u16: 0 challenge, 1 granted
+inline constexpr uint32_t kAuthReplyReservedOffset = 2;      // u16, zero
+inline constexpr uint32_t kAuthReplyScopeLengthOffset = 4;   // u32
+inline constexpr uint32_t kAuthReplyServerNonceOffset = 8;   // kAuthNonceSize bytes
+inline constexpr uint32_t kAuthReplyServerProofOffset = 40;  // kAuthProofSize bytes
+inline constexpr uint32_t kAuthReplyFixedSize = 72;          // the scope follows
+// A granted scope: "cluster" or "namespace/<name>" (at most this long).
+inline constexpr uint32_t kMaxAuthScopeLength = 128;
+
+// AUTH_PROOF body (version 2): the client's proof, nothing else.
+inline constexpr uint32_t kAuthProofRequestSize = kAuthProofSize;
+
+// AUTH_PROOF_REPLY body (version 2).
+inline constexpr uint32_t kAuthProofReplyReservedOffset = 0;     // u32, zero
+inline constexpr uint32_t kAuthProofReplyScopeLengthOffset = 4;  // u32
+inline constexpr uint32_t kAuthProofReplyFixedSize = 8;          // the scope follows
 
 // Dataset field of STAT and READ: a DNS-1123 label, NUL-padded; at least one NUL.
 inline constexpr uint32_t kDatasetFieldSize = 64;

@@ -19,6 +19,7 @@
 
 #include "granary/core/config.h"
 #include "granary/core/net_address.h"
+#include "granary/core/peer_auth.h"
 #include "granary/core/status.h"
 
 namespace granary {
@@ -70,6 +71,20 @@ Result<std::string> ReadStoreUrlFile(const std::string& config_path, const std::
 // 'socket'" or "$GRANARY_SOCKET"): absolute, no control characters, short
 // enough for sockaddr_un. `example` is shown in the fix.
 Status CheckSocketPath(std::string_view origin, const std::string& path, std::string_view example);
+
+// An optional key naming a file: absent leaves `out` alone; present, an
+// absolute path without control characters, else kInvalidArgument naming the
+// key and `example`.
+Status OptionalFilePath(ConfigMap& m, std::string_view key, std::string* out,
+                        std::string_view example);
+
+// The client side of the peer protocol's authentication (peer_auth.h), as the
+// sidecar and the CLI configure it: `cluster_key_file` and `peer_token_file`
+// (a Kubernetes projected token). Loads the key file (its rules: owned by the
+// caller or root, mode 0600 or stricter); the token file is read at connect
+// time. Both empty: no credentials.
+Result<ClientCredentials> LoadPeerCredentials(const std::string& cluster_key_file,
+                                              const std::string& token_file);
 
 // Reads the configuration file at `path` for `daemon` ("cache node",
 // "sidecar"): a missing, unreadable or non-regular file is an error naming the

@@ -58,6 +58,11 @@ struct OperatorOptions {
   std::chrono::milliseconds resync{60000};
   // The cache-node command in the DaemonSet's container.
   std::string cachenode_command = "granary-cachenode";
+  // The cache nodes' ServiceAccount (it may create TokenReviews, to check
+  // the sidecars' tokens) and the Secret holding the cluster key (made, with
+  // a fresh key, when missing; never overwritten: docs/security.md).
+  std::string cachenode_service_account = "granary-cachenode";
+  std::string cluster_key_secret = "granary-cluster-key";
   // The sidecar webhook's certificate and registration; unset: neither.
   std::optional<WebhookRegistrationOptions> webhook;
   // With webhook->manage_certificate: called with every new usable

@@ -36,6 +36,12 @@ inline constexpr std::string_view kSidecarConfigDir = "/etc/granary/sidecar";
 // namespace, mounted in the sidecar only (metadata_store_file).
 inline constexpr std::string_view kStoreVolumeName = "granary-store";
 inline constexpr std::string_view kStoreDir = "/etc/granary/store";
+// The sidecar's projected ServiceAccount token (audience granary), which it
+// proves to the cache nodes (peer_token_file); the kubelet rotates it.
+inline constexpr std::string_view kTokenVolumeName = "granary-token";
+inline constexpr std::string_view kTokenDir = "/var/run/secrets/granary";
+inline constexpr std::string_view kTokenAudience = "granary";
+inline constexpr int64_t kTokenExpirationSeconds = 3600;
 // The host directory of the cache node's chunk-handoff socket (the pool's
 // nodeSocketHostPath), mounted read-only in the sidecar at kNodeSocketDir
 // (resources.h).

@@ -92,6 +92,13 @@ struct SidecarConfig {
   NetAddress metrics_listen{"127.0.0.1", kDefaultSidecarMetricsPort};
   // `refresh_interval`: how often the node list is re-read from the store.
   std::chrono::milliseconds refresh_interval{1000};
+  // `cluster_key_file`: the cluster key the sidecar proves to cache nodes
+  // that require authentication (peer_auth.h; on Slurm nodes, run as root).
+  std::string cluster_key_file;
+  // `peer_token_file`: instead, a Kubernetes projected ServiceAccount token
+  // (audience granary), read again at every connection; the injected sidecar
+  // has it at /var/run/secrets/granary/token.
+  std::string peer_token_file;
   // `connect_timeout`, `call_timeout`: to cache nodes (PeerClientOptions).
   std::chrono::milliseconds connect_timeout{2000};
   std::chrono::milliseconds call_timeout{30000};
