@@ -124,7 +124,7 @@ Change Compare(const Version& v, const SourceFile& file) {
   } else if (moved == "ctime") {
     c.summary = "its ctime moved, size and mtime kept (rewritten and touch -r'd, or chmod/chown)";
   } else if (!moved.empty()) {
-    c.summary = "its " + moved + " differ";
+    c.summary = "its " + moved + (moved.find(',') == std::string::npos ? " differs" : " differ");
   }
   return c;
 }
