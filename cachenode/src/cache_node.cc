@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "granary/cachenode/chunk_read_service.h"
 #include "granary/cachenode/chunk_store.h"
 #include "granary/cachenode/handoff_server.h"
+#include "granary/cachenode/read_rights.h"
 #include "granary/cachenode/server.h"
 #include "granary/cachenode/stager.h"
 #include "granary/cachenode/token_review.h"
@@ -170,8 +172,14 @@ class CacheNode::Impl {
   void NoteStoreOk();
   Status Readiness() const;
   // The chunk handoff resolver (HandoffServer): a read-only descriptor of one
-  // chunk file, for a peer allowed to read the dataset.
+  // chunk file, for a peer allowed to read the dataset, or one that may read
+  // every file of the chunk at the source (MayReadChunk).
   Result<ScopedFd> HandOff(const PeerCredentials& peer, const handoff::OpenChunkRequest& request);
+  // Whether local uid `uid` (not root, the node's or the owner's) may read, at
+  // the source, every file with bytes in chunk `chunk` of `ds`: checked as
+  // that user through the identity executor, answers kept by handoff_rights_.
+  Status MayReadChunk(uint32_t uid, const ActiveDataset& ds, ChunkId chunk,
+                      const std::string& what);
   void RefreshMetrics();
 
   const CacheNodeConfig config_;
@@ -187,6 +195,7 @@ class CacheNode::Impl {
   std::shared_ptr<ChunkReadService> reads_;
   std::unique_ptr<Server> server_;
   std::unique_ptr<HandoffServer> handoff_;  // local_socket, when configured
+  ReadRightsCache handoff_rights_;          // MayReadChunk's answers
   std::shared_ptr<prometheus::Registry> registry_;
   CacheNodeMetrics metrics_;
   NodeMetricState node_metric_state_;  // metrics thread only
@@ -743,15 +752,12 @@ Result<ScopedFd> CacheNode::Impl::HandOff(const PeerCredentials& peer,
     return Status::NotFound(what + ": the node serves manifest " + ds->manifest_id.ToHex() +
                             ", not " + request.manifest_id.ToHex() + "; reopen the dataset");
   }
-  if (peer.uid != 0 && peer.uid != ::geteuid() && peer.uid != ds->owner_uid) {
-    return Status::PermissionDenied(what + ": uid " + std::to_string(peer.uid) +
-                                    " may not read it (the dataset belongs to uid " +
-                                    std::to_string(ds->owner_uid) +
-                                    "); run the sidecar as the dataset's owner or as root");
-  }
   if (request.chunk >= ds->manifest->chunk_count()) {
     return Status::OutOfRange(what + ": the manifest has " +
                               std::to_string(ds->manifest->chunk_count()) + " chunks");
+  }
+  if (peer.uid != 0 && peer.uid != ::geteuid() && peer.uid != ds->owner_uid) {
+    GRANARY_RETURN_IF_ERROR(MayReadChunk(peer.uid, *ds, request.chunk, what));
   }
   GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> segments,
                            ds->manifest->Segments(request.chunk));
@@ -761,6 +767,47 @@ Result<ScopedFd> CacheNode::Impl::HandOff(const PeerCredentials& peer,
   const int fd = ::fcntl((*reader)->fd(), F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return Status::FromErrno(errno, "duplicate the descriptor of " + what);
   return ScopedFd(fd);
+}
+
+Status CacheNode::Impl::MayReadChunk(uint32_t uid, const ActiveDataset& ds, ChunkId chunk,
+                                     const std::string& what) {
+  const std::string owner = "the dataset belongs to uid " + std::to_string(ds.owner_uid);
+  const ReadRightsKey key{uid, ds.name, ds.manifest_id, chunk};
+  Status answer = handoff_rights_.Decide(key, [&]() -> Status {
+    Result<Identity> reader = ResolveUserIdentity(uid);
+    if (!reader.ok()) {
+      if (reader.status().code() != StatusCode::kNotFound) return reader.status();
+      return Status::PermissionDenied(reader.status().message() +
+                                      ", so the node cannot check what it may read at the "
+                                      "source and hands it nothing (" +
+                                      owner + "); read through a sidecar");
+    }
+    GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> segments, ds.manifest->Segments(chunk));
+    std::vector<SourceFile> files;
+    files.reserve(segments.size());
+    std::optional<SampleId> last;
+    for (const ChunkSegment& segment : segments) {
+      if (last == segment.sample) continue;
+      last = segment.sample;
+      GRANARY_ASSIGN_OR_RETURN(SourceFile file, SourceFileOf(*ds.manifest, segment.sample));
+      files.push_back(std::move(file));
+    }
+    Status readable = ds.source->CheckReadable(*reader, files);
+    if (readable.code() != StatusCode::kPermissionDenied) return readable;
+    const std::string advice = "through a sidecar, or ask the dataset's owner (uid " +
+                               std::to_string(ds.owner_uid) + ") for access to it";
+    if (files.size() == 1) {
+      return Status::PermissionDenied(readable.message() + ": read it " + advice);
+    }
+    return Status::PermissionDenied(readable.message() + "; the chunk holds " +
+                                    std::to_string(files.size()) +
+                                    " files and is handed out only to a user who may read them "
+                                    "all: read that file " +
+                                    advice);
+  });
+  if (answer.ok()) return answer;
+  log_->debug("chunk handoff to uid {} refused: {}: {}", uid, what, answer.ToString());
+  return Status(answer.code(), what + ": " + answer.message());
 }
 
 // (Re)creates the dataset's Stager with the order of `plans` and puts it in

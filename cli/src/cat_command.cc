@@ -45,6 +45,10 @@ namespace {
 
 // Bytes per write(2) (and per ostream write).
 constexpr size_t kWritePiece = 1u << 20;
+// Where cache nodes keep their chunk handoff socket (`local_socket`): the
+// example configuration's, then the Kubernetes chart's.
+const char* const kLocalNodeSockets[] = {"/run/granary/cachenode.sock",
+                                         "/run/granary-node/cachenode.sock"};
 
 struct CatOptions {
   std::string dataset;
@@ -52,6 +56,8 @@ struct CatOptions {
   std::string socket;
   bool direct = false;
   bool no_source = false;
+  std::string local_node_socket;  // empty: kLocalNodeSockets
+  std::string local_node;
   std::string timeout = "2m";
 };
 
@@ -237,6 +243,17 @@ class Cat {
     ro.source_fallthrough = !o_.no_source;
     ro.timeout = timeout_;
     GRANARY_ASSIGN_OR_RETURN(ro.credentials, c_.PeerCredentials());
+    // Without the cluster key, nodes that require it refuse this user: the
+    // node on this host serves it through its handoff socket, checking its uid.
+    const bool keyless = c_.ClusterKeyPath().empty();
+    if (keyless) {
+      if (o_.local_node_socket.empty()) {
+        ro.local_node_sockets.assign(std::begin(kLocalNodeSockets), std::end(kLocalNodeSockets));
+      } else {
+        ro.local_node_sockets = {o_.local_node_socket};
+      }
+      ro.local_node_id = o_.local_node;
+    }
     Result<std::unique_ptr<DirectReader>> reader =
         DirectReader::Create(c_.store(), record, manifest, ro);
     if (!reader.ok() && reader.status().code() == StatusCode::kFailedPrecondition) {
@@ -269,6 +286,14 @@ class Cat {
         continue;
       }
       if (Status read = direct.Read(node->first, std::span<char>(buffer.get(), size)); !read.ok()) {
+        if (keyless && read.code() != StatusCode::kFailedPrecondition) {
+          read = Status(read.code(), read.message() +
+                                         "; without the cluster key (--cluster-key-file, root's) "
+                                         "cache nodes that require it refuse you, and " +
+                                         direct.local_node_note() +
+                                         ": run as root with the cluster key, or read through a "
+                                         "sidecar (--socket)");
+        }
         Failed(path, read);
         continue;
       }
@@ -311,6 +336,13 @@ void AddCatCommand(CLI::App& app, CliContext& context) {
   cat->add_flag("--no-source", o->no_source,
                 "Direct reads: fail rather than read the source when no cache node serves a file");
   cat->add_option("--timeout", o->timeout, "Longest wait for one file, e.g. 30s (default 2m)");
+  cat->add_option("--local-node-socket", o->local_node_socket,
+                  "Direct reads without the cluster key: the handoff socket (`local_socket`) of "
+                  "the cache node on this host (default " +
+                      std::string(kLocalNodeSockets[0]) + ", else " + kLocalNodeSockets[1] + ")");
+  cat->add_option("--local-node", o->local_node,
+                  "Direct reads without the cluster key: that cache node's id (default: the host "
+                  "name)");
   context.OnParsed(cat, [&context, o] { return Cat(context, *o).Run(); });
 }
 

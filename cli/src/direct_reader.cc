@@ -1,6 +1,7 @@
 #include "direct_reader.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@ struct DirectReader::State {
   std::string root;  // the source root, for MayRead
   std::unique_ptr<sidecar::SampleFetcher> fetcher;
   sidecar::FetchDataset dataset;
+  std::string local_note;
   std::atomic<size_t> nodes{0};
 };
 
@@ -52,9 +54,34 @@ Result<std::unique_ptr<DirectReader>> DirectReader::Create(MetadataStore& store,
   fo.peer.call_timeout = options.timeout;
   fo.peer.credentials = options.credentials;
   char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) == 0) {
-    for (const NodeRecord& n : nodes) {
-      if (n.id == host) fo.local_node_id = n.id;
+  std::string local_id = options.local_node_id;
+  if (local_id.empty() && gethostname(host, sizeof(host) - 1) == 0) local_id = host;
+  for (const NodeRecord& n : nodes) {
+    if (n.id == local_id) fo.local_node_id = n.id;
+  }
+  if (!options.local_node_sockets.empty()) {
+    std::string socket;
+    for (const std::string& candidate : options.local_node_sockets) {
+      struct stat st;
+      if (::stat(candidate.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+        socket = candidate;
+        break;
+      }
+    }
+    std::string tried;
+    for (const std::string& candidate : options.local_node_sockets) {
+      tried += (tried.empty() ? "" : " or ") + Quoted(candidate);
+    }
+    if (socket.empty()) {
+      state->local_note = "there is no cache node handoff socket at " + tried;
+    } else if (fo.local_node_id.empty()) {
+      state->local_note = "no live cache node of pool " + Quoted(record.spec.pool) + " is named " +
+                          Quoted(local_id) + " (the one on this host; --local-node names it)";
+    } else {
+      fo.local_node_socket = socket;
+      state->local_note = "node " + Quoted(fo.local_node_id) +
+                          ", read through its handoff socket " + Quoted(socket) +
+                          ", serves only staged chunks whose every file you may read";
     }
   }
   // null executor: the fetcher starts its own at the first source read,
@@ -118,6 +145,8 @@ Status DirectReader::RefreshNodes(MetadataStore& store) {
 }
 
 size_t DirectReader::node_count() const { return state_->nodes.load(); }
+
+const std::string& DirectReader::local_node_note() const { return state_->local_note; }
 
 sidecar::SampleFetcherCounters DirectReader::counters() const {
   return state_->fetcher->counters();

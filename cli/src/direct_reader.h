@@ -14,6 +14,13 @@
 // as the invoking user, never with more rights: root reads as the dataset's
 // owner (the identity the cache nodes stage with), anyone else as themselves.
 //
+// A user without the cluster key (not root) is refused by cache nodes that
+// require it; with `local_node_sockets` the reader takes staged chunks of the
+// cache node on this host through that node's chunk handoff socket instead,
+// where the node itself checks the user's uid (SO_PEERCRED) and hands over
+// only chunks whose every file the user may read at the source
+// (docs/security.md).
+//
 // Thread safety: MayRead, Read, RefreshNodes and counters() from any number
 // of threads at once.
 
@@ -22,6 +29,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
@@ -43,6 +51,12 @@ struct DirectReaderOptions {
   std::chrono::milliseconds timeout{120'000};
   // Proved to cache nodes that require authentication (CliContext::PeerCredentials).
   ClientCredentials credentials;
+  // The chunk handoff sockets (a cache node's `local_socket`) to try, in
+  // order: the first that exists and is a socket is used, for the live node
+  // `local_node_id` of the pool. Empty: none.
+  std::vector<std::string> local_node_sockets;
+  // The cache node on this host (its NodeRecord id); empty: the host name.
+  std::string local_node_id;
 };
 
 class DirectReader {
@@ -72,6 +86,9 @@ class DirectReader {
 
   const Manifest& manifest() const { return *manifest_; }
   size_t node_count() const;
+  // What became of local_node_sockets, for messages: "node 'n' through its
+  // handoff socket '/run/...'", or why none is used.
+  const std::string& local_node_note() const;
   // Samples by where they came from, node failures.
   sidecar::SampleFetcherCounters counters() const;
 

@@ -54,8 +54,8 @@ void Normalize(std::vector<uint32_t>* groups) {
 }
 
 // The user name for `uid`; empty if the database has no entry. kUnavailable if
-// the lookup itself failed.
-Result<std::string> UserName(uint32_t uid) {
+// the lookup itself failed. `primary_gid`, when given, gets the entry's gid.
+Result<std::string> UserName(uint32_t uid, uint32_t* primary_gid = nullptr) {
   std::vector<char> buf(1024);
   for (;;) {
     struct passwd pw {};
@@ -66,6 +66,7 @@ Result<std::string> UserName(uint32_t uid) {
       continue;
     }
     if (rc == 0 && found != nullptr) {
+      if (primary_gid != nullptr) *primary_gid = static_cast<uint32_t>(pw.pw_gid);
       return std::string(pw.pw_name != nullptr ? pw.pw_name : "");
     }
     // getpwuid_r(3): "not found" may be 0, ENOENT, ESRCH, EBADF or EPERM.
@@ -195,6 +196,18 @@ Result<Identity> ResolveOwnerIdentity(uint32_t uid, uint32_t gid) {
                              std::to_string(uid) +
                              ") with getgrouplist: the list kept growing; check the directory "
                              "service and retry");
+}
+
+Result<Identity> ResolveUserIdentity(uint32_t uid) {
+  uint32_t gid = kInvalidId;
+  GRANARY_ASSIGN_OR_RETURN(std::string name, UserName(uid, &gid));
+  // A passwd entry with an empty name cannot be asked for its groups either.
+  if (name.empty() || gid == kInvalidId) {
+    return Status::NotFound("uid " + std::to_string(uid) +
+                            " has no entry in this host's user database (NSS), so its groups "
+                            "cannot be known");
+  }
+  return ResolveOwnerIdentity(uid, gid);
 }
 
 Identity ProcessIdentity() {

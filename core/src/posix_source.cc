@@ -539,6 +539,123 @@ void PosixSource::ForgetDirectory(const std::string& dir,
   if (auto it = dirs_.find(dir); it != dirs_.end() && it->second == stale) dirs_.erase(it);
 }
 
+namespace {
+
+// Why `path` cannot be a manifest's relative path (CheckRequest's rules), or
+// null when it can.
+const char* BadRelativePath(const std::string& path) {
+  if (path.empty() || path.size() > kMaxPathBytes) return "it is empty or longer than 4095 bytes";
+  if (path.find('\0') != std::string::npos) return "it contains a NUL byte";
+  if (path.front() == '/') return "it is absolute";
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    std::string_view part(path.data() + start, end - start);
+    if (part.empty() || part == "." || part == "..") {
+      return "it has an empty, '.' or '..' component";
+    }
+    start = end + 1;
+  }
+  return nullptr;
+}
+
+// Opens `path` beneath `root` one component at a time, following no symlink
+// (the walk of kernels without openat2); -1 with `*err` set on failure.
+int OpenWalkingNoFollow(int root, const std::string& path, int* err) {
+  ScopedFd dir;
+  int at = root;
+  size_t start = 0;
+  for (size_t slash; (slash = path.find('/', start)) != std::string::npos; start = slash + 1) {
+    const std::string part = path.substr(start, slash - start);
+    const int next = OpenAt(at, part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) {
+      *err = errno;
+      return -1;
+    }
+    dir = ScopedFd(next);
+    at = next;
+  }
+  const int fd = OpenAt(at, path.c_str() + start, kFileOpenFlags | O_NOFOLLOW);
+  *err = errno;
+  return fd;
+}
+
+}  // namespace
+
+Status PosixSource::CheckReadable(const Identity& reader, std::span<const SourceFile> files) {
+  const std::string who = reader.ToString();
+  bool ran = false;
+  Status status = options_.executor->Run(reader, [&]() -> Status {
+    ran = true;
+    auto refused = [&](const std::string& what, int err) -> Status {
+      switch (err) {
+        case EACCES:
+        case EPERM:
+          return Status::PermissionDenied(who + " may not read " + what + " at the source (" +
+                                          ErrnoText(err) + ")");
+        case ENOENT:
+        case ENOTDIR:
+          return Status::NotFound(what +
+                                  " no longer exists (deleted or renamed since the "
+                                  "snapshot); " +
+                                  Resnapshot());
+        case EXDEV:
+        case ELOOP:
+          return Status::PermissionDenied(what +
+                                          " resolves outside the source root, or through a "
+                                          "symlink this host does not follow; refused");
+        default:
+          return Status::FromErrno(err, "open " + what + " as " + who);
+      }
+    };
+    // By its path, as `reader`: search rights on every directory above it.
+    const int at = OpenAt(AT_FDCWD, options_.root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (at < 0) return refused("the source root " + Quoted(options_.root), errno);
+    ScopedFd root(at);
+    const int dot = OpenAt(root.get(), ".", O_PATH | O_DIRECTORY | O_CLOEXEC);  // search right
+    if (dot < 0) return refused("the source root " + Quoted(options_.root), errno);
+    ::close(dot);
+    struct stat mine;
+    struct stat held;
+    if (::fstat(root.get(), &mine) != 0 || ::fstat(root_.get(), &held) != 0) {
+      return Status::FromErrno(errno, "fstat the source root " + Quoted(options_.root));
+    }
+    if (mine.st_dev != held.st_dev || mine.st_ino != held.st_ino) {
+      return Status::FailedPrecondition("the source root " + Quoted(options_.root) +
+                                        " now names another directory than the one staged "
+                                        "from; refused");
+    }
+    for (const SourceFile& file : files) {
+      const std::string what = Quoted(file.path) + " in " + Quoted(options_.uri);
+      if (const char* bad = BadRelativePath(file.path)) {
+        return Status::InvalidArgument(what + ": " + bad + "; the manifest is corrupt");
+      }
+      int err = 0;
+      int fd = -1;
+      if (use_openat2_) {
+        fd = static_cast<int>(OpenAt2(root.get(), file.path.c_str(), kFileOpenFlags,
+                                      RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS));
+        err = errno;
+      } else {
+        fd = OpenWalkingNoFollow(root.get(), file.path, &err);
+      }
+      if (fd < 0) return refused(what, err);
+      ScopedFd opened(fd);
+      struct stat st;
+      if (::fstat(opened.get(), &st) != 0) return Status::FromErrno(errno, "fstat " + what);
+      if (Change c = Compare(VersionOf(st), file); !c.none()) {
+        return Status::FailedPrecondition(
+            Quoted(file.path) + " changed since the snapshot: " + c.summary + "; whether " + who +
+            " may read the staged version cannot be told; " + Resnapshot());
+      }
+    }
+    return Status::Ok();
+  });
+  if (!ran) return status.WithContext("check what " + who + " may read in " + Quoted(options_.uri));
+  return status;
+}
+
 SourceCounters PosixSource::Counters() const {
   SourceCounters c;
   meter_.Fill(&c);

@@ -26,6 +26,7 @@
 
 #include "granary/cli/cli.h"
 #include "granary/core/metadata_store.h"
+#include "granary/core/peer_auth.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/sidecar_fixture.h"
 #include "testing/test_util.h"
@@ -411,6 +412,96 @@ TEST(CliChangedSourceTest, CatNeverJoinsStagedPiecesWithARewrittenFile) {
   r = cat();
   ASSERT_EQ(r.code, kCliOk) << r.err;
   EXPECT_TRUE(r.out == new_bytes) << r.out.size() << " bytes";
+}
+
+// A user other than root has no cluster key, so a node that requires it
+// refuses that user on its TCP port; `cat --direct` reads the node on this
+// host through its handoff socket instead, where the node checks the uid
+// (SO_PEERCRED) against the source's permissions (security issue 19).
+TEST(CliLocalNodeTest, CatWithoutTheClusterKeyReadsTheLocalNodeThroughItsHandoffSocket) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to own the key and run the CLI as another user";
+  auto created = CacheCluster::Create();
+  ASSERT_OK(created);
+  CacheCluster& cluster = **created;
+  ASSERT_EQ(chmod(cluster.dir().path().c_str(), 0711), 0);  // others search, not list
+  auto hex = GenerateClusterKeyHex();
+  ASSERT_OK(hex);
+  cluster.dir().WriteFile("cluster.key", *hex + "\n");
+  const std::string key = cluster.dir().Join("cluster.key");
+  ASSERT_EQ(chmod(key.c_str(), 0600), 0);
+  const std::string socket = cluster.dir().Join("node.sock");
+  testing::CacheNodeOptions node;
+  node.extra_yaml = "local_socket: " + socket + "\ncluster_key_file: " + key + "\n";
+  ASSERT_OK(cluster.StartNodes(1, node));
+  testing::DatasetOptions d;
+  d.name = "keyed";
+  d.files = 30;
+  d.min_size = 100;
+  d.max_size = 20'000;
+  d.chunk_size = 16 * 1024;
+  d.before_snapshot = [](const std::string& root) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+      chmod(e.path().c_str(), e.is_directory() ? 0755 : 0644);
+    }
+    chmod(root.c_str(), 0755);
+    ASSERT_EQ(chmod((root + "/d000/f000004.bin").c_str(), 0600), 0);  // root's alone
+  };
+  auto ds = cluster.CreateDataset(d);
+  ASSERT_OK(ds);
+  ASSERT_OK(cluster.WaitForPhase(ds->name, DatasetPhase::kReady));
+  const std::string local = cluster.node(0).id();
+  // A file none of whose chunks holds bytes of the secret one (chunks are
+  // handed out whole).
+  auto secret = ds->manifest->Find("d000/f000004.bin");
+  ASSERT_OK(secret);
+  std::set<SampleId> near_secret;
+  for (ChunkId c = 0; c < ds->manifest->chunk_count(); ++c) {
+    auto segments = ds->manifest->Segments(c);
+    ASSERT_OK(segments);
+    std::set<SampleId> in_chunk;
+    for (const ChunkSegment& seg : *segments) in_chunk.insert(seg.sample);
+    if (in_chunk.count(*secret) > 0) near_secret.insert(in_chunk.begin(), in_chunk.end());
+  }
+  SampleId open_id = 0;
+  while (near_secret.count(open_id) > 0) ++open_id;
+  ASSERT_LT(open_id, ds->sample_count());
+  const std::string open_path = ds->manifest->PathOf(open_id);
+  const std::vector<std::string> cat = {"--store", cluster.store_url(), "cat",
+                                        ds->name,  "--direct",          "--no-source"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = cat;
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+
+  // Through the socket: the bytes, from the node alone (--no-source).
+  ProcessRun r =
+      RunGranary(with({"--local-node", local, "--local-node-socket", socket, open_path}), kNobody);
+  EXPECT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_TRUE(r.out == ds->contents[open_id]) << r.out.size() << " bytes: " << r.err;
+
+  // The file only root may read: refused, naming it.
+  r = RunGranary(with({"--local-node", local, "--local-node-socket", socket, "d000/f000004.bin"}),
+                 kNobody);
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("d000/f000004.bin"), std::string::npos) << r.err;
+
+  // No socket there: what to do instead.
+  r = RunGranary(with({"--local-node", local, "--local-node-socket",
+                       cluster.dir().Join("none.sock"), open_path}),
+                 kNobody);
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("no cache node handoff socket at"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("run as root with the cluster key, or read through a sidecar"),
+            std::string::npos)
+      << r.err;
+  // A node of another name: said too.
+  r = RunGranary(with({"--local-node", "elsewhere", "--local-node-socket", socket, open_path}),
+                 kNobody);
+  EXPECT_EQ(r.code, kCliFailed) << r.err;
+  EXPECT_NE(r.err.find("is named 'elsewhere'"), std::string::npos) << r.err;
 }
 
 TEST_F(CliClusterTest, DoctorPassesOnALiveSetUp) {

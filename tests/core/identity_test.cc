@@ -148,6 +148,29 @@ TEST(IdentityTest, UnknownUidGetsOnlyItsPrimaryGroup) {
   EXPECT_EQ(id->groups, std::vector<uint32_t>{4242});
 }
 
+// A local peer known only by uid (the chunk handoff's SO_PEERCRED): its
+// primary group is the user database's; without an entry it has none.
+TEST(IdentityTest, ResolveUserIdentityTakesThePrimaryGroupFromTheUserDatabase) {
+  auto root = ResolveUserIdentity(0);
+  ASSERT_OK(root);
+  EXPECT_EQ(root->gid, 0u);
+  EXPECT_EQ(root->name, "root");
+  EXPECT_THAT(root->groups, ::testing::Contains(0u));
+
+  uint32_t uid = 3'999'999;
+  while (::getpwuid(uid) != nullptr) --uid;
+  auto unknown = ResolveUserIdentity(uid);
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), ::testing::HasSubstr("no entry in this host's user"));
+
+  const struct passwd* pw = ::getpwuid(kNobody);
+  if (pw == nullptr) GTEST_SKIP() << "no user 65534 in the user database";
+  auto nobody = ResolveUserIdentity(kNobody);
+  ASSERT_OK(nobody);
+  EXPECT_EQ(nobody->gid, static_cast<uint32_t>(pw->pw_gid));
+  EXPECT_THAT(nobody->groups, ::testing::Contains(static_cast<uint32_t>(pw->pw_gid)));
+}
+
 TEST(IdentityTest, ResolveRejectsInvalidIds) {
   EXPECT_EQ(ResolveOwnerIdentity(kInvalidId, 0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveOwnerIdentity(0, kInvalidId).status().code(), StatusCode::kInvalidArgument);

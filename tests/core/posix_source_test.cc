@@ -931,6 +931,79 @@ TEST_F(OwnerTest, TheOwnerMustBeAbleToReachTheRoot) {
   EXPECT_EQ(PosixSource::Open(o).status().code(), StatusCode::kPermissionDenied);
 }
 
+// The chunk handoff's question for a local user other than the owner: may
+// they read these files at the source? Asked of a source that root owns.
+TEST_F(OwnerTest, CheckReadableAnswersForAnotherUserAsTheKernelWould) {
+  Write("public.bin", 100);
+  Write("secret.bin", 100);
+  Write("group.bin", 100);
+  Write("closed/inside.bin", 100);
+  Write("open/inside.bin", 100);
+  Chmod("public.bin", 0644);
+  Chmod("secret.bin", 0600);
+  Chmod("group.bin", 0640, group_);
+  Chmod("closed", 0700);
+  Chmod("closed/inside.bin", 0644);
+  Chmod("open", 0755);
+  Chmod("open/inside.bin", 0644);
+  Snapshot();
+  const std::vector<SourceFile> public_files = {File("public.bin"), File("open/inside.bin")};
+  const Identity member{kNobody, kNobody, {group_, kNobody}, "nobody"};
+  const Identity root{0, 0, {0}, "root"};
+
+  for (bool openat2 : {true, false}) {
+    SCOPED_TRACE(openat2 ? "openat2" : "walk without openat2");
+    PosixSourceOptions o = Options();  // owned by root
+    o.use_openat2 = openat2;
+    auto source = OpenSource(std::move(o));
+    ASSERT_NE(source, nullptr);
+
+    EXPECT_OK(source->CheckReadable(Nobody(), public_files));
+    Status s = source->CheckReadable(
+        Nobody(), std::vector<SourceFile>{File("public.bin"), File("secret.bin")});
+    EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+    EXPECT_THAT(s.message(), HasSubstr("uid 65534"));
+    EXPECT_THAT(s.message(), HasSubstr("may not read 'secret.bin'"));
+    s = source->CheckReadable(Nobody(), std::vector<SourceFile>{File("closed/inside.bin")});
+    EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);  // no search right on its directory
+    EXPECT_THAT(s.message(), HasSubstr("'closed/inside.bin'"));
+    // Its groups count, as for the kernel.
+    EXPECT_EQ(source->CheckReadable(Nobody(), std::vector<SourceFile>{File("group.bin")}).code(),
+              StatusCode::kPermissionDenied);
+    EXPECT_OK(source->CheckReadable(member, std::vector<SourceFile>{File("group.bin")}));
+    EXPECT_OK(source->CheckReadable(
+        root, std::vector<SourceFile>{File("secret.bin"), File("closed/inside.bin")}));
+    // Checks are not reads of the source.
+    EXPECT_EQ(source->Counters().opens, 0u);
+  }
+
+  PosixSourceOptions o = Options();
+  auto source = OpenSource(std::move(o));
+  ASSERT_NE(source, nullptr);
+  // A file replaced since the snapshot: the staged bytes may be another
+  // file's, whatever the new one allows.
+  const std::string replacement = Path("public.bin.new");
+  {
+    std::ofstream out(replacement);
+    out << Bytes("public.bin", 100);
+  }
+  ASSERT_EQ(::chmod(replacement.c_str(), 0644), 0);
+  ASSERT_EQ(::rename(replacement.c_str(), Path("public.bin").c_str()), 0);
+  Status s = source->CheckReadable(Nobody(), std::vector<SourceFile>{File("public.bin")});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("changed since the snapshot"));
+  // A deleted file is not found.
+  ASSERT_EQ(::unlink(Path("open/inside.bin").c_str()), 0);
+  EXPECT_EQ(
+      source->CheckReadable(Nobody(), std::vector<SourceFile>{File("open/inside.bin")}).code(),
+      StatusCode::kNotFound);
+  // A root the user cannot reach: nothing below it is readable to them.
+  ASSERT_EQ(::chmod(root_.c_str(), 0700), 0);
+  s = source->CheckReadable(Nobody(), std::vector<SourceFile>{File("secret.bin")});
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(), HasSubstr("the source root"));
+}
+
 TEST_F(OwnerTest, CallingThreadsKeepTheirIdentityUnderConcurrentReads) {
   for (int i = 0; i < 40; ++i) Write("f" + std::to_string(i), 256);
   Snapshot();

@@ -1,20 +1,29 @@
 // Chunk handoff end to end: a real cache node with `local_socket` (Redis,
 // staged dataset), asked directly and by a real sidecar with
-// `local_node_socket`, read through libgranary-client.
+// `local_node_socket`, read through libgranary-client; and asked by other
+// local users (forked children that became them), who get only the chunks
+// whose every file they may read at the source.
 
 #include "granary/core/chunk_handoff.h"
 
 #include <gmock/gmock.h>
+#include <grp.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "granary/client/session.h"
 #include "granary/core/chunk_file.h"
+#include "granary/core/peer_auth.h"
 #include "granary/core/unix_socket.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/child_process.h"
@@ -104,12 +113,13 @@ TEST_F(ChunkHandoffTest, RefusesWhatItDoesNotServeWithTheReason) {
   EXPECT_OK(client.OpenChunk(Request(0)));
 }
 
-TEST_F(ChunkHandoffTest, APeerThatIsNotTheOwnerGetsNothing) {
+TEST_F(ChunkHandoffTest, APeerThatIsNotTheOwnerAndCannotReadTheSourceGetsNothing) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
   // The dataset belongs to this process's uid (root); uid 65534 asks. It may
-  // reach the socket (mode 0666 in a directory it may search): only the
-  // node's check stands in its way.
+  // reach the socket (mode 0666 in a directory it may search) but not the
+  // source (its root is 0700): only the node's check stands in its way.
   ASSERT_EQ(::chmod(cluster_->dir().path().c_str(), 0711), 0);
+  ASSERT_EQ(::chmod(ds_.root.c_str(), 0700), 0);
   const std::string path = socket_;
   const handoff::OpenChunkRequest request = Request(0);
   auto child = ChildProcess::Start([path, request](int) {
@@ -118,13 +128,226 @@ TEST_F(ChunkHandoffTest, APeerThatIsNotTheOwnerGetsNothing) {
     auto got = client.OpenChunk(request);
     if (got.ok()) return 11;
     if (got.status().code() != StatusCode::kPermissionDenied) return 12;
-    if (got.status().message().find("uid 65534 may not read it") == std::string::npos) return 13;
+    if (got.status().message().find("uid 65534 ('nobody') gid 65534") == std::string::npos ||
+        got.status().message().find("may not read the source root") == std::string::npos) {
+      return 13;
+    }
     return 0;
   });
   ASSERT_OK(child);
   auto code = (*child)->Wait(30s);
   ASSERT_OK(code);
   EXPECT_EQ(*code, 0) << "10: setuid failed, 11: handed over, 12: other code, 13: other message";
+}
+
+// ---- other local users: what they may read at the source (issue 19) ----------
+
+// A node that requires the cluster key on its TCP port, with a handoff socket;
+// a dataset owned by root whose source has one file only root may read
+// (kSecret) and the others world-readable. Local users other than root read
+// through the socket what they could read at the source, and nothing else.
+class ChunkHandoffRightsTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kNobody = 65534;
+  static constexpr char kSecret[] = "d000/f000003.bin";
+
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to own the dataset and become other users";
+    auto cluster = CacheCluster::Create();
+    ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+    cluster_ = std::move(*cluster);
+    // Others may search the test's directory (the socket and the source are
+    // in it), not list it.
+    ASSERT_EQ(::chmod(cluster_->dir().path().c_str(), 0711), 0);
+    socket_ = cluster_->dir().path() + "/node.sock";
+    auto hex = GenerateClusterKeyHex();
+    ASSERT_OK(hex);
+    cluster_->dir().WriteFile("cluster.key", *hex + "\n");
+    const std::string key = cluster_->dir().Join("cluster.key");
+    ASSERT_EQ(::chmod(key.c_str(), 0600), 0);
+    CacheNodeOptions node;
+    node.extra_yaml = "local_socket: " + socket_ + "\ncluster_key_file: " + key + "\n";
+    ASSERT_OK(cluster_->StartNodes(1, node));
+    DatasetOptions d;
+    d.name = "mixed";
+    d.files = 60;
+    d.min_size = 300;
+    d.max_size = 3000;
+    d.files_per_directory = 20;
+    d.chunk_size = 8 * 1024;  // several files per chunk, many chunks
+    d.owner = DatasetOwner{0, 0};
+    d.before_snapshot = [](const std::string& root) {
+      for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+        ::chmod(e.path().c_str(), e.is_directory() ? 0755 : 0644);
+      }
+      ::chmod(root.c_str(), 0755);
+      ASSERT_EQ(::chmod((root + "/" + kSecret).c_str(), 0600), 0);
+    };
+    auto ds = cluster_->CreateDataset(d);
+    ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+    ds_ = std::move(*ds);
+    ASSERT_OK(cluster_->WaitForPhase(ds_.name, DatasetPhase::kReady));
+
+    auto secret = ds_.manifest->Find(kSecret);
+    ASSERT_OK(secret);
+    for (ChunkId c = 0; c < ds_.manifest->chunk_count(); ++c) {
+      auto segments = ds_.manifest->Segments(c);
+      ASSERT_OK(segments);
+      bool holds_secret = false;
+      for (const ChunkSegment& seg : *segments) holds_secret |= seg.sample == *secret;
+      if (holds_secret) {
+        secret_chunk_ = c;
+        secret_chunk_files_ = segments->size();
+      } else {
+        public_chunks_.push_back(c);
+      }
+    }
+    ASSERT_GT(secret_chunk_files_, 1u) << "the secret file should share its chunk";
+    ASSERT_FALSE(public_chunks_.empty());
+  }
+
+  // Runs `body` with the handoff client of a child process running as
+  // `uid` (gid = uid, no supplementary groups); its exit code.
+  int AsUser(uint32_t uid, std::function<int(handoff::ChunkHandoffClient&)> body) {
+    const std::string path = socket_;
+    auto child = ChildProcess::Start([uid, path, body](int) {
+      if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) return 100;
+      handoff::ChunkHandoffClient client(path, 10s);
+      return body(client);
+    });
+    EXPECT_OK(child);
+    if (!child.ok()) return -1;
+    auto code = (*child)->Wait(60s);
+    EXPECT_OK(code);
+    return code.ok() ? *code : -1;
+  }
+
+  handoff::OpenChunkRequest Request(ChunkId chunk) const {
+    return {ds_.name, ds_.manifest_id, chunk};
+  }
+
+  std::unique_ptr<CacheCluster> cluster_;
+  std::string socket_;
+  TestDataset ds_;
+  ChunkId secret_chunk_ = 0;
+  size_t secret_chunk_files_ = 0;
+  std::vector<ChunkId> public_chunks_;
+};
+
+TEST_F(ChunkHandoffRightsTest, AnotherUserGetsTheChunksWhoseEveryFileItMayReadAtTheSource) {
+  // What uid 65534 is owed: every public chunk, each byte the source's.
+  std::vector<std::pair<ChunkId, std::vector<std::pair<ChunkSegment, std::string>>>> expected;
+  for (ChunkId c : public_chunks_) {
+    auto segments = ds_.manifest->Segments(c);
+    ASSERT_OK(segments);
+    std::vector<std::pair<ChunkSegment, std::string>> bytes;
+    for (const ChunkSegment& seg : *segments) {
+      bytes.emplace_back(seg, ds_.contents[seg.sample].substr(seg.sample_offset, seg.length));
+    }
+    expected.emplace_back(c, std::move(bytes));
+  }
+  const std::string name = ds_.name;
+  const ContentId manifest = ds_.manifest_id;
+  const int code = AsUser(kNobody, [&](handoff::ChunkHandoffClient& client) {
+    for (const auto& [chunk, segments] : expected) {
+      auto fd = client.OpenChunk({name, manifest, chunk});
+      if (!fd.ok()) {
+        std::fprintf(stderr, "chunk %u: %s\n", chunk, fd.status().ToString().c_str());
+        return 10;
+      }
+      if (::pwrite(fd->get(), "x", 1, 0) >= 0) return 11;  // read-only
+      std::vector<ChunkSegment> segs;
+      for (const auto& [seg, bytes] : segments) segs.push_back(seg);
+      auto reader =
+          ChunkReader::FromFd(std::move(*fd), "handed", ChunkKey{name, manifest, chunk}, segs);
+      if (!reader.ok()) return 12;
+      for (uint32_t i = 0; i < segs.size(); ++i) {
+        auto got = reader->Read(i);
+        if (!got.ok() || *got != segments[i].second) return 13;
+      }
+    }
+    return 0;
+  });
+  EXPECT_EQ(code, 0) << "10: refused, 11: writable, 12: bad chunk file, 13: wrong bytes, "
+                        "100: setuid failed";
+  // The TCP port serves no one without the key: the socket is the way in.
+  testing::DatasetReader reader(&cluster_->store(), ds_);
+  std::vector<testing::DatasetReader::Outcome> got = reader.Read({0});
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status.code(), StatusCode::kPermissionDenied) << got[0].status.ToString();
+}
+
+TEST_F(ChunkHandoffRightsTest, AChunkHoldingAFileItMayNotReadIsRefusedWholeNamingTheFile) {
+  const handoff::OpenChunkRequest secret = Request(secret_chunk_);
+  const handoff::OpenChunkRequest open = Request(public_chunks_.front());
+  const std::string file = std::string("'") + kSecret + "'";
+  const std::string files = "the chunk holds " + std::to_string(secret_chunk_files_) + " files";
+  const int code = AsUser(kNobody, [&](handoff::ChunkHandoffClient& client) {
+    // Twice: the second answer is the kept one, and says the same.
+    for (int round = 0; round < 2; ++round) {
+      auto got = client.OpenChunk(secret);
+      if (got.ok()) return 10;
+      if (got.status().code() != StatusCode::kPermissionDenied) return 11;
+      const std::string& m = got.status().message();
+      if (m.find("uid 65534") == std::string::npos ||
+          m.find("may not read " + file) == std::string::npos) {
+        std::fprintf(stderr, "refused with: %s\n", m.c_str());
+        return 12;
+      }
+      if (m.find(files) == std::string::npos ||
+          m.find("read that file through a sidecar") == std::string::npos) {
+        return 13;
+      }
+    }
+    // The connection serves on.
+    return client.OpenChunk(open).ok() ? 0 : 14;
+  });
+  EXPECT_EQ(code, 0) << "10: handed over, 11: other code, 12: file not named, 13: no advice, "
+                        "14: next request refused, 100: setuid failed";
+  // Root, the dataset's owner here, gets it.
+  handoff::ChunkHandoffClient root(socket_, 10s);
+  EXPECT_OK(root.OpenChunk(secret));
+}
+
+TEST_F(ChunkHandoffRightsTest, BadAsksAreRefusedWithTheReason) {
+  // A uid the user database does not know: its groups cannot be checked.
+  uint32_t unknown = 0;
+  for (uint32_t uid = 4'242'000; uid < 4'243'000; ++uid) {
+    if (::getpwuid(uid) == nullptr) {
+      unknown = uid;
+      break;
+    }
+  }
+  ASSERT_NE(unknown, 0u);
+  const handoff::OpenChunkRequest open = Request(public_chunks_.front());
+  int code = AsUser(unknown, [&](handoff::ChunkHandoffClient& client) {
+    auto got = client.OpenChunk(open);
+    if (got.ok()) return 10;
+    if (got.status().code() != StatusCode::kPermissionDenied) return 11;
+    if (got.status().message().find("no entry in this host's user database") == std::string::npos) {
+      return 12;
+    }
+    return 0;
+  });
+  EXPECT_EQ(code, 0) << "10: handed over, 11: other code, 12: other message, 100: setuid failed";
+
+  // A dataset the node does not serve, a stale manifest, a chunk past the end.
+  const std::string name = ds_.name;
+  const ContentId manifest = ds_.manifest_id;
+  const ChunkId past = static_cast<ChunkId>(ds_.manifest->chunk_count());
+  code = AsUser(kNobody, [&](handoff::ChunkHandoffClient& client) {
+    auto unknown_ds = client.OpenChunk({"no-such-dataset", manifest, 0});
+    if (unknown_ds.status().code() != StatusCode::kNotFound ||
+        unknown_ds.status().message().find("does not stage that dataset") == std::string::npos) {
+      return 10;
+    }
+    auto stale = client.OpenChunk({name, ContentId{1, 2}, 0});
+    if (stale.status().code() != StatusCode::kNotFound) return 11;
+    auto beyond = client.OpenChunk({name, manifest, past});
+    if (beyond.status().code() != StatusCode::kOutOfRange) return 12;
+    return 0;
+  });
+  EXPECT_EQ(code, 0) << "10: unknown dataset, 11: stale manifest, 12: chunk past the end";
 }
 
 TEST_F(ChunkHandoffTest, HostileBytesGetAnErrorAndTheNodeServesOthers) {

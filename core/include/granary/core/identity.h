@@ -88,6 +88,12 @@ Status ValidateIdentity(const Identity& identity);
 // for kInvalidId; kUnavailable if the user database fails (retry).
 Result<Identity> ResolveOwnerIdentity(uint32_t uid, uint32_t gid);
 
+// The identity of a local user known only by uid (a peer's SO_PEERCRED): the
+// primary gid from the user database's entry, then as ResolveOwnerIdentity.
+// kNotFound when the user database has no entry for `uid` (its groups cannot
+// be known); kUnavailable if the user database fails (retry).
+Result<Identity> ResolveUserIdentity(uint32_t uid);
+
 // The calling thread's effective uid and gid and its supplementary groups.
 Identity ProcessIdentity();
 

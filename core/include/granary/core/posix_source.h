@@ -110,6 +110,22 @@ class PosixSource final : public Source {
   const std::string& uri() const override { return options_.uri; }
   uint32_t max_in_flight() const override { return options_.max_in_flight; }
 
+  // Whether `reader` may read every file of `files` at the source, as the
+  // kernel decides for that identity (mode bits, ACLs, its groups): on an
+  // executor worker switched to `reader`, the root is opened by its path (so
+  // `reader` needs search rights on every directory down to it) and must
+  // still be the root this source holds; then each file is opened O_RDONLY
+  // beneath it as in step 3 (without openat2: component by component, no
+  // symlink followed), and its descriptor must still be the snapshot's
+  // version as in step 4: staged bytes of a file replaced since could be
+  // another file's. No byte is read; nothing is counted in Counters(). Used
+  // by the cache node's chunk handoff for local users other than the owner.
+  // Ok; else the first failure: kPermissionDenied naming the file and
+  // `reader`, kFailedPrecondition (changed), kNotFound (gone), the executor's
+  // refusal of `reader` (a node without CAP_SETUID), kInvalidArgument for a
+  // path the manifest should never hold.
+  Status CheckReadable(const Identity& reader, std::span<const SourceFile> files);
+
   const Identity& owner() const { return options_.owner; }
   // False when Open found openat2 missing or refused and fell back to the walk.
   bool uses_openat2() const { return use_openat2_; }
