@@ -65,6 +65,7 @@
 #include "granary/core/peer_client.h"
 #include "granary/core/posix_source.h"
 #include "granary/core/protocol_format.h"
+#include "granary/core/tls.h"
 
 namespace granary {
 namespace {
@@ -258,6 +259,7 @@ struct Flags {
   uint32_t repeat = 1;
   uint64_t seed = 1;
   std::string json;
+  bool tls = false;
 };
 
 // What CLI11's ranges cannot say: sizes that fit the protocol and the disk.
@@ -736,11 +738,13 @@ Status ReadOverWire(PeerClient& client, const Manifest& manifest,
   return Status::Ok();
 }
 
-Result<std::vector<PeerClient>> ConnectClients(uint16_t port, uint32_t n) {
+Result<std::vector<PeerClient>> ConnectClients(uint16_t port, uint32_t n,
+                                               std::shared_ptr<const TlsContext> tls) {
   std::vector<PeerClient> clients;
   for (uint32_t c = 0; c < n; ++c) {
     PeerClientOptions options;
     options.client_name = "cachenode-bench/" + std::to_string(c);
+    options.tls = tls;
     GRANARY_ASSIGN_OR_RETURN(PeerClient client,
                              PeerClient::Connect("127.0.0.1:" + std::to_string(port), options));
     clients.push_back(std::move(client));
@@ -919,9 +923,17 @@ Status Run(const Flags& f) {
   server_options.node_name = "cachenode-bench";
   server_options.io_threads = f.io_threads;
   server_options.service_threads = f.service_threads;
+  std::shared_ptr<TlsContext> client_tls;
+  if (f.tls) {
+    // A self-signed certificate for 127.0.0.1, verified by the clients.
+    const std::string cert = work->Join("node.crt"), key = work->Join("node.key");
+    GRANARY_RETURN_IF_ERROR(MakeSelfSignedCertificate(cert, key, {"127.0.0.1"}));
+    GRANARY_ASSIGN_OR_RETURN(server_options.tls, TlsContext::ForServer(cert, key));
+    GRANARY_ASSIGN_OR_RETURN(client_tls, TlsContext::ForClient(cert));
+  }
   GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(service, server_options));
   GRANARY_ASSIGN_OR_RETURN(std::vector<PeerClient> clients,
-                           ConnectClients(server->port(), f.clients));
+                           ConnectClients(server->port(), f.clients, client_tls));
   t0 = Clock::now();
   GRANARY_ASSIGN_OR_RETURN(uint64_t verified,
                            VerifyEverySample(clients, *manifest, checksums, f.batch));
@@ -1066,6 +1078,7 @@ Status Run(const Flags& f) {
     serving_json["io_threads"] = f.io_threads;
     serving_json["service_threads"] = f.service_threads;
     serving_json["repeat"] = f.repeat;
+    serving_json["tls"] = f.tls;
     j["serving"] = serving_json;
     Json local_json = ToJson(*local, "batches");
     local_json["batch"] = f.batch;
@@ -1121,6 +1134,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   app.add_option("--seed", f.seed, "seed of the random sample order");
   app.add_option("--json", f.json, "also write the figures as JSON to this file");
+  app.add_flag("--tls", f.tls, "serve over TLS (a self-signed certificate the clients verify)");
   CLI11_PARSE(app, argc, argv);
 
   if (std::getenv("GRANARY_LOG_LEVEL") == nullptr) granary::SetLogLevel(spdlog::level::warn);

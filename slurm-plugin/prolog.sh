@@ -28,6 +28,9 @@ TIMEOUT=60s
 # ($SLURMD_NODENAME), which is right when cache nodes keep their default
 # node_id (the host name) and Slurm names nodes by host name.
 NODE=
+# The cluster key the job's sidecar proves to cache nodes that require it
+# (docs/security.md); empty: granary's default, /etc/granary/cluster.key.
+CLUSTER_KEY=
 
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
@@ -40,6 +43,9 @@ if [ -s "$work/script" ]; then
 	set -- --script "$work/script"
 else
 	set --
+fi
+if [ -n "$CLUSTER_KEY" ]; then
+	set -- --cluster-key-file "$CLUSTER_KEY" "$@"
 fi
 out=$("$GRANARY" --store "$STORE" slurm prolog "$SLURM_JOB_ID" --uid "$SLURM_JOB_UID" \
 	--gid "$SLURM_JOB_GID" --job-root "$JOB_ROOT" --sidecar "$SIDECAR" --log-dir "$LOG_DIR" \

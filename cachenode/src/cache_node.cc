@@ -343,6 +343,12 @@ Status CacheNode::Impl::Start() {
   server_options.reply_buffer_bytes = config_.reply_buffer_bytes;
   server_options.connection_reply_buffer_bytes = config_.connection_reply_buffer_bytes;
   GRANARY_ASSIGN_OR_RETURN(server_options.auth, MakeServerAuth());
+  if (!config_.tls_cert_file.empty()) {
+    Result<std::shared_ptr<TlsContext>> tls =
+        TlsContext::ForServer(config_.tls_cert_file, config_.tls_key_file);
+    if (!tls.ok()) return tls.status().WithContext("`tls_cert_file`");
+    server_options.tls = std::move(*tls);
+  }
   Result<std::unique_ptr<Server>> server = Server::Start(reads_, server_options);
   if (!server.ok()) {
     return Status(server.status().code(),
@@ -445,6 +451,7 @@ Status CacheNode::Impl::Heartbeat() {
   node.capacity_bytes = chunks_->capacity();
   node.used_bytes = chunks_->used_bytes();
   node.started_ms = started_ms_;
+  if (!config_.tls_cert_file.empty()) node.labels[std::string(kNodeLabelTls)] = "true";
   Status status = store_->Heartbeat(node, config_.heartbeat_ttl);
   if (!status.ok()) {
     return Status(status.code(), "registering node " + Quoted(config_.node_id) +

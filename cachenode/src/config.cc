@@ -142,6 +142,16 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
                                    " is not an audience; write one word, e.g. granary");
   }
 
+  GRANARY_RETURN_IF_ERROR(
+      OptionalFilePath(m, "tls_cert_file", &c->tls_cert_file, "/etc/granary/tls/node.crt"));
+  GRANARY_RETURN_IF_ERROR(
+      OptionalFilePath(m, "tls_key_file", &c->tls_key_file, "/etc/granary/tls/node.key"));
+  if (c->tls_cert_file.empty() != c->tls_key_file.empty()) {
+    return Status::InvalidArgument(
+        m.Where(c->tls_cert_file.empty() ? "tls_key_file" : "tls_cert_file") +
+        ": write both 'tls_cert_file' and 'tls_key_file', or neither");
+  }
+
   bool local_socket_given = false;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "local_socket", &c->local_socket, &local_socket_given));
   if (local_socket_given) {

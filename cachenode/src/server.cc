@@ -30,10 +30,12 @@
 #include <utility>
 #include <variant>
 
+#include "granary/core/file.h"
 #include "granary/core/log.h"
 #include "granary/core/names.h"
 #include "granary/core/net_address.h"
 #include "granary/core/protocol_format.h"
+#include "granary/core/tls.h"
 
 namespace granary {
 namespace {
@@ -49,6 +51,8 @@ using ErrorCode = boost::system::error_code;
 constexpr size_t kMaxIov = 64;
 // sendfile(2) moves at most this many bytes per call (Linux: 0x7ffff000).
 constexpr uint64_t kMaxSendfileBytes = 0x7ffff000;
+// What one TLS write takes of a piece (OpenSSL cuts it into 16 KiB records).
+constexpr uint64_t kTlsWriteBytes = 256u << 10;
 // After a closing ERROR, the connection reads and discards what the client
 // still sends, for at most this long and this many bytes, before it closes: a
 // close with unread bytes makes the kernel send a reset, which can destroy the
@@ -461,6 +465,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
       Close();
       return;
     }
+    if (server_.options().tls != nullptr) {
+      Result<std::unique_ptr<TlsStream>> tls =
+          TlsStream::Accept(server_.options().tls, socket_.native_handle());
+      if (!tls.ok()) {
+        server_.WarnAboutClient("connection from " + gauge_->peer_address + ": " +
+                                tls.status().message());
+        Close();
+        return;
+      }
+      tls_ = std::move(*tls);
+      Handshake();
+      return;
+    }
     Pump();
   }
 
@@ -549,6 +566,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     phase_ = Phase::kClosed;
     gone_.store(true, std::memory_order_release);
     ErrorCode ec;
+    if (tls_ != nullptr && tls_ready_) tls_->Shutdown();
     socket_.close(ec);  // cancels the outstanding read and wait
     queue_.clear();     // releases the answers (open chunk readers, buffers)
     decoder_ = FrameDecoder(FrameDirection::kRequests, server_.options().limits);
@@ -650,8 +668,73 @@ class Connection : public std::enable_shared_from_this<Connection> {
     reading_ = true;
     gauge_->reading.store(phase_ == Phase::kOpen, std::memory_order_relaxed);
     auto self = shared_from_this();
+    if (tls_ != nullptr && phase_ == Phase::kOpen) {
+      ReadTls();
+      return;
+    }
     socket_.async_read_some(asio::buffer(receive_.get(), receive_capacity_),
                             [self](const ErrorCode& ec, size_t n) { self->OnRead(ec, n); });
+  }
+
+  // Decrypted bytes may wait inside OpenSSL without the socket being
+  // readable: read first, wait for the socket only when OpenSSL asks to.
+  void ReadTls() {
+    auto self = shared_from_this();
+    TlsWant want = TlsWant::kNothing;
+    Result<size_t> n = tls_->Read(receive_.get(), receive_capacity_, &want);
+    if (!n.ok()) {
+      server_.log().debug("connection {}: {}", Describe(), n.status().ToString());
+      asio::post(worker_.io, [self] { self->OnRead(asio::error::connection_reset, 0); });
+      return;
+    }
+    if (*n > 0 || want == TlsWant::kNothing) {
+      // Posted, not called: a client with much buffered input must not
+      // recurse through Pump.
+      const size_t got = *n;
+      asio::post(worker_.io, [self, got] {
+        self->OnRead(got > 0 ? ErrorCode() : ErrorCode(asio::error::eof), got);
+      });
+      return;
+    }
+    socket_.async_wait(want == TlsWant::kRead ? Socket::wait_read : Socket::wait_write,
+                       [self](const ErrorCode& ec) {
+                         if (ec) {
+                           self->OnRead(ec, 0);
+                           return;
+                         }
+                         if (self->phase_ != Phase::kOpen) {
+                           self->OnRead(asio::error::operation_aborted, 0);
+                           return;
+                         }
+                         self->ReadTls();
+                       });
+  }
+
+  // The TLS handshake, before anything else (handshake_timeout bounds it).
+  void Handshake() {
+    if (phase_ != Phase::kOpen) return;
+    Result<TlsWant> want = tls_->Handshake();
+    if (!want.ok()) {
+      Add(server_.counters().policy_errors);
+      server_.WarnAboutClient("connection " + Describe() + ": " + want.status().message() +
+                              "; closed it");
+      Close();
+      return;
+    }
+    if (*want == TlsWant::kNothing) {
+      tls_ready_ = true;
+      Pump();
+      return;
+    }
+    auto self = shared_from_this();
+    socket_.async_wait(*want == TlsWant::kRead ? Socket::wait_read : Socket::wait_write,
+                       [self](const ErrorCode& ec) {
+                         if (ec) {
+                           if (ec != asio::error::operation_aborted) self->Close();
+                           return;
+                         }
+                         self->Handshake();
+                       });
   }
 
   void OnRead(const ErrorCode& ec, size_t n) {
@@ -928,9 +1011,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     client_nonce_ = auth.client_nonce;
     server_nonce_ = RandomNonce();
     const std::string& server_name = server_.options().node_name;
+    if (tls_ != nullptr) {
+      Result<std::array<uint8_t, 32>> binding = tls_->ChannelBinding();
+      if (!binding.ok()) {
+        AuthRefused(id, type, binding.status());
+        return;
+      }
+      binding_.assign(reinterpret_cast<const char*>(binding->data()), binding->size());
+    }
     AuthReply challenge{false, server_nonce_,
                         ClusterKeyProof(*key, ProofRole::kServer, client_nonce_, server_nonce_,
-                                        server_name, peer_name_),
+                                        server_name, peer_name_, binding_),
                         ""};
     auth_state_ = AuthState::kChallenged;
     Result<OutgoingFrame> reply =
@@ -951,7 +1042,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     const AuthProof expected =
         ClusterKeyProof(*auth_key_, ProofRole::kClient, client_nonce_, server_nonce_,
-                        server_.options().node_name, peer_name_);
+                        server_.options().node_name, peer_name_, binding_);
     if (!ProofsEqual(expected, proof.proof)) {
       AuthRefused(id, type,
                   Status::PermissionDenied(
@@ -1158,6 +1249,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
       PieceRef piece = PieceAt(work.frame, send_piece_);
       ssize_t n = 0;
       bool by_sendfile = false;
+      if (tls_ != nullptr) {
+        Result<uint64_t> written = WriteTls(work, piece, budget);
+        if (!written.ok()) {
+          SendFailed(work, written.status().message());
+          return;
+        }
+        if (*written == 0) {
+          WaitWritable();
+          return;
+        }
+        budget -= std::min<uint64_t>(budget, *written);
+        Advance(work, *written, false);
+        continue;
+      }
       if (piece.file == nullptr) {
         iovec iov[kMaxIov];
         size_t count = 0;
@@ -1214,6 +1319,40 @@ class Connection : public std::enable_shared_from_this<Connection> {
       Advance(work, static_cast<uint64_t>(n), by_sendfile);
     }
     PostPump();
+  }
+
+  // One TLS record's worth of the current piece: memory as it is, a file
+  // range read into tls_scratch_ first (no sendfile through TLS). 0: the
+  // socket is full (WaitWritable); a retry sends the same bytes, as OpenSSL
+  // requires.
+  Result<uint64_t> WriteTls(const Work& work, const PieceRef& piece, uint64_t budget) {
+    const uint64_t left = piece.size() - send_offset_;
+    const size_t length = static_cast<size_t>(std::min({left, budget, kTlsWriteBytes}));
+    const char* data = nullptr;
+    if (piece.file == nullptr) {
+      data = piece.memory.data() + send_offset_;
+    } else {
+      const FileRange& range = *piece.file;
+      const uint64_t offset = range.offset + send_offset_;
+      if (tls_scratch_offset_ != offset || tls_scratch_fd_ != range.fd ||
+          tls_scratch_.size() != length) {
+        tls_scratch_.resize(length);
+        Status read = PreadFull(range.fd, tls_scratch_.data(), length, offset, "a chunk file");
+        if (!read.ok()) {
+          tls_scratch_fd_ = -1;
+          return Status(read.code(), "reading the reply of request " +
+                                         std::to_string(work.request_id) + ": " + read.message());
+        }
+        tls_scratch_offset_ = offset;
+        tls_scratch_fd_ = range.fd;
+      }
+      data = tls_scratch_.data();
+    }
+    TlsWant want = TlsWant::kNothing;
+    Result<size_t> n = tls_->Write(data, length, &want);
+    if (!n.ok()) return n.status();
+    if (*n > 0 && piece.file != nullptr) tls_scratch_fd_ = -1;  // the next bytes differ
+    return uint64_t{*n};
   }
 
   void SendFailed(const Work& work, const std::string& what) {
@@ -1349,6 +1488,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool input_stopped_ = false;        // no more requests will be read
   bool close_when_answered_ = false;  // close once the queue is empty
   bool hello_done_ = false;
+  // TLS (ServerOptions::tls): the stream over socket_, and a file range read
+  // for it (sendfile cannot go through TLS).
+  std::unique_ptr<TlsStream> tls_;
+  bool tls_ready_ = false;
+  std::string tls_scratch_;
+  uint64_t tls_scratch_offset_ = 0;
+  int tls_scratch_fd_ = -1;
   // Authentication: required when the server has ServerOptions::auth.
   enum class AuthState { kNone, kChallenged, kVerifying, kDone };
   bool authenticated_ = false;
@@ -1358,6 +1504,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   KeyId auth_key_id_{};
   AuthNonce client_nonce_{};
   AuthNonce server_nonce_{};
+  std::string binding_;  // the TLS session's channel binding, in the proofs
   uint16_t version_ = pf::kHandshakeVersion;
   std::string peer_name_;
 

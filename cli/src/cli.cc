@@ -35,6 +35,9 @@ int Run(const std::vector<std::string>& args, CliContext& context) {
   app.add_option("--cluster-key-file", context.cluster_key_option(),
                  "Cluster key proved to cache nodes that require authentication; default "
                  "$GRANARY_CLUSTER_KEY_FILE, else /etc/granary/cluster.key if readable");
+  app.add_option("--tls-ca-file", context.tls_ca_option(),
+                 "CA that cache nodes serving TLS must chain to; default $GRANARY_TLS_CA_FILE, "
+                 "else they are read encrypted but unverified");
   app.add_option("-o,--output", context.output_option(), "Output format: human or json")
       ->check(CLI::IsMember({"human", "json"}));
 
@@ -49,7 +52,8 @@ int Run(const std::vector<std::string>& args, CliContext& context) {
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--store" || a == "-o" || a == "--output" || a == "--cluster-key-file") {
+    if (a == "--store" || a == "-o" || a == "--output" || a == "--cluster-key-file" ||
+        a == "--tls-ca-file") {
       ++i;
       continue;
     }

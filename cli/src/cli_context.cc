@@ -50,6 +50,18 @@ std::string CliContext::ClusterKeyPath() const {
   return {};
 }
 
+std::string CliContext::TlsCaPath() const {
+  if (!tls_ca_file_.empty()) return tls_ca_file_;
+  const char* env = std::getenv("GRANARY_TLS_CA_FILE");
+  return env != nullptr ? env : "";
+}
+
+Result<std::shared_ptr<TlsContext>> CliContext::Tls() const {
+  Result<std::shared_ptr<TlsContext>> tls = TlsContext::ForClient(TlsCaPath());
+  if (!tls.ok()) return tls.status().WithContext("--tls-ca-file");
+  return tls;
+}
+
 Result<ClientCredentials> CliContext::PeerCredentials() const {
   const std::string path = ClusterKeyPath();
   if (path.empty()) return ClientCredentials{};

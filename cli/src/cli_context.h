@@ -35,6 +35,7 @@
 #include "granary/core/metadata_store.h"
 #include "granary/core/peer_auth.h"
 #include "granary/core/status.h"
+#include "granary/core/tls.h"
 
 namespace CLI {
 class App;
@@ -66,6 +67,7 @@ class CliContext {
   std::string& store_option() { return store_url_; }
   std::string& output_option() { return output_; }
   std::string& cluster_key_option() { return cluster_key_file_; }
+  std::string& tls_ca_option() { return tls_ca_file_; }
   bool json_output() const { return output_ == "json"; }
 
   // --store, else $GRANARY_STORE, else DefaultStoreUrl().
@@ -77,6 +79,10 @@ class CliContext {
   Result<ClientCredentials> PeerCredentials() const;
   // The key file PeerCredentials loads, or empty for none.
   std::string ClusterKeyPath() const;
+  // How to speak to cache nodes that serve TLS: verified against
+  // --tls-ca-file (else $GRANARY_TLS_CA_FILE) when given, else unverified.
+  Result<std::shared_ptr<TlsContext>> Tls() const;
+  std::string TlsCaPath() const;
   // Opens the store once (creating the directory of the embedded SQLite file);
   // the error says how to point the CLI elsewhere.
   Status OpenStore();
@@ -111,6 +117,7 @@ class CliContext {
   std::string store_url_;
   std::string output_ = "human";
   std::string cluster_key_file_;
+  std::string tls_ca_file_;
   std::unique_ptr<MetadataStore> store_;
   SteadyClock::time_point last_progress_{};
   bool progress_drawn_ = false;

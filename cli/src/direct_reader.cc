@@ -53,6 +53,10 @@ Result<std::unique_ptr<DirectReader>> DirectReader::Create(MetadataStore& store,
       std::min<std::chrono::milliseconds>(options.timeout, std::chrono::seconds(2));
   fo.peer.call_timeout = options.timeout;
   fo.peer.credentials = options.credentials;
+  fo.peer.tls = options.tls;
+  if (fo.peer.tls == nullptr) {
+    GRANARY_ASSIGN_OR_RETURN(fo.peer.tls, TlsContext::ForClient(""));
+  }
   char host[256] = {};
   std::string local_id = options.local_node_id;
   if (local_id.empty() && gethostname(host, sizeof(host) - 1) == 0) local_id = host;

@@ -35,6 +35,7 @@
 #include "granary/core/metadata_store.h"
 #include "granary/core/peer_auth.h"
 #include "granary/core/status.h"
+#include "granary/core/tls.h"
 
 namespace granary::sidecar {
 class SampleFetcher;
@@ -57,6 +58,8 @@ struct DirectReaderOptions {
   std::vector<std::string> local_node_sockets;
   // The cache node on this host (its NodeRecord id); empty: the host name.
   std::string local_node_id;
+  // For nodes that serve TLS (CliContext::Tls); null: made unverified.
+  std::shared_ptr<const TlsContext> tls;
 };
 
 class DirectReader {

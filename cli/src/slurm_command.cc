@@ -145,6 +145,9 @@ Status RunNested(CliContext& c, const std::string& what, std::vector<std::string
   if (const std::string key = c.ClusterKeyPath(); !key.empty()) {
     args.insert(args.begin(), {"--cluster-key-file", key});
   }
+  if (const std::string ca = c.TlsCaPath(); !ca.empty()) {
+    args.insert(args.begin(), {"--tls-ca-file", ca});
+  }
   std::ostringstream out;
   std::ostringstream err;
   int code = RunCli(args, out, err, /*interactive=*/false);

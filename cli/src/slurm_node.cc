@@ -459,6 +459,9 @@ Status StartJobSidecar(CliContext& c, const SlurmNodeOptions& o, const std::stri
     GRANARY_RETURN_IF_ERROR(c.PeerCredentials().status());  // a key that will not load: say so now
     yaml << "cluster_key_file: \"" << key << "\"\n";
   }
+  if (const std::string ca = c.TlsCaPath(); !ca.empty()) {
+    yaml << "tls_ca_file: \"" << ca << "\"\n";
+  }
   GRANARY_RETURN_IF_ERROR(WriteFileAtomically(p.config, yaml.str(), 0600));
   GRANARY_ASSIGN_OR_RETURN(pid_t pid, SpawnSidecar(o.sidecar_binary, p));
   GRANARY_RETURN_IF_ERROR(WriteFileAtomically(p.pid_file, std::to_string(pid) + "\n", 0600));

@@ -194,7 +194,7 @@ Result<std::string> GenerateClusterKeyHex() {
 
 AuthProof ClusterKeyProof(std::string_view key, ProofRole role, const AuthNonce& client_nonce,
                           const AuthNonce& server_nonce, std::string_view server_name,
-                          std::string_view client_name) {
+                          std::string_view client_name, std::string_view binding) {
   std::string message =
       role == ProofRole::kServer ? "granary-auth-v2 server" : "granary-auth-v2 client";
   message.append(reinterpret_cast<const char*>(client_nonce.data()), client_nonce.size());
@@ -208,6 +208,10 @@ AuthProof ClusterKeyProof(std::string_view key, ProofRole role, const AuthNonce&
   };
   put_name(server_name);
   put_name(client_name);
+  if (!binding.empty()) {
+    message.append("tls");
+    put_name(binding);
+  }
   AuthProof proof{};
   unsigned int length = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),

@@ -74,6 +74,7 @@ Result<PeerClient> PeerClient::Connect(std::string_view address, const PeerClien
 }
 
 void PeerClient::Close() {
+  tls_.reset();
   fd_.Reset();
   in_.clear();
   in_begin_ = 0;
@@ -90,7 +91,7 @@ Status PeerClient::EnsureConnected() {
     // the connection (the server's idle timeout, a restart: EOF or a reset) or
     // an unsolicited ERROR announcing it: replace the connection before
     // sending, instead of failing this call for it.
-    bool stale = in_begin_ < in_.size();
+    bool stale = in_begin_ < in_.size() || (tls_ != nullptr && tls_->pending());
     if (!stale) {
       pollfd p{fd_.get(), POLLIN, 0};
       stale = ::poll(&p, 1, 0) != 0;
@@ -160,6 +161,7 @@ Status PeerClient::Open(Clock::time_point deadline) {
   (void)::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 
   fd_ = std::move(fd);
+  if (options_.tls != nullptr) GRANARY_RETURN_IF_ERROR(StartTls(deadline));
   decoder_ = FrameDecoder(FrameDirection::kResponses, options_.limits, PayloadMode::kDetached);
   const uint64_t id = next_request_id_++;
   HelloRequest hello{pf::kMinVersion, pf::kMaxVersion, options_.client_name};
@@ -249,9 +251,15 @@ Status PeerClient::Authenticate(Clock::time_point deadline) {
         "not a Granary cache node of this cluster"));
   }
   const std::string& key = creds.cluster_key->current();
+  std::string binding;
+  if (tls_ != nullptr) {
+    Result<std::array<uint8_t, 32>> b = tls_->ChannelBinding();
+    if (!b.ok()) return Fail(b.status().WithContext(where));
+    binding.assign(reinterpret_cast<const char*>(b->data()), b->size());
+  }
   const AuthProof expected =
       ClusterKeyProof(key, ProofRole::kServer, auth.client_nonce, reply->server_nonce, server_name_,
-                      options_.client_name);
+                      options_.client_name, binding);
   if (!ProofsEqual(expected, reply->server_proof)) {
     return Fail(Status::PermissionDenied(
         where + ": the server's proof does not match the cluster key " +
@@ -259,7 +267,8 @@ Status PeerClient::Authenticate(Clock::time_point deadline) {
         ": it holds another key (or is not a node of this cluster); check cluster_key_file"));
   }
   AuthProofRequest proof{ClusterKeyProof(key, ProofRole::kClient, auth.client_nonce,
-                                         reply->server_nonce, server_name_, options_.client_name)};
+                                         reply->server_nonce, server_name_, options_.client_name,
+                                         binding)};
   id = next_request_id_++;
   encoded = EncodeRequest(id, proof, encode);
   if (!encoded.ok()) return Fail(encoded.status().WithContext(where));
@@ -276,8 +285,83 @@ Status PeerClient::Authenticate(Clock::time_point deadline) {
   return Status::Ok();
 }
 
+Status PeerClient::StartTls(Clock::time_point deadline) {
+  const std::string where = "TLS to cache node " + address_.ToString();
+  Result<std::unique_ptr<TlsStream>> stream =
+      TlsStream::Connect(options_.tls, fd_.get(), address_.host);
+  if (!stream.ok()) return Fail(stream.status().WithContext(where));
+  tls_ = std::move(*stream);
+  for (int round = 0; round < kMaxPollRounds; ++round) {
+    Result<TlsWant> want = tls_->Handshake();
+    if (!want.ok()) {
+      return Fail(
+          Status(want.status().code(), where + ": " + want.status().message() +
+                                           " (does the node serve TLS? its tls_cert_file)"));
+    }
+    if (*want == TlsWant::kNothing) return Status::Ok();
+    Result<bool> ready = WaitTls(*want, deadline);
+    if (!ready.ok()) return Fail(ready.status());
+    if (!*ready) {
+      return Fail(
+          Status::DeadlineExceeded(where + ": no TLS handshake within the connect timeout"));
+    }
+  }
+  return Fail(Status::DeadlineExceeded(where + ": the TLS handshake did not finish"));
+}
+
+Result<bool> PeerClient::WaitTls(TlsWant want, Clock::time_point deadline) {
+  return WaitFdReady(fd_.get(), want == TlsWant::kWrite ? POLLOUT : POLLIN, deadline,
+                     "a cache node connection");
+}
+
+Status PeerClient::SendAllTls(std::string_view bytes, Clock::time_point deadline,
+                              std::string_view doing) {
+  size_t sent = 0;
+  for (int round = 0; sent < bytes.size() && round < kMaxPollRounds; ++round) {
+    TlsWant want = TlsWant::kNothing;
+    Result<size_t> n = tls_->Write(bytes.data() + sent, bytes.size() - sent, &want);
+    if (!n.ok()) {
+      return Status::Unavailable(std::string(doing) + ": " + n.status().message() +
+                                 "; the connection is closed, the next call reconnects");
+    }
+    sent += *n;
+    if (*n > 0) continue;
+    GRANARY_ASSIGN_OR_RETURN(bool ready, WaitTls(want, deadline));
+    if (!ready) {
+      return Status::DeadlineExceeded(std::string(doing) + ": the server took " +
+                                      std::to_string(sent) + " of " + std::to_string(bytes.size()) +
+                                      " request bytes before the timeout");
+    }
+  }
+  if (sent < bytes.size()) {
+    return Status::DeadlineExceeded(std::string(doing) + ": sending did not finish");
+  }
+  return Status::Ok();
+}
+
+Result<size_t> PeerClient::ReadTls(char* dst, size_t size, Clock::time_point deadline,
+                                   std::string_view doing) {
+  for (int round = 0; round < kMaxPollRounds; ++round) {
+    TlsWant want = TlsWant::kNothing;
+    Result<size_t> n = tls_->Read(dst, size, &want);
+    if (!n.ok()) {
+      return Status::Unavailable(std::string(doing) + ": receiving failed: " +
+                                 n.status().message() + "; the next call reconnects");
+    }
+    if (*n > 0 || want == TlsWant::kNothing) return *n;  // 0: the server closed
+    GRANARY_ASSIGN_OR_RETURN(bool ready, WaitTls(want, deadline));
+    if (!ready) {
+      return Status::DeadlineExceeded(std::string(doing) +
+                                      ": no complete reply within the timeout; the connection is "
+                                      "closed, the next call reconnects");
+    }
+  }
+  return Status::DeadlineExceeded(std::string(doing) + ": receiving did not finish");
+}
+
 Status PeerClient::SendAll(std::string_view bytes, Clock::time_point deadline,
                            std::string_view doing) {
+  if (tls_ != nullptr) return SendAllTls(bytes, deadline, doing);
   size_t sent = 0;
   for (int round = 0; sent < bytes.size() && round < kMaxPollRounds; ++round) {
     ssize_t n =
@@ -312,6 +396,13 @@ Result<size_t> PeerClient::Receive(Clock::time_point deadline, std::string_view 
     in_.clear();
     in_begin_ = 0;
   }
+  if (tls_ != nullptr) {
+    const size_t old = in_.size();
+    in_.resize(old + kReceiveChunk);
+    Result<size_t> n = ReadTls(in_.data() + old, kReceiveChunk, deadline, doing);
+    in_.resize(old + (n.ok() ? *n : 0));
+    return n;
+  }
   for (int round = 0; round < kMaxPollRounds; ++round) {
     const size_t old = in_.size();
     in_.resize(old + kReceiveChunk);
@@ -336,7 +427,16 @@ Result<size_t> PeerClient::Receive(Clock::time_point deadline, std::string_view 
 
 Status PeerClient::ReceiveInto(char* dst, size_t got, size_t size, Clock::time_point deadline,
                                std::string_view doing) {
-  for (int round = 0; got < size && round < kMaxPollRounds; ++round) {
+  for (int round = 0; tls_ != nullptr && got < size && round < kMaxPollRounds; ++round) {
+    GRANARY_ASSIGN_OR_RETURN(size_t n, ReadTls(dst + got, size - got, deadline, doing));
+    if (n == 0) {
+      return Status::Unavailable(std::string(doing) + ": the server closed the connection after " +
+                                 std::to_string(got) + " of " + std::to_string(size) +
+                                 " payload bytes; the next call reconnects");
+    }
+    got += n;
+  }
+  for (int round = 0; tls_ == nullptr && got < size && round < kMaxPollRounds; ++round) {
     ssize_t n = ::recv(fd_.get(), dst + got, size - got, MSG_DONTWAIT);
     if (n > 0) {
       got += static_cast<size_t>(n);

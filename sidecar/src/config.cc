@@ -137,6 +137,8 @@ Status Parse(ConfigMap& m, SidecarConfig* c) {
       OptionalFilePath(m, "cluster_key_file", &c->cluster_key_file, "/etc/granary/cluster.key"));
   GRANARY_RETURN_IF_ERROR(OptionalFilePath(m, "peer_token_file", &c->peer_token_file,
                                            "/var/run/secrets/granary/token"));
+  GRANARY_RETURN_IF_ERROR(
+      OptionalFilePath(m, "tls_ca_file", &c->tls_ca_file, "/etc/granary/tls/ca.crt"));
   if (!c->cluster_key_file.empty() && !c->peer_token_file.empty()) {
     return Status::InvalidArgument(m.Where("peer_token_file") +
                                    ": write one of 'cluster_key_file' and 'peer_token_file', "

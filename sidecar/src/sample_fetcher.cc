@@ -214,6 +214,10 @@ struct SampleFetcher::Impl {
   Impl(SampleFetcherOptions o, IdentityExecutor* e) : options_(std::move(o)), executor_(e) {
     peer_options_ = options_.peer;
     peer_options_.client_name = options_.client_name;
+    peer_options_.tls = nullptr;
+    // Nodes that serve TLS say so in their record (kNodeLabelTls).
+    tls_options_ = peer_options_;
+    tls_options_.tls = options_.peer.tls;
     if (!options_.local_node_socket.empty()) {
       local_chunks_ =
           std::make_unique<LocalChunks>(options_.local_node_socket, options_.peer.call_timeout,
@@ -248,13 +252,14 @@ struct SampleFetcher::Impl {
   std::shared_ptr<const NodeView> ViewFor(const FetchDataset& dataset);
   std::vector<char> DownSnapshot(const NodeView& view);
   void NodeFailed(const NodeRecord& node, const Status& why);
-  Result<PeerClient> TakeClient(const std::string& address);
+  Result<PeerClient> TakeClient(const NodeRecord& node);
   void PutClient(const std::string& address, PeerClient client);
   Result<std::shared_ptr<SourceSlot>> SourceFor(const FetchDataset& dataset);
   Result<IdentityExecutor*> Executor();
 
   const SampleFetcherOptions options_;
-  PeerClientOptions peer_options_;  // options_.peer named options_.client_name
+  PeerClientOptions peer_options_;  // options_.peer named options_.client_name, plain TCP
+  PeerClientOptions tls_options_;   // the same over TLS (options_.peer.tls)
   IdentityExecutor* const executor_;
   std::shared_ptr<spdlog::logger> log_ = GetLogger("sidecar");
   std::unique_ptr<LocalChunks> local_chunks_;  // local_node_socket set
@@ -420,17 +425,26 @@ void SampleFetcher::Impl::NodeFailed(const NodeRecord& node, const Status& why) 
   }
 }
 
-Result<PeerClient> SampleFetcher::Impl::TakeClient(const std::string& address) {
+Result<PeerClient> SampleFetcher::Impl::TakeClient(const NodeRecord& node) {
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
-    auto it = pool_.find(address);
+    auto it = pool_.find(node.address);
     if (it != pool_.end() && !it->second.empty()) {
       PeerClient client = std::move(it->second.back());
       it->second.pop_back();
       return client;
     }
   }
-  return PeerClient::Connect(address, peer_options_);
+  auto tls = node.labels.find(std::string(kNodeLabelTls));
+  if (tls != node.labels.end() && tls->second == "true") {
+    if (tls_options_.tls == nullptr) {
+      return Status::FailedPrecondition(
+          "cache node " + Quoted(node.id) +
+          " serves TLS and this reader has no TLS context; give it one (tls_ca_file)");
+    }
+    return PeerClient::Connect(node.address, tls_options_);
+  }
+  return PeerClient::Connect(node.address, peer_options_);
 }
 
 void SampleFetcher::Impl::PutClient(const std::string& address, PeerClient client) {
@@ -732,7 +746,7 @@ void SampleFetcher::Impl::ReadOverNetwork(FetchState& st, uint32_t node,
     if (retry) item_retries_.fetch_add(list.size() - first, std::memory_order_relaxed);
   };
 
-  Result<PeerClient> connected = TakeClient(record.address);
+  Result<PeerClient> connected = TakeClient(record);
   if (!connected.ok()) {
     NodeFailed(record, connected.status());
     fail_from(0, connected.status(), false);

@@ -786,6 +786,9 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
         LoadPeerCredentials(config.cluster_key_file, config.peer_token_file);
     if (!credentials.ok()) return credentials.status().WithContext("`cluster_key_file`");
     fetch.peer.credentials = std::move(*credentials);
+    Result<std::shared_ptr<TlsContext>> tls = TlsContext::ForClient(config.tls_ca_file);
+    if (!tls.ok()) return tls.status().WithContext("`tls_ca_file`");
+    fetch.peer.tls = std::move(*tls);
   }
   fetch.source_fallthrough = config.source_fallthrough;
   fetch.source_concurrency = config.source_concurrency;

@@ -139,7 +139,7 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
               std::string::npos)
         << key << " not in the example";
   }
-  EXPECT_EQ(keys, 32u) << msg;
+  EXPECT_EQ(keys, 34u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {

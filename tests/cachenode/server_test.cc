@@ -32,6 +32,7 @@
 #include "granary/core/names.h"
 #include "granary/core/peer_client.h"
 #include "granary/core/protocol_format.h"
+#include "granary/core/tls.h"
 #include "testing/test_util.h"
 
 namespace granary {
@@ -1438,6 +1439,117 @@ TEST(ServerPlacesTest, ConnectionsThatDoNotAuthenticateHoldFewPlaces) {
   ASSERT_OK(keyed2);  // the first one's place counts as authenticated now
   EXPECT_OK(keyed->Ping());
   EXPECT_OK(keyed2->Ping());
+}
+
+// --- TLS ------------------------------------------------------------------------
+
+struct TlsFiles {
+  std::string cert, key;
+};
+
+TlsFiles SelfSigned(const TempDir& dir, const std::string& name,
+                    const std::vector<std::string>& hosts) {
+  TlsFiles f{dir.Join(name + ".crt"), dir.Join(name + ".key")};
+  EXPECT_OK(MakeSelfSignedCertificate(f.cert, f.key, hosts));
+  return f;
+}
+
+ServerOptions TlsOptions(const TlsFiles& files, ServerOptions o = TestOptions()) {
+  auto tls = TlsContext::ForServer(files.cert, files.key);
+  EXPECT_OK(tls);
+  if (tls.ok()) o.tls = *tls;
+  return o;
+}
+
+PeerClientOptions TlsClient(const std::string& ca, PeerClientOptions o = ClientOptions()) {
+  auto tls = TlsContext::ForClient(ca);
+  EXPECT_OK(tls);
+  if (tls.ok()) o.tls = *tls;
+  return o;
+}
+
+TEST(ServerTlsTest, RepliesFromFilesAndMemoryArriveWholeOverAVerifiedTlsConnection) {
+  TempDir certs;
+  const TlsFiles files = SelfSigned(certs, "node", {"127.0.0.1", "node-test"});
+  Fixture f(64, 8, TlsOptions(files), 200000, 1 << 20);
+  auto client = PeerClient::Connect(Address(*f.server), TlsClient(files.cert));
+  ASSERT_OK(client);
+  // Every sample (file ranges: read for TLS, not sendfile) and every chunk
+  // range (memory), in batches large enough to take many TLS records.
+  std::vector<ReadItem> items;
+  for (uint32_t i = 0; i < 64; ++i) {
+    items.push_back({ReadKind::kSample, i, 0, static_cast<uint32_t>(f.service->sample(i).size())});
+  }
+  for (uint32_t i = 0; i < 8; ++i) items.push_back({ReadKind::kChunkRange, i, 1000, 500000});
+  ReadRequest read = ReadOf(items);
+  auto result = client->Read(read);
+  ASSERT_OK(result);
+  f.ExpectExact(read, *result);
+  EXPECT_OK(client->Ping());
+  EXPECT_EQ(f.server->Counters().sendfile_bytes_total, 0u);  // no sendfile through TLS
+}
+
+TEST(ServerTlsTest, TheClusterKeyIsProvedInsideTheTlsChannel) {
+  TempDir certs;
+  const TlsFiles files = SelfSigned(certs, "node", {"127.0.0.1"});
+  Fixture f(8, 1, TlsOptions(files, AuthOptions()));
+  // Unverified TLS (no CA): the proofs are bound to this channel.
+  PeerClientOptions o = TlsClient("", KeyClient(kKeyA));
+  auto client = PeerClient::Connect(Address(*f.server), o);
+  ASSERT_OK(client);
+  EXPECT_EQ(client->scope(), "cluster");
+  ReadRequest read = ReadOf(FirstSamples());
+  auto result = client->Read(read);
+  ASSERT_OK(result);
+  f.ExpectExact(read, *result);
+  // The proof made without the channel binding is refused: a relay between
+  // two TLS sessions could not pass a client's proof on.
+  const AuthNonce a = RandomNonce(), b = RandomNonce();
+  EXPECT_FALSE(ProofsEqual(ClusterKeyProof(kKeyA, ProofRole::kClient, a, b, "n", "c"),
+                           ClusterKeyProof(kKeyA, ProofRole::kClient, a, b, "n", "c", "binding")));
+}
+
+TEST(ServerTlsTest, MismatchedEndsAndUnverifiableCertificatesAreRefusedSayingWhy) {
+  TempDir certs;
+  const TlsFiles node = SelfSigned(certs, "node", {"127.0.0.1"});
+  const TlsFiles other = SelfSigned(certs, "other", {"127.0.0.1"});
+  const TlsFiles elsewhere = SelfSigned(certs, "elsewhere", {"10.1.2.3", "gpu-9"});
+  {
+    Fixture tls(8, 1, TlsOptions(node));
+    // A plain client to a TLS node: no answer it could take for the protocol.
+    auto plain = PeerClient::Connect(Address(*tls.server), ClientOptions());
+    ASSERT_FALSE(plain.ok());
+    // A CA the node's certificate does not chain to.
+    auto untrusted = PeerClient::Connect(Address(*tls.server), TlsClient(other.cert));
+    ASSERT_FALSE(untrusted.ok());
+    EXPECT_EQ(untrusted.status().code(), StatusCode::kPermissionDenied);
+    EXPECT_THAT(untrusted.status().message(), HasSubstr("does not verify"));
+    // The serving process still answers a good client.
+    auto good = PeerClient::Connect(Address(*tls.server), TlsClient(node.cert));
+    ASSERT_OK(good);
+    EXPECT_OK(good->Ping());
+  }
+  {
+    // A certificate for other names than the one the node is reached by.
+    Fixture tls(8, 1, TlsOptions(elsewhere));
+    auto misnamed = PeerClient::Connect(Address(*tls.server), TlsClient(elsewhere.cert));
+    ASSERT_FALSE(misnamed.ok());
+    EXPECT_EQ(misnamed.status().code(), StatusCode::kPermissionDenied);
+  }
+  {
+    // A TLS client to a plain node.
+    Fixture plain;
+    auto tls = PeerClient::Connect(Address(*plain.server), TlsClient(node.cert));
+    ASSERT_FALSE(tls.ok());
+    EXPECT_THAT(tls.status().message(), HasSubstr("does the node serve TLS"));
+  }
+  // Bad files: named, with what to give.
+  EXPECT_THAT(TlsContext::ForServer(certs.Join("none.crt"), node.key).status().message(),
+              HasSubstr("none.crt"));
+  EXPECT_THAT(TlsContext::ForServer(node.cert, other.key).status().message(),
+              HasSubstr("does not match"));
+  EXPECT_THAT(TlsContext::ForClient(certs.Join("none.crt")).status().message(),
+              HasSubstr("CA file"));
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,6 +33,8 @@
 #include <thread>
 
 #include "granary/core/hash.h"
+#include "granary/core/peer_auth.h"
+#include "granary/core/tls.h"
 #include "granary/sidecar/sample_fetcher.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/test_util.h"
@@ -519,6 +522,69 @@ TEST(DatasetNodesTest, StagedAndReadOnItsNodesOnlyAndMovedWithItsList) {
   got = FetchIds(*fetcher, d, {0, 1, 2}, 128);
   EXPECT_EQ(Problems(got, *ds), "");
   EXPECT_EQ(fetcher->counters().reads_sent, reads_before);
+}
+
+TEST(SampleFetcherSecurityTest, NodesServingTlsWithTheClusterKeyAreReadByTheirRecordsLabel) {
+  auto made = CacheCluster::Create();
+  ASSERT_OK(made);
+  CacheCluster& cluster = **made;
+  const std::string cert = cluster.dir().Join("node.crt"), key = cluster.dir().Join("node.key");
+  ASSERT_OK(MakeSelfSignedCertificate(cert, key, {"127.0.0.1"}));
+  auto hex = GenerateClusterKeyHex();
+  ASSERT_OK(hex);
+  cluster.dir().WriteFile("cluster.key", *hex + "\n");
+  const std::string key_file = cluster.dir().Join("cluster.key");
+  ASSERT_EQ(::chmod(key_file.c_str(), 0600), 0);
+  // One node with TLS and the key, one with the key only.
+  CacheNodeOptions tls_node;
+  tls_node.extra_yaml = "cluster_key_file: " + key_file + "\ntls_cert_file: " + cert +
+                        "\ntls_key_file: " + key + "\n";
+  CacheNodeOptions plain_node;
+  plain_node.extra_yaml = "cluster_key_file: " + key_file + "\n";
+  cluster.AddNode(tls_node);
+  cluster.AddNode(plain_node);
+  for (size_t i = 0; i < 2; ++i) ASSERT_OK(cluster.node(i).StartAndWaitReady());
+  DatasetOptions o;
+  o.name = "sealed";
+  o.files = 300;
+  o.chunk_size = 64 * 1024;
+  auto ds = cluster.CreateDataset(o);
+  ASSERT_OK(ds);
+  ASSERT_OK(cluster.WaitForPhase(ds->name, DatasetPhase::kReady, 60s));
+  std::vector<NodeRecord> nodes = LiveNodes(cluster);
+  ASSERT_EQ(nodes.size(), 2u);
+  size_t labelled = 0;
+  for (const NodeRecord& n : nodes) labelled += n.labels.count(std::string(kNodeLabelTls));
+  EXPECT_EQ(labelled, 1u);
+
+  // The sidecar's reader: the key, and a TLS context verifying the node's certificate.
+  SampleFetcherOptions with = TestOptions();
+  auto keys = ClusterKeys::Load(key_file);
+  ASSERT_OK(keys);
+  with.peer.credentials.cluster_key = std::make_shared<const ClusterKeys>(std::move(*keys));
+  auto tls = TlsContext::ForClient(cert);
+  ASSERT_OK(tls);
+  with.peer.tls = *tls;
+  with.source_fallthrough = false;
+  auto fetcher = NewFetcher(with);
+  ASSERT_NE(fetcher, nullptr);
+  fetcher->SetNodes(nodes);
+  const FetchDataset d = ForFetch(*ds);
+  EXPECT_EQ(Problems(FetchIds(*fetcher, d, ds->AllIds(), 128), *ds), "");
+  EXPECT_EQ(fetcher->counters().samples[kSrc], 0u);
+
+  // Without the key: nothing from either node (and no source to fall to).
+  SampleFetcherOptions without = TestOptions();
+  without.peer.tls = *tls;
+  without.source_fallthrough = false;
+  auto refused = NewFetcher(without);
+  ASSERT_NE(refused, nullptr);
+  refused->SetNodes(nodes);
+  const Fetched none = FetchIds(*refused, d, {0, 1, 2}, 3);
+  for (const FetchOutcome& outcome : none.outcomes) {
+    EXPECT_FALSE(outcome.status.ok());
+    EXPECT_THAT(outcome.status.message(), ::testing::HasSubstr("requires authentication"));
+  }
 }
 
 TEST(SampleFetcherFailureTest, NodeKilledMidwayThenAllDeadThenNoFallthrough) {

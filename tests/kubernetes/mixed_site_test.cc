@@ -199,6 +199,11 @@ TEST(MixedSiteTest, KubernetesDatasetIsReadBySlurmPersistentDwWithoutSecondSnaps
   so.store_url = kube.redis().url();
   so.plugin_dir = std::string(GRANARY_SOURCE_DIR) + "/slurm-plugin";
   so.cache_node_id = node_id;
+  // The pool's cache nodes require the cluster key: the Slurm node's sidecars
+  // prove the one the operator made (on a real site, /etc/granary/cluster.key).
+  Result<std::string> key = kube.ClusterKeyFile();
+  ASSERT_OK(key);
+  so.cluster_key_file = *key;
   Result<std::unique_ptr<SlurmCluster>> started_slurm = SlurmCluster::Start(so);
   ASSERT_OK(started_slurm);
   SlurmCluster& slurm = **started_slurm;

@@ -221,8 +221,18 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   const std::string pools = Kubectl({"get", "cachepools"});
   EXPECT_THAT(pools, ::testing::ContainsRegex("gpu +1 +1 +"));
 
-  // Every sample read back through the cache node (no source fall-through).
+  // The node requires authentication: without the cluster key, nothing.
   std::vector<std::string> args = {GRANARY_CLI_BINARY, "--store", suite_->redis().url()};
+  args.insert(args.end(), {"cat", gname, "--direct", "--no-source", files.begin()->first});
+  KubectlResult refused = Run(args);
+  EXPECT_NE(refused.exit_code, 0) << refused.Describe();
+  EXPECT_EQ(refused.out, "");
+  EXPECT_THAT(refused.err, HasSubstr("requires authentication"));
+  // Every sample read back through the cache node with the key the operator
+  // made (no source fall-through).
+  Result<std::string> key = suite_->ClusterKeyFile();
+  ASSERT_OK(key);
+  args = {GRANARY_CLI_BINARY, "--store", suite_->redis().url(), "--cluster-key-file", *key};
   args.insert(args.end(), {"cat", gname, "--direct", "--no-source"});
   std::string expected;
   for (const auto& [p, b] : files) {

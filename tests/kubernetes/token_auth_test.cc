@@ -7,6 +7,8 @@
 // happens before any dataset byte.
 
 #include <gmock/gmock.h>
+#include <openssl/bn.h>
+#include <openssl/ecdsa.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/rsa.h>
@@ -56,12 +58,15 @@ PKey LoadKey(const std::string& pem_file) {
   return PKey(key, EVP_PKEY_free);
 }
 
-PKey NewRsaKey() { return PKey(EVP_RSA_gen(2048), EVP_PKEY_free); }
+PKey NewEcKey() { return PKey(EVP_EC_gen("P-256"), EVP_PKEY_free); }
 
-// An RS256 JWT of `claims` signed with `key`.
+// A JWT of `claims` signed with `key`: RS256 for an RSA key, ES256 for a
+// P-256 key (the test cluster's service-account key is one).
 std::string SignJwt(const json& claims, EVP_PKEY* key) {
+  const bool ec = EVP_PKEY_get_base_id(key) == EVP_PKEY_EC;
   const std::string signing_input =
-      Base64Url(json{{"alg", "RS256"}, {"typ", "JWT"}}.dump()) + "." + Base64Url(claims.dump());
+      Base64Url(json{{"alg", ec ? "ES256" : "RS256"}, {"typ", "JWT"}}.dump()) + "." +
+      Base64Url(claims.dump());
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   size_t length = 0;
   EXPECT_EQ(EVP_DigestSignInit(ctx, nullptr, EVP_sha256(), nullptr, key), 1);
@@ -76,6 +81,17 @@ std::string SignJwt(const json& claims, EVP_PKEY* key) {
             1);
   EVP_MD_CTX_free(ctx);
   signature.resize(length);
+  if (ec) {
+    // JWS wants r || s, 32 bytes each, not OpenSSL's DER.
+    const auto* der = reinterpret_cast<const unsigned char*>(signature.data());
+    ECDSA_SIG* sig = d2i_ECDSA_SIG(nullptr, &der, static_cast<long>(signature.size()));
+    EXPECT_NE(sig, nullptr);
+    std::string raw(64, '\0');
+    BN_bn2binpad(ECDSA_SIG_get0_r(sig), reinterpret_cast<unsigned char*>(raw.data()), 32);
+    BN_bn2binpad(ECDSA_SIG_get0_s(sig), reinterpret_cast<unsigned char*>(raw.data()) + 32, 32);
+    ECDSA_SIG_free(sig);
+    signature = raw;
+  }
   return signing_input + "." + Base64Url(signature);
 }
 
@@ -192,10 +208,14 @@ class TokenAuthTest : public ::testing::Test {
     return reader;
   }
 
+  // How many outcomes hold the snapshot's bytes; the first failure is reported.
   static size_t Exact(const std::vector<DatasetReader::Outcome>& got, const TestDataset& ds) {
     size_t n = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-      n += got[i].status.ok() && got[i].bytes == ds.contents[i];
+    for (size_t i = 0; i < got.size(); ++i) {
+      const bool exact = got[i].status.ok() && got[i].bytes == ds.contents[i];
+      if (!exact && n == i) ADD_FAILURE() << "sample " << i << ": " << got[i].status.ToString();
+      n += exact ? 1 : 0;
+    }
     return n;
   }
 
@@ -235,7 +255,7 @@ TEST_F(TokenAuthTest, AWrongAudienceAForgedAndAnExpiredTokenAreRefusedAtConnect)
   ExpectRefused(wrong_audience.Read({0, 1}), "did not accept the token");
 
   // Signed like the cluster's tokens, but with a key of our own.
-  PKey ours = NewRsaKey();
+  PKey ours = NewEcKey();
   ASSERT_NE(ours, nullptr);
   DatasetReader forged =
       ReaderWith(TeamA(), SignJwt(Claims("team-a", 600), ours.get()), "forged.token");

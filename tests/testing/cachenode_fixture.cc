@@ -481,6 +481,13 @@ Status DatasetReader::Refresh() {
   if (!placement.ok()) return placement.status().WithContext("list the nodes of the pool");
   placement_ = std::move(*placement);
   addresses_ = std::move(addresses);
+  tls_addresses_.clear();
+  auto nodes = store_->ListNodes(dataset_->pool);
+  if (!nodes.ok()) return nodes.status().WithContext("list the nodes of the pool");
+  for (const NodeRecord& n : *nodes) {
+    auto label = n.labels.find(std::string(kNodeLabelTls));
+    if (label != n.labels.end() && label->second == "true") tls_addresses_.insert(n.address);
+  }
   refreshed_ = true;
   return Status::Ok();
 }
@@ -507,6 +514,14 @@ Result<PeerClient*> DatasetReader::ClientFor(const std::string& node_id) {
   o.connect_timeout = 3s;
   o.call_timeout = call_timeout_;
   o.credentials = credentials_;
+  if (tls_addresses_.count(at->second) != 0) {
+    if (tls_ == nullptr) {
+      auto tls = TlsContext::ForClient("");
+      if (!tls.ok()) return tls.status();
+      tls_ = std::move(*tls);
+    }
+    o.tls = tls_;
+  }
   auto client = PeerClient::Connect(at->second, o);
   if (!client.ok()) return client.status().WithContext("connect to " + node_id);
   return &clients_.emplace(at->second, std::move(*client)).first->second;

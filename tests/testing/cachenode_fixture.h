@@ -50,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,6 +60,7 @@
 #include "granary/core/peer_client.h"
 #include "granary/core/placement.h"
 #include "granary/core/status.h"
+#include "granary/core/tls.h"
 #include "testing/daemon_process.h"
 #include "testing/redis_server.h"
 #include "testing/test_util.h"
@@ -263,6 +265,12 @@ class DatasetReader {
     credentials_ = std::move(credentials);
     clients_.clear();
   }
+  // How to speak to nodes whose record says they serve TLS (default: an
+  // unverifying client context).
+  void SetTls(std::shared_ptr<const TlsContext> tls) {
+    tls_ = std::move(tls);
+    clients_.clear();
+  }
 
   // Re-reads the live nodes and recomputes placement.
   Status Refresh();
@@ -289,6 +297,8 @@ class DatasetReader {
   const TestDataset* dataset_;
   std::chrono::milliseconds call_timeout_;
   ClientCredentials credentials_;
+  std::shared_ptr<const TlsContext> tls_;
+  std::set<std::string> tls_addresses_;  // nodes serving TLS (their records' label)
   Placement placement_;
   bool refreshed_ = false;
   std::map<std::string, std::string> addresses_;  // node id -> host:port

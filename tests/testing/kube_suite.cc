@@ -7,6 +7,9 @@
 #include <iostream>
 #include <regex>
 
+#include "granary/core/file.h"
+#include "granary/operator/base64.h"
+
 namespace granary::testing {
 
 using nlohmann::json;
@@ -154,6 +157,16 @@ Status KubeSuite::StartOperator(const std::vector<std::string>& extra) {
   GRANARY_ASSIGN_OR_RETURN(auto p, DaemonProcess::Start(o));
   operators_.push_back(std::move(p));
   return Status::Ok();
+}
+
+Result<std::string> KubeSuite::ClusterKeyFile() const {
+  GRANARY_ASSIGN_OR_RETURN(json secret,
+                           cluster_->GetJson({"secret", "-n", "granary", "granary-cluster-key"}));
+  const std::string encoded = secret.value("data", json::object()).value("key", "");
+  GRANARY_ASSIGN_OR_RETURN(std::string key, kube::Base64Decode(encoded, "the cluster key"));
+  const std::string path = dir_.Join("cluster.key");
+  GRANARY_RETURN_IF_ERROR(WriteFileAtomically(path, key, 0600));
+  return path;
 }
 
 Result<std::unique_ptr<MetadataStore>> KubeSuite::Store() const {

@@ -131,6 +131,11 @@ class KubeSuite {
   // A new client of the suite's store.
   Result<std::unique_ptr<MetadataStore>> Store() const;
 
+  // The cluster key the operator made (Secret granary-cluster-key), written
+  // to a mode-0600 file of the suite's directory: what an admin passes to
+  // `granary --cluster-key-file` to read from the pool's cache nodes.
+  Result<std::string> ClusterKeyFile() const;
+
   // Writes `files` (path relative to the tree -> bytes) under
   // datasets()/<rel>, every directory on the way 0755 and every file 0644, so
   // that uid 1000 (the example namespace's grant) and any other user may read

@@ -176,6 +176,10 @@ Status SlurmCluster::WriteFiles() {
   prolog_settings.emplace_back(
       "NODE=", "NODE=" + (options_.cache_node_id.empty() ? std::string()
                                                          : ShellWord(options_.cache_node_id)));
+  prolog_settings.emplace_back(
+      "CLUSTER_KEY=",
+      "CLUSTER_KEY=" + (options_.cluster_key_file.empty() ? std::string()
+                                                          : ShellWord(options_.cluster_key_file)));
   GRANARY_RETURN_IF_ERROR(
       CopyWithSettings(p + "/prolog.sh", dir_.Join("prolog.sh"), prolog_settings, 0755));
   GRANARY_RETURN_IF_ERROR(

@@ -48,12 +48,13 @@
 namespace granary::testing {
 
 struct SlurmClusterOptions {
-  std::string granary_binary;  // the CLI the plugin and the prolog/epilog run
-  std::string sidecar_binary;  // what the prolog starts per job
-  std::string store_url;       // the metadata store the cache nodes use
-  std::string plugin_dir;      // the source tree's slurm-plugin/
-  std::string cache_node_id;   // NODE in prolog.sh: the cache node of this host (empty: unset)
-  uint32_t user_uid = 65534;   // who submits jobs
+  std::string granary_binary;    // the CLI the plugin and the prolog/epilog run
+  std::string sidecar_binary;    // what the prolog starts per job
+  std::string store_url;         // the metadata store the cache nodes use
+  std::string plugin_dir;        // the source tree's slurm-plugin/
+  std::string cache_node_id;     // NODE in prolog.sh: the cache node of this host (empty: unset)
+  std::string cluster_key_file;  // CLUSTER_KEY in prolog.sh (empty: granary's default)
+  uint32_t user_uid = 65534;     // who submits jobs
   uint32_t user_gid = 65534;
   std::string stage_in_timeout = "120";  // burst_buffer.conf StageInTimeout, seconds
   std::chrono::milliseconds start_timeout{60000};

@@ -124,6 +124,11 @@ struct CacheNodeConfig {
   std::string kubernetes_auth;
   // `kubernetes_audience`: the audience those tokens must carry.
   std::string kubernetes_audience = "granary";
+  // `tls_cert_file`, `tls_key_file` (both or neither): `listen` speaks TLS
+  // (the node's certificate chain and key, PEM); readers see it in the
+  // node's record. Costs CPU: no sendfile through TLS.
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // `local_socket`: a Unix socket through which sidecars on this host get
   // read-only descriptors of chunk files (chunk handoff, chunk_handoff.h), an
   // absolute path. Empty (the default): off.

@@ -86,6 +86,7 @@
 #include "granary/core/peer_auth.h"
 #include "granary/core/protocol.h"
 #include "granary/core/status.h"
+#include "granary/core/tls.h"
 
 namespace granary {
 
@@ -131,6 +132,9 @@ struct ServerOptions {
   ProtocolLimits limits;
   // Null: the port is open, any client reads any dataset (the daemon warns).
   std::shared_ptr<const ServerAuth> auth;
+  // Set: every connection is TLS from its first byte (TlsContext::ForServer);
+  // replies are read from chunk files into memory for it (no sendfile).
+  std::shared_ptr<const TlsContext> tls;
   // Bytes read from a socket at once (the connection's receive buffer).
   uint32_t receive_chunk_bytes = 64u << 10;
   // Bytes one connection writes before it lets the other connections of its

@@ -151,6 +151,10 @@ struct DatasetRecord {
   friend bool operator==(const DatasetRecord&, const DatasetRecord&) = default;
 };
 
+// The label a cache node sets to "true" in its record when its port serves
+// TLS (tls_cert_file): readers then connect with TLS.
+inline constexpr std::string_view kNodeLabelTls = "tls";
+
 // A cache node as it announces itself in every heartbeat.
 struct NodeRecord {
   std::string id;       // e.g. the host name: ValidateNodeId

@@ -88,10 +88,13 @@ KeyId ClusterKeyId(std::string_view key);
 enum class ProofRole { kServer, kClient };
 
 // HMAC-SHA256(key, "granary-auth-v2 server|client" || client_nonce ||
-// server_nonce || len-prefixed server_name || len-prefixed client_name).
+// server_nonce || len-prefixed server_name || len-prefixed client_name
+// [|| "tls" || binding]). `binding`: the TLS session's channel binding
+// (TlsStream::ChannelBinding) when the connection is TLS, so that a relay
+// holding two TLS sessions cannot pass the proofs on; empty otherwise.
 AuthProof ClusterKeyProof(std::string_view key, ProofRole role, const AuthNonce& client_nonce,
                           const AuthNonce& server_nonce, std::string_view server_name,
-                          std::string_view client_name);
+                          std::string_view client_name, std::string_view binding = {});
 
 // Constant-time comparison of two proofs.
 bool ProofsEqual(const AuthProof& a, const AuthProof& b);

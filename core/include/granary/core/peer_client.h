@@ -52,6 +52,7 @@
 #include "granary/core/peer_auth.h"
 #include "granary/core/protocol.h"
 #include "granary/core/status.h"
+#include "granary/core/tls.h"
 
 namespace granary {
 
@@ -70,6 +71,9 @@ struct PeerClientOptions {
   // peer_auth.h): the cluster key first, else the token. None: such a node is
   // refused with kPermissionDenied saying what to configure.
   ClientCredentials credentials;
+  // Set: speak TLS to the node (its TlsContext::ForClient); the node must
+  // serve TLS (the cache node's tls_cert_file). Null: plain TCP.
+  std::shared_ptr<const TlsContext> tls;
 
   // Positive timeouts, valid limits, a name the protocol accepts.
   Status Validate() const;
@@ -155,10 +159,19 @@ class PeerClient {
   Status Fail(Status status);
   // AUTH (and AUTH_PROOF) after a HELLO_REPLY that asks for it.
   Status Authenticate(Clock::time_point deadline);
+  // The TLS handshake over a fresh connection.
+  Status StartTls(Clock::time_point deadline);
+  // Waits until a blocked TLS operation may go on; false at the deadline.
+  Result<bool> WaitTls(TlsWant want, Clock::time_point deadline);
+  Status SendAllTls(std::string_view bytes, Clock::time_point deadline, std::string_view doing);
+  // Up to `size` decrypted bytes; 0: the server closed the connection.
+  Result<size_t> ReadTls(char* dst, size_t size, Clock::time_point deadline,
+                         std::string_view doing);
 
   NetAddress address_;
   PeerClientOptions options_;
   ScopedFd fd_;
+  std::unique_ptr<TlsStream> tls_;  // over fd_ when options_.tls
   FrameDecoder decoder_{FrameDirection::kResponses};
   std::string in_;       // bytes received and not yet fed to decoder_
   size_t in_begin_ = 0;  // first unfed byte of in_

@@ -99,6 +99,11 @@ struct SidecarConfig {
   // (audience granary), read again at every connection; the injected sidecar
   // has it at /var/run/secrets/granary/token.
   std::string peer_token_file;
+  // `tls_ca_file`: the CA that cache nodes serving TLS must chain to (and
+  // name the address they are reached at); empty: TLS nodes are spoken to
+  // encrypted but unverified (the cluster key's proofs are bound to the
+  // channel; a token is then exposed to whoever sits in the middle).
+  std::string tls_ca_file;
   // `connect_timeout`, `call_timeout`: to cache nodes (PeerClientOptions).
   std::chrono::milliseconds connect_timeout{2000};
   std::chrono::milliseconds call_timeout{30000};

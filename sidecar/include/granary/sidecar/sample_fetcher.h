@@ -91,7 +91,9 @@ struct SampleFetcherOptions {
   uint32_t max_items_per_read = 256;
   uint64_t max_bytes_per_read = 16u << 20;
   std::chrono::milliseconds node_down_for{3000};
-  PeerClientOptions peer;  // connect and call timeouts
+  // Connect and call timeouts, credentials; `peer.tls` is used for nodes
+  // whose record says they serve TLS (and must then be set).
+  PeerClientOptions peer;
   // Read from the source when no cache node can serve a sample.
   bool source_fallthrough = true;
   unsigned source_concurrency = 8;  // source reads in flight per dataset
