@@ -1003,6 +1003,11 @@ void CacheNode::Impl::UpdatePhase(ActiveDataset& ds, const std::vector<NodeRecor
     message = "staged on " + Plural(nodes.size(), "node") + ": " +
               Plural(ds.manifest->chunk_count(), "chunk") + ", " + std::to_string(bytes) + " bytes";
     if (failed > 0) message += "; " + Plural(failed, "sample") + " failed (see the node logs)";
+    // Links the source's reads refuse were left out at the snapshot, not
+    // failed here: say so, so their absence is not a surprise.
+    if (const uint64_t links = ds.manifest->header().stats.skipped_symlinks; links > 0) {
+      message += "; " + Plural(links, "symbolic link") + " left out at the snapshot";
+    }
   } else if (!complete && phase == DatasetPhase::kReady) {
     record.state.phase = DatasetPhase::kStaging;
     message = "re-staging after a change of the nodes of pool " + config_.pool + ": " +

@@ -58,6 +58,9 @@ Result<std::string> NormalizeSource(const std::string& source) {
                                    " is not an absolute path; write it from / (e.g. " +
                                    "/lustre/imagenet/train)");
   }
+  // Not through a symbolic link: the snapshot would refuse it anyway, and a
+  // re-pointed link must not swap the tree (docs/source-and-identity.md).
+  GRANARY_RETURN_IF_ERROR(RefuseSymlinkInPath(path));
   char* real = realpath(path.c_str(), nullptr);
   if (real == nullptr) {
     const int e = errno;

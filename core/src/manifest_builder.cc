@@ -53,6 +53,53 @@ int OpenDirBeneath(int root_fd, const std::string& rel) {
   return static_cast<int>(fd);
 }
 
+// `path` with repeated and trailing slashes and "." components dropped.
+std::string NormalizedPath(const std::string& path) {
+  std::string out = path.empty() || path[0] != '/' ? "" : "/";
+  size_t pos = 0;
+  while (pos <= path.size()) {
+    size_t end = path.find('/', pos);
+    if (end == std::string::npos) end = path.size();
+    const std::string part = path.substr(pos, end - pos);
+    pos = end + 1;
+    if (part.empty() || part == ".") continue;
+    if (!out.empty() && out.back() != '/') out += '/';
+    out += part;
+  }
+  return out.empty() ? "." : out;
+}
+
+// Opens the root one component at a time with O_NOFOLLOW, so no symbolic
+// link on its path is followed, not even one put there after a check.
+Result<ScopedFd> OpenRootWithoutSymlinks(const std::string& root, const std::string& what) {
+  if (root.empty()) return Status::NotFound(what + ": no source root given");
+  int first = ::open(root[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (first < 0) return Status::FromErrno(errno, what + ": open the directory above the root");
+  ScopedFd at(first);
+  size_t pos = 0;
+  while (pos <= root.size()) {
+    size_t end = root.find('/', pos);
+    if (end == std::string::npos) end = root.size();
+    const std::string part = root.substr(pos, end - pos);
+    pos = end + 1;
+    if (part.empty() || part == ".") continue;
+    const int next =
+        ::openat(at.get(), part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) {
+      const int e = errno;
+      if (e == ENOTDIR || e == ELOOP) GRANARY_RETURN_IF_ERROR(RefuseSymlinkInPath(root));
+      return Status::FromErrno(e, what + ": open the source root without following links")
+          .WithContext("check that the path exists and is a directory the owner may search");
+    }
+    at = ScopedFd(next);
+  }
+  const int fd = ::openat(at.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return Status::FromErrno(errno, what + ": the source root must be a readable directory");
+  }
+  return ScopedFd(fd);
+}
+
 class Walker {
  public:
   Walker(const ManifestBuildOptions& options, int root_fd, std::string root_real, GlobSet include,
@@ -203,7 +250,7 @@ class Walker {
         AddFile(std::move(rel), st, local);
         return;
       case DT_LNK:
-        VisitSymlink(dir_fd, std::move(rel), name, local);
+        VisitSymlink(std::move(rel), local);
         return;
       default:
         local->stats.skipped_special++;
@@ -211,26 +258,25 @@ class Walker {
     }
   }
 
-  void VisitSymlink(int dir_fd, std::string rel, const char* name, Local* local) {
-    // Resolve the whole chain and require the target to stay inside the root.
-    std::string full = root_real_ + "/" + rel;
-    char resolved[PATH_MAX];
-    if (::realpath(full.c_str(), resolved) == nullptr) {
-      local->stats.skipped_symlinks++;  // dangling or a loop
-      return;
-    }
-    std::string_view target(resolved);
-    if (target.size() <= root_real_.size() || target.substr(0, root_real_.size()) != root_real_ ||
-        (root_real_ != "/" && target[root_real_.size()] != '/')) {
+  // Resolves the link exactly as PosixSource's reads will (openat2 from the
+  // root, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), so that the manifest holds
+  // no link staging would refuse: an absolute link (even to a file inside the
+  // root), one leaving the root, a loop or a dangling link fails here as it
+  // would there. Without openat2 the source follows no link, and neither
+  // does the manifest.
+  void VisitSymlink(std::string rel, Local* local) {
+    struct open_how how {};
+    how.flags = O_PATH | O_CLOEXEC;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    const long fd = ::syscall(SYS_openat2, root_fd_, rel.c_str(), &how, sizeof(how));
+    if (fd < 0) {
       local->stats.skipped_symlinks++;
       return;
     }
     struct stat st;
-    if (::fstatat(dir_fd, name, &st, 0) < 0) {
-      local->stats.skipped_symlinks++;
-      return;
-    }
-    if (!S_ISREG(st.st_mode)) {
+    const int r = ::fstat(static_cast<int>(fd), &st);
+    ::close(static_cast<int>(fd));
+    if (r < 0 || !S_ISREG(st.st_mode)) {
       local->stats.skipped_symlinks++;  // directories are never followed: no cycles
       return;
     }
@@ -274,6 +320,46 @@ class Walker {
 
 }  // namespace
 
+Status RefuseSymlinkInPath(const std::string& path) {
+  if (path.empty() || path[0] != '/') return Status::Ok();
+  std::string prefix;
+  size_t pos = 1;
+  while (pos <= path.size()) {
+    size_t end = path.find('/', pos);
+    if (end == std::string::npos) end = path.size();
+    const std::string part = path.substr(pos, end - pos);
+    pos = end + 1;
+    if (part.empty() || part == ".") continue;
+    prefix += "/" + part;
+    struct stat st;
+    if (::lstat(prefix.c_str(), &st) != 0) return Status::Ok();
+    if (!S_ISLNK(st.st_mode)) continue;
+    char text[PATH_MAX];
+    const ssize_t n = ::readlink(prefix.c_str(), text, sizeof(text) - 1);
+    const std::string points_to =
+        n < 0 ? std::string("?") : std::string(text, static_cast<size_t>(n));
+    char* real = ::realpath(path.c_str(), nullptr);
+    const std::string resolved = real != nullptr ? real : "";
+    std::free(real);
+    std::string message = "source path '" + path + "' passes through the symbolic link '" + prefix +
+                          "' -> '" + points_to + "'";
+    if (resolved.empty()) {
+      message += " (which does not resolve: dangling, a loop, or not searchable)";
+    } else {
+      message += " (the path resolves to '" + resolved + "')";
+    }
+    message +=
+        "; a dataset's source must be a path without symbolic links, so that re-pointing a link "
+        "cannot swap the tree a dataset stages and serves";
+    if (!resolved.empty()) {
+      message += "; if '" + resolved + "' is the tree you mean, give it as the source (--source " +
+                 resolved + ")";
+    }
+    return Status::InvalidArgument(message);
+  }
+  return Status::Ok();
+}
+
 Result<Manifest> BuildManifest(const ManifestBuildOptions& options) {
   const std::string what = "snapshot of '" + options.source_root + "'";
   if (options.threads == 0 || options.threads > 256) {
@@ -285,19 +371,28 @@ Result<Manifest> BuildManifest(const ManifestBuildOptions& options) {
   auto exclude = GlobSet::Compile(options.exclude);
   if (!exclude.ok()) return exclude.status().WithContext(what + ": exclude");
 
-  char resolved[PATH_MAX];
-  if (options.source_root.empty() || ::realpath(options.source_root.c_str(), resolved) == nullptr) {
-    return Status::FromErrno(options.source_root.empty() ? ENOENT : errno,
-                             what + ": cannot resolve the source root")
-        .WithContext("check that the path exists and is readable");
-  }
-  std::string root_real(resolved);
-  auto root_fd = OpenFile(root_real, O_RDONLY | O_DIRECTORY);
-  if (!root_fd.ok()) {
-    return root_fd.status().WithContext(what + ": the source root must be a readable directory");
+  ScopedFd root_fd;
+  std::string root_real;
+  if (options.follow_root_symlinks) {
+    char resolved[PATH_MAX];
+    if (options.source_root.empty() ||
+        ::realpath(options.source_root.c_str(), resolved) == nullptr) {
+      return Status::FromErrno(options.source_root.empty() ? ENOENT : errno,
+                               what + ": cannot resolve the source root")
+          .WithContext("check that the path exists and is readable");
+    }
+    root_real = resolved;
+    auto fd = OpenFile(root_real, O_RDONLY | O_DIRECTORY);
+    if (!fd.ok()) {
+      return fd.status().WithContext(what + ": the source root must be a readable directory");
+    }
+    root_fd = std::move(*fd);
+  } else {
+    GRANARY_ASSIGN_OR_RETURN(root_fd, OpenRootWithoutSymlinks(options.source_root, what));
+    root_real = NormalizedPath(options.source_root);
   }
 
-  Walker walker(options, root_fd->get(), root_real, std::move(*include), std::move(*exclude));
+  Walker walker(options, root_fd.get(), root_real, std::move(*include), std::move(*exclude));
   walker.Run(options.threads);
 
   ManifestHeaderInfo header;

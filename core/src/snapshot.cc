@@ -144,8 +144,14 @@ Status CheckRoot(const std::string& root, uint32_t uid) {
   return Status::Ok();
 }
 
-Result<Manifest> CheckAndWalk(const ManifestBuildOptions& options, uint32_t uid) {
+// A dataset's source path passes through no symbolic link (checked as the
+// owner, and again by BuildManifest's O_NOFOLLOW open of the root, so a link
+// put there in between is refused too): docs/source-and-identity.md, "Source
+// paths and symbolic links".
+Result<Manifest> CheckAndWalk(ManifestBuildOptions options, uint32_t uid) {
+  GRANARY_RETURN_IF_ERROR(RefuseSymlinkInPath(options.source_root));
   GRANARY_RETURN_IF_ERROR(CheckRoot(options.source_root, uid));
+  options.follow_root_symlinks = false;
   return BuildManifest(options);
 }
 
@@ -703,6 +709,12 @@ Result<DatasetSnapshot> SnapshotDataset(MetadataStore& store, const DatasetRecor
   out.chunks = manifest->chunk_count();
   out.summary = std::to_string(out.files) + " files, " + HumanBytes(out.bytes) + ", " +
                 std::to_string(out.chunks) + " chunks";
+  // Links the source's reads would refuse are not samples: say how many were
+  // left out, so a missing file is explained here rather than found later.
+  if (const uint64_t links = manifest->header().stats.skipped_symlinks; links > 0) {
+    out.summary += "; " + std::to_string(links) + " symbolic link" + (links == 1 ? "" : "s") +
+                   " left out (absolute, leaving the source, to a directory, a loop or dangling)";
+  }
   Status put = store.PutManifest(out.manifest_id, manifest->Encode());
   if (!put.ok() && put.code() == StatusCode::kUnavailable) {
     return put.WithContext(what + ": storing manifest " + out.manifest_id);

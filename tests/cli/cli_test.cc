@@ -211,6 +211,59 @@ TEST_F(CliTest, BadInputsNameWhatWasWrong) {
   EXPECT_EQ(Store()->ListDatasets()->size(), 0u);
 }
 
+// Security issue 19: `--source /data/link` with /data/link -> /etc was
+// resolved and walked as /etc. A source path through a symbolic link is now
+// refused, naming the link and what it resolves to; and an absolute link
+// inside the source, which every read refuses, is left out of the snapshot
+// and reported instead of becoming a sample that always fails.
+TEST_F(CliTest, SymbolicLinksOnAndInTheSourcePath) {
+  const std::string link = dir_.path() + "/link";
+  ASSERT_EQ(symlink(source_.c_str(), link.c_str()), 0);
+  const std::string alias = dir_.path() + "/alias";
+  ASSERT_EQ(symlink(dir_.path().c_str(), alias.c_str()), 0);
+  const std::string to_file = dir_.path() + "/to_file";
+  ASSERT_EQ(symlink((source_ + "/cats/1.jpg").c_str(), to_file.c_str()), 0);
+  const std::string dangling = dir_.path() + "/dangling";
+  ASSERT_EQ(symlink((dir_.path() + "/missing").c_str(), dangling.c_str()), 0);
+  const std::string loop = dir_.path() + "/loop";
+  ASSERT_EQ(symlink(loop.c_str(), loop.c_str()), 0);
+  struct Bad {
+    std::string source;
+    std::string link;
+    std::string resolves;
+  } bad[] = {{link, link, "resolves to '" + source_ + "'"},
+             {"file://" + link, link, "resolves to '" + source_ + "'"},
+             {alias + "/src", alias, "resolves to '" + source_ + "'"},
+             {to_file, to_file, "resolves to '" + source_ + "/cats/1.jpg'"},
+             {dangling, dangling, "does not resolve"},
+             {loop, loop, "does not resolve"}};
+  for (const Bad& b : bad) {
+    CliRun r = Run({"dataset", "create", "linked", "--source", b.source});
+    EXPECT_EQ(r.code, kCliUsage) << b.source << "\n" << r.err;
+    EXPECT_NE(r.err.find("passes through the symbolic link '" + b.link + "'"), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find(b.resolves), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(Store()->GetDataset("linked").status().code(), StatusCode::kNotFound);
+
+  ASSERT_EQ(symlink((source_ + "/cats/1.jpg").c_str(), (source_ + "/absolute_in").c_str()), 0);
+  ASSERT_EQ(symlink("cats/1.jpg", (source_ + "/relative_in").c_str()), 0);
+  ASSERT_EQ(symlink(dir_.path().c_str(), (source_ + "/dir_outside").c_str()), 0);
+  ASSERT_EQ(symlink("loop", (source_ + "/loop").c_str()), 0);
+  ASSERT_EQ(symlink("gone.jpg", (source_ + "/dangling").c_str()), 0);
+  CliRun r = Run({"dataset", "create", "pets", "--source", source_});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.out.find("21 files"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4 symbolic links left out"), std::string::npos) << r.out;
+  auto record = Store()->GetDataset("pets");
+  ASSERT_OK(record);
+  EXPECT_NE(record->state.message.find("4 symbolic links left out"), std::string::npos);
+  auto manifest = Manifest::Decode(*Store()->GetManifest(record->manifest_id));
+  ASSERT_OK(manifest);
+  EXPECT_FALSE(manifest->Find("absolute_in").ok());
+  EXPECT_OK(manifest->Find("relative_in"));
+}
+
 TEST_F(CliTest, DuplicateCreateDeleteAndWaitTimeout) {
   ASSERT_EQ(Run({"dataset", "create", "pets", "--source", source_}).code, kCliOk);
   CliRun dup = Run({"dataset", "create", "pets", "--source", source_});

@@ -603,6 +603,25 @@ TEST_F(PosixSourceTest, WithoutOpenat2SymlinksInsideAreRefusedButFilesRead) {
 
 // ---- opening a source -------------------------------------------------------
 
+// Security issue 19: the root is opened without following a symbolic link on
+// its path, as the snapshot walks it, so a link re-pointed after the snapshot
+// (/data/link -> /etc) cannot swap the tree that staging reads.
+TEST_F(PosixSourceTest, OpenRefusesARootPathThroughASymbolicLink) {
+  Write("a", 10);
+  fs::create_directory_symlink(root_, dir_.Join("link"));
+  fs::create_directory_symlink(dir_.path(), dir_.Join("alias"));
+  for (const auto& [root, link] : std::vector<std::pair<std::string, std::string>>{
+           {dir_.Join("link"), dir_.Join("link")}, {dir_.Join("alias/root"), dir_.Join("alias")}}) {
+    PosixSourceOptions o = Options();
+    o.root = root;
+    Status s = PosixSource::Open(o).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr("passes through the symbolic link '" + link + "'"));
+    EXPECT_THAT(s.message(), HasSubstr("resolves to '" + root_ + "'"));
+  }
+  EXPECT_NE(OpenSource(), nullptr) << "the resolved path itself opens";
+}
+
 TEST_F(PosixSourceTest, OpenRejectsBadOptions) {
   PosixSourceOptions o = Options();
   o.executor = nullptr;

@@ -18,10 +18,15 @@
 
 #include <atomic>
 #include <memory>
+#include <span>
 #include <string>
+#include <tuple>
+#include <vector>
 
+#include "granary/core/identity.h"
 #include "granary/core/manifest_builder.h"
 #include "granary/core/metadata_store.h"
+#include "granary/core/posix_source.h"
 #include "testing/test_util.h"
 
 namespace granary {
@@ -322,6 +327,115 @@ TEST_F(SnapshotTest, NothingIncludedIsAnEmptySnapshotNotAFailure) {
   EXPECT_EQ(snap->outcome, SnapshotOutcome::kSnapshotted);
   EXPECT_EQ(snap->files, 0u);
   EXPECT_EQ(store_->GetDataset("none")->state.phase, DatasetPhase::kStaging);
+}
+
+// Security issue 19: a source given as a link (/data/link -> /etc), or through
+// one, was resolved and walked as its target. Now any link on the source path
+// is refused, naming the link and the resolved path, for the CLI's walk and
+// the pool's alike (both go through SnapshotAsOwner), and as the owner.
+TEST_F(SnapshotTest, ASourcePathThroughASymbolicLinkIsRefusedNamingBothPaths) {
+  const std::string link = dir_.Join("link");
+  ASSERT_EQ(::symlink(root_.c_str(), link.c_str()), 0);
+  const std::string alias = dir_.Join("alias");  // a link as a middle component
+  ASSERT_EQ(::symlink(dir_.path().c_str(), alias.c_str()), 0);
+  const std::string to_file = dir_.Join("to_file");  // a source that is a link to a file
+  ASSERT_EQ(::symlink((root_ + "/d0/f0.bin").c_str(), to_file.c_str()), 0);
+  const std::string dangling = dir_.Join("dangling");
+  ASSERT_EQ(::symlink(dir_.Join("missing").c_str(), dangling.c_str()), 0);
+  const std::string loop = dir_.Join("loop");
+  ASSERT_EQ(::symlink(loop.c_str(), loop.c_str()), 0);
+
+  std::vector<DatasetOwner> owners = {Self()};
+  if (IsRoot()) owners.push_back({kNobody, kNobody});  // in a forked child
+  for (const DatasetOwner& owner : owners) {
+    SCOPED_TRACE("uid " + std::to_string(owner.uid));
+    for (const auto& [source, link_part, resolved] :
+         std::vector<std::tuple<std::string, std::string, std::string>>{
+             {link, link, root_},
+             {alias + "/src", alias, root_},
+             {to_file, to_file, root_ + "/d0/f0.bin"},
+             {dangling, dangling, ""},
+             {loop, loop, ""}}) {
+      SCOPED_TRACE(source);
+      auto m = SnapshotAsOwner(owner, Options(source));
+      ASSERT_FALSE(m.ok());
+      EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << m.status().ToString();
+      EXPECT_THAT(m.status().message(),
+                  HasSubstr("passes through the symbolic link '" + link_part + "'"));
+      if (!resolved.empty()) {
+        EXPECT_THAT(m.status().message(), HasSubstr("resolves to '" + resolved + "'"));
+        EXPECT_THAT(m.status().message(), HasSubstr("--source " + resolved));
+      } else {
+        EXPECT_THAT(m.status().message(), HasSubstr("does not resolve"));
+      }
+    }
+  }
+  // A pool's snapshot of such a record fails with the same reason.
+  DatasetRecord record = CreateRecord("linked", link, Self());
+  DatasetSnapshotOptions o;
+  o.claimant = "n1";
+  auto snap = SnapshotDataset(*store_, record, o);
+  ASSERT_OK(snap);
+  EXPECT_EQ(snap->outcome, SnapshotOutcome::kFailed);
+  auto stored = store_->GetDataset("linked");
+  ASSERT_OK(stored);
+  EXPECT_EQ(stored->state.phase, DatasetPhase::kFailed);
+  EXPECT_THAT(stored->state.message, HasSubstr("passes through the symbolic link '" + link + "'"));
+  EXPECT_THAT(stored->state.message, HasSubstr("resolves to '" + root_ + "'"));
+  EXPECT_TRUE(stored->manifest_id.empty());
+  ExpectNoChildren();
+}
+
+// Security issue 19: an absolute link inside the source to a file inside the
+// root was a sample that every read then refused as unsafe ("Ready, 1 sample
+// failed"). The snapshot now resolves links as the source's reads do, so
+// every sample of the manifest reads, and what was left out is in the summary.
+TEST_F(SnapshotTest, LinksTheSourceWouldRefuseAreLeftOutAndEverySampleReads) {
+  dir_.WriteFile("outside/secret.bin", "not the dataset's");
+  ASSERT_EQ(::symlink((root_ + "/d0/f0.bin").c_str(), (root_ + "/absolute_in").c_str()), 0);
+  ASSERT_EQ(::symlink("d0/f0.bin", (root_ + "/relative_in").c_str()), 0);
+  ASSERT_EQ(::symlink("../d0/f3.bin", (root_ + "/d1/up_but_inside").c_str()), 0);
+  ASSERT_EQ(::symlink("../outside/secret.bin", (root_ + "/leaves").c_str()), 0);
+  ASSERT_EQ(::symlink(dir_.Join("outside").c_str(), (root_ + "/dir_outside").c_str()), 0);
+  ASSERT_EQ(::symlink("d1", (root_ + "/dir_inside").c_str()), 0);
+  ASSERT_EQ(::symlink("loop", (root_ + "/loop").c_str()), 0);
+  ASSERT_EQ(::symlink("missing.bin", (root_ + "/dangling").c_str()), 0);
+
+  DatasetRecord record = CreateRecord("links", root_, Self(), SnapshotBy::kClient);
+  auto snap = SnapshotDataset(*store_, record, DatasetSnapshotOptions{});
+  ASSERT_OK(snap);
+  ASSERT_EQ(snap->outcome, SnapshotOutcome::kSnapshotted) << snap->error.ToString();
+  EXPECT_EQ(snap->files, 15u) << "12 files, root's secret/key.bin and the two relative links";
+  EXPECT_THAT(snap->summary, HasSubstr("; 6 symbolic links left out"));
+  auto stored = store_->GetDataset("links");
+  ASSERT_OK(stored);
+  EXPECT_THAT(stored->state.message, HasSubstr("6 symbolic links left out"));
+
+  auto encoded = store_->GetManifest(snap->manifest_id);
+  ASSERT_OK(encoded);
+  auto manifest = Manifest::Decode(*encoded);
+  ASSERT_OK(manifest);
+  EXPECT_FALSE(manifest->Find("absolute_in").ok());
+  EXPECT_OK(manifest->Find("relative_in"));
+  EXPECT_OK(manifest->Find("d1/up_but_inside"));
+  EXPECT_EQ(manifest->header().stats.skipped_symlinks, 6u);
+
+  // Staging's reads agree: every sample of the manifest reads.
+  auto executor = IdentityExecutor::Start({.threads = 2});
+  ASSERT_OK(executor);
+  PosixSourceOptions so;
+  so.root = root_;
+  so.owner = ProcessIdentity();
+  so.executor = executor->get();
+  auto source = PosixSource::Open(std::move(so));
+  ASSERT_OK(source);
+  for (SampleId id = 0; id < manifest->sample_count(); ++id) {
+    auto file = SourceFileOf(*manifest, id);
+    ASSERT_OK(file);
+    std::string out(file->size, '\0');
+    const Status read = (*source)->Read(*file, 0, std::span<char>(out.data(), out.size()));
+    EXPECT_TRUE(read.ok()) << manifest->PathOf(id) << ": " << read.ToString();
+  }
 }
 
 }  // namespace

@@ -348,6 +348,37 @@ TEST(CacheNodeSnapshotTest, FailuresNameTheSourceAndTheUidAndNothingIsStaged) {
   EXPECT_EQ(SumOver(nodes, kSnapshots, {}), 4);
 }
 
+// Security issue 19, as the pool's snapshots see it: a source path through a
+// symbolic link is refused as the CLI refuses it (naming the link and what it
+// resolves to), and an absolute link inside the source, which staging's reads
+// refuse, is left out and said in the Ready message, not "1 sample failed".
+TEST(CacheNodeSnapshotTest, SymbolicLinksOnTheSourcePathAndInsideItAsTheCliHasThem) {
+  auto cluster = CacheCluster::Create();
+  ASSERT_OK(cluster);
+  ASSERT_OK((*cluster)->StartNodes(1));
+  MetadataStore& store = (*cluster)->store();
+  const TempDir& dir = (*cluster)->dir();
+  const DatasetOwner self{::getuid(), ::getgid()};
+  const std::string root = dir.Join("tree");
+  WriteTree(root, "", 20, 10, "tree");
+  const std::string link = dir.Join("link");
+  ASSERT_EQ(::symlink(root.c_str(), link.c_str()), 0);
+  ASSERT_EQ(::symlink((root + "/d0/f0.bin").c_str(), (root + "/absolute_in").c_str()), 0);
+
+  ASSERT_OK(CreatePoolDataset(store, "linked", link, self));
+  auto linked = (*cluster)->WaitForPhase("linked", DatasetPhase::kFailed);
+  ASSERT_OK(linked);
+  EXPECT_THAT(linked->state.message, HasSubstr("passes through the symbolic link '" + link + "'"));
+  EXPECT_THAT(linked->state.message, HasSubstr("resolves to '" + root + "'"));
+  EXPECT_TRUE(linked->manifest_id.empty());
+
+  ASSERT_OK(CreatePoolDataset(store, "tree", root, self));
+  auto ready = (*cluster)->WaitForPhase("tree", DatasetPhase::kReady);
+  ASSERT_OK(ready);
+  EXPECT_THAT(ready->state.message, HasSubstr("1 symbolic link left out at the snapshot"));
+  EXPECT_THAT(ready->state.message, ::testing::Not(HasSubstr("failed")));
+}
+
 TEST(CacheNodeSnapshotTest, NewSnapshotAfterTheSourceChangedDropsTheOldChunks) {
   auto cluster = CacheCluster::Create();
   ASSERT_OK(cluster);

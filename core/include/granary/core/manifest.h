@@ -85,7 +85,8 @@ struct WalkStats {
   uint64_t skipped_excluded = 0;      // files or directories matched by an exclude glob
   uint64_t skipped_not_included = 0;  // files that matched no include glob
   uint64_t skipped_special = 0;       // sockets, fifos, devices
-  uint64_t skipped_symlinks = 0;      // symlinks to directories, outside the root, or dangling
+  uint64_t skipped_symlinks = 0;      // links reads refuse: absolute, leaving the root, to
+                                      // a directory, loops, dangling
   uint64_t skipped_unreadable = 0;    // entries it could not stat or open, or paths > 4095 bytes
 
   friend bool operator==(const WalkStats&, const WalkStats&) = default;

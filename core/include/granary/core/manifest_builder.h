@@ -9,10 +9,14 @@
 //     pruned with everything under it (counted once in skipped_excluded);
 //   - a regular file is a sample if it matches an include glob (or there are
 //     none) and no exclude glob;
-//   - a symlink is never followed out of the root: a link to a regular file
-//     inside the root is a sample under the link's own path (size, mtime,
-//     ctime and inode of the target); links to directories (cycles), outside the root or dangling
-//     are skipped and counted;
+//   - a symlink is a sample only if the source's reads will follow it: it is
+//     resolved as PosixSource resolves it (openat2 RESOLVE_BENEATH from the
+//     root), and a link to a regular file reached that way is a sample under
+//     the link's own path (size, mtime, ctime and inode of the target). Absolute
+//     links (even to a file inside the root), links leaving the root, links to
+//     directories (cycles), loops and dangling links are left out and counted
+//     in skipped_symlinks; without openat2 every link is (the source's
+//     fallback follows none);
 //   - every sample records size, mtime, ctime and inode: what identifies the
 //     version of the file the walk saw (FileEntry, source.h);
 //   - every directory read is recorded with its permission bits, so one
@@ -42,11 +46,23 @@ struct ManifestBuildOptions {
   std::vector<std::string> exclude;
   uint64_t chunk_size = kDefaultChunkSize;
   unsigned threads = 8;  // concurrent directory readers; 1..256
+  // false: source_root must not pass through a symbolic link (any component);
+  // the root is opened one component at a time with O_NOFOLLOW, and a link is
+  // refused (kInvalidArgument naming the link and its target). A dataset's
+  // snapshot (snapshot.h) always sets false; true resolves the root first.
+  bool follow_root_symlinks = true;
   // Called now and then (every few thousand files and at the end) from a
   // walker thread, never concurrently with itself: files and directories seen.
   std::function<void(uint64_t files, uint64_t directories)> on_progress;
 };
 
 Result<Manifest> BuildManifest(const ManifestBuildOptions& options);
+
+// kInvalidArgument, naming the first component of the absolute `path` that is
+// a symbolic link and what the whole path resolves to, if there is one; Ok
+// otherwise (also when a component is missing or cannot be searched: other
+// checks report those). A dataset's source path must not pass through a link
+// (docs/source-and-identity.md, "Source paths and symbolic links").
+Status RefuseSymlinkInPath(const std::string& path);
 
 }  // namespace granary

@@ -12,7 +12,8 @@
 //   SnapshotDataset  the whole snapshot of one dataset record: phase
 //                    Snapshotting (a compare-and-set: with a claimant, one
 //                    claimant wins), the walk, PutManifest, then Staging with
-//                    "snapshot: N files, X, K chunks", or Failed with
+//                    "snapshot: N files, X, K chunks[; L symbolic links left
+//                    out (...)]", or Failed with
 //                    "snapshot failed: <reason>" naming the source, the uid and
 //                    what to do.
 //
@@ -40,6 +41,10 @@
 // The child sets PR_SET_PDEATHSIG (SIGKILL) once it is the owner, so it never
 // outlives the thread that waits for it (a cache node killed with SIGKILL
 // leaves no walk behind).
+//
+// The source path must pass through no symbolic link: checked as the owner,
+// and the root is opened without following any (docs/source-and-identity.md,
+// "Source paths and symbolic links").
 //
 // Without privileges (euid != 0) a process can only walk as itself: an owner
 // whose uid is not the effective uid is refused with kPermissionDenied.
