@@ -91,7 +91,8 @@ TEST(CacheNodeAuthTest, OnlyAHolderOfTheClusterKeyReadsOverTheTcpPort) {
   EXPECT_EQ(CountExact(reader.Read(ds->AllIds()), *ds), ds->contents.size());
 
   // Counted by the nodes (metrics lag by up to 500 ms): the reader's one
-  // connection per node it read from granted, the earlier ones refused.
+  // connection per node it read from granted, the wrong key refused (a client
+  // with no credential gives up before AUTH: the node sees it only close).
   auto total = [&](const char* name) {
     double sum = 0;
     for (size_t i = 0; i < (*cluster)->node_count(); ++i) {
@@ -102,7 +103,7 @@ TEST(CacheNodeAuthTest, OnlyAHolderOfTheClusterKeyReadsOverTheTcpPort) {
   };
   EXPECT_TRUE(WaitFor([&] {
     return total("granary_cachenode_auth_granted_total") >= 1 &&
-           total("granary_cachenode_auth_refused_total") >= 2;
+           total("granary_cachenode_auth_refused_total") >= 1;
   })) << "granted "
       << total("granary_cachenode_auth_granted_total") << ", refused "
       << total("granary_cachenode_auth_refused_total");
