@@ -10,7 +10,8 @@
 #   make demo-k8s     helm install the chart on a local control plane, a Dataset and a training Job (as root)
 #   make bench-manifest  manifest build/load figures at ImageNet scale
 #   make bench-core   placement and plan micro-benchmarks
-#   make bench-cachenode  cache node staging and serving figures (about 1.5 minutes, 7 GB in /tmp)
+#   make bench-cachenode  cache node staging and serving figures (about 1.5 minutes, 7 GB in /tmp; ARGS=--tls)
+#   make bench-auth    what authentication costs per connection on a cache node's port
 #   make bench-client  Python client through the sidecar vs local files (ARGS=--small for a smoke run)
 #   make bench        the side-by-side benchmark over a slow source (bench/run-benchmark; ARGS=...)
 #   make bench-smoke  bench/run-benchmark --small on the debug build (part of make test)
@@ -21,7 +22,7 @@
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-client bench bench-smoke clean
+.PHONY: image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-auth bench-client bench bench-smoke clean
 
 deps:
 	@scripts/install-deps
@@ -85,7 +86,10 @@ bench-core: release
 	build/release/bench/core_bench
 
 bench-cachenode: release
-	build/release/bench/cachenode_bench
+	build/release/bench/cachenode_bench $(ARGS)
+
+bench-auth: release
+	build/release/bench/auth_bench $(ARGS)
 
 bench-client: release
 	/usr/bin/python3 bench/client_bench.py $(ARGS)
