@@ -196,23 +196,18 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
       OptionalCount(m, "service_threads", 1, kMaxCacheNodeServiceThreads, &c->service_threads));
   GRANARY_RETURN_IF_ERROR(
       OptionalCount(m, "max_connections", 1, kMaxCacheNodeConnections, &c->max_connections));
-  // Unset means "a quarter of max_connections" (0 in the struct).
-  uint32_t per_address = 1;
-  GRANARY_RETURN_IF_ERROR(
-      OptionalCount(m, "max_connections_per_address", 1, kMaxCacheNodeConnections, &per_address));
-  std::string per_address_text;
-  bool per_address_given = false;
-  GRANARY_RETURN_IF_ERROR(
-      OptionalString(m, "max_connections_per_address", &per_address_text, &per_address_given));
-  if (per_address_given && !per_address_text.empty()) {
+  // Not written, or written without a value: 0, the server's default (a quarter).
+  constexpr uint32_t kNotGiven = ~0u;
+  uint32_t per_address = kNotGiven;
+  GRANARY_RETURN_IF_ERROR(m.Optional("max_connections_per_address", &per_address));
+  if (per_address != kNotGiven) {
+    if (per_address < 1 || per_address > c->max_connections) {
+      return Status::InvalidArgument(
+          m.Where("max_connections_per_address") + ": " + std::to_string(per_address) +
+          " is out of range; write 1 to 'max_connections' (" + std::to_string(c->max_connections) +
+          "), or leave it out for a quarter of it");
+    }
     c->max_connections_per_address = per_address;
-  }
-  if (c->max_connections_per_address > c->max_connections) {
-    return Status::InvalidArgument(m.Where("max_connections_per_address") + ": " +
-                                   std::to_string(c->max_connections_per_address) +
-                                   " is more than 'max_connections' (" +
-                                   std::to_string(c->max_connections) +
-                                   "); write at most that, or leave it out for a quarter of it");
   }
   GRANARY_RETURN_IF_ERROR(OptionalCount(m, "max_unauthenticated_per_address", 1,
                                         kMaxCacheNodeConnections,

@@ -774,9 +774,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       Add(server_.counters().truncated_frames);
       server_.log().debug("connection {}: {}", Describe(), cut.message());
     }
-    input_stopped_ = true;
-    receive_begin_ = receive_end_ = 0;
-    frame_started_.reset();
+    StopReading();
     close_when_answered_ = true;
     if (queue_.empty()) {
       Close();
@@ -833,10 +831,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     StopInputNow(status);
   }
 
-  void StopInputNow(const Status& status) {
+  // Reads no more requests and drops what was received and not decoded.
+  void StopReading() {
     input_stopped_ = true;
     receive_begin_ = receive_end_ = 0;
     frame_started_.reset();
+  }
+
+  void StopInputNow(const Status& status) {
+    StopReading();
     QueueReady(0, 0, ErrorFrame(0, status, true, hello_done_ ? version_ : pf::kHandshakeVersion),
                /*close_after=*/true);
   }
@@ -1104,9 +1107,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void PolicyError(uint64_t id, uint16_t type, const Status& status) {
     server_.WarnAboutClient("connection " + Describe() + ": request " + std::to_string(id) + ": " +
                             status.ToString() + "; answered ERROR and closed it");
-    input_stopped_ = true;
-    receive_begin_ = receive_end_ = 0;
-    frame_started_.reset();
+    StopReading();
     QueueReady(id, type,
                ErrorFrame(id, status, true, hello_done_ ? version_ : pf::kHandshakeVersion), true);
   }
@@ -1209,9 +1210,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (result.granted.has_value()) Grant(std::move(*result.granted));
     if (result.close_after) {
       work.close_after = true;
-      input_stopped_ = true;
-      receive_begin_ = receive_end_ = 0;
-      frame_started_.reset();
+      StopReading();
     }
     work.frame = std::move(result.frame);
     work.answer = std::move(result.answer);

@@ -56,42 +56,23 @@ int OpenDirBeneath(int root_fd, const std::string& rel) {
 // `path` with repeated and trailing slashes and "." components dropped.
 std::string NormalizedPath(const std::string& path) {
   std::string out = path.empty() || path[0] != '/' ? "" : "/";
-  size_t pos = 0;
-  while (pos <= path.size()) {
-    size_t end = path.find('/', pos);
-    if (end == std::string::npos) end = path.size();
-    const std::string part = path.substr(pos, end - pos);
-    pos = end + 1;
-    if (part.empty() || part == ".") continue;
+  for (const std::string& part : PathComponents(path)) {
     if (!out.empty() && out.back() != '/') out += '/';
     out += part;
   }
   return out.empty() ? "." : out;
 }
 
-// Opens the root one component at a time with O_NOFOLLOW, so no symbolic
-// link on its path is followed, not even one put there after a check.
+// The root opened without following links (OpenDirectoryWithoutSymlinks),
+// readable.
 Result<ScopedFd> OpenRootWithoutSymlinks(const std::string& root, const std::string& what) {
   if (root.empty()) return Status::NotFound(what + ": no source root given");
-  int first = ::open(root[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (first < 0) return Status::FromErrno(errno, what + ": open the directory above the root");
-  ScopedFd at(first);
-  size_t pos = 0;
-  while (pos <= root.size()) {
-    size_t end = root.find('/', pos);
-    if (end == std::string::npos) end = root.size();
-    const std::string part = root.substr(pos, end - pos);
-    pos = end + 1;
-    if (part.empty() || part == ".") continue;
-    const int next =
-        ::openat(at.get(), part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (next < 0) {
-      const int e = errno;
-      if (e == ENOTDIR || e == ELOOP) GRANARY_RETURN_IF_ERROR(RefuseSymlinkInPath(root));
-      return Status::FromErrno(e, what + ": open the source root without following links")
-          .WithContext("check that the path exists and is a directory the owner may search");
-    }
-    at = ScopedFd(next);
+  ScopedFd at(OpenDirectoryWithoutSymlinks(root));
+  if (!at.valid()) {
+    const int e = errno;
+    if (e == ENOTDIR || e == ELOOP) GRANARY_RETURN_IF_ERROR(RefuseSymlinkInPath(root));
+    return Status::FromErrno(e, what + ": open the source root without following links")
+        .WithContext("check that the path exists and is a directory the owner may search");
   }
   const int fd = ::openat(at.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
@@ -320,16 +301,47 @@ class Walker {
 
 }  // namespace
 
+std::vector<std::string> PathComponents(std::string_view path) {
+  std::vector<std::string> parts;
+  size_t pos = 0;
+  while (pos <= path.size()) {
+    size_t end = path.find('/', pos);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view part = path.substr(pos, end - pos);
+    pos = end + 1;
+    if (!part.empty() && part != ".") parts.emplace_back(part);
+  }
+  return parts;
+}
+
+int OpenDirectoryWithoutSymlinks(const std::string& path) {
+  if (path.empty()) {
+    errno = ENOENT;
+    return -1;
+  }
+  ScopedFd at(::open(path[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!at.valid()) return -1;
+  for (const std::string& part : PathComponents(path)) {
+    int next = -1;
+    for (int i = 0; i < 8; ++i) {  // EINTR, bounded
+      next = ::openat(at.get(), part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (next >= 0 || errno != EINTR) break;
+    }
+    if (next < 0) {
+      const int err = errno;
+      at.Reset();
+      errno = err;
+      return -1;
+    }
+    at = ScopedFd(next);
+  }
+  return at.Release();
+}
+
 Status RefuseSymlinkInPath(const std::string& path) {
   if (path.empty() || path[0] != '/') return Status::Ok();
   std::string prefix;
-  size_t pos = 1;
-  while (pos <= path.size()) {
-    size_t end = path.find('/', pos);
-    if (end == std::string::npos) end = path.size();
-    const std::string part = path.substr(pos, end - pos);
-    pos = end + 1;
-    if (part.empty() || part == ".") continue;
+  for (const std::string& part : PathComponents(path)) {
     prefix += "/" + part;
     struct stat st;
     if (::lstat(prefix.c_str(), &st) != 0) return Status::Ok();

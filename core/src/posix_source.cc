@@ -205,26 +205,14 @@ Result<std::unique_ptr<PosixSource>> PosixSource::Open(PosixSourceOptions option
     // snapshot refuses it, so a link re-pointed after the snapshot cannot
     // swap the tree read (docs/source-and-identity.md, "Source paths and
     // symbolic links").
-    int fd = OpenAt(AT_FDCWD, options.root[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return refused(errno);
-    ScopedFd candidate(fd);
-    for (size_t pos = 0; pos <= options.root.size();) {
-      size_t end = options.root.find('/', pos);
-      if (end == std::string::npos) end = options.root.size();
-      const std::string part = options.root.substr(pos, end - pos);
-      pos = end + 1;
-      if (part.empty() || part == ".") continue;
-      const int next =
-          OpenAt(candidate.get(), part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      if (next < 0) {
-        const int err = errno;
-        if (err == ENOTDIR || err == ELOOP) {
-          Status link = RefuseSymlinkInPath(options.root);
-          if (!link.ok()) return link.WithContext(what + as);
-        }
-        return refused(err);
+    ScopedFd candidate(OpenDirectoryWithoutSymlinks(options.root));
+    if (!candidate.valid()) {
+      const int err = errno;
+      if (err == ENOTDIR || err == ELOOP) {
+        Status link = RefuseSymlinkInPath(options.root);
+        if (!link.ok()) return link.WithContext(what + as);
       }
-      candidate = ScopedFd(next);
+      return refused(err);
     }
     int dot = OpenAt(candidate.get(), ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dot < 0) return refused(errno);

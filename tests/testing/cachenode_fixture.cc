@@ -461,6 +461,11 @@ std::vector<SampleId> TestDataset::AllIds() const {
 Result<Placement> PlacementOf(MetadataStore& store, const std::string& pool,
                               std::map<std::string, std::string>* addresses) {
   GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, store.ListNodes(pool));
+  return PlacementOf(nodes, addresses);
+}
+
+Result<Placement> PlacementOf(const std::vector<NodeRecord>& nodes,
+                              std::map<std::string, std::string>* addresses) {
   std::vector<PlacementNode> pnodes;
   for (const NodeRecord& n : nodes) {
     pnodes.push_back({n.id, static_cast<double>(n.capacity_bytes)});
@@ -476,14 +481,14 @@ DatasetReader::DatasetReader(MetadataStore* store, const TestDataset& dataset,
     : store_(store), dataset_(&dataset), call_timeout_(call_timeout) {}
 
 Status DatasetReader::Refresh() {
+  auto nodes = store_->ListNodes(dataset_->pool);
+  if (!nodes.ok()) return nodes.status().WithContext("list the nodes of the pool");
   std::map<std::string, std::string> addresses;
-  auto placement = PlacementOf(*store_, dataset_->pool, &addresses);
-  if (!placement.ok()) return placement.status().WithContext("list the nodes of the pool");
+  auto placement = PlacementOf(*nodes, &addresses);
+  if (!placement.ok()) return placement.status().WithContext("place on the nodes of the pool");
   placement_ = std::move(*placement);
   addresses_ = std::move(addresses);
   tls_addresses_.clear();
-  auto nodes = store_->ListNodes(dataset_->pool);
-  if (!nodes.ok()) return nodes.status().WithContext("list the nodes of the pool");
   for (const NodeRecord& n : *nodes) {
     auto label = n.labels.find(std::string(kNodeLabelTls));
     if (label != n.labels.end() && label->second == "true") tls_addresses_.insert(n.address);

@@ -248,6 +248,9 @@ struct TestDataset {
 // over ListNodes(pool), weight = capacity_bytes.
 Result<Placement> PlacementOf(MetadataStore& store, const std::string& pool,
                               std::map<std::string, std::string>* addresses = nullptr);
+// The same over node records already read.
+Result<Placement> PlacementOf(const std::vector<NodeRecord>& nodes,
+                              std::map<std::string, std::string>* addresses = nullptr);
 
 class DatasetReader {
  public:

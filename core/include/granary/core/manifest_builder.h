@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "granary/core/manifest.h"
@@ -64,5 +65,16 @@ Result<Manifest> BuildManifest(const ManifestBuildOptions& options);
 // checks report those). A dataset's source path must not pass through a link
 // (docs/source-and-identity.md, "Source paths and symbolic links").
 Status RefuseSymlinkInPath(const std::string& path);
+
+// The components of `path`, without empty ones (repeated or trailing
+// slashes) and ".".
+std::vector<std::string> PathComponents(std::string_view path);
+
+// Opens the directory `path` (O_PATH) one component at a time with
+// O_NOFOLLOW, from "/" or the working directory, so that no symbolic link on
+// it is followed, not even one put there after a check: the source root's
+// open for the snapshot and for reads. -1 with errno set on failure (ENOTDIR
+// or ELOOP where a component is a link).
+int OpenDirectoryWithoutSymlinks(const std::string& path);
 
 }  // namespace granary
