@@ -3,6 +3,8 @@
 #include <string.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace granary {
@@ -80,5 +82,20 @@ Status Status::WithContext(std::string_view context) const {
   m += message_;
   return Status(code_, std::move(m));
 }
+
+namespace internal {
+
+void DieOnErrorValue(const Status& error) {
+  std::fprintf(stderr, "granary: Result::value() called on an error: %s\n",
+               error.ToString().c_str());
+  std::abort();
+}
+
+void DieOnOkStatusResult() {
+  std::fputs("granary: a Result was built from an OK Status, which has no value\n", stderr);
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace granary

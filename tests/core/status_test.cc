@@ -50,5 +50,17 @@ TEST(StatusTest, MacrosPropagateFirstError) {
   EXPECT_EQ(CheckEven(5).code(), StatusCode::kInvalidArgument);
 }
 
+// Misuse of a Result is a bug in the caller: it aborts with the status text in
+// every build type (no exception to catch far away, no silent OK in release).
+TEST(StatusDeathTest, ValueOfAnErrorAbortsWithItsText) {
+  Result<int> r = Status::NotFound("dataset imagenet");
+  EXPECT_DEATH((void)r.value(), "Result::value\\(\\) called on an error: .*dataset imagenet");
+  EXPECT_DEATH((void)*Result<std::string>(Status::Internal("disk")), "disk");
+}
+
+TEST(StatusDeathTest, ResultFromAnOkStatusAborts) {
+  EXPECT_DEATH((void)Result<int>(Status::Ok()), "built from an OK Status");
+}
+
 }  // namespace
 }  // namespace granary

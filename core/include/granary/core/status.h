@@ -93,13 +93,21 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
+namespace internal {
+// Print what was misused to stderr and abort(); out of line to keep Result small.
+[[noreturn]] void DieOnErrorValue(const Status& error);
+[[noreturn]] void DieOnOkStatusResult();
+}  // namespace internal
+
 // A value of type T, or the Status saying why there is none.
 template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
+  // An OK Status has no value to go with it: building a Result from one is a
+  // bug in the caller and aborts (in every build type), naming the misuse.
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
-    assert(!std::get<Status>(v_).ok() && "Result built from an OK Status has no value");
+    if (std::get_if<Status>(&v_)->ok()) internal::DieOnOkStatusResult();
   }
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -108,9 +116,20 @@ class [[nodiscard]] Result {
     return ok() ? kOk : std::get<Status>(v_);
   }
 
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  // value() of an error is a bug in the caller: it aborts with the status's
+  // text (no exception to catch far from the cause).
+  T& value() & {
+    CheckHasValue();
+    return *std::get_if<T>(&v_);
+  }
+  const T& value() const& {
+    CheckHasValue();
+    return *std::get_if<T>(&v_);
+  }
+  T&& value() && {
+    CheckHasValue();
+    return std::move(*std::get_if<T>(&v_));
+  }
 
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
@@ -119,6 +138,10 @@ class [[nodiscard]] Result {
   const T* operator->() const { return &value(); }
 
  private:
+  void CheckHasValue() const {
+    if (const Status* error = std::get_if<Status>(&v_)) internal::DieOnErrorValue(*error);
+  }
+
   std::variant<T, Status> v_;
 };
 
