@@ -13,7 +13,7 @@
 #include "granary/core/names.h"
 #include "granary/core/plan.h"
 #include "granary/core/protocol.h"    // ToWireStatus, FromWireStatus: the same code numbers
-#include "metadata_store_internal.h"  // ValidatePlanId: the store's rule for plan ids
+#include "granary/core/names.h"  // ValidatePlanId
 
 namespace granary::sidecar_protocol {
 namespace {
@@ -194,7 +194,7 @@ Status CheckRequest(const Request& request, const Limits& limits) {
             return Status::Ok();
           },
           [&](const SetPlan& m) -> Status {
-            Status s = store_internal::ValidatePlanId(m.plan_id);
+            Status s = ValidatePlanId(m.plan_id);
             if (!s.ok()) return Prefixed("plan_id", s);
             if (m.epoch > kMaxPlanEpoch) {
               return FieldRange("epoch", std::to_string(m.epoch) + " is past the largest epoch " +
