@@ -1,0 +1,185 @@
+#include "serving_bench.h"
+
+#include <algorithm>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+
+namespace granary::cachenode_bench {
+namespace {
+
+ReadRequest RequestFor(const Manifest& manifest, std::span<const SampleId> ids) {
+  ReadRequest r;
+  r.dataset = kDataset;
+  r.manifest_id = manifest.id();
+  r.items.reserve(ids.size());
+  for (SampleId id : ids) {
+    r.items.push_back(
+        ReadItem{ReadKind::kSample, id, 0, static_cast<uint32_t>(manifest.SizeOf(id))});
+  }
+  return r;
+}
+
+// One READ over the wire, every item checked: OK, the sample's size, the
+// source's checksum (PeerClient has checked the bytes against it). With
+// `compare`, the bytes are also compared with freshly generated content.
+Status ReadOverWire(PeerClient& client, const Manifest& manifest,
+                    const std::vector<uint64_t>& checksums, std::span<const SampleId> ids,
+                    bool compare, uint64_t* bytes) {
+  Result<PeerReadResult> result = client.Read(RequestFor(manifest, ids));
+  if (!result.ok()) {
+    return result.status().WithContext("a READ of " + std::to_string(ids.size()) +
+                                       " samples over loopback");
+  }
+  if (result->size() != ids.size()) {
+    return Status::Internal("a READ of " + std::to_string(ids.size()) + " samples got " +
+                            std::to_string(result->size()) + " items back");
+  }
+  std::string expected;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const SampleId id = ids[i];
+    const std::string what = "sample " + std::to_string(id) + " (" + manifest.PathOf(id) + ")";
+    if (!result->status(i).ok()) return result->status(i).WithContext("serving " + what);
+    const std::string_view got = result->bytes(i);
+    const std::optional<uint64_t>& checksum = result->reply().items[i].checksum;
+    if (got.size() != manifest.SizeOf(id) || !checksum.has_value() || *checksum != checksums[id]) {
+      return Status::Corruption("serving " + what + ": got " + std::to_string(got.size()) +
+                                " bytes with checksum " +
+                                (checksum.has_value() ? std::to_string(*checksum) : "none") +
+                                "; the source has " + std::to_string(manifest.SizeOf(id)) +
+                                " bytes with checksum " + std::to_string(checksums[id]));
+    }
+    if (compare) {
+      expected.resize(got.size());
+      FillContent(id, expected);
+      if (got != expected) {
+        return Status::Corruption("serving " + what + ": the bytes differ from the source's");
+      }
+    }
+    *bytes += got.size();
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<PeerClient>> ConnectClients(uint16_t port, uint32_t n,
+                                               std::shared_ptr<const TlsContext> tls) {
+  std::vector<PeerClient> clients;
+  for (uint32_t c = 0; c < n; ++c) {
+    PeerClientOptions options;
+    options.client_name = "cachenode-bench/" + std::to_string(c);
+    options.tls = tls;
+    GRANARY_ASSIGN_OR_RETURN(PeerClient client,
+                             PeerClient::Connect("127.0.0.1:" + std::to_string(port), options));
+    clients.push_back(std::move(client));
+  }
+  return clients;
+}
+
+// Every sample once over the wire, compared byte for byte (untimed).
+Result<uint64_t> VerifyEverySample(std::vector<PeerClient>& clients, const Manifest& manifest,
+                                   const std::vector<uint64_t>& checksums, uint32_t batch) {
+  const uint64_t samples = manifest.sample_count();
+  const uint64_t batches = (samples + batch - 1) / batch;
+  FirstError error;
+  std::vector<uint64_t> bytes(clients.size(), 0);
+  {
+    std::vector<std::jthread> threads;
+    for (size_t c = 0; c < clients.size(); ++c) {
+      threads.emplace_back([&, c] {
+        std::vector<SampleId> ids;
+        for (uint64_t b = c; b < batches && !error.failed() && !Interrupted();
+             b += clients.size()) {
+          ids.clear();
+          for (uint64_t id = b * batch; id < std::min(samples, (b + 1) * batch); ++id) {
+            ids.push_back(static_cast<SampleId>(id));
+          }
+          if (Status s = ReadOverWire(clients[c], manifest, checksums, ids, true, &bytes[c]);
+              !s.ok()) {
+            error.Set(std::move(s));
+          }
+        }
+      });
+    }
+  }
+  if (error.failed()) return error.Take();
+  if (Interrupted()) return InterruptedStatus();
+  uint64_t total = 0;
+  for (uint64_t b : bytes) total += b;
+  if (total != manifest.total_bytes()) {
+    return Status::Internal("the verification pass read " + std::to_string(total) + " of " +
+                            std::to_string(manifest.total_bytes()) + " bytes");
+  }
+  return total;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ServingBench>> ServingBench::Start(const BenchSetup& setup, const Flags& f,
+                                                          const std::shared_ptr<Stager>& stager) {
+  const std::shared_ptr<const Manifest>& manifest = setup.manifest;
+  const std::vector<uint64_t>& checksums = setup.checksums;
+  std::unique_ptr<ServingBench> bench(new ServingBench(setup));
+  ChunkReadServiceOptions service_options;
+  service_options.node_name = "cachenode-bench";
+  auto service = std::make_shared<ChunkReadService>(setup.store, service_options);
+  GRANARY_RETURN_IF_ERROR(service->Add(manifest, stager));
+  bench->service_ = service;
+  ServerOptions server_options;
+  server_options.node_name = "cachenode-bench";
+  server_options.io_threads = f.io_threads;
+  server_options.service_threads = f.service_threads;
+  std::shared_ptr<TlsContext> client_tls;
+  if (f.tls) {
+    // A self-signed certificate for 127.0.0.1, verified by the clients.
+    const std::string cert = setup.Join("node.crt"), key = setup.Join("node.key");
+    GRANARY_RETURN_IF_ERROR(MakeSelfSignedCertificate(cert, key, {"127.0.0.1"}));
+    GRANARY_ASSIGN_OR_RETURN(server_options.tls, TlsContext::ForServer(cert, key));
+    GRANARY_ASSIGN_OR_RETURN(client_tls, TlsContext::ForClient(cert));
+  }
+  bench->client_tls_ = client_tls;
+  GRANARY_ASSIGN_OR_RETURN(bench->server_, Server::Start(service, server_options));
+  GRANARY_ASSIGN_OR_RETURN(bench->clients_,
+                           ConnectClients(bench->server_->port(), f.clients, client_tls));
+  const auto t0 = Clock::now();
+  GRANARY_ASSIGN_OR_RETURN(bench->verified_,
+                           VerifyEverySample(bench->clients_, *manifest, checksums, f.batch));
+  Progress("  verified every sample over the wire byte for byte (" +
+           Fixed(Seconds(Clock::now() - t0), 1) + " s)");
+
+  for (PeerClient& client : bench->clients_) {
+    bench->serve_fns_.push_back([&client, &setup](std::span<const SampleId> ids, uint64_t* bytes) {
+      return ReadOverWire(client, *setup.manifest, setup.checksums, ids, false, bytes);
+    });
+  }
+  return bench;
+}
+
+Result<LoadFigures> ServingBench::TimedRound(const Flags& f) {
+  ServerCounters before;  // after the warm-up READs
+  GRANARY_ASSIGN_OR_RETURN(LoadFigures served,
+                           TimedRun(serve_fns_, f.batch, f.files, f.seconds, f.seed,
+                                    [&] { before = server_->Counters(); }));
+  const ServerCounters after = server_->Counters();
+  const uint64_t payload = after.payload_bytes_total - before.payload_bytes_total;
+  if (payload != served.bytes || after.read_item_errors_total != 0) {
+    return Status::Internal("the server sent " + std::to_string(payload) +
+                            " payload bytes in a timed run and the clients got " +
+                            std::to_string(served.bytes) + "; " +
+                            std::to_string(after.read_item_errors_total) + " items failed");
+  }
+  return served;
+}
+
+Status ServingBench::CheckServiceCounters() const {
+  const ChunkReadServiceCounters service_counters = service_->Counters();
+  if (service_counters.items_on_demand != 0 || service_counters.checksum_failures != 0) {
+    return Status::Internal("serving fetched " + std::to_string(service_counters.items_on_demand) +
+                            " items on demand and saw " +
+                            std::to_string(service_counters.checksum_failures) +
+                            " checksum failures; everything should have been staged and sound");
+  }
+  return Status::Ok();
+}
+
+}  // namespace granary::cachenode_bench
