@@ -188,7 +188,7 @@ class PosixView {
   // Samples pinned between the reads of a file (no_open mode); see below.
   size_t kept_pins();
 
-  // For the FUSE callbacks (posix_view.cc) only.
+  // For the FUSE callbacks (fuse_callbacks.cc) only.
   struct Callbacks;
 
  private:
@@ -234,6 +234,8 @@ class PosixView {
   std::unordered_map<SampleId, std::list<KeptPin>::iterator> pins_;
   uint64_t ahead_bytes_ = 0;  // sum of ahead_bytes
   size_t max_pins_ = 0;
+  // A pin kept between the reads of a file is dropped after this long unused.
+  static constexpr std::chrono::milliseconds kPinIdle{1000};
 
   std::mutex ahead_mu_;  // guards the members below up to ahead_thread_; pairs with ahead_cv_
   std::condition_variable ahead_cv_;
