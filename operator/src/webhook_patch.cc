@@ -1,55 +1,21 @@
 #include "granary/operator/webhook_patch.h"
 
+// The JSONPatch that injects the sidecar into a pod: its container, the app
+// containers' environment and mounts, the volumes, node affinity, the
+// supplemental group and tolerations, each added only where the user has not
+// written it. The AdmissionReview envelope is in admission_review.cc, the
+// inputs (window, Datasets, sidecar YAML) in injection_inputs.cc.
+
 #include <algorithm>
 #include <exception>
 #include <string>
 #include <utility>
 
+#include "api_object_fields.h"
 #include "granary/core/names.h"
-#include "granary/operator/base64.h"
 
 namespace granary::kube {
 namespace {
-
-// Nesting depth of a JSON text, counted outside strings; stops early once
-// `limit` is exceeded. nlohmann's parser is iterative, but its dump and
-// several accessors recurse, so deep input is refused before parsing.
-bool NestingWithin(std::string_view text, int limit) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char ch : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (ch == '\\') {
-        escaped = true;
-      } else if (ch == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (ch == '"') {
-      in_string = true;
-    } else if (ch == '[' || ch == '{') {
-      if (++depth > limit) return false;
-    } else if (ch == ']' || ch == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
-
-const Json* Member(const Json& object, const char* key) {
-  if (!object.is_object()) return nullptr;
-  auto it = object.find(key);
-  return it == object.end() ? nullptr : &*it;
-}
-
-std::string StringMember(const Json& object, const char* key) {
-  const Json* v = Member(object, key);
-  return v != nullptr && v->is_string() ? v->get<std::string>() : std::string();
-}
 
 Json Op(const std::string& path, Json value) {
   return {{"op", "add"}, {"path", path}, {"value", std::move(value)}};
@@ -70,13 +36,6 @@ Json SidecarEnvForApps(const InjectionInputs& inputs) {
 
 Json SocketMount() {
   return {{"name", std::string(kSocketVolumeName)}, {"mountPath", std::string(kSocketDir)}};
-}
-
-// The pod's annotation `key`, or "".
-std::string AnnotationOf(const Json& pod, std::string_view key) {
-  const Json* metadata = Member(pod, "metadata");
-  const Json* annotations = metadata != nullptr ? Member(*metadata, "annotations") : nullptr;
-  return annotations != nullptr ? StringMember(*annotations, std::string(key).c_str()) : "";
 }
 
 // The POSIX view's path in the app containers (the annotation), checked.
@@ -548,24 +507,6 @@ Result<Json> BuildPatchUnchecked(const Json& pod, const InjectionInputs& inputs)
   return ops;
 }
 
-Result<std::optional<uint64_t>> OptionalBytes(const Json& object, const char* key,
-                                              const std::string& field) {
-  const Json* v = Member(object, key);
-  if (v == nullptr || v->is_null()) return std::optional<uint64_t>();
-  GRANARY_ASSIGN_OR_RETURN(uint64_t bytes, ParseQuantityBytes(*v, field));
-  return std::optional<uint64_t>(bytes);
-}
-
-Result<std::optional<uint64_t>> OptionalCount(const Json& object, const char* key,
-                                              const std::string& field) {
-  const Json* v = Member(object, key);
-  if (v == nullptr || v->is_null()) return std::optional<uint64_t>();
-  if (!v->is_number_unsigned() || v->get<uint64_t>() < 1 || v->get<uint64_t>() > 1048576) {
-    return Status::InvalidArgument(field + " must be an integer in 1..1048576, not " + v->dump());
-  }
-  return std::optional<uint64_t>(v->get<uint64_t>());
-}
-
 }  // namespace
 
 std::string EscapeJsonPointer(std::string_view segment) {
@@ -583,80 +524,6 @@ std::string EscapeJsonPointer(std::string_view segment) {
   return out;
 }
 
-Result<AdmissionRequest> ParseAdmissionReview(std::string_view body) {
-  if (body.size() > kMaxReviewBytes) {
-    return Status::InvalidArgument("AdmissionReview body of " + std::to_string(body.size()) +
-                                   " bytes is larger than the " + std::to_string(kMaxReviewBytes) +
-                                   "-byte limit");
-  }
-  if (!NestingWithin(body, kMaxReviewDepth)) {
-    return Status::InvalidArgument("AdmissionReview body nests deeper than " +
-                                   std::to_string(kMaxReviewDepth) + " levels");
-  }
-  Json review = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (review.is_discarded()) {
-    return Status::InvalidArgument("AdmissionReview body is not valid JSON");
-  }
-  if (!review.is_object()) return Status::InvalidArgument("AdmissionReview is not a JSON object");
-  if (StringMember(review, "apiVersion") != "admission.k8s.io/v1" ||
-      StringMember(review, "kind") != "AdmissionReview") {
-    return Status::InvalidArgument(
-        "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got " +
-        StringMember(review, "apiVersion") + " " + StringMember(review, "kind") +
-        " (register the webhook with admissionReviewVersions: [v1])");
-  }
-  const Json* request = Member(review, "request");
-  if (request == nullptr || !request->is_object()) {
-    return Status::InvalidArgument("AdmissionReview has no request object");
-  }
-  AdmissionRequest out;
-  out.uid = StringMember(*request, "uid");
-  if (out.uid.empty()) return Status::InvalidArgument("AdmissionReview request has no uid");
-  out.operation = StringMember(*request, "operation");
-  if (out.operation.empty()) {
-    return Status::InvalidArgument("AdmissionReview request has no operation");
-  }
-  out.namespace_ = StringMember(*request, "namespace");
-  if (out.operation == "CREATE" || out.operation == "UPDATE") {
-    const Json* object = Member(*request, "object");
-    if (object == nullptr || !object->is_object()) {
-      return Status::InvalidArgument("AdmissionReview " + out.operation + " request has no object");
-    }
-    const Json* kind = Member(*request, "kind");
-    const bool pod_kind = kind != nullptr && StringMember(*kind, "kind") == "Pod" &&
-                          StringMember(*kind, "group").empty();
-    if (!pod_kind || StringMember(*object, "kind") != "Pod") {
-      return Status::InvalidArgument(
-          "AdmissionReview request is not for a Pod (the webhook is registered for pods only)");
-    }
-    out.pod = *object;
-  }
-  return out;
-}
-
-InjectionDecision Decide(const AdmissionRequest& request, const std::string& operator_namespace) {
-  InjectionDecision d;
-  if (request.operation != "CREATE") {
-    d.reason = request.operation + " is never mutated";
-    return d;
-  }
-  if (request.namespace_ == operator_namespace) {
-    d.reason = "pods in the operator's namespace are left alone";
-    return d;
-  }
-  const Json* metadata = Member(request.pod, "metadata");
-  const Json* labels = metadata != nullptr ? Member(*metadata, "labels") : nullptr;
-  const Json* label =
-      labels != nullptr ? Member(*labels, std::string(kDatasetLabel).c_str()) : nullptr;
-  if (label == nullptr || !label->is_string() || label->get<std::string>().empty()) {
-    d.reason = "no granary.io/dataset label";
-    return d;
-  }
-  d.kind = InjectionDecision::Kind::kInject;
-  d.dataset = label->get<std::string>();
-  return d;
-}
-
 bool AlreadyInjected(const Json& pod) {
   const Json* spec = Member(pod, "spec");
   const Json* init = spec != nullptr ? Member(*spec, "initContainers") : nullptr;
@@ -667,124 +534,6 @@ bool AlreadyInjected(const Json& pod) {
   return false;
 }
 
-Result<SidecarWindow> ResolveSidecarWindow(const Json& pool_object, const Json& dataset_object) {
-  static const Json kEmpty = Json::object();
-  auto section = [](const Json& object, const char* key) -> const Json& {
-    const Json* spec = Member(object, "spec");
-    const Json* s = spec != nullptr ? Member(*spec, key) : nullptr;
-    return s != nullptr && s->is_object() ? *s : kEmpty;
-  };
-  const Json& pool = section(pool_object, "sidecar");
-  const Json& prefetch = section(dataset_object, "prefetch");
-  SidecarWindow w;
-  GRANARY_ASSIGN_OR_RETURN(
-      auto pool_bytes, OptionalBytes(pool, "windowBytes", "CachePool spec.sidecar.windowBytes"));
-  GRANARY_ASSIGN_OR_RETURN(
-      auto pool_samples,
-      OptionalCount(pool, "windowSamples", "CachePool spec.sidecar.windowSamples"));
-  GRANARY_ASSIGN_OR_RETURN(w.arena_bytes,
-                           OptionalBytes(pool, "arenaBytes", "CachePool spec.sidecar.arenaBytes"));
-  GRANARY_ASSIGN_OR_RETURN(
-      auto ds_bytes, OptionalBytes(prefetch, "windowBytes", "Dataset spec.prefetch.windowBytes"));
-  GRANARY_ASSIGN_OR_RETURN(auto ds_samples, OptionalCount(prefetch, "windowSamples",
-                                                          "Dataset spec.prefetch.windowSamples"));
-  w.window_bytes = ds_bytes ? ds_bytes : pool_bytes;
-  w.window_samples = ds_samples ? ds_samples : pool_samples;
-  // The pool's arena was sized for its window; a dataset window that outgrows
-  // it would be refused by the sidecar, so the arena follows it then.
-  if (w.arena_bytes && w.window_bytes && *w.arena_bytes < *w.window_bytes + (16ull << 20)) {
-    w.arena_bytes = *w.window_bytes + (64ull << 20);
-  }
-  return w;
-}
-
-void SetDatasetInputs(const Dataset& dataset, InjectionInputs* inputs) {
-  inputs->dataset_namespace = dataset.namespace_;
-  inputs->dataset_name = dataset.name;
-  inputs->run_as_uid = dataset.run_as_uid;
-  inputs->run_as_gid = dataset.run_as_gid;
-  inputs->preferred_nodes = dataset.nodes.value_or(std::vector<std::string>());
-  inputs->dataset_phase = dataset.phase;
-}
-
-Result<std::vector<std::string>> NamedDatasets(const Json& pod, const std::string& label_value) {
-  std::vector<std::string> names = {label_value};
-  const std::string list = AnnotationOf(pod, kDatasetsAnnotation);
-  const std::string what = "annotation " + std::string(kDatasetsAnnotation) + ": \"" + list + "\"";
-  size_t at = 0;
-  while (at < list.size()) {
-    size_t end = list.find(',', at);
-    if (end == std::string::npos) end = list.size();
-    std::string name = list.substr(at, end - at);
-    at = end + 1;
-    while (!name.empty() && name.front() == ' ') name.erase(name.begin());
-    while (!name.empty() && name.back() == ' ') name.pop_back();
-    if (name.empty()) continue;  // "a,,b", "a,"
-    if (!IsDnsLabel(name)) {
-      return Status::InvalidArgument(what + ": \"" + name +
-                                     "\" is not a Dataset name; write Dataset names of the pod's "
-                                     "namespace separated by commas, e.g. imagenet-train,coco");
-    }
-    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
-  }
-  if (names.size() > kMaxDatasetsPerPod) {
-    return Status::InvalidArgument(what + " names " + std::to_string(names.size()) +
-                                   " Datasets; one pod may use at most " +
-                                   std::to_string(kMaxDatasetsPerPod));
-  }
-  return names;
-}
-
-Status AddDataset(const InjectionInputs& other, InjectionInputs* inputs) {
-  const std::string what = "Dataset " + other.dataset_namespace + "/" + other.dataset_name;
-  const std::string first = "Dataset " + inputs->dataset_namespace + "/" + inputs->dataset_name;
-  if (other.pool.name != inputs->pool.name) {
-    return Status::FailedPrecondition(what + " is in CachePool " + other.pool.name + ", " + first +
-                                      " in " + inputs->pool.name +
-                                      "; one pod's sidecar serves the Datasets of one pool: run "
-                                      "them in separate pods");
-  }
-  if (other.run_as_uid != inputs->run_as_uid || other.run_as_gid != inputs->run_as_gid) {
-    return Status::FailedPrecondition(
-        what + " is read as uid/gid " + std::to_string(other.run_as_uid) + "/" +
-        std::to_string(other.run_as_gid) + ", " + first + " as " +
-        std::to_string(inputs->run_as_uid) + "/" + std::to_string(inputs->run_as_gid) +
-        "; the sidecar runs as one identity: give them the same spec.runAs or use separate pods");
-  }
-  inputs->extra.push_back({other.dataset_name, other.preferred_nodes, other.dataset_phase});
-  return Status::Ok();
-}
-
-std::string SidecarConfigYaml(const InjectionInputs& inputs, const std::string& view_dir) {
-  std::string yaml = "# Written by granary-operator's webhook for Dataset " +
-                     inputs.dataset_namespace + "/" + inputs.dataset_name + ".\n";
-  yaml += "socket: " + std::string(kSocketPath) + "\n";
-  yaml += "pool: " + inputs.pool.name + "\n";
-  yaml += "metadata_store_file: " + std::string(kStoreDir) + "/url\n";
-  yaml += "peer_token_file: " + std::string(kTokenDir) + "/token\n";
-  if (inputs.pool.sidecar_chunk_handoff) {
-    yaml += "local_node_socket: " + std::string(kNodeSocketPath) + "\n";
-  }
-  // The pod mounts no source file system: what no cache node has is read by
-  // the cache nodes on demand, never by the sidecar.
-  yaml += "source_fallthrough: false\n";
-  yaml += "metrics_listen: 0.0.0.0:" + std::to_string(inputs.pool.sidecar_metrics_port) + "\n";
-  if (!view_dir.empty()) {
-    yaml += "mounts: " + GranaryDatasetName(inputs.dataset_namespace, inputs.dataset_name) + ":" +
-            view_dir + "\n";
-  }
-  if (inputs.window.window_samples) {
-    yaml += "window_samples: " + std::to_string(*inputs.window.window_samples) + "\n";
-  }
-  if (inputs.window.window_bytes) {
-    yaml += "window_bytes: " + std::to_string(*inputs.window.window_bytes) + "\n";
-  }
-  if (inputs.window.arena_bytes) {
-    yaml += "arena_bytes: " + std::to_string(*inputs.window.arena_bytes) + "\n";
-  }
-  return yaml;
-}
-
 Result<Json> BuildInjectionPatch(const Json& pod, const InjectionInputs& inputs) {
   try {
     return BuildPatchUnchecked(pod, inputs);
@@ -792,33 +541,6 @@ Result<Json> BuildInjectionPatch(const Json& pod, const InjectionInputs& inputs)
     // Every access is type-checked first; this is the boundary's net.
     return Status::InvalidArgument(std::string("the pod could not be read: ") + e.what());
   }
-}
-
-namespace {
-Json ReviewEnvelope(const std::string& uid, Json response) {
-  response["uid"] = uid;
-  return {{"apiVersion", "admission.k8s.io/v1"},
-          {"kind", "AdmissionReview"},
-          {"response", std::move(response)}};
-}
-
-// Never throws on invalid UTF-8 (replaced with U+FFFD).
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-}  // namespace
-
-std::string AllowResponse(const std::string& uid) {
-  return Dump(ReviewEnvelope(uid, {{"allowed", true}}));
-}
-
-std::string PatchResponse(const std::string& uid, const Json& patch) {
-  if (patch.empty()) return AllowResponse(uid);
-  return Dump(ReviewEnvelope(
-      uid, {{"allowed", true}, {"patchType", "JSONPatch"}, {"patch", Base64Encode(Dump(patch))}}));
-}
-
-std::string DenyResponse(const std::string& uid, int code, const std::string& message) {
-  return Dump(ReviewEnvelope(
-      uid, {{"allowed", false}, {"status", {{"code", code}, {"message", message}}}}));
 }
 
 }  // namespace granary::kube

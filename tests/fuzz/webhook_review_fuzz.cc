@@ -1,7 +1,7 @@
 // libFuzzer target for the webhook's AdmissionReview parser and JSONPatch
-// builder (operator/src/webhook_patch.cc): what the API server (or anyone who
-// reaches the webhook's port) sends POST /mutate. Any crash, sanitizer report,
-// uncaught exception or broken invariant is a finding.
+// builder (operator/src/admission_review.cc, webhook_patch.cc): what the API
+// server (or anyone who reaches the webhook's port) sends POST /mutate. Any
+// crash, sanitizer report, uncaught exception or broken invariant is a finding.
 //
 // Invariants:
 //  - a parsed review has a uid and an operation; CREATE/UPDATE carry a Pod;
