@@ -246,6 +246,9 @@ class Session {
   DatasetInfo info_;
   std::string dataset_;
   std::string sidecar_name_;
+  // Fixed part of a GET/LOOKUP body, generously: counts, lookahead.
+  static constexpr uint32_t kBodyOverhead = 64;
+
   sidecar_protocol::Limits limits_;  // common with the sidecar's, after HELLO
   uint16_t version_ = sidecar_protocol::kMaxVersion;
   uint32_t lookahead_ = 0;         // set by Open
