@@ -1,4 +1,11 @@
 // `granary dataset create|snapshot|list|show|delete|stage|wait` (docs/cli.md).
+//
+// Kept whole at about 670 lines: its one job is the `granary dataset`
+// subcommands. They are members of one DatasetCommand whose option members
+// CLI11 fills, they call one another (create takes the snapshot and then
+// waits; stage snapshots first if needed) and they share the compare-and-set
+// update of the record; split by subcommand, each file would hold a fragment
+// of that one class.
 
 #include <sys/stat.h>
 #include <sys/types.h>

@@ -3,6 +3,11 @@
 // failure the fix (docs/cli.md, "doctor"). It reads and connects; it creates,
 // changes and removes nothing (an embedded store that does not exist yet is
 // not created).
+//
+// Kept whole at about 670 lines: its one job is the doctor's checklist. The
+// checks are members of one Doctor that shares the list of results, the store
+// it opened and the report; they run, and are reported, in the order they
+// appear here, so the file reads as the report does.
 
 #include <fcntl.h>
 #include <poll.h>

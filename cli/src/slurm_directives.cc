@@ -1,3 +1,11 @@
+// The #DW directives of a job script (slurm_directives.h, docs/slurm.md).
+// Kept whole at about 640 lines: its one job is those directives, parsed and
+// checked into one list of errors in line order. The checks that look at the
+// world (CheckJobDirectives, about 100 lines) complete the parser's rules on
+// the same types and the same error list, and the job-id helpers at the end
+// rewrite the same directive lines; the fuzz target compiles this file in
+// alone (tests/fuzz/CMakeLists.txt).
+
 #include "slurm_directives.h"
 
 #include <sys/stat.h>

@@ -1,3 +1,10 @@
+// ChunkWriter and ChunkReader (chunk_file.h, chunk_format.h). Kept whole at
+// about 630 lines: its one job is the chunk file's layout on disk. The writer
+// and the reader load and check a file with the same code (LoadChunkFile,
+// CheckExpected, the header region and its checksum), so the two sides cannot
+// disagree about a byte; splitting them would put that shared code in a
+// header of its own for two users.
+
 #include "granary/core/chunk_file.h"
 
 #include <fcntl.h>

@@ -1,3 +1,11 @@
+// Manifest (manifest.h, docs/formats.md). Kept whole at about 740 lines: its
+// one job is the Manifest's columnar arrays (Manifest::Rep) and everything
+// that fills or reads them: building them from entries, decoding and encoding
+// the format (manifest_format.h), and the per-sample queries. The Rep is
+// private to this file; the decoder's checks are what let the accessors index
+// its arrays unchecked, so decoder and accessors stay side by side rather than
+// sharing the Rep through a header.
+
 #include "granary/core/manifest.h"
 
 #include <zstd.h>

@@ -1,3 +1,10 @@
+// PeerClient (peer_client.h). Kept whole at about 620 lines: its one job is one
+// blocking connection of the peer protocol: connect and HELLO, AUTH, STARTTLS,
+// then framed calls with deadlines. The handshake, the TLS transport and the
+// calls all work on the same connection state (socket, TLS session, receive
+// buffer, limits) and fail through the same Fail(), which closes it; they read
+// best in one place, in the order a connection lives.
+
 #include "granary/core/peer_client.h"
 
 #include <netdb.h>

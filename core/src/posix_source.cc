@@ -1,3 +1,12 @@
+// PosixSource (posix_source.h, docs/source-and-identity.md). Kept whole at
+// about 680 lines: its one job is reading a dataset's files beneath a root,
+// as the owner, without following a link out of it: the lexical checks, the
+// openat2 open and its component-by-component fallback, the cache of
+// directory descriptors, the checks that a file has not changed since the
+// snapshot, and CheckReadable, which opens the same way for another reader.
+// They share the root descriptor, the directory cache and the counters; the
+// steps of one Read are listed in the header and follow each other here.
+
 #include "granary/core/posix_source.h"
 
 #include <fcntl.h>
