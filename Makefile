@@ -22,7 +22,7 @@
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check bench-manifest bench-core bench-cachenode bench-auth bench-client bench bench-smoke clean
+.PHONY: image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-client bench bench-smoke clean
 
 deps:
 	@scripts/install-deps
@@ -35,7 +35,7 @@ release: deps
 	cmake --preset release >/dev/null
 	cmake --build --preset release
 
-test: deps format-check test-debug bench-smoke test-asan fuzz
+test: deps format-check layering-check test-debug bench-smoke test-asan fuzz
 	@echo "make test: all suites passed"
 
 # The Kubernetes suites (LABELS kubernetes) run a real control plane built by
@@ -60,6 +60,10 @@ fuzz: deps
 # saying why, where no container builder works (scripts/build-image).
 image:
 	scripts/build-image $(TAG)
+
+# Includes and links against the allowed graph of docs/architecture.md.
+layering-check: deps
+	scripts/check-layering
 
 format-check: deps
 	scripts/format-check

@@ -36,6 +36,7 @@
 #include "granary/core/snapshot.h"
 #include "granary/daemon/observability.h"
 #include "granary/operator/kube_config.h"
+#include "granary/store/open_store.h"
 
 namespace granary {
 namespace {

@@ -1120,23 +1120,5 @@ Status ChunkStore::DropDataset(std::string_view dataset) {
   return s;
 }
 
-std::string DataDirOwnershipProblem(const std::string& path, uid_t uid) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return "";  // missing: the node creates it 0700
-  if (st.st_uid != uid) {
-    return fmt::format(
-        "it is owned by uid {}, not by uid {} that the cache node runs as; another user's "
-        "directory could hold a symbolic link where the node writes its lock and chunk files: "
-        "give the node a directory of its own (chown {} {}; chmod 0700 {})",
-        st.st_uid, uid, uid, path, path);
-  }
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    return fmt::format(
-        "its mode {:04o} lets group or others write in it, so they could plant a symbolic link "
-        "where the node writes its lock and chunk files: chmod go-w {} (0700 is best)",
-        st.st_mode & 07777, path);
-  }
-  return "";
-}
 
 }  // namespace granary

@@ -1,5 +1,6 @@
 #include "granary/cachenode/config.h"
 
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -7,7 +8,6 @@
 #include <string>
 #include <utility>
 
-#include "granary/cachenode/handoff_server.h"
 #include "granary/core/config.h"
 #include "granary/core/file.h"
 #include "granary/core/log.h"
@@ -161,7 +161,7 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
   GRANARY_RETURN_IF_ERROR(
       OptionalPositiveDuration(m, "local_socket_idle_timeout", &c->local_socket_idle_timeout));
   GRANARY_RETURN_IF_ERROR(OptionalCount(m, "local_socket_max_per_uid", 1,
-                                        HandoffServerOptions{}.max_connections,
+                                        kDefaultHandoffMaxConnections,
                                         &c->local_socket_max_per_uid));
 
   GRANARY_RETURN_IF_ERROR(m.Required("data_dir", &c->data_dir));
@@ -287,6 +287,25 @@ Result<CacheNodeConfig> LoadCacheNodeConfig(const std::string& path) {
                              ReadStoreUrlFile(path, config.metadata_store_file));
   }
   return config;
+}
+
+std::string DataDirOwnershipProblem(const std::string& path, uid_t uid) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "";  // missing: the node creates it 0700
+  if (st.st_uid != uid) {
+    return fmt::format(
+        "it is owned by uid {}, not by uid {} that the cache node runs as; another user's "
+        "directory could hold a symbolic link where the node writes its lock and chunk files: "
+        "give the node a directory of its own (chown {} {}; chmod 0700 {})",
+        st.st_uid, uid, uid, path, path);
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return fmt::format(
+        "its mode {:04o} lets group or others write in it, so they could plant a symbolic link "
+        "where the node writes its lock and chunk files: chmod go-w {} (0700 is best)",
+        st.st_mode & 07777, path);
+  }
+  return "";
 }
 
 }  // namespace granary

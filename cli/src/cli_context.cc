@@ -14,6 +14,7 @@
 
 #include "granary/cli/cli.h"
 #include "granary/core/names.h"
+#include "granary/store/open_store.h"
 
 namespace granary::cli {
 namespace {

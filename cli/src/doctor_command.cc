@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "cli_context.h"
-#include "granary/cachenode/chunk_store.h"
 #include "granary/cachenode/config.h"
 #include "granary/client/session.h"
 #include "granary/core/file.h"
@@ -40,6 +39,7 @@
 #include "granary/core/unix_socket.h"
 #include "granary/daemon/config_keys.h"
 #include "granary/sidecar/config.h"
+#include "granary/store/open_store.h"
 
 namespace granary::cli {
 namespace {

@@ -1,7 +1,7 @@
 // `granary mount NAME DIR`: a dataset as a read-only file system at DIR, for
 // training code that opens files by path (docs/posix-view.md). The tree comes
 // from the manifest in the metadata store; contents come through the host's
-// granary-sidecar (posix::SessionContentReader), so every read takes the
+// granary-sidecar (SessionContentReader), so every read takes the
 // client library's path (prefetched, local cache node, peer, on demand,
 // source fall-through). When the sidecar is gone, reads go straight to the
 // cache nodes and the source until it is back (FallbackContentReader,
@@ -38,8 +38,8 @@
 #include "granary/posix/mount_point.h"
 #include "granary/posix/posix_view.h"
 #include "granary/posix/readahead.h"
-#include "granary/posix/session_reader.h"
 #include "mount_fallback.h"
+#include "session_reader.h"
 
 namespace granary::cli {
 namespace {
@@ -127,14 +127,14 @@ class MountCommand {
     }
     auto manifest = std::make_shared<const Manifest>(std::move(*decoded));
 
-    posix::SessionReaderOptions ro;
+    SessionReaderOptions ro;
     ro.dataset = o_.dataset;
     ro.session.socket_path = o_.socket;
     ro.session.client_name = "granary-mount/" + std::to_string(getpid());
     ro.max_sessions = o_.threads;
     ro.reconnect_timeout = reconnect_timeout_;
-    Result<std::unique_ptr<posix::SessionContentReader>> reader =
-        posix::SessionContentReader::Open(ro);
+    Result<std::unique_ptr<SessionContentReader>> reader =
+        SessionContentReader::Open(ro);
     if (!reader.ok()) {
       return reader.status().WithContext(
           "opening dataset " + Quoted(o_.dataset) + " through the sidecar at " +
@@ -175,7 +175,7 @@ class MountCommand {
       GRANARY_ASSIGN_OR_RETURN(vo.readahead_order, posix::ReadaheadOrder::Choose(*manifest, plans));
       m.readahead = vo.readahead_order->description();
     }
-    m.reader = std::shared_ptr<posix::SessionContentReader>(std::move(*reader));
+    m.reader = std::shared_ptr<SessionContentReader>(std::move(*reader));
     if (!o_.no_fallback) {
       DirectReaderOptions dro;
       dro.client_name = "granary-mount/" + std::to_string(getpid());

@@ -60,4 +60,44 @@ Status ValidateSamplePath(std::string_view path) {
   return Status::Ok();
 }
 
+namespace {
+
+Status ValidateDnsLabel(std::string_view value, std::string_view what) {
+  if (IsDnsLabel(value)) return Status::Ok();
+  return Status::InvalidArgument(std::string(what) + " " + Quoted(value) +
+                                 " is not a DNS-1123 label: use 1 to 63 lowercase letters, "
+                                 "digits or '-', starting and ending with a letter or digit "
+                                 "(e.g. 'imagenet-train')");
+}
+
+// [A-Za-z0-9._-], starting with an alphanumeric, 1..max_len.
+Status ValidateToken(std::string_view value, size_t max_len, std::string_view what) {
+  bool ok = !value.empty() && value.size() <= max_len && IsAsciiAlnum(value.front());
+  for (char c : value) ok = ok && (IsAsciiAlnum(c) || c == '.' || c == '_' || c == '-');
+  if (ok) return Status::Ok();
+  return Status::InvalidArgument(std::string(what) + " " + Quoted(value) +
+                                 " is invalid: use 1 to " + std::to_string(max_len) +
+                                 " letters, digits, '.', '_' or '-', starting with a letter or "
+                                 "digit");
+}
+
+}  // namespace
+
+Status ValidateDatasetName(std::string_view name) { return ValidateDnsLabel(name, "dataset name"); }
+
+Status ValidatePoolName(std::string_view pool) { return ValidateDnsLabel(pool, "pool name"); }
+
+Status ValidateNodeId(std::string_view id) { return ValidateToken(id, 253, "node id"); }
+
+Status ValidatePlanId(std::string_view id) { return ValidateToken(id, 128, "plan id"); }
+
+Status ValidateManifestId(std::string_view id) {
+  bool ok = !id.empty() && id.size() <= 128;
+  for (char c : id) ok = ok && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+  if (ok) return Status::Ok();
+  return Status::InvalidArgument("manifest id " + Quoted(id) +
+                                 " is invalid: use the manifest's content id, 1 to 128 lowercase "
+                                 "hex digits");
+}
+
 }  // namespace granary

@@ -3,6 +3,7 @@
 #include "granary/core/log.h"
 #include "granary/core/names.h"
 #include "granary/operator/base64.h"
+#include "granary/store/open_store.h"
 
 namespace granary::kube {
 

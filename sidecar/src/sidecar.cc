@@ -35,6 +35,7 @@
 #include "granary/posix/posix_view.h"
 #include "granary/sidecar/sample_cache.h"
 #include "granary/sidecar/sample_fetcher.h"
+#include "granary/store/open_store.h"
 #include "sidecar_metrics.h"
 
 namespace granary::sidecar {

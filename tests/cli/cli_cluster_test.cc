@@ -27,6 +27,7 @@
 #include "granary/cli/cli.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/peer_auth.h"
+#include "granary/store/open_store.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/sidecar_fixture.h"
 #include "testing/test_util.h"

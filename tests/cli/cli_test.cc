@@ -20,6 +20,7 @@
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/peer_auth.h"
+#include "granary/store/open_store.h"
 #include "testing/test_util.h"
 
 namespace granary {

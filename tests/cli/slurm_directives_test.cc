@@ -19,6 +19,7 @@
 
 #include "granary/cli/cli.h"
 #include "granary/core/metadata_store.h"
+#include "granary/store/open_store.h"
 #include "testing/store_records.h"
 #include "testing/test_util.h"
 

@@ -27,6 +27,7 @@
 #include "granary/core/manifest_builder.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/posix_source.h"
+#include "granary/store/open_store.h"
 #include "testing/test_util.h"
 
 namespace granary {

@@ -20,6 +20,7 @@
 
 #include "granary/core/clock.h"
 #include "granary/core/metadata_store.h"
+#include "granary/store/open_store.h"
 #include "testing/child_process.h"
 #include "testing/store_records.h"
 #include "testing/test_util.h"

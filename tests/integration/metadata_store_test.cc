@@ -22,6 +22,7 @@
 
 #include "granary/core/clock.h"
 #include "granary/core/plan.h"
+#include "granary/store/open_store.h"
 #include "testing/child_process.h"
 #include "testing/redis_server.h"
 #include "testing/store_records.h"

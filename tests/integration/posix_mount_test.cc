@@ -31,16 +31,18 @@
 
 #include "granary/posix/mount_point.h"
 #include "granary/posix/posix_view.h"
-#include "granary/posix/session_reader.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/daemon_process.h"
 #include "testing/sidecar_fixture.h"
 #include "testing/test_util.h"
+#include "session_reader.h"  // cli/src: granary mount's reader
 
 namespace granary::posix {
 namespace {
 
 namespace fs = std::filesystem;
+using cli::SessionContentReader;
+using cli::SessionReaderOptions;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::CacheCluster;

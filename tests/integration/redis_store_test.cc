@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "granary/core/metadata_store.h"
+#include "granary/store/open_store.h"
 #include "testing/child_process.h"
 #include "testing/redis_server.h"
 #include "testing/store_records.h"

@@ -19,6 +19,7 @@
 #include "granary/core/manifest_builder.h"
 #include "granary/core/names.h"
 #include "granary/core/net_address.h"
+#include "granary/store/open_store.h"
 
 namespace granary::testing {
 namespace {

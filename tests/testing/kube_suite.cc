@@ -9,6 +9,7 @@
 
 #include "granary/core/file.h"
 #include "granary/operator/base64.h"
+#include "granary/store/open_store.h"
 
 namespace granary::testing {
 

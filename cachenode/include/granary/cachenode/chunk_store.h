@@ -54,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include "granary/cachenode/config.h"  // DataDirOwnershipProblem
 #include "granary/core/chunk_file.h"
 #include "granary/core/file.h"
 #include "granary/core/hash.h"
@@ -127,13 +128,8 @@ struct StoredManifest {
 class StoredChunkWriter;
 class StoredChunkReader;
 
-// Why a cache node running as `uid` must not use directory `path` (an
-// existing directory; stat follows a symlink) as its data_dir: owned by
-// another user, or writable by group or others, so that someone else could
-// put a symlink where the node creates a file (its LOCK, a chunk file) and
-// make it overwrite whatever that points to. Empty when it is fine. Used by
-// ChunkStore::Open (which refuses) and `granary doctor`.
-std::string DataDirOwnershipProblem(const std::string& path, uid_t uid);
+// DataDirOwnershipProblem (why a directory must not be a data_dir) is in
+// config.h, with the data_dir setting it checks.
 
 class ChunkStore : public std::enable_shared_from_this<ChunkStore> {
  public:

@@ -23,6 +23,7 @@
 // one file; the host-name default calls gethostname).
 
 #include <spdlog/common.h>
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
@@ -34,6 +35,10 @@
 #include "granary/core/status.h"
 
 namespace granary {
+
+// Connections the chunk-handoff socket holds at once (HandoffServerOptions);
+// local_socket_max_per_uid may not exceed it.
+inline constexpr uint32_t kDefaultHandoffMaxConnections = 64;
 
 // Ranges of the counts (inclusive).
 inline constexpr uint32_t kMaxCacheNodeSourceConcurrency = 1024;  // = kMaxStagerThreads
@@ -172,5 +177,13 @@ Result<CacheNodeConfig> LoadCacheNodeConfig(const std::string& path);
 
 // "presence" / "verify": the YAML names of ChunkScanMode.
 std::string_view ChunkScanModeName(ChunkScanMode mode);
+
+// Why a cache node running as `uid` must not use directory `path` (an
+// existing directory; stat follows a symlink) as its data_dir: owned by
+// another user, or writable by group or others, so that someone else could
+// put a symlink where the node creates a file (its LOCK, a chunk file) and
+// make it overwrite whatever that points to. Empty when it is fine. Used by
+// ChunkStore::Open (which refuses) and `granary doctor`.
+std::string DataDirOwnershipProblem(const std::string& path, uid_t uid);
 
 }  // namespace granary

@@ -39,6 +39,7 @@
 #include <optional>
 #include <string>
 
+#include "granary/cachenode/config.h"  // kDefaultHandoffMaxConnections
 #include "granary/core/chunk_handoff.h"
 #include "granary/core/file.h"
 #include "granary/core/status.h"
@@ -49,7 +50,7 @@ namespace granary {
 struct HandoffServerOptions {
   std::string path;      // the socket file; its directory must exist
   uint32_t mode = 0666;  // who may connect; requests are authorized per peer uid anyway
-  uint32_t max_connections = 64;
+  uint32_t max_connections = kDefaultHandoffMaxConnections;
   // 0: max_connections / 4. Connections one unprivileged uid may hold.
   uint32_t max_per_uid = 0;
   // Places only privileged peers may take: max_connections / 8 (at least 1).

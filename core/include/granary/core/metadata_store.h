@@ -53,6 +53,7 @@
 
 #include "granary/core/clock.h"
 #include "granary/core/manifest.h"
+#include "granary/core/names.h"
 #include "granary/core/plan.h"
 #include "granary/core/status.h"
 
@@ -240,6 +241,8 @@ enum class EventKind : uint8_t {
   kResync,    // events may have been lost; re-read everything. name is empty
 };
 std::string_view EventKindName(EventKind kind);  // "dataset", "node", ...
+// kInvalidArgument "unknown kind 'x'" for a name EventKindName never gives.
+Result<EventKind> ParseEventKind(std::string_view name);
 
 struct Event {
   EventKind kind = EventKind::kResync;
@@ -248,14 +251,8 @@ struct Event {
   friend bool operator==(const Event&, const Event&) = default;
 };
 
-// ---- validation (the store applies these; exposed for early checks) --------
-
-// A DNS-1123 label: 1..63 of lowercase [a-z0-9-], starting and ending with an
-// alphanumeric. The error names the rule.
-Status ValidateDatasetName(std::string_view name);
-// 1..253 of [A-Za-z0-9._-], starting with an alphanumeric (host names, k8s
-// node names).
-Status ValidateNodeId(std::string_view id);
+// The record names' rules (ValidateDatasetName, ValidateNodeId, ...) are in
+// names.h, included above.
 
 // ---- options and the interface ---------------------------------------------
 
@@ -346,22 +343,7 @@ class MetadataStore {
   virtual Result<std::unique_ptr<Watcher>> Watch() = 0;
 };
 
-// Opens the store named by `url`. Query parameters in the URL override the
-// matching options. Errors:
-//   kInvalidArgument  a malformed URL (the message lists the accepted forms);
-//   kUnavailable      Redis: the server cannot be reached now. Redis is tried
-//                     once, without retries: callers that must wait loop
-//                     themselves. SQLite: the file stayed locked by other
-//                     processes for retry_ms (SQLite open does wait and retry
-//                     within retry_ms, e.g. while another process creates the
-//                     schema);
-//   kPermissionDenied a wrong Redis password;
-//   kCorruption       a file that is not a SQLite database, or damaged;
-//   kFailedPrecondition a SQLite database that is not a Granary store (other
-//                     tables, no Granary mark): it is left untouched;
-//   kVersionMismatch  a Granary store of another schema version;
-//   kNotFound         the SQLite file's directory does not exist.
-Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
-                                                         const MetadataStoreOptions& options = {});
+// Opening a store by URL (OpenMetadataStore) is in granary/store/open_store.h,
+// target granary::store: only what opens a store links the backends.
 
 }  // namespace granary

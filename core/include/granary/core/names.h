@@ -18,6 +18,26 @@ namespace granary {
 inline constexpr size_t kMaxDnsLabelLength = 63;
 bool IsDnsLabel(std::string_view name);
 
+// [A-Za-z0-9]: the first character of the token-like names below.
+inline bool IsAsciiAlnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+// ---- the names of Granary's records, checked wherever one is received ----
+// Each is OK or kInvalidArgument naming the field, the value (Quoted) and the
+// rule. The metadata store applies them to every record written and read back.
+
+// Datasets and pools: DNS-1123 labels.
+Status ValidateDatasetName(std::string_view name);
+Status ValidatePoolName(std::string_view pool);
+// 1..253 of [A-Za-z0-9._-], starting with an alphanumeric (host names,
+// Kubernetes node names).
+Status ValidateNodeId(std::string_view id);
+// A plan id: 1..128 of [A-Za-z0-9._-], starting with an alphanumeric.
+Status ValidatePlanId(std::string_view id);
+// A manifest's content id: 1..128 lowercase hex digits.
+Status ValidateManifestId(std::string_view id);
+
 // `s` in single quotes for a message: printable ASCII as is, anything else
 // (and ' and \) as \xNN, cut after 80 bytes with the full length noted.
 std::string Quoted(std::string_view s);

@@ -4,7 +4,7 @@
 // The FUSE part knows nothing of sockets or cache nodes: it asks a reader to
 // pin a sample's bytes, replies from them, and tells it what will probably be
 // read next. Two implementations are meant:
-//   - SessionContentReader (session_reader.h): client Sessions to a running
+//   - SessionContentReader (cli/src/session_reader.h): client Sessions to a running
 //     granary-sidecar; the bytes stay in the sidecar's shared-memory arena and
 //     are written from there straight into the FUSE reply (`granary mount`);
 //   - the sidecar itself, in process (its `mounts:` option), pinning samples in

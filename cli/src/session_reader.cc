@@ -1,4 +1,4 @@
-#include "granary/posix/session_reader.h"
+#include "session_reader.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
 
-namespace granary::posix {
+namespace granary::cli {
 namespace {
 
 using std::chrono::milliseconds;
@@ -314,4 +314,4 @@ SessionContentReader::Counters SessionContentReader::counters() const {
   return c;
 }
 
-}  // namespace granary::posix
+}  // namespace granary::cli

@@ -46,7 +46,10 @@
 #include "granary/client/session.h"
 #include "granary/posix/content_reader.h"
 
-namespace granary::posix {
+namespace granary::cli {
+
+using posix::ContentReader;
+using posix::PinnedSample;
 
 struct SessionReaderOptions {
   std::string dataset;
@@ -130,4 +133,4 @@ class SessionContentReader : public ContentReader {
   std::atomic<uint64_t> hints_dropped_{0};
 };
 
-}  // namespace granary::posix
+}  // namespace granary::cli

@@ -3,7 +3,7 @@
 // What the two MetadataStore backends share, so they cannot disagree: input
 // validation, the JSON documents records are stored as (docs/metadata-store.md),
 // retry backoff, and message helpers. RecordStore (record_store.h) applies the
-// validation and the documents for both. Private to granary_core.
+// validation and the documents for both. Private to granary_store (core/store).
 //
 // Thread safety: the functions are pure; a Backoff belongs to the one call
 // that made it.
@@ -24,11 +24,9 @@ inline constexpr std::string_view kAcceptedUrlForms =
     "sqlite:///absolute/path/granary.db[?retry_ms=N&poll_ms=N]";
 
 // ---- validation ----
+// The names' rules (ValidatePoolName, ValidatePlanId, ...) are in names.h.
 // Each is kInvalidArgument naming the field and the rule. The decoders below
 // apply the same checks to what they read back, as kCorruption.
-Status ValidatePoolName(std::string_view pool);
-Status ValidateManifestId(std::string_view id);
-Status ValidatePlanId(std::string_view id);
 // Name, spec (include/exclude globs compile), owner, state and manifest id of
 // a record about to be written.
 Status ValidateDataset(const DatasetRecord& record);
@@ -78,6 +76,10 @@ Result<Event> DecodeEvent(std::string_view json);
 // The kCorruption for a stored value at `where` that fails a check: the
 // problem, and what to do about it.
 Status CorruptRecord(std::string_view where, std::string_view problem);
+
+// `s` as a decimal number of at most `max` (digits only, no sign): false for
+// anything else. Ports, database numbers, milliseconds in URLs and records.
+bool ParseDecimal(std::string_view s, uint64_t max, uint64_t* out);
 
 // ---- retries ----
 
