@@ -1,5 +1,6 @@
-// Chunk handoff codec and client (chunk_handoff.h; docs/protocol.md, "Chunk
-// handoff").
+// Chunk handoff codec and client (chunk_handoff.h; byte layout in
+// chunk_handoff_format.h; docs/protocol.md, "Chunk handoff"). Frames go
+// through the shared frame layer (wire_frame.h).
 
 #include "granary/core/chunk_handoff.h"
 
@@ -12,20 +13,54 @@
 #include "granary/core/byte_order.h"
 #include "granary/core/names.h"
 #include "granary/core/unix_socket.h"
+#include "granary/core/wire_frame.h"
 
 namespace granary::handoff {
 namespace {
 
+namespace hf = chunk_handoff_format;
+
+std::string Describe(const wire::WireHeader& h) {
+  std::string_view name;
+  if (h.type == hf::kTypeOpenChunk) name = "OPEN_CHUNK";
+  if (h.type == hf::kTypeOpenChunkReply) name = "OPEN_CHUNK_REPLY";
+  return wire::DescribeFrame(name, h.type, /*hex_types=*/false, /*has_request_id=*/false, 0);
+}
+
+// GRHO: the shared header without flags, payload or request id.
+const wire::FrameFormat kFrameFormat = {
+    .magic = {hf::kMagic[0], hf::kMagic[1], hf::kMagic[2], hf::kMagic[3]},
+    .has_flags = false,
+    .has_payload_length = false,
+    .has_request_id = false,
+    .frame_noun = "chunk handoff frame",
+    .bad_magic_advice = "not a Granary chunk handoff peer; is this the cache node's local_socket?",
+    .connection_noun = "chunk handoff connection",
+    .describe = &Describe,
+};
+
+// The header rules: this version, a known type, a body within kMaxBodySize.
+Status CheckHeader(const wire::WireHeader& h) {
+  if (h.version != kVersion) {
+    return Status::VersionMismatch("chunk handoff frame: version " + std::to_string(h.version) +
+                                   " where this build speaks " + std::to_string(kVersion) +
+                                   "; run the same Granary version on the cache node and sidecar");
+  }
+  if (h.type != hf::kTypeOpenChunk && h.type != hf::kTypeOpenChunkReply) {
+    return Status::InvalidArgument("chunk handoff frame: unknown message type " +
+                                   std::to_string(h.type));
+  }
+  if (h.body_length > kMaxBodySize) {
+    return Status::InvalidArgument("chunk handoff frame: body of " + std::to_string(h.body_length) +
+                                   " bytes is over the limit of " + std::to_string(kMaxBodySize));
+  }
+  return Status::Ok();
+}
+
 std::string Frame(MessageType type, std::string_view body) {
-  std::string out;
-  out.reserve(kHeaderSize + body.size());
-  ByteWriter w(&out);
-  w.PutBytes(std::string_view(kMagic, sizeof(kMagic)));
-  w.Put(kVersion);
-  w.Put(static_cast<uint16_t>(type));
-  w.Put(static_cast<uint32_t>(body.size()));
-  w.PutBytes(body);
-  return out;
+  return wire::EncodeFrame(
+      kFrameFormat, wire::WireHeader{.version = kVersion, .type = static_cast<uint16_t>(type)},
+      body);
 }
 
 Status CheckDataset(std::string_view name, std::string_view doing) {
@@ -38,38 +73,9 @@ Status CheckDataset(std::string_view name, std::string_view doing) {
 }  // namespace
 
 Result<Header> DecodeHeader(std::string_view bytes) {
-  if (bytes.size() != kHeaderSize) {
-    return Status::InvalidArgument("chunk handoff frame header: " + std::to_string(bytes.size()) +
-                                   " bytes where " + std::to_string(kHeaderSize) +
-                                   " were expected");
-  }
-  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    return Status::InvalidArgument(
-        "chunk handoff frame header: bad magic (not a Granary chunk handoff peer; is this the "
-        "cache node's local_socket?)");
-  }
-  ByteReader r(bytes.substr(sizeof(kMagic)));
-  uint16_t version = 0;
-  uint16_t type = 0;
-  uint32_t body = 0;
-  r.Get(&version);
-  r.Get(&type);
-  r.Get(&body);
-  if (version != kVersion) {
-    return Status::VersionMismatch("chunk handoff frame: version " + std::to_string(version) +
-                                   " where this build speaks " + std::to_string(kVersion) +
-                                   "; run the same Granary version on the cache node and sidecar");
-  }
-  if (type != static_cast<uint16_t>(MessageType::kOpenChunk) &&
-      type != static_cast<uint16_t>(MessageType::kOpenChunkReply)) {
-    return Status::InvalidArgument("chunk handoff frame: unknown message type " +
-                                   std::to_string(type));
-  }
-  if (body > kMaxBodySize) {
-    return Status::InvalidArgument("chunk handoff frame: body of " + std::to_string(body) +
-                                   " bytes is over the limit of " + std::to_string(kMaxBodySize));
-  }
-  return Header{static_cast<MessageType>(type), body};
+  GRANARY_ASSIGN_OR_RETURN(wire::WireHeader h, wire::ParseHeader(kFrameFormat, bytes));
+  GRANARY_RETURN_IF_ERROR(CheckHeader(h));
+  return Header{static_cast<MessageType>(h.type), h.body_length};
 }
 
 Result<std::string> EncodeOpenChunk(const OpenChunkRequest& request) {
@@ -92,7 +98,7 @@ Result<OpenChunkRequest> DecodeOpenChunk(std::string_view body) {
   OpenChunkRequest request;
   r.Get(&length);
   r.GetBytes(length, &name);
-  r.GetBytes(16, &id);
+  r.GetBytes(hf::kManifestIdSize, &id);
   r.Get(&request.chunk);
   if (!r.ok()) {
     return Status::InvalidArgument("OPEN_CHUNK: body of " + std::to_string(body.size()) +
@@ -109,7 +115,7 @@ Result<OpenChunkRequest> DecodeOpenChunk(std::string_view body) {
 }
 
 std::string EncodeReply(const Status& status) {
-  const std::string_view message = std::string_view(status.message()).substr(0, kMaxMessageLength);
+  const std::string_view message = wire::Cut(status.message(), kMaxMessageLength);
   std::string body;
   ByteWriter w(&body);
   w.Put(static_cast<uint32_t>(status.code()));
@@ -177,43 +183,40 @@ Result<ScopedFd> ChunkHandoffClient::Exchange(const std::string& frame) {
     rest.remove_prefix(*sent);
   }
 
-  std::string in;
+  // Exactly one reply: the reader is asked how many bytes the frame still
+  // needs, so nothing past it is read.
+  wire::FrameReader reader(kFrameFormat);
+  auto check_reply = [](const wire::WireHeader& h) -> Status {
+    GRANARY_RETURN_IF_ERROR(CheckHeader(h));
+    if (h.type != hf::kTypeOpenChunkReply) {
+      return Status::InvalidArgument("not an OPEN_CHUNK_REPLY but a " + Describe(h));
+    }
+    return Status::Ok();
+  };
   std::vector<ScopedFd> fds;
-  size_t want = kHeaderSize;
-  Header header;
-  bool have_header = false;
   char buffer[kHeaderSize + kMaxBodySize];
-  for (int round = 0; in.size() < want; ++round) {
+  for (int round = 0; !reader.has_frame(); ++round) {
     if (round >= kMaxPollRounds) return Status::Internal("reading from " + what + ": no progress");
     GRANARY_ASSIGN_OR_RETURN(bool ready, WaitFdReady(fd_.get(), POLLIN, deadline, what));
     if (!ready) return Status::DeadlineExceeded("waiting for " + what + ": timed out");
-    Result<size_t> got = ReceiveWithFds(fd_.get(), std::span<char>(buffer, want - in.size()), &fds);
+    Result<size_t> got = ReceiveWithFds(fd_.get(), std::span<char>(buffer, reader.wanted()), &fds);
     if (!got.ok()) {
       if (got.status().code() == StatusCode::kUnavailable) continue;
       return Status(StatusCode::kIoError, "reading from " + what + ": " + got.status().message());
     }
     if (*got == 0) return Status::Unavailable(what + " closed the connection mid-reply");
-    in.append(buffer, *got);
-    if (!have_header && in.size() >= kHeaderSize) {
-      Result<Header> h = DecodeHeader(std::string_view(in).substr(0, kHeaderSize));
-      if (!h.ok()) {
-        // The stream is out of step (or another version): the connection goes.
-        const StatusCode code = h.status().code() == StatusCode::kVersionMismatch
-                                    ? StatusCode::kVersionMismatch
-                                    : StatusCode::kIoError;
-        return Status(code, "from " + what + ": " + h.status().message());
-      }
-      if (h->type != MessageType::kOpenChunkReply) {
-        return Status(StatusCode::kIoError, "from " + what + ": not an OPEN_CHUNK_REPLY");
-      }
-      header = *h;
-      have_header = true;
-      want = kHeaderSize + header.body_size;
+    Result<size_t> used = reader.Feed(std::string_view(buffer, *got), check_reply);
+    if (!used.ok()) {
+      // The stream is out of step (or another version): the connection goes.
+      const StatusCode code = used.status().code() == StatusCode::kVersionMismatch
+                                  ? StatusCode::kVersionMismatch
+                                  : StatusCode::kIoError;
+      return Status(code, "from " + what + ": " + used.status().message());
     }
   }
+  const wire::WireFrame reply = reader.TakeFrame();
   Status answer;
-  if (Status decoded = DecodeReply(std::string_view(in).substr(kHeaderSize), &answer);
-      !decoded.ok()) {
+  if (Status decoded = DecodeReply(reply.body, &answer); !decoded.ok()) {
     return Status(StatusCode::kIoError, "from " + what + ": " + decoded.message());
   }
   if (!answer.ok()) return answer;

@@ -20,12 +20,10 @@
 // and segments) and verifies every segment it reads, so a wrong or damaged
 // file costs a fall back to READ, never a wrong byte.
 //
-// Frames: a 12-byte header, then the body:
-//     0 magic "GRHO" (4 bytes), 4 version u16 (1), 6 type u16, 8 body_length u32
-// OPEN_CHUNK body: dataset (u8 length + bytes, a DNS-1123 label), manifest id
-// (16 bytes, ContentId::ToBytes), chunk u32. OPEN_CHUNK_REPLY body: status
-// code u32 (StatusCode), message (u16 length + bytes, at most 1024).
-// Integers little-endian. Bodies are at most kMaxBodySize bytes.
+// Frames: a 12-byte header (the shared one of wire_frame.h: magic "GRHO",
+// version, type, body_length), then the body; chunk_handoff_format.h has the
+// byte layout. OPEN_CHUNK carries dataset, manifest id and chunk;
+// OPEN_CHUNK_REPLY a status code and message.
 //
 // Callers: the cache node's handoff server (DecodeHeader, DecodeOpenChunk,
 // EncodeReply), the sidecar's SampleFetcher (ChunkHandoffClient), tests and
@@ -41,6 +39,7 @@
 #include <string>
 #include <string_view>
 
+#include "granary/core/chunk_handoff_format.h"
 #include "granary/core/file.h"
 #include "granary/core/hash.h"
 #include "granary/core/manifest.h"
@@ -48,15 +47,16 @@
 
 namespace granary::handoff {
 
-inline constexpr char kMagic[4] = {'G', 'R', 'H', 'O'};
-inline constexpr uint16_t kVersion = 1;
-inline constexpr size_t kHeaderSize = 12;
-inline constexpr uint32_t kMaxBodySize = 1100;
-inline constexpr size_t kMaxMessageLength = 1024;
+// The layout's constants (chunk_handoff_format.h), as this codec's names.
+using chunk_handoff_format::kHeaderSize;
+using chunk_handoff_format::kMagic;
+using chunk_handoff_format::kMaxBodySize;
+using chunk_handoff_format::kMaxMessageLength;
+using chunk_handoff_format::kVersion;
 
 enum class MessageType : uint16_t {
-  kOpenChunk = 1,
-  kOpenChunkReply = 2,
+  kOpenChunk = chunk_handoff_format::kTypeOpenChunk,
+  kOpenChunkReply = chunk_handoff_format::kTypeOpenChunkReply,
 };
 
 struct Header {

@@ -48,6 +48,7 @@
 #include "granary/core/hash.h"
 #include "granary/core/protocol_format.h"
 #include "granary/core/status.h"
+#include "granary/core/wire_frame.h"
 
 namespace granary {
 
@@ -389,7 +390,8 @@ enum class PayloadMode {
               // bytes itself (e.g. straight into shared memory): see ConsumePayload
 };
 
-// Splits a byte stream into frames. Feed it bytes as they arrive, split
+// Splits a byte stream into frames (the shared wire::FrameReader under this
+// protocol's header rules). Feed it bytes as they arrive, split
 // anywhere; it holds at most one frame, never more than the limits allow, and
 // grows its buffers only as bytes actually arrive (a header announcing a large
 // body costs nothing until the body comes). After an error it stays failed:
@@ -413,7 +415,7 @@ class FrameDecoder {
   // taken, or a detached payload is outstanding, it consumes nothing.
   Result<size_t> Feed(std::string_view data);
 
-  bool has_frame() const { return has_frame_; }
+  bool has_frame() const { return reader_.has_frame(); }
   // The complete frame (has_frame() must be true); the decoder moves on.
   Frame TakeFrame();
 
@@ -421,8 +423,8 @@ class FrameDecoder {
   // come. The caller takes them from the stream itself and reports how many
   // with ConsumePayload(n), which returns the part of n that was payload
   // (min(n, payload_remaining())).
-  uint64_t payload_remaining() const { return payload_remaining_; }
-  uint64_t ConsumePayload(uint64_t n);
+  uint64_t payload_remaining() const { return reader_.payload_remaining(); }
+  uint64_t ConsumePayload(uint64_t n) { return reader_.ConsumePayload(n); }
 
   // Only frames of this version are accepted from now on (HELLO, HELLO_REPLY
   // and ERROR still also as kHandshakeVersion). Call after negotiation.
@@ -433,26 +435,19 @@ class FrameDecoder {
   Status Finish() const;
 
   // The sticky error, or OK.
-  const Status& status() const { return status_; }
+  const Status& status() const { return reader_.status(); }
   // Bytes of the current partial frame held in memory.
-  size_t buffered_bytes() const;
+  size_t buffered_bytes() const { return reader_.buffered_bytes(); }
 
  private:
-  enum class Stage { kHeader, kBody, kPayload };
-  Status Fail(Status status);
-  Status CheckHeader();
+  // The header rules of this protocol (version, flags, limits, payloads),
+  // applied by the shared frame layer before it buffers a body.
+  Status CheckHeader(const wire::WireHeader& header) const;
 
   FrameDirection direction_;
   ProtocolLimits limits_;
-  PayloadMode payload_mode_;
   std::optional<uint16_t> expected_version_;
-  Status status_;
-  Stage stage_ = Stage::kHeader;
-  char header_bytes_[protocol_format::kFrameHeaderSize] = {};
-  size_t header_filled_ = 0;
-  Frame frame_;
-  bool has_frame_ = false;
-  uint64_t payload_remaining_ = 0;
+  wire::FrameReader reader_;
 };
 
 // Decodes exactly one frame that spans all of `bytes` (tests, fuzzers, callers
