@@ -7,29 +7,19 @@
 // address in use), 2 for a bad command line or configuration.
 
 #include <malloc.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
 #include "granary/cachenode/cache_node.h"
 #include "granary/cachenode/config.h"
-#include "granary/core/log.h"
-#include "granary/core/metadata_store.h"
+#include "granary/core/metadata_store.h"  // ValidateNodeId
 #include "granary/core/net_address.h"
 #include "granary/core/snapshot.h"
-#include "granary/daemon/stop_signals.h"
-
-namespace {
-
-constexpr int kExitRuntime = 1;
-constexpr int kExitUsage = 2;
-
-}  // namespace
+#include "granary/daemon/daemon_main.h"
 
 int main(int argc, char** argv) {
   // Replies are built in memory, up to the reply budget (reply_buffer_bytes),
@@ -51,11 +41,8 @@ int main(int argc, char** argv) {
       "serves them to sidecars and peers.\n"
       "Exit status: 0 clean stop, 1 start-up failure (store unreachable, data_dir locked, "
       "address in use), 2 bad command line or configuration."};
-  std::string config_path;
-  bool check = false;
-  app.add_option("-c,--config", config_path, "The YAML configuration file (docs/cachenode.md)")
-      ->required();
-  app.add_flag("--check", check, "Check the configuration and exit");
+  granary::DaemonMain daemon("granary-cachenode", app);
+  daemon.AddConfigFile("docs/cachenode.md");
   // One configuration file serves every node of a pool (a Kubernetes
   // ConfigMap); what differs per node comes on the command line.
   std::string node_id;
@@ -64,56 +51,42 @@ int main(int argc, char** argv) {
                  "Overrides the configuration's node_id (e.g. the Kubernetes node name)");
   app.add_option("--advertise", advertise,
                  "Overrides the configuration's advertise address (host:port; e.g. the host IP)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : kExitUsage;
-  }
+  if (std::optional<int> exit = daemon.Parse(argc, argv)) return *exit;
 
-  granary::Result<granary::CacheNodeConfig> config = granary::LoadCacheNodeConfig(config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "granary-cachenode: %s\n", config.status().message().c_str());
-    return kExitUsage;
-  }
+  granary::Result<granary::CacheNodeConfig> config =
+      granary::LoadCacheNodeConfig(daemon.config_path());
+  if (!config.ok()) return daemon.BadConfig(config.status());
   if (!node_id.empty()) {
     const granary::Status valid = granary::ValidateNodeId(node_id);
-    if (!valid.ok()) {
-      std::fprintf(stderr, "granary-cachenode: --node-id: %s\n", valid.message().c_str());
-      return kExitUsage;
-    }
+    if (!valid.ok()) return daemon.Usage("--node-id: " + valid.message());
     config->node_id = node_id;
   }
   if (!advertise.empty()) {
     granary::Result<granary::NetAddress> address = granary::ParseNetAddress(advertise);
     if (!address.ok() || address->port == 0 || address->host == "0.0.0.0" ||
         address->host == "::") {
-      std::fprintf(stderr,
-                   "granary-cachenode: --advertise %s: write the host:port others reach this node "
-                   "at (not a wildcard host, not port 0)%s%s\n",
-                   advertise.c_str(), address.ok() ? "" : ": ",
-                   address.ok() ? "" : address.status().message().c_str());
-      return kExitUsage;
+      return daemon.Usage("--advertise " + advertise +
+                          ": write the host:port others reach this node at (not a wildcard host, "
+                          "not port 0)" +
+                          (address.ok() ? "" : ": " + address.status().message()));
     }
     config->advertise = *address;
   }
-  if (check) {
-    std::printf("%s: OK (node %s, pool %s)\n", config_path.c_str(), config->node_id.c_str(),
-                config->pool.c_str());
-    return 0;
+  if (daemon.check()) {
+    std::printf("%s: OK (node %s, pool %s)\n", daemon.config_path().c_str(),
+                config->node_id.c_str(), config->pool.c_str());
+    return granary::kDaemonExitOk;
   }
+  // CacheNode::Start sets the configuration's level too: make them agree.
+  config->log_level = daemon.ApplyLogLevel(config->log_level);
 
-  // Block the stop signals in every thread (the threads the node starts
-  // inherit the mask); this thread waits for them below.
-  const sigset_t stop_signals = granary::BlockStopSignals();
+  // Before the node starts a thread: its threads inherit the blocked stop
+  // signals, and this thread waits for them below.
+  daemon.PrepareSignals();
 
   granary::Result<std::unique_ptr<granary::CacheNode>> node = granary::CacheNode::Start(*config);
-  if (!node.ok()) {
-    std::fprintf(stderr, "granary-cachenode: %s\n", node.status().ToString().c_str());
-    return kExitRuntime;
-  }
-  const std::string_view stopped_by = granary::WaitForStopSignal(stop_signals);
-  granary::GetLogger("cachenode")->info("received {}: stopping", stopped_by);
+  if (!node.ok()) return daemon.StartFailed(node.status());
+  daemon.WaitForStop("cachenode");
   (*node)->Stop();
-  return 0;
+  return granary::kDaemonExitOk;
 }

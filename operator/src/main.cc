@@ -18,8 +18,8 @@
 #include "granary/core/config.h"
 #include "granary/core/log.h"
 #include "granary/core/net_address.h"
+#include "granary/daemon/daemon_main.h"
 #include "granary/daemon/observability.h"
-#include "granary/daemon/stop_signals.h"
 #include "granary/operator/kube_client.h"
 #include "granary/operator/kube_config.h"
 #include "granary/operator/operator.h"
@@ -28,9 +28,6 @@
 #include "granary/operator/webhook_server.h"
 
 namespace {
-
-constexpr int kExitRuntime = 1;
-constexpr int kExitUsage = 2;
 
 int64_t ParseMillis(const std::string& text, const char* flag, bool* ok) {
   granary::Result<std::chrono::milliseconds> d = granary::ParseDuration(text);
@@ -58,8 +55,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "granary-operator: runs Granary on Kubernetes: CachePools become cache-node DaemonSets, "
       "Datasets become staged Granary datasets (docs/kubernetes.md)."};
-  std::string kubeconfig, context, ns, identity, metrics_listen = "0.0.0.0:9467",
-                                                 log_level = "info";
+  granary::DaemonMain daemon("granary-operator", app);
+  std::string kubeconfig, context, ns, identity, metrics_listen = "0.0.0.0:9467";
   std::string lease_duration = "15s", renew_deadline = "10s", retry_period = "2s";
   std::string progress_interval = "2s";
   std::string cachenode_command = "granary-cachenode";
@@ -89,7 +86,6 @@ int main(int argc, char** argv) {
                  "How often Datasets that are not Ready are looked at again");
   app.add_option("--workers", workers, "Reconciling threads")->check(CLI::Range(1, 64));
   app.add_option("--metrics-listen", metrics_listen, "/metrics, /healthz, /readyz (host:port)");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
   app.add_option("--cachenode-service-account", cachenode_service_account,
                  "ServiceAccount of the cache-node pods (needs create on tokenreviews)")
       ->capture_default_str();
@@ -125,25 +121,12 @@ int main(int argc, char** argv) {
                  "Fail (labelled pods are refused while the webhook is down) or Ignore");
   app.add_option("--webhook-timeout", webhook_timeout,
                  "How long the API server waits for the webhook (1s to 30s)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : kExitUsage;
-  }
-  granary::Result<spdlog::level::level_enum> level = granary::ParseLogLevel(log_level);
-  if (!level.ok()) {
-    std::fprintf(stderr, "granary-operator: --log-level: %s\n", level.status().message().c_str());
-    return kExitUsage;
-  }
-  granary::SetLogLevel(*level);
+  if (std::optional<int> exit = daemon.Parse(argc, argv)) return *exit;
+  daemon.ApplyLogLevel(spdlog::level::info);  // no configuration file: info unless --log-level
   granary::kube::WebhookServerOptions webhook_options;
   std::optional<granary::kube::WebhookRegistrationOptions> registration;
   const bool registering = !webhook_service.empty() || !webhook_url.empty();
-  auto usage = [](const std::string& message) {
-    std::fprintf(stderr, "granary-operator: %s\n", message.c_str());
-    return kExitUsage;
-  };
+  auto usage = [&daemon](const std::string& message) { return daemon.Usage(message); };
   if (!webhook_listen.empty()) {
     granary::Result<granary::NetAddress> address =
         granary::ParseNetAddress(webhook_listen, "--webhook-listen");
@@ -227,12 +210,10 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(ParseMillis(retry_period, "--retry-period", &durations_ok));
   options.progress_interval = std::chrono::milliseconds(
       ParseMillis(progress_interval, "--progress-interval", &durations_ok));
-  if (!durations_ok) return kExitUsage;
+  if (!durations_ok) return granary::kDaemonExitUsage;
   if (options.renew_deadline >= options.lease_duration ||
       options.retry_period >= options.renew_deadline) {
-    std::fprintf(stderr,
-                 "granary-operator: write --retry-period < --renew-deadline < --lease-duration\n");
-    return kExitUsage;
+    return usage("write --retry-period < --renew-deadline < --lease-duration");
   }
 
   granary::Result<granary::kube::KubeConfig> config =
@@ -242,10 +223,7 @@ int main(int argc, char** argv) {
       config.status().code() == granary::StatusCode::kNotFound) {
     config = granary::kube::LoadKubeConfig("", context);
   }
-  if (!config.ok()) {
-    std::fprintf(stderr, "granary-operator: %s\n", config.status().message().c_str());
-    return kExitUsage;
-  }
+  if (!config.ok()) return daemon.BadConfig(config.status());
   options.namespace_ = !ns.empty()                   ? ns
                        : !config->namespace_.empty() ? config->namespace_
                                                      : "granary";
@@ -265,18 +243,15 @@ int main(int argc, char** argv) {
     options.webhook = registration;
   }
 
-  const sigset_t stop_signals = granary::BlockStopSignals();
+  daemon.PrepareSignals();  // before the client, the servers and the operator start threads
   auto client = granary::kube::KubeClient::Create(*config);
-  if (!client.ok()) {
-    std::fprintf(stderr, "granary-operator: %s\n", client.status().ToString().c_str());
-    return kExitUsage;
-  }
+  if (!client.ok()) return usage(client.status().ToString());
   // The API server must answer before the operator calls itself started.
   granary::Result<granary::kube::Json> version = (*client)->Get("/version");
   if (!version.ok()) {
     std::fprintf(stderr, "granary-operator: the API server at %s: %s\n", config->Describe().c_str(),
                  version.status().ToString().c_str());
-    return kExitRuntime;
+    return granary::kDaemonExitRuntime;
   }
   auto registry = std::make_shared<prometheus::Registry>();
   granary::MetricRegistrar metrics(*registry, "operator");
@@ -301,7 +276,7 @@ int main(int argc, char** argv) {
   if (!reconciles.ok() || !errors.ok() || !relists.ok() || !leader.ok() || !webhook_requests.ok() ||
       !datasets.ok()) {
     std::fprintf(stderr, "granary-operator: declaring metrics failed\n");
-    return kExitRuntime;
+    return granary::kDaemonExitRuntime;
   }
   auto log = granary::GetLogger("operator");
   // The webhook server first: the operator hands it the certificates it reads.
@@ -326,8 +301,9 @@ int main(int argc, char** argv) {
     if (!started.ok()) {
       std::fprintf(stderr, "granary-operator: --webhook-listen %s: %s\n", webhook_listen.c_str(),
                    started.status().ToString().c_str());
-      return started.status().code() == granary::StatusCode::kInvalidArgument ? kExitUsage
-                                                                              : kExitRuntime;
+      return started.status().code() == granary::StatusCode::kInvalidArgument
+                 ? granary::kDaemonExitUsage
+                 : granary::kDaemonExitRuntime;
     }
     webhook = std::move(*started);
     log->info("serving the sidecar webhook on {}:{}{}", webhook_options.listen_host,
@@ -342,10 +318,7 @@ int main(int argc, char** argv) {
     }
   }
   auto op = granary::kube::Operator::Start(**client, options);
-  if (!op.ok()) {
-    std::fprintf(stderr, "granary-operator: %s\n", op.status().ToString().c_str());
-    return kExitRuntime;
-  }
+  if (!op.ok()) return daemon.StartFailed(op.status());
   auto server = granary::ObservabilityServer::Start(metrics_listen, registry, [&] {
     granary::Status ready = (*op)->Ready();
     if (ready.ok() && webhook && !webhook->has_certificate()) {
@@ -357,7 +330,7 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::fprintf(stderr, "granary-operator: --metrics-listen %s: %s\n", metrics_listen.c_str(),
                  server.status().ToString().c_str());
-    return kExitRuntime;
+    return granary::kDaemonExitRuntime;
   }
   log->info("granary-operator {} started against {} (namespace {}, metrics on {})",
             options.identity, config->Describe(), options.namespace_,
@@ -380,8 +353,7 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
-  const std::string_view by = granary::WaitForStopSignal(stop_signals);
-  log->info("received {}: stopping", by);
+  daemon.WaitForStop("operator");
   done = true;
   exporter.join();
   if (webhook) webhook->Stop();

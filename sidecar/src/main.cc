@@ -8,22 +8,14 @@
 // at run time (store unreachable, socket in use), 2 for a bad command line or
 // configuration.
 
-#include <signal.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 
-#include "granary/core/log.h"
-#include "granary/core/metadata_store.h"
-#include "granary/daemon/stop_signals.h"
+#include "granary/core/metadata_store.h"  // ValidateNodeId
+#include "granary/daemon/daemon_main.h"
 #include "granary/sidecar/config.h"
 #include "granary/sidecar/sidecar.h"
-
-namespace {
-constexpr int kExitRuntime = 1;
-constexpr int kExitUsage = 2;
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -31,56 +23,37 @@ int main(int argc, char** argv) {
       "socket and shared memory, prefetching in the order of their plans.\n"
       "Exit status: 0 clean stop, 1 start-up failure (store unreachable, socket in use), 2 bad "
       "command line or configuration."};
-  std::string config_path;
-  bool check = false;
-  app.add_option("-c,--config", config_path, "The YAML configuration file (docs/sidecar.md)")
-      ->required();
-  app.add_flag("--check", check, "Check the configuration and exit");
+  granary::DaemonMain daemon("granary-sidecar", app);
+  daemon.AddConfigFile("docs/sidecar.md");
   // One configuration serves every pod of a pool (the webhook's annotation);
   // the node the pod runs on comes on the command line.
   std::string local_node;
   app.add_option("--local-node", local_node,
                  "Overrides the configuration's local_node (e.g. the Kubernetes node name)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : kExitUsage;
-  }
+  if (std::optional<int> exit = daemon.Parse(argc, argv)) return *exit;
 
   granary::Result<granary::sidecar::SidecarConfig> config =
-      granary::sidecar::LoadSidecarConfig(config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "granary-sidecar: %s\n", config.status().message().c_str());
-    return kExitUsage;
-  }
+      granary::sidecar::LoadSidecarConfig(daemon.config_path());
+  if (!config.ok()) return daemon.BadConfig(config.status());
   if (!local_node.empty()) {
     const granary::Status valid = granary::ValidateNodeId(local_node);
-    if (!valid.ok()) {
-      std::fprintf(stderr, "granary-sidecar: --local-node: %s\n", valid.message().c_str());
-      return kExitUsage;
-    }
+    if (!valid.ok()) return daemon.Usage("--local-node: " + valid.message());
     config->local_node = local_node;
   }
-  if (check) {
-    std::printf("%s: OK (socket %s, pool %s, local node %s)\n", config_path.c_str(),
+  if (daemon.check()) {
+    std::printf("%s: OK (socket %s, pool %s, local node %s)\n", daemon.config_path().c_str(),
                 config->socket_path.c_str(), config->pool.c_str(),
                 config->local_node.empty() ? "none" : config->local_node.c_str());
-    return 0;
+    return granary::kDaemonExitOk;
   }
-  granary::SetLogLevel(config->log_level);
+  config->log_level = daemon.ApplyLogLevel(config->log_level);
 
-  const sigset_t stop_signals = granary::BlockStopSignals();
-  signal(SIGPIPE, SIG_IGN);
+  daemon.PrepareSignals();  // before the sidecar starts a thread
 
   granary::Result<std::unique_ptr<granary::sidecar::Sidecar>> sidecar =
       granary::sidecar::Sidecar::Start(*config);
-  if (!sidecar.ok()) {
-    std::fprintf(stderr, "granary-sidecar: %s\n", sidecar.status().ToString().c_str());
-    return kExitRuntime;
-  }
-  const std::string_view stopped_by = granary::WaitForStopSignal(stop_signals);
-  granary::GetLogger("sidecar")->info("received {}: stopping", stopped_by);
+  if (!sidecar.ok()) return daemon.StartFailed(sidecar.status());
+  daemon.WaitForStop("sidecar");
   (*sidecar)->Stop();
-  return 0;
+  return granary::kDaemonExitOk;
 }

@@ -5,7 +5,7 @@
 // the mask and none is interrupted by them), then the main thread waits for
 // one with sigwait and stops the daemon cleanly.
 //
-// Who calls it: cachenode/src/main.cc, sidecar/src/main.cc.
+// Who calls it: DaemonMain (daemon_main.h), for every daemon's main.
 //
 // Thread safety: call BlockStopSignals from the main thread before starting
 // threads; WaitForStopSignal from that thread.
