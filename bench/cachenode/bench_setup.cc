@@ -368,14 +368,13 @@ Result<std::unique_ptr<BenchSetup>> SetUp(const Flags& f) {
 
   GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<IdentityExecutor> executor,
                            IdentityExecutor::Start({.threads = f.threads}));
-  PosixSourceOptions source_options;
-  source_options.root = source_root;
+  SourceOptions source_options;
   source_options.owner = ProcessIdentity();
   source_options.executor = executor.get();
   source_options.max_in_flight = f.threads;
-  GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<PosixSource> opened,
-                           PosixSource::Open(std::move(source_options)));
-  std::shared_ptr<PosixSource> source = std::move(opened);
+  GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<Source> opened,
+                           OpenSource("file://" + source_root, std::move(source_options)));
+  std::shared_ptr<Source> source = std::move(opened);
   setup->executor = std::move(executor);
   setup->source = source;
 

@@ -160,7 +160,7 @@ struct BenchSetup {
   std::shared_ptr<const Manifest> manifest;
   PieceTable table;
   std::unique_ptr<IdentityExecutor> executor;
-  std::shared_ptr<PosixSource> source;
+  std::shared_ptr<Source> source;
   std::shared_ptr<ChunkStore> store;
 
   // A path in the work directory.

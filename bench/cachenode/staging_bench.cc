@@ -20,7 +20,7 @@ constexpr auto kStagingStall = std::chrono::seconds(120);
 
 // Stages every chunk into `store` with a new Stager and waits for it to finish.
 Result<RateFigures> Stage(const std::shared_ptr<const Manifest>& manifest,
-                          const std::shared_ptr<PosixSource>& source,
+                          const std::shared_ptr<Source>& source,
                           const std::shared_ptr<ChunkStore>& store, uint32_t threads,
                           uint64_t segment_count, std::shared_ptr<Stager>* stager_out) {
   std::vector<ChunkId> owned(manifest->chunk_count());
@@ -130,7 +130,7 @@ Result<StagingFigures> RunStagingBench(const BenchSetup& setup, const Flags& f,
                                        std::shared_ptr<Stager>* stager_out) {
   const std::string& source_root = setup.source_root;
   const std::shared_ptr<const Manifest>& manifest = setup.manifest;
-  const std::shared_ptr<PosixSource>& source = setup.source;
+  const std::shared_ptr<Source>& source = setup.source;
   const std::shared_ptr<ChunkStore>& store = setup.store;
   const PieceTable& table = setup.table;
   StagingFigures r;

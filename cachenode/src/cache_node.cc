@@ -111,7 +111,7 @@ struct ActiveDataset {
   std::string kubernetes_namespace;
   ContentId manifest_id;
   std::shared_ptr<const Manifest> manifest;
-  std::shared_ptr<PosixSource> source;
+  std::shared_ptr<Source> source;  // OpenSource
   std::shared_ptr<Stager> stager;
   std::vector<ChunkId> owned;  // ascending
   std::set<ChunkId> to_drop;   // held, no longer owned: dropped once the dataset is Ready
@@ -701,17 +701,14 @@ Result<std::shared_ptr<ActiveDataset>> CacheNode::Impl::Activate(const DatasetRe
   }
   ds->manifest = std::make_shared<const Manifest>(std::move(*manifest));
 
-  GRANARY_ASSIGN_OR_RETURN(std::string root, PosixSource::RootFromUri(record.spec.source_uri));
   GRANARY_ASSIGN_OR_RETURN(Identity owner,
                            ResolveOwnerIdentity(record.owner.uid, record.owner.gid));
-  PosixSourceOptions source_options;
-  source_options.root = root;
-  source_options.uri = record.spec.source_uri;
+  SourceOptions source_options;
   source_options.dataset = record.name;
   source_options.owner = owner;
   source_options.executor = executor_.get();
   source_options.max_in_flight = config_.source_concurrency + kOnDemandSourceSlots;
-  Result<std::unique_ptr<PosixSource>> source = PosixSource::Open(source_options);
+  Result<std::unique_ptr<Source>> source = OpenSource(record.spec.source_uri, source_options);
   if (!source.ok()) {
     return Status(source.status().code(),
                   "opening the source as " + owner.ToString() + ": " + source.status().message());

@@ -124,7 +124,7 @@ class PosixSource final : public Source {
   // `reader`, kFailedPrecondition (changed), kNotFound (gone), the executor's
   // refusal of `reader` (a node without CAP_SETUID), kInvalidArgument for a
   // path the manifest should never hold.
-  Status CheckReadable(const Identity& reader, std::span<const SourceFile> files);
+  Status CheckReadable(const Identity& reader, std::span<const SourceFile> files) override;
 
   const Identity& owner() const { return options_.owner; }
   // False when Open found openat2 missing or refused and fell back to the walk.

@@ -11,11 +11,12 @@
 // each piece of a large sample is read (and checked) on its own.
 //
 // Drivers: PosixSource (posix_source.h) for a mounted file system; S3 and HTTP
-// drivers later. Every driver bounds its reads in flight (Read waits for a slot,
-// TryRead does not) and counts every open, read call and byte in a
-// SourceCounters snapshot, which the cache node exports as metrics.
-// SourceMeter and InFlightLimit below are the shared pieces drivers use for
-// that.
+// drivers later. OpenSource (below) opens the driver a dataset's source URI
+// names: callers never pick a driver by hand, and a new driver is one more
+// scheme there (core/src/open_source.cc). Every driver bounds its reads in flight (Read waits for a
+// slot, TryRead does not) and counts every open, read call and byte in a SourceCounters snapshot,
+// which the cache node exports as metrics. SourceMeter and InFlightLimit below are the shared
+// pieces drivers use for that.
 //
 // Callers: the cache node's staging and on-demand paths (never its event-loop
 // threads: Read blocks on the source and on the in-flight limit).
@@ -27,11 +28,13 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
 
+#include "granary/core/identity.h"
 #include "granary/core/manifest.h"
 #include "granary/core/status.h"
 
@@ -141,7 +144,40 @@ class Source {
   // e.g. file:///lustre/imagenet/train; shown in messages.
   virtual const std::string& uri() const = 0;
   virtual uint32_t max_in_flight() const = 0;
+
+  // Whether the local user `reader` may read every file of `files` at the
+  // source, as the source itself would decide for that user (PosixSource:
+  // the kernel, by mode bits and ACLs). The cache node's chunk handoff asks
+  // it before it passes a chunk file to a local user other than the owner.
+  // A driver with no notion of local users (S3, HTTP) keeps this default:
+  // kFailedPrecondition, so such readers go through a sidecar.
+  virtual Status CheckReadable(const Identity& reader, std::span<const SourceFile> files) {
+    (void)files;
+    return Status::FailedPrecondition("source " + uri() + " cannot check what local user " +
+                                      reader.ToString() + " may read; read through a sidecar");
+  }
 };
+
+// What every driver needs to open a dataset's source.
+struct SourceOptions {
+  // The dataset's name, for the re-snapshot command messages give.
+  std::string dataset;
+  // Whose rights every access uses (ResolveOwnerIdentity of the dataset owner).
+  Identity owner;
+  // Runs the accesses as `owner`; required; must outlive the source.
+  IdentityExecutor* executor = nullptr;
+  // Reads in flight at most (the cache node's "source concurrency"). 1..65536.
+  uint32_t max_in_flight = 16;
+};
+
+// The URI forms OpenSource accepts, for messages ("file:///absolute/path").
+std::string_view AcceptedSourceUris();
+
+// Opens the source `uri` names with the driver of its scheme: file:// is
+// PosixSource (its root is the URI's absolute path). kInvalidArgument naming
+// the URI and the accepted forms for a URI without a scheme, a scheme no
+// driver reads, or a malformed path; else what the driver's open returns.
+Result<std::unique_ptr<Source>> OpenSource(std::string_view uri, SourceOptions options);
 
 // Counts for a driver: call the Count* methods as the calls happen.
 class SourceMeter {
