@@ -1,12 +1,11 @@
-// HandoffServer (handoff_server.h): accept loop plus one blocking thread per
-// connection; each request is read whole, resolved, and answered with the
-// descriptor attached to the reply's first byte.
+// HandoffServer (handoff_server.h): the daemons' accept loop (UnixAcceptLoop)
+// plus one blocking thread per connection; each request is read whole, resolved, and answered with
+// the descriptor attached to the reply's first byte.
 
 #include "granary/cachenode/handoff_server.h"
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include "granary/core/log.h"
 #include "granary/core/names.h"
 #include "granary/daemon/connection_threads.h"
+#include "granary/daemon/unix_accept_loop.h"
 
 namespace granary {
 namespace {
@@ -34,14 +34,12 @@ struct HandoffServer::Impl {
   HandoffServerOptions options;
   Resolver resolver;
   ScopedFd listen_fd;
-  ScopedFd wake_fd;
   std::shared_ptr<spdlog::logger> log = GetLogger("cachenode");
   std::atomic<bool> stopping{false};
   bool stopped = false;
-  std::thread accept_thread;
 
   ConnectionThreads connections;
-  std::atomic<uint64_t> next_conn{1};  // connection ids, for logs
+  std::unique_ptr<UnixAcceptLoop> accept_loop;  // over listen_fd, into connections
 
   std::atomic<uint64_t> handed{0};
   std::atomic<uint64_t> refused{0};
@@ -52,7 +50,8 @@ struct HandoffServer::Impl {
   std::atomic<uint64_t> idle_closes{0};
   ConnectionLimits limits;
 
-  void AcceptLoop();
+  // How the accept loop admits, refuses and serves this socket's peers.
+  UnixAcceptLoopOptions AcceptOptions();
   void Serve(uint64_t id, int fd);
   // Reads exactly n bytes by `deadline`; false at end of stream, on error,
   // when stopping, or at the deadline (*timed_out).
@@ -193,36 +192,19 @@ void HandoffServer::Impl::Serve(uint64_t id, int fd) {
   // ConnectionThreads shuts the connection down and closes it.
 }
 
-void HandoffServer::Impl::AcceptLoop() {
-  while (!stopping) {
-    pollfd fds[2] = {{listen_fd.get(), POLLIN, 0}, {wake_fd.get(), POLLIN, 0}};
-    const int n = ::poll(fds, 2, 1000);
-    connections.ReapFinished();
-    if (n < 0 && errno != EINTR) {
-      log->error("poll on the handoff socket {} failed: {}", Quoted(options.path),
-                 ErrnoText(errno));
-      return;
-    }
-    if (stopping) return;
-    if (n <= 0 || (fds[0].revents & POLLIN) == 0) continue;
-    Result<ScopedFd> accepted = AcceptUnix(listen_fd.get());
-    if (!accepted.ok()) continue;
-    ScopedFd fd = std::move(*accepted);
-    const uint64_t id = next_conn++;
-    Result<PeerCredentials> peer = PeerCredentialsOf(fd.get());
-    if (!peer.ok()) {
-      // Serve says nothing to a peer it cannot name; neither does this.
-      rejected.fetch_add(1, std::memory_order_relaxed);
-      log->warn("handoff socket {}: SO_PEERCRED of a new connection failed: {}",
-                Quoted(options.path), peer.status().ToString());
-      continue;
-    }
-    const uint32_t uid = peer->uid;
-    const bool privileged =
-        uid == 0 || uid == ::geteuid() || (options.privileged && options.privileged(uid));
-    const Admission admitted =
-        connections.Start(fd, uid, privileged, limits, [this, id](int conn) { Serve(id, conn); });
-    if (admitted == Admission::kAdmitted) continue;
+UnixAcceptLoopOptions HandoffServer::Impl::AcceptOptions() {
+  UnixAcceptLoopOptions o;
+  o.socket_name = "the handoff socket " + Quoted(options.path);
+  o.log = log;
+  o.limits = limits;
+  o.privileged = options.privileged;
+  o.unnamed = [this](const Status& why) {
+    // Serve says nothing to a peer it cannot name; neither does this.
+    rejected.fetch_add(1, std::memory_order_relaxed);
+    log->warn("handoff socket {}: SO_PEERCRED of a new connection failed: {}", Quoted(options.path),
+              why.ToString());
+  };
+  o.refused = [this](int fd, uint32_t uid, Admission admitted) {
     rejected.fetch_add(1, std::memory_order_relaxed);
     std::string why;
     if (admitted == Admission::kFull) {
@@ -241,8 +223,10 @@ void HandoffServer::Impl::AcceptLoop() {
                       " places for root, the node's user and dataset owners; uid " +
                       std::to_string(uid) + " must wait for other users to close connections";
     }
-    (void)SendWithFds(fd.get(), handoff::EncodeReply(Status::ResourceExhausted(why)));
-  }
+    (void)SendWithFds(fd, handoff::EncodeReply(Status::ResourceExhausted(why)));
+  };
+  o.serve = [this](uint64_t id, int fd) { Serve(id, fd); };
+  return o;
 }
 
 Result<std::unique_ptr<HandoffServer>> HandoffServer::Start(HandoffServerOptions options,
@@ -274,12 +258,9 @@ Result<std::unique_ptr<HandoffServer>> HandoffServer::Start(HandoffServerOptions
                   "listening on the handoff socket (`local_socket`): " + fd.status().message());
   }
   impl->listen_fd = std::move(*fd);
-  impl->wake_fd = ScopedFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!impl->wake_fd.valid()) {
-    return Status::FromErrno(errno, "create the handoff server's wake-up eventfd");
-  }
-  Impl* raw = impl.get();
-  impl->accept_thread = std::thread([raw] { raw->AcceptLoop(); });
+  GRANARY_ASSIGN_OR_RETURN(
+      impl->accept_loop,
+      UnixAcceptLoop::Start(impl->listen_fd.get(), &impl->connections, impl->AcceptOptions()));
   return std::unique_ptr<HandoffServer>(new HandoffServer(std::move(impl)));
 }
 
@@ -291,9 +272,7 @@ void HandoffServer::Stop() {
   if (i.stopped) return;
   i.stopped = true;
   i.stopping = true;
-  const uint64_t one = 1;
-  (void)!::write(i.wake_fd.get(), &one, sizeof(one));
-  if (i.accept_thread.joinable()) i.accept_thread.join();
+  if (i.accept_loop != nullptr) i.accept_loop->Stop();
   i.connections.StopAll();
   i.listen_fd.Reset();
   ::unlink(i.options.path.c_str());

@@ -16,7 +16,8 @@
 // (root, the daemon's own uid, and whoever the caller also trusts). One user
 // can then never lock out root, the daemon's uid, or another user.
 //
-// Who calls it: sidecar/src/sidecar.cc, cachenode/src/handoff_server.cc.
+// Who calls it: UnixAcceptLoop (unix_accept_loop.h), for sidecar/src/sidecar.cc
+// and cachenode/src/handoff_server.cc.
 //
 // Thread safety: Start, ReapFinished and StopAll from the accept loop's thread
 // (StopAll after that loop has ended); open() from any thread. serve runs on
