@@ -189,6 +189,11 @@ Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registr
       m.restaged_segments,
       r.AddCounter("granary_cachenode_restaged_segments_total",
                    "Segments that failed their checksum, dropped and fetched again."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.store_read_errors,
+      r.AddCounter("granary_cachenode_store_read_errors_total",
+                   "Segments the chunk store could not read (an I/O error such as EIO); the "
+                   "READ item failed."));
 
   // The chunk store and the node.
   GRANARY_ASSIGN_OR_RETURN(
@@ -307,6 +312,7 @@ void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
   Advance(m.items_on_demand, reads.items_on_demand, &r.items_on_demand);
   Advance(m.checksum_failures, reads.checksum_failures, &r.checksum_failures);
   Advance(m.restaged_segments, reads.restaged_segments, &r.restaged_segments);
+  Advance(m.store_read_errors, reads.store_read_errors, &r.store_read_errors);
 
   SetGauge(m.capacity, store.capacity_bytes);
   SetGauge(m.used, store.used_bytes);

@@ -123,6 +123,7 @@ struct CacheNodeMetrics {
   prometheus::Counter* items_on_demand = nullptr;
   prometheus::Counter* checksum_failures = nullptr;
   prometheus::Counter* restaged_segments = nullptr;
+  prometheus::Counter* store_read_errors = nullptr;
 
   prometheus::Gauge* capacity = nullptr;
   prometheus::Gauge* used = nullptr;

@@ -155,7 +155,23 @@ class ChunkReadService::ItemReader {
       if (bytes.status().code() == StatusCode::kCorruption) {
         return Restage(chunk, open->segments, index, bytes.status(), on_demand);
       }
-      if (bytes.status().code() != StatusCode::kNotFound) return bytes.status();
+      if (bytes.status().code() != StatusCode::kNotFound) {
+        // The disk failed the read (EIO, ...): this item fails; nothing is
+        // served that the store did not verify.
+        // Warned once (then at debug): a failing disk fails many reads.
+        const bool first = service_.store_read_errors_.fetch_add(1, std::memory_order_relaxed) == 0;
+        GetLogger("cachenode")
+            ->log(
+                first ? spdlog::level::warn : spdlog::level::debug,
+                "reading segment {} of chunk {} of {} from chunk store {}: {} (further store read "
+                "errors are counted in store_read_errors)",
+                index, chunk, Name(), service_.store_->root(), bytes.status().ToString());
+        // Short (a READ item's message is cut at 192 bytes): the client knows
+        // the dataset it asked for.
+        return bytes.status().WithContext("reading segment " + std::to_string(index) +
+                                          " of chunk " + std::to_string(chunk) +
+                                          " from chunk store " + service_.store_->root());
+      }
     }
     *on_demand = true;
     auto fetched = served_.stager->FetchSegment(chunk, index);
@@ -382,6 +398,7 @@ Result<StatReply> ChunkReadService::Stat(const StatRequest& request) {
     add("bytes_served", c.bytes_served);
     add("checksum_failures", c.checksum_failures);
     add("restaged_segments", c.restaged_segments);
+    add("store_read_errors", c.store_read_errors);
     return reply;
   }
   std::optional<Served> found;
@@ -433,6 +450,7 @@ ChunkReadServiceCounters ChunkReadService::Counters() const {
   c.bytes_served = bytes_served_.load(std::memory_order_relaxed);
   c.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
   c.restaged_segments = restaged_segments_.load(std::memory_order_relaxed);
+  c.store_read_errors = store_read_errors_.load(std::memory_order_relaxed);
   return c;
 }
 

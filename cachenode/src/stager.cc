@@ -174,6 +174,7 @@ Stager::Stager(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Source>
       store_(std::move(store)),
       options_(std::move(options)),
       chunk_order_(std::move(chunk_order)),
+      clock_(options_.clock != nullptr ? options_.clock : SystemClock::Default()),
       chunks_(manifest_->chunk_count()) {}
 
 Stager::~Stager() { Stop(); }
@@ -320,8 +321,10 @@ void Stager::WorkerLoop() {
         cv_.wait(lock);  // until Resume
         continue;
       }
-      if (std::chrono::steady_clock::now() < disk_full_retry_at_) {
-        cv_.wait_until(lock, disk_full_retry_at_);
+      const Clock::MonotonicTime now = clock_->Monotonic();
+      if (now < disk_full_retry_at_) {
+        cv_.wait_for(lock, std::min<Clock::MonotonicTime::duration>(disk_full_retry_at_ - now,
+                                                                    kClockRecheck));
         continue;
       }
       disk_full_ = false;  // try again
@@ -355,7 +358,7 @@ void Stager::WorkerLoop() {
         disk_full_wait_ = disk_full_wait_.count() == 0
                               ? options_.disk_full_backoff
                               : std::min(disk_full_wait_ * 2, options_.disk_full_backoff_max);
-        disk_full_retry_at_ = std::chrono::steady_clock::now() + disk_full_wait_;
+        disk_full_retry_at_ = clock_->Monotonic() + disk_full_wait_;
         break;
       case Outcome::kFailed:
         chunks_[chunk].failed = true;
@@ -492,11 +495,26 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
     // ENOSPC or EDQUOT from a Put or the Commit of a chunk whose file exists
     // (not preallocated, or the file system shrank under it): pause and retry
     // like a refused create; what was put is read again then.
-    log->warn("staging dataset {}: {}; pausing", Quoted(options_.dataset), error.ToString());
+    const Status with_context =
+        put_error.ok() ? stored
+                       : put_error.WithContext("staging " + ChunkName(options_.dataset, chunk));
+    const Status full(with_context.code(), with_context.message() + DiskFullHint());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_error_ = full;
+    }
+    log->warn("staging dataset {}: {}; pausing", Quoted(options_.dataset), full.ToString());
     return Outcome::kDiskFull;
   }
   if (!error.ok()) return Outcome::kFailed;
   return stopped ? Outcome::kStopped : Outcome::kDone;
+}
+
+std::string Stager::DiskFullHint() const {
+  return "; the file system holding chunk store " + store_->root() +
+         " is full before the store's capacity (" + std::to_string(store_->capacity()) +
+         " bytes) is reached: staging pauses and retries with a backoff; free space on that file "
+         "system, or lower the store's capacity (capacity_bytes)";
 }
 
 Result<StoredChunkWriter> Stager::OpenWriter(ChunkId chunk,

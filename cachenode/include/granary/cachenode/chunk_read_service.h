@@ -15,6 +15,9 @@
 //    every writer of the chunk, so it never races bulk staging), served
 //    correct, and counted (checksum_failures:
 //    granary_cachenode_checksum_failures_total);
+//  - a segment the store cannot read (an I/O error: EIO from a failing disk)
+//    fails its item with an error naming the chunk and the store, never
+//    other bytes, and is counted (store_read_errors); the node goes on;
 //  - per-sample source errors (changed since the snapshot, gone, permission)
 //    fail the item with the source's message and no bytes; ids and ranges past
 //    the manifest are kOutOfRange per item; an unknown (dataset, manifest)
@@ -66,6 +69,7 @@ struct ChunkReadServiceCounters {
   uint64_t bytes_served = 0;        // bytes of OK items
   uint64_t checksum_failures = 0;   // segments read from disk that failed their checksum
   uint64_t restaged_segments = 0;   // of those, dropped and fetched again correctly
+  uint64_t store_read_errors = 0;   // segments the store failed to read (EIO, ...): item failed
 };
 
 class ChunkReadService final : public ReadService {
@@ -137,6 +141,7 @@ class ChunkReadService final : public ReadService {
   std::atomic<uint64_t> bytes_served_{0};
   std::atomic<uint64_t> checksum_failures_{0};
   std::atomic<uint64_t> restaged_segments_{0};
+  std::atomic<uint64_t> store_read_errors_{0};
 };
 
 }  // namespace granary

@@ -30,11 +30,18 @@
 // teardown and stale manifests go through DropManifest/DropDataset).
 //
 // Thread safety: every ChunkStore method may be called from any number of
-// threads at once. The index is guarded by ChunkStore::mu_, which is held only
-// to look up or update the index, never across file creation, reads, syncs or
+// threads at once. The on-disk store's index is guarded by one mutex
+// (DiskChunkStore::mu_, cachenode/src/disk_chunk_store.h), held only to look
+// up or update the index, never across file creation, reads, syncs or
 // unlinks. A StoredChunkWriter is used by one thread at a time (like
 // ChunkWriter); a StoredChunkReader's const methods may be used by many threads
 // at once (like ChunkReader). At most one writer per chunk exists at a time.
+//
+// Code: this header is the interface (ChunkStore, and the writer and reader
+// values it hands out); the on-disk store is cachenode/src: disk_chunk_store
+// (the index, creates, opens, drops), chunk_store_layout (the directory: marker,
+// lock, names) and chunk_store_scan.cc (Open's restart scan). Tests wrap it to
+// inject faults (tests/testing/faulty_chunk_store.h).
 //
 // Lifetime: Open returns a shared_ptr, and every writer and reader holds a
 // reference, so the store (and the lock on its directory) lives until the last
@@ -42,12 +49,8 @@
 // writer or reader open on it is closed, because its blocks stay allocated
 // until then.
 
-#include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -56,7 +59,6 @@
 
 #include "granary/cachenode/config.h"  // DataDirOwnershipProblem
 #include "granary/core/chunk_file.h"
-#include "granary/core/file.h"
 #include "granary/core/hash.h"
 #include "granary/core/manifest.h"
 #include "granary/core/status.h"
@@ -125,21 +127,113 @@ struct StoredManifest {
   uint64_t bytes = 0;
 };
 
-class StoredChunkWriter;
-class StoredChunkReader;
-
 // DataDirOwnershipProblem (why a directory must not be a data_dir) is in
 // config.h, with the data_dir setting it checks.
 
-class ChunkStore : public std::enable_shared_from_this<ChunkStore> {
+// Fills one chunk of a store: Put bytes become present at the next Commit
+// (chunk_file.h), and each commit updates the store's index. Calls after the
+// chunk was dropped fail with kFailedPrecondition; a moved-from writer must
+// not be used. A value that owns what its store made (Backend); the file is
+// closed before the store hears that the writer is gone.
+class StoredChunkWriter {
+ public:
+  // What a ChunkStore implementation puts behind a writer: the on-disk
+  // store's is core's ChunkWriter plus its index; a test's may fail chosen
+  // writes (tests/testing/faulty_chunk_store.h).
+  class Backend {
+   public:
+    virtual ~Backend() = default;
+    virtual Status Put(uint32_t index, std::string_view bytes) = 0;
+    virtual Status Commit() = 0;
+    virtual Status Drop(uint32_t index) = 0;
+    virtual bool IsPresent(uint32_t index) const = 0;
+    virtual uint32_t present_count() const = 0;
+    virtual uint32_t segment_count() const = 0;
+    virtual const ChunkKey& key() const = 0;
+    virtual const std::string& path() const = 0;
+    virtual std::span<const ChunkSegment> segments() const = 0;
+  };
+
+  explicit StoredChunkWriter(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
+  StoredChunkWriter(StoredChunkWriter&&) noexcept = default;
+  StoredChunkWriter& operator=(StoredChunkWriter&&) noexcept = default;
+  StoredChunkWriter(const StoredChunkWriter&) = delete;
+  StoredChunkWriter& operator=(const StoredChunkWriter&) = delete;
+  ~StoredChunkWriter() = default;
+
+  Status Put(uint32_t index, std::string_view bytes) { return backend_->Put(index, bytes); }
+  Status Commit() { return backend_->Commit(); }
+  // Makes a present segment absent (durably) so it can be put again, e.g.
+  // after a reader found it corrupt.
+  Status Drop(uint32_t index) { return backend_->Drop(index); }
+
+  bool IsPresent(uint32_t index) const { return backend_->IsPresent(index); }
+  uint32_t present_count() const { return backend_->present_count(); }
+  uint32_t segment_count() const { return backend_->segment_count(); }
+  bool complete() const { return present_count() == segment_count(); }
+  const ChunkKey& key() const { return backend_->key(); }
+  const std::string& path() const { return backend_->path(); }
+  std::span<const ChunkSegment> segments() const { return backend_->segments(); }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+};
+
+// Reads one chunk of a store, and keeps the chunk's bytes counted while it is
+// open. `reader->Read(i)` and the rest read like core's ChunkReader (the
+// const methods may be used by many threads at once).
+class StoredChunkReader {
+ public:
+  // What a ChunkStore implementation puts behind a reader: the on-disk
+  // store's is core's ChunkReader (chunk_file.h, which documents each
+  // method); a test's may fail chosen reads.
+  class Backend {
+   public:
+    virtual ~Backend() = default;
+    virtual bool IsPresent(uint32_t index) const = 0;
+    virtual uint32_t present_count() const = 0;
+    virtual uint32_t segment_count() const = 0;
+    virtual const std::string& path() const = 0;
+    virtual const ChunkKey& key() const = 0;
+    virtual std::span<const ChunkSegment> segments() const = 0;
+    virtual Status Read(uint32_t index, std::span<char> out) const = 0;
+    virtual Result<std::string> Read(uint32_t index) const = 0;
+    virtual Result<uint64_t> PayloadOffset(uint32_t index) const = 0;
+    virtual Status Verify(uint32_t index, std::string_view bytes) const = 0;
+    virtual uint64_t checksum(uint32_t index) const = 0;
+    // The open chunk file, e.g. for the chunk handoff (read-only).
+    virtual int fd() const = 0;
+    virtual Result<ChunkScan> Scan(ChunkScanMode mode) const = 0;
+    virtual Status Refresh() = 0;
+  };
+
+  explicit StoredChunkReader(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
+  StoredChunkReader(StoredChunkReader&&) noexcept = default;
+  StoredChunkReader& operator=(StoredChunkReader&&) noexcept = default;
+  StoredChunkReader(const StoredChunkReader&) = delete;
+  StoredChunkReader& operator=(const StoredChunkReader&) = delete;
+  ~StoredChunkReader() = default;
+
+  const Backend& operator*() const { return *backend_; }
+  const Backend* operator->() const { return backend_.get(); }
+  // Sees commits made since it was opened (ChunkReader::Refresh): not
+  // concurrently with other calls on this reader.
+  Status Refresh() { return backend_->Refresh(); }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+};
+
+// The store's interface. Open gives the on-disk store (above, and
+// docs/cachenode.md); tests wrap it to inject faults
+// (tests/testing/faulty_chunk_store.h). Every method may be called from any
+// number of threads at once.
+class ChunkStore {
  public:
   static constexpr uint32_t kMaxScanThreads = 64;
-  static constexpr std::string_view kMarkerName = "GRANARY_CHUNK_STORE";
-  static constexpr std::string_view kLockName = "LOCK";
-  static constexpr std::string_view kChunkSuffix = ".chunk";
 
-  // Opens the store in `root` with a capacity in bytes (> 0). `root` is
-  // created (mode 0700) if it is missing and its parent exists. A directory
+  // Opens the on-disk store in `root` with a capacity in bytes (> 0). `root`
+  // is created (mode 0700) if it is missing and its parent exists. A directory
   // that is not yet a store must be empty (a file system's lost+found aside),
   // because the scan deletes files it does not recognise. Then: takes the
   // directory lock (kUnavailable, naming the holder's pid and host, if another
@@ -149,16 +243,14 @@ class ChunkStore : public std::enable_shared_from_this<ChunkStore> {
   static Result<std::shared_ptr<ChunkStore>> Open(const std::string& root, uint64_t capacity_bytes,
                                                   const ChunkStoreOptions& options = {});
 
-  ChunkStore(const ChunkStore&) = delete;
-  ChunkStore& operator=(const ChunkStore&) = delete;
-  ~ChunkStore();
+  virtual ~ChunkStore() = default;
 
   // What a chunk counts against the capacity: its file (header region +
   // payload, chunk_format.h) rounded up to the file system's block size, which
   // is what a preallocated file occupies. For deciding before creating; the
   // second form takes Manifest::Chunk's segment count and payload end.
-  uint64_t ChunkBytes(std::span<const ChunkSegment> segments) const;
-  uint64_t ChunkBytes(uint32_t segment_count, uint64_t payload_size) const;
+  virtual uint64_t ChunkBytes(std::span<const ChunkSegment> segments) const = 0;
+  virtual uint64_t ChunkBytes(uint32_t segment_count, uint64_t payload_size) const = 0;
 
   // Reserves ChunkBytes(segments) and creates the chunk's empty file with this
   // geometry, returning its writer. Errors: kInvalidArgument (bad dataset name
@@ -166,227 +258,63 @@ class ChunkStore : public std::enable_shared_from_this<ChunkStore> {
   // kResourceExhausted (past capacity: nothing was written; or the file system
   // is full: nothing is left behind), kUnavailable (the chunk, its manifest or
   // dataset is being dropped, or another thread is creating it: retry).
-  Result<StoredChunkWriter> CreateChunk(const ChunkKey& key,
-                                        std::span<const ChunkSegment> segments);
+  virtual Result<StoredChunkWriter> CreateChunk(const ChunkKey& key,
+                                                std::span<const ChunkSegment> segments) = 0;
 
   // Reopens a chunk in the store to fill the rest (after a restart, on demand,
   // or to drop corrupt segments for re-staging). `segments` must be the ones
   // it was created with (kFailedPrecondition otherwise: drop it and create it
   // anew). kNotFound if it is not in the store; kUnavailable while another
   // writer of it is open.
-  Result<StoredChunkWriter> OpenChunkWriter(const ChunkKey& key,
-                                            std::span<const ChunkSegment> segments);
+  virtual Result<StoredChunkWriter> OpenChunkWriter(const ChunkKey& key,
+                                                    std::span<const ChunkSegment> segments) = 0;
 
   // Opens a chunk in the store for reading; any number of readers at once, and
   // alongside its writer. Same errors as OpenChunkWriter (except that an open
   // writer is no obstacle); kCorruption if the file was damaged since the scan.
-  Result<StoredChunkReader> OpenChunkReader(const ChunkKey& key,
-                                            std::span<const ChunkSegment> segments);
+  virtual Result<StoredChunkReader> OpenChunkReader(const ChunkKey& key,
+                                                    std::span<const ChunkSegment> segments) = 0;
 
   // Whether the chunk is in the store (its file exists, filled or not).
   // false for a malformed key.
-  bool HasChunk(const ChunkKey& key) const;
+  virtual bool HasChunk(const ChunkKey& key) const = 0;
   // Which of its segments are present (committed), in segment order.
-  Result<std::vector<bool>> PresentSegments(const ChunkKey& key) const;
-  Result<StoredChunk> Chunk(const ChunkKey& key) const;
+  virtual Result<std::vector<bool>> PresentSegments(const ChunkKey& key) const = 0;
+  virtual Result<StoredChunk> Chunk(const ChunkKey& key) const = 0;
   // Every (dataset, manifest id) with chunks in the store, sorted.
-  std::vector<StoredManifest> Manifests() const;
+  virtual std::vector<StoredManifest> Manifests() const = 0;
   // The chunks of one manifest, by chunk id; kNotFound if it has none here.
-  Result<std::vector<StoredChunk>> Chunks(std::string_view dataset,
-                                          const ContentId& manifest_id) const;
+  virtual Result<std::vector<StoredChunk>> Chunks(std::string_view dataset,
+                                                  const ContentId& manifest_id) const = 0;
 
   // Remove chunks and free their capacity (see "Lifetime" above for chunks
   // still open). A create of the same chunk in flight is waited for; creates
   // in a manifest or dataset being dropped are refused with kUnavailable
   // meanwhile. kNotFound if there is nothing to drop. A file that cannot be
   // removed stays in the index and the call fails naming it.
-  Status DropChunk(const ChunkKey& key);
+  virtual Status DropChunk(const ChunkKey& key) = 0;
   // One manifest of a dataset, e.g. an old manifest id after a new snapshot.
-  Status DropManifest(std::string_view dataset, const ContentId& manifest_id);
+  virtual Status DropManifest(std::string_view dataset, const ContentId& manifest_id) = 0;
   // Every manifest of a dataset.
-  Status DropDataset(std::string_view dataset);
+  virtual Status DropDataset(std::string_view dataset) = 0;
 
-  const std::string& root() const { return root_; }
-  uint64_t capacity() const { return capacity_; }
-  uint64_t block_size() const { return block_size_; }
-  uint64_t used_bytes() const;
-  uint64_t free_bytes() const;
-  const ChunkStoreScanReport& scan_report() const { return scan_; }
-  ChunkStoreStats Stats() const;
+  // Where the store is (its data directory), for messages and diagnostics.
+  virtual const std::string& root() const = 0;
+  virtual uint64_t capacity() const = 0;
+  virtual uint64_t block_size() const = 0;
+  virtual uint64_t used_bytes() const = 0;
+  virtual uint64_t free_bytes() const = 0;
+  virtual const ChunkStoreScanReport& scan_report() const = 0;
+  virtual ChunkStoreStats Stats() const = 0;
 
   // Where the chunk's file is (whether or not it exists). For diagnostics and
   // tests; read and write through the store.
-  std::string ChunkPath(const ChunkKey& key) const;
+  virtual std::string ChunkPath(const ChunkKey& key) const = 0;
 
- private:
-  friend class StoredChunkWriter;
-  friend class StoredChunkReader;
-
-  enum class EntryState {
-    kCreating,  // bytes reserved, file being created
-    kReady,     // file exists and is in the index
-    kDropping,  // being unlinked; still counted
-    kDropped,   // out of the index; counted until its last handle closes
-  };
-  // One chunk. Every field is guarded by mu_.
-  struct Entry {
-    EntryState state = EntryState::kCreating;
-    uint64_t bytes = 0;  // counted in used_bytes_ until released
-    std::vector<bool> present;
-    uint32_t present_count = 0;
-    uint32_t open_handles = 0;  // writers and readers
-    bool writer_open = false;
-  };
-  struct ManifestChunks {
-    std::map<ChunkId, std::shared_ptr<Entry>> chunks;
-    bool dropping = false;  // DropManifest or DropDataset in progress
-  };
-  struct ContentIdLess {
-    bool operator()(const ContentId& a, const ContentId& b) const {
-      return std::pair(a.high, a.low) < std::pair(b.high, b.low);
-    }
-  };
-  using DatasetManifests = std::map<ContentId, ManifestChunks, ContentIdLess>;
-
-  // Keeps one Entry open: counted in open_handles (and writer_open) until it is
-  // destroyed, and keeps the store alive.
-  class Handle {
-   public:
-    Handle() = default;
-    Handle(std::shared_ptr<ChunkStore> store, std::shared_ptr<Entry> entry, bool writer)
-        : store_(std::move(store)), entry_(std::move(entry)), writer_(writer) {}
-    Handle(Handle&&) noexcept = default;
-    Handle& operator=(Handle&& other) noexcept;
-    Handle(const Handle&) = delete;
-    Handle& operator=(const Handle&) = delete;
-    ~Handle() { Reset(); }
-
-    ChunkStore& store() const { return *store_; }
-    const std::shared_ptr<Entry>& entry() const { return entry_; }
-
-   private:
-    void Reset();
-
-    std::shared_ptr<ChunkStore> store_;
-    std::shared_ptr<Entry> entry_;
-    bool writer_ = false;
-  };
-
-  // An entry chosen for unlinking, with its key.
-  struct DropItem {
-    ChunkKey key;
-    std::shared_ptr<Entry> entry;
-    Status unlinked;
-  };
-
-  ChunkStore(std::string root, uint64_t capacity, const ChunkStoreOptions& options,
-             uint64_t block_size, ScopedFd lock_fd);
-
-  Status Scan();
-  Status EnsureManifestDirectory(const ChunkKey& key) const;
-  std::string ManifestDirectory(std::string_view dataset, const ContentId& manifest_id) const;
-
-  // mu_ held.
-  std::shared_ptr<Entry> FindLocked(const ChunkKey& key) const;
-  void EraseLocked(const ChunkKey& key, const Entry* entry);
-  void ReleaseBytesLocked(Entry& entry);
-  Result<std::shared_ptr<Entry>> AcquireLocked(const ChunkKey& key, bool writer,
-                                               std::string_view doing);
-
-  void ReleaseHandle(Entry& entry, bool writer);
-  Status CheckNotDropped(const Entry& entry, std::string_view doing, const ChunkKey& key) const;
-  Status CheckOpenedFileIsTheEntrys(const Entry& entry, std::string_view doing) const;
-  Status PublishPresence(Entry& entry, const ChunkWriter& writer);
-  // Unlinks the files of `items` (all kDropping), then takes them out of the
-  // index, or puts them back to kReady if their file could not be removed.
-  Status UnlinkAndForget(std::vector<DropItem>& items, std::string_view doing);
-
-  const std::string root_;
-  const uint64_t capacity_;
-  const ChunkStoreOptions options_;
-  const uint64_t block_size_;
-  const ScopedFd lock_fd_;     // flock'd for the store's life
-  ChunkStoreScanReport scan_;  // written by Open's scan only, before the store is shared
-
-  mutable std::mutex mu_;
-  // Signalled when a create finishes (or fails) and when a drop finishes.
-  std::condition_variable changed_;
-  std::map<std::string, DatasetManifests, std::less<>> datasets_;  // guarded by mu_
-  std::set<std::string, std::less<>> dropping_datasets_;           // guarded by mu_
-  uint64_t used_bytes_ = 0;                                        // guarded by mu_
-  uint64_t chunks_created_ = 0;                                    // guarded by mu_
-  uint64_t chunks_dropped_ = 0;                                    // guarded by mu_
-  uint64_t creates_refused_ = 0;                                   // guarded by mu_
-  uint64_t creates_no_space_ = 0;                                  // guarded by mu_
-};
-
-// Fills one chunk of the store: a ChunkWriter whose commits update the store's
-// index. Put bytes become present at the next Commit (chunk_file.h). Calls
-// after the chunk was dropped fail with kFailedPrecondition; a moved-from
-// writer must not be used.
-class StoredChunkWriter {
- public:
-  StoredChunkWriter(StoredChunkWriter&&) noexcept = default;
-  // The file is closed before the store hears that the old writer is gone.
-  StoredChunkWriter& operator=(StoredChunkWriter&& other) noexcept {
-    if (this != &other) {
-      writer_ = std::move(other.writer_);
-      handle_ = std::move(other.handle_);
-    }
-    return *this;
-  }
-  StoredChunkWriter(const StoredChunkWriter&) = delete;
-  StoredChunkWriter& operator=(const StoredChunkWriter&) = delete;
-  ~StoredChunkWriter() = default;
-
-  Status Put(uint32_t index, std::string_view bytes) { return writer_.Put(index, bytes); }
-  Status Commit();
-  // Makes a present segment absent (durably) so it can be put again, e.g.
-  // after a reader found it corrupt.
-  Status Drop(uint32_t index);
-
-  bool IsPresent(uint32_t index) const { return writer_.IsPresent(index); }
-  uint32_t present_count() const { return writer_.present_count(); }
-  uint32_t segment_count() const { return writer_.segment_count(); }
-  bool complete() const { return writer_.complete(); }
-  const ChunkKey& key() const { return writer_.key(); }
-  const std::string& path() const { return writer_.path(); }
-  std::span<const ChunkSegment> segments() const { return writer_.segments(); }
-
- private:
-  friend class ChunkStore;
-  StoredChunkWriter(ChunkStore::Handle handle, ChunkWriter writer)
-      : handle_(std::move(handle)), writer_(std::move(writer)) {}
-
-  // Declared before writer_ so that the file (and its flock) is closed before
-  // the store hears that the writer is gone.
-  ChunkStore::Handle handle_;
-  ChunkWriter writer_;
-};
-
-// Reads one chunk of the store: a ChunkReader that keeps the chunk's bytes
-// counted while it is open.
-class StoredChunkReader {
- public:
-  StoredChunkReader(StoredChunkReader&&) noexcept = default;
-  StoredChunkReader& operator=(StoredChunkReader&&) noexcept = default;
-  StoredChunkReader(const StoredChunkReader&) = delete;
-  StoredChunkReader& operator=(const StoredChunkReader&) = delete;
-  ~StoredChunkReader() = default;
-
-  const ChunkReader& operator*() const { return reader_; }
-  const ChunkReader* operator->() const { return &reader_; }
-  // Sees commits made since it was opened (ChunkReader::Refresh): not
-  // concurrently with other calls on this reader.
-  Status Refresh() { return reader_.Refresh(); }
-
- private:
-  friend class ChunkStore;
-  StoredChunkReader(ChunkStore::Handle handle, ChunkReader reader)
-      : handle_(std::move(handle)), reader_(std::move(reader)) {}
-
-  ChunkStore::Handle handle_;
-  ChunkReader reader_;
+ protected:
+  ChunkStore() = default;
+  ChunkStore(const ChunkStore&) = delete;
+  ChunkStore& operator=(const ChunkStore&) = delete;
 };
 
 }  // namespace granary

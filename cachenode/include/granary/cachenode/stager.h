@@ -37,8 +37,9 @@
 //    staging order that fit (up to the chunks in flight on other threads).
 //    A full file system (ENOSPC or EDQUOT, from creating a chunk file or from
 //    a Put or Commit into an existing one) pauses it too (kDiskFull), without
-//    failing the chunk, and is retried with a bounded exponential backoff, or
-//    at Resume().
+//    failing the chunk, and is retried with a bounded exponential backoff
+//    (timed on options.clock), or at Resume(); last_error then names the
+//    store and says what to do.
 //
 // What it does not do: compute placement or plans (the daemon passes the
 // owned chunks and the staging order), drop chunks it no longer owns (the
@@ -73,6 +74,7 @@
 #include <vector>
 
 #include "granary/cachenode/chunk_store.h"
+#include "granary/core/clock.h"
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/source.h"
@@ -126,7 +128,15 @@ struct StagerOptions {
   std::chrono::milliseconds disk_full_backoff{1000};
   std::chrono::milliseconds disk_full_backoff_max{30000};
   uint32_t disk_full_retries = 8;
+  // Where the disk-full backoff reads time (Clock::Monotonic); null: the
+  // system clock. A test's ManualClock moves it without sleeping; the workers
+  // look at the clock at least every kClockRecheck while they wait.
+  const Clock* clock = nullptr;
 };
+
+// How often a worker waiting out the disk-full backoff looks at the clock
+// again (an injected clock may be moved without a notification).
+inline constexpr std::chrono::milliseconds kClockRecheck{50};
 
 // A snapshot of a Stager's progress (Stager::Progress).
 struct StagerProgress {
@@ -294,6 +304,8 @@ class Stager {
   Outcome StageChunk(ChunkId chunk);
   // Opens the chunk's writer, creating the file if needed. Only by the holder.
   Result<StoredChunkWriter> OpenWriter(ChunkId chunk, std::span<const ChunkSegment> segments);
+  // What last_error says after a Put or Commit found the file system full.
+  std::string DiskFullHint() const;
   // The holder's last step: puts every read, unput fill of `chunk`, commits,
   // updates the chunk's state, closes the writer and releases the hold.
   // `writer` may be empty (it could not be opened, or a Put failed): the fills
@@ -322,6 +334,7 @@ class Stager {
   const std::shared_ptr<ChunkStore> store_;
   const StagerOptions options_;
   const std::vector<ChunkId> chunk_order_;
+  const Clock* const clock_;  // options_.clock, or the system clock
 
   mutable std::mutex mu_;
   std::condition_variable cv_;                                // any change of the state below
@@ -336,20 +349,20 @@ class Stager {
   bool capacity_ = false;           // guarded by mu_
   bool disk_full_ = false;          // guarded by mu_
   uint32_t disk_full_retries_ = 0;  // guarded by mu_
-  std::chrono::milliseconds disk_full_wait_{0};               // guarded by mu_
-  std::chrono::steady_clock::time_point disk_full_retry_at_;  // guarded by mu_
-  Status last_error_;                                         // guarded by mu_
-  uint32_t on_demand_pending_ = 0;                            // guarded by mu_
-  uint32_t on_demand_since_bulk_ = 0;  // guarded by mu_: on-demand reads since a bulk one
-  uint64_t in_flight_ = 0;             // guarded by mu_
-  uint64_t on_demand_fetches_ = 0;     // guarded by mu_
-  uint64_t on_demand_shared_ = 0;      // guarded by mu_
-  uint64_t on_demand_not_stored_ = 0;  // guarded by mu_
-  uint64_t refetches_ = 0;             // guarded by mu_
-  uint64_t source_retries_ = 0;        // guarded by mu_
-  uint32_t workers_running_ = 0;       // guarded by mu_: workers not yet out of WorkerLoop
-  std::vector<std::thread> workers_;   // started by Start, joined by Stop
-  std::mutex join_mu_;                 // serialises Stop's joins
+  std::chrono::milliseconds disk_full_wait_{0};  // guarded by mu_
+  Clock::MonotonicTime disk_full_retry_at_;      // guarded by mu_
+  Status last_error_;                            // guarded by mu_
+  uint32_t on_demand_pending_ = 0;               // guarded by mu_
+  uint32_t on_demand_since_bulk_ = 0;            // guarded by mu_: on-demand reads since a bulk one
+  uint64_t in_flight_ = 0;                       // guarded by mu_
+  uint64_t on_demand_fetches_ = 0;               // guarded by mu_
+  uint64_t on_demand_shared_ = 0;                // guarded by mu_
+  uint64_t on_demand_not_stored_ = 0;            // guarded by mu_
+  uint64_t refetches_ = 0;                       // guarded by mu_
+  uint64_t source_retries_ = 0;                  // guarded by mu_
+  uint32_t workers_running_ = 0;      // guarded by mu_: workers not yet out of WorkerLoop
+  std::vector<std::thread> workers_;  // started by Start, joined by Stop
+  std::mutex join_mu_;                // serialises Stop's joins
 };
 
 }  // namespace granary
