@@ -1,8 +1,15 @@
+// Sidecar (sidecar.h): the daemon around the SidecarService. It owns the
+// store, the fetcher, the socket and the threads: the accept loop
+// (UnixAcceptLoop) and one thread per connection, which reads frames, hands
+// each to the service and writes its answer back; the fetch workers that
+// keep the prefetch windows full; the refresh loop (node list, metrics); the
+// `mounts` views. What each request does is the service's
+// (sidecar_service.cc).
+
 #include "granary/sidecar/sidecar.h"
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -13,8 +20,6 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
-#include <cstring>
-#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -25,16 +30,17 @@
 #include "granary/core/log.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
-#include "granary/core/plan.h"
 #include "granary/core/sidecar_protocol.h"
 #include "granary/core/unix_socket.h"
 #include "granary/daemon/config_keys.h"
 #include "granary/daemon/connection_threads.h"
 #include "granary/daemon/observability.h"
+#include "granary/daemon/unix_accept_loop.h"
 #include "granary/posix/mount_point.h"
 #include "granary/posix/posix_view.h"
 #include "granary/sidecar/sample_cache.h"
 #include "granary/sidecar/sample_fetcher.h"
+#include "granary/sidecar/sidecar_service.h"
 #include "granary/store/open_store.h"
 #include "sidecar_metrics.h"
 
@@ -61,10 +67,12 @@ struct Sidecar::Impl {
   std::shared_ptr<spdlog::logger> log = GetLogger("sidecar");
   std::string name;
 
-  std::mutex store_mu;
+  // The store is thread-safe (metadata_store.h): the service, the refresh
+  // loop and the views' plan listing call it without a lock of their own.
   std::unique_ptr<MetadataStore> store;
   std::unique_ptr<IdentityExecutor> executor;
   std::unique_ptr<SampleFetcher> fetcher;
+  std::unique_ptr<SidecarService> service;  // every request's answer, the open datasets
 
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   SidecarMetrics metrics;
@@ -74,8 +82,6 @@ struct Sidecar::Impl {
   std::atomic<bool> started{false};  // listening, and every `mounts` view mounted
 
   ScopedFd listen_fd;
-  ScopedFd wake_fd;  // eventfd: Stop wakes the accept loop
-  std::thread accept_thread;
   std::thread refresh_thread;
   std::vector<std::thread> workers;
 
@@ -83,12 +89,9 @@ struct Sidecar::Impl {
   std::mutex views_mu;  // guards `views` (the refresh loop reads their counters)
   std::vector<std::unique_ptr<posix::PosixView>> views;
   ConnectionThreads connections;
-  ConnectionLimits limits;             // from max_clients and max_clients_per_uid
-  std::atomic<uint64_t> next_conn{1};  // connection ids, for logs
-
-  std::mutex caches_mu;
-  std::map<std::string, std::shared_ptr<SampleCache>> caches;
-  std::mutex open_mu;  // serialises loading datasets
+  ConnectionLimits limits;  // from max_clients and max_clients_per_uid
+  // Over listen_fd, into `connections` (declared after them: it goes first).
+  std::unique_ptr<UnixAcceptLoop> accept_loop;
 
   std::mutex work_mu;
   std::condition_variable work_cv;
@@ -131,8 +134,6 @@ struct Sidecar::Impl {
     UnixListenOptions options;
     options.mode = config.socket_mode;
     GRANARY_ASSIGN_OR_RETURN(listen_fd, ListenUnix(path, options));
-    wake_fd = ScopedFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!wake_fd.valid()) return Status::FromErrno(errno, "create the sidecar's wake-up eventfd");
     return Status::Ok();
   }
 
@@ -144,88 +145,11 @@ struct Sidecar::Impl {
 
   // ---- datasets -----------------------------------------------------------------------
 
-  Result<std::shared_ptr<SampleCache>> OpenCache(const std::string& dataset) {
-    std::lock_guard<std::mutex> open_lock(open_mu);
-    std::shared_ptr<SampleCache> cached;
-    {
-      std::lock_guard<std::mutex> lock(caches_mu);
-      if (auto it = caches.find(dataset); it != caches.end()) cached = it->second;
-    }
-    Result<DatasetRecord> record = [&] {
-      std::lock_guard<std::mutex> lock(store_mu);
-      return store->GetDataset(dataset);
-    }();
-    if (!record.ok()) {
-      if (record.status().code() == StatusCode::kNotFound) {
-        return Status::NotFound("dataset " + Quoted(dataset) +
-                                " does not exist; create it with `granary dataset create " +
-                                dataset + " --source file:///path` and wait for it");
-      }
-      // Keep serving what we have while the store is away.
-      if (cached != nullptr) return cached;
-      return record.status().WithContext("look up dataset " + Quoted(dataset));
-    }
-    if (record->spec.pool != config.pool) {
-      return Status::FailedPrecondition("dataset " + Quoted(dataset) + " is in pool " +
-                                        Quoted(record->spec.pool) + "; this sidecar serves pool " +
-                                        Quoted(config.pool) +
-                                        ": use the sidecar of that pool's nodes");
-    }
-    if (record->manifest_id.empty() || (record->state.phase != DatasetPhase::kStaging &&
-                                        record->state.phase != DatasetPhase::kReady)) {
-      return Status::FailedPrecondition(
-          "dataset " + Quoted(dataset) + " is " +
-          std::string(DatasetPhaseName(record->state.phase)) +
-          (record->state.message.empty() ? "" : " (" + record->state.message + ")") +
-          ", not Staging or Ready; wait with `granary dataset wait " + dataset + "`");
-    }
-    if (cached != nullptr && cached->manifest().id().ToHex() == record->manifest_id) return cached;
-
-    Result<std::string> bytes = [&] {
-      std::lock_guard<std::mutex> lock(store_mu);
-      return store->GetManifest(record->manifest_id);
-    }();
-    if (!bytes.ok()) return bytes.status().WithContext("read the manifest of " + Quoted(dataset));
-    Result<Manifest> manifest = Manifest::Decode(*bytes);
-    if (!manifest.ok()) {
-      return manifest.status().WithContext("decode the manifest of " + Quoted(dataset));
-    }
-    FetchDataset fd;
-    fd.name = dataset;
-    fd.manifest = std::make_shared<const Manifest>(std::move(*manifest));
-    fd.source_uri = record->spec.source_uri;
-    fd.owner = record->owner;
-    fd.replication = record->spec.replication;
-    fd.nodes = record->spec.nodes;
-    SampleCacheOptions options;
-    options.arena_bytes = config.arena_bytes;
-    options.window_samples = config.window_samples;
-    options.window_bytes = config.window_bytes;
-    options.work_available = [this] { SignalWork(); };
-    GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<SampleCache> made,
-                             SampleCache::Create(std::move(fd), options));
-    std::shared_ptr<SampleCache> cache = std::move(made);
-    {
-      std::lock_guard<std::mutex> lock(caches_mu);
-      caches[dataset] = cache;
-    }
-    log->info("opened dataset {} (manifest {}, {} samples, arena {} bytes)", Quoted(dataset),
-              record->manifest_id, cache->manifest().sample_count(), cache->arena_bytes());
-    return cache;
-  }
-
-  std::vector<std::shared_ptr<SampleCache>> Caches() {
-    std::lock_guard<std::mutex> lock(caches_mu);
-    std::vector<std::shared_ptr<SampleCache>> out;
-    for (auto& [n, c] : caches) out.push_back(c);
-    return out;
-  }
-
   // Mounts each `mounts` entry, reading from this sidecar's own cache.
   Status MountViews() {
     for (const SidecarConfig::Mount& m : config.mounts) {
       const std::string what = "mounting dataset " + Quoted(m.dataset) + " at " + Quoted(m.dir);
-      Result<std::shared_ptr<SampleCache>> cache = OpenCache(m.dataset);
+      Result<std::shared_ptr<SampleCache>> cache = service->OpenDataset(m.dataset);
       if (!cache.ok()) return cache.status().WithContext(what + " (`mounts`)");
       Result<std::string> point = posix::PrepareMountPoint(m.dir);
       if (!point.ok()) return point.status().WithContext(what + " (`mounts`)");
@@ -240,13 +164,12 @@ struct Sidecar::Impl {
       options.allow_other = ::geteuid() == 0;
       // Readahead follows the plan epoch (or manifest order) the readers do.
       options.list_plans = [this, dataset = m.dataset] {
-        std::lock_guard<std::mutex> lock(store_mu);
         if (store == nullptr) return std::vector<PlanRecord>{};
         Result<std::vector<PlanRecord>> listed = store->ListPlans(dataset);
         return listed.ok() ? std::move(*listed) : std::vector<PlanRecord>{};
       };
-      auto reader =
-          std::make_shared<CacheContentReader>(*cache, FetchFor(*cache), config.wait_timeout);
+      auto reader = std::make_shared<CacheContentReader>(*cache, service->FetchFor(*cache),
+                                                         config.wait_timeout);
       Result<std::unique_ptr<posix::PosixView>> view =
           posix::PosixView::Mount(options, (*cache)->dataset().manifest, reader);
       if (!view.ok()) return view.status().WithContext(what + " (`mounts`)");
@@ -258,19 +181,13 @@ struct Sidecar::Impl {
     return Status::Ok();
   }
 
-  FetchFn FetchFor(const std::shared_ptr<SampleCache>& cache) {
-    return [this, cache](std::span<const FetchTarget> targets, std::span<FetchOutcome> outcomes) {
-      fetcher->Fetch(cache->FetchView(), targets, outcomes);
-    };
-  }
-
   // ---- threads ------------------------------------------------------------------------
 
   void WorkerLoop() {
     uint64_t seen = 0;
     while (!stopping) {
       bool any = false;
-      for (const std::shared_ptr<SampleCache>& cache : Caches()) {
+      for (const std::shared_ptr<SampleCache>& cache : service->Caches()) {
         std::vector<FetchTarget> work = cache->TakePrefetchWork(config.fetch_batch);
         if (work.empty()) continue;
         any = true;
@@ -302,10 +219,7 @@ struct Sidecar::Impl {
     Clock::time_point next_nodes = Clock::now();
     while (!stopping) {
       if (Clock::now() >= next_nodes) {
-        Result<std::vector<NodeRecord>> nodes = [&] {
-          std::lock_guard<std::mutex> lock(store_mu);
-          return store->ListNodes(config.pool);
-        }();
+        Result<std::vector<NodeRecord>> nodes = store->ListNodes(config.pool);
         {
           std::lock_guard<std::mutex> lock(ready_mu);
           if (nodes.ok()) {
@@ -321,17 +235,14 @@ struct Sidecar::Impl {
         }
         // A dataset's node list may change while it is open (a Slurm job's
         // prologs add the job's nodes one by one).
-        for (const std::shared_ptr<SampleCache>& cache : Caches()) {
-          Result<DatasetRecord> record = [&] {
-            std::lock_guard<std::mutex> lock(store_mu);
-            return store->GetDataset(cache->dataset().name);
-          }();
+        for (const std::shared_ptr<SampleCache>& cache : service->Caches()) {
+          Result<DatasetRecord> record = store->GetDataset(cache->dataset().name);
           if (record.ok()) cache->SetPlacedNodes(record->spec.nodes);
         }
         next_nodes = Clock::now() + config.refresh_interval;
       }
       SampleCacheStats total;
-      for (const std::shared_ptr<SampleCache>& cache : Caches()) total += cache->Stats();
+      for (const std::shared_ptr<SampleCache>& cache : service->Caches()) total += cache->Stats();
       const size_t sessions = connections.open();
       metrics.Refresh(total, fetcher->counters(), sessions, &last);
       {
@@ -348,38 +259,25 @@ struct Sidecar::Impl {
     }
   }
 
-  void AcceptLoop() {
-    while (!stopping) {
-      pollfd fds[2] = {{listen_fd.get(), POLLIN, 0}, {wake_fd.get(), POLLIN, 0}};
-      const int n = ::poll(fds, 2, 1000);
-      connections.ReapFinished();
-      if (n < 0 && errno != EINTR) {
-        log->error("poll on the sidecar socket failed: {}", std::strerror(errno));
-        return;
-      }
-      if (stopping) return;
-      if (n <= 0 || (fds[0].revents & POLLIN) == 0) continue;
-      Result<ScopedFd> accepted = AcceptUnix(listen_fd.get());
-      if (!accepted.ok()) continue;
-      ScopedFd fd = std::move(*accepted);
+  // How the accept loop admits, refuses and serves the sidecar socket's peers.
+  UnixAcceptLoopOptions AcceptOptions() {
+    UnixAcceptLoopOptions o;
+    o.socket_name = "the sidecar socket " + Quoted(config.socket_path);
+    o.log = log;
+    o.limits = limits;
+    o.prepare = [this](int fd) {
       // Connections are served with blocking I/O on their own thread.
-      const int flags = ::fcntl(fd.get(), F_GETFL);
-      ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+      const int flags = ::fcntl(fd, F_GETFL);
+      ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
       // A client that does not take a reply within idle_timeout is closed.
       const timeval send_timeout = TimevalOf(config.idle_timeout);
-      (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-      Result<PeerCredentials> peer = PeerCredentialsOf(fd.get());
-      if (!peer.ok()) {
-        metrics.rejected_clients_full->Increment();
-        log->warn("SO_PEERCRED of a new client failed ({}); refused", peer.status().ToString());
-        continue;
-      }
-      const uint32_t uid = peer->uid;
-      const bool privileged = uid == 0 || uid == ::geteuid();
-      const uint64_t id = next_conn++;
-      const Admission admitted = connections.Start(
-          fd, uid, privileged, limits, [this, id](int conn) { ServeConnection(id, conn); });
-      if (admitted == Admission::kAdmitted) continue;
+      (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+    };
+    o.unnamed = [this](const Status& why) {
+      metrics.rejected_clients_full->Increment();
+      log->warn("SO_PEERCRED of a new client failed ({}); refused", why.ToString());
+    };
+    o.refused = [this](int fd, uint32_t uid, Admission admitted) {
       std::string why;
       if (admitted == Admission::kFull) {
         metrics.rejected_clients_full->Increment();
@@ -397,26 +295,16 @@ struct Sidecar::Impl {
       }
       const std::string error = sp::EncodeError(0, Status::ResourceExhausted(why),
                                                 /*closing=*/true, sp::kHandshakeVersion);
-      (void)SendWithFds(fd.get(), error);
-    }
+      (void)SendWithFds(fd, error);
+    };
+    o.serve = [this](uint64_t id, int fd) { ServeConnection(id, fd); };
+    return o;
   }
 
   // ---- one connection -------------------------------------------------------------------
 
-  struct Session {
-    uint64_t conn = 0;
-    bool hello = false;
-    // Before HELLO, errors go out as the handshake version every client reads.
-    uint16_t version = sp::kHandshakeVersion;
-    std::string client_name;
-    std::shared_ptr<SampleCache> cache;
-    uint64_t client = 0;
-    std::shared_ptr<const Plan> plan;  // SET_PLAN: what NEXT walks
-    size_t next = 0;
-  };
-
   void ServeConnection(uint64_t id, int conn) {
-    Session session;
+    SidecarSession session;
     session.conn = id;
     metrics.sessions_opened->Increment();
     sp::FrameDecoder decoder;
@@ -462,13 +350,15 @@ struct Sidecar::Impl {
         }
         data.remove_prefix(*used);
         if (decoder.has_frame()) {
-          open = HandleFrame(conn, &session, decoder.TakeFrame());
+          const sp::Frame frame = decoder.TakeFrame();
+          open =
+              Answer(conn, session, frame.header.request_id, service->HandleFrame(session, frame));
           idle_deadline = Clock::now() + config.idle_timeout;
         }
       }
     }
     // ConnectionThreads shuts the connection down and closes it.
-    if (session.cache != nullptr) session.cache->DropClient(session.client);
+    service->Close(session);
   }
 
   // Waits until `conn` has bytes (or end of stream, or is shut down by
@@ -497,266 +387,23 @@ struct Sidecar::Impl {
     return Status::Ok();
   }
 
-  // Sends `reply` for `request_id` in the session's version; false if the
-  // connection is done.
-  bool Reply(int fd, const Session* s, uint64_t request_id, const sp::Reply& reply,
-             std::span<const int> fds = {}) {
-    Result<std::string> bytes = sp::EncodeReply(request_id, reply, sp::Limits{}, s->version);
+  // Sends `answer` to request `request_id` in the session's version; false
+  // if the connection is done (the answer closes it, or sending failed).
+  bool Answer(int fd, const SidecarSession& s, uint64_t request_id, const SidecarAnswer& answer) {
+    if (!answer.error.ok()) {
+      const bool sent =
+          SendAll(fd, sp::EncodeError(request_id, answer.error, answer.closing, s.version), {})
+              .ok();
+      return sent && !answer.closing;
+    }
+    Result<std::string> bytes = sp::EncodeReply(request_id, answer.reply, sp::Limits{}, s.version);
     if (!bytes.ok()) {
       log->error("encoding a reply failed: {}", bytes.status().ToString());
-      return SendAll(fd, sp::EncodeError(request_id, bytes.status(), false, s->version), {}).ok();
+      return SendAll(fd, sp::EncodeError(request_id, bytes.status(), false, s.version), {}).ok();
     }
+    std::span<const int> fds;
+    if (answer.fd >= 0) fds = std::span<const int>(&answer.fd, 1);
     return SendAll(fd, *bytes, fds).ok();
-  }
-
-  bool Fail(int fd, const Session* s, uint64_t request_id, const Status& status,
-            bool closing = false) {
-    metrics.errors_request->Increment();
-    const bool sent =
-        SendAll(fd, sp::EncodeError(request_id, status, closing, s->version), {}).ok();
-    return sent && !closing;
-  }
-
-  bool HandleFrame(int fd, Session* s, const sp::Frame& frame) {
-    const uint64_t rid = frame.header.request_id;
-    Result<sp::Request> request = sp::DecodeRequest(frame);
-    if (!request.ok()) return Fail(fd, s, rid, request.status());
-    metrics.Request(frame.header.type);
-    if (s->hello && frame.header.version > s->version) {
-      // The stream is in step; only this request is refused.
-      return Fail(fd, s, rid,
-                  Status::VersionMismatch(
-                      std::string(sp::MessageTypeName(frame.header.type)) + " frame is version " +
-                      std::to_string(frame.header.version) + ", newer than the version " +
-                      std::to_string(s->version) +
-                      " this connection agreed on in HELLO; send frames of the agreed version"));
-    }
-    if (!s->hello && !std::holds_alternative<sp::Hello>(*request)) {
-      return Fail(fd, s, rid,
-                  Status::FailedPrecondition(std::string(sp::MessageTypeName(frame.header.type)) +
-                                             " before HELLO; a connection starts with HELLO"),
-                  /*closing=*/true);
-    }
-    return std::visit([&](auto& r) { return Handle(fd, s, rid, r); }, *request);
-  }
-
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::Hello& hello) {
-    if (s->hello) return Fail(fd, s, rid, Status::FailedPrecondition("HELLO sent twice"));
-    Result<uint16_t> version = sp::NegotiateVersion(hello);
-    if (!version.ok()) return Fail(fd, s, rid, version.status(), /*closing=*/true);
-    s->hello = true;
-    s->version = *version;
-    s->client_name = hello.client_name;
-    sp::HelloReply reply;
-    reply.version = *version;
-    reply.sidecar_name = name;
-    return Reply(fd, s, rid, reply);
-  }
-
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::Open& open) {
-    if (s->cache != nullptr) {
-      return Fail(fd, s, rid,
-                  Status::FailedPrecondition(
-                      "this connection already has dataset " + Quoted(s->cache->dataset().name) +
-                      " open; open another connection for " + Quoted(open.dataset)));
-    }
-    Result<std::shared_ptr<SampleCache>> cache = OpenCache(open.dataset);
-    if (!cache.ok()) return Fail(fd, s, rid, cache.status());
-    s->cache = *cache;
-    s->client = s->cache->AddClient();
-    sp::OpenReply reply;
-    reply.manifest_id = s->cache->manifest().id();
-    reply.sample_count = s->cache->manifest().sample_count();
-    reply.total_bytes = s->cache->manifest().total_bytes();
-    reply.chunk_count = s->cache->manifest().chunk_count();
-    reply.arena_bytes = s->cache->arena_bytes();
-    const int arena = s->cache->arena_fd();
-    return Reply(fd, s, rid, reply, std::span<const int>(&arena, 1));
-  }
-
-  bool NeedOpen(int fd, const Session* s, uint64_t rid, std::string_view what) {
-    if (s->cache != nullptr) return true;
-    Fail(fd, s, rid,
-         Status::FailedPrecondition(std::string(what) + " before OPEN; open a dataset first"));
-    return false;
-  }
-
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::SetPlan& p) {
-    if (!NeedOpen(fd, s, rid, "SET_PLAN")) return true;
-    PlanSpec spec;
-    spec.seed = p.seed;
-    spec.epoch = p.epoch;
-    spec.world_size = p.world_size;
-    spec.rank = p.rank;
-    spec.batch_size = p.batch_size;
-    spec.drop_last = p.drop_last;
-    spec.mode = static_cast<PlanMode>(p.mode);
-    spec.window = p.window_chunks;
-    Result<Plan> plan = Plan::Create(s->cache->manifest(), spec);
-    if (!plan.ok())
-      return Fail(fd, s, rid, plan.status().WithContext("SET_PLAN " + Quoted(p.plan_id)));
-    if (p.start_position > plan->samples().size()) {
-      return Fail(fd, s, rid,
-                  Status::OutOfRange("SET_PLAN " + Quoted(p.plan_id) + ": start_position " +
-                                     std::to_string(p.start_position) + " is past the rank's " +
-                                     std::to_string(plan->samples().size()) + " samples"));
-    }
-    s->cache->SetCursor(p.plan_id + "/rank" + std::to_string(p.rank), *plan, p.start_position);
-    s->plan = std::make_shared<const Plan>(std::move(*plan));
-    s->next = p.start_position;
-    metrics.plans->Increment();
-
-    PlanRecord record;
-    record.plan_id = p.plan_id;
-    record.seed = p.seed;
-    record.first_epoch = static_cast<uint32_t>(p.epoch);
-    record.world_size = p.world_size;
-    record.batch_size = p.batch_size;
-    record.drop_last = p.drop_last;
-    record.mode = std::string(PlanModeName(spec.mode));
-    record.window_chunks = p.window_chunks;
-    Status put = [&] {
-      std::lock_guard<std::mutex> lock(store_mu);
-      return store->PutPlan(s->cache->dataset().name, record);
-    }();
-    if (!put.ok()) {
-      // Prefetch works without it; only the cache nodes' staging order misses it.
-      metrics.store_errors->Increment();
-      log->warn("registering plan {} of {} in the store: {}", Quoted(p.plan_id),
-                Quoted(s->cache->dataset().name), put.ToString());
-    }
-    return Reply(fd, s, rid, sp::Ok{});
-  }
-
-  bool Deliver(int fd, Session* s, uint64_t rid, std::span<const SampleId> ids, uint32_t lookahead,
-               bool end_of_epoch) {
-    std::vector<AcquiredSample> got = s->cache->Acquire(
-        s->client, ids, lookahead, FetchFor(s->cache), Clock::now() + config.wait_timeout);
-    sp::Samples reply;
-    reply.end_of_epoch = end_of_epoch;
-    reply.items.reserve(got.size());
-    if (!got.empty()) metrics.client_wait->Observe(got.front().waited_seconds);
-    for (const AcquiredSample& a : got) {
-      sp::SampleItem item;
-      item.id = a.id;
-      item.status = a.status;
-      item.hint = a.hint;
-      if (a.status.ok()) {
-        item.token = a.token;
-        item.offset = a.offset;
-        item.length = a.length;
-        item.checksum = a.checksum;
-        // Hints count too: they are handed out, and the client reads them
-        // without asking again.
-        metrics.Served(a.prefetched, a.length);
-      } else {
-        metrics.failed_samples->Increment();
-      }
-      reply.items.push_back(std::move(item));
-    }
-    return Reply(fd, s, rid, reply);
-  }
-
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::Get& get) {
-    if (!NeedOpen(fd, s, rid, "GET")) return true;
-    s->cache->Release(s->client, get.release);
-    return Deliver(fd, s, rid, get.ids, std::min<uint32_t>(get.lookahead, 1024), false);
-  }
-
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::Next& next) {
-    if (!NeedOpen(fd, s, rid, "NEXT")) return true;
-    s->cache->Release(s->client, next.release);
-    if (s->plan == nullptr) {
-      return Fail(fd, s, rid,
-                  Status::FailedPrecondition("NEXT before SET_PLAN; announce the plan first"));
-    }
-    const size_t end = s->plan->read_count();
-    const size_t from = std::min(s->next, end);
-    const size_t to = std::min<size_t>(end, from + next.max_samples);
-    s->next = to;
-    std::span<const SampleId> ids(s->plan->samples().data() + from, to - from);
-    return Deliver(fd, s, rid, ids, 0, to >= end);
-  }
-
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::Release& release) {
-    if (!NeedOpen(fd, s, rid, "RELEASE")) return true;
-    s->cache->Release(s->client, release.tokens);
-    return Reply(fd, s, rid, sp::Ok{});
-  }
-
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::Stat& stat) {
-    if (!NeedOpen(fd, s, rid, "STAT")) return true;
-    const Manifest& m = s->cache->manifest();
-    if (stat.first_id >= m.sample_count()) {
-      return Fail(fd, s, rid,
-                  Status::OutOfRange("STAT from sample " + std::to_string(stat.first_id) + ": " +
-                                     Quoted(s->cache->dataset().name) + " has " +
-                                     std::to_string(m.sample_count()) + " samples"));
-    }
-    sp::StatReply reply;
-    reply.first_id = stat.first_id;
-    const uint64_t end = std::min<uint64_t>(m.sample_count(), uint64_t{stat.first_id} + stat.count);
-    size_t body = 64;
-    const size_t budget = sp::kDefaultMaxBodyBytes - 4096;
-    for (uint64_t id = stat.first_id; id < end && reply.entries.size() < sp::kDefaultMaxItems;
-         ++id) {
-      const auto sid = static_cast<SampleId>(id);
-      sp::StatEntry e{m.PathOf(sid), m.SizeOf(sid), m.MtimeOf(sid)};
-      body += e.path.size() + 32;
-      if (body > budget) break;
-      reply.entries.push_back(std::move(e));
-    }
-    return Reply(fd, s, rid, reply);
-  }
-
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::Lookup& lookup) {
-    if (!NeedOpen(fd, s, rid, "LOOKUP")) return true;
-    sp::LookupReply reply;
-    for (const std::string& path : lookup.paths) {
-      sp::LookupItem item;
-      if (Status ok = ValidateSamplePath(path); !ok.ok()) {
-        item.status = ok;
-      } else if (Result<SampleId> id = s->cache->manifest().Find(path); id.ok()) {
-        item.id = *id;
-      } else {
-        item.status = Status::NotFound("no file " + Quoted(path) + " in dataset " +
-                                       Quoted(s->cache->dataset().name));
-      }
-      reply.items.push_back(std::move(item));
-    }
-    return Reply(fd, s, rid, reply);
-  }
-
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::Ping&) {
-    return Reply(fd, s, rid, sp::Pong{});
-  }
-
-  // Directories of the manifest besides the root (its index 0), paged like STAT.
-  bool Handle(int fd, Session* s, uint64_t rid, const sp::Directories& dirs) {
-    if (!NeedOpen(fd, s, rid, "DIRECTORIES")) return true;
-    const Manifest& m = s->cache->manifest();
-    const auto total = static_cast<uint32_t>(m.directory_count() - 1);
-    if (dirs.first > total) {
-      return Fail(
-          fd, s, rid,
-          Status::OutOfRange("DIRECTORIES from index " + std::to_string(dirs.first) + ": " +
-                             Quoted(s->cache->dataset().name) + " has " + std::to_string(total) +
-                             " directories besides the root; ask from 0 up to that"));
-    }
-    sp::DirectoriesReply reply;
-    reply.first = dirs.first;
-    reply.total = total;
-    const uint64_t end = std::min<uint64_t>(total, uint64_t{dirs.first} + dirs.count);
-    size_t body = 64;
-    const size_t budget = sp::kDefaultMaxBodyBytes - 4096;
-    for (uint64_t i = dirs.first; i < end && reply.entries.size() < sp::kDefaultMaxItems; ++i) {
-      const auto d = static_cast<uint32_t>(i + 1);
-      sp::DirectoryItem e{m.DirectoryPath(d), m.DirectoryMode(d)};
-      body += e.path.size() + 8;
-      if (body > budget) break;
-      reply.entries.push_back(std::move(e));
-    }
-    return Reply(fd, s, rid, reply);
   }
 };
 
@@ -799,8 +446,19 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
     if (nodes.ok()) impl->fetcher->SetNodes(std::move(*nodes));
   }
 
-  GRANARY_RETURN_IF_ERROR(impl->Listen());
   Impl* raw = impl.get();
+  SidecarServiceOptions service;
+  service.name = impl->name;
+  service.pool = config.pool;
+  service.cache.arena_bytes = config.arena_bytes;
+  service.cache.window_samples = config.window_samples;
+  service.cache.window_bytes = config.window_bytes;
+  service.cache.work_available = [raw] { raw->SignalWork(); };
+  service.wait_timeout = config.wait_timeout;
+  impl->service = std::make_unique<SidecarService>(std::move(service), impl->store.get(),
+                                                   impl->fetcher.get(), &impl->metrics);
+
+  GRANARY_RETURN_IF_ERROR(impl->Listen());
   GRANARY_ASSIGN_OR_RETURN(
       impl->observability,
       ObservabilityServer::Start(config.metrics_listen.ToString(), impl->registry, [raw] {
@@ -808,11 +466,13 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
         std::lock_guard<std::mutex> lock(raw->ready_mu);
         return raw->ready;
       }));
+  GRANARY_ASSIGN_OR_RETURN(
+      impl->accept_loop,
+      UnixAcceptLoop::Start(impl->listen_fd.get(), &impl->connections, impl->AcceptOptions()));
   for (uint32_t i = 0; i < config.fetch_threads; ++i) {
     impl->workers.emplace_back([raw] { raw->WorkerLoop(); });
   }
   impl->refresh_thread = std::thread([raw] { raw->RefreshLoop(); });
-  impl->accept_thread = std::thread([raw] { raw->AcceptLoop(); });
   impl->log->info("serving on {} (mode {:o}), metrics on {}, pool {}, window {} samples / {} bytes",
                   Quoted(config.socket_path), config.socket_mode,
                   impl->observability->address().ToString(), Quoted(config.pool),
@@ -846,9 +506,7 @@ void Sidecar::Stop() {
   for (auto& view : views) view->Stop();
   views.clear();
   i.stopping = true;
-  const uint64_t one = 1;
-  if (i.wake_fd.valid()) (void)::write(i.wake_fd.get(), &one, sizeof(one));
-  if (i.accept_thread.joinable()) i.accept_thread.join();
+  if (i.accept_loop != nullptr) i.accept_loop->Stop();
   ::unlink(i.config.socket_path.c_str());
   i.connections.ShutdownAll();
   i.SignalWork();

@@ -12,7 +12,7 @@
 //      owner (replication > 1), then the node that placement picks once the
 //      failed ones are excluded;
 //   3. if no node has it: the source itself, read with the dataset owner's
-//      rights (PosixSource through an IdentityExecutor), when enabled.
+//      rights (OpenSource through an IdentityExecutor), when enabled.
 // A per-item kFailedPrecondition (the source file changed since the snapshot)
 // or kPermissionDenied is final: the source would say the same.
 //

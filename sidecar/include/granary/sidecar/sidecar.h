@@ -21,6 +21,8 @@
 //    user's connections cannot lock out another (docs/sidecar.md, "Idle and
 //    greedy clients");
 //  - exports /metrics, /healthz, /readyz.
+// What each request does is the SidecarService's (sidecar_service.h); the
+// Sidecar is the socket, the threads and the store around it.
 //
 // Who calls it: sidecar/src/main.cc; tests start the binary.
 //
