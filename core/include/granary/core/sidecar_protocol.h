@@ -32,12 +32,10 @@
 // on its next GET/NEXT). The sidecar does not reuse a pinned range; when the
 // connection closes, every pin it held is dropped.
 //
-// Frames: a 24-byte fixed header, then the body:
-//     0 magic "GRSC" (4 bytes), 4 version u16, 6 type u16, 8 flags u32 (0),
-//    12 body_length u32, 16 request_id u64 (chosen by the client, echoed)
-// All integers little-endian; strings are u16 length + bytes; lists are u32
-// count + elements. Replies carry the request's id; ERROR with id 0 blames no
-// request.
+// Frames: a 24-byte fixed header (the shared one of wire_frame.h: magic
+// "GRSC", version, type, flags, body_length, request_id), then the body;
+// sidecar_protocol_format.h has the byte layout of every message. Replies
+// carry the request's id; ERROR with id 0 blames no request.
 //
 // Versions: HELLO agrees on the highest version both sides speak; every later
 // frame of the connection carries a version no higher than that. A message
@@ -75,37 +73,35 @@
 
 #include "granary/core/hash.h"
 #include "granary/core/names.h"
+#include "granary/core/sidecar_protocol_format.h"
 #include "granary/core/status.h"
+#include "granary/core/wire_frame.h"
 
 namespace granary::sidecar_protocol {
 
-inline constexpr char kMagic[4] = {'G', 'R', 'S', 'C'};
-inline constexpr size_t kFrameHeaderSize = 24;
-inline constexpr uint16_t kMinVersion = 1;
-inline constexpr uint16_t kMaxVersion = 2;
-// The first version with DIRECTORIES / DIRECTORIES_REPLY.
-inline constexpr uint16_t kDirectoriesVersion = 2;
-// HELLO and HELLO_REPLY always carry this version in their frame header (and
-// ERROR may, before a version is agreed): their layout is frozen so that any
-// two builds can negotiate.
-inline constexpr uint16_t kHandshakeVersion = 1;
-
-// Caps no limit may exceed, and the defaults.
-inline constexpr uint32_t kMaxBodyBytesCap = 64u << 20;
-inline constexpr uint32_t kDefaultMaxBodyBytes = 4u << 20;
-inline constexpr uint32_t kMaxItemsCap = 1u << 20;
-inline constexpr uint32_t kDefaultMaxItems = 4096;  // ids, tokens, paths or entries per message
-inline constexpr size_t kMaxNameLength = 255;       // client and sidecar names
-// LOOKUP, STAT_REPLY and DIRECTORIES_REPLY paths.
-inline constexpr size_t kMaxPathLength = kMaxSamplePathLength;
-inline constexpr uint16_t kMaxDirectoryMode = 07777;  // st_mode & 07777
-inline constexpr size_t kMaxMessageLength = 1024;     // per-item and ERROR messages (cut to this)
+// The layout's constants (sidecar_protocol_format.h), as this codec's names.
+using sidecar_protocol_format::kDefaultMaxBodyBytes;
+using sidecar_protocol_format::kDefaultMaxItems;
+using sidecar_protocol_format::kDirectoriesVersion;
+using sidecar_protocol_format::kFrameHeaderSize;
+using sidecar_protocol_format::kHandshakeVersion;
+using sidecar_protocol_format::kMagic;
+using sidecar_protocol_format::kMaxBodyBytesCap;
+using sidecar_protocol_format::kMaxDirectoryMode;
+using sidecar_protocol_format::kMaxItemsCap;
+using sidecar_protocol_format::kMaxMessageLength;
+using sidecar_protocol_format::kMaxNameLength;
+using sidecar_protocol_format::kMaxPathLength;
+using sidecar_protocol_format::kMaxVersion;
+using sidecar_protocol_format::kMinVersion;
+static_assert(kMaxPathLength == kMaxSamplePathLength);
 
 struct Limits {
   uint32_t max_body_bytes = kDefaultMaxBodyBytes;
   uint32_t max_items = kDefaultMaxItems;
 
-  // Nonzero, within the caps, max_body_bytes >= 4096. kInvalidArgument naming the field.
+  // Nonzero, within the caps, max_body_bytes >= kMinBodyBytes (4096).
+  // kInvalidArgument naming the field.
   Status Validate() const;
   friend bool operator==(const Limits&, const Limits&) = default;
 };
@@ -113,26 +109,26 @@ Limits CommonLimits(const Limits& a, const Limits& b);
 
 enum class MessageType : uint16_t {
   // requests
-  kHello = 1,
-  kOpen = 2,
-  kSetPlan = 3,
-  kGet = 4,
-  kNext = 5,
-  kRelease = 6,
-  kStat = 7,
-  kLookup = 8,
-  kPing = 9,
-  kDirectories = 10,  // version 2
+  kHello = sidecar_protocol_format::kTypeHello,
+  kOpen = sidecar_protocol_format::kTypeOpen,
+  kSetPlan = sidecar_protocol_format::kTypeSetPlan,
+  kGet = sidecar_protocol_format::kTypeGet,
+  kNext = sidecar_protocol_format::kTypeNext,
+  kRelease = sidecar_protocol_format::kTypeRelease,
+  kStat = sidecar_protocol_format::kTypeStat,
+  kLookup = sidecar_protocol_format::kTypeLookup,
+  kPing = sidecar_protocol_format::kTypePing,
+  kDirectories = sidecar_protocol_format::kTypeDirectories,  // version 2
   // replies
-  kHelloReply = 101,
-  kOpenReply = 102,
-  kOk = 103,
-  kSamples = 104,
-  kStatReply = 105,
-  kLookupReply = 106,
-  kPong = 107,
-  kError = 108,
-  kDirectoriesReply = 109,  // version 2
+  kHelloReply = sidecar_protocol_format::kTypeHelloReply,
+  kOpenReply = sidecar_protocol_format::kTypeOpenReply,
+  kOk = sidecar_protocol_format::kTypeOk,
+  kSamples = sidecar_protocol_format::kTypeSamples,
+  kStatReply = sidecar_protocol_format::kTypeStatReply,
+  kLookupReply = sidecar_protocol_format::kTypeLookupReply,
+  kPong = sidecar_protocol_format::kTypePong,
+  kError = sidecar_protocol_format::kTypeError,
+  kDirectoriesReply = sidecar_protocol_format::kTypeDirectoriesReply,  // version 2
 };
 std::string_view MessageTypeName(uint16_t type);  // "HELLO", ..., "unknown"
 // The first protocol version that has message `type` (kDirectoriesVersion for
@@ -358,30 +354,24 @@ Result<Reply> DecodeReply(const Frame& frame, const Limits& limits = {});
 // none, kInvalidArgument when the client's range is empty or starts at 0.
 Result<uint16_t> NegotiateVersion(const Hello& hello);
 
-// Splits a byte stream into frames; holds at most one, never more than
+// Splits a byte stream into frames (the shared wire::FrameReader under this
+// protocol's header rules); holds at most one, never more than
 // limits.max_body_bytes of body; sticky error after the first failure.
 class FrameDecoder {
  public:
   explicit FrameDecoder(Limits limits = {});
   // Consumes bytes until a frame is complete or they run out; returns how many.
   Result<size_t> Feed(std::string_view data);
-  bool has_frame() const { return has_frame_; }
+  bool has_frame() const { return reader_.has_frame(); }
   Frame TakeFrame();
   // OK between frames, else kInvalidArgument saying where the stream was cut.
-  Status Finish() const;
-  const Status& status() const { return status_; }
-  size_t buffered_bytes() const;
+  Status Finish() const { return reader_.Finish(); }
+  const Status& status() const { return reader_.status(); }
+  size_t buffered_bytes() const { return reader_.buffered_bytes(); }
 
  private:
-  Status Fail(Status status);
-
   Limits limits_;
-  Status status_;  // sticky; also set at construction when limits are invalid
-  char header_bytes_[kFrameHeaderSize] = {};
-  size_t header_filled_ = 0;
-  bool in_body_ = false;
-  bool has_frame_ = false;
-  Frame frame_;
+  wire::FrameReader reader_;  // failed at construction when limits are invalid
 };
 
 // Exactly one whole frame in `bytes` (for tests, tools and the fuzzer):
