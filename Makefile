@@ -2,6 +2,8 @@
 # (scripts/install-deps, as root) and builds what it needs.
 #
 #   make test         format check, debug and asan builds with the whole suite, fuzzers
+#                     (each suite followed by scripts/check-test-leftovers: no FUSE mount or
+#                     /tmp/granary-test-* directory left behind)
 #   make build        debug build only
 #   make release      optimised build (benchmarks)
 #   make quickstart   single-host Granary + a PyTorch training loop through it (DIR=... for your data)
@@ -41,15 +43,19 @@ test: deps format-check layering-check test-debug bench-smoke test-asan fuzz
 # The Kubernetes suites (LABELS kubernetes) run a real control plane built by
 # scripts/k8s-tools into ~/.cache/granary: about 13 minutes the first time
 # (needs Go >= 1.26), instant afterwards.
+# After ctest, scripts/check-test-leftovers fails if a test left a FUSE mount
+# (fuse.granary, fuse.granary-slowfs) or a granary-test-* directory behind.
 test-debug: deps
 	cmake --preset debug >/dev/null
 	cmake --build --preset debug
 	k8s_bin=$$(scripts/k8s-tools) && GRANARY_K8S_BIN=$$k8s_bin ctest --preset debug
+	scripts/check-test-leftovers
 
 test-asan: deps
 	cmake --preset asan >/dev/null
 	cmake --build --preset asan
 	k8s_bin=$$(scripts/k8s-tools) && GRANARY_K8S_BIN=$$k8s_bin ctest --preset asan
+	scripts/check-test-leftovers
 
 fuzz: deps
 	cmake --preset fuzz >/dev/null

@@ -1,8 +1,13 @@
 #include "testing/sidecar_fixture.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <sstream>
 #include <utility>
+#include <vector>
+
+#include "testing/fuse_mounts.h"
 
 namespace granary::testing {
 
@@ -22,7 +27,42 @@ SidecarProcess::SidecarProcess(SidecarOptions options, std::string dir)
       options_(std::move(options)),
       socket_path_(dir + "/sidecar.sock") {}
 
-SidecarProcess::~SidecarProcess() = default;
+namespace {
+
+// The mount points of a `mounts: "name:/path,name2:/path2"` line in `yaml`.
+std::vector<std::string> MountPoints(const std::string& yaml) {
+  std::vector<std::string> points;
+  std::istringstream lines(yaml);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("mounts:", 0) != 0) continue;
+    std::string value = line.substr(7);
+    std::erase_if(value, [](char c) { return c == '"' || c == '\'' || c == ' '; });
+    std::istringstream entries(value);
+    std::string entry;
+    while (std::getline(entries, entry, ',')) {
+      const size_t colon = entry.find(':');
+      if (colon != std::string::npos) points.push_back(entry.substr(colon + 1));
+    }
+  }
+  return points;
+}
+
+}  // namespace
+
+SidecarProcess::~SidecarProcess() {
+  // A sidecar with `mounts:` serves FUSE views. Killed, as TestDaemon's
+  // teardown kills it, it leaves them mounted and dead ("Transport endpoint
+  // is not connected"): kill it here and detach what is left, lazily.
+  const std::vector<std::string> views = MountPoints(options_.extra_yaml);
+  if (views.empty()) return;
+  if (process_ != nullptr) (void)process_->Kill();
+  for (const std::string& view : views) {
+    if (Status detached = DetachMount(view); !detached.ok()) {
+      ADD_FAILURE() << "the sidecar's view at " << view << ": " << detached.ToString();
+    }
+  }
+}
 
 pid_t SidecarProcess::pid() const { return process_ != nullptr ? process_->pid() : 0; }
 

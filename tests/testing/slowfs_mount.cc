@@ -1,12 +1,12 @@
 #include "testing/slowfs_mount.h"
 
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <utility>
 
+#include "testing/fuse_mounts.h"
 #include "testing/test_util.h"
 
 namespace granary::testing {
@@ -18,7 +18,10 @@ SlowFsMount::SlowFsMount(std::string binary, std::string src, std::string mnt)
 
 SlowFsMount::~SlowFsMount() {
   if (process_) (void)process_->Terminate(10s);
-  ::umount2(mnt_.c_str(), MNT_DETACH);
+  // Whether or not granary-slowfs unmounted on its way out.
+  if (Status detached = DetachMount(mnt_); !detached.ok()) {
+    ADD_FAILURE() << "granary-slowfs at " << mnt_ << ": " << detached.ToString();
+  }
 }
 
 Status SlowFsMount::Start(const SlowFsOptions& options, const std::string& log_path) {
@@ -45,6 +48,11 @@ Status SlowFsMount::Start(const SlowFsOptions& options, const std::string& log_p
     return Status::Unavailable("granary-slowfs exited:\n" + process_->LogTail());
   }
   return Status::Ok();
+}
+
+Status SlowFsMount::KillServer() {
+  if (!process_) return Status::FailedPrecondition("granary-slowfs at " + mnt_ + " never started");
+  return process_->Kill().status();
 }
 
 }  // namespace granary::testing

@@ -39,6 +39,11 @@ class SlowFsMount {
 
   const std::string& mount_point() const { return mnt_; }
 
+  // SIGKILLs granary-slowfs, as a crash would: the mount stays, dead
+  // ("Transport endpoint is not connected"), until the destructor (or a
+  // TempDir it lies under) detaches it.
+  Status KillServer();
+
  private:
   std::string binary_;
   std::string src_;

@@ -17,6 +17,7 @@
 
 #include "granary/core/file.h"
 #include "granary/core/net_address.h"
+#include "testing/fuse_mounts.h"
 
 namespace granary::testing {
 
@@ -28,6 +29,11 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
+  // A mount under it (a FUSE view whose server a test killed) would keep it
+  // from being removed: detached first, lazily.
+  if (Status detached = DetachMountsUnder(path_); !detached.ok()) {
+    ADD_FAILURE() << "removing the test directory " << path_ << ": " << detached.ToString();
+  }
   std::error_code ec;
   // Tests may drop permissions on files; make everything removable first.
   for (auto it = std::filesystem::recursive_directory_iterator(
