@@ -18,9 +18,29 @@ Readers (``reader`` in the spec):
   ``granary.torch.DistributedSampler`` (which announces the plan to the
   sidecar), a batch per ``__getitems__``, each sample released after its check.
 
+- ``mds`` (the mosaic_streaming peer): Mosaic Streaming's ``StreamingDataset``
+  over MDS shards at ``remote`` (on the slow mount), copied into the local
+  cache directory ``local`` as it reads them (its epoch 0; later epochs read
+  the cache), shuffled by the library (seed S), through a ``DataLoader`` with
+  ``workers`` worker processes;
+- ``wds`` (the webdataset peer): ``webdataset.WebDataset`` over tar shards in
+  ``remote`` (on the slow mount), streamed from there every epoch (shards
+  shuffled, then a 1,000-sample shuffle buffer, seed S + epoch), through a
+  ``WebLoader`` with ``workers`` worker processes; ``opener`` "cat" (the
+  default) streams each shard through ``pipe:cat PATH``, "path" lets
+  WebDataset open the path itself (reads of a few KiB).
+The peers deliver in their own order, not the plan's: each record carries its
+sample id (the index's position of the file it was made from), and the same
+per-epoch exactly-once and CRC-32 checks apply.
+
 A spec may ask for a ``copy`` first (copy_then_train): ``threads`` threads copy
 every file of ``copy["from"]`` (found by walking it, as cp -r does) to
-``copy["to"]``, timed as setup; the epochs then read the copy.
+``copy["to"]``, timed as setup; the epochs then read the copy. A peer's spec
+asks for a ``convert`` instead ({"format": "mds" or "wds", "from", "to",
+"shard_bytes"}): ``threads`` threads read every file of ``from`` (walked as
+the copy walks it) and the peer's own writer (``streaming.MDSWriter``,
+``webdataset.ShardWriter``) packs them, with their ids, into shards of about
+``shard_bytes`` in ``to``, timed as setup.
 
 A ``files`` spec may ask for ``paired`` passes ({"root", "opens"}; granary_posix
 uses it): after every warm epoch the same order is read again from
@@ -33,7 +53,8 @@ machine the way contenders run minutes apart do.
 Run by bench/run-benchmark, one process per contender:
     /usr/bin/python3 bench/bench_trainer.py SPEC.json RESULT.json
 SPEC: {"reader", "index", "epochs", "seed", "batch", "compute_ms", "root"?,
-"threads"?, "dataset"?, "socket"?, "copy"?, "slowfs_stats"?, "paired"?}. RESULT: per
+"threads"?, "dataset"?, "socket"?, "copy"?, "convert"?, "remote"?, "local"?,
+"workers"?, "slowfs_stats"?, "paired"?}. RESULT: per
 epoch seconds, samples/s, time to first batch, stall p50/p99, slow-source counters;
 setup, exactly_once and the first violations, CPU seconds, peak RSS; with
 "paired", the paired passes' seconds ({"epoch", "open", "view_seconds",
@@ -45,6 +66,7 @@ import concurrent.futures
 import json
 import os
 import resource
+import shlex
 import sys
 import time
 import zlib
@@ -154,6 +176,127 @@ class GranaryReader:
         self.ds.close()
 
 
+def collate_list(samples):
+    """A DataLoader batch as the list of its samples (no tensors)."""
+    return samples
+
+
+class MdsReader:
+    """Mosaic Streaming: StreamingDataset over MDS shards on the source, a local cache."""
+
+    def __init__(self, remote, local, seed, workers, batch):
+        import torch.utils.data
+        from streaming import StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+        clean_stale_shared_memory()
+        # shuffle_seed fixed: the library reshuffles every epoch by itself.
+        self.ds = StreamingDataset(remote=remote, local=local, shuffle=True, shuffle_seed=seed,
+                                   batch_size=batch)
+        self.loader = torch.utils.data.DataLoader(self.ds, batch_size=batch, num_workers=workers,
+                                                  collate_fn=collate_list)
+
+    def batches(self, order, batch, epoch):
+        del order, batch, epoch  # the library's own order; each iteration is its next epoch
+        for samples in self.loader:
+            yield [int(s["id"]) for s in samples], [s["data"] for s in samples]
+
+    def release(self, samples):
+        pass
+
+    def close(self):
+        pass
+
+
+class WdsReader:
+    """WebDataset: tar shards on the source, streamed from there every epoch."""
+
+    def __init__(self, remote, seed, workers, opener):
+        # opener "cat": each shard through `pipe:cat PATH` (WebDataset's idiom for
+        # streaming through a command; cat reads 128 KiB at a time); "path": the
+        # path itself, which WebDataset opens with Python's default buffering
+        # (reads of a few KiB, each one a source operation on a source without
+        # kernel readahead, as granary-slowfs is).
+        paths = sorted(os.path.join(remote, f) for f in os.listdir(remote) if f.endswith(".tar"))
+        self.urls = [f"pipe:cat {shlex.quote(p)}" for p in paths] if opener == "cat" else paths
+        self.seed = seed
+        self.workers = workers
+
+    def batches(self, order, batch, epoch):
+        import webdataset as wds
+        del order  # the library's own order
+        ds = (wds.WebDataset(self.urls, shardshuffle=len(self.urls), seed=self.seed + epoch,
+                             nodesplitter=None, empty_check=False)
+              .shuffle(1000).batched(batch, collation_fn=None, partial=True))
+        for samples in wds.WebLoader(ds, batch_size=None, num_workers=self.workers):
+            yield [int(s["__key__"]) for s in samples], [s["bin"] for s in samples]
+
+    def release(self, samples):
+        pass
+
+    def close(self):
+        pass
+
+
+def source_files(src, skip):
+    """The files under src, walked as cp -r does, relative to it (not the slowfs
+    stats file, nor the top-level entries named in skip)."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames.sort()
+        rel = os.path.relpath(dirpath, src)
+        if rel == ".":
+            dirnames[:] = [d for d in dirnames if d not in skip]
+        for name in sorted(filenames):
+            if name.startswith(".slowfs-stats") or (rel == "." and name in skip):
+                continue
+            files.append(os.path.normpath(os.path.join(rel, name)))
+    return files
+
+
+def convert_tree(spec, threads, index, violation):
+    """A peer's one-time conversion: every file of spec["from"] read by `threads`
+    threads (in walk order, bounded read-ahead) and written, with its sample id,
+    into shards in spec["to"] by the peer's own writer. Returns (files, bytes)."""
+    src, dst, fmt = spec["from"], spec["to"], spec["format"]
+    ids = {p: i for i, p in enumerate(index["paths"])}
+    files = source_files(src, {os.path.basename(dst)})
+    os.makedirs(dst, exist_ok=True)
+    if fmt == "mds":
+        from streaming import MDSWriter
+        writer = MDSWriter(out=dst, columns={"id": "int", "data": "bytes"},
+                           size_limit=int(spec["shard_bytes"]))
+
+        def write(i, data):
+            writer.write({"id": i, "data": data})
+    elif fmt == "wds":
+        import webdataset as wds
+        writer = wds.ShardWriter(os.path.join(dst, "shard-%06d.tar"),
+                                 maxsize=int(spec["shard_bytes"]), maxcount=1 << 30, verbose=0)
+
+        def write(i, data):
+            writer.write({"__key__": f"{i:07d}", "bin": data})
+    else:
+        raise ValueError(f"unknown conversion format {fmt!r}")
+    nbytes = 0
+    depth = max(1, 4 * threads)
+    with writer, concurrent.futures.ThreadPoolExecutor(max(1, threads), "converter") as pool:
+        pending = collections.deque()
+        position = 0
+        for _ in files:
+            while position < len(files) and len(pending) < depth:
+                path = files[position]
+                pending.append((path, pool.submit(read_file, os.path.join(src, path))))
+                position += 1
+            path, future = pending.popleft()
+            data = future.result()
+            if path not in ids:
+                violation(f"the conversion found {path}, which the tree does not have")
+                continue
+            write(ids[path], data)
+            nbytes += len(data)
+    return len(files), nbytes
+
+
 def copy_tree(src, dst, threads):
     """Walks src (as cp -r does) and copies every file to dst with `threads` threads."""
     jobs = []
@@ -261,8 +404,26 @@ def run(spec):
             "first_batch_s": first_batch or 0.0, "check_seconds": check_seconds,
         }
 
+    if spec.get("convert"):
+        before = slowfs_counts(stats_path)
+        t0 = time.perf_counter()
+        converted, nbytes = convert_tree(spec["convert"], int(spec.get("threads", 1)), index,
+                                         violation)
+        result["setup_seconds"] = time.perf_counter() - t0
+        result["setup_source"] = counts_delta(before, slowfs_counts(stats_path))
+        if converted != n or nbytes != index["bytes"]:
+            violation(f"the conversion found {converted} files, {nbytes} bytes; the tree has "
+                      f"{n} files, {index['bytes']} bytes")
+        print(f"    conversion ({spec['convert']['format']}): {converted} files, "
+              f"{nbytes / 1e6:.1f} MB in {result['setup_seconds']:.2f} s", flush=True)
+
+    workers = int(spec.get("workers", 0))
     if spec["reader"] == "granary":
         reader = GranaryReader(spec["dataset"], spec["socket"], seed, index)
+    elif spec["reader"] == "mds":
+        reader = MdsReader(spec["remote"], spec["local"], seed, workers, batch)
+    elif spec["reader"] == "wds":
+        reader = WdsReader(spec["remote"], seed, workers, spec.get("opener", "cat"))
     else:
         reader = FileReader(root, index["paths"], int(spec.get("threads", 0)), batch)
     # "paired" (files readers): after every warm epoch (1, 2, ...), the same
