@@ -1245,6 +1245,32 @@ TEST(SidecarProtocolTest, DecodeFrameNeedsBytes) {
   EXPECT_THAT(DecodeFrame("").status().message(), HasSubstr("no bytes"));
 }
 
+// sidecar_protocol_format.h's smallest element sizes (what a decoder checks a
+// count against before it reserves anything) and fixed sizes agree with what
+// the message descriptions encode: a field added to a description without its
+// size here fails this test.
+TEST(SidecarProtocolTest, FormatSizesMatchTheEncodedBodies) {
+  namespace sf = sidecar_protocol_format;
+  auto body = [](const std::string& frame) { return frame.size() - kFrameHeaderSize; };
+  const SampleItem ok_item{1, Status::Ok(), 1, 0, 1, 0, false};
+  EXPECT_EQ(body(Rep(1, Samples{})), sf::kSamplesFixedSize);
+  EXPECT_EQ(body(Rep(1, Samples{{ok_item}, false})) - body(Rep(1, Samples{})),
+            sf::kSampleItemMinSize);
+  EXPECT_EQ(body(Rep(1, LookupReply{})), sf::kLookupReplyFixedSize);
+  EXPECT_EQ(body(Rep(1, LookupReply{{{Status::Ok(), 1}}})) - body(Rep(1, LookupReply{})),
+            sf::kLookupItemMinSize);
+  EXPECT_EQ(body(Rep(1, StatReply{0, {{"a", 1, 1}}})) - body(Rep(1, StatReply{})),
+            sf::kStatEntryMinSize);
+  EXPECT_EQ(body(Rep(1, DirectoriesReply{0, 1, {{"a", 0755}}})) -
+                body(Rep(1, DirectoriesReply{0, 1, {}})),
+            sf::kDirectoryItemMinSize);
+  EXPECT_EQ(body(Req(1, Lookup{{"a", "b"}})) - body(Req(1, Lookup{{"a"}})), sf::kPathMinSize);
+  EXPECT_EQ(body(Req(1, Release{{7}})) - body(Req(1, Release{})), sf::kTokenSize);
+  EXPECT_EQ(body(Req(1, Get{{}, {1, 2}, 0})) - body(Req(1, Get{{}, {1}, 0})), sf::kIdSize);
+  EXPECT_EQ(body(Rep(1, OpenReply{kManifest, 1, 1, 1, 1})), 48u);  // the doc's OPEN_REPLY
+  EXPECT_EQ(body(Req(1, SetPlan{"p", 0, 0, 1, 0, 1, false, 0, 1, 0})), 44u + 1);  // 44 + n
+}
+
 // The fuzzer's seed corpus: short valid and broken streams. With
 // GRANARY_SIDECAR_PROTOCOL_CORPUS_OUT set it also writes them there, which is
 // how tests/fuzz/corpus/sidecar_protocol/ is regenerated:
