@@ -4,6 +4,8 @@
 
 #include <limits>
 
+#include "granary/core/plan_request.h"
+
 namespace granary::client {
 
 Status ValidateSamplerSpec(const SamplerSpec& spec) {
@@ -70,19 +72,7 @@ Result<sidecar_protocol::SetPlan> SamplerSetPlan(const SamplerSpec& spec, uint64
         "resume with a state_dict saved by this sampler",
         start_position, share.num_samples, spec.rank));
   }
-  const PlanSpec plan = SamplerPlanSpec(spec);
-  sidecar_protocol::SetPlan set;
-  set.plan_id = SamplerPlanId(spec);
-  set.seed = plan.seed;
-  set.epoch = plan.epoch;
-  set.world_size = plan.world_size;
-  set.rank = plan.rank;
-  set.batch_size = plan.batch_size;
-  set.drop_last = plan.drop_last;
-  set.mode = static_cast<uint8_t>(plan.mode);
-  set.window_chunks = plan.window;
-  set.start_position = start_position;
-  return set;
+  return SetPlanFor(SamplerPlanId(spec), SamplerPlanSpec(spec), start_position);
 }
 
 }  // namespace granary::client
