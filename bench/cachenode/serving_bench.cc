@@ -1,6 +1,7 @@
 #include "serving_bench.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <span>
 #include <string>
@@ -77,6 +78,26 @@ Result<std::vector<PeerClient>> ConnectClients(uint16_t port, uint32_t n,
 }
 
 // Every sample once over the wire, compared byte for byte (untimed).
+// The server's counters once no reply is still being counted. A client has
+// its reply as soon as the bytes reach its socket, and the server counts them
+// a moment later, on its own thread: a snapshot taken right after the clients
+// stopped may miss their last batch (one run failed that way: one batch of 16
+// counted on one side only). Every client is idle when this is called, so the
+// counters settle at once; two equal readings 5 ms apart say they have.
+ServerCounters SettledCounters(const Server& server) {
+  ServerCounters last = server.Counters();
+  for (int i = 0; i < 200; ++i) {  // at most a second
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ServerCounters now = server.Counters();
+    if (now.requests_total == last.requests_total &&
+        now.payload_bytes_total == last.payload_bytes_total) {
+      return now;
+    }
+    last = now;
+  }
+  return last;
+}
+
 Result<uint64_t> VerifyEverySample(std::vector<PeerClient>& clients, const Manifest& manifest,
                                    const std::vector<uint64_t>& checksums, uint32_t batch) {
   const uint64_t samples = manifest.sample_count();
@@ -159,8 +180,8 @@ Result<LoadFigures> ServingBench::TimedRound(const Flags& f) {
   ServerCounters before;  // after the warm-up READs
   GRANARY_ASSIGN_OR_RETURN(LoadFigures served,
                            TimedRun(serve_fns_, f.batch, f.files, f.seconds, f.seed,
-                                    [&] { before = server_->Counters(); }));
-  const ServerCounters after = server_->Counters();
+                                    [&] { before = SettledCounters(*server_); }));
+  const ServerCounters after = SettledCounters(*server_);
   const uint64_t payload = after.payload_bytes_total - before.payload_bytes_total;
   if (payload != served.bytes || after.read_item_errors_total != 0) {
     return Status::Internal("the server sent " + std::to_string(payload) +

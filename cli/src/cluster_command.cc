@@ -66,15 +66,8 @@ Status PlanShow(CliContext& c, const std::string& name) {
   if (c.json_output()) {
     Json list = Json::array();
     for (const PlanRecord& p : plans) {
-      list.push_back({{"plan_id", p.plan_id},
-                      {"seed", p.seed},
-                      {"first_epoch", p.first_epoch},
-                      {"world_size", p.world_size},
-                      {"batch_size", p.batch_size},
-                      {"drop_last", p.drop_last},
-                      {"mode", p.mode},
-                      {"window_chunks", p.window_chunks},
-                      {"registered_ms", p.registered_ms}});
+      GRANARY_ASSIGN_OR_RETURN(std::string document, PlanRecordJson(p));
+      list.push_back(Json::parse(document));
     }
     c.out() << list.dump(2) << "\n";
     return Status::Ok();

@@ -5,6 +5,7 @@
 #include "granary/core/metadata_store.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "granary/core/names.h"
@@ -109,6 +110,26 @@ ProgressSummary SummarizeProgress(const std::map<std::string, StagingProgress>& 
     ++s.nodes_reporting;
   }
   return s;
+}
+
+Result<std::string> PlanRecordJson(const PlanRecord& p) {
+  try {
+    return nlohmann::json{
+        {"plan_id", p.plan_id},
+        {"seed", p.seed},
+        {"first_epoch", p.first_epoch},
+        {"world_size", p.world_size},
+        {"batch_size", p.batch_size},
+        {"drop_last", p.drop_last},
+        {"mode", p.mode},
+        {"window_chunks", p.window_chunks},
+        {"registered_ms", p.registered_ms},
+    }
+        .dump();
+  } catch (const nlohmann::json::exception& e) {
+    return Status::InvalidArgument("encode plan " + Quoted(p.plan_id) + ": " + e.what() +
+                                   "; every text field must be valid UTF-8");
+  }
 }
 
 Result<PlanSpec> ToPlanSpec(const PlanRecord& plan, uint64_t epoch, uint32_t rank) {

@@ -428,21 +428,7 @@ Result<StagingProgress> DecodeProgress(std::string_view text, std::string_view k
   });
 }
 
-Result<std::string> EncodePlan(const PlanRecord& p) {
-  return EncodeJson("plan " + Quoted(p.plan_id), [&] {
-    return json{
-        {"plan_id", p.plan_id},
-        {"seed", p.seed},
-        {"first_epoch", p.first_epoch},
-        {"world_size", p.world_size},
-        {"batch_size", p.batch_size},
-        {"drop_last", p.drop_last},
-        {"mode", p.mode},
-        {"window_chunks", p.window_chunks},
-        {"registered_ms", p.registered_ms},
-    };
-  });
-}
+Result<std::string> EncodePlan(const PlanRecord& p) { return PlanRecordJson(p); }
 
 Result<PlanRecord> DecodePlan(std::string_view text, std::string_view key_plan_id,
                               std::string_view where) {

@@ -232,6 +232,12 @@ struct PlanRecord {
 // ValidatePlanSpec (e.g. rank >= world_size).
 Result<PlanSpec> ToPlanSpec(const PlanRecord& plan, uint64_t epoch, uint32_t rank);
 
+// The plan as one JSON object: the document the store keeps
+// (docs/metadata-store.md, "Records") and what `granary plan show --json`
+// prints, written in one place. kInvalidArgument for a string that is not
+// valid UTF-8.
+Result<std::string> PlanRecordJson(const PlanRecord& plan);
+
 enum class EventKind : uint8_t {
   kDataset,   // a dataset was created, updated or deleted; name = dataset
   kNode,      // a node joined, changed pool/address/capacity/incarnation, or was
