@@ -1,0 +1,152 @@
+// The Stager's on-demand fetches for readers (stager_internal.h lists the
+// Stager's files).
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "granary/cachenode/stager.h"
+#include "granary/core/log.h"
+#include "granary/core/names.h"
+#include "stager_internal.h"
+
+namespace granary {
+
+using stager_internal::ChunkName;
+using stager_internal::PieceCount;
+
+Result<std::string> Stager::ReadFromStore(ChunkId chunk, std::span<const ChunkSegment> segments,
+                                          uint32_t index) {
+  GRANARY_ASSIGN_OR_RETURN(StoredChunkReader reader, store_->OpenChunkReader(Key(chunk), segments));
+  return reader->Read(index);
+}
+
+Result<std::string> Stager::FetchSegment(ChunkId chunk, uint32_t index) {
+  return Fetch(chunk, index, /*replace=*/false);
+}
+
+Result<std::string> Stager::DropAndRefetch(ChunkId chunk, uint32_t index) {
+  return Fetch(chunk, index, /*replace=*/true);
+}
+
+Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
+  const std::string what = std::string(replace ? "re-fetching" : "fetching") + " segment " +
+                           std::to_string(index) + " of " + ChunkName(options_.dataset, chunk);
+  if (chunk >= manifest_->chunk_count()) {
+    return Status::InvalidArgument(what + ": the manifest has " +
+                                   std::to_string(manifest_->chunk_count()) + " chunks");
+  }
+  GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> segments, manifest_->Segments(chunk));
+  if (index >= segments.size()) {
+    return Status::InvalidArgument(what + ": the chunk has " + std::to_string(segments.size()) +
+                                   " segments");
+  }
+  const ChunkSegment& segment = segments[index];
+  std::shared_ptr<Fill> fill;
+  uint32_t retries = options_.io_retries;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!chunks_[chunk].owned) {
+      return Status::FailedPrecondition(what +
+                                        ": this node does not own the chunk; read it "
+                                        "from its owner or from the source");
+    }
+    if (replace) ++refetches_;
+    if (auto f = failed_samples_.find(segment.sample); f != failed_samples_.end()) {
+      if (SourceErrorKindOf(f->second) != SourceErrorKind::kIo) return f->second;
+      // A transient error, retried already: ask the source once more now.
+      ForgetFailureLocked(segment.sample);
+      retries = 0;
+    }
+    if (auto it = fills_.find({chunk, index}); it != fills_.end()) {
+      // Someone is reading it (or has read it and not committed yet): share
+      // the fresh bytes. A stored copy being replaced is dropped by whoever
+      // puts them (unless they were handed over already: then the next reader
+      // to find it corrupt refetches it again).
+      fill = it->second;
+      if (replace) fill->replace = true;
+      ++on_demand_shared_;
+      cv_.wait(lock, [&] { return fill->done; });
+      if (!fill->status.ok()) return fill->status;
+      return fill->bytes;
+    }
+    bool present = false;
+    if (!replace) {
+      auto bits = store_->PresentSegments(Key(chunk));
+      present = bits.ok() && index < bits->size() && (*bits)[index];
+    }
+    if (!present) {
+      fill = std::make_shared<Fill>();
+      fill->replace = replace;
+      fills_.emplace(FillKey{chunk, index}, fill);
+      ++on_demand_pending_;
+      ++on_demand_since_bulk_;
+      ++on_demand_fetches_;
+      cv_.notify_all();  // a bulk worker waiting for its share may go now
+    }
+  }
+  if (fill == nullptr) return ReadFromStore(chunk, segments, index);
+
+  std::string bytes;
+  Status read = ReadFromSource(segment, &bytes, /*bulk=*/false, retries);
+  bool hold = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --on_demand_pending_;
+    fill->bytes = read.ok() ? bytes : std::string();
+    fill->status = read;
+    fill->done = true;
+    if (!read.ok()) {
+      RecordFailureLocked(segment.sample, read);
+      fills_.erase({chunk, index});
+    } else if (!chunks_[chunk].writer_held) {
+      chunks_[chunk].writer_held = true;  // store it ourselves
+      hold = true;
+    }  // else the holder (a bulk worker) puts it, dropping a replaced copy first, and commits
+    cv_.notify_all();
+  }
+  if (!read.ok()) return read;
+  if (hold) {
+    auto writer = OpenWriter(chunk, segments);
+    if (!writer.ok()) {
+      GetLogger("cachenode")
+          ->warn("{}: read from the source but not stored: {}", what, writer.status().ToString());
+    }
+    // A store error is logged and counted (on_demand_not_stored): the reader
+    // gets its bytes all the same.
+    static_cast<void>(DrainAndRelease(
+        chunk, segments, writer.ok() ? std::optional(std::move(*writer)) : std::nullopt));
+  }
+  return bytes;
+}
+
+Result<std::string> Stager::FetchSample(SampleId sample) {
+  if (sample >= manifest_->sample_count()) {
+    return Status::InvalidArgument("fetching sample " + std::to_string(sample) + " of dataset " +
+                                   Quoted(options_.dataset) + ": the manifest has " +
+                                   std::to_string(manifest_->sample_count()) + " samples");
+  }
+  const uint64_t size = manifest_->SizeOf(sample);
+  const uint64_t pieces = PieceCount(*manifest_, sample);
+  const ChunkId first = manifest_->ChunkOf(sample);
+  std::string out;
+  out.reserve(size);
+  for (uint64_t p = 0; p < pieces; ++p) {
+    const ChunkId chunk = first + static_cast<ChunkId>(p);
+    GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkSegment> segments, manifest_->Segments(chunk));
+    auto it = std::find_if(segments.begin(), segments.end(),
+                           [&](const ChunkSegment& s) { return s.sample == sample; });
+    if (it == segments.end()) {
+      return Status::Internal("fetching sample " + std::to_string(sample) + ": chunk " +
+                              std::to_string(chunk) +
+                              " has no piece of it; the manifest is "
+                              "inconsistent");
+    }
+    GRANARY_ASSIGN_OR_RETURN(std::string piece,
+                             FetchSegment(chunk, static_cast<uint32_t>(it - segments.begin())));
+    out += piece;
+  }
+  return out;
+}
+
+}  // namespace granary
