@@ -4,8 +4,9 @@
 // sidecars and peer cache nodes exchange with a cache node over TCP (and, later,
 // RDMA). docs/protocol.md describes every field, the limits, version
 // negotiation and how a server answers bad input; protocol.h encodes and decodes
-// it. Changing any value here changes the protocol: bump kMaxVersion and keep
-// speaking the old one.
+// it. The fixed header is the shared one of wire_frame.h with every optional
+// field. Changing any value here changes the protocol: bump kMaxVersion and
+// keep speaking the old one.
 //
 //   frame := fixed header (32 bytes) + body (body_length bytes)
 //                                    + payload (payload_length bytes)
