@@ -6,7 +6,6 @@
 
 namespace granary {
 
-
 // ---- snapshots ----------------------------------------------------------------
 
 void CacheNode::Impl::ClaimSnapshot(const std::vector<DatasetRecord>& datasets) {
