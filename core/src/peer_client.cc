@@ -54,6 +54,31 @@ Status PeerClientOptions::Validate() const {
   return Status::Ok();
 }
 
+PeerReadResult PeerReadResult::Assemble(ReadReply reply, std::string payload, bool verify,
+                                        std::string_view from) {
+  PeerReadResult result;
+  result.reply_ = std::move(reply);
+  result.payload_ = std::move(payload);
+  result.offsets_.reserve(result.reply_.items.size());
+  uint64_t offset = 0;
+  for (size_t i = 0; i < result.reply_.items.size(); ++i) {
+    ReadReplyItem& item = result.reply_.items[i];
+    result.offsets_.push_back(offset);
+    offset += item.length;
+    if (!verify || !item.status.ok() || !item.checksum.has_value()) continue;
+    uint64_t actual = Checksum64(result.bytes(i));
+    if (actual != *item.checksum) {
+      item.status = Status::Corruption(
+          "item " + std::to_string(i) + " of " + std::string(from) + ": its bytes hash to " +
+          std::to_string(actual) + ", the server sent checksum " + std::to_string(*item.checksum) +
+          "; the bytes are not used, read it again");
+      item.checksum.reset();
+      item.length = 0;
+    }
+  }
+  return result;
+}
+
 std::string_view PeerReadResult::bytes(size_t item) const {
   const ReadReplyItem& it = reply_.items.at(item);
   if (!it.status.ok()) return {};
@@ -570,8 +595,8 @@ Result<ResponseMessage> PeerClient::Call(const RequestMessage& request, std::str
 }
 
 Result<PeerReadResult> PeerClient::Read(const ReadRequest& request) {
-  PeerReadResult result;
-  GRANARY_ASSIGN_OR_RETURN(ResponseMessage response, Call(request, &result.payload_));
+  std::string payload;
+  GRANARY_ASSIGN_OR_RETURN(ResponseMessage response, Call(request, &payload));
   auto* reply = std::get_if<ReadReply>(&response);
   const std::string doing = "READ from cache node " + address_.ToString();
   if (reply == nullptr) {
@@ -582,25 +607,8 @@ Result<PeerReadResult> PeerClient::Read(const ReadRequest& request) {
   if (Status s = CheckReadReply(request, *reply); !s.ok()) {
     return Fail(s.WithContext(doing + ": the reply does not match the request"));
   }
-  result.reply_ = std::move(*reply);
-  result.offsets_.reserve(result.reply_.items.size());
-  uint64_t offset = 0;
-  for (size_t i = 0; i < result.reply_.items.size(); ++i) {
-    ReadReplyItem& item = result.reply_.items[i];
-    result.offsets_.push_back(offset);
-    offset += item.length;
-    if (!options_.verify_checksums || !item.status.ok() || !item.checksum.has_value()) continue;
-    uint64_t actual = Checksum64(result.bytes(i));
-    if (actual != *item.checksum) {
-      item.status = Status::Corruption(
-          "item " + std::to_string(i) + " of READ from cache node " + address_.ToString() +
-          ": its bytes hash to " + std::to_string(actual) + ", the server sent checksum " +
-          std::to_string(*item.checksum) + "; the bytes are not used, read it again");
-      item.checksum.reset();
-      item.length = 0;
-    }
-  }
-  return result;
+  return PeerReadResult::Assemble(std::move(*reply), std::move(payload), options_.verify_checksums,
+                                  doing);
 }
 
 Status PeerClient::Ping() {

@@ -153,7 +153,10 @@ using fetch_internal::SourceSlot;
 using fetch_internal::SteadyClock;
 
 struct SampleFetcher::Impl {
-  Impl(SampleFetcherOptions o, IdentityExecutor* e) : options_(std::move(o)), executor_(e) {
+  Impl(SampleFetcherOptions o, IdentityExecutor* e)
+      : options_(std::move(o)),
+        transport_(options_.transport != nullptr ? options_.transport : TcpPeerTransport()),
+        executor_(e) {
     peer_options_ = options_.peer;
     peer_options_.client_name = options_.client_name;
     peer_options_.tls = nullptr;
@@ -194,14 +197,15 @@ struct SampleFetcher::Impl {
   std::shared_ptr<const NodeView> ViewFor(const FetchDataset& dataset);
   std::vector<char> DownSnapshot(const NodeView& view);
   void NodeFailed(const NodeRecord& node, const Status& why);
-  Result<PeerClient> TakeClient(const NodeRecord& node);
-  void PutClient(const std::string& address, PeerClient client);
+  Result<std::unique_ptr<PeerConnection>> TakeClient(const NodeRecord& node);
+  void PutClient(const std::string& address, std::unique_ptr<PeerConnection> client);
   Result<std::shared_ptr<SourceSlot>> SourceFor(const FetchDataset& dataset);
   Result<IdentityExecutor*> Executor();
 
   const SampleFetcherOptions options_;
   PeerClientOptions peer_options_;  // options_.peer named options_.client_name, plain TCP
   PeerClientOptions tls_options_;   // the same over TLS (options_.peer.tls)
+  const std::shared_ptr<PeerTransport> transport_;  // options_.transport, or TCP
   IdentityExecutor* const executor_;
   std::shared_ptr<spdlog::logger> log_ = GetLogger("sidecar");
   std::unique_ptr<LocalChunks> local_chunks_;  // local_node_socket set
@@ -223,7 +227,8 @@ struct SampleFetcher::Impl {
   std::map<std::string, DownMark> down_;  // guarded by down_mu_; by node id
 
   std::mutex pool_mu_;
-  std::map<std::string, std::vector<PeerClient>> pool_;  // guarded by pool_mu_; by address
+  // Idle connections, guarded by pool_mu_; by address.
+  std::map<std::string, std::vector<std::unique_ptr<PeerConnection>>> pool_;
 
   std::mutex sources_mu_;
   std::map<std::string, std::shared_ptr<SourceSlot>> sources_;  // guarded by sources_mu_; by name

@@ -63,7 +63,7 @@ void SampleFetcher::Impl::SetNodes(std::vector<NodeRecord> nodes) {
     }
   }
   // Idle connections to addresses no live node has any more.
-  std::vector<PeerClient> stale;
+  std::vector<std::unique_ptr<PeerConnection>> stale;
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
     for (auto it = pool_.begin(); it != pool_.end();) {
@@ -73,7 +73,7 @@ void SampleFetcher::Impl::SetNodes(std::vector<NodeRecord> nodes) {
         ++it;
         continue;
       }
-      for (PeerClient& c : it->second) stale.push_back(std::move(c));
+      for (std::unique_ptr<PeerConnection>& c : it->second) stale.push_back(std::move(c));
       it = pool_.erase(it);
     }
   }
@@ -132,7 +132,7 @@ void SampleFetcher::Impl::NodeFailed(const NodeRecord& node, const Status& why) 
     mark.why = why;
   }
   // Its other idle connections are as dead as this one.
-  std::vector<PeerClient> dropped;
+  std::vector<std::unique_ptr<PeerConnection>> dropped;
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
     auto it = pool_.find(node.address);
@@ -147,12 +147,12 @@ void SampleFetcher::Impl::NodeFailed(const NodeRecord& node, const Status& why) 
   }
 }
 
-Result<PeerClient> SampleFetcher::Impl::TakeClient(const NodeRecord& node) {
+Result<std::unique_ptr<PeerConnection>> SampleFetcher::Impl::TakeClient(const NodeRecord& node) {
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
     auto it = pool_.find(node.address);
     if (it != pool_.end() && !it->second.empty()) {
-      PeerClient client = std::move(it->second.back());
+      std::unique_ptr<PeerConnection> client = std::move(it->second.back());
       it->second.pop_back();
       return client;
     }
@@ -164,15 +164,16 @@ Result<PeerClient> SampleFetcher::Impl::TakeClient(const NodeRecord& node) {
           "cache node " + Quoted(node.id) +
           " serves TLS and this reader has no TLS context; give it one (tls_ca_file)");
     }
-    return PeerClient::Connect(node.address, tls_options_);
+    return transport_->Connect(node.address, tls_options_);
   }
-  return PeerClient::Connect(node.address, peer_options_);
+  return transport_->Connect(node.address, peer_options_);
 }
 
-void SampleFetcher::Impl::PutClient(const std::string& address, PeerClient client) {
-  if (!client.connected()) return;
+void SampleFetcher::Impl::PutClient(const std::string& address,
+                                    std::unique_ptr<PeerConnection> client) {
+  if (client == nullptr || !client->connected()) return;
   std::lock_guard<std::mutex> lock(pool_mu_);
-  std::vector<PeerClient>& idle = pool_[address];
+  std::vector<std::unique_ptr<PeerConnection>>& idle = pool_[address];
   if (idle.size() < kMaxIdleClientsPerNode) idle.push_back(std::move(client));
 }
 
@@ -222,14 +223,14 @@ void SampleFetcher::Impl::ReadOverNetwork(FetchState& st, uint32_t node,
     if (retry) item_retries_.fetch_add(list.size() - first, std::memory_order_relaxed);
   };
 
-  Result<PeerClient> connected = TakeClient(record);
+  Result<std::unique_ptr<PeerConnection>> connected = TakeClient(record);
   if (!connected.ok()) {
     NodeFailed(record, connected.status());
     fail_from(0, connected.status(), false);
     return;
   }
-  PeerClient client = std::move(*connected);
-  const ProtocolLimits& limits = client.limits();
+  std::unique_ptr<PeerConnection> client = std::move(*connected);
+  const ProtocolLimits& limits = client->limits();
   const uint64_t max_items = std::min<uint64_t>(options_.max_items_per_read, limits.max_items);
   const uint64_t max_bytes = std::min(options_.max_bytes_per_read, limits.max_read_bytes);
   const auto fits = [&](uint64_t items, uint64_t bytes) {
@@ -266,9 +267,9 @@ void SampleFetcher::Impl::ReadOverNetwork(FetchState& st, uint32_t node,
     }
     if (batch.empty()) continue;
     reads_sent_.fetch_add(1, std::memory_order_relaxed);
-    Result<PeerReadResult> reply = client.Read(request);
+    Result<PeerReadResult> reply = client->Read(request);
     if (!reply.ok()) {
-      if (!client.connected()) {
+      if (!client->connected()) {
         // Connection-level: the node is down (or broken) for everyone.
         NodeFailed(record, reply.status());
         fail_from(batch_start, reply.status(), false);

@@ -2,6 +2,13 @@
 // for writers, BEGIN IMMEDIATE for every read-modify-write so two processes
 // never deadlock upgrading read locks; see docs/metadata-store.md for the
 // tables.
+//
+// Kept whole at about 800 lines: its one job is the RawStore interface over
+// one SQLite database (open and schema checks, the transactions, the events
+// table the watchers poll, heartbeat expiry). Every method is a short
+// transaction around the same few prepared statements and the same busy
+// handling; apart, they would share all of that through a header for no gain
+// in reading.
 
 #include "sqlite_store.h"
 

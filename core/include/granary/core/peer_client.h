@@ -50,56 +50,14 @@
 #include "granary/core/file.h"
 #include "granary/core/net_address.h"
 #include "granary/core/peer_auth.h"
+#include "granary/core/peer_transport.h"
 #include "granary/core/protocol.h"
 #include "granary/core/status.h"
 #include "granary/core/tls.h"
 
 namespace granary {
 
-struct PeerClientOptions {
-  // Sent in HELLO: 1..255 bytes of graphic ASCII, e.g. "sidecar/job-42@gpu-3".
-  std::string client_name = "granary-client";
-  // TCP connect plus the HELLO exchange.
-  std::chrono::milliseconds connect_timeout{5'000};
-  // One call's whole round trip: the request sent and the reply received.
-  std::chrono::milliseconds call_timeout{30'000};
-  // What this client accepts from the server; combined with the server's.
-  ProtocolLimits limits;
-  // Check each OK item's checksum (when the server sent one) against its bytes.
-  bool verify_checksums = true;
-  // Presented when a node requires authentication (protocol version 2,
-  // peer_auth.h): the cluster key first, else the token. None: such a node is
-  // refused with kPermissionDenied saying what to configure.
-  ClientCredentials credentials;
-  // Set: speak TLS to the node (its TlsContext::ForClient); the node must
-  // serve TLS (the cache node's tls_cert_file). Null: plain TCP.
-  std::shared_ptr<const TlsContext> tls;
-
-  // Positive timeouts, valid limits, a name the protocol accepts.
-  Status Validate() const;
-};
-
-// The answer to one READ: an outcome per item, in request order, and the OK
-// items' bytes.
-class PeerReadResult {
- public:
-  const ReadReply& reply() const { return reply_; }
-  size_t size() const { return reply_.items.size(); }
-  const Status& status(size_t item) const { return reply_.items.at(item).status; }
-  // The item's bytes: a view into payload(), empty for a failed item.
-  std::string_view bytes(size_t item) const;
-  // The items' bytes, concatenated in item order, as received (an item that
-  // failed its checksum here keeps its bytes in the payload; bytes() hides them).
-  const std::string& payload() const { return payload_; }
-
- private:
-  friend class PeerClient;
-  ReadReply reply_;
-  std::string payload_;
-  std::vector<uint64_t> offsets_;  // where each item's bytes start in payload_
-};
-
-class PeerClient {
+class PeerClient final : public PeerConnection {
  public:
   // Connects to `address` ("host:port", ParseNetAddress in net_address.h) and does HELLO.
   static Result<PeerClient> Connect(std::string_view address,
@@ -109,20 +67,20 @@ class PeerClient {
   PeerClient& operator=(PeerClient&&) noexcept;
   PeerClient(const PeerClient&) = delete;
   PeerClient& operator=(const PeerClient&) = delete;
-  ~PeerClient();
+  ~PeerClient() override;
 
   // One READ round trip. Per-item failures are in the result; a non-OK Result
   // means the whole request failed (the server's ERROR, or the connection).
-  Result<PeerReadResult> Read(const ReadRequest& request);
+  Result<PeerReadResult> Read(const ReadRequest& request) override;
   // PING → PONG.
-  Status Ping();
+  Status Ping() override;
   // STAT of the node (default) or of one dataset.
-  Result<StatReply> Stat(const StatRequest& request = {});
+  Result<StatReply> Stat(const StatRequest& request = {}) override;
 
   // Closes the connection now; the next call reconnects.
-  void Close();
+  void Close() override;
 
-  bool connected() const { return fd_.valid(); }
+  bool connected() const override { return fd_.valid(); }
   const NetAddress& address() const { return address_; }
   // Of the current connection (from its HELLO_REPLY); kept after it closes.
   uint16_t version() const { return version_; }
@@ -131,7 +89,7 @@ class PeerClient {
   // empty when it required no authentication.
   const std::string& scope() const { return scope_; }
   // CommonLimits(own, server's): size batches with these.
-  const ProtocolLimits& limits() const { return limits_; }
+  const ProtocolLimits& limits() const override { return limits_; }
   // Connections opened after the first.
   uint64_t reconnects() const { return reconnects_; }
 

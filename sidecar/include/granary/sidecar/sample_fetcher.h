@@ -40,6 +40,7 @@
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/peer_client.h"
+#include "granary/core/peer_transport.h"
 #include "granary/core/status.h"
 
 namespace granary::sidecar {
@@ -94,6 +95,8 @@ struct SampleFetcherOptions {
   // Connect and call timeouts, credentials; `peer.tls` is used for nodes
   // whose record says they serve TLS (and must then be set).
   PeerClientOptions peer;
+  // How nodes are reached (peer_transport.h). Null: TCP (TcpPeerTransport).
+  std::shared_ptr<PeerTransport> transport;
   // Read from the source when no cache node can serve a sample.
   bool source_fallthrough = true;
   unsigned source_concurrency = 8;  // source reads in flight per dataset
