@@ -258,7 +258,12 @@ TestDaemon::TestDaemon(std::string name, std::string binary, std::string dir, st
 TestDaemon::~TestDaemon() = default;
 
 std::string TestDaemon::metrics_address() const {
-  return "127.0.0.1:" + std::to_string(metrics_port_);
+  return host_ + ":" + std::to_string(metrics_port_);
+}
+
+void TestDaemon::BindTo(std::string host) {
+  host_ = std::move(host);
+  ChoosePorts();
 }
 
 void TestDaemon::ChoosePorts() { metrics_port_ = FreeTcpPort(); }
@@ -278,6 +283,11 @@ Status TestDaemon::Start(std::vector<std::string> extra_args) {
   o.binary = binary_;
   o.args = {"--config", config_path_};
   o.args.insert(o.args.end(), extra_args.begin(), extra_args.end());
+  if (!command_prefix_.empty()) {
+    o.args.insert(o.args.begin(), binary_);
+    o.args.insert(o.args.begin(), command_prefix_.begin() + 1, command_prefix_.end());
+    o.binary = command_prefix_.front();
+  }
   o.log_path = log_path_;
   o.name = name();
   GRANARY_ASSIGN_OR_RETURN(process_, DaemonProcess::Start(std::move(o)));
@@ -397,7 +407,7 @@ CacheNode::CacheNode(CacheNodeOptions options, std::string dir)
 
 CacheNode::~CacheNode() = default;
 
-std::string CacheNode::address() const { return "127.0.0.1:" + std::to_string(port_); }
+std::string CacheNode::address() const { return host_ + ":" + std::to_string(port_); }
 
 void CacheNode::ChoosePorts() {
   port_ = FreeTcpPort();
@@ -652,9 +662,11 @@ Status DatasetReader::ReadAllCorrect(const std::vector<SampleId>& ids, milliseco
 
 // ---- the cluster ----------------------------------------------------------------
 
-Result<std::unique_ptr<CacheCluster>> CacheCluster::Create() {
+Result<std::unique_ptr<CacheCluster>> CacheCluster::Create() { return Create({}); }
+
+Result<std::unique_ptr<CacheCluster>> CacheCluster::Create(std::vector<std::string> redis_args) {
   std::unique_ptr<CacheCluster> cluster(new CacheCluster());
-  GRANARY_ASSIGN_OR_RETURN(cluster->redis_, RedisServer::Start());
+  GRANARY_ASSIGN_OR_RETURN(cluster->redis_, RedisServer::Start(std::move(redis_args)));
   MetadataStoreOptions o;
   o.retry_budget = 10s;
   GRANARY_ASSIGN_OR_RETURN(cluster->store_, OpenMetadataStore(cluster->redis_->url(), o));

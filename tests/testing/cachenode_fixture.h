@@ -130,8 +130,19 @@ class TestDaemon {
   const std::string& name() const { return name_; }
   const std::string& config_path() const { return config_path_; }
   const std::string& log_path() const { return log_path_; }
-  // "127.0.0.1:<port>" of /metrics, /healthz, /readyz.
+  // "<host>:<port>" of /metrics, /healthz, /readyz (host 127.0.0.1 unless
+  // BindTo said otherwise).
   std::string metrics_address() const;
+
+  // Runs the daemon as `prefix... binary args...` from the next Start (e.g.
+  // NetnsHosts::ExecPrefix: `ip netns exec <ns>`, which execs the daemon in
+  // place, so the process handle is still the daemon's). Empty: directly.
+  void RunThrough(std::vector<std::string> prefix) { command_prefix_ = std::move(prefix); }
+  // The IPv4 address its ports listen on (and a cache node advertises) from
+  // the next Start, instead of 127.0.0.1: a host's address inside a network
+  // namespace. Ports are chosen again.
+  void BindTo(std::string host);
+  const std::string& host() const { return host_; }
 
   // The YAML this daemon runs with (ports chosen on the first call).
   virtual std::string ConfigYaml() = 0;
@@ -175,6 +186,8 @@ class TestDaemon {
   std::string dir_;  // config, log (and whatever the daemon keeps)
   std::string config_path_;
   std::string log_path_;
+  std::string host_ = "127.0.0.1";
+  std::vector<std::string> command_prefix_;
   uint16_t metrics_port_ = 0;
   std::unique_ptr<DaemonProcess> process_;
 };
@@ -187,7 +200,7 @@ class CacheNode : public TestDaemon {
   const CacheNodeOptions& options() const { return options_; }
   CacheNodeOptions& mutable_options() { return options_; }  // applies at the next Start
   const std::string& id() const { return options_.node_id; }
-  // "127.0.0.1:<port>": the protocol (listen = advertise).
+  // "<host>:<port>": the protocol (listen = advertise).
   std::string address() const;
   const std::string& data_dir() const { return options_.data_dir; }
 
@@ -314,6 +327,10 @@ class CacheCluster {
  public:
   // A temp dir, a redis-server and a store client on it.
   static Result<std::unique_ptr<CacheCluster>> Create();
+  // The same with `redis_args` appended to redis-server's command line, e.g.
+  // {"--bind", "127.0.0.1", "<bridge address>"} for nodes in other network
+  // namespaces (the store client here stays on 127.0.0.1).
+  static Result<std::unique_ptr<CacheCluster>> Create(std::vector<std::string> redis_args);
   ~CacheCluster();
   CacheCluster(const CacheCluster&) = delete;
   CacheCluster& operator=(const CacheCluster&) = delete;
