@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "granary/core/file.h"
 #include "testing/test_util.h"
 
 namespace granary::testing {
@@ -159,6 +160,17 @@ pid_t RunPidOf(const std::string& name) {
   return static_cast<pid_t>(std::strtol(hex.c_str(), nullptr, 16));
 }
 
+// Whether process `pid` has ended: no such process, or a zombie nobody
+// reaped (in a container whose init does not reap, a killed test stays one).
+bool ProcessGone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  auto stat = ReadFileToString("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat.ok()) return false;
+  const size_t paren = stat->rfind(") ");  // "pid (comm) S ...": comm may hold ") "
+  return paren != std::string::npos && paren + 2 < stat->size() &&
+         (stat->at(paren + 2) == 'Z' || stat->at(paren + 2) == 'X');
+}
+
 // A 10.x.y.0/24 that no address or route of the root namespace mentions;
 // "10.x.y." returned.
 Result<std::string> FreeSubnet() {
@@ -270,7 +282,7 @@ Status NetnsHosts::RemoveStaleRuns() {
   std::set<std::string> prefixes;  // "gn<pid>" of runs whose process is gone
   const auto consider = [&](const std::string& name) {
     const pid_t pid = RunPidOf(name);
-    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+    if (pid > 0 && ProcessGone(pid)) {
       prefixes.insert(name.substr(0, 2 + kPidDigits));
     }
   };

@@ -106,7 +106,8 @@ class NetnsHosts {
   Status Destroy();
 
   // Removes namespaces and interfaces of runs whose test process no longer
-  // exists (names "gn<pid>..." whose pid is gone). Called by Create().
+  // exists (names "gn<pid>..." whose pid is gone or a zombie). Called by
+  // Create().
   static Status RemoveStaleRuns();
 
  private:
