@@ -16,8 +16,9 @@
 //    back the host rejoins without serving stale data: whatever it answers
 //    for the new dataset is the new source's bytes, it stops serving the
 //    deleted one, and serves exactly its share of the new one;
-//  - a host killed and restarted: it rebuilds from its chunk store (no
-//    source file opened) and serves its share again.
+//  - a host killed: the others take its chunks over while the trainer reads
+//    on; restarted, it rebuilds from its chunk store (no source file opened)
+//    and serves its share again.
 //
 // Skipped when network namespaces cannot be made (not root). Every wait is
 // bounded; the network and every process are gone after each test, also
@@ -417,6 +418,16 @@ TEST_F(MultiHostTest, HostKilledAndRestartedRebuildsFromItsChunkStoreAndServes) 
   auto killed = victim.Kill();
   ASSERT_OK(killed);
   EXPECT_EQ(killed->signal, 9) << killed->ToString();
+
+  // Down long enough for its record to expire and the others to take its
+  // chunks over; the trainer's epoch goes on meanwhile.
+  ASSERT_TRUE(WaitFor([&] { return LiveNodes().count(victim.id()) == 0; }, 20s))
+      << victim.id() << " was still listed live 20 s after it was killed";
+  ExpectOwnedAndStagedBy({0, 2, 3}, ds, 60s);
+  auto session = OpenSession(ds.name);
+  ASSERT_NE(session, nullptr);
+  ReadThroughSidecar(*session, ds, 0, static_cast<uint32_t>(ds.sample_count()));
+
   ASSERT_OK(victim.StartAndWaitReady(60s));  // in its namespace again
 
   // Rebuilt from its chunk store: its share staged again without one source
@@ -430,9 +441,7 @@ TEST_F(MultiHostTest, HostKilledAndRestartedRebuildsFromItsChunkStoreAndServes) 
   EXPECT_EQ(victim.ChunkFiles(), chunk_files);
   ExpectServesExactlyItsShare(kVictim, ds);
 
-  // The trainer's epoch, with the restarted host among the sources.
-  auto session = OpenSession(ds.name);
-  ASSERT_NE(session, nullptr);
+  // The trainer's next epoch, with the restarted host among the sources.
   ReadThroughSidecar(*session, ds, 0, static_cast<uint32_t>(ds.sample_count()));
 }
 
