@@ -21,6 +21,7 @@
 #include "granary/core/file.h"
 #include "granary/core/manifest.h"
 #include "granary/core/manifest_builder.h"
+#include "process_rss.h"
 
 namespace {
 
@@ -28,14 +29,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// Resident set size of this process, from /proc/self/statm.
-size_t RssBytes() {
-  std::ifstream statm("/proc/self/statm");
-  size_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 }
 
 // ImageNet's train split: 1000 class folders "nXXXXXXXX", files
@@ -91,9 +84,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (!measure_load.empty()) {
-    size_t before = RssBytes();
+    size_t before = granary::bench::ProcessRssBytes();
     auto m = granary::Manifest::Load(measure_load);
-    size_t after = RssBytes();
+    size_t after = granary::bench::ProcessRssBytes();
     if (!m.ok()) return 1;
     std::printf("%zu\n", after > before ? after - before : 0);
     return 0;

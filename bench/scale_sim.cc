@@ -33,6 +33,7 @@
 #include "granary/core/placement.h"
 #include "granary/core/plan.h"
 #include "granary/store/open_store.h"
+#include "process_rss.h"
 
 namespace granary {
 namespace {
@@ -56,13 +57,6 @@ struct Options {
 
 double Seconds(SteadyClock::time_point a, SteadyClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-size_t RssBytes() {
-  std::ifstream statm("/proc/self/statm");
-  size_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 }
 
 std::string NodeId(uint32_t i) {
@@ -316,7 +310,7 @@ nlohmann::json PlanMemory(const Options& o) {
   const uint64_t per_chunk = std::max<uint64_t>(1, o.chunk_bytes / o.sample_bytes);
   std::vector<ChunkId> chunk_of(o.samples);
   for (uint64_t s = 0; s < o.samples; ++s) chunk_of[s] = static_cast<ChunkId>(s / per_chunk);
-  const size_t rss0 = RssBytes();
+  const size_t rss0 = granary::bench::ProcessRssBytes();
   PlanSpec spec;
   spec.seed = 7;
   spec.world_size = o.ranks;
@@ -328,7 +322,7 @@ nlohmann::json PlanMemory(const Options& o) {
     std::fprintf(stderr, "scale_sim: plan: %s\n", order.status().ToString().c_str());
     std::exit(1);
   }
-  const size_t rss1 = RssBytes();
+  const size_t rss1 = granary::bench::ProcessRssBytes();
   std::printf(
       "Plan per sidecar: the epoch order of %llu samples in %.2f s, %.0f MB (the manifest's "
       "memory: bench/manifest_bench --samples %llu)\n",
