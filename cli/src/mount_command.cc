@@ -133,8 +133,7 @@ class MountCommand {
     ro.session.client_name = "granary-mount/" + std::to_string(getpid());
     ro.max_sessions = o_.threads;
     ro.reconnect_timeout = reconnect_timeout_;
-    Result<std::unique_ptr<SessionContentReader>> reader =
-        SessionContentReader::Open(ro);
+    Result<std::unique_ptr<SessionContentReader>> reader = SessionContentReader::Open(ro);
     if (!reader.ok()) {
       return reader.status().WithContext(
           "opening dataset " + Quoted(o_.dataset) + " through the sidecar at " +

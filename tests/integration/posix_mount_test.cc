@@ -31,11 +31,11 @@
 
 #include "granary/posix/mount_point.h"
 #include "granary/posix/posix_view.h"
+#include "session_reader.h"  // cli/src: granary mount's reader
 #include "testing/cachenode_fixture.h"
 #include "testing/daemon_process.h"
 #include "testing/sidecar_fixture.h"
 #include "testing/test_util.h"
-#include "session_reader.h"  // cli/src: granary mount's reader
 
 namespace granary::posix {
 namespace {

@@ -103,7 +103,7 @@ namespace internal {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
   // An OK Status has no value to go with it: building a Result from one is a
   // bug in the caller and aborts (in every build type), naming the misuse.
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
