@@ -207,7 +207,15 @@ TEST_F(PythonClientTest, EpochCompletesWithCorrectBytesWhenACacheNodeDies) {
   WriteAll(go, "go");
   ExpectSuccess(script.get());
   // The second half needed the dead node's chunks (else this proved nothing).
-  auto failures = sidecar_->MetricValue("granary_sidecar_node_failures_total");
+  // The sidecar copies its counters to /metrics every 250 ms: a failure at
+  // the end of the epoch shows there a moment after the script is done.
+  Result<double> failures = Status::Unavailable("not read yet");
+  WaitFor(
+      [&] {
+        failures = sidecar_->MetricValue("granary_sidecar_node_failures_total");
+        return failures.ok() && *failures >= 1;
+      },
+      seconds(5));
   ASSERT_OK(failures);
   EXPECT_GE(*failures, 1) << "the reads after the kill never asked the dead node";
 }
