@@ -39,6 +39,8 @@ class ChunkReadService::ItemReader {
   // Appends bytes [offset, offset + length) of the item to `out`.
   Status ReadItem(const ReadItem& item, std::string* out, bool* on_demand) {
     source_error_ = false;
+    pieces_ = 0;
+    stored_checksum_.reset();
     const Manifest& manifest = *served_.manifest;
     const uint64_t begin = item.offset;
     const uint64_t end = item.offset + item.length;  // offset < 2^64 - 2^32 (codec)
@@ -101,6 +103,12 @@ class ChunkReadService::ItemReader {
 
   // Whether the last item failed on a sample's recorded source error.
   bool source_error() const { return source_error_; }
+  // The last item's checksum when it was one whole segment read from the
+  // store: the segment's stored checksum, which the read just verified its
+  // bytes against (the same Checksum64), so they need not be hashed again.
+  std::optional<uint64_t> stored_checksum() const {
+    return pieces_ == 1 ? stored_checksum_ : std::nullopt;
+  }
 
  private:
   struct OpenChunk {
@@ -138,20 +146,34 @@ class ChunkReadService::ItemReader {
                        bool* on_demand) {
     const uint64_t seg_end = seg_begin + segments[index].length;
     if (seg_end <= begin || seg_begin >= end) return Status::Ok();
-    GRANARY_ASSIGN_OR_RETURN(std::string bytes, ReadSegment(chunk, index, on_demand));
+    std::optional<uint64_t> stored;
+    GRANARY_ASSIGN_OR_RETURN(std::string bytes, ReadSegment(chunk, index, on_demand, &stored));
     const uint64_t from = std::max(begin, seg_begin) - seg_begin;
     const uint64_t to = std::min(end, seg_end) - seg_begin;
-    out->append(bytes, from, to - from);
+    ++pieces_;
+    if (from == 0 && to == bytes.size() && out->empty()) {
+      *out = std::move(bytes);  // a whole segment: no second copy
+      stored_checksum_ = stored;
+    } else {
+      out->append(bytes, from, to - from);
+      stored_checksum_.reset();
+    }
     return Status::Ok();
   }
 
   // The verified bytes of one segment: from its chunk file, else on demand; a
   // copy failing its checksum is dropped and fetched again.
-  Result<std::string> ReadSegment(ChunkId chunk, uint32_t index, bool* on_demand) {
+  // `stored`: the segment's stored checksum when the bytes came from the
+  // store (verified against it), else left unset.
+  Result<std::string> ReadSegment(ChunkId chunk, uint32_t index, bool* on_demand,
+                                  std::optional<uint64_t>* stored) {
     GRANARY_ASSIGN_OR_RETURN(OpenChunk * open, Open(chunk));
     if (open->reader.has_value() && (*open->reader)->IsPresent(index)) {
       auto bytes = (*open->reader)->Read(index);
-      if (bytes.ok()) return bytes;
+      if (bytes.ok()) {
+        *stored = (*open->reader)->checksum(index);
+        return bytes;
+      }
       if (bytes.status().code() == StatusCode::kCorruption) {
         return Restage(chunk, open->segments, index, bytes.status(), on_demand);
       }
@@ -220,6 +242,8 @@ class ChunkReadService::ItemReader {
   ChunkReadService& service_;
   const Served& served_;
   bool source_error_ = false;
+  uint32_t pieces_ = 0;                      // segments the last item was read from
+  std::optional<uint64_t> stored_checksum_;  // of its one segment, when stored
   const std::string& dataset_;
   std::map<ChunkId, OpenChunk> chunks_;
 };
@@ -347,7 +371,8 @@ Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
     items_ok_.fetch_add(1, std::memory_order_relaxed);
     (on_demand ? items_on_demand_ : items_from_disk_).fetch_add(1, std::memory_order_relaxed);
     bytes_served_.fetch_add(bytes.size(), std::memory_order_relaxed);
-    const uint64_t checksum = Checksum64(bytes);
+    const std::optional<uint64_t> stored = reader.stored_checksum();
+    const uint64_t checksum = stored.has_value() ? *stored : Checksum64(bytes);
     answer.AddBytes(std::move(bytes), checksum);
   }
   return answer;
