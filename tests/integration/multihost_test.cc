@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -511,6 +512,18 @@ TEST(NetnsHostsTest, CutsAndRestoresALinkAndDestroyKillsWhatRunsInside) {
   o.log_path = dir.Join("sleep.log");
   auto sleeper = DaemonProcess::Start(o);
   ASSERT_OK(sleeper);
+  // `ip netns exec` enters the namespace, then execs sleep: wait for the
+  // exec, so that what Destroy must kill is inside (a Destroy racing ip's own
+  // set-up left ip hung once).
+  const std::string comm = "/proc/" + std::to_string((*sleeper)->pid()) + "/comm";
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::ifstream f(comm);
+        std::string name;
+        return std::getline(f, name) && name == "sleep";
+      },
+      10s))
+      << "the sleeper never started inside host 1";
 
   const auto started = std::chrono::steady_clock::now();
   ASSERT_OK((*hosts)->Destroy());
