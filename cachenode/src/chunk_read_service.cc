@@ -155,6 +155,7 @@ class ChunkReadService::ItemReader {
       *out = std::move(bytes);  // a whole segment: no second copy
       stored_checksum_ = stored;
     } else {
+      if (out->empty()) out->reserve(end - begin);  // [begin, end) is the whole item
       out->append(bytes, from, to - from);
       stored_checksum_.reset();
     }
@@ -355,8 +356,7 @@ Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
   ItemReader reader(*this, *served, request.dataset);
   ReadAnswer answer;
   for (const ReadItem& item : request.items) {
-    std::string bytes;
-    bytes.reserve(item.length);
+    std::string bytes;  // a whole segment's buffer is moved in; else reserved at its first piece
     bool on_demand = false;
     Status status = reader.ReadItem(item, &bytes, &on_demand);
     if (!status.ok()) {

@@ -71,7 +71,7 @@ Result<std::unique_ptr<PeerConnection>> ScriptedPeerTransport::Connect(
 
 void ScriptedPeerTransport::TimeoutRead(const std::string& address, uint64_t nth) {
   std::lock_guard<std::mutex> lock(mu_);
-  scripts_[address].timeout[nth] = true;
+  scripts_[address].timeout.insert(nth);
 }
 
 void ScriptedPeerTransport::CorruptRead(const std::string& address, uint64_t nth, size_t item) {

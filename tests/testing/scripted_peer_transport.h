@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -52,7 +53,7 @@ class ScriptedPeerTransport final : public PeerTransport,
   struct Script {
     uint64_t reads = 0;
     std::map<uint64_t, size_t> corrupt;  // nth READ -> item
-    std::map<uint64_t, bool> timeout;    // nth READ
+    std::set<uint64_t> timeout;          // nth READ
     uint64_t refuse_connects = 0;
   };
   enum class Fault { kNone, kTimeout, kCorrupt };
