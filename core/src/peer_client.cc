@@ -22,6 +22,7 @@
 
 #include "granary/core/hash.h"
 #include "granary/core/names.h"
+#include "granary/core/peer_handshake.h"
 
 namespace granary {
 namespace {
@@ -32,12 +33,6 @@ using Clock = std::chrono::steady_clock;
 // Bytes asked of recv(2) at once for frame headers and bodies. Payloads are
 // received straight into the result, whatever their size.
 constexpr size_t kReceiveChunk = 64u << 10;
-
-std::string_view ResponseName(const ResponseMessage& m) {
-  static constexpr std::string_view kNames[] = {
-      "HELLO_REPLY", "PONG", "STAT_REPLY", "READ_REPLY", "ERROR", "AUTH_REPLY", "AUTH_PROOF_REPLY"};
-  return kNames[m.index()];
-}
 
 }  // namespace
 
@@ -195,125 +190,43 @@ Status PeerClient::Open(Clock::time_point deadline) {
   fd_ = std::move(fd);
   if (options_.tls != nullptr) GRANARY_RETURN_IF_ERROR(StartTls(deadline));
   decoder_ = FrameDecoder(FrameDirection::kResponses, options_.limits, PayloadMode::kDetached);
-  const uint64_t id = next_request_id_++;
-  HelloRequest hello{pf::kMinVersion, pf::kMaxVersion, options_.client_name};
-  Result<std::string> encoded = EncodeRequest(id, hello);  // Validate() checked the name
-  if (!encoded.ok()) return Fail(encoded.status());
-  const std::string& bytes = *encoded;
-  GRANARY_ASSIGN_OR_RETURN(
-      ResponseMessage response,
-      Exchange(id, bytes, nullptr, deadline, "HELLO to cache node " + address_.ToString()));
-  const auto* reply = std::get_if<HelloReply>(&response);
-  if (reply == nullptr) {
-    return Fail(Status::InvalidArgument(where + ": the server answered HELLO with " +
-                                        std::string(ResponseName(response)) +
-                                        "; it does not speak the protocol"));
+  scope_.clear();
+  bool agreed_in_decoder = false;
+  // HELLO with this client's limits; then (AUTH) with the agreed version and
+  // limits, which the decoder takes on as soon as they are known. Nothing is
+  // buffered in the decoder between frames: a fresh one loses nothing.
+  auto exchange = [&](const RequestMessage& request, uint16_t version,
+                      const ProtocolLimits& limits,
+                      std::string_view doing) -> Result<ResponseMessage> {
+    if (!std::holds_alternative<HelloRequest>(request) && !agreed_in_decoder) {
+      agreed_in_decoder = true;
+      version_ = version;
+      limits_ = limits;
+      decoder_ = FrameDecoder(FrameDirection::kResponses, limits_, PayloadMode::kDetached);
+      decoder_.ExpectVersion(version_);
+    }
+    const uint64_t id = next_request_id_++;
+    Result<std::string> encoded = EncodeRequest(id, request, EncodeOptions{version, limits});
+    if (!encoded.ok()) return encoded.status().WithContext(std::string(doing));
+    return Exchange(id, *encoded, nullptr, deadline, doing);
+  };
+  ChannelBindingFn binding;
+  if (tls_ != nullptr) {
+    binding = [this]() -> Result<std::string> {
+      GRANARY_ASSIGN_OR_RETURN(auto b, tls_->ChannelBinding());
+      return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+    };
   }
-  if (reply->version < pf::kMinVersion || reply->version > pf::kMaxVersion) {
-    return Fail(Status::VersionMismatch(
-        where + ": the server chose protocol version " + std::to_string(reply->version) +
-        ", outside the offered " + std::to_string(pf::kMinVersion) + ".." +
-        std::to_string(pf::kMaxVersion) + "; upgrade the older side"));
-  }
-  version_ = reply->version;
-  server_name_ = reply->peer_name;
-  limits_ = CommonLimits(options_.limits, reply->limits);
-  // Nothing is buffered in the decoder between frames: a fresh one with the
-  // common limits loses nothing.
+  Result<PeerHandshake> agreed = RunClientHandshake(options_, address_.ToString(), exchange,
+                                                    binding);
+  if (!agreed.ok()) return Fail(agreed.status());
+  version_ = agreed->version;
+  server_name_ = agreed->server_name;
+  scope_ = agreed->scope;
+  limits_ = agreed->limits;
   decoder_ = FrameDecoder(FrameDirection::kResponses, limits_, PayloadMode::kDetached);
   decoder_.ExpectVersion(version_);
-  scope_.clear();
-  if (reply->auth_required) GRANARY_RETURN_IF_ERROR(Authenticate(deadline));
   if (++connections_ > 1) ++reconnects_;
-  return Status::Ok();
-}
-
-Status PeerClient::Authenticate(Clock::time_point deadline) {
-  const std::string where =
-      "authenticate to cache node " + address_.ToString() + " (" + server_name_ + ")";
-  const ClientCredentials& creds = options_.credentials;
-  if (creds.empty()) {
-    return Fail(Status::PermissionDenied(
-        where +
-        ": the node requires authentication and this client has no credential; give it "
-        "the cluster key (cluster_key_file, readable by root only: run as root) or, in "
-        "a Kubernetes pod, a projected token with audience granary (docs/security.md)"));
-  }
-  AuthRequest auth;
-  auth.client_nonce = RandomNonce();
-  if (creds.cluster_key != nullptr) {
-    auth.method = AuthMethod::kClusterKey;
-    const KeyId id = creds.cluster_key->current_id();
-    auth.credential.assign(reinterpret_cast<const char*>(id.data()), id.size());
-  } else {
-    auth.method = AuthMethod::kKubernetesToken;
-    Result<std::string> token = ReadFileToString(creds.token_file);
-    if (!token.ok()) {
-      return Fail(token.status().WithContext(where + ": read the token file"));
-    }
-    while (!token->empty() && (token->back() == '\n' || token->back() == '\r')) token->pop_back();
-    auth.credential = std::move(*token);
-  }
-  const EncodeOptions encode{version_, limits_};
-  uint64_t id = next_request_id_++;
-  Result<std::string> encoded = EncodeRequest(id, auth, encode);
-  if (!encoded.ok()) return Fail(encoded.status().WithContext(where));
-  GRANARY_ASSIGN_OR_RETURN(ResponseMessage response,
-                           Exchange(id, *encoded, nullptr, deadline, where));
-  if (const auto* error = std::get_if<ErrorReply>(&response)) {
-    return Fail(Status(error->status.code(), where + ": " + error->status.message()));
-  }
-  const auto* reply = std::get_if<AuthReply>(&response);
-  if (reply == nullptr) {
-    return Fail(Status::InvalidArgument(where + ": the server answered AUTH with " +
-                                        std::string(ResponseName(response))));
-  }
-  if (auth.method == AuthMethod::kKubernetesToken) {
-    if (!reply->granted) {
-      return Fail(
-          Status::InvalidArgument(where + ": the server answered a token with a challenge"));
-    }
-    scope_ = reply->scope;
-    return Status::Ok();
-  }
-  if (reply->granted) {
-    return Fail(Status::PermissionDenied(
-        where +
-        ": the server granted a cluster-key AUTH without proving it holds the key; it is "
-        "not a Granary cache node of this cluster"));
-  }
-  const std::string& key = creds.cluster_key->current();
-  std::string binding;
-  if (tls_ != nullptr) {
-    Result<std::array<uint8_t, 32>> b = tls_->ChannelBinding();
-    if (!b.ok()) return Fail(b.status().WithContext(where));
-    binding.assign(reinterpret_cast<const char*>(b->data()), b->size());
-  }
-  const AuthProof expected =
-      ClusterKeyProof(key, ProofRole::kServer, auth.client_nonce, reply->server_nonce, server_name_,
-                      options_.client_name, binding);
-  if (!ProofsEqual(expected, reply->server_proof)) {
-    return Fail(Status::PermissionDenied(
-        where + ": the server's proof does not match the cluster key " +
-        KeyIdHex(creds.cluster_key->current_id()) +
-        ": it holds another key (or is not a node of this cluster); check cluster_key_file"));
-  }
-  AuthProofRequest proof{ClusterKeyProof(key, ProofRole::kClient, auth.client_nonce,
-                                         reply->server_nonce, server_name_, options_.client_name,
-                                         binding)};
-  id = next_request_id_++;
-  encoded = EncodeRequest(id, proof, encode);
-  if (!encoded.ok()) return Fail(encoded.status().WithContext(where));
-  GRANARY_ASSIGN_OR_RETURN(response, Exchange(id, *encoded, nullptr, deadline, where));
-  if (const auto* error = std::get_if<ErrorReply>(&response)) {
-    return Fail(Status(error->status.code(), where + ": " + error->status.message()));
-  }
-  const auto* granted = std::get_if<AuthProofReply>(&response);
-  if (granted == nullptr) {
-    return Fail(Status::InvalidArgument(where + ": the server answered AUTH_PROOF with " +
-                                        std::string(ResponseName(response))));
-  }
-  scope_ = granted->scope;
   return Status::Ok();
 }
 

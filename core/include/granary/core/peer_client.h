@@ -115,8 +115,6 @@ class PeerClient final : public PeerConnection {
   Status ReceiveInto(char* dst, size_t got, size_t size, Clock::time_point deadline,
                      std::string_view doing);
   Status Fail(Status status);
-  // AUTH (and AUTH_PROOF) after a HELLO_REPLY that asks for it.
-  Status Authenticate(Clock::time_point deadline);
   // The TLS handshake over a fresh connection.
   Status StartTls(Clock::time_point deadline);
   // Waits until a blocked TLS operation may go on; false at the deadline.
