@@ -26,8 +26,10 @@
 //      nothing is read. ctime catches a rewrite that restored size and mtime
 //      (touch -r), the inode a file renamed over the recorded one;
 //   5. pread until the range is read; end of file first is "changed";
-//   6. fstat again: any of those that moved during the read is "changed",
-//      so bytes from a file rewritten meanwhile are never returned.
+//   6. the attributes again, as the file system knows them after the read
+//      (statx with AT_STATX_DONT_SYNC: exact on a local file system, what
+//      the read reply carried on NFSv3; no extra round trip): any of those
+//      that moved during the read is "changed".
 // Every Read does all of this, so each piece of a large sample is checked on
 // its own: pieces of two versions of a file are never both returned.
 // Kernels without openat2 (before 5.6, or a seccomp filter that refuses it)
