@@ -70,15 +70,16 @@ void Connection::Sweep(SteadyClock::time_point now) {
     return;
   }
   if (input_stopped_) return;
-  if ((!hello_done_ || !authenticated_) && queue_.empty() &&
+  const bool hello_done = session_.hello_done();
+  if ((!hello_done || !session_.authenticated()) && queue_.empty() &&
       now - accepted_at_ >= o.handshake_timeout) {
     Add(server_.counters().timeouts);
     StopInput(Status::DeadlineExceeded(
-                  std::string(hello_done_ ? "not authenticated" : "no HELLO") + " within " +
+                  std::string(hello_done ? "not authenticated" : "no HELLO") + " within " +
                   Millis(o.handshake_timeout) +
                   " of connecting (handshake_timeout); open every connection with HELLO" +
-                  (hello_done_ ? " and AUTH" : "")),
-              hello_done_ ? "not authenticated in time" : "no HELLO in time");
+                  (hello_done ? " and AUTH" : "")),
+              hello_done ? "not authenticated in time" : "no HELLO in time");
     return;
   }
   if (frame_started_.has_value()) {
@@ -96,7 +97,7 @@ void Connection::Sweep(SteadyClock::time_point now) {
       return;
     }
   }
-  if (hello_done_ && queue_.empty() && !frame_started_.has_value() &&
+  if (hello_done && queue_.empty() && !frame_started_.has_value() &&
       now - last_activity_ >= o.idle_timeout) {
     Add(server_.counters().timeouts);
     StopInput(Status::DeadlineExceeded("idle for " + Millis(o.idle_timeout) +
@@ -135,7 +136,7 @@ void Connection::Close() {
 
 std::string Connection::Describe() const {
   return std::to_string(id_) + " from " + gauge_->peer_address +
-         (peer_name_.empty() ? std::string() : " (" + Quoted(peer_name_) + ")");
+         (session_.peer_name().empty() ? std::string() : " (" + Quoted(session_.peer_name()) + ")");
 }
 
 void Connection::Pump() {
@@ -324,122 +325,31 @@ void Connection::StopReading() {
 
 void Connection::StopInputNow(const Status& status) {
   StopReading();
-  QueueReady(0, 0, ErrorFrame(0, status, true, hello_done_ ? version_ : pf::kHandshakeVersion),
-             /*close_after=*/true);
+  QueueReady(0, 0, ErrorFrame(0, status, true, session_.error_version()), /*close_after=*/true);
 }
 
 void Connection::OnFrame(Frame frame) {
   const uint64_t id = frame.header.request_id;
   const uint16_t type = frame.header.type;
-  const ProtocolLimits& limits = server_.options().limits;
-  if (!hello_done_) {
-    if (type != pf::kTypeHello) {
-      Add(server_.counters().policy_errors);
-      PolicyError(id, type,
-                  Status::FailedPrecondition(std::string(MessageTypeName(type)) +
-                                             " before HELLO: open every connection with HELLO"));
-      return;
-    }
-    Result<RequestMessage> message = DecodeRequest(frame, limits);
-    if (!message.ok()) {
-      Add(server_.counters().message_errors);
-      PolicyError(id, type, message.status());
-      return;
-    }
-    const auto& hello = std::get<HelloRequest>(*message);
-    Result<uint16_t> version = NegotiateVersion(hello);
-    if (!version.ok()) {
-      Add(server_.counters().policy_errors);
-      PolicyError(id, type, version.status());
-      return;
-    }
-    const bool auth_required = server_.options().auth != nullptr;
-    if (auth_required && *version < pf::kAuthVersion) {
-      Add(server_.counters().policy_errors);
-      Add(server_.counters().auth_refused);
-      PolicyError(id, type,
-                  Status::VersionMismatch(
-                      "this cache node requires authentication, which needs protocol version " +
-                      std::to_string(pf::kAuthVersion) + "; the client speaks " +
-                      std::to_string(hello.min_version) + ".." + std::to_string(hello.max_version) +
-                      ": upgrade it"));
-      return;
-    }
-    hello_done_ = true;
-    authenticated_ = !auth_required;
-    version_ = *version;
-    decoder_.ExpectVersion(version_);
-    peer_name_ = hello.peer_name;
-    {
-      std::lock_guard lock(gauge_->mu);
-      gauge_->peer_name = hello.peer_name;
-    }
-    // ServerOptions::Validate encoded this reply at start: it does not fail.
-    Result<OutgoingFrame> reply =
-        EncodeResponse(id, HelloReply{version_, server_.options().node_name, limits, auth_required},
-                       {}, EncodeOptions{version_, limits});
-    QueueReady(id, type,
-               reply.ok() ? std::move(*reply)
-                          : ErrorFrame(id, reply.status(), true, pf::kHandshakeVersion),
-               !reply.ok());
+  SessionStep step = session_.OnFrame(frame);
+  NoteStep(id, step);
+  if (step.hello_agreed) {
+    decoder_.ExpectVersion(session_.version());
+    std::lock_guard lock(gauge_->mu);
+    gauge_->peer_name = session_.peer_name();
+  }
+  if (step.service.has_value()) {
+    auto work = NewWork(id, type);
+    const auto* auth = std::get_if<AuthRequest>(&*step.service);
+    work->request_bytes = auth != nullptr ? auth->credential.size() : frame.body.size();
+    work->service_request = std::move(step.service);
+    queue_.push_back(std::move(work));
+    Pump();
     return;
   }
-  Result<RequestMessage> message = DecodeRequest(frame, limits);
-  if (!message.ok()) {
-    // The frame was read whole: the stream is in step. Answer and go on.
-    Add(server_.counters().message_errors);
-    server_.log().debug("connection {}: request {}: {}", Describe(), id,
-                        message.status().ToString());
-    QueueReady(id, type, ErrorFrame(id, message.status(), false, version_), false);
-    return;
-  }
-  if (std::holds_alternative<HelloRequest>(*message)) {
-    Add(server_.counters().policy_errors);
-    PolicyError(id, type,
-                Status::FailedPrecondition("a second HELLO on one connection (version " +
-                                           std::to_string(version_) +
-                                           " was agreed): send HELLO only first"));
-    return;
-  }
-  if (auto* auth = std::get_if<AuthRequest>(&*message)) {
-    OnAuth(id, type, std::move(*auth));
-    return;
-  }
-  if (const auto* proof = std::get_if<AuthProofRequest>(&*message)) {
-    OnAuthProof(id, type, *proof);
-    return;
-  }
-  if (std::holds_alternative<PingRequest>(*message)) {
-    Result<OutgoingFrame> pong =
-        EncodeResponse(id, PongReply{}, {}, EncodeOptions{version_, limits});
-    QueueReady(id, type,
-               pong.ok() ? std::move(*pong) : ErrorFrame(id, pong.status(), false, version_),
-               false);
-    return;
-  }
-  if (!authenticated_) {
-    Add(server_.counters().policy_errors);
-    Add(server_.counters().auth_refused);
-    PolicyError(id, type,
-                Status::PermissionDenied(std::string(MessageTypeName(type)) +
-                                         " before authentication: this cache node requires "
-                                         "AUTH first (docs/protocol.md, \"Authentication\")"));
-    return;
-  }
-  if (Status allowed = Authorize(*message); !allowed.ok()) {
-    Add(server_.counters().policy_errors);
-    QueueReady(id, type, ErrorFrame(id, allowed, false, version_), false);
-    return;
-  }
-  auto work = NewWork(id, type);
-  work->request_bytes = frame.body.size();
-  if (auto* read = std::get_if<ReadRequest>(&*message)) {
-    work->service_request.emplace(std::move(*read));
-  } else {
-    work->service_request.emplace(std::move(std::get<StatRequest>(*message)));
-  }
-  queue_.push_back(std::move(work));
-  Pump();
+  // A closing ERROR: the connection reads nothing more and closes once it is sent.
+  if (step.closing) StopReading();
+  QueueReady(id, type, std::move(step.reply), step.closing);
 }
 
 void Connection::StartService() {
@@ -457,7 +367,7 @@ void Connection::StartService() {
   auto self = shared_from_this();
   const uint64_t seq = work.seq;
   const uint64_t request_id = work.request_id;
-  const uint16_t version = version_;
+  const uint16_t version = session_.version();
   asio::post(server_.pool(), [self, seq, request_id, version, request] {
     // A connection that is gone needs no answer: do not spend a disk read on it.
     if (self->gone_.load(std::memory_order_acquire)) return;
@@ -511,7 +421,10 @@ void Connection::OnServiceDone(uint64_t seq, ServiceResult& result) {
   Work& work = **it;
   work.running = false;
   work.ready = true;
-  if (result.granted.has_value()) Grant(std::move(*result.granted));
+  if (result.granted.has_value()) {
+    session_.Grant(std::move(*result.granted));
+    OnGranted();
+  }
   if (result.close_after) {
     work.close_after = true;
     StopReading();
@@ -526,14 +439,6 @@ void Connection::OnServiceDone(uint64_t seq, ServiceResult& result) {
   // give the rest back now.
   work.reservation.Resize(work.reply_memory);
   Pump();
-}
-
-void Connection::PolicyError(uint64_t id, uint16_t type, const Status& status) {
-  server_.WarnAboutClient("connection " + Describe() + ": request " + std::to_string(id) + ": " +
-                          status.ToString() + "; answered ERROR and closed it");
-  StopReading();
-  QueueReady(id, type, ErrorFrame(id, status, true, hello_done_ ? version_ : pf::kHandshakeVersion),
-             true);
 }
 
 std::unique_ptr<Connection::Work> Connection::NewWork(uint64_t request_id, uint16_t type) {

@@ -1,11 +1,14 @@
 #pragma once
 
 // Connection: one client connection of the cache node server (server.h),
-// private to cachenode/src. Its work is in three files, by job:
+// private to cachenode/src. The protocol's rules (HELLO, AUTH, what an
+// identity may read) are its PeerSession's (peer_session.h); its work is in
+// three files, by job:
 //  - connection.cc: its life (start, timeouts, drain, close), reading and
-//    decoding requests, HELLO and request dispatch, and the service pool;
-//  - connection_auth.cc: the TLS handshake and authentication (AUTH with a
-//    cluster key or a Kubernetes token, and what an identity may read);
+//    decoding requests, doing what the session says with each, and the
+//    service pool;
+//  - connection_auth.cc: the TLS handshake, and the session's verdicts on
+//    authentication applied to the connection;
 //  - reply_writer.cc: writing replies (sendmsg, sendfile, TLS), counting
 //    them, and lingering after a closing ERROR.
 
@@ -21,6 +24,7 @@
 #include "granary/core/protocol.h"
 #include "granary/core/protocol_format.h"
 #include "granary/core/tls.h"
+#include "peer_session.h"
 #include "server_core.h"
 
 namespace granary::server_internal {
@@ -46,6 +50,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         socket_(std::move(socket)),
         id_(id),
         gauge_(std::move(gauge)),
+        session_(server.options(), [this] { return ChannelBinding(); }),
         decoder_(FrameDirection::kRequests, server.options().limits),
         receive_capacity_(static_cast<size_t>(std::min<uint64_t>(
             server.options().receive_chunk_bytes, server.options().limits.max_message_bytes))),
@@ -140,26 +145,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void OnFrame(Frame frame);
 
-  // ---- authentication (protocol version 2) ----
+  // ---- the session's verdicts (protocol version 2: authentication) ----
 
-  // AUTH: a cluster key gets its challenge here; a token goes to the service
-  // pool (the verifier may ask the API server).
-  void OnAuth(uint64_t id, uint16_t type, AuthRequest auth);
+  // Counts and logs what the session's step names.
+  void NoteStep(uint64_t id, const SessionStep& step);
 
-  void OnAuthProof(uint64_t id, uint16_t type, const AuthProofRequest& proof);
+  // The session granted an identity (a proof, or a token from the pool): the
+  // connection no longer counts among its address's unauthenticated ones.
+  void OnGranted();
 
-  void Grant(PeerIdentity identity);
-
-  void AuthRefused(uint64_t id, uint16_t type, const Status& status);
-
-  // Whether this connection's identity may touch the request's dataset. A
-  // refusal names no more than the request did: the same answer whether the
-  // dataset exists in another namespace or not at all.
-  Status Authorize(const RequestMessage& message) const;
-
-  // HELLO-related failures leave the connection without a version: ERROR
-  // (closing) for the request, read nothing more, close once it is sent.
-  void PolicyError(uint64_t id, uint16_t type, const Status& status);
+  // The TLS session's channel binding, which the cluster key's proofs cover
+  // (empty without TLS).
+  Result<std::string> ChannelBinding() const;
 
   std::unique_ptr<Work> NewWork(uint64_t request_id, uint16_t type);
 
@@ -219,7 +216,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool pump_again_ = false;
   bool input_stopped_ = false;        // no more requests will be read
   bool close_when_answered_ = false;  // close once the queue is empty
-  bool hello_done_ = false;
   // TLS (ServerOptions::tls): the stream over socket_, and a file range read
   // for it (sendfile cannot go through TLS).
   std::unique_ptr<TlsStream> tls_;
@@ -227,18 +223,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string tls_scratch_;
   uint64_t tls_scratch_offset_ = 0;
   int tls_scratch_fd_ = -1;
-  // Authentication: required when the server has ServerOptions::auth.
-  enum class AuthState { kNone, kChallenged, kVerifying, kDone };
-  bool authenticated_ = false;
-  AuthState auth_state_ = AuthState::kNone;
-  PeerIdentity identity_;
-  const std::string* auth_key_ = nullptr;  // the key the challenge used (in ServerAuth)
-  KeyId auth_key_id_{};
-  AuthNonce client_nonce_{};
-  AuthNonce server_nonce_{};
-  std::string binding_;  // the TLS session's channel binding, in the proofs
-  uint16_t version_ = pf::kHandshakeVersion;
-  std::string peer_name_;
+  // HELLO, authentication and what the identity may read.
+  PeerSession session_;
 
   FrameDecoder decoder_;
   const size_t receive_capacity_;

@@ -32,6 +32,7 @@
 #include "granary/core/net_address.h"
 #include "granary/core/protocol.h"
 #include "reply_budget.h"
+#include "service_calls.h"
 
 namespace granary::server_internal {
 
@@ -49,20 +50,8 @@ using ErrorCode = boost::system::error_code;
 constexpr auto kLingerTime = std::chrono::milliseconds(1000);
 constexpr uint64_t kMaxLingerBytes = 1u << 20;
 
-inline void Add(std::atomic<uint64_t>& counter, uint64_t n = 1) {
-  counter.fetch_add(n, std::memory_order_relaxed);
-}
-inline uint64_t Load(const std::atomic<uint64_t>& counter) {
-  return counter.load(std::memory_order_relaxed);
-}
-
 inline std::string Millis(std::chrono::milliseconds ms) {
   return std::to_string(ms.count()) + " ms";
-}
-
-inline OutgoingFrame ErrorFrame(uint64_t request_id, const Status& status, bool closing,
-                                uint16_t version) {
-  return OutgoingFrame{EncodeError(request_id, status, closing, version), {}};
 }
 
 class Connection;
@@ -135,19 +124,8 @@ struct AtomicCounters {
   std::atomic<uint64_t> latency_sum_ns{0};
 };
 
-// A reply computed on the service pool, ready for the loop.
-// What a connection asks of the service pool: a READ or STAT for the
-// ReadService, or a Kubernetes token for the TokenVerifier (both may block).
-using ServiceRequest = std::variant<ReadRequest, StatRequest, AuthRequest>;
-
-struct ServiceResult {
-  OutgoingFrame frame;
-  std::optional<ReadAnswer> answer;  // owns what the frame's payload points into
-  uint64_t items = 0;
-  uint64_t item_errors = 0;
-  std::optional<PeerIdentity> granted;  // a token accepted
-  bool close_after = false;             // a token refused: the frame is a closing ERROR
-};
+// ServiceRequest (peer_session.h) and ServiceResult (service_calls.h) are
+// what a connection hands its service pool and gets back.
 
 // Everything the server shares between its loops: the listener, the loops,
 // the service pool, the counters and the connection registry. Server::Impl is
@@ -173,8 +151,7 @@ class ServerCore {
   asio::thread_pool& pool() { return *pool_; }
   // Runs a READ or STAT on the calling pool thread and encodes its reply.
   // A Kubernetes token through options().auth->tokens: AUTH_REPLY granted, or
-  // a closing ERROR.
-  ServiceResult CheckToken(const AuthRequest& auth, uint64_t request_id, uint16_t version);
+  // a closing ERROR (RunServiceCall, service_calls.h).
   ServiceResult RunService(const ServiceRequest& request, uint64_t request_id, uint16_t version);
   void OnConnectionClosed(uint64_t id);
   // A connection of `gauge` was granted an identity: it no longer counts

@@ -1,9 +1,15 @@
-// The server's service pool side (server_core.h): what a pool thread runs for
-// a connection: a READ or STAT through the ReadService, encoded for the
-// connection's protocol version, and a Kubernetes token through the
-// TokenVerifier. Either may block (disk, source, API server), which is why
-// they run here and never on a loop.
+// The service calls (service_calls.h): what a service thread runs for a
+// connection of any front end: a READ or STAT through the ReadService,
+// encoded for the connection's protocol version, and a Kubernetes token
+// through the TokenVerifier. Either may block (disk, source, API server),
+// which is why they never run on an event loop. The TCP server's pool side
+// (ServerCore::RunService, server_core.h) is at the end.
 
+#include "service_calls.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <utility>
@@ -14,20 +20,56 @@
 
 namespace granary::server_internal {
 
-ServiceResult ServerCore::RunService(const ServiceRequest& request, uint64_t request_id,
-                                     uint16_t version) {
-  const EncodeOptions encode{version, options_.limits};
+namespace {
+
+// A Kubernetes token through the verifier: AUTH_REPLY granted, or a closing ERROR.
+ServiceResult CheckToken(const ServiceCallContext& context, const AuthRequest& auth,
+                         uint64_t request_id, uint16_t version) {
+  ServiceResult out;
+  // PeerSession sends a token here only when a verifier is configured.
+  Result<PeerIdentity> identity = context.options->auth->tokens->Verify(auth.credential);
+  if (!identity.ok()) {
+    Add(*context.auth_refused);
+    if (context.warn)
+      context.warn("a Kubernetes token was refused: " + identity.status().ToString());
+    out.frame = ErrorFrame(
+        request_id,
+        Status(identity.status().code(), "authentication refused: " + identity.status().message()),
+        true, version);
+    out.close_after = true;
+    return out;
+  }
+  Result<OutgoingFrame> frame =
+      EncodeResponse(request_id, AuthReply{true, {}, {}, identity->Scope()}, {},
+                     EncodeOptions{version, context.options->limits});
+  if (!frame.ok()) {
+    Add(*context.auth_refused);
+    out.frame = ErrorFrame(request_id, frame.status(), true, version);
+    out.close_after = true;
+    return out;
+  }
+  Add(*context.auth_granted);
+  out.frame = std::move(*frame);
+  out.granted = std::move(*identity);
+  return out;
+}
+
+}  // namespace
+
+ServiceResult RunServiceCall(const ServiceCallContext& context, const ServiceRequest& request,
+                             uint64_t request_id, uint16_t version) {
+  const EncodeOptions encode{version, context.options->limits};
   ServiceResult out;
   auto error = [&](const Status& status) {
     out.frame = ErrorFrame(request_id, status, false, version);
   };
   if (const auto* auth = std::get_if<AuthRequest>(&request)) {
-    return CheckToken(*auth, request_id, version);
+    return CheckToken(context, *auth, request_id, version);
   }
   if (const auto* read = std::get_if<ReadRequest>(&request)) {
-    Result<ReadAnswer> answer = service_->Read(*read);
+    Result<ReadAnswer> answer = context.service->Read(*read);
     if (!answer.ok()) {
-      Add(counters_.service_errors);
+      Add(*context.service_errors);
       error(answer.status());
       return out;
     }
@@ -36,12 +78,12 @@ ServiceResult ServerCore::RunService(const ServiceRequest& request, uint64_t req
         check.ok() ? EncodeResponse(request_id, answer->reply(), answer->payload(), encode)
                    : Result<OutgoingFrame>(check);
     if (!frame.ok()) {
-      Add(counters_.internal_errors);
+      Add(*context.internal_errors);
       Status internal = Status::Internal("the read service's answer to READ request " +
                                          std::to_string(request_id) +
                                          " does not match it: " + frame.status().message() +
                                          "; this is a bug in the cache node, please report it");
-      log_->error("{}", internal.message());
+      context.log->error("{}", internal.message());
       error(internal);
       return out;
     }
@@ -62,22 +104,21 @@ ServiceResult ServerCore::RunService(const ServiceRequest& request, uint64_t req
     return out;
   }
   const auto& stat = std::get<StatRequest>(request);
-  Result<StatReply> reply = service_->Stat(stat);
+  Result<StatReply> reply = context.service->Stat(stat);
   if (!reply.ok()) {
-    Add(counters_.service_errors);
+    Add(*context.service_errors);
     error(reply.status());
     return out;
   }
-  if (stat.dataset.empty()) AppendServerEntries(&*reply);
-  if (draining()) reply->state = NodeState::kDraining;
+  if (context.finish_stat) context.finish_stat(stat, &*reply);
   Result<OutgoingFrame> frame = EncodeResponse(request_id, *reply, {}, encode);
   if (!frame.ok()) {
-    Add(counters_.internal_errors);
+    Add(*context.internal_errors);
     Status internal =
         Status::Internal("the read service's answer to STAT request " + std::to_string(request_id) +
                          " cannot be sent: " + frame.status().message() +
                          "; this is a bug in the cache node, please report it");
-    log_->error("{}", internal.message());
+    context.log->error("{}", internal.message());
     error(internal);
     return out;
   }
@@ -85,34 +126,22 @@ ServiceResult ServerCore::RunService(const ServiceRequest& request, uint64_t req
   return out;
 }
 
-ServiceResult ServerCore::CheckToken(const AuthRequest& auth, uint64_t request_id,
+ServiceResult ServerCore::RunService(const ServiceRequest& request, uint64_t request_id,
                                      uint16_t version) {
-  ServiceResult out;
-  // OnFrame sends a token here only when a verifier is configured.
-  Result<PeerIdentity> identity = options_.auth->tokens->Verify(auth.credential);
-  if (!identity.ok()) {
-    Add(counters_.auth_refused);
-    WarnAboutClient("a Kubernetes token was refused: " + identity.status().ToString());
-    out.frame = ErrorFrame(
-        request_id,
-        Status(identity.status().code(), "authentication refused: " + identity.status().message()),
-        true, version);
-    out.close_after = true;
-    return out;
-  }
-  Result<OutgoingFrame> frame =
-      EncodeResponse(request_id, AuthReply{true, {}, {}, identity->Scope()}, {},
-                     EncodeOptions{version, options_.limits});
-  if (!frame.ok()) {
-    Add(counters_.auth_refused);
-    out.frame = ErrorFrame(request_id, frame.status(), true, version);
-    out.close_after = true;
-    return out;
-  }
-  Add(counters_.auth_granted);
-  out.frame = std::move(*frame);
-  out.granted = std::move(*identity);
-  return out;
+  ServiceCallContext context;
+  context.service = service_.get();
+  context.options = &options_;
+  context.log = log_.get();
+  context.service_errors = &counters_.service_errors;
+  context.internal_errors = &counters_.internal_errors;
+  context.auth_refused = &counters_.auth_refused;
+  context.auth_granted = &counters_.auth_granted;
+  context.warn = [this](const std::string& message) { WarnAboutClient(message); };
+  context.finish_stat = [this](const StatRequest& stat, StatReply* reply) {
+    if (stat.dataset.empty()) AppendServerEntries(reply);
+    if (draining()) reply->state = NodeState::kDraining;
+  };
+  return RunServiceCall(context, request, request_id, version);
 }
 
 void ServerCore::AppendServerEntries(StatReply* reply) const {
