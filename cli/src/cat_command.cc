@@ -255,6 +255,7 @@ class Cat {
       ro.local_node_id = o_.local_node;
     }
     GRANARY_ASSIGN_OR_RETURN(ro.tls, c_.Tls());
+    ro.fabric = c_.Fabric();
     Result<std::unique_ptr<DirectReader>> reader =
         DirectReader::Create(c_.store(), record, manifest, ro);
     if (!reader.ok() && reader.status().code() == StatusCode::kFailedPrecondition) {

@@ -38,6 +38,12 @@ int Run(const std::vector<std::string>& args, CliContext& context) {
   app.add_option("--tls-ca-file", context.tls_ca_option(),
                  "CA that cache nodes serving TLS must chain to; default $GRANARY_TLS_CA_FILE, "
                  "else they are read encrypted but unverified");
+  app.add_option("--transport", context.transport_option(),
+                 "How cache nodes are read: tcp (default) or libfabric (nodes that offer a "
+                 "fabric address; docs/transport.md)")
+      ->check(CLI::IsMember({"tcp", "libfabric"}));
+  app.add_option("--libfabric-provider", context.libfabric_provider_option(),
+                 "The libfabric provider with --transport libfabric: tcp (default) or verbs");
   app.add_option("-o,--output", context.output_option(), "Output format: human or json")
       ->check(CLI::IsMember({"human", "json"}));
 
@@ -53,7 +59,7 @@ int Run(const std::vector<std::string>& args, CliContext& context) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--store" || a == "-o" || a == "--output" || a == "--cluster-key-file" ||
-        a == "--tls-ca-file") {
+        a == "--tls-ca-file" || a == "--transport" || a == "--libfabric-provider") {
       ++i;
       continue;
     }

@@ -14,6 +14,8 @@
 
 #include "granary/cli/cli.h"
 #include "granary/core/names.h"
+#include "granary/fabric/endpoint.h"
+#include "granary/fabric/fabric_transport.h"
 #include "granary/store/open_store.h"
 
 namespace granary::cli {
@@ -61,6 +63,16 @@ Result<std::shared_ptr<TlsContext>> CliContext::Tls() const {
   Result<std::shared_ptr<TlsContext>> tls = TlsContext::ForClient(TlsCaPath());
   if (!tls.ok()) return tls.status().WithContext("--tls-ca-file");
   return tls;
+}
+
+std::shared_ptr<PeerTransport> CliContext::Fabric() {
+  if (transport_ != "libfabric") return nullptr;
+  if (Status probe = fabric::ProbeProvider(libfabric_provider_); !probe.ok()) {
+    err_ << "granary: warning: --transport libfabric: " << probe.message()
+         << "; reading every cache node over TCP\n";
+    return nullptr;
+  }
+  return fabric::FabricPeerTransport(libfabric_provider_);
 }
 
 Result<ClientCredentials> CliContext::PeerCredentials() const {

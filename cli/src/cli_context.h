@@ -34,6 +34,7 @@
 #include "granary/core/config.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/peer_auth.h"
+#include "granary/core/peer_transport.h"
 #include "granary/core/status.h"
 #include "granary/core/tls.h"
 
@@ -68,6 +69,8 @@ class CliContext {
   std::string& output_option() { return output_; }
   std::string& cluster_key_option() { return cluster_key_file_; }
   std::string& tls_ca_option() { return tls_ca_file_; }
+  std::string& transport_option() { return transport_; }
+  std::string& libfabric_provider_option() { return libfabric_provider_; }
   bool json_output() const { return output_ == "json"; }
 
   // --store, else $GRANARY_STORE, else DefaultStoreUrl().
@@ -83,6 +86,10 @@ class CliContext {
   // --tls-ca-file (else $GRANARY_TLS_CA_FILE) when given, else unverified.
   Result<std::shared_ptr<TlsContext>> Tls() const;
   std::string TlsCaPath() const;
+  // --transport libfabric (with --libfabric-provider): the fabric transport
+  // for nodes that offer it; null for tcp, and (after a warning on stderr
+  // naming what is missing) when the provider is not usable here.
+  std::shared_ptr<PeerTransport> Fabric();
   // Opens the store once (creating the directory of the embedded SQLite file);
   // the error says how to point the CLI elsewhere.
   Status OpenStore();
@@ -118,6 +125,8 @@ class CliContext {
   std::string output_ = "human";
   std::string cluster_key_file_;
   std::string tls_ca_file_;
+  std::string transport_ = "tcp";
+  std::string libfabric_provider_ = "tcp";
   std::unique_ptr<MetadataStore> store_;
   SteadyClock::time_point last_progress_{};
   bool progress_drawn_ = false;

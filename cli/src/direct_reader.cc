@@ -54,6 +54,7 @@ Result<std::unique_ptr<DirectReader>> DirectReader::Create(MetadataStore& store,
   fo.peer.call_timeout = options.timeout;
   fo.peer.credentials = options.credentials;
   fo.peer.tls = options.tls;
+  fo.fabric = options.fabric;
   if (fo.peer.tls == nullptr) {
     GRANARY_ASSIGN_OR_RETURN(fo.peer.tls, TlsContext::ForClient(""));
   }

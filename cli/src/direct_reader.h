@@ -34,6 +34,7 @@
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/peer_auth.h"
+#include "granary/core/peer_transport.h"
 #include "granary/core/status.h"
 #include "granary/core/tls.h"
 
@@ -60,6 +61,9 @@ struct DirectReaderOptions {
   std::string local_node_id;
   // For nodes that serve TLS (CliContext::Tls); null: made unverified.
   std::shared_ptr<const TlsContext> tls;
+  // --transport libfabric (CliContext::Fabric): nodes offering a fabric
+  // address are read over it. Null: TCP.
+  std::shared_ptr<PeerTransport> fabric;
 };
 
 class DirectReader {

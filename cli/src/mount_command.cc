@@ -180,6 +180,7 @@ class MountCommand {
       dro.client_name = "granary-mount/" + std::to_string(getpid());
       GRANARY_ASSIGN_OR_RETURN(dro.credentials, c_.PeerCredentials());
       GRANARY_ASSIGN_OR_RETURN(dro.tls, c_.Tls());
+      dro.fabric = c_.Fabric();
       Result<std::unique_ptr<DirectReader>> direct =
           DirectReader::Create(c_.store(), *record, manifest, dro);
       if (!direct.ok()) {

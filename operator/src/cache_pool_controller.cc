@@ -70,6 +70,23 @@ Result<std::string> EnsureClusterKey(ControllerContext& c) {
 
 }  // namespace
 
+namespace {
+
+// The cache node's ports: data, metrics, and the fabric's with transport
+// libfabric.
+Json ContainerPorts(const CachePool& pool) {
+  Json ports = Json::array(
+      {{{"name", "data"}, {"containerPort", pool.data_port}, {"protocol", "TCP"}},
+       {{"name", "metrics"}, {"containerPort", pool.metrics_port}, {"protocol", "TCP"}}});
+  if (pool.transport == "libfabric") {
+    ports.push_back(
+        {{"name", "fabric"}, {"containerPort", pool.libfabric_port}, {"protocol", "TCP"}});
+  }
+  return ports;
+}
+
+}  // namespace
+
 Json CacheNodeConfigMap(const CachePool& pool, const OperatorOptions& options) {
   (void)options;
   // Per-node values (node_id, advertise) come on the command line; the rest
@@ -89,6 +106,12 @@ Json CacheNodeConfigMap(const CachePool& pool, const OperatorOptions& options) {
   // cluster key, injected sidecars with their pod's token (its namespace only).
   yaml += std::string("cluster_key_file: ") + kClusterKeyDir + "/key\n";
   yaml += "kubernetes_auth: in-cluster\n";
+  if (pool.transport == "libfabric") {
+    // The fabric beside the TCP port (which peers without it, the CLI and
+    // the staging path keep using); advertised in the node's record.
+    yaml += "fabric_listen: 0.0.0.0:" + std::to_string(pool.libfabric_port) + "\n";
+    yaml += "fabric_provider: " + pool.libfabric_provider + "\n";
+  }
   return {{"cachenode.yaml", yaml}};
 }
 
@@ -138,10 +161,7 @@ Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
                             {"valueFrom", {{"fieldRef", {{"fieldPath", "spec.nodeName"}}}}}},
                            {{"name", "GRANARY_HOST_IP"},
                             {"valueFrom", {{"fieldRef", {{"fieldPath", "status.hostIP"}}}}}}})},
-      {"ports",
-       Json::array(
-           {{{"name", "data"}, {"containerPort", pool.data_port}, {"protocol", "TCP"}},
-            {{"name", "metrics"}, {"containerPort", pool.metrics_port}, {"protocol", "TCP"}}})},
+      {"ports", ContainerPorts(pool)},
       {"readinessProbe",
        {{"httpGet", {{"path", "/readyz"}, {"port", "metrics"}}}, {"periodSeconds", 5}}},
       {"livenessProbe",

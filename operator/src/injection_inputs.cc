@@ -134,6 +134,10 @@ std::string SidecarConfigYaml(const InjectionInputs& inputs, const std::string& 
   // The pod mounts no source file system: what no cache node has is read by
   // the cache nodes on demand, never by the sidecar.
   yaml += "source_fallthrough: false\n";
+  if (inputs.pool.transport == "libfabric") {
+    yaml += "transport: libfabric\n";
+    yaml += "libfabric_provider: " + inputs.pool.libfabric_provider + "\n";
+  }
   yaml += "metrics_listen: 0.0.0.0:" + std::to_string(inputs.pool.sidecar_metrics_port) + "\n";
   if (!view_dir.empty()) {
     yaml += "mounts: " + GranaryDatasetName(inputs.dataset_namespace, inputs.dataset_name) + ":" +

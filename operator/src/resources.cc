@@ -183,7 +183,9 @@ Result<CachePool> ParseCachePool(const Json& object) {
     return Status::InvalidArgument(what + ": spec.metadataStore.secretRef.name is required");
   }
   p.transport = Str(spec, "transport", "tcp");
-  p.libfabric_provider = Str(spec.value("libfabric", Json::object()), "provider", "tcp");
+  const Json& libfabric = spec.value("libfabric", Json::object());
+  p.libfabric_provider = Str(libfabric, "provider", "tcp");
+  p.libfabric_port = static_cast<int>(Int(libfabric, "port", 7071));
   p.image = Str(spec, "image", p.image);
   p.image_pull_policy = Str(spec, "imagePullPolicy", p.image_pull_policy);
   if (spec.contains("resources") && spec["resources"].is_object()) p.resources = spec["resources"];
@@ -204,6 +206,17 @@ Result<CachePool> ParseCachePool(const Json& object) {
   p.sidecar_metrics_port = static_cast<int>(Int(sidecar, "metricsPort", 9465));
   if (p.sidecar_metrics_port < 1 || p.sidecar_metrics_port > 65535) {
     return Status::InvalidArgument(what + ": spec.sidecar.metricsPort must be in 1..65535");
+  }
+  if (p.transport == "libfabric") {
+    if (p.libfabric_port < 1 || p.libfabric_port > 65535) {
+      return Status::InvalidArgument(what + ": spec.libfabric.port must be in 1..65535");
+    }
+    if (p.libfabric_port == p.data_port || p.libfabric_port == p.metrics_port) {
+      return Status::InvalidArgument(what + ": spec.libfabric.port " +
+                                     std::to_string(p.libfabric_port) + " is also spec.ports." +
+                                     (p.libfabric_port == p.data_port ? "data" : "metrics") +
+                                     ": give the fabric a port of its own");
+    }
   }
   p.sidecar_chunk_handoff =
       !(sidecar.contains("chunkHandoff") && sidecar["chunkHandoff"].is_boolean() &&

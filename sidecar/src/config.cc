@@ -145,6 +145,25 @@ Status Parse(ConfigMap& m, SidecarConfig* c) {
                                    "not both");
   }
 
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "transport", &c->transport, &given));
+  if (c->transport != "tcp" && c->transport != "libfabric") {
+    return Status::InvalidArgument(m.Where("transport") + ": " + Quoted(c->transport) +
+                                   " is not a transport: write tcp or libfabric");
+  }
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "libfabric_provider", &c->libfabric_provider, &given));
+  if (given && c->transport != "libfabric") {
+    return Status::InvalidArgument(m.Where("libfabric_provider") +
+                                   ": a provider without 'transport: libfabric': add that, or "
+                                   "remove the provider");
+  }
+  if (c->libfabric_provider.empty() ||
+      c->libfabric_provider.find_first_of(" \t,") != std::string::npos) {
+    return Status::InvalidArgument(m.Where("libfabric_provider") + ": " +
+                                   Quoted(c->libfabric_provider) +
+                                   " is not a provider name: write tcp or verbs (fi_info lists "
+                                   "the providers of this host)");
+  }
+
   std::string mounts;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "mounts", &mounts, &given));
   if (given) GRANARY_RETURN_IF_ERROR(ParseMounts(m, mounts, c));

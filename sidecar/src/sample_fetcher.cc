@@ -345,6 +345,8 @@ SampleFetcherCounters SampleFetcher::Impl::Counters() const {
   }
   c.reads_sent = reads_sent_.load(std::memory_order_relaxed);
   c.node_failures = node_failures_.load(std::memory_order_relaxed);
+  c.fabric_connects = fabric_connects_.load(std::memory_order_relaxed);
+  c.fabric_fallbacks = fabric_fallbacks_.load(std::memory_order_relaxed);
   c.item_retries = item_retries_.load(std::memory_order_relaxed);
   c.failed_samples = failed_samples_.load(std::memory_order_relaxed);
   if (local_chunks_ != nullptr) {

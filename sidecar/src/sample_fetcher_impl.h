@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <system_error>
@@ -237,6 +238,10 @@ struct SampleFetcher::Impl {
   std::atomic<uint64_t> bytes_[kSampleSources] = {};
   std::atomic<uint64_t> reads_sent_{0};
   std::atomic<uint64_t> node_failures_{0};
+  std::atomic<uint64_t> fabric_connects_{0};
+  std::atomic<uint64_t> fabric_fallbacks_{0};
+  std::mutex fallback_warned_mu_;
+  std::set<std::string> fallback_warned_;  // node ids warned about (once each)
   std::atomic<uint64_t> item_retries_{0};
   std::atomic<uint64_t> failed_samples_{0};
 };

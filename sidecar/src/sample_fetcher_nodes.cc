@@ -158,7 +158,31 @@ Result<std::unique_ptr<PeerConnection>> SampleFetcher::Impl::TakeClient(const No
     }
   }
   auto tls = node.labels.find(std::string(kNodeLabelTls));
-  if (tls != node.labels.end() && tls->second == "true") {
+  const bool node_tls = tls != node.labels.end() && tls->second == "true";
+  if (options_.fabric != nullptr) {
+    auto fabric = node.labels.find(std::string(kNodeLabelFabric));
+    if (fabric != node.labels.end() && !fabric->second.empty() && !node_tls) {
+      Result<std::unique_ptr<PeerConnection>> connection =
+          options_.fabric->Connect(fabric->second, peer_options_);
+      if (connection.ok()) fabric_connects_.fetch_add(1, std::memory_order_relaxed);
+      return connection;
+    }
+    fabric_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(fallback_warned_mu_);
+      first = fallback_warned_.insert(node.id).second;
+    }
+    if (first) {
+      log_->warn("cache node {} at {} {}: reaching it over {} instead of {}", Quoted(node.id),
+                 Quoted(node.address),
+                 node_tls ? "serves TLS, which the fabric does not carry"
+                          : "offers no fabric address (its fabric_listen is off, or its "
+                            "provider is not available there)",
+                 transport_->name(), options_.fabric->name());
+    }
+  }
+  if (node_tls) {
     if (tls_options_.tls == nullptr) {
       return Status::FailedPrecondition(
           "cache node " + Quoted(node.id) +

@@ -36,6 +36,8 @@
 #include "granary/daemon/connection_threads.h"
 #include "granary/daemon/observability.h"
 #include "granary/daemon/unix_accept_loop.h"
+#include "granary/fabric/endpoint.h"
+#include "granary/fabric/fabric_transport.h"
 #include "granary/posix/mount_point.h"
 #include "granary/posix/posix_view.h"
 #include "granary/sidecar/sample_cache.h"
@@ -438,6 +440,20 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
     if (!tls.ok()) return tls.status().WithContext("`tls_ca_file`");
     fetch.peer.tls = std::move(*tls);
   }
+  bool fabric_available = false;
+  if (config.transport == "libfabric") {
+    // Falls back to TCP, loudly, when the provider is not there: the
+    // training still reads, at TCP's cost.
+    Status probe = fabric::ProbeProvider(config.libfabric_provider);
+    if (probe.ok()) {
+      fetch.fabric = fabric::FabricPeerTransport(config.libfabric_provider);
+      fabric_available = true;
+    } else {
+      impl->log->warn("transport libfabric: {}; reaching every cache node over TCP",
+                      probe.message());
+    }
+  }
+  impl->metrics.fabric_available->Set(fabric_available ? 1 : 0);
   fetch.source_fallthrough = config.source_fallthrough;
   fetch.source_concurrency = config.source_concurrency;
   GRANARY_ASSIGN_OR_RETURN(impl->fetcher, SampleFetcher::Create(fetch, impl->executor.get()));

@@ -112,6 +112,20 @@ Result<SidecarMetrics> SidecarMetrics::Declare(prometheus::Registry& registry) {
                                         "Cache nodes that failed at the connection level "
                                         "(skipped for node_down_for)."));
   GRANARY_ASSIGN_OR_RETURN(
+      m.fabric_available,
+      r.AddGauge("granary_sidecar_fabric_available",
+                 "1 when transport libfabric is configured and its provider is usable here; 0 "
+                 "otherwise (transport tcp, or a provider that is not usable: every node is "
+                 "then reached over TCP)."));
+  GRANARY_ASSIGN_OR_RETURN(m.fabric_connects,
+                           r.AddCounter("granary_sidecar_fabric_connects_total",
+                                        "Connections to cache nodes opened over libfabric."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.fabric_fallbacks,
+      r.AddCounter("granary_sidecar_fabric_fallbacks_total",
+                   "Connections to cache nodes opened over TCP although transport libfabric is "
+                   "configured (the node offers no fabric address, or serves TLS)."));
+  GRANARY_ASSIGN_OR_RETURN(
       m.local_file_pieces,
       r.AddCounter("granary_sidecar_local_file_pieces_total",
                    "Sample pieces read straight from the local cache node's chunk files "
@@ -176,6 +190,8 @@ void SidecarMetrics::Refresh(const SampleCacheStats& caches, const SampleFetcher
     Advance(fetched_bytes[i], fetcher.bytes[i], &last->fetcher.bytes[i]);
   }
   Advance(node_failures, fetcher.node_failures, &last->fetcher.node_failures);
+  Advance(fabric_connects, fetcher.fabric_connects, &last->fetcher.fabric_connects);
+  Advance(fabric_fallbacks, fetcher.fabric_fallbacks, &last->fetcher.fabric_fallbacks);
   Advance(local_file_pieces, fetcher.local_file_pieces, &last->fetcher.local_file_pieces);
   Advance(local_file_opens, fetcher.local_file_opens, &last->fetcher.local_file_opens);
   Advance(local_file_declined, fetcher.local_file_declined, &last->fetcher.local_file_declined);

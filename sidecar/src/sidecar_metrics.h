@@ -42,6 +42,11 @@ struct SidecarMetrics {
   prometheus::Counter* fetched_samples[kSampleSources] = {};
   prometheus::Counter* fetched_bytes[kSampleSources] = {};
   prometheus::Counter* node_failures = nullptr;
+  // transport libfabric: whether the provider is usable here (0: TCP only),
+  // connections over it, and connections to nodes offering none.
+  prometheus::Gauge* fabric_available = nullptr;
+  prometheus::Counter* fabric_connects = nullptr;
+  prometheus::Counter* fabric_fallbacks = nullptr;
   prometheus::Counter* local_file_pieces = nullptr;
   prometheus::Counter* local_file_opens = nullptr;
   prometheus::Counter* local_file_declined = nullptr;

@@ -98,6 +98,27 @@ TEST(CachePoolTest, ParsesWithDefaults) {
   EXPECT_EQ(p->transport, "tcp");
 }
 
+TEST(CachePoolTest, LibfabricTakesAProviderAndAPortOfItsOwn) {
+  Json j = Pool();
+  j["spec"]["transport"] = "libfabric";
+  j["spec"]["libfabric"] = {{"provider", "verbs"}};
+  Result<CachePool> p = ParseCachePool(j);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->transport, "libfabric");
+  EXPECT_EQ(p->libfabric_provider, "verbs");
+  EXPECT_EQ(p->libfabric_port, 7071);
+  j["spec"]["libfabric"]["port"] = 7070;  // the data port
+  EXPECT_THAT(ParseCachePool(j).status().message(),
+              HasSubstr("spec.libfabric.port 7070 is also spec.ports.data"));
+  j["spec"]["libfabric"]["port"] = 9464;
+  EXPECT_THAT(ParseCachePool(j).status().message(), HasSubstr("spec.ports.metrics"));
+  j["spec"]["libfabric"]["port"] = 70000;
+  EXPECT_THAT(ParseCachePool(j).status().message(), HasSubstr("spec.libfabric.port must be in"));
+  // Without transport libfabric the port is not looked at.
+  j["spec"]["transport"] = "tcp";
+  EXPECT_TRUE(ParseCachePool(j).ok());
+}
+
 TEST(CachePoolTest, RefusesWhatTheSchemaCannotCatch) {
   Json j = Pool();
   j["spec"]["storage"]["capacity"] = "0";

@@ -609,6 +609,16 @@ TEST(WebhookPatchTest, AnInjectedPodGetsNoPatch) {
   EXPECT_EQ(PatchResponse("u", *again), AllowResponse("u"));
 }
 
+TEST(WebhookPatchTest, ThePoolsTransportReachesTheSidecar) {
+  InjectionInputs in = Inputs();
+  EXPECT_THAT(SidecarConfigYaml(in), Not(HasSubstr("transport:")));
+  in.pool.transport = "libfabric";
+  in.pool.libfabric_provider = "verbs";
+  const std::string yaml = SidecarConfigYaml(in);
+  EXPECT_THAT(yaml, HasSubstr("transport: libfabric\n"));
+  EXPECT_THAT(yaml, HasSubstr("libfabric_provider: verbs\n"));
+}
+
 TEST(WebhookPatchTest, WindowComesFromTheDatasetElseThePool) {
   const Json pool = Json::parse(
       R"({"spec": {"sidecar": {"windowBytes": "128Mi", "windowSamples": 512, "arenaBytes": "200Mi"}}})");

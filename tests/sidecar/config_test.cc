@@ -94,6 +94,10 @@ TEST(SidecarConfigTest, BadValuesNameTheKey) {
       {store + "max_clients: 8\nmax_clients_per_uid: 9\n", "max_clients_per_uid"},
       {store + "log_level: loud\n", "log_level"},
       {store + "windw_bytes: 1MiB\n", "windw_bytes"},
+      {store + "transport: rdma\n", "transport"},
+      {store + "libfabric_provider: verbs\n", "without 'transport: libfabric'"},
+      {store + "transport: libfabric\nlibfabric_provider: \"tcp;ofi_rxm x\"\n",
+       "not a provider name"},
   };
   for (const Case& c : cases) {
     auto got = Parse(c.yaml);
@@ -103,6 +107,16 @@ TEST(SidecarConfigTest, BadValuesNameTheKey) {
         << c.yaml << " -> " << got.status().message();
   }
   EXPECT_FALSE(LoadSidecarConfig("/nonexistent/sidecar.yaml").ok());
+}
+
+TEST(SidecarConfigTest, TransportDefaultsToTcpAndTakesLibfabricWithAProvider) {
+  Result<SidecarConfig> c = Parse("metadata_store: redis://h\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->transport, "tcp");
+  c = Parse("metadata_store: redis://h\ntransport: libfabric\nlibfabric_provider: verbs\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->transport, "libfabric");
+  EXPECT_EQ(c->libfabric_provider, "verbs");
 }
 
 TEST(SidecarConfigTest, StoreUrlFromAFile) {

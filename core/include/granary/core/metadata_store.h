@@ -155,6 +155,10 @@ struct DatasetRecord {
 // The label a cache node sets to "true" in its record when its port serves
 // TLS (tls_cert_file): readers then connect with TLS.
 inline constexpr std::string_view kNodeLabelTls = "tls";
+// The label a cache node sets to "<host>:<port>" when it also serves the
+// libfabric transport there (fabric_listen): readers configured for the
+// fabric connect to that address (docs/transport.md).
+inline constexpr std::string_view kNodeLabelFabric = "fabric";
 
 // A cache node as it announces itself in every heartbeat.
 struct NodeRecord {

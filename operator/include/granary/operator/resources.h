@@ -59,6 +59,9 @@ struct CachePool {
   std::string store_secret_key = "url";
   std::string transport = "tcp";
   std::string libfabric_provider = "tcp";
+  // spec.libfabric.port: the host port the cache nodes serve the fabric on
+  // (transport libfabric only; differs from the data and metrics ports).
+  int libfabric_port = 7071;
   std::string image = "granary:0.1.0";
   std::string image_pull_policy = "IfNotPresent";
   Json resources = Json::object();

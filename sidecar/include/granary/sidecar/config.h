@@ -104,6 +104,12 @@ struct SidecarConfig {
   // encrypted but unverified (the cluster key's proofs are bound to the
   // channel; a token is then exposed to whoever sits in the middle).
   std::string tls_ca_file;
+  // `transport`: how cache nodes are reached: "tcp" (default) or "libfabric"
+  // (nodes that serve it, docs/transport.md; the others over TCP).
+  // `libfabric_provider`: its provider, "tcp" (default) or "verbs"
+  // (InfiniBand, RoCE); only with transport libfabric.
+  std::string transport = "tcp";
+  std::string libfabric_provider = "tcp";
   // `connect_timeout`, `call_timeout`: to cache nodes (PeerClientOptions).
   std::chrono::milliseconds connect_timeout{2000};
   std::chrono::milliseconds call_timeout{30000};

@@ -97,6 +97,13 @@ struct SampleFetcherOptions {
   PeerClientOptions peer;
   // How nodes are reached (peer_transport.h). Null: TCP (TcpPeerTransport).
   std::shared_ptr<PeerTransport> transport;
+  // How nodes that serve the libfabric transport (their record's
+  // kNodeLabelFabric address) are reached: the fabric transport
+  // (granary/fabric/fabric_transport.h). Null: every node over `transport`.
+  // With it set, a node without the label is reached over `transport` (its
+  // first connection warns; counted in fabric_fallbacks), and so is a node
+  // that serves TLS (the fabric carries none).
+  std::shared_ptr<PeerTransport> fabric;
   // Read from the source when no cache node can serve a sample.
   bool source_fallthrough = true;
   unsigned source_concurrency = 8;  // source reads in flight per dataset
@@ -117,6 +124,10 @@ struct SampleFetcherCounters {
   uint64_t local_file_pieces = 0;
   uint64_t local_file_opens = 0;
   uint64_t local_file_declined = 0;
+  // With a fabric transport: connections opened over it, and connections to
+  // nodes that offer no fabric, opened over `transport` instead.
+  uint64_t fabric_connects = 0;
+  uint64_t fabric_fallbacks = 0;
 };
 
 class SampleFetcher {
