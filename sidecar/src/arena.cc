@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <iterator>
 
 #include "granary/core/names.h"
 
@@ -41,26 +42,34 @@ Result<std::unique_ptr<Arena>> Arena::Create(const std::string& name, uint64_t b
 
 Arena::Arena(ScopedFd fd, char* data, uint64_t size)
     : fd_(std::move(fd)), data_(data), size_(size) {
-  free_.emplace(0, size);
+  AddFree(0, size);
 }
 
 Arena::~Arena() {
   if (data_ != nullptr) ::munmap(data_, size_);
 }
 
+void Arena::AddFree(uint64_t offset, uint64_t length) {
+  free_.emplace(offset, length);
+  by_size_.emplace(length, offset);
+}
+
+void Arena::EraseFree(std::map<uint64_t, uint64_t>::iterator it) {
+  by_size_.erase({it->second, it->first});
+  free_.erase(it);
+}
+
 std::optional<uint64_t> Arena::Allocate(uint64_t bytes) {
   if (bytes == 0) return std::nullopt;
   bytes = Rounded(bytes);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < bytes) continue;
-    const uint64_t offset = it->first;
-    const uint64_t left = it->second - bytes;
-    free_.erase(it);
-    if (left > 0) free_.emplace(offset + bytes, left);
-    used_ += bytes;
-    return offset;
-  }
-  return std::nullopt;
+  // The smallest free range that fits (the lowest offset among equals).
+  auto fit = by_size_.lower_bound({bytes, 0});
+  if (fit == by_size_.end()) return std::nullopt;
+  const auto [length, offset] = *fit;
+  EraseFree(free_.find(offset));
+  if (length > bytes) AddFree(offset + bytes, length - bytes);
+  used_ += bytes;
+  return offset;
 }
 
 void Arena::Free(uint64_t offset, uint64_t bytes) {
@@ -69,16 +78,19 @@ void Arena::Free(uint64_t offset, uint64_t bytes) {
   auto next = free_.lower_bound(offset);
   if (next != free_.end() && offset + bytes == next->first) {
     bytes += next->second;
-    next = free_.erase(next);
+    auto after = std::next(next);
+    EraseFree(next);
+    next = after;
   }
   if (next != free_.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second == offset) {
-      prev->second += bytes;
-      return;
+      offset = prev->first;
+      bytes += prev->second;
+      EraseFree(prev);
     }
   }
-  free_.emplace(offset, bytes);
+  AddFree(offset, bytes);
 }
 
 }  // namespace granary::sidecar

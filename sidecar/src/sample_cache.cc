@@ -36,6 +36,9 @@ struct SampleCache::Cursor {
   size_t next = 0;                            // first position not yet scheduled
   uint64_t ahead_bytes = 0;                   // sizes of positions in [low, next) not consumed
   uint64_t touched = 0;
+  // Refilling its window: set when the window has drained to its low mark
+  // (DrainedLocked), cleared when TakePrefetchWork has filled it again.
+  bool filling = true;
 };
 
 Result<std::unique_ptr<SampleCache>> SampleCache::Create(FetchDataset dataset,
@@ -143,6 +146,7 @@ void SampleCache::UnpinLocked(Entry* e) {
 // ---- cursors --------------------------------------------------------------------------
 
 void SampleCache::MarkConsumedLocked(SampleId id) {
+  bool wake = false;
   for (auto& [key, c] : cursors_) {
     if (id >= c->first_pos.size()) continue;
     uint32_t pos = c->first_pos[id];
@@ -164,8 +168,25 @@ void SampleCache::MarkConsumedLocked(SampleId id) {
     if (pos < c->next) c->ahead_bytes -= manifest().SizeOf(id);
     while (c->low < c->order.size() && c->consumed[c->low] != 0) ++c->low;
     if (c->next < c->low) c->next = c->low;
+    if (!c->filling && DrainedLocked(*c)) c->filling = true;
+    // While filling, each consumed sample may be the room (or the eviction)
+    // a worker waiting on a full arena needs.
+    wake = wake || c->filling;
   }
-  WakeWorkersLocked();
+  if (wake) WakeWorkersLocked();
+}
+
+bool SampleCache::DrainedLocked(const Cursor& c) const {
+  // A quarter of the window free in both of its bounds (and at least one
+  // sample): refilling by the sample as each is consumed would wake every
+  // fetch worker per sample for a fetch of one, which costs the sidecar more
+  // in wake-ups and lock hand-offs than the reads themselves.
+  if (c.next >= c.order.size()) return false;
+  const uint64_t samples_ahead = c.next - c.low;
+  const uint64_t sample_room = std::max<uint64_t>(1, options_.window_samples / 4);
+  const uint64_t byte_room = std::max<uint64_t>(1, options_.window_bytes / 4);
+  return samples_ahead + sample_room <= options_.window_samples &&
+         c.ahead_bytes + byte_room <= options_.window_bytes;
 }
 
 void SampleCache::SetCursor(const std::string& key, const Plan& plan, uint64_t start) {
@@ -231,6 +252,7 @@ std::vector<FetchTarget> SampleCache::TakePrefetchWork(uint32_t max) {
   std::sort(order.begin(), order.end(),
             [](const Cursor* a, const Cursor* b) { return a->ahead_bytes < b->ahead_bytes; });
   for (Cursor* c : order) {
+    if (!c->filling) continue;
     while (work.size() < max && c->next < c->order.size() &&
            c->next < c->low + options_.window_samples && c->ahead_bytes < options_.window_bytes) {
       const SampleId id = c->order[c->next];
@@ -255,6 +277,10 @@ std::vector<FetchTarget> SampleCache::TakePrefetchWork(uint32_t max) {
         c->ahead_bytes += size;
       }
       ++c->next;
+    }
+    if (c->next >= c->order.size() || c->next >= c->low + options_.window_samples ||
+        c->ahead_bytes >= options_.window_bytes) {
+      c->filling = false;  // full (or at the end): until it drains to its low mark
     }
     if (work.size() >= max) break;
   }

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -110,6 +111,69 @@ TEST(ArenaTest, AllocatesAlignedFreesAndCoalesces) {
   ASSERT_TRUE(all);
   EXPECT_EQ(*all, 0u);
   EXPECT_FALSE(a.Allocate(1));
+}
+
+TEST(ArenaTest, BestFitTakesTheSmallestRangeThatFits) {
+  auto arena = Arena::Create("t", 1 << 20);
+  ASSERT_TRUE(arena.ok());
+  Arena& a = **arena;
+  // Holes of 4 KiB at 0 and of 1 KiB at 8 KiB, separated by allocations.
+  auto h1 = a.Allocate(4096);
+  auto k1 = a.Allocate(4096);
+  auto h2 = a.Allocate(1024);
+  auto k2 = a.Allocate(4096);
+  ASSERT_TRUE(h1 && k1 && h2 && k2);
+  a.Free(*h1, 4096);
+  a.Free(*h2, 1024);
+  auto small = a.Allocate(1000);
+  ASSERT_TRUE(small);
+  EXPECT_EQ(*small, *h2) << "1000 bytes go in the 1 KiB hole, not the first (4 KiB) one";
+  auto mid = a.Allocate(3000);
+  ASSERT_TRUE(mid);
+  EXPECT_EQ(*mid, *h1);
+}
+
+TEST(ArenaTest, RandomAllocationsNeverOverlapAndAllCoalesceBack) {
+  auto arena = Arena::Create("t", 4 << 20);
+  ASSERT_TRUE(arena.ok());
+  Arena& a = **arena;
+  std::mt19937_64 rng(11);
+  std::vector<std::pair<uint64_t, uint64_t>> live;  // offset, requested bytes
+  std::vector<char> owner(a.size() / kArenaAlignment, 0);
+  uint64_t used = 0;
+  for (int step = 0; step < 20000; ++step) {
+    if (live.empty() || rng() % 5 < 3) {
+      const uint64_t bytes = 1 + rng() % (96 * 1024);
+      auto at = a.Allocate(bytes);
+      if (!at) continue;  // full or fragmented: fine, frees follow
+      ASSERT_EQ(*at % kArenaAlignment, 0u);
+      ASSERT_LE(*at + bytes, a.size());
+      for (uint64_t u = *at / kArenaAlignment;
+           u < (*at + bytes + kArenaAlignment - 1) / kArenaAlignment; ++u) {
+        ASSERT_EQ(owner[u], 0) << "range at " << *at << " overlaps a live one";
+        owner[u] = 1;
+      }
+      live.emplace_back(*at, bytes);
+      used += Arena::Rounded(bytes);
+    } else {
+      const size_t k = rng() % live.size();
+      const auto [at, bytes] = live[k];
+      live[k] = live.back();
+      live.pop_back();
+      for (uint64_t u = at / kArenaAlignment;
+           u < (at + bytes + kArenaAlignment - 1) / kArenaAlignment; ++u) {
+        owner[u] = 0;
+      }
+      a.Free(at, bytes);
+      used -= Arena::Rounded(bytes);
+    }
+    ASSERT_EQ(a.used(), used);
+  }
+  for (const auto& [at, bytes] : live) a.Free(at, bytes);
+  EXPECT_EQ(a.used(), 0u);
+  auto all = a.Allocate(a.size());
+  ASSERT_TRUE(all) << "every range coalesced back into one";
+  EXPECT_EQ(*all, 0u);
 }
 
 TEST(ArenaTest, SealedAgainstResizeAndWrites) {
@@ -259,6 +323,59 @@ TEST(SampleCacheTest, PrefetchFollowsTheCursorWithinItsWindow) {
     EXPECT_EQ(hinted[i].id, plan->samples()[3 + i]);
   }
   EXPECT_EQ(fetch.Count(plan->samples()[0]), 1u) << "prefetched samples are not fetched again";
+}
+
+TEST(SampleCacheTest, AFullWindowRefillsOnceAQuarterOfItIsFree) {
+  FakeFetch fetch;
+  int wakes = 0;
+  FetchDataset ds;
+  ds.name = "ds";
+  ds.manifest = MakeManifest(200, 1000);
+  SampleCacheOptions o;
+  o.arena_bytes = 1 << 20;
+  o.window_samples = 16;
+  o.window_bytes = 1 << 20;
+  o.work_available = [&] { ++wakes; };
+  auto made = SampleCache::Create(std::move(ds), o);
+  ASSERT_TRUE(made.ok());
+  auto& cache = *made;
+  PlanSpec spec;
+  spec.mode = PlanMode::kSequential;
+  auto plan = Plan::Create(cache->manifest(), spec);
+  ASSERT_TRUE(plan.ok());
+  cache->SetCursor("p/rank0", *plan, 0);
+  auto work = cache->TakePrefetchWork(10);
+  ASSERT_EQ(work.size(), 10u) << "a batch of the new window";
+  auto rest = cache->TakePrefetchWork(100);
+  ASSERT_EQ(rest.size(), 6u) << "the window is filled to its bound across calls";
+  for (auto* batch : {&work, &rest}) {
+    std::vector<FetchOutcome> outcomes(batch->size());
+    fetch.Fn()(*batch, outcomes);
+    cache->CompletePrefetch(*batch, outcomes);
+  }
+  const uint64_t client = cache->AddClient();
+  const int wakes_before = wakes;
+  for (SampleId id = 0; id < 3; ++id) {
+    auto got = cache->Acquire(client, std::vector<SampleId>{id}, 0, fetch.Fn(), Soon());
+    ASSERT_TRUE(got[0].status.ok());
+  }
+  EXPECT_TRUE(cache->TakePrefetchWork(100).empty())
+      << "three of sixteen consumed: not yet a quarter of the window free";
+  EXPECT_EQ(wakes, wakes_before) << "no worker is woken for less than a quarter";
+  auto fourth = cache->Acquire(client, std::vector<SampleId>{3}, 0, fetch.Fn(), Soon());
+  ASSERT_TRUE(fourth[0].status.ok());
+  EXPECT_GT(wakes, wakes_before) << "a quarter free wakes the workers";
+  auto refill = cache->TakePrefetchWork(100);
+  ASSERT_EQ(refill.size(), 4u);
+  EXPECT_EQ(refill.front().id, 16u);
+  EXPECT_EQ(refill.back().id, 19u);
+  std::vector<FetchOutcome> outcomes(refill.size());
+  fetch.Fn()(refill, outcomes);
+  cache->CompletePrefetch(refill, outcomes);
+  // A sample read before prefetch reached it still comes (on demand).
+  auto ahead = cache->Acquire(client, std::vector<SampleId>{40}, 0, fetch.Fn(), Soon());
+  ASSERT_TRUE(ahead[0].status.ok());
+  EXPECT_FALSE(ahead[0].prefetched);
 }
 
 TEST(SampleCacheTest, WindowBytesAndResumeStart) {

@@ -2,7 +2,10 @@
 
 // Arena: the shared memory the sidecar hands sample bytes out in. One memfd of
 // a fixed size, mapped read-write by the sidecar and passed to clients, who map
-// it read-only; a first-fit allocator of 64-byte-aligned ranges inside it.
+// it read-only; a best-fit allocator of 64-byte-aligned ranges inside it
+// (free ranges indexed by length too, so an allocation costs O(log ranges):
+// a full arena is fragmented into thousands of ranges, and the sample cache
+// allocates once per sample it fetches).
 //
 // The memfd is sealed against shrinking, growing and new writable mappings or
 // writes (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE) once the sidecar
@@ -19,7 +22,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "granary/core/file.h"
 #include "granary/core/status.h"
@@ -53,12 +58,15 @@ class Arena {
 
  private:
   Arena(ScopedFd fd, char* data, uint64_t size);
+  void AddFree(uint64_t offset, uint64_t length);
+  void EraseFree(std::map<uint64_t, uint64_t>::iterator it);
 
   ScopedFd fd_;
   char* data_ = nullptr;
   uint64_t size_ = 0;
   uint64_t used_ = 0;
-  std::map<uint64_t, uint64_t> free_;  // offset -> length, no two adjacent
+  std::map<uint64_t, uint64_t> free_;                // offset -> length, no two adjacent
+  std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (length, offset) of free_'s ranges
 };
 
 }  // namespace granary::sidecar

@@ -16,7 +16,9 @@
 //    rank's read order. Fetch workers take the next positions not yet in the
 //    arena (TakePrefetchWork) while the cursor's window (samples from its
 //    lowest unconsumed position, and bytes scheduled and not consumed) has
-//    room. A sample handed to any client counts as consumed at its position
+//    room. A full window is refilled once a quarter of it is free (in samples
+//    and in bytes), not sample by sample, so that the workers wake for
+//    batches. A sample handed to any client counts as consumed at its position
 //    in every cursor that has it in its window, so DataLoader workers that
 //    split a rank's batches advance the rank's one cursor.
 //  - Acquire: the client path. Ready entries are pinned at once; kFetching
@@ -158,6 +160,8 @@ class SampleCache {
   void PinLocked(uint64_t client, Entry* e, AcquiredSample* out);
   void UnpinLocked(Entry* e);
   void MarkConsumedLocked(SampleId id);
+  // Whether the cursor's window has drained far enough to refill it.
+  bool DrainedLocked(const Cursor& c) const;
   void RetireCursorLocked(Cursor* c);
   void WakeWorkersLocked();
 
