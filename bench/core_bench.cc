@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "granary/core/hash.h"
 #include "granary/core/manifest.h"
 #include "granary/core/placement.h"
 #include "granary/core/plan.h"
@@ -87,5 +88,15 @@ BENCHMARK(BM_RankPlanAndStagingOrder)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace granary
+
+// The checksum of every chunk segment and wire item (core/src/hash.cc):
+// bytes per second at sample-like sizes.
+static void BM_Checksum64(benchmark::State& state) {
+  std::string bytes(static_cast<size_t>(state.range(0)), '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 131 + 7);
+  for (auto _ : state) benchmark::DoNotOptimize(granary::Checksum64(bytes.data(), bytes.size()));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK(BM_Checksum64)->Arg(256)->Arg(4096)->Arg(110 << 10)->Arg(1 << 20);
 
 BENCHMARK_MAIN();

@@ -5,9 +5,27 @@
 
 #include "granary/core/byte_order.h"
 
+#if defined(__x86_64__)
+// From Debian's libxxhash, built with xxh_x86dispatch.c; declared here
+// because its header does not mix with XXH_INLINE_ALL.
+extern "C" uint64_t XXH3_64bits_dispatch(const void* input, size_t length);
+#endif
+
 namespace granary {
 
-uint64_t Checksum64(const void* data, size_t size) { return XXH3_64bits(data, size); }
+// XXH3 over inputs longer than this takes its vectorised path: there the
+// library's copy, which picks AVX2 or AVX-512 at run time (xxh_x86dispatch),
+// beats the inline one, compiled for the x86-64 baseline (SSE2). Shorter
+// inputs stay inline (no call, and no vector code to choose). Both compute
+// the same XXH3, so stored checksums do not change.
+constexpr size_t kDispatchAbove = 1024;
+
+uint64_t Checksum64(const void* data, size_t size) {
+#if defined(__x86_64__)
+  if (size > kDispatchAbove) return XXH3_64bits_dispatch(data, size);
+#endif
+  return XXH3_64bits(data, size);
+}
 
 uint64_t Hash64(const void* data, size_t size, uint64_t seed) {
   return XXH3_64bits_withSeed(data, size, seed);
