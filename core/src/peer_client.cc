@@ -195,8 +195,7 @@ Status PeerClient::Open(Clock::time_point deadline) {
   // HELLO with this client's limits; then (AUTH) with the agreed version and
   // limits, which the decoder takes on as soon as they are known. Nothing is
   // buffered in the decoder between frames: a fresh one loses nothing.
-  auto exchange = [&](const RequestMessage& request, uint16_t version,
-                      const ProtocolLimits& limits,
+  auto exchange = [&](const RequestMessage& request, uint16_t version, const ProtocolLimits& limits,
                       std::string_view doing) -> Result<ResponseMessage> {
     if (!std::holds_alternative<HelloRequest>(request) && !agreed_in_decoder) {
       agreed_in_decoder = true;
@@ -217,8 +216,8 @@ Status PeerClient::Open(Clock::time_point deadline) {
       return std::string(reinterpret_cast<const char*>(b.data()), b.size());
     };
   }
-  Result<PeerHandshake> agreed = RunClientHandshake(options_, address_.ToString(), exchange,
-                                                    binding);
+  Result<PeerHandshake> agreed =
+      RunClientHandshake(options_, address_.ToString(), exchange, binding);
   if (!agreed.ok()) return Fail(agreed.status());
   version_ = agreed->version;
   server_name_ = agreed->server_name;

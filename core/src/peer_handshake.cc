@@ -109,10 +109,9 @@ Result<PeerHandshake> RunClientHandshake(const PeerClientOptions& options, std::
                                          const ChannelBindingFn& binding) {
   const std::string where = "connect to cache node " + std::string(address);
   HelloRequest hello{pf::kMinVersion, pf::kMaxVersion, options.client_name};
-  GRANARY_ASSIGN_OR_RETURN(
-      ResponseMessage response,
-      exchange(hello, pf::kHandshakeVersion, options.limits,
-               "HELLO to cache node " + std::string(address)));
+  GRANARY_ASSIGN_OR_RETURN(ResponseMessage response,
+                           exchange(hello, pf::kHandshakeVersion, options.limits,
+                                    "HELLO to cache node " + std::string(address)));
   const auto* reply = std::get_if<HelloReply>(&response);
   if (reply == nullptr) {
     if (const auto* error = std::get_if<ErrorReply>(&response)) {

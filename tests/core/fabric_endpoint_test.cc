@@ -3,13 +3,13 @@
 // cached, and the failures a reader and a node meet (no listener, a peer gone,
 // a deadline, a write past the window, a message too long, a provider absent).
 
-#include "granary/fabric/endpoint.h"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <future>
 #include <string>
+
+#include "granary/fabric/endpoint.h"
 
 namespace granary::fabric {
 namespace {
@@ -153,8 +153,7 @@ TEST(FabricEndpointTest, ConnectingWhereNothingListensSaysSo) {
   EXPECT_TRUE(client.status().code() == StatusCode::kUnavailable ||
               client.status().code() == StatusCode::kDeadlineExceeded)
       << client.status().ToString();
-  EXPECT_NE(client.status().message().find("127.0.0.1:" + std::to_string(port)),
-            std::string::npos)
+  EXPECT_NE(client.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
       << client.status().ToString();
 }
 

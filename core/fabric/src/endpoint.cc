@@ -1,5 +1,7 @@
 #include "granary/fabric/endpoint.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -7,14 +9,12 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sys/socket.h>
 
 #include <algorithm>
-#include <arpa/inet.h>
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <thread>
 #include <vector>
 
@@ -75,9 +75,8 @@ std::string EncodeRequestMessage(const RemoteWindow& window, std::string_view fr
 
 Result<RemoteWindow> DecodeRequestMessage(std::string_view message, std::string_view* frame) {
   if (message.size() < kWindowBytes) {
-    return Status::InvalidArgument("a fabric request message of " +
-                                   std::to_string(message.size()) + " bytes, shorter than its " +
-                                   std::to_string(kWindowBytes) +
+    return Status::InvalidArgument("a fabric request message of " + std::to_string(message.size()) +
+                                   " bytes, shorter than its " + std::to_string(kWindowBytes) +
                                    "-byte window: the reader does not speak Granary's fabric "
                                    "protocol (docs/transport.md)");
   }
@@ -222,8 +221,8 @@ struct Endpoint::Impl {
 
   Status PostReceive(size_t i) {
     void* desc = receive_mrs.empty() ? nullptr : fi_mr_desc(receive_mrs[i].get());
-    const ssize_t rc = fi_recv(ep.get(), receive_buffers[i].data(), max_message, desc, 0,
-                               &receive_ops[i].context);
+    const ssize_t rc =
+        fi_recv(ep.get(), receive_buffers[i].data(), max_message, desc, 0, &receive_ops[i].context);
     if (rc != 0) {
       return Broken(
           Status::Unavailable(Where() + ": fi_recv: " + fi_strerror(static_cast<int>(-rc))));
@@ -282,13 +281,13 @@ struct Endpoint::Impl {
                                             : "")));
       }
       if (rc != -FI_EAGAIN && rc < 0) {
-        return Broken(Status::Unavailable(Where() + ": " + doing + ": fi_cq_read: " +
-                                          fi_strerror(static_cast<int>(-rc))));
+        return Broken(Status::Unavailable(Where() + ": " + doing +
+                                          ": fi_cq_read: " + fi_strerror(static_cast<int>(-rc))));
       }
       GRANARY_RETURN_IF_ERROR(CheckEq());
       if (Clock::now() >= deadline) {
-        return Broken(Status::DeadlineExceeded(Where() + ": " + doing +
-                                               ": no completion by the deadline"));
+        return Broken(
+            Status::DeadlineExceeded(Where() + ": " + doing + ": no completion by the deadline"));
       }
     }
   }
@@ -336,8 +335,7 @@ Endpoint::~Endpoint() {
 Result<std::unique_ptr<Endpoint>> Endpoint::Connect(const NetAddress& address,
                                                     const EndpointOptions& options,
                                                     Deadline deadline) {
-  const std::string where = "fabric connection (" + options.provider + ") to " +
-                            address.ToString();
+  const std::string where = "fabric connection (" + options.provider + ") to " + address.ToString();
   GRANARY_ASSIGN_OR_RETURN(InfoList info, GetInfo(options.provider, address.host.c_str(),
                                                   std::to_string(address.port), false, where));
   GRANARY_ASSIGN_OR_RETURN(std::shared_ptr<FabricHandle> fabric, OpenFabric(info.get(), where));
@@ -391,8 +389,8 @@ Result<RemoteWindow> Endpoint::Window(uint64_t bytes) {
     m.window_mr.Reset();
     // Grow by at least half, so a slowly growing READ size does not register every time.
     m.window.resize(std::max<uint64_t>({bytes, m.window.size() + m.window.size() / 2, 4096}));
-    GRANARY_ASSIGN_OR_RETURN(m.window_mr, m.Register(m.window.data(), m.window.size(),
-                                                     FI_REMOTE_WRITE | FI_WRITE));
+    GRANARY_ASSIGN_OR_RETURN(
+        m.window_mr, m.Register(m.window.data(), m.window.size(), FI_REMOTE_WRITE | FI_WRITE));
   }
   RemoteWindow w;
   w.address = (m.mr_mode & FI_MR_VIRT_ADDR) != 0 ? reinterpret_cast<uint64_t>(m.window.data()) : 0;

@@ -56,8 +56,9 @@ Status WaitConnected(fid_eq* eq, Deadline deadline, const std::string& where) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      return Status::DeadlineExceeded(where + ": not connected by the connect timeout; check "
-                                              "the network and that the node serves the fabric");
+      return Status::DeadlineExceeded(where +
+                                      ": not connected by the connect timeout; check "
+                                      "the network and that the node serves the fabric");
     }
     uint32_t event = 0;
     fi_eq_cm_entry entry{};

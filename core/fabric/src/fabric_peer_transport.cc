@@ -1,11 +1,10 @@
-#include "granary/fabric/fabric_transport.h"
-
 #include <utility>
 #include <variant>
 
 #include "granary/core/peer_handshake.h"
 #include "granary/core/protocol_format.h"
 #include "granary/fabric/endpoint.h"
+#include "granary/fabric/fabric_transport.h"
 
 namespace granary::fabric {
 
@@ -22,7 +21,9 @@ size_t MaxMessage(const ProtocolLimits& limits) {
 class FabricConnection final : public PeerConnection {
  public:
   FabricConnection(NetAddress address, std::string provider, PeerClientOptions options)
-      : address_(std::move(address)), provider_(std::move(provider)), options_(std::move(options)) {}
+      : address_(std::move(address)),
+        provider_(std::move(provider)),
+        options_(std::move(options)) {}
 
   Status Open() {
     Close();
@@ -30,8 +31,7 @@ class FabricConnection final : public PeerConnection {
     EndpointOptions endpoint_options;
     endpoint_options.provider = provider_;
     endpoint_options.max_message_bytes = MaxMessage(options_.limits);
-    GRANARY_ASSIGN_OR_RETURN(endpoint_,
-                             Endpoint::Connect(address_, endpoint_options, deadline));
+    GRANARY_ASSIGN_OR_RETURN(endpoint_, Endpoint::Connect(address_, endpoint_options, deadline));
     auto exchange = [&](const RequestMessage& request, uint16_t version,
                         const ProtocolLimits& limits,
                         std::string_view doing) -> Result<ResponseMessage> {
@@ -50,8 +50,8 @@ class FabricConnection final : public PeerConnection {
       return own.status();
     }
     GRANARY_RETURN_IF_ERROR(EnsureConnected());
-    const std::string doing = "READ from cache node " + address_.ToString() + " (fabric, " +
-                              provider_ + ")";
+    const std::string doing =
+        "READ from cache node " + address_.ToString() + " (fabric, " + provider_ + ")";
     Result<RemoteWindow> window = endpoint_->Window(request.RequestedBytes());
     if (!window.ok()) return Fail(window.status().WithContext(doing));
     std::string payload;
@@ -73,10 +73,10 @@ class FabricConnection final : public PeerConnection {
 
   Result<StatReply> Stat(const StatRequest& request) override {
     GRANARY_RETURN_IF_ERROR(EnsureConnected());
-    GRANARY_ASSIGN_OR_RETURN(
-        ResponseMessage response,
-        Exchange(request, agreed_.version, agreed_.limits, RemoteWindow{}, nullptr,
-                 Clock::now() + options_.call_timeout, "STAT of cache node " + address_.ToString()));
+    GRANARY_ASSIGN_OR_RETURN(ResponseMessage response,
+                             Exchange(request, agreed_.version, agreed_.limits, RemoteWindow{},
+                                      nullptr, Clock::now() + options_.call_timeout,
+                                      "STAT of cache node " + address_.ToString()));
     auto* reply = std::get_if<StatReply>(&response);
     if (reply == nullptr) {
       return Fail(Status::InvalidArgument("STAT of cache node " + address_.ToString() +
@@ -88,10 +88,10 @@ class FabricConnection final : public PeerConnection {
 
   Status Ping() override {
     GRANARY_RETURN_IF_ERROR(EnsureConnected());
-    GRANARY_ASSIGN_OR_RETURN(
-        ResponseMessage response,
-        Exchange(PingRequest{}, agreed_.version, agreed_.limits, RemoteWindow{}, nullptr,
-                 Clock::now() + options_.call_timeout, "PING of cache node " + address_.ToString()));
+    GRANARY_ASSIGN_OR_RETURN(ResponseMessage response,
+                             Exchange(PingRequest{}, agreed_.version, agreed_.limits,
+                                      RemoteWindow{}, nullptr, Clock::now() + options_.call_timeout,
+                                      "PING of cache node " + address_.ToString()));
     if (!std::holds_alternative<PongReply>(response)) {
       return Fail(Status::InvalidArgument("PING of cache node " + address_.ToString() +
                                           ": the node answered with " +
@@ -161,10 +161,9 @@ class FabricConnection final : public PeerConnection {
         return Fail(Status(error->status.code(),
                            what + ": the node closed the connection: " + error->status.message()));
       }
-      return Fail(Status::InvalidArgument(what + ": the node answered request " +
-                                          std::to_string(reply_frame.header.request_id) +
-                                          " while request " + std::to_string(id) +
-                                          " was waiting; the connection is closed"));
+      return Fail(Status::InvalidArgument(
+          what + ": the node answered request " + std::to_string(reply_frame.header.request_id) +
+          " while request " + std::to_string(id) + " was waiting; the connection is closed"));
     }
     if (error != nullptr) {
       Status status(error->status.code(), what + ": " + error->status.message());

@@ -28,9 +28,9 @@ struct PeerHandshake {
 // Sends `request` encoded with `version` and `limits` and returns the reply
 // (an ERROR reply is returned as a message, not as a failure). A failure is
 // the wire's (the caller closes the connection).
-using HandshakeExchange = std::function<Result<ResponseMessage>(
-    const RequestMessage& request, uint16_t version, const ProtocolLimits& limits,
-    std::string_view doing)>;
+using HandshakeExchange =
+    std::function<Result<ResponseMessage>(const RequestMessage& request, uint16_t version,
+                                          const ProtocolLimits& limits, std::string_view doing)>;
 
 // The TLS channel binding of the connection, for the proofs (peer_auth.h);
 // null on a wire without TLS.
