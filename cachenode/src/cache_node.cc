@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cache_node_impl.h"
+#include "granary/fabric/endpoint.h"
 
 namespace granary {
 namespace {
@@ -88,6 +89,30 @@ Result<std::shared_ptr<const ServerAuth>> CacheNode::Impl::MakeServerAuth() {
   return std::shared_ptr<const ServerAuth>(std::move(auth));
 }
 
+void CacheNode::Impl::StartFabric(const ServerOptions& server_options) {
+  if (!config_.fabric_listen.has_value()) return;
+  const std::string where = "the fabric on `fabric_listen` (" + config_.fabric_listen->ToString() +
+                            ", provider " + config_.fabric_provider + ")";
+  Status usable = fabric::ProbeProvider(config_.fabric_provider);
+  if (usable.ok()) {
+    FabricServerOptions options;
+    options.listen = config_.fabric_listen->ToString();
+    options.provider = config_.fabric_provider;
+    options.server = server_options;
+    Result<std::unique_ptr<FabricServer>> fabric = FabricServer::Start(reads_, options);
+    if (fabric.ok()) {
+      fabric_ = std::move(*fabric);
+      fabric_advertise_ = NetAddress{advertise_.host, fabric_->port()}.ToString();
+      return;
+    }
+    usable = fabric.status();
+  }
+  log_->warn(
+      "{} is not available: {}; serving TCP only (readers reach this node on `listen`; "
+      "granary_cachenode_fabric_available is 0)",
+      where, usable.ToString());
+}
+
 Status CacheNode::Impl::Start() {
   started_ms_ = NowMs();
   SetLogLevel(config_.log_level);
@@ -145,6 +170,7 @@ Status CacheNode::Impl::Start() {
   server_ = std::move(*server);
   advertise_ = config_.advertise;
   if (advertise_.port == 0) advertise_.port = server_->port();
+  StartFabric(server_options);
 
   if (!config_.local_socket.empty()) {
     HandoffServerOptions handoff_options;
@@ -188,6 +214,11 @@ Status CacheNode::Impl::Start() {
              Quoted(config_.node_id), Quoted(config_.pool),
              config_.listen.host + ":" + std::to_string(server_->port()), advertise_.ToString(),
              observability_->address().ToString());
+  if (fabric_ != nullptr) {
+    log_->info("node {} also serves the fabric ({}) on port {}, advertised as {}",
+               Quoted(config_.node_id), config_.fabric_provider, fabric_->port(),
+               fabric_advertise_);
+  }
   control_ = std::thread([this] { ControlLoop(); });
   metrics_thread_ = std::thread([this] { MetricsLoop(); });
   return Status::Ok();
@@ -216,6 +247,7 @@ void CacheNode::Impl::Stop() {
     }
   }
   if (handoff_) handoff_->Stop();
+  if (fabric_) fabric_->Stop();
   if (server_) server_->Stop();
   std::map<std::string, std::shared_ptr<ActiveDataset>> datasets;
   {
@@ -240,6 +272,7 @@ Status CacheNode::Impl::Heartbeat() {
   node.used_bytes = chunks_->used_bytes();
   node.started_ms = started_ms_;
   if (!config_.tls_cert_file.empty()) node.labels[std::string(kNodeLabelTls)] = "true";
+  if (!fabric_advertise_.empty()) node.labels[std::string(kNodeLabelFabric)] = fabric_advertise_;
   Status status = store_->Heartbeat(node, config_.heartbeat_ttl);
   if (!status.ok()) {
     return Status(status.code(), "registering node " + Quoted(config_.node_id) +
@@ -293,6 +326,9 @@ void CacheNode::Impl::MetricsLoop() {
 void CacheNode::Impl::RefreshMetrics() {
   UpdateNodeMetrics(metrics_, node_metric_state_, chunks_->Stats(), server_->Counters(),
                     reads_->Counters());
+  UpdateFabricMetrics(
+      metrics_, node_metric_state_,
+      fabric_ != nullptr ? std::optional<FabricCounters>(fabric_->Counters()) : std::nullopt);
   std::lock_guard<std::mutex> lock(datasets_mu_);
   metrics_.datasets->Set(static_cast<double>(datasets_.size()));
   for (auto& [name, ds] : datasets_) {

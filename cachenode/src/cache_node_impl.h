@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cache_node_metrics.h"
+#include "fabric_server.h"
 #include "granary/cachenode/cache_node.h"
 #include "granary/cachenode/chunk_read_service.h"
 #include "granary/cachenode/chunk_store.h"
@@ -120,6 +121,9 @@ class CacheNode::Impl {
 
  private:
   Status OpenStore();
+  // The fabric front end (fabric_listen), over the TCP server's options; a
+  // provider or listener that fails is warned about and left off (TCP only).
+  void StartFabric(const ServerOptions& server_options);
   Status Heartbeat();
   void ControlLoop();
   void MetricsLoop();
@@ -170,6 +174,8 @@ class CacheNode::Impl {
   std::unique_ptr<IdentityExecutor> executor_;
   std::shared_ptr<ChunkReadService> reads_;
   std::unique_ptr<Server> server_;
+  std::unique_ptr<FabricServer> fabric_;    // fabric_listen, when configured and it started
+  std::string fabric_advertise_;            // "<advertised host>:<fabric port>", when serving
   std::unique_ptr<HandoffServer> handoff_;  // local_socket, when configured
   ReadRightsCache handoff_rights_;          // MayReadChunk's answers
   std::shared_ptr<prometheus::Registry> registry_;

@@ -218,6 +218,32 @@ Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registr
       r.AddCounter("granary_cachenode_store_errors_total",
                    "Metadata store calls that failed (heartbeats, listings, progress)."));
 
+  // The fabric front end (fabric_listen).
+  GRANARY_ASSIGN_OR_RETURN(
+      m.fabric_available,
+      r.AddGauge("granary_cachenode_fabric_available",
+                 "1 when the node serves the libfabric transport (fabric_listen), 0 when it is "
+                 "off or fell back to TCP only (provider or listener not usable)."));
+  GRANARY_ASSIGN_OR_RETURN(m.fabric_connections_accepted,
+                           r.AddCounter("granary_cachenode_fabric_connections_accepted_total",
+                                        "Fabric connections accepted."));
+  GRANARY_ASSIGN_OR_RETURN(m.fabric_connections_rejected,
+                           r.AddCounter("granary_cachenode_fabric_connections_rejected_total",
+                                        "Fabric connections refused over max_connections."));
+  GRANARY_ASSIGN_OR_RETURN(m.fabric_connections, r.AddGauge("granary_cachenode_fabric_connections",
+                                                            "Fabric connections open."));
+  GRANARY_ASSIGN_OR_RETURN(m.fabric_requests,
+                           r.AddCounter("granary_cachenode_fabric_requests_total",
+                                        "Fabric messages answered (a reply or an ERROR)."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.fabric_rma_bytes, r.AddCounter("granary_cachenode_fabric_rma_bytes_total",
+                                       "READ payload bytes written into readers' windows by RMA."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.fabric_errors,
+      r.AddCounter("granary_cachenode_fabric_errors_total",
+                   "Fabric errors: bad messages, refused authentication, failed service calls, "
+                   "timeouts, failed sends and RMA writes."));
+
   // Snapshots of the pool's datasets (SnapshotBy::kPool).
   GRANARY_ASSIGN_OR_RETURN(
       auto snapshots,
@@ -320,6 +346,21 @@ void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
   SetGauge(m.chunks, store.chunk_count);
   Advance(m.creates_refused, store.creates_refused_total, &last.creates_refused);
   Advance(m.creates_no_space, store.creates_no_space_total, &last.creates_no_space);
+}
+
+void UpdateFabricMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
+                         const std::optional<FabricCounters>& fabric) {
+  SetGauge(m.fabric_available, fabric.has_value() ? 1 : 0);
+  if (!fabric.has_value()) return;
+  FabricCounters& f = last.fabric;
+  Advance(m.fabric_connections_accepted, fabric->connections_accepted_total,
+          &f.connections_accepted_total);
+  Advance(m.fabric_connections_rejected, fabric->connections_rejected_total,
+          &f.connections_rejected_total);
+  SetGauge(m.fabric_connections, fabric->connections_open);
+  Advance(m.fabric_requests, fabric->requests_total, &f.requests_total);
+  Advance(m.fabric_rma_bytes, fabric->rma_bytes_total, &f.rma_bytes_total);
+  Advance(m.fabric_errors, fabric->errors_total, &f.errors_total);
 }
 
 void ClearDatasetGauges(const DatasetMetrics& m) {

@@ -3,7 +3,8 @@
 // The cache node's Prometheus metrics: declared once (CacheNodeMetrics::
 // Declare, under the naming rules of daemon/observability.h), and refreshed
 // from the components' snapshots (ChunkStore::Stats, Server::Counters,
-// ChunkReadService::Counters, Stager::Progress, Source::Counters) every
+// ChunkReadService::Counters, FabricServer::Counters, Stager::Progress,
+// Source::Counters) every
 // kMetricsRefreshInterval by the daemon's metrics thread. The components keep
 // plain atomics on their hot paths; this is the only place that turns them
 // into prometheus-cpp metrics. docs/cachenode.md ("Metrics") lists them.
@@ -20,9 +21,11 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "fabric_server.h"
 #include "granary/cachenode/chunk_read_service.h"
 #include "granary/cachenode/chunk_store.h"
 #include "granary/cachenode/server.h"
@@ -74,6 +77,7 @@ struct DatasetMetricState {
 // What the node-wide counters were at the last refresh.
 struct NodeMetricState {
   ServerCounters server;
+  FabricCounters fabric;
   ChunkReadServiceCounters reads;
   uint64_t creates_refused = 0;
   uint64_t creates_no_space = 0;
@@ -134,6 +138,15 @@ struct CacheNodeMetrics {
   prometheus::Gauge* datasets = nullptr;
   prometheus::Counter* store_errors = nullptr;
 
+  // The fabric front end (fabric_listen; FabricServer::Counters).
+  prometheus::Gauge* fabric_available = nullptr;
+  prometheus::Counter* fabric_connections_accepted = nullptr;
+  prometheus::Counter* fabric_connections_rejected = nullptr;
+  prometheus::Gauge* fabric_connections = nullptr;
+  prometheus::Counter* fabric_requests = nullptr;
+  prometheus::Counter* fabric_rma_bytes = nullptr;
+  prometheus::Counter* fabric_errors = nullptr;
+
   // Snapshots walked by this node, by result (kSnapshotResults), and how long
   // each walk took. Updated by the snapshot thread directly.
   std::array<prometheus::Counter*, kSnapshotResults.size()> snapshots{};
@@ -147,6 +160,10 @@ struct CacheNodeMetrics {
 void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
                        const ChunkStoreStats& store, const ServerCounters& server,
                        const ChunkReadServiceCounters& reads);
+// The fabric front end's counters, or nullopt when it does not serve (off, or
+// fallen back to TCP): fabric_available 0.
+void UpdateFabricMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
+                         const std::optional<FabricCounters>& fabric);
 // Zeroes the gauges of a dataset this node no longer stages (the counters
 // keep their totals).
 void ClearDatasetGauges(const DatasetMetrics& m);

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 #include <utility>
@@ -55,6 +56,44 @@ Status ParseReplyBuffers(ConfigMap& m, CacheNodeConfig* c) {
                                    "), or leave it out for a quarter of 'reply_buffer_bytes'");
   }
   c->connection_reply_buffer_bytes = share.bytes;
+  return Status::Ok();
+}
+
+// fabric_listen and fabric_provider (after listen and the TLS keys, which
+// they are checked against).
+Status ParseFabric(ConfigMap& m, CacheNodeConfig* c) {
+  GRANARY_RETURN_IF_ERROR(m.Optional("fabric_provider", &c->fabric_provider));
+  const std::string& provider = c->fabric_provider;
+  if (provider.empty() || provider.size() > 64 ||
+      !std::all_of(provider.begin(), provider.end(), [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' ||
+               ch == ';';
+      })) {
+    return Status::InvalidArgument(m.Where("fabric_provider") + ": " + Quoted(provider) +
+                                   " is not a libfabric provider name; write tcp, or verbs on "
+                                   "InfiniBand or RoCE (`fi_info -l` lists this host's)");
+  }
+  std::string text;
+  bool given = false;
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "fabric_listen", &text, &given));
+  if (!given || text.empty()) return Status::Ok();
+  NetAddress address;
+  GRANARY_RETURN_IF_ERROR(OptionalAddress(m, "fabric_listen", "fabric listen address", &address));
+  if (!c->tls_cert_file.empty()) {
+    return Status::InvalidArgument(
+        m.Where("fabric_listen") +
+        ": the fabric carries the authentication handshake but no encryption, and "
+        "'tls_cert_file' asks for encrypted connections; leave 'fabric_listen' out to serve "
+        "TLS, or leave out the TLS keys to serve the fabric (inside a trusted network)");
+  }
+  if (address.port != 0 && address.port == c->listen.port &&
+      (address.host == c->listen.host || IsWildcardHost(address.host) ||
+       IsWildcardHost(c->listen.host))) {
+    return Status::InvalidArgument(m.Where("fabric_listen") + ": " + Quoted(address.ToString()) +
+                                   " uses the port of 'listen' (" + Quoted(c->listen.ToString()) +
+                                   "); give the fabric a port of its own, e.g. 7071");
+  }
+  c->fabric_listen = address;
   return Status::Ok();
 }
 
@@ -151,6 +190,8 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
         m.Where(c->tls_cert_file.empty() ? "tls_key_file" : "tls_cert_file") +
         ": write both 'tls_cert_file' and 'tls_key_file', or neither");
   }
+
+  GRANARY_RETURN_IF_ERROR(ParseFabric(m, c));
 
   bool local_socket_given = false;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "local_socket", &c->local_socket, &local_socket_given));

@@ -29,9 +29,6 @@ namespace {
 
 // How often each loop checks its connections' timeouts, at most.
 constexpr auto kMaxSweepPeriod = std::chrono::milliseconds(100);
-// Warnings about bad clients: at most one per this interval per server (the
-// rest at debug), so a flood of hostile connections cannot flood the log.
-constexpr auto kWarnInterval = std::chrono::seconds(1);
 
 constexpr int kListenBacklog = 1024;
 
@@ -318,26 +315,7 @@ void ServerCore::RecordLatency(SteadyClock::duration latency) {
       static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(latency).count()));
 }
 
-void ServerCore::WarnAboutClient(const std::string& message) {
-  const auto now = SteadyClock::now();
-  uint64_t suppressed = 0;
-  {
-    std::lock_guard lock(warn_mu_);
-    if (now - last_warn_ < kWarnInterval) {
-      ++suppressed_warnings_;
-      log_->debug("{}", message);
-      return;
-    }
-    last_warn_ = now;
-    suppressed = std::exchange(suppressed_warnings_, 0);
-  }
-  if (suppressed > 0) {
-    log_->warn("{} ({} similar warnings in the last second were logged at debug)", message,
-               suppressed);
-  } else {
-    log_->warn("{}", message);
-  }
-}
+void ServerCore::WarnAboutClient(const std::string& message) { warnings_.Warn(message); }
 
 void ServerCore::ArmSweep(Worker& worker) {
   worker.sweep.expires_after(sweep_period_);

@@ -159,7 +159,7 @@ class ServerCore {
   void OnAuthenticated(ConnectionGauge& gauge);
   void NoteBuffered(uint64_t old_bytes, uint64_t new_bytes);
   void RecordLatency(SteadyClock::duration latency);
-  // A warning about a client, rate-limited (see kWarnInterval).
+  // A warning about a client, rate-limited (ClientWarnings).
   void WarnAboutClient(const std::string& message);
   spdlog::logger& log() { return *log_; }
 
@@ -203,9 +203,7 @@ class ServerCore {
   std::mutex address_mu_;
   std::unordered_map<std::string, AddressCount> per_address_;  // guarded by address_mu_
 
-  std::mutex warn_mu_;
-  SteadyClock::time_point last_warn_{};  // guarded by warn_mu_
-  uint64_t suppressed_warnings_ = 0;     // guarded by warn_mu_
+  ClientWarnings warnings_{*log_};  // after log_
 };
 
 }  // namespace granary::server_internal

@@ -126,6 +126,27 @@ ServiceResult RunServiceCall(const ServiceCallContext& context, const ServiceReq
   return out;
 }
 
+void ClientWarnings::Warn(const std::string& message) {
+  const auto now = std::chrono::steady_clock::now();
+  uint64_t suppressed = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (now - last_ < kInterval) {
+      ++suppressed_;
+      log_.debug("{}", message);
+      return;
+    }
+    last_ = now;
+    suppressed = std::exchange(suppressed_, 0);
+  }
+  if (suppressed > 0) {
+    log_.warn("{} ({} similar warnings in the last second were logged at debug)", message,
+              suppressed);
+  } else {
+    log_.warn("{}", message);
+  }
+}
+
 ServiceResult ServerCore::RunService(const ServiceRequest& request, uint64_t request_id,
                                      uint16_t version) {
   ServiceCallContext context;

@@ -10,8 +10,10 @@
 // given (the service, the counters, the hooks) must allow that.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -35,6 +37,22 @@ inline OutgoingFrame ErrorFrame(uint64_t request_id, const Status& status, bool 
                                 uint16_t version) {
   return OutgoingFrame{EncodeError(request_id, status, closing, version), {}};
 }
+
+// Warnings about clients, at most one per second at warn (the rest at debug),
+// so that a flood of hostile connections cannot flood the log. One per front
+// end; any thread.
+class ClientWarnings {
+ public:
+  explicit ClientWarnings(spdlog::logger& log) : log_(log) {}
+  void Warn(const std::string& message);
+
+ private:
+  static constexpr auto kInterval = std::chrono::seconds(1);
+  spdlog::logger& log_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point last_{};  // guarded by mu_
+  uint64_t suppressed_ = 0;                       // guarded by mu_
+};
 
 // A reply computed by a service call, ready for the connection.
 struct ServiceResult {

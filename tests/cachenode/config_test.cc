@@ -133,13 +133,14 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
     pos = end;
     if (key.empty()) continue;
     ++keys;
-    // metadata_store_file replaces metadata_store: the example shows it commented out.
-    const bool alternative = key == "metadata_store_file";
+    // metadata_store_file replaces metadata_store, and fabric_listen cannot go
+    // with the example's TLS: the example shows them commented out.
+    const bool alternative = key == "metadata_store_file" || key == "fabric_listen";
     EXPECT_NE(example.find(alternative ? "\n# " + key + ": " : "\n" + key + ": "),
               std::string::npos)
         << key << " not in the example";
   }
-  EXPECT_EQ(keys, 34u) << msg;
+  EXPECT_EQ(keys, 36u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {
@@ -345,6 +346,41 @@ TEST(CacheNodeConfigTest, ListenAndMetricsOnTheSamePortAreRejected) {
   text = With("listen", "10.0.0.1:9000") + "metrics_listen: 127.0.0.1:9000\n";
   EXPECT_OK(ParseCacheNodeConfig(text, "node.yaml"));
   text = With("listen", "127.0.0.1:0") + "metrics_listen: 127.0.0.1:0\n";
+  EXPECT_OK(ParseCacheNodeConfig(text, "node.yaml"));
+}
+
+TEST(CacheNodeConfigTest, Fabric) {
+  Result<CacheNodeConfig> c = ParseCacheNodeConfig(With("data_dir", "/nvme/g"), "node.yaml");
+  ASSERT_OK(c);
+  EXPECT_FALSE(c->fabric_listen.has_value());  // off by default
+  EXPECT_EQ(c->fabric_provider, "tcp");
+  c = ParseCacheNodeConfig(With("fabric_listen", "0.0.0.0:7071") + "fabric_provider: verbs\n",
+                           "node.yaml");
+  ASSERT_OK(c);
+  EXPECT_EQ(c->fabric_listen, (NetAddress{"0.0.0.0", 7071}));
+  EXPECT_EQ(c->fabric_provider, "verbs");
+  // Written without a value: off.
+  c = ParseCacheNodeConfig(With("fabric_listen", ""), "node.yaml");
+  ASSERT_OK(c);
+  EXPECT_FALSE(c->fabric_listen.has_value());
+  // A provider this host lacks is no configuration error (the node falls
+  // back to TCP at start); a name that is no provider's is.
+  EXPECT_OK(ParseCacheNodeConfig(With("fabric_provider", "nosuchprovider"), "node.yaml"));
+
+  ExpectBadValue("fabric_listen", "gpu-7", "fabric listen address 'gpu-7'", "host:port");
+  ExpectBadValue("fabric_listen", "1.2.3.4:70000", "'1.2.3.4:70000'", "65535");
+  ExpectBadValue("fabric_provider", "'Verbs!'", "'Verbs!'", "fi_info -l");
+  ExpectBadValue("fabric_provider", "''", "''", "write tcp");
+  // With TLS: refused, saying why and what to do.
+  std::string text = With("fabric_listen", "0.0.0.0:7071") +
+                     "tls_cert_file: /etc/n.crt\ntls_key_file: /etc/n.key\n";
+  ExpectError(text, {"node.yaml:4: key 'fabric_listen'", "no encryption", "'tls_cert_file'",
+                     "leave 'fabric_listen' out"});
+  // The port of `listen`.
+  text = With("listen", "0.0.0.0:7070") + "fabric_listen: 127.0.0.1:7070\n";
+  ExpectError(
+      text, {"node.yaml:5: key 'fabric_listen'", "uses the port of 'listen'", "a port of its own"});
+  text = With("listen", "0.0.0.0:0") + "fabric_listen: 127.0.0.1:0\n";  // port 0 never clashes
   EXPECT_OK(ParseCacheNodeConfig(text, "node.yaml"));
 }
 

@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -134,6 +135,17 @@ struct CacheNodeConfig {
   // node's record. Costs CPU: no sendfile through TLS.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // `fabric_listen`: host:port where the protocol is also served over
+  // libfabric (docs/transport.md, "libfabric"); not set (the default): off.
+  // Port 0 picks a free port. Not with tls_cert_file: the fabric carries the
+  // authentication handshake but no encryption. The node's record then
+  // carries the label `fabric` (kNodeLabelFabric) with the advertised host
+  // and the fabric port, unless the provider or the listener fails at start:
+  // then the node warns and serves TCP only (the fall-back).
+  std::optional<NetAddress> fabric_listen;
+  // `fabric_provider`: the libfabric provider: tcp (the default; any
+  // Ethernet), verbs (InfiniBand, RoCE), or another `fi_info` lists.
+  std::string fabric_provider = "tcp";
   // `local_socket`: a Unix socket through which sidecars on this host get
   // read-only descriptors of chunk files (chunk handoff, chunk_handoff.h), an
   // absolute path. Empty (the default): off.
