@@ -19,6 +19,7 @@
 #include "granary/core/protocol.h"
 #include "granary/core/protocol_format.h"
 #include "granary/fabric/endpoint.h"
+#include "granary/fabric/fabric_transport.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/test_util.h"
 
@@ -383,6 +384,55 @@ TEST(FabricServerTest, ANodeWithAClusterKeyServesOnlyAfterAProof) {
     EXPECT_THAT(error.status.message(), HasSubstr("the proof does not match"));
     EXPECT_TRUE(error.closing);
   }
+}
+
+TEST(FabricServerTest, TheReadersFabricTransportReadsThroughTheNode) {
+  // The reader's side as the fetcher uses it (granary/fabric/fabric_transport.h),
+  // with the handshake it runs on every wire, against this front end.
+  auto cluster = CacheCluster::Create();
+  ASSERT_OK(cluster);
+  auto hex = GenerateClusterKeyHex();
+  ASSERT_OK(hex);
+  (*cluster)->dir().WriteFile("cluster.key", *hex + "\n");
+  const std::string key_path = (*cluster)->dir().Join("cluster.key");
+  ASSERT_EQ(::chmod(key_path.c_str(), 0600), 0);
+  CacheNodeOptions options;
+  options.extra_yaml = kFabricYaml + "cluster_key_file: " + key_path + "\n";
+  ASSERT_OK((*cluster)->StartNodes(1, options));
+  auto ds = (*cluster)->CreateDataset(Files(100));
+  ASSERT_OK(ds);
+  ASSERT_OK((*cluster)->WaitForPhase(ds->name, DatasetPhase::kReady));
+  auto address = FabricAddress(**cluster, (*cluster)->node(0).id());
+  ASSERT_OK(address);
+  auto keys = ClusterKeys::Load(key_path);
+  ASSERT_OK(keys);
+
+  std::shared_ptr<PeerTransport> transport = fabric::FabricPeerTransport("tcp");
+  PeerClientOptions client;
+  client.client_name = kClientName;
+  client.credentials.cluster_key = std::make_shared<const ClusterKeys>(std::move(*keys));
+  auto connection = transport->Connect(*address, client);
+  ASSERT_OK(connection);
+  std::vector<SampleId> ids = ds->AllIds();
+  ReadRequest read = ReadOf(*ds, ids);
+  auto result = (*connection)->Read(read);
+  ASSERT_OK(result);
+  ASSERT_EQ(result->size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_OK(result->status(i));
+    ASSERT_EQ(result->bytes(i), ds->contents[ids[i]]) << "sample " << ids[i];
+  }
+  auto stat = (*connection)->Stat(StatRequest{});
+  ASSERT_OK(stat);
+  EXPECT_EQ(stat->state, NodeState::kServing);
+  EXPECT_OK((*connection)->Ping());
+
+  // Without the key: refused at connect, saying why.
+  PeerClientOptions keyless;
+  keyless.client_name = kClientName;
+  auto refused = transport->Connect(*address, keyless);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("authentication"));
 }
 
 TEST(FabricServerTest, ConnectionsOverMaxConnectionsAreRefused) {
