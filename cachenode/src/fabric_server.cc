@@ -22,16 +22,19 @@
 #include "granary/core/protocol_format.h"
 #include "granary/fabric/endpoint.h"
 #include "peer_session.h"
+#include "reply_budget.h"
 #include "service_calls.h"
 
 namespace granary {
 
 namespace pf = protocol_format;
 using server_internal::Add;
+using server_internal::BudgetReservation;
 using server_internal::ClientWarnings;
 using server_internal::ErrorFrame;
 using server_internal::Load;
 using server_internal::PeerSession;
+using server_internal::ReplyBudget;
 using server_internal::ServiceCallContext;
 using server_internal::ServiceResult;
 using server_internal::SessionStep;
@@ -56,7 +59,10 @@ size_t MaxMessageBytes(const ProtocolLimits& limits) {
 class FabricServer::Impl {
  public:
   Impl(std::shared_ptr<ReadService> service, FabricServerOptions options)
-      : options_(std::move(options)), service_(std::move(service)), log_(GetLogger("cachenode")) {
+      : options_(std::move(options)),
+        service_(std::move(service)),
+        log_(GetLogger("cachenode")),
+        budget_(options_.server.reply_buffer_bytes) {
     context_.service = service_.get();
     context_.options = &options_.server;
     context_.log = log_.get();
@@ -132,6 +138,7 @@ class FabricServer::Impl {
     out.rma_bytes_total = Load(rma_bytes_);
     out.errors_total = Load(errors_);
     out.auth_granted_total = Load(auth_granted_);
+    out.reply_budget_waits_total = Load(budget_waits_);
     return out;
   }
 
@@ -155,40 +162,41 @@ class FabricServer::Impl {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         continue;
       }
-      std::shared_ptr<fabric::Endpoint> endpoint = std::move(*accepted);
-      std::lock_guard lock(mu_);
-      if (connections_.size() >= options_.server.max_connections) {
-        Reject(*endpoint);
-        continue;
-      }
       auto connection = std::make_shared<Connection>();
-      connection->id = ++next_id_;
-      connection->endpoint = std::move(endpoint);
-      try {
-        threads_.emplace(connection->id, std::thread([this, connection] { Serve(*connection); }));
-      } catch (const std::exception&) {
-        Reject(*connection->endpoint);
-        continue;
+      connection->endpoint = std::move(*accepted);
+      std::string refused;
+      {
+        std::lock_guard lock(mu_);
+        if (connections_.size() >= options_.server.max_connections) {
+          refused = std::to_string(connections_.size()) +
+                    " fabric connections open, its maximum (max_connections)";
+        } else {
+          connection->id = ++next_id_;
+          try {
+            threads_.emplace(connection->id,
+                             std::thread([this, connection] { Serve(*connection); }));
+            connections_.emplace(connection->id, connection);
+            Add(accepted_);
+            Add(open_);
+          } catch (const std::exception& e) {
+            refused = std::string("no thread for one more connection (") + e.what() + ")";
+          }
+        }
       }
-      connections_.emplace(connection->id, connection);
-      Add(accepted_);
-      Add(open_);
+      // Outside mu_: the ERROR may take up to kRejectSendTime.
+      if (!refused.empty()) Reject(*connection->endpoint, refused);
     }
   }
 
-  // Over max_connections: ERROR kResourceExhausted (closing), best effort. mu_ held.
-  void Reject(fabric::Endpoint& endpoint) {
+  // ERROR kResourceExhausted (closing) saying `why`, best effort, and close.
+  void Reject(fabric::Endpoint& endpoint, const std::string& why) {
     Add(rejected_);
     warnings_.Warn("cache node fabric server: refused a connection from " + endpoint.peer() + ": " +
-                   std::to_string(connections_.size()) +
-                   " fabric connections open, its maximum (max_connections)");
+                   why);
     (void)endpoint.Send(
         EncodeError(0,
-                    Status::ResourceExhausted(
-                        "cache node " + options_.server.node_name + " has " +
-                        std::to_string(options_.server.max_connections) +
-                        " fabric connections open, its maximum (max_connections); retry later "
-                        "or read from another replica"),
+                    Status::ResourceExhausted("cache node " + options_.server.node_name + " has " +
+                                              why + "; retry later or read from another replica"),
                     true),
         SteadyClock::now() + kRejectSendTime);
     endpoint.Close();
@@ -336,7 +344,20 @@ class FabricServer::Impl {
                 false);
       return;
     }
+    // A READ's reply bytes from the reply budget first, as on TCP (they may
+    // be memory until written).
+    BudgetReservation reservation;
+    if (read != nullptr) {
+      Result<BudgetReservation> reserved = Reserve(read->RequestedBytes());
+      if (!reserved.ok()) {
+        SendReply(state, id, EncodeError(id, reserved.status(), true, version), true);
+        return;
+      }
+      reservation = std::move(*reserved);
+    }
     ServiceResult result = RunServiceCall(context_, *step.service, id, version);
+    // File ranges hold no memory: give that back now.
+    reservation.Resize(result.answer.has_value() ? result.answer->memory_bytes() : 0);
     if (result.granted.has_value()) {
       state.session.Grant(std::move(*result.granted));
       log_->debug("{}: authenticated as {} ({})", Describe(state), state.session.identity().subject,
@@ -355,6 +376,41 @@ class FabricServer::Impl {
       }
     }
     SendReply(state, id, result.frame.header, result.close_after);
+  }
+
+  // `bytes` of the reply budget, waiting until they fit (bytes are released
+  // when other connections' replies are written). kUnavailable once Stop began.
+  Result<BudgetReservation> Reserve(uint64_t bytes) {
+    struct Wake {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool woken = false;  // guarded by mu
+    };
+    auto wake = std::make_shared<Wake>();
+    bool counted = false;
+    for (;;) {
+      {
+        std::lock_guard lock(wake->mu);
+        wake->woken = false;
+      }
+      if (budget_.ReserveOrWait(bytes, [wake] {
+            std::lock_guard lock(wake->mu);
+            wake->woken = true;
+            wake->cv.notify_all();
+          })) {
+        return BudgetReservation(&budget_, bytes);
+      }
+      if (!counted) {
+        counted = true;
+        Add(budget_waits_);
+      }
+      std::unique_lock lock(wake->mu);
+      // Sliced, so that Stop is seen.
+      wake->cv.wait_for(lock, kAcceptSlice, [&] { return wake->woken; });
+      if (stop_.load()) {
+        return Status::Unavailable("the cache node is stopping; read from another replica");
+      }
+    }
   }
 
   // The payload pieces, in order, at their offsets in the window.
@@ -447,6 +503,7 @@ class FabricServer::Impl {
   const std::shared_ptr<ReadService> service_;
   const std::shared_ptr<spdlog::logger> log_;
   ClientWarnings warnings_{*log_};
+  ReplyBudget budget_;  // READ replies of every fabric connection (reply_buffer_bytes)
   ServiceCallContext context_;
   std::unique_ptr<fabric::Listener> listener_;
   std::thread accept_thread_;
@@ -467,6 +524,7 @@ class FabricServer::Impl {
   std::atomic<uint64_t> rma_bytes_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> auth_granted_{0};
+  std::atomic<uint64_t> budget_waits_{0};
 };
 
 Result<std::unique_ptr<FabricServer>> FabricServer::Start(std::shared_ptr<ReadService> service,

@@ -20,6 +20,10 @@
 //    piece by piece at its offset: memory as it is, file ranges read into a
 //    per-connection buffer (kept across requests, at most kFileSliceBytes)
 //    first; then the reply frame (header and body) is sent as one message.
+//    Before its service call a READ reserves the bytes it asks for from the
+//    fabric's reply budget (reply_buffer_bytes, apart from TCP's: ReplyBudget,
+//    reply_budget.h), waiting until they fit, as on TCP; the reservation
+//    shrinks to the answer's memory and is released once the reply is sent.
 //    A READ that asks for more than its window holds gets ERROR
 //    kOutOfRange naming both sizes; the connection goes on.
 //  - No TLS: the fabric carries the authentication handshake, not encryption
@@ -72,12 +76,14 @@ struct FabricCounters {
   // service calls, timeouts, and sends or writes that failed.
   uint64_t errors_total = 0;
   uint64_t auth_granted_total = 0;
+  // READs that waited for the fabric's reply budget before they started.
+  uint64_t reply_budget_waits_total = 0;
 };
 
 class FabricServer {
  public:
   // The largest file range read into a connection's buffer at once.
-  static constexpr uint64_t kFileSliceBytes = 4u << 20;
+  static constexpr uint64_t kFileSliceBytes = 1u << 20;
 
   // Listens on options.listen with options.provider. Errors: kInvalidArgument
   // (bad options or address), kUnavailable (the provider or the address is
