@@ -120,7 +120,7 @@ void SampleCache::PinLocked(uint64_t client, Entry* e, AcquiredSample* out) {
   ++pins_;
   pinned_bytes_ += e->size;
   const uint64_t token = next_token_++;
-  clients_[client][token] = e;
+  clients_[client].pins[token] = e;
   out->status = Status::Ok();
   out->token = token;
   out->offset = e->offset;
@@ -133,12 +133,12 @@ void SampleCache::PinLocked(uint64_t client, Entry* e, AcquiredSample* out) {
   MarkConsumedLocked(e->id);
 }
 
-void SampleCache::UnpinLocked(Entry* e) {
+void SampleCache::UnpinLocked(Entry* e, bool evict_first) {
   --e->pins;
   --pins_;
   pinned_bytes_ -= e->size;
   if (e->pins == 0 && e->consumed && e->state != Entry::State::kFetching && !e->evictable) {
-    e->lru = evictable_.insert(evictable_.end(), e);
+    e->lru = evictable_.insert(evict_first ? evictable_.begin() : evictable_.end(), e);
     e->evictable = true;
   }
 }
@@ -307,10 +307,10 @@ void SampleCache::CompletePrefetch(std::span<const FetchTarget> targets,
 
 // ---- clients ------------------------------------------------------------------------
 
-uint64_t SampleCache::AddClient() {
+uint64_t SampleCache::AddClient(bool reads_once) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t id = next_client_++;
-  clients_[id];
+  clients_[id].reads_once = reads_once;
   return id;
 }
 
@@ -318,21 +318,22 @@ void SampleCache::DropClient(uint64_t client) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = clients_.find(client);
   if (it == clients_.end()) return;
-  for (auto& [token, e] : it->second) UnpinLocked(e);
+  for (auto& [token, e] : it->second.pins) UnpinLocked(e, it->second.reads_once);
   clients_.erase(it);
 }
 
 void SampleCache::Release(uint64_t client, std::span<const uint64_t> tokens) {
   if (tokens.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto& pins = clients_[client];
+  Client& c = clients_[client];
+  auto& pins = c.pins;
   for (uint64_t token : tokens) {
     auto it = pins.find(token);
     if (it == pins.end()) {
       ++unknown_releases_;
       continue;
     }
-    UnpinLocked(it->second);
+    UnpinLocked(it->second, c.reads_once);
     pins.erase(it);
   }
 }

@@ -197,7 +197,9 @@ Result<sp::OpenReply> SidecarService::Open(SidecarSession& s, const sp::Open& op
                                       " open; open another connection for " + Quoted(open.dataset));
   }
   GRANARY_ASSIGN_OR_RETURN(s.cache, OpenDataset(open.dataset));
-  s.client = s.cache->AddClient();
+  // A protocol client reads each sample once (training code): its releases
+  // are the first evicted, into memory still in the CPU caches.
+  s.client = s.cache->AddClient(/*reads_once=*/true);
   sp::OpenReply reply;
   reply.manifest_id = s.cache->manifest().id();
   reply.sample_count = s.cache->manifest().sample_count();

@@ -280,6 +280,37 @@ TEST(SampleCacheTest, ASampleAskedWithMissingOnesIsNotEvictedToMakeThemRoom) {
   ::munmap(map, cache->arena_bytes());
 }
 
+TEST(SampleCacheTest, WhatAReadOnceClientReleasesIsEvictedFirstNewestFirst) {
+  for (const bool reads_once : {true, false}) {
+    FakeFetch fetch;
+    // Four 1000-byte samples fill the 4 KiB arena.
+    auto cache = MakeCache(20, 1000, 4096, 1, 1024);
+    const uint64_t client = cache->AddClient(reads_once);
+    auto got = cache->Acquire(client, std::vector<SampleId>{0, 1, 2, 3}, 0, fetch.Fn(), Soon());
+    std::vector<uint64_t> tokens;
+    for (const auto& a : got) {
+      ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+      tokens.push_back(a.token);
+    }
+    cache->Release(client, tokens);  // 0 first, 3 last
+    auto five = cache->Acquire(client, std::vector<SampleId>{4}, 0, fetch.Fn(), Soon());
+    ASSERT_TRUE(five[0].status.ok());
+    EXPECT_EQ(cache->Stats().evictions, 1u);
+    // The one evicted is fetched again when asked for; the others are not.
+    const SampleId evicted = reads_once ? 3 : 0;
+    const SampleId kept = reads_once ? 0 : 3;
+    auto again = cache->Acquire(client, std::vector<SampleId>{kept}, 0, fetch.Fn(), Soon());
+    ASSERT_TRUE(again[0].status.ok());
+    EXPECT_EQ(fetch.Count(kept), 1u)
+        << (reads_once ? "read once" : "default") << ": " << kept << " stayed";
+    cache->Release(client, std::vector<uint64_t>{five[0].token, again[0].token});
+    auto back = cache->Acquire(client, std::vector<SampleId>{evicted}, 0, fetch.Fn(), Soon());
+    ASSERT_TRUE(back[0].status.ok());
+    EXPECT_EQ(fetch.Count(evicted), 2u)
+        << (reads_once ? "read once" : "default") << ": " << evicted << " was the one evicted";
+  }
+}
+
 TEST(SampleCacheTest, PrefetchFollowsTheCursorWithinItsWindow) {
   FakeFetch fetch;
   auto cache = MakeCache(200, 1000, 1 << 20, 8, 1 << 20);
