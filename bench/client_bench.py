@@ -4,7 +4,9 @@
 Generates an ImageNet-like tree in a temporary directory, stages it on one
 granary-cachenode (embedded SQLite store), starts a granary-sidecar, and reads
 every sample of a granary.torch.DistributedSampler order for --epochs epochs
-through granary.Dataset, in a plain loop and through a torch DataLoader; the
+through granary.Dataset map-style (`ds[i]` per sample), in a plain loop and
+through a torch DataLoader with 0, 2 and 4 forked workers (--workers), and
+through the DataLoader's batched path (`__getitems__`, no workers); the
 baseline reads the same files from the local page cache with open()/read() in
 the same order and loop shapes. Prints a table, the warm granary / local
 ratios, the sidecar's peak RSS and window/arena gauges against the configured
@@ -14,7 +16,8 @@ directory removed, also on failure, Ctrl-C and SIGTERM.
 
 Run with the system Python (torch is a Debian package):
     /usr/bin/python3 bench/client_bench.py [--small] [--files N] [--epochs E]
-        [--window 64MiB] [--json FILE] [--build-dir build/release] [--keep]
+        [--workers 0,2,4] [--window 64MiB] [--json FILE] [--build-dir build/release]
+        [--keep]
 docs/benchmarks.md ("Python client") describes the figures.
 """
 
@@ -57,6 +60,18 @@ def parse_bytes(text):
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: the window must be more than 0 bytes")
     return value
+
+
+def worker_counts(text):
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of worker counts; write e.g. 0,2,4") from None
+    if not counts or any(c < 0 or c > 64 for c in counts) or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give distinct DataLoader worker counts from 0 to 64, e.g. 0,2,4")
+    return counts
 
 
 def positive(text):
@@ -212,6 +227,20 @@ class GaugeWatcher(threading.Thread):
 # ---- the timed loops ----------------------------------------------------------------------
 
 
+class MapStyle:
+    """Only __getitem__: the DataLoader calls ds[i] once per sample, as it does
+    for any map-style dataset without __getitems__ (a user's wrapper, say)."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.ds[i]
+
+
 class LocalFiles:
     """The baseline as a map-style dataset: item i is the bytes of local file i."""
 
@@ -260,6 +289,8 @@ def main():
     ap.add_argument("--files", type=positive, default=None, help="samples (default 5000)")
     ap.add_argument("--small", action="store_true", help="500 files (smoke run)")
     ap.add_argument("--epochs", type=positive, default=3, help="epochs per contender (default 3)")
+    ap.add_argument("--workers", type=worker_counts, default=[0, 2, 4],
+                    help="DataLoader worker counts, forked (default 0,2,4)")
     ap.add_argument("--window", type=parse_bytes, default=parse_bytes("64MiB"),
                     help="the sidecar's window_bytes (default 64MiB)")
     ap.add_argument("--no-handoff", action="store_true",
@@ -364,12 +395,27 @@ def main():
                                                      seed=0)
         l_sampler = granary.torch.DistributedSampler(local, num_replicas=1, rank=0, shuffle=True,
                                                      seed=0)
-        g_loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=g_sampler,
-                                               num_workers=0, collate_fn=identity)
-        l_loader = torch.utils.data.DataLoader(local, batch_size=BATCH, sampler=l_sampler,
-                                               num_workers=0, collate_fn=identity)
-        rows = {"granary_loop": [], "granary_dataloader": [], "local_loop": [],
-                "local_dataloader": []}
+        def loader(dataset, sampler, workers):
+            # Forked workers, kept for the whole run (each opens its own
+            # session with the sidecar on first use); the same for both sides.
+            extra = {} if workers == 0 else {"multiprocessing_context": "fork",
+                                             "persistent_workers": True}
+            return torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler,
+                                               num_workers=workers, collate_fn=identity, **extra)
+
+        # Map-style: ds[i] per sample (MapStyle hides __getitems__); batched:
+        # granary.Dataset as it is, whose __getitems__ the DataLoader calls
+        # with each batch (the local dataset has none: ds[i] per sample).
+        contenders = [("granary_loop", lambda: plain_epoch(ds, g_sampler)),
+                      ("local_loop", lambda: plain_epoch(local, l_sampler))]
+        for w in args.workers:
+            g_loader = loader(MapStyle(ds), g_sampler, w)
+            l_loader = loader(local, l_sampler, w)
+            contenders.append((f"granary_dataloader_w{w}", lambda g=g_loader: loader_epoch(g)))
+            contenders.append((f"local_dataloader_w{w}", lambda l=l_loader: loader_epoch(l)))
+        b_loader = loader(ds, g_sampler, 0)
+        contenders.append(("granary_batched_w0", lambda: loader_epoch(b_loader)))
+        rows = {name: [] for name, _ in contenders}
         for e in range(args.epochs):
             g_sampler.set_epoch(e)
             l_sampler.set_epoch(e)
@@ -377,11 +423,7 @@ def main():
             if sorted(order) != list(range(files)) or l_sampler.indices() != order:
                 fail(f"epoch {e}: the sampler's order is not every sample once, or the two "
                      f"samplers disagree")
-            runs = (("granary_loop", lambda: plain_epoch(ds, g_sampler)),
-                    ("granary_dataloader", lambda: loader_epoch(g_loader)),
-                    ("local_loop", lambda: plain_epoch(local, l_sampler)),
-                    ("local_dataloader", lambda: loader_epoch(l_loader)))
-            for name, run in runs:
+            for name, run in contenders:
                 seconds, count, nbytes = run()
                 if count != files or nbytes != total_bytes:
                     fail(f"{name} epoch {e}: {count} samples, {nbytes} bytes; expected {files} "
@@ -390,7 +432,7 @@ def main():
                 rows[name].append({"epoch": e, "phase": phase, "seconds": seconds,
                                    "samples_per_s": count / seconds,
                                    "mb_per_s": nbytes / seconds / 1e6})
-                print(f"  {name:<19} epoch {e} ({phase}) {seconds:7.3f} s "
+                print(f"  {name:<22} epoch {e} ({phase}) {seconds:7.3f} s "
                       f"{count / seconds:10,.0f} samples/s", flush=True)
                 procs.check_alive(sidecar)
 
@@ -417,25 +459,34 @@ def main():
             rs = rs or rows[name]
             return files * len(rs) / sum(r["seconds"] for r in rs)
 
-        ratios = {
-            "warm_vs_local_loop": speed("granary_loop", True) / speed("local_loop", False),
-            "warm_vs_local_dataloader":
-                speed("granary_dataloader", True) / speed("local_dataloader", False),
-            "cold_vs_local_loop": rows["granary_loop"][0]["samples_per_s"] /
-                                  speed("local_loop", False),
-        }
+        ratios = {"warm_vs_local_loop": speed("granary_loop", True) / speed("local_loop", False)}
+        for w in args.workers:
+            ratios[f"warm_vs_local_dataloader_w{w}"] = (
+                speed(f"granary_dataloader_w{w}", True) / speed(f"local_dataloader_w{w}", False))
+        if 0 in args.workers:
+            ratios["warm_batched_vs_local_dataloader_w0"] = (
+                speed("granary_batched_w0", True) / speed("local_dataloader_w0", False))
+        ratios["cold_vs_local_loop"] = (rows["granary_loop"][0]["samples_per_s"] /
+                                        speed("local_loop", False))
 
         print()
-        print(f"{'contender':<20} {'epoch':>5} {'phase':<5} {'seconds':>8} {'samples/s':>10} "
+        print(f"{'contender':<22} {'epoch':>5} {'phase':<5} {'seconds':>8} {'samples/s':>10} "
               f"{'MB/s':>8}")
         for name, rs in rows.items():
             for r in rs:
-                print(f"{name:<20} {r['epoch']:>5} {r['phase']:<5} {r['seconds']:8.3f} "
+                print(f"{name:<22} {r['epoch']:>5} {r['phase']:<5} {r['seconds']:8.3f} "
                       f"{r['samples_per_s']:10,.0f} {r['mb_per_s']:8.1f}")
         print()
-        print(f"warm granary / local, plain loop:  {ratios['warm_vs_local_loop']:.2f}")
-        print(f"warm granary / local, DataLoader:  {ratios['warm_vs_local_dataloader']:.2f}")
-        print(f"cold granary / local, plain loop:  {ratios['cold_vs_local_loop']:.2f}")
+        print(f"warm granary / local, plain loop (ds[i]):          "
+              f"{ratios['warm_vs_local_loop']:.2f}")
+        for w in args.workers:
+            print(f"warm granary / local, DataLoader {w} workers (ds[i]): "
+                  f"{ratios[f'warm_vs_local_dataloader_w{w}']:.2f}")
+        if 0 in args.workers:
+            print(f"warm granary batched (__getitems__) / local, 0 workers: "
+                  f"{ratios['warm_batched_vs_local_dataloader_w0']:.2f}")
+        print(f"cold granary / local, plain loop:                  "
+              f"{ratios['cold_vs_local_loop']:.2f}")
         mib = 1 << 20
 
         def show(v):
@@ -463,7 +514,7 @@ def main():
             out = {
                 "dataset": {"files": files, "bytes": total_bytes, "seed": args.seed},
                 "setup": {"staging_seconds": staging_seconds, "window_bytes": args.window,
-                          "batch_size": BATCH, "epochs": args.epochs},
+                          "batch_size": BATCH, "epochs": args.epochs, "workers": args.workers},
                 "contenders": rows,
                 "ratios": ratios,
                 "peak_rss_bytes": rss,
