@@ -15,6 +15,8 @@
 #   make bench-cachenode  cache node staging and serving figures (about 1.5 minutes, 7 GB in /tmp; ARGS=--tls)
 #   make bench-auth    what authentication costs per connection on a cache node's port
 #   make bench-client  Python client through the sidecar vs local files (ARGS=--small for a smoke run)
+#   make bench-multihost  staging and serving across 4 hosts in network namespaces, TCP and libfabric
+#                     (as root; about a minute, 2 GB in /tmp; ARGS=--small for a smoke run)
 #   make bench        the side-by-side benchmark over a slow source (bench/run-benchmark; ARGS=...)
 #   make bench-smoke  bench/run-benchmark --small on the debug build (part of make test)
 #   make image        the container image granary:0.1.0 (Dockerfile) with docker, podman or buildah (TAG=...)
@@ -24,7 +26,7 @@
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-client bench bench-smoke clean
+.PHONY: image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-client bench-multihost bench bench-smoke clean
 
 deps:
 	@scripts/install-deps
@@ -103,6 +105,9 @@ bench-auth: release
 
 bench-client: release
 	/usr/bin/python3 bench/client_bench.py $(ARGS)
+
+bench-multihost: release
+	/usr/bin/python3 bench/multihost-benchmark --json build/release/multihost-benchmark.json $(ARGS)
 
 bench: release
 	/usr/bin/python3 bench/run-benchmark --build-dir build/release --json build/release/benchmark.json $(ARGS)
