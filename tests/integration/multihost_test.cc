@@ -1,4 +1,6 @@
-// Cache nodes across hosts (issue 20, "Multi-host tests"), over TCP: four
+// Cache nodes across hosts (issue 20, "Multi-host tests"), over each
+// transport the sidecar can be given (TCP, and libfabric with its tcp
+// provider; docs/transport.md): four
 // "hosts" as network namespaces on a bridge (testing/netns_hosts.h), one
 // granary-cachenode per host, Redis in the root namespace listening on the
 // bridge, and the trainer's host (host 0) running a granary-sidecar that a
@@ -19,6 +21,10 @@
 //  - a host killed: the others take its chunks over while the trainer reads
 //    on; restarted, it rebuilds from its chunk store (no source file opened)
 //    and serves its share again.
+//
+// With libfabric, every node also serves the fabric on its host's address
+// (fabric_listen) and the sidecar reads over it (transport libfabric): each
+// case also checks that it did (fabric connections, no fall-back to TCP).
 //
 // Skipped when network namespaces cannot be made (not root). Every wait is
 // bounded; the network and every process are gone after each test, also
@@ -62,8 +68,11 @@ constexpr char kOpens[] = "granary_cachenode_source_opens_total";
 constexpr char kOwned[] = "granary_cachenode_owned_chunks";
 constexpr char kStaged[] = "granary_cachenode_staged_chunks";
 
-class MultiHostTest : public ::testing::Test {
+// The transport the sidecar reads the nodes over.
+class MultiHostTest : public ::testing::TestWithParam<const char*> {
  protected:
+  bool fabric() const { return std::string(GetParam()) == "libfabric"; }
+
   void SetUp() override {
     if (auto why = NetnsHosts::Unavailable()) GTEST_SKIP() << *why;
     auto hosts = NetnsHosts::Create(kHosts);
@@ -82,6 +91,11 @@ class MultiHostTest : public ::testing::Test {
       // A cut host's record expires a second after its last heartbeat.
       o.heartbeat_interval = "200ms";
       o.heartbeat_ttl = "1s";
+      if (fabric()) {
+        // Any port is free inside the host's own namespace.
+        o.extra_yaml = "fabric_listen: " + hosts_->host(i).address + ":" +
+                       std::to_string(FreeTcpPort()) + "\nfabric_provider: tcp\n";
+      }
       CacheNode& node = cluster_->AddNode(o);
       node.BindTo(hosts_->host(i).address);
       node.RunThrough(hosts_->ExecPrefix(i));
@@ -97,6 +111,7 @@ class MultiHostTest : public ::testing::Test {
     // A cut host's connections hang rather than fail: give up on a call to
     // it after seconds, not the default's half minute.
     o.extra_yaml = "call_timeout: 5s\n";
+    if (fabric()) o.extra_yaml += "transport: libfabric\n";
     const std::string dir = cluster_->dir().Join("sidecar");
     std::filesystem::create_directories(dir);
     sidecar_ = std::make_unique<SidecarProcess>(o, dir);
@@ -105,7 +120,26 @@ class MultiHostTest : public ::testing::Test {
     ASSERT_OK(sidecar_->StartAndWaitReady(60s));
   }
 
+  // Every case read over the transport it is given.
+  void TearDown() override {
+    if (sidecar_ != nullptr && !IsSkipped() && !HasFatalFailure()) ExpectReadOverTheTransport();
+  }
+
   CacheNode& node(size_t host) { return cluster_->node(host); }
+
+  // With libfabric: the sidecar's connections to the nodes went over the
+  // fabric (at least `at_least` of them), none fell back to TCP.
+  void ExpectReadOverTheTransport(double at_least = 1) {
+    if (!fabric()) return;
+    EXPECT_OK(sidecar_->WaitForMetric("granary_sidecar_fabric_connects_total", {},
+                                      [&](double v) { return v >= at_least; }));
+    auto available = sidecar_->MetricValue("granary_sidecar_fabric_available");
+    ASSERT_OK(available);
+    EXPECT_EQ(*available, 1);
+    auto fallbacks = sidecar_->MetricValue("granary_sidecar_fabric_fallbacks_total");
+    ASSERT_OK(fallbacks);
+    EXPECT_EQ(*fallbacks, 0) << "the sidecar reached a node over TCP";
+  }
 
   // A dataset placed on all live hosts, Ready. Other sizes, other bytes.
   TestDataset StageDataset(const std::string& name, size_t min_size = 512,
@@ -265,7 +299,7 @@ class MultiHostTest : public ::testing::Test {
   std::unique_ptr<SidecarProcess> sidecar_;
 };
 
-TEST_F(MultiHostTest, DatasetStagedAcrossHostsReadsBackByteForByteOpeningEachFileOnce) {
+TEST_P(MultiHostTest, DatasetStagedAcrossHostsReadsBackByteForByteOpeningEachFileOnce) {
   const TestDataset ds = StageDataset("across");
   ASSERT_NE(ds.manifest, nullptr);
 
@@ -291,10 +325,14 @@ TEST_F(MultiHostTest, DatasetStagedAcrossHostsReadsBackByteForByteOpeningEachFil
   auto from_source = sidecar_->MetricValue(kFetched, {{"from", "source"}});
   ASSERT_OK(from_source);
   EXPECT_EQ(*from_source, 0) << "the sidecar read the source";
+  // (Over the fabric, what a node served is counted by its fabric front end.)
+  const char* served = fabric() ? "granary_cachenode_fabric_rma_bytes_total"
+                                : "granary_cachenode_served_items_total";
   for (size_t h = 1; h < kHosts; ++h) {
-    EXPECT_OK(node(h).WaitForMetric("granary_cachenode_served_items_total", {},
-                                    [](double v) { return v > 0; }));
+    EXPECT_OK(node(h).WaitForMetric(served, {}, [](double v) { return v > 0; }));
   }
+  // One connection per other host at least.
+  ExpectReadOverTheTransport(static_cast<double>(kHosts - 1));
 
   // Each source file opened once over all hosts.
   const Labels of_ds{{"dataset", ds.name}};
@@ -314,7 +352,7 @@ TEST_F(MultiHostTest, DatasetStagedAcrossHostsReadsBackByteForByteOpeningEachFil
   EXPECT_EQ(opens, files);
 }
 
-TEST_F(MultiHostTest, HostCutOffMidEpochIsReplacedAndRejoinsWithoutServingStaleData) {
+TEST_P(MultiHostTest, HostCutOffMidEpochIsReplacedAndRejoinsWithoutServingStaleData) {
   const TestDataset ds = StageDataset("cut");
   ASSERT_NE(ds.manifest, nullptr);
   constexpr size_t kCut = 2;
@@ -404,7 +442,7 @@ TEST_F(MultiHostTest, HostCutOffMidEpochIsReplacedAndRejoinsWithoutServingStaleD
   ReadThroughSidecar(*session, v2, 0, static_cast<uint32_t>(v2.sample_count()));
 }
 
-TEST_F(MultiHostTest, HostKilledAndRestartedRebuildsFromItsChunkStoreAndServes) {
+TEST_P(MultiHostTest, HostKilledAndRestartedRebuildsFromItsChunkStoreAndServes) {
   const TestDataset ds = StageDataset("restart");
   ASSERT_NE(ds.manifest, nullptr);
   constexpr size_t kVictim = 1;
@@ -469,6 +507,11 @@ std::vector<std::string> NamesWithPrefix(const std::string& prefix) {
   }
   return found;
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, MultiHostTest, ::testing::Values("tcp", "libfabric"),
+                         [](const ::testing::TestParamInfo<const char*>& param) {
+                           return std::string(param.param);
+                         });
 
 TEST(NetnsHostsTest, CutsAndRestoresALinkAndDestroyKillsWhatRunsInside) {
   if (auto why = NetnsHosts::Unavailable()) GTEST_SKIP() << *why;

@@ -34,9 +34,8 @@
 // for anything else with the prefix. Create() first removes what runs whose
 // process is gone (SIGKILLed by a ctest timeout) left behind.
 //
-// The peer transport is TCP, the only one the daemons have. When issue 20's
-// libfabric transport exists, the tests take it as a parameter; the network
-// made here is the same for both.
+// The network is the same whatever the nodes are read over: multihost_test
+// runs each case over TCP and over libfabric (its tcp provider).
 //
 // Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN for `ip netns`); Unavailable()
 // says why not, for GTEST_SKIP.
