@@ -313,21 +313,26 @@ Status CacheNode::Impl::Restage(ActiveDataset& ds, std::vector<PlanRecord> plans
   const std::string key = PlanFingerprint(plans);
   options.order = PlansReadOrder(ds.name, *ds.manifest, std::move(plans));
   const bool ordered = !options.order.empty();
+  if (ds.stager) {
+    // A running stager takes the new order in place: replacing it stopped its
+    // workers mid-chunk and read some samples twice (issue 21).
+    GRANARY_RETURN_IF_ERROR(ds.stager->SetOrder(options.order));
+    std::lock_guard<std::mutex> lock(datasets_mu_);
+    ds.plans_key = key;
+    log_->info("dataset {}: staging in {} order", Quoted(ds.name),
+               ordered ? "the registered plans'" : "chunk");
+    return Status::Ok();
+  }
   GRANARY_ASSIGN_OR_RETURN(
       std::unique_ptr<Stager> created,
       Stager::Create(ds.manifest, ds.source, chunks_, ds.owned, std::move(options)));
   std::shared_ptr<Stager> stager = std::move(created);
-  const std::shared_ptr<Stager> replaced = ds.stager;
-  // Still serving while it stops (a stopped Stager fetches on demand), and
-  // stopped before the new one starts (one bulk writer per chunk).
-  if (replaced) replaced->Stop();
   {
     std::lock_guard<std::mutex> lock(datasets_mu_);
     ds.stager = stager;
     ds.plans_key = key;
   }
-  GRANARY_RETURN_IF_ERROR(replaced ? reads_->Replace(ds.manifest, stager)
-                                   : reads_->Add(ds.manifest, stager));
+  GRANARY_RETURN_IF_ERROR(reads_->Add(ds.manifest, stager));
   GRANARY_RETURN_IF_ERROR(stager->Start());
   log_->info("dataset {}: staging in {} order", Quoted(ds.name),
              ordered ? "the registered plans'" : "chunk");

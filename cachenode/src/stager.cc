@@ -95,7 +95,6 @@ Result<std::unique_ptr<Stager>> Stager::Create(std::shared_ptr<const Manifest> m
         doing + ": disk_full_backoff must be > 0 and disk_full_backoff_max >= it");
   }
   const size_t chunk_count = manifest->chunk_count();
-  const size_t sample_count = manifest->sample_count();
   for (ChunkId c : owned) {
     if (c >= chunk_count) {
       return Status::InvalidArgument(doing + ": owned chunk " + std::to_string(c) +
@@ -103,30 +102,8 @@ Result<std::unique_ptr<Stager>> Stager::Create(std::shared_ptr<const Manifest> m
                                      " chunks; compute the owned chunks from this manifest");
     }
   }
-  // Chunks in the order their first sample appears in `order`, then the rest.
-  std::vector<ChunkId> chunk_order;
-  chunk_order.reserve(chunk_count);
-  std::vector<bool> seen(chunk_count, false);
-  for (SampleId s : options.order) {
-    if (s >= sample_count) {
-      return Status::InvalidArgument(doing + ": the staging order names sample " +
-                                     std::to_string(s) + " but the manifest has " +
-                                     std::to_string(sample_count) +
-                                     " samples; compute the order from this manifest's plans");
-    }
-    const ChunkId first = manifest->ChunkOf(s);
-    const uint64_t pieces = PieceCount(*manifest, s);
-    for (uint64_t p = 0; p < pieces; ++p) {
-      const ChunkId c = first + static_cast<ChunkId>(p);
-      if (c < chunk_count && !seen[c]) {
-        seen[c] = true;
-        chunk_order.push_back(c);
-      }
-    }
-  }
-  for (size_t c = 0; c < chunk_count; ++c) {
-    if (!seen[c]) chunk_order.push_back(static_cast<ChunkId>(c));
-  }
+  GRANARY_ASSIGN_OR_RETURN(std::vector<ChunkId> chunk_order,
+                           ChunkOrder(*manifest, options.order, doing));
   std::unique_ptr<Stager> stager(new Stager(std::move(manifest), std::move(source),
                                             std::move(store), std::move(options),
                                             std::move(chunk_order)));
@@ -145,6 +122,49 @@ Result<std::unique_ptr<Stager>> Stager::Create(std::shared_ptr<const Manifest> m
   return stager;
 }
 
+Result<std::vector<ChunkId>> Stager::ChunkOrder(const Manifest& manifest,
+                                                std::span<const SampleId> order,
+                                                const std::string& doing) {
+  const size_t chunk_count = manifest.chunk_count();
+  const size_t sample_count = manifest.sample_count();
+  std::vector<ChunkId> chunk_order;
+  chunk_order.reserve(chunk_count);
+  std::vector<bool> seen(chunk_count, false);
+  for (SampleId s : order) {
+    if (s >= sample_count) {
+      return Status::InvalidArgument(doing + ": the staging order names sample " +
+                                     std::to_string(s) + " but the manifest has " +
+                                     std::to_string(sample_count) +
+                                     " samples; compute the order from this manifest's plans");
+    }
+    const ChunkId first = manifest.ChunkOf(s);
+    const uint64_t pieces = PieceCount(manifest, s);
+    for (uint64_t p = 0; p < pieces; ++p) {
+      const ChunkId c = first + static_cast<ChunkId>(p);
+      if (c < chunk_count && !seen[c]) {
+        seen[c] = true;
+        chunk_order.push_back(c);
+      }
+    }
+  }
+  for (size_t c = 0; c < chunk_count; ++c) {
+    if (!seen[c]) chunk_order.push_back(static_cast<ChunkId>(c));
+  }
+  return chunk_order;
+}
+
+Status Stager::SetOrder(std::span<const SampleId> order) {
+  GRANARY_ASSIGN_OR_RETURN(
+      std::vector<ChunkId> chunk_order,
+      ChunkOrder(*manifest_, order,
+                 "re-ordering the staging of dataset " + Quoted(options_.dataset)));
+  std::lock_guard<std::mutex> lock(mu_);
+  chunk_order_ = std::move(chunk_order);
+  cursor_ = 0;
+  cv_.notify_all();
+  return Status::Ok();
+}
+
 Stager::Stager(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Source> source,
                std::shared_ptr<ChunkStore> store, StagerOptions options,
                std::vector<ChunkId> chunk_order)
@@ -152,8 +172,8 @@ Stager::Stager(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Source>
       source_(std::move(source)),
       store_(std::move(store)),
       options_(std::move(options)),
-      chunk_order_(std::move(chunk_order)),
       clock_(options_.clock != nullptr ? options_.clock : SystemClock::Default()),
+      chunk_order_(std::move(chunk_order)),
       chunks_(manifest_->chunk_count()) {}
 
 Stager::~Stager() { Stop(); }

@@ -60,6 +60,11 @@ void Stager::WorkerLoop() {
     }
     ChunkId chunk = 0;
     if (!NextChunkLocked(&chunk)) {
+      if (HelpLocked(lock)) continue;
+      if (in_flight_ == 0) {
+        spare_.clear();  // nothing to stage for now: give the memory back
+        spare_bytes_ = 0;
+      }
       cv_.wait(lock);
       continue;
     }
@@ -158,21 +163,39 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
 
   bool stopped = false;
   Status put_error;
-  for (uint32_t i = 0; i < segments.size() && put_error.ok(); ++i) {
-    if (writer->IsPresent(i)) continue;
-    const ChunkSegment& segment = segments[i];
+  std::string bytes;
+  size_t todo_count = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ChunkState& state = chunks_[chunk];
+    state.todo.clear();
+    for (uint32_t i = 0; i < segments.size(); ++i) {
+      if (!writer->IsPresent(i)) state.todo.push_back(i);
+    }
+    todo_count = state.todo.size();
+    state.todo_front = 0;
+    state.todo_back = todo_count;
+  }
+  for (size_t k = 0; k < todo_count && put_error.ok(); ++k) {
+    uint32_t i = 0;
     std::shared_ptr<Fill> fill;
     bool mine = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // On-demand reads go first, but not forever (BulkMayReadLocked).
-      cv_.wait(lock, [&] { return BulkMayReadLocked() || stopping_; });
-      if (stopping_) {
-        stopped = true;
-        break;
-      }
-      on_demand_since_bulk_ = 0;
-      if (failed_samples_.contains(segment.sample)) continue;
+      ChunkState& state = chunks_[chunk];
+      i = state.todo[k];
+      if (k < state.todo_back) {
+        // On-demand reads go first, but not forever (BulkMayReadLocked).
+        cv_.wait(lock, [&] { return BulkMayReadLocked() || stopping_; });
+        if (stopping_) {
+          stopped = true;
+          break;
+        }
+        // Ours unless a helper claimed it while we waited.
+        if (k < state.todo_back) state.todo_front = k + 1;
+        on_demand_since_bulk_ = 0;
+      }  // else a helper reads it: its fill is in fills_ (or it failed)
+      if (failed_samples_.contains(segments[i].sample)) continue;
       auto it = fills_.find({chunk, i});
       if (it != fills_.end()) {
         fill = it->second;
@@ -180,10 +203,11 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
         fill = std::make_shared<Fill>();
         fills_.emplace(FillKey{chunk, i}, fill);
         mine = true;
+        bytes = TakeBufferLocked(segments[i].length);
       }
     }
+    const ChunkSegment& segment = segments[i];
     if (mine) {
-      std::string bytes;
       Status read = ReadFromSource(segment, &bytes, /*bulk=*/true, options_.io_retries);
       std::lock_guard<std::mutex> lock(mu_);
       fill->bytes = std::move(bytes);
@@ -209,6 +233,13 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
       }
     }
     if (put_it) put_error = PutFill(*writer, i, fill->bytes, replace);
+  }
+  {
+    // No more claims: what helpers read meanwhile is put below, or by them.
+    std::lock_guard<std::mutex> lock(mu_);
+    ChunkState& state = chunks_[chunk];
+    state.todo.clear();
+    state.todo_front = state.todo_back = 0;
   }
   if (!put_error.ok()) {
     // The writer refuses further calls: nothing put is committed.
@@ -238,6 +269,57 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
   return stopped ? Outcome::kStopped : Outcome::kDone;
 }
 
+bool Stager::HelpLocked(std::unique_lock<std::mutex>& lock) {
+  if (!BulkMayReadLocked()) return false;
+  ChunkId chunk = 0;
+  bool found = false;
+  for (size_t k = cursor_; k < chunk_order_.size() && !found; ++k) {
+    const ChunkState& s = chunks_[chunk_order_[k]];
+    if (s.active && s.todo_front < s.todo_back) {
+      chunk = chunk_order_[k];
+      found = true;
+    }
+  }
+  if (!found) return false;
+  ChunkState& state = chunks_[chunk];
+  const uint32_t index = state.todo[--state.todo_back];
+  on_demand_since_bulk_ = 0;
+  auto segments = manifest_->Segments(chunk);
+  if (!segments.ok()) return true;  // cannot happen: the holder has them
+  const ChunkSegment segment = (*segments)[index];
+  // A failed sample is skipped, a read in flight (on demand) waited for, by
+  // the holder as by us.
+  if (failed_samples_.contains(segment.sample) || fills_.contains({chunk, index})) return true;
+  auto fill = std::make_shared<Fill>();
+  fills_.emplace(FillKey{chunk, index}, fill);
+  std::string bytes = TakeBufferLocked(segment.length);
+  lock.unlock();
+  Status read = ReadFromSource(segment, &bytes, /*bulk=*/true, options_.io_retries);
+  lock.lock();
+  fill->bytes = std::move(bytes);
+  fill->status = read;
+  fill->done = true;
+  bool hold = false;
+  if (!read.ok()) {
+    RecordFailureLocked(segment.sample, read);
+    fills_.erase({chunk, index});
+  } else if (!chunks_[chunk].writer_held) {
+    // The holder stopped (or failed) before our read was done: store it
+    // ourselves, as an on-demand reader does.
+    chunks_[chunk].writer_held = true;
+    hold = true;
+  }  // else the holder waits for it, puts and commits it
+  cv_.notify_all();
+  if (hold) {
+    lock.unlock();
+    auto writer = OpenWriter(chunk, *segments);
+    static_cast<void>(DrainAndRelease(
+        chunk, *segments, writer.ok() ? std::optional(std::move(*writer)) : std::nullopt));
+    lock.lock();
+  }
+  return true;
+}
+
 std::string Stager::DiskFullHint() const {
   return "; the file system holding chunk store " + store_->root() +
          " is full before the store's capacity (" + std::to_string(store_->capacity()) +
@@ -248,10 +330,28 @@ std::string Stager::DiskFullHint() const {
 Result<StoredChunkWriter> Stager::OpenWriter(ChunkId chunk,
                                              std::span<const ChunkSegment> segments) {
   const ChunkKey key = Key(chunk);
-  if (store_->HasChunk(key)) return store_->OpenChunkWriter(key, segments);
-  auto created = store_->CreateChunk(key, segments);
-  if (created.ok() || created.status().code() != StatusCode::kAlreadyExists) return created;
-  return store_->OpenChunkWriter(key, segments);
+  auto open = [&]() -> Result<StoredChunkWriter> {
+    if (store_->HasChunk(key)) return store_->OpenChunkWriter(key, segments);
+    auto created = store_->CreateChunk(key, segments);
+    if (created.ok() || created.status().code() != StatusCode::kAlreadyExists) return created;
+    return store_->OpenChunkWriter(key, segments);
+  };
+  // kUnavailable: another writer of the file is open (or it is being
+  // created). Within this Stager the hold rules that out, so it is another
+  // Stager's: one being replaced, whose on-demand fill is committing. Failing
+  // here would drop what was read and fail the chunk for good; it is closed
+  // within a commit.
+  // Real time, not clock_ (a test's manual clock would never give up).
+  const auto give_up = std::chrono::steady_clock::now() + kWriterWait;
+  for (;;) {
+    Result<StoredChunkWriter> writer = open();
+    if (writer.ok() || writer.status().code() != StatusCode::kUnavailable ||
+        std::chrono::steady_clock::now() >= give_up) {
+      return writer;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, kWriterRetry, [&] { return stopping_; })) return writer;
+  }
 }
 
 Status Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segments,
@@ -298,6 +398,8 @@ Status Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segm
       Fill& f = *it->second;
       if (f.done && f.status.ok() && (f.put || broken)) {
         if (broken) ++on_demand_not_stored_;
+        // Unless an on-demand reader still waits to copy them (Fetch).
+        if (f.waiters == 0) GiveBackLocked(std::move(f.bytes));
         it = fills_.erase(it);
       } else {
         ++it;
@@ -332,7 +434,9 @@ Status Stager::ReadFromSource(const ChunkSegment& segment, std::string* out, boo
   const SourceFile file = SourceFileAt(*manifest_, segment.sample);
   std::chrono::milliseconds wait = options_.io_retry_backoff;
   for (uint32_t attempt = 0;; ++attempt) {
-    out->assign(segment.length, '\0');
+    // Every byte is overwritten by the read: a reused buffer that is large
+    // enough only shrinks (no zero-filling), a new one is zero-filled once.
+    out->resize(segment.length);
     Status s =
         source_->Read(file, segment.sample_offset, std::span<char>(out->data(), out->size()));
     if (s.ok()) return s;
@@ -345,6 +449,25 @@ Status Stager::ReadFromSource(const ChunkSegment& segment, std::string* out, boo
     if (cv_.wait_for(lock, wait, [&] { return bulk && stopping_; })) return s;
     wait *= 2;
   }
+}
+
+std::string Stager::TakeBufferLocked(uint64_t size) {
+  // The last fitting one (the most recently used: its pages are the warmest).
+  for (size_t i = spare_.size(); i-- > 0;) {
+    if (spare_[i].capacity() < size) continue;
+    std::string buffer = std::move(spare_[i]);
+    spare_[i] = std::move(spare_.back());
+    spare_.pop_back();
+    spare_bytes_ -= buffer.capacity();
+    return buffer;
+  }
+  return std::string();
+}
+
+void Stager::GiveBackLocked(std::string buffer) {
+  if (buffer.empty() || spare_bytes_ + buffer.capacity() > kSpareBufferBytes) return;
+  spare_bytes_ += buffer.capacity();
+  spare_.push_back(std::move(buffer));
 }
 
 }  // namespace granary

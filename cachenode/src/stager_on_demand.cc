@@ -66,7 +66,10 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
       fill = it->second;
       if (replace) fill->replace = true;
       ++on_demand_shared_;
+      // The fill may be put and committed meanwhile: its bytes stay while we wait.
+      ++fill->waiters;
       cv_.wait(lock, [&] { return fill->done; });
+      --fill->waiters;
       if (!fill->status.ok()) return fill->status;
       return fill->bytes;
     }

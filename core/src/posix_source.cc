@@ -552,19 +552,28 @@ Result<ScopedFd> PosixSource::OpenBeneath(const SourceFile& file) {
 
 std::shared_ptr<const ScopedFd> PosixSource::DirectoryBeneath(const std::string& dir, bool* fresh,
                                                               int* err) {
-  {
-    std::lock_guard<std::mutex> lock(dirs_mu_);
+  std::unique_lock<std::mutex> lock(dirs_mu_);
+  for (;;) {
     if (auto it = dirs_.find(dir); it != dirs_.end()) return it->second;
+    if (!opening_.contains(dir)) break;
+    // Another reader is looking it up: one lookup on the source, not one
+    // per reader that starts in the directory at once.
+    dirs_cv_.wait(lock);
   }
+  opening_.insert(dir);
+  lock.unlock();
   *fresh = true;
   const long r = OpenAt2(root_.get(), dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC,
                          RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+  const int open_errno = errno;
+  lock.lock();
+  opening_.erase(dir);
+  dirs_cv_.notify_all();
   if (r < 0) {
-    *err = errno;
+    *err = open_errno;  // the waiters try for themselves
     return nullptr;
   }
   auto opened = std::make_shared<const ScopedFd>(static_cast<int>(r));
-  std::lock_guard<std::mutex> lock(dirs_mu_);
   // Bounded: starting over costs one lookup per directory again; readers
   // holding an evicted descriptor keep it until they are done.
   if (dirs_.size() >= kMaxCachedDirectories) dirs_.clear();

@@ -173,8 +173,16 @@ TEST_F(StagerSlowFsTest, EachPieceIsOpenedOnceAndCostsOnlyTheKernelsLookup) {
           wrong.fetch_add(1);
           std::lock_guard<std::mutex> lock(mu);
           if (first_error.empty()) {
-            first_error = "sample " + std::to_string(s) + ": " +
-                          (bytes.ok() ? std::string("wrong bytes") : bytes.status().ToString());
+            std::string why = bytes.ok() ? "wrong bytes" : bytes.status().ToString();
+            if (bytes.ok()) {
+              const std::string want = Expected(s);
+              size_t at = 0;
+              while (at < bytes->size() && at < want.size() && (*bytes)[at] == want[at]) ++at;
+              why += " (" + std::to_string(bytes->size()) + " bytes, expected " +
+                     std::to_string(want.size()) + ", first difference at " + std::to_string(at) +
+                     ")";
+            }
+            first_error = "sample " + std::to_string(s) + " " + manifest_->PathOf(s) + ": " + why;
           }
         }
       }

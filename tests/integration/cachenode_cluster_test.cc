@@ -358,7 +358,8 @@ TEST(CacheNodeClusterTest, RestartOnTheSameDataDirOpensNoSourceFileAgain) {
 #ifdef GRANARY_SLOWFS_BINARY
 
 // A job's sidecar registers its plan when the job starts reading, and the
-// node then re-creates the dataset's Stager in the plan's order. A READ in
+// node then re-orders the dataset's staging in the plan's order (in place
+// since issue 21; it used to re-create the Stager). A READ in
 // that moment must still find the dataset served: "not served by node" sends
 // the sidecar to the source, which may be gone once the dataset is Ready
 // (SlurmClusterTest.PersistentDwJobReadsAStagedDatasetWithoutTheSource failed

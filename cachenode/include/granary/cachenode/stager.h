@@ -104,6 +104,12 @@ inline constexpr uint32_t kMaxIoRetries = 100;
 // are pending, and in any case once this many on-demand reads have started
 // since the last bulk read started.
 inline constexpr uint32_t kBulkReadEveryOnDemand = 4;
+// How long a holder waits for another writer of a chunk file to close
+// (Stager::OpenWriter), checking every kWriterRetry.
+inline constexpr std::chrono::milliseconds kWriterWait{10'000};
+inline constexpr std::chrono::milliseconds kWriterRetry{5};
+// Read buffers kept for reuse by one Stager, at most (bytes of capacity).
+inline constexpr uint64_t kSpareBufferBytes = 64ull << 20;
 
 struct StagerOptions {
   // The dataset's name (a DNS-1123 label): the chunk store's key.
@@ -256,11 +262,24 @@ class Stager {
   // The whole sample: FetchSegment of each of its pieces, concatenated.
   Result<std::string> FetchSample(SampleId sample);
 
+  // Stages in a new order from now on (StagerOptions::order's meaning), in
+  // place: the chunks being filled go on, nothing read is dropped, and the
+  // next chunk a worker takes is the first unfinished one of the new order.
+  // What a registered plan changes: replacing the Stager instead stopped
+  // every worker mid-chunk and, while the old one's on-demand fills still held
+  // writers, made the new one's workers fail those chunks and read their
+  // samples a second time (issue 21). kInvalidArgument for a sample past the
+  // manifest (nothing changes then).
+  Status SetOrder(std::span<const SampleId> order);
+
   StagerProgress Progress() const;
   // The source error recorded for `sample` (OK if none).
   Status SampleError(SampleId sample) const;
   // Every chunk of the manifest in staging order (owned or not).
-  const std::vector<ChunkId>& chunk_order() const { return chunk_order_; }
+  std::vector<ChunkId> chunk_order() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return chunk_order_;
+  }
   const std::string& dataset() const { return options_.dataset; }
   const std::shared_ptr<const Manifest>& manifest() const { return manifest_; }
   const std::shared_ptr<Source>& source() const { return source_; }
@@ -272,6 +291,7 @@ class Stager {
     bool done = false;
     bool put = false;      // handed to the chunk's writer (present after its commit)
     bool replace = false;  // the stored copy failed its checksum: drop it before the put
+    uint32_t waiters = 0;  // on-demand readers waiting to copy `bytes` (kept while any)
     Status status;
     std::string bytes;
   };
@@ -285,6 +305,12 @@ class Stager {
     uint64_t payload = 0;
     uint64_t present_bytes = 0;
     uint32_t present_segments = 0;
+    // The holder's pass: the segments it found missing, in order. It reads
+    // them from the front; a worker with no chunk of its own helps by reading
+    // from the back (HelpLocked). [todo_front, todo_back) is unclaimed.
+    std::vector<uint32_t> todo;
+    size_t todo_front = 0;
+    size_t todo_back = 0;
   };
   enum class Outcome { kDone, kStopped, kCapacity, kDiskFull, kFailed };
   using FillKey = std::pair<ChunkId, uint32_t>;
@@ -301,9 +327,21 @@ class Stager {
   bool BulkMayReadLocked() const;
   // A chunk for a worker to take, or false; mu_ held.
   bool NextChunkLocked(ChunkId* chunk);
+  // With no chunk left to take, reads one unclaimed segment of the soonest
+  // chunk a holder is filling (so that the last chunks are not each read by
+  // one worker while the others idle). False if there is none. Called and
+  // returns with mu_ held (through `lock`); releases it for the read.
+  bool HelpLocked(std::unique_lock<std::mutex>& lock);
   Outcome StageChunk(ChunkId chunk);
   // Opens the chunk's writer, creating the file if needed. Only by the holder.
+  // Waits (up to kWriterWait) while another writer of the file is open: one
+  // of a Stager being replaced, which closes it within a commit.
   Result<StoredChunkWriter> OpenWriter(ChunkId chunk, std::span<const ChunkSegment> segments);
+  // Every chunk in the order its first sample appears in `order`, then the
+  // rest; kInvalidArgument naming `doing` for a sample past the manifest.
+  static Result<std::vector<ChunkId>> ChunkOrder(const Manifest& manifest,
+                                                 std::span<const SampleId> order,
+                                                 const std::string& doing);
   // What last_error says after a Put or Commit found the file system full.
   std::string DiskFullHint() const;
   // The holder's last step: puts every read, unput fill of `chunk`, commits,
@@ -328,15 +366,20 @@ class Stager {
                         const std::vector<bool>& present);
   StagingState StateLocked() const;
   ChunkKey Key(ChunkId chunk) const { return ChunkKey{options_.dataset, manifest_->id(), chunk}; }
+  // A buffer of `size` bytes for a bulk read, from spare_ when one fits (its
+  // old bytes are overwritten by the read). mu_ held.
+  std::string TakeBufferLocked(uint64_t size);
+  // Keeps a fill's buffer for the next read, within kSpareBufferBytes. mu_ held.
+  void GiveBackLocked(std::string buffer);
 
   const std::shared_ptr<const Manifest> manifest_;
   const std::shared_ptr<Source> source_;
   const std::shared_ptr<ChunkStore> store_;
   const StagerOptions options_;
-  const std::vector<ChunkId> chunk_order_;
   const Clock* const clock_;  // options_.clock, or the system clock
 
   mutable std::mutex mu_;
+  std::vector<ChunkId> chunk_order_;                          // guarded by mu_
   std::condition_variable cv_;                                // any change of the state below
   std::vector<ChunkState> chunks_;                            // guarded by mu_; by chunk id
   std::map<FillKey, std::shared_ptr<Fill>> fills_;            // guarded by mu_
@@ -360,6 +403,12 @@ class Stager {
   uint64_t on_demand_not_stored_ = 0;            // guarded by mu_
   uint64_t refetches_ = 0;                       // guarded by mu_
   uint64_t source_retries_ = 0;                  // guarded by mu_
+  // Buffers of fills already committed, reused by bulk reads: a fresh
+  // allocation per segment cost page faults and zero-filling, a fifth of
+  // staging's CPU (docs/benchmarks.md). Emptied when the workers run out of
+  // chunks.
+  std::vector<std::string> spare_;    // guarded by mu_
+  uint64_t spare_bytes_ = 0;          // guarded by mu_: capacity of spare_'s buffers
   uint32_t workers_running_ = 0;      // guarded by mu_: workers not yet out of WorkerLoop
   std::vector<std::thread> workers_;  // started by Start, joined by Stop
   std::mutex join_mu_;                // serialises Stop's joins

@@ -45,6 +45,7 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -53,6 +54,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "granary/core/file.h"
 #include "granary/core/identity.h"
@@ -157,6 +159,10 @@ class PosixSource final : public Source {
   const bool use_openat2_;
   std::mutex dirs_mu_;
   std::unordered_map<std::string, std::shared_ptr<const ScopedFd>> dirs_;  // guarded by dirs_mu_
+  // Directories one reader is opening; the others wait for it rather than
+  // look the same directory up on the source too. Guarded by dirs_mu_.
+  std::unordered_set<std::string> opening_;
+  std::condition_variable dirs_cv_;  // opening_ shrank
   SourceMeter meter_;
   InFlightLimit limit_;
   std::array<std::atomic<bool>, kSourceErrorKinds> warned_{};  // one warn log per kind
