@@ -51,7 +51,7 @@ Result<std::shared_ptr<FabricHandle>> OpenFabric(fi_info* info, const std::strin
   return handle;
 }
 
-Status WaitConnected(fid_eq* eq, Deadline deadline, const std::string& where) {
+Status WaitConnected(fid_eq* eq, Deadline deadline, const std::string& where, int* provider_error) {
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
@@ -68,6 +68,7 @@ Status WaitConnected(fid_eq* eq, Deadline deadline, const std::string& where) {
     if (rc == -FI_EAVAIL) {
       fi_eq_err_entry err{};
       fi_eq_readerr(eq, &err, 0);
+      if (provider_error != nullptr) *provider_error = err.err;
       return Status::Unavailable(where + ": " + fi_strerror(err.err) +
                                  (err.err == FI_ECONNREFUSED
                                       ? "; check that the cache node runs and serves the fabric "

@@ -71,7 +71,9 @@ Result<InfoList> GetInfo(const std::string& provider, const char* node, const st
 
 Result<std::shared_ptr<FabricHandle>> OpenFabric(fi_info* info, const std::string& where);
 
-// Waits for FI_CONNECTED on `eq` by the deadline.
-Status WaitConnected(fid_eq* eq, Deadline deadline, const std::string& where);
+// Waits for FI_CONNECTED on `eq` by the deadline. When the EQ reports an
+// error, `provider_error` (if given) receives its errno-style code.
+Status WaitConnected(fid_eq* eq, Deadline deadline, const std::string& where,
+                     int* provider_error = nullptr);
 
 }  // namespace granary::fabric
