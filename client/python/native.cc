@@ -16,6 +16,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -162,6 +163,22 @@ std::vector<uint32_t> CheckedIds(const std::vector<int64_t>& ids) {
     out.push_back(static_cast<uint32_t>(id));
   }
   return out;
+}
+
+// One sample, pinned. A hint already in the session's table is taken with
+// the GIL held (no I/O; releasing and taking back the GIL would cost more
+// than the lookup); anything else is a GET with the GIL released.
+SampleView GetOne(Session& s, int64_t id) {
+  if (id < 0 || id > int64_t{0xffffffff}) {
+    throw py::index_error("sample id " + std::to_string(id) + " is out of range");
+  }
+  const auto sample = static_cast<uint32_t>(id);
+  if (std::optional<SampleView> hinted = s.TryGetHinted(sample)) return *hinted;
+  Result<SampleView> view = [&] {
+    py::gil_scoped_release release;
+    return s.Get(sample);
+  }();
+  return ValueOrThrow(std::move(view));
 }
 
 SamplerSpec MakeSamplerSpec(uint64_t n, uint64_t seed, uint64_t epoch, uint32_t num_replicas,
@@ -314,12 +331,7 @@ void DefineModule(py::module_& m) {
       .def(
           "read",
           [](Session& s, int64_t id) {
-            std::vector<uint32_t> ids = CheckedIds({id});
-            Result<SampleView> view = [&] {
-              py::gil_scoped_release release;
-              return s.Get(ids[0]);
-            }();
-            SampleView v = ValueOrThrow(std::move(view));
+            SampleView v = GetOne(s, id);
             py::bytes bytes = BytesOf(v);
             s.Release(v);
             return bytes;
@@ -350,12 +362,7 @@ void DefineModule(py::module_& m) {
       .def(
           "get",
           [](const std::shared_ptr<Session>& s, int64_t id) {
-            std::vector<uint32_t> ids = CheckedIds({id});
-            Result<SampleView> view = [&] {
-              py::gil_scoped_release release;
-              return s->Get(ids[0]);
-            }();
-            return std::make_unique<PySample>(s, ValueOrThrow(std::move(view)));
+            return std::make_unique<PySample>(s, GetOne(*s, id));
           },
           py::arg("id"), "The sample in shared memory (zero-copy), pinned until released.")
       .def(

@@ -8,12 +8,14 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <iterator>
@@ -33,6 +35,23 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kReceiveChunk = 64u << 10;
 
 std::string MillisText(std::chrono::milliseconds ms) { return fmt::format("{} ms", ms.count()); }
+
+// This process's id, kept up to date across fork() by an atfork handler:
+// sessions ask "am I in the process that opened me?" on every sample, and
+// getpid() is a system call each time (glibc stopped caching it).
+std::atomic<pid_t> g_pid{0};
+
+void ResetPidAfterFork() { g_pid.store(::getpid(), std::memory_order_relaxed); }
+
+pid_t CurrentPid() {
+  static const bool registered = [] {
+    g_pid.store(::getpid(), std::memory_order_relaxed);
+    return ::pthread_atfork(nullptr, nullptr, &ResetPidAfterFork) == 0;
+  }();
+  // Without the handler (it could not be registered), ask every time.
+  if (!registered) return ::getpid();
+  return g_pid.load(std::memory_order_relaxed);
+}
 
 }  // namespace
 
@@ -75,7 +94,7 @@ std::string DefaultClientName() { return "client/" + std::to_string(::getpid());
 // ---- opening ------------------------------------------------------------------
 
 Session::Session(std::string socket_path, SessionOptions options)
-    : socket_path_(std::move(socket_path)), options_(std::move(options)), pid_(::getpid()) {}
+    : socket_path_(std::move(socket_path)), options_(std::move(options)), pid_(CurrentPid()) {}
 
 Result<std::unique_ptr<Session>> Session::Open(std::string_view dataset,
                                                const SessionOptions& options) {
@@ -196,7 +215,7 @@ Session::~Session() {
   // In a forked child it only closes the child's copy of the descriptor.
 }
 
-bool Session::InOpeningProcess() const { return ::getpid() == pid_; }
+bool Session::InOpeningProcess() const { return CurrentPid() == pid_; }
 
 // ---- the connection -------------------------------------------------------------
 

@@ -247,6 +247,18 @@ void Session::FetchMisses(std::span<const uint32_t> ids, std::span<const size_t>
   }
 }
 
+std::optional<SampleView> Session::TryGetHinted(uint32_t id) {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || !CheckUsable().ok()) return std::nullopt;
+  auto hit = hints_.find(id);
+  if (hit == hints_.end()) return std::nullopt;
+  const auto view = hit->second;
+  SampleView out = *view;
+  TakeHint(view);
+  hint_order_.erase(view);
+  return out;
+}
+
 Result<std::string> Session::Read(uint32_t id) {
   GRANARY_ASSIGN_OR_RETURN(SampleView view, Get(id));
   std::string bytes(view.bytes());

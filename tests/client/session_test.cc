@@ -285,6 +285,31 @@ TEST_F(SessionTest, LookaheadHintsServeLaterGetsWithoutARoundTrip) {
       << "closing drops every pin, hints included";
 }
 
+TEST_F(SessionTest, TryGetHintedTakesOnlyHintsAndNeverCallsTheSidecar) {
+  SessionOptions o = NoHints();
+  o.lookahead = 4;
+  auto session = Open(o);
+  ASSERT_NE(session, nullptr);
+  const size_t before = fake_->request_count();
+  EXPECT_FALSE(session->TryGetHinted(10).has_value()) << "nothing hinted yet";
+  EXPECT_FALSE(session->TryGetHinted(1000).has_value()) << "past the end: Get says why";
+  EXPECT_EQ(fake_->request_count(), before) << "TryGetHinted sent a request";
+  ASSERT_OK(session->Get(10));  // hints 11..14
+  const size_t after_get = fake_->request_count();
+  auto hinted = session->TryGetHinted(12);
+  ASSERT_TRUE(hinted.has_value());
+  EXPECT_EQ(hinted->id, 12u);
+  EXPECT_EQ(hinted->bytes(), fake_->BytesOf(12));
+  EXPECT_EQ(session->hint_count(), 3u) << "taken off the table, as Get would";
+  EXPECT_FALSE(session->TryGetHinted(12).has_value()) << "a hint is handed out once";
+  EXPECT_FALSE(session->TryGetHinted(20).has_value());
+  EXPECT_EQ(fake_->request_count(), after_get);
+  EXPECT_EQ(session->pinned_count(), 1u + 4u) << "10, and 12 with the three hints left";
+  session->Release(*hinted);
+  ASSERT_OK(session->Flush());
+  EXPECT_EQ(fake_->released().size(), 1u);
+}
+
 // Large samples: fewer hints asked, and the table kept within 1/32 of the
 // arena, so sessions pinning consumed hints cannot fill it.
 TEST_F(SessionTest, HintsAreBoundedInBytes) {
@@ -916,6 +941,29 @@ TEST_F(SessionTest, AForkedChildNeverUsesTheParentsConnection) {
   auto again = session->Get(4);
   ASSERT_OK(again);
   EXPECT_EQ(again->bytes(), fake_->BytesOf(4));
+}
+
+TEST_F(SessionTest, AForkedChildTakesNoneOfTheParentsHints) {
+  SessionOptions o = NoHints();
+  o.lookahead = 4;
+  auto session = Open(o);
+  ASSERT_NE(session, nullptr);
+  ASSERT_OK(session->Get(10));  // hints 11..14, pinned for the parent
+  ASSERT_EQ(session->hint_count(), 4u);
+  Session* raw = session.get();
+  auto child = testing::ChildProcess::Start([raw](int) {
+    if (raw->InOpeningProcess()) return 10;
+    for (uint32_t id = 11; id <= 14; ++id) {
+      if (raw->TryGetHinted(id).has_value()) return 11;  // the parent's pin
+    }
+    return 0;
+  });
+  ASSERT_OK(child);
+  auto code = (*child)->Wait(std::chrono::seconds(20));
+  ASSERT_OK(code);
+  EXPECT_EQ(*code, 0);
+  EXPECT_TRUE(session->InOpeningProcess());
+  EXPECT_TRUE(session->TryGetHinted(11).has_value()) << "the parent still has its hints";
 }
 
 TEST_F(SessionTest, ConcurrentCallersAreSerialised) {

@@ -32,6 +32,19 @@ def main():
     expect_raises(IndexError, ds.__getitem__, n)
     expect_raises(IndexError, ds.__getitem__, -n - 1)
     expect_raises(TypeError, ds.__getitem__, "3")
+    expect_raises(TypeError, ds.__getitem__, 1.0)
+    expect_raises(TypeError, ds.__getitem__, None)
+    check(ds[numpy.int64(3)] == source[3] and ds[True] == source[1], "index-like ints")
+    e = expect_raises(IndexError, ds.__getitem__, n + 5)
+    check(str(n + 5) in str(e) and str(n) in str(e), f"the message names index and size: {e}")
+    # Every sample in a plan's order, as a training loop reads it: most come
+    # from the session's hints (no round trip), each the source's bytes.
+    order = granary.rank_samples(n, 5, 0, 1, 0, True, False)
+    ds.announce_sampler(5, 0, 1, 0, True, False)
+    check([ds[i] for i in order] == [source[i] for i in order], "a plan's order, ds[i] by ds[i]")
+    check(ds.session.pinned_count == ds.session.hint_count,
+          f"after the loop only hints are pinned: {ds.session.pinned_count} pins, "
+          f"{ds.session.hint_count} hints")
     check(ds[2:5] == source[2:5], "slice")
     check(ds.__getitems__([3, 1, -1, 3]) == [source[3], source[1], source[-1], source[3]],
           "__getitems__")
@@ -91,6 +104,22 @@ def main():
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "forked child read")
+    # A grandchild (a worker forked by a forked process) opens its own too.
+    pid = os.fork()
+    if pid == 0:
+        child_ok = ds[8] == source[8]
+        child_session = ds.session
+        grandchild = os.fork()
+        if grandchild == 0:
+            ok = ds[7] == source[7] and ds.session is not child_session and \
+                ds.session.pid == os.getpid()
+            os._exit(0 if ok else 1)
+        _, gstatus = os.waitpid(grandchild, 0)
+        ok = child_ok and os.WIFEXITED(gstatus) and os.WEXITSTATUS(gstatus) == 0 and \
+            ds.session is child_session and ds[6] == source[6]
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "forked grandchild read")
     check(ds.session is parent_session and ds[10] == source[10], "parent after fork")
 
     # Pickling a Dataset carries no session.

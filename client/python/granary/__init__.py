@@ -19,6 +19,19 @@ from ._native import Error, Sample, rank_samples, rank_share
 
 __all__ = ["Dataset", "Sample", "Error", "rank_samples", "rank_share", "read_file"]
 
+# Forks this process descends through: a Dataset remembers the value its
+# session was opened at and opens another when it differs (a DataLoader
+# worker). Cheaper on every ds[i] than asking os.getpid(), a system call.
+_forks = 0
+
+
+def _forked():
+    global _forks  # noqa: PLW0603 (the process-wide fork count)
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 def read_file(path):
     """The whole file at `path` as bytes, opened unbuffered.
@@ -63,7 +76,7 @@ class Dataset:
         self.lookahead = int(lookahead)
         self.verify_checksums = bool(verify_checksums)
         self._session = None
-        self._pid = None
+        self._fork = None  # _forks when the session was opened
         self._len = None
 
     # ---- the session -----------------------------------------------------------
@@ -71,33 +84,36 @@ class Dataset:
     @property
     def session(self):
         """This process's granary._native.Session (opened on first use)."""
-        pid = os.getpid()
         session = self._session
-        if session is None or self._pid != pid:
+        if session is None or self._fork != _forks:
             # In a forked child the parent's session must not be used (its
             # connection belongs to the parent); dropping it only unmaps.
             self._session = None
             session = _native.Session(self.name, socket=self.socket or "",
-                                      client_name=f"python/{pid}", lookahead=self.lookahead,
+                                      client_name=f"python/{os.getpid()}",
+                                      lookahead=self.lookahead,
                                       verify_checksums=self.verify_checksums)
             self._session = session
-            self._pid = pid
+            self._fork = _forks
             self._len = session.sample_count
         return session
 
     def close(self):
         """Closes this process's session (pins held by Samples stay until they go)."""
         self._session = None
-        self._pid = None
+        self._fork = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_session"] = None
-        state["_pid"] = None
+        state["_fork"] = None
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.pop("_pid", None)  # pickled by an older granary
+        self._session = None
+        self._fork = None
 
     # ---- map-style access ------------------------------------------------------
 
@@ -120,10 +136,21 @@ class Dataset:
         return j
 
     def __getitem__(self, index):
-        if isinstance(index, slice):
+        # The per-sample path of map-style training code: an int checked
+        # inline, the session as it is unless this is a new process.
+        session = self._session
+        if session is None or self._fork != _forks:
+            session = self.session
+        if type(index) is int:
+            n = self._len
+            i = index + n if index < 0 else index
+            if not 0 <= i < n:
+                raise IndexError(f"granary.Dataset {self.name!r}: index {index} is out of range "
+                                 f"for {n} samples")
+        elif isinstance(index, slice):
             return self.__getitems__(range(*index.indices(len(self))))
-        i = self._id(index)
-        session = self.session
+        else:
+            i = self._id(index)
         return session.get(i) if self.zero_copy else session.read(i)
 
     def __getitems__(self, indices):

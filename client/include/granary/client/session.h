@@ -58,6 +58,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -163,6 +164,12 @@ class Session {
   // trip, the rest go in as few GETs as the limits allow. A GET that fails as
   // a whole (a broken connection) gives each of its ids that Status.
   std::vector<Result<SampleView>> GetMany(std::span<const uint32_t> ids);
+  // The sample if its hint is in the table, taken off it (as Get would), else
+  // nullopt, also when the session is unusable, in a forked child, or busy in
+  // another thread's call (Get then waits, or says why). Never blocks on the
+  // sidecar, so a caller may hold a lock of its own meanwhile (Python's GIL:
+  // a hint costs no thread switch).
+  std::optional<SampleView> TryGetHinted(uint32_t id);
   // Copies one sample's bytes and releases it at once.
   Result<std::string> Read(uint32_t id);
 
