@@ -4,8 +4,10 @@
 //      ChunkStore, against the source's own read bandwidth measured the same
 //      way (PosixSource::Read of every sample on --threads workers), with the
 //      source's page cache dropped before both (cold) and with it warm;
-//  (b) serving: ChunkReadService behind Server on 127.0.0.1, --clients
-//      PeerClient threads each doing READs of --batch random samples for
+//  (b) serving: ChunkReadService behind a front end (the TCP Server, the
+//      libfabric FabricServer, or each in turn: --transport) on 127.0.0.1, or
+//      in one network namespace with the clients in another (--netns),
+//      --clients connections each doing READs of --batch random samples for
 //      --seconds, against reading the same samples from the same chunk files in
 //      this process (StoredChunkReader::Read, checksums verified) on as many
 //      threads with the same random sequences.
@@ -22,6 +24,7 @@
 //
 //   build/release/bench/cachenode_bench [--dir DIR] [--files 20000] [--size 110KiB]
 //       [--threads 16] [--clients 4] [--batch 16] [--seconds 10] [--json FILE]
+//       [--transport tcp|libfabric|both] [--fabric-provider tcp] [--netns] [--tls]
 //
 // The benches live in bench/cachenode/, a file each, over one shared set-up
 // (bench_setup.h: flags, work directory, dataset, source and store):
@@ -62,10 +65,22 @@ Status Run(const Flags& f) {
   std::shared_ptr<Stager> stager;
   GRANARY_ASSIGN_OR_RETURN(figures.staging, RunStagingBench(*setup, f, &stager));
 
-  // (b) Serving the store over loopback, and the same reads locally.
-  GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<ServingBench> serving,
-                           ServingBench::Start(*setup, f, stager));
-  figures.verified_bytes = serving->verified_bytes();
+  // (b) Serving the store over each transport asked for, and the same reads
+  // locally.
+  std::unique_ptr<NetnsPair> netns;
+  if (f.netns) {
+    GRANARY_ASSIGN_OR_RETURN(netns, NetnsPair::Create());
+    Progress("  serving across network namespaces " + netns->name(0) + " (" + netns->address(0) +
+             ") and " + netns->name(1) + " (" + netns->address(1) + ")");
+  }
+  std::vector<std::unique_ptr<ServingBench>> servings;
+  for (const std::string transport : {"tcp", "libfabric"}) {
+    if (f.transport != transport && f.transport != "both") continue;
+    GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<ServingBench> serving,
+                             ServingBench::Start(*setup, f, stager, transport, netns.get()));
+    figures.verified_bytes += serving->verified_bytes();
+    servings.push_back(std::move(serving));
+  }
   GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<LocalReadBench> local_bench,
                            LocalReadBench::Open(*setup));
   const std::vector<BatchFn> local_fns = local_bench->OpenedOnce(f.clients);
@@ -73,23 +88,29 @@ Status Run(const Flags& f) {
 
   // Serving and the local reads take turns, --repeat times; the best of each
   // is reported (a shared machine only ever makes a run slower).
-  std::optional<LoadFigures> best_serving;
+  std::vector<std::optional<LoadFigures>> best_serving(servings.size());
   std::optional<LoadFigures> local;
   std::optional<LoadFigures> local_reopen;
   for (uint32_t round = 0; round < f.repeat; ++round) {
-    GRANARY_ASSIGN_OR_RETURN(LoadFigures served, serving->TimedRound(f));
-    KeepBest(served, &best_serving);
+    std::string served_text;
+    for (size_t s = 0; s < servings.size(); ++s) {
+      GRANARY_ASSIGN_OR_RETURN(LoadFigures served, servings[s]->TimedRound(f));
+      KeepBest(served, &best_serving[s]);
+      served_text += servings[s]->transport() + " " + Fixed(served.gb_s(), 2) + " GB/s, ";
+    }
     std::vector<BatchFn> fns = local_fns;
     GRANARY_ASSIGN_OR_RETURN(LoadFigures read, TimedRun(fns, f.batch, f.files, f.seconds, f.seed));
     KeepBest(read, &local);
     fns = reopen_fns;
     GRANARY_ASSIGN_OR_RETURN(read, TimedRun(fns, f.batch, f.files, f.seconds, f.seed));
     KeepBest(read, &local_reopen);
-    Progress("  round " + std::to_string(round + 1) + ": serving " + Fixed(served.gb_s(), 2) +
-             " GB/s, local " + Fixed(local->gb_s(), 2) + " GB/s (best so far)");
+    Progress("  round " + std::to_string(round + 1) + ": serving " + served_text + "local " +
+             Fixed(local->gb_s(), 2) + " GB/s (best so far)");
   }
-  GRANARY_RETURN_IF_ERROR(serving->CheckServiceCounters());
-  figures.serving = *best_serving;
+  for (size_t s = 0; s < servings.size(); ++s) {
+    GRANARY_RETURN_IF_ERROR(servings[s]->CheckServiceCounters());
+    figures.servings.push_back({servings[s]->label(), *best_serving[s]});
+  }
   figures.local = *local;
   figures.local_reopen = *local_reopen;
   return Report(f, *setup, figures);
@@ -128,6 +149,14 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed, "seed of the random sample order");
   app.add_option("--json", f.json, "also write the figures as JSON to this file");
   app.add_flag("--tls", f.tls, "serve over TLS (a self-signed certificate the clients verify)");
+  app.add_option("--transport", f.transport,
+                 "serving's wire: tcp, libfabric, or both (each against the same local reads)")
+      ->check(CLI::IsMember({"tcp", "libfabric", "both"}));
+  app.add_option("--fabric-provider", f.fabric_provider,
+                 "the libfabric provider with --transport libfabric or both (tcp, verbs)");
+  app.add_flag("--netns", f.netns,
+               "serve from one network namespace to clients in another, over a veth pair "
+               "(needs root), instead of over loopback");
   CLI11_PARSE(app, argc, argv);
 
   if (std::getenv("GRANARY_LOG_LEVEL") == nullptr) granary::SetLogLevel(spdlog::level::warn);

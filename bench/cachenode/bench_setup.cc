@@ -184,6 +184,10 @@ class WorkDir {
 
 // What CLI11's ranges cannot say: sizes that fit the protocol and the disk.
 Status CheckFlags(const Flags& f) {
+  if (f.tls && f.transport != "tcp") {
+    return Status::InvalidArgument("--tls with --transport " + f.transport +
+                                   ": TLS is TCP's (the fabric carries none); use --transport tcp");
+  }
   if (f.size == 0 || f.size > (1ull << 30)) {
     return Status::InvalidArgument("--size " + std::to_string(f.size) +
                                    ": give 1 byte to 1 GiB per file, e.g. 110KiB");

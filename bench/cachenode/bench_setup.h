@@ -94,6 +94,13 @@ struct Flags {
   uint64_t seed = 1;
   std::string json;
   bool tls = false;
+  // Serving's wire: "tcp", "libfabric" or "both" (one after the other, each
+  // against the same local reads), the libfabric provider, and whether the
+  // clients connect from another network namespace (NetnsPair) instead of
+  // over loopback.
+  std::string transport = "tcp";
+  std::string fabric_provider = "tcp";
+  bool netns = false;
 };
 
 // What CLI11's ranges cannot say: sizes that fit the protocol and the disk.

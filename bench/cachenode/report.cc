@@ -16,12 +16,12 @@ void PrintRate(const std::string& what, const RateFigures& r) {
   if (r.resident_before >= 0) {
     std::snprintf(cached, sizeof(cached), "%.1f%%", 100 * r.resident_before);
   }
-  std::printf("  %-36s %8.2f %9.0f %9.0f %7.2f %8s\n", what.c_str(), r.seconds, r.mb_s(),
+  std::printf("  %-44s %8.2f %9.0f %9.0f %7.2f %8s\n", what.c_str(), r.seconds, r.mb_s(),
               r.files_s(), r.cpu_seconds, cached);
 }
 
 void PrintLoad(const std::string& what, const LoadFigures& r) {
-  std::printf("  %-36s %8.2f %6.2f %9.0f %9.0f %7.2f %7.2f %7.2f %8.2f\n", what.c_str(), r.seconds,
+  std::printf("  %-44s %8.2f %6.2f %9.0f %9.0f %7.2f %7.2f %7.2f %8.2f\n", what.c_str(), r.seconds,
               r.gb_s(), PerSecond(r.batches, r.seconds), PerSecond(r.samples, r.seconds), r.p50_ms,
               r.p99_ms, r.cpu_seconds, r.gb_per_cpu_s());
 }
@@ -34,7 +34,8 @@ Status Report(const Flags& f, const BenchSetup& setup, const BenchFigures& figur
   const RateFigures& staging_cold = figures.staging.cold;
   const RateFigures& staging_warm = figures.staging.warm;
   const RateFigures& disk_write = figures.staging.disk_write;
-  const LoadFigures* serving = &figures.serving;
+  // The first transport's figures are the headline ("serving" in the JSON).
+  const LoadFigures* serving = &figures.servings.front().second;
   const LoadFigures* local = &figures.local;
   const LoadFigures* local_reopen = &figures.local_reopen;
   const std::shared_ptr<const Manifest>& manifest = setup.manifest;
@@ -45,18 +46,20 @@ Status Report(const Flags& f, const BenchSetup& setup, const BenchFigures& figur
   const double serving_ratio = serving->gb_s() / local->gb_s();
   const double serving_ratio_reopen = serving->gb_s() / local_reopen->gb_s();
   const double serving_ratio_cpu = serving->gb_per_cpu_s() / local->gb_per_cpu_s();
-  std::printf("\n  %-36s %8s %9s %9s %7s %8s\n", "(a) staging vs source", "seconds", "MB/s",
+  std::printf("\n  %-44s %8s %9s %9s %7s %8s\n", "(a) staging vs source", "seconds", "MB/s",
               "files/s", "cpu-s", "cached");
   PrintRate("source read, cold (" + std::to_string(f.threads) + " threads)", source_cold);
   PrintRate("staging, cold (" + std::to_string(f.threads) + " threads)", staging_cold);
   PrintRate("source read, warm", source_warm);
   PrintRate("staging, warm", staging_warm);
   PrintRate("store disk write (reference)", disk_write);
-  std::printf("\n  %-36s %8s %6s %9s %9s %7s %7s %7s %8s\n", "(b) serving vs local", "seconds",
+  std::printf("\n  %-44s %8s %6s %9s %9s %7s %7s %7s %8s\n", "(b) serving vs local", "seconds",
               "GB/s", "batch/s", "samples/s", "p50 ms", "p99 ms", "cpu-s", "GB/cpu-s");
-  PrintLoad("serving, loopback (" + std::to_string(f.clients) + " clients x " +
-                std::to_string(f.batch) + ")",
-            *serving);
+  for (const auto& [label, figures_of] : figures.servings) {
+    PrintLoad(
+        "serving " + label + " (" + std::to_string(f.clients) + "x" + std::to_string(f.batch) + ")",
+        figures_of);
+  }
   PrintLoad("local chunk reads (" + std::to_string(f.clients) + " threads)", *local);
   PrintLoad("local, chunks opened per batch", *local_reopen);
   std::printf(
@@ -64,6 +67,11 @@ Status Report(const Flags& f, const BenchSetup& setup, const BenchFigures& figur
       "opened per batch; %.2f per CPU-second)\n",
       staging_ratio_cold, staging_ratio_warm, serving_ratio, serving_ratio_reopen,
       serving_ratio_cpu);
+  for (const auto& [label, figures_of] : figures.servings) {
+    std::printf("  serving %s: %.2f of local, %.2f per CPU-second\n", label.c_str(),
+                figures_of.gb_s() / local->gb_s(),
+                figures_of.gb_per_cpu_s() / local->gb_per_cpu_s());
+  }
 
   if (!f.json.empty()) {
     Json j;
@@ -91,7 +99,18 @@ Status Report(const Flags& f, const BenchSetup& setup, const BenchFigures& figur
     serving_json["service_threads"] = f.service_threads;
     serving_json["repeat"] = f.repeat;
     serving_json["tls"] = f.tls;
+    serving_json["transport"] = figures.servings.front().first;
     j["serving"] = serving_json;
+    Json by_transport = Json::array();
+    for (const auto& [label, figures_of] : figures.servings) {
+      Json one = ToJson(figures_of, "reads");
+      one["label"] = label;
+      one["vs_local"] = figures_of.gb_s() / local->gb_s();
+      one["vs_local_per_cpu_second"] = figures_of.gb_per_cpu_s() / local->gb_per_cpu_s();
+      by_transport.push_back(one);
+    }
+    j["serving_by_transport"] = by_transport;
+    j["netns"] = f.netns;
     Json local_json = ToJson(*local, "batches");
     local_json["batch"] = f.batch;
     j["local"] = local_json;

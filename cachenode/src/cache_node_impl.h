@@ -34,10 +34,10 @@
 #include <vector>
 
 #include "cache_node_metrics.h"
-#include "fabric_server.h"
 #include "granary/cachenode/cache_node.h"
 #include "granary/cachenode/chunk_read_service.h"
 #include "granary/cachenode/chunk_store.h"
+#include "granary/cachenode/fabric_server.h"
 #include "granary/cachenode/handoff_server.h"
 #include "granary/cachenode/read_rights.h"
 #include "granary/cachenode/server.h"

@@ -25,9 +25,9 @@
 #include <string>
 #include <string_view>
 
-#include "fabric_server.h"
 #include "granary/cachenode/chunk_read_service.h"
 #include "granary/cachenode/chunk_store.h"
+#include "granary/cachenode/fabric_server.h"
 #include "granary/cachenode/server.h"
 #include "granary/cachenode/stager.h"
 #include "granary/core/source.h"

@@ -1,4 +1,4 @@
-// The cache node's fabric front end (cachenode/src/fabric_server.h) on a real
+// The cache node's fabric front end (granary/cachenode/fabric_server.h) on a real
 // granary-cachenode with `fabric_listen` (provider tcp, 127.0.0.1, port 0),
 // driven with granary::fabric::Endpoint directly, message by message: HELLO,
 // STAT, a READ whose bytes land in the reader's window equal to the source,
