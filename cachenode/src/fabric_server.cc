@@ -47,22 +47,20 @@ constexpr auto kAcceptSlice = std::chrono::milliseconds(200);
 // A refused connection's ERROR: best effort, never long.
 constexpr auto kRejectSendTime = std::chrono::milliseconds(200);
 
-std::string Millis(std::chrono::milliseconds ms) {
-  return std::to_string(ms.count()) + " ms";
-}
+std::string Millis(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
 
 // What a reader's endpoint must take: its window and the largest request frame.
-size_t MaxMessageBytes(const ProtocolLimits &limits) {
-  return fabric::kWindowBytes + pf::kFrameHeaderSize +
-         size_t{limits.max_body_bytes};
+size_t MaxMessageBytes(const ProtocolLimits& limits) {
+  return fabric::kWindowBytes + pf::kFrameHeaderSize + size_t{limits.max_body_bytes};
 }
 
-} // namespace
+}  // namespace
 
 class FabricServer::Impl {
-public:
+ public:
   Impl(std::shared_ptr<ReadService> service, FabricServerOptions options)
-      : options_(std::move(options)), service_(std::move(service)),
+      : options_(std::move(options)),
+        service_(std::move(service)),
         log_(GetLogger("cachenode")),
         budget_(options_.server.reply_buffer_bytes) {
     context_.service = service_.get();
@@ -72,74 +70,60 @@ public:
     context_.internal_errors = &errors_;
     context_.auth_refused = &errors_;
     context_.auth_granted = &auth_granted_;
-    context_.warn = [this](const std::string &message) {
-      warnings_.Warn(message);
-    };
-    context_.finish_stat = [this](const StatRequest &stat, StatReply *reply) {
-      if (stat.dataset.empty())
-        AppendEntries(reply);
-      if (stop_.load())
-        reply->state = NodeState::kDraining;
+    context_.warn = [this](const std::string& message) { warnings_.Warn(message); };
+    context_.finish_stat = [this](const StatRequest& stat, StatReply* reply) {
+      if (stat.dataset.empty()) AppendEntries(reply);
+      if (stop_.load()) reply->state = NodeState::kDraining;
     };
   }
   ~Impl() { Stop(); }
 
-  Status Start(const NetAddress &address) {
+  Status Start(const NetAddress& address) {
     fabric::EndpointOptions endpoint;
     endpoint.provider = options_.provider;
     endpoint.max_message_bytes = MaxMessageBytes(options_.server.limits);
     Result<std::unique_ptr<fabric::Listener>> listener =
         fabric::Listener::Listen(address, endpoint);
-    if (!listener.ok())
-      return listener.status();
+    if (!listener.ok()) return listener.status();
     listener_ = std::move(*listener);
     try {
       accept_thread_ = std::thread([this] { AcceptLoop(); });
-    } catch (const std::exception &e) {
+    } catch (const std::exception& e) {
       return Status::ResourceExhausted(
-          "cache node fabric server: cannot start its accept thread: " +
-          std::string(e.what()));
+          "cache node fabric server: cannot start its accept thread: " + std::string(e.what()));
     }
     log_->info("cache node fabric server {} listening on {}:{} (provider {})",
-               Quoted(options_.server.node_name), address.host,
-               listener_->port(), options_.provider);
+               Quoted(options_.server.node_name), address.host, listener_->port(),
+               options_.provider);
     return Status::Ok();
   }
 
   void Stop() {
-    if (stopped_)
-      return;
+    if (stopped_) return;
     stopped_ = true;
     stop_.store(true);
-    if (listener_ != nullptr)
-      listener_->Close();
-    if (accept_thread_.joinable())
-      accept_thread_.join();
+    if (listener_ != nullptr) listener_->Close();
+    if (accept_thread_.joinable()) accept_thread_.join();
     std::unique_lock lock(mu_);
-    // Connections waiting for a request close now; those answering one finish
-    // it.
-    for (auto &[id, c] : connections_) {
-      if (!c->busy)
-        c->endpoint->Close();
+    // Connections waiting for a request close now; those answering one finish it.
+    for (auto& [id, c] : connections_) {
+      if (!c->busy) c->endpoint->Close();
     }
     if (!done_cv_.wait_for(lock, options_.server.drain_timeout,
                            [this] { return connections_.empty(); })) {
-      log_->warn("cache node fabric server: {} connections still answered a "
-                 "request after the drain "
-                 "timeout of {} ms; closing them",
-                 connections_.size(), options_.server.drain_timeout.count());
-      for (auto &[id, c] : connections_)
-        c->endpoint->Close();
+      log_->warn(
+          "cache node fabric server: {} connections still answered a request after the drain "
+          "timeout of {} ms; closing them",
+          connections_.size(), options_.server.drain_timeout.count());
+      for (auto& [id, c] : connections_) c->endpoint->Close();
     }
     // Each thread returns within its endpoint's wait slice once closed, or
     // when its service call returns.
     std::map<uint64_t, std::thread> threads = std::move(threads_);
     lock.unlock();
-    for (auto &[id, t] : threads)
-      t.join();
+    for (auto& [id, t] : threads) t.join();
     if (listener_ != nullptr) {
-      log_->info("cache node fabric server {} stopped",
-                 Quoted(options_.server.node_name));
+      log_->info("cache node fabric server {} stopped", Quoted(options_.server.node_name));
     }
   }
 
@@ -158,11 +142,11 @@ public:
     return out;
   }
 
-private:
+ private:
   struct Connection {
     uint64_t id = 0;
     std::shared_ptr<fabric::Endpoint> endpoint;
-    bool busy = false; // guarded by Impl::mu_: answering a request
+    bool busy = false;  // guarded by Impl::mu_: answering a request
   };
 
   void AcceptLoop() {
@@ -171,13 +155,10 @@ private:
           listener_->Accept(SteadyClock::now() + kAcceptSlice);
       ReapFinished();
       if (!accepted.ok()) {
-        if (accepted.status().code() == StatusCode::kDeadlineExceeded)
-          continue;
-        if (stop_.load())
-          return;
-        warnings_.Warn(
-            "cache node fabric server: accepting a connection failed: " +
-            accepted.status().ToString() + "; retrying in 100 ms");
+        if (accepted.status().code() == StatusCode::kDeadlineExceeded) continue;
+        if (stop_.load()) return;
+        warnings_.Warn("cache node fabric server: accepting a connection failed: " +
+                       accepted.status().ToString() + "; retrying in 100 ms");
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         continue;
       }
@@ -192,34 +173,30 @@ private:
         } else {
           connection->id = ++next_id_;
           try {
-            threads_.emplace(connection->id, std::thread([this, connection] {
-                               Serve(*connection);
-                             }));
+            threads_.emplace(connection->id,
+                             std::thread([this, connection] { Serve(*connection); }));
             connections_.emplace(connection->id, connection);
             Add(accepted_);
             Add(open_);
-          } catch (const std::exception &e) {
-            refused = std::string("no thread for one more connection (") +
-                      e.what() + ")";
+          } catch (const std::exception& e) {
+            refused = std::string("no thread for one more connection (") + e.what() + ")";
           }
         }
       }
       // Outside mu_: the ERROR may take up to kRejectSendTime.
-      if (!refused.empty())
-        Reject(*connection->endpoint, refused);
+      if (!refused.empty()) Reject(*connection->endpoint, refused);
     }
   }
 
   // ERROR kResourceExhausted (closing) saying `why`, best effort, and close.
-  void Reject(fabric::Endpoint &endpoint, const std::string &why) {
+  void Reject(fabric::Endpoint& endpoint, const std::string& why) {
     Add(rejected_);
-    warnings_.Warn("cache node fabric server: refused a connection from " +
-                   endpoint.peer() + ": " + why);
+    warnings_.Warn("cache node fabric server: refused a connection from " + endpoint.peer() + ": " +
+                   why);
     (void)endpoint.Send(
         EncodeError(0,
-                    Status::ResourceExhausted(
-                        "cache node " + options_.server.node_name + " has " +
-                        why + "; retry later or read from another replica"),
+                    Status::ResourceExhausted("cache node " + options_.server.node_name + " has " +
+                                              why + "; retry later or read from another replica"),
                     true),
         SteadyClock::now() + kRejectSendTime);
     endpoint.Close();
@@ -231,27 +208,24 @@ private:
       std::lock_guard lock(mu_);
       for (uint64_t id : finished_) {
         auto it = threads_.find(id);
-        if (it == threads_.end())
-          continue;
+        if (it == threads_.end()) continue;
         done.push_back(std::move(it->second));
         threads_.erase(it);
       }
       finished_.clear();
     }
-    for (auto &t : done)
-      t.join();
+    for (auto& t : done) t.join();
   }
 
   // ---- one connection, on its own thread ----
 
-  void Serve(Connection &connection) {
-    fabric::Endpoint &endpoint = *connection.endpoint;
+  void Serve(Connection& connection) {
+    fabric::Endpoint& endpoint = *connection.endpoint;
     ConnectionState state(options_.server, endpoint);
     const SteadyClock::time_point accepted_at = SteadyClock::now();
     std::string message;
     while (!state.closed) {
-      const bool handshaking =
-          !state.session.hello_done() || !state.session.authenticated();
+      const bool handshaking = !state.session.hello_done() || !state.session.authenticated();
       const SteadyClock::time_point deadline =
           handshaking ? accepted_at + options_.server.handshake_timeout
                       : SteadyClock::now() + options_.server.idle_timeout;
@@ -262,15 +236,13 @@ private:
       }
       {
         std::lock_guard lock(mu_);
-        if (stop_.load())
-          break; // Stop came first: no new request starts
+        if (stop_.load()) break;  // Stop came first: no new request starts
         connection.busy = true;
       }
       OnMessage(state, message);
       std::lock_guard lock(mu_);
       connection.busy = false;
-      if (stop_.load())
-        break;
+      if (stop_.load()) break;
     }
     endpoint.Close();
     std::lock_guard lock(mu_);
@@ -281,25 +253,22 @@ private:
   }
 
   struct ConnectionState {
-    ConnectionState(const ServerOptions &options, fabric::Endpoint &e)
-        : session(options), decoder(FrameDirection::kRequests, options.limits),
-          endpoint(e) {}
+    ConnectionState(const ServerOptions& options, fabric::Endpoint& e)
+        : session(options), decoder(FrameDirection::kRequests, options.limits), endpoint(e) {}
     PeerSession session;
     FrameDecoder decoder;
-    fabric::Endpoint &endpoint;
-    std::string file_buffer; // file ranges on their way to the window; kept
-                             // across READs
+    fabric::Endpoint& endpoint;
+    std::string file_buffer;  // file ranges on their way to the window; kept across READs
     bool closed = false;
   };
 
-  std::string Describe(const ConnectionState &state) const {
-    const std::string &name = state.session.peer_name();
+  std::string Describe(const ConnectionState& state) const {
+    const std::string& name = state.session.peer_name();
     return "fabric connection from " + state.endpoint.peer() +
            (name.empty() ? std::string() : " (" + Quoted(name) + ")");
   }
 
-  void OnReceiveFailed(ConnectionState &state, const Status &got,
-                       bool handshaking) {
+  void OnReceiveFailed(ConnectionState& state, const Status& got, bool handshaking) {
     if (got.code() == StatusCode::kUnavailable) {
       // The reader disconnected, or Stop closed the endpoint.
       log_->debug("{}: {}", Describe(state), got.ToString());
@@ -308,28 +277,27 @@ private:
     Add(errors_);
     if (got.code() == StatusCode::kDeadlineExceeded) {
       // The endpoint is broken at its deadline: no ERROR can follow.
-      const bool hello = state.session.hello_done();
-      warnings_.Warn(
-          Describe(state) + ": " +
-          (handshaking
-               ? std::string(hello ? "not authenticated" : "no HELLO") +
-                     " within " + Millis(options_.server.handshake_timeout) +
-                     " of connecting (handshake_timeout)"
-               : "idle for " + Millis(options_.server.idle_timeout) +
-                     " (idle_timeout)") +
-          "; closed it");
+      if (!handshaking) {
+        // A reader that keeps an idle connection is not misbehaving (as on TCP).
+        log_->debug("{}: idle for {} (idle_timeout); closed it", Describe(state),
+                    Millis(options_.server.idle_timeout));
+        return;
+      }
+      warnings_.Warn(Describe(state) + ": " +
+                     (state.session.hello_done() ? "not authenticated" : "no HELLO") + " within " +
+                     Millis(options_.server.handshake_timeout) +
+                     " of connecting (handshake_timeout); closed it");
       return;
     }
-    warnings_.Warn(Describe(state) + ": receiving a request failed: " +
-                   got.ToString() + "; closed it");
+    warnings_.Warn(Describe(state) + ": receiving a request failed: " + got.ToString() +
+                   "; closed it");
   }
 
   // One message: the window and one frame. Sets state.closed when the
   // connection ends after it.
-  void OnMessage(ConnectionState &state, const std::string &message) {
+  void OnMessage(ConnectionState& state, const std::string& message) {
     std::string_view frame_bytes;
-    Result<fabric::RemoteWindow> window =
-        fabric::DecodeRequestMessage(message, &frame_bytes);
+    Result<fabric::RemoteWindow> window = fabric::DecodeRequestMessage(message, &frame_bytes);
     if (!window.ok()) {
       FramingError(state, window.status());
       return;
@@ -340,48 +308,42 @@ private:
       return;
     }
     if (!state.decoder.has_frame()) {
-      FramingError(state,
-                   Status::InvalidArgument(
-                       "a fabric message of " + std::to_string(message.size()) +
-                       " bytes holds no whole frame (" +
-                       state.decoder.Finish().message() +
-                       "): send one whole frame per message"));
+      FramingError(state, Status::InvalidArgument(
+                              "a fabric message of " + std::to_string(message.size()) +
+                              " bytes holds no whole frame (" + state.decoder.Finish().message() +
+                              "): send one whole frame per message"));
       return;
     }
     if (*used != frame_bytes.size()) {
       FramingError(state,
-                   Status::InvalidArgument(
-                       "a fabric message holds " +
-                       std::to_string(frame_bytes.size() - *used) +
-                       " bytes after its frame of " + std::to_string(*used) +
-                       ": send exactly one frame per message"));
+                   Status::InvalidArgument("a fabric message holds " +
+                                           std::to_string(frame_bytes.size() - *used) +
+                                           " bytes after its frame of " + std::to_string(*used) +
+                                           ": send exactly one frame per message"));
       return;
     }
     Frame frame = state.decoder.TakeFrame();
     const uint64_t id = frame.header.request_id;
     SessionStep step = state.session.OnFrame(frame);
     NoteStep(state, id, step);
-    if (step.hello_agreed)
-      state.decoder.ExpectVersion(state.session.version());
+    if (step.hello_agreed) state.decoder.ExpectVersion(state.session.version());
     if (!step.service.has_value()) {
       SendReply(state, id, step.reply.header, step.closing);
       return;
     }
     const uint16_t version = state.session.version();
-    const auto *read = std::get_if<ReadRequest>(&*step.service);
+    const auto* read = std::get_if<ReadRequest>(&*step.service);
     if (read != nullptr && read->RequestedBytes() > window->length) {
       Add(errors_);
-      SendReply(
-          state, id,
-          EncodeError(id,
-                      Status::OutOfRange(
-                          "READ request " + std::to_string(id) + " asks for " +
-                          std::to_string(read->RequestedBytes()) +
-                          " bytes but its window holds " +
-                          std::to_string(window->length) +
-                          ": register a window at least as large as the READ"),
-                      false, version),
-          false);
+      SendReply(state, id,
+                EncodeError(id,
+                            Status::OutOfRange("READ request " + std::to_string(id) + " asks for " +
+                                               std::to_string(read->RequestedBytes()) +
+                                               " bytes but its window holds " +
+                                               std::to_string(window->length) +
+                                               ": register a window at least as large as the READ"),
+                            false, version),
+                false);
       return;
     }
     // A READ's reply bytes from the reply budget first, as on TCP (they may
@@ -390,20 +352,17 @@ private:
     if (read != nullptr) {
       Result<BudgetReservation> reserved = Reserve(read->RequestedBytes());
       if (!reserved.ok()) {
-        SendReply(state, id, EncodeError(id, reserved.status(), true, version),
-                  true);
+        SendReply(state, id, EncodeError(id, reserved.status(), true, version), true);
         return;
       }
       reservation = std::move(*reserved);
     }
     ServiceResult result = RunServiceCall(context_, *step.service, id, version);
     // File ranges hold no memory: give that back now.
-    reservation.Resize(result.answer.has_value() ? result.answer->memory_bytes()
-                                                 : 0);
+    reservation.Resize(result.answer.has_value() ? result.answer->memory_bytes() : 0);
     if (result.granted.has_value()) {
       state.session.Grant(std::move(*result.granted));
-      log_->debug("{}: authenticated as {} ({})", Describe(state),
-                  state.session.identity().subject,
+      log_->debug("{}: authenticated as {} ({})", Describe(state), state.session.identity().subject,
                   state.session.identity().Scope());
     }
     if (result.answer.has_value()) {
@@ -412,9 +371,8 @@ private:
         // A failed or late RMA leaves the endpoint broken: close it.
         Add(errors_);
         warnings_.Warn(
-            Describe(state) + ": writing the payload of READ request " +
-            std::to_string(id) + " into the reader's window failed: " +
-            written.ToString() + "; closed the connection");
+            Describe(state) + ": writing the payload of READ request " + std::to_string(id) +
+            " into the reader's window failed: " + written.ToString() + "; closed the connection");
         state.closed = true;
         return;
       }
@@ -428,7 +386,7 @@ private:
     struct Wake {
       std::mutex mu;
       std::condition_variable cv;
-      bool woken = false; // guarded by mu
+      bool woken = false;  // guarded by mu
     };
     auto wake = std::make_shared<Wake>();
     bool counted = false;
@@ -452,44 +410,37 @@ private:
       // Sliced, so that Stop is seen.
       wake->cv.wait_for(lock, kAcceptSlice, [&] { return wake->woken; });
       if (stop_.load()) {
-        return Status::Unavailable(
-            "the cache node is stopping; read from another replica");
+        return Status::Unavailable("the cache node is stopping; read from another replica");
       }
     }
   }
 
   // The payload pieces, in order, at their offsets in the window.
-  Status WritePayload(ConnectionState &state,
-                      const fabric::RemoteWindow &window,
-                      const OutgoingFrame &frame) {
+  Status WritePayload(ConnectionState& state, const fabric::RemoteWindow& window,
+                      const OutgoingFrame& frame) {
     const uint64_t total = frame.payload_length();
     if (total > window.length) {
       return Status::OutOfRange("a payload of " + std::to_string(total) +
                                 " bytes does not fit the window of " +
                                 std::to_string(window.length));
     }
-    const SteadyClock::time_point deadline =
-        SteadyClock::now() + options_.server.write_timeout;
+    const SteadyClock::time_point deadline = SteadyClock::now() + options_.server.write_timeout;
     uint64_t offset = 0;
-    for (const PayloadPiece &piece : frame.payload) {
-      if (const auto *memory = std::get_if<std::string_view>(&piece)) {
-        GRANARY_RETURN_IF_ERROR(
-            state.endpoint.Write(window, offset, *memory, deadline));
+    for (const PayloadPiece& piece : frame.payload) {
+      if (const auto* memory = std::get_if<std::string_view>(&piece)) {
+        GRANARY_RETURN_IF_ERROR(state.endpoint.Write(window, offset, *memory, deadline));
         Add(rma_bytes_, memory->size());
         offset += memory->size();
         continue;
       }
-      const FileRange &range = std::get<FileRange>(piece);
+      const FileRange& range = std::get<FileRange>(piece);
       for (uint64_t done = 0; done < range.length;) {
-        const size_t n =
-            static_cast<size_t>(std::min(range.length - done, kFileSliceBytes));
-        if (state.file_buffer.size() < n)
-          state.file_buffer.resize(n);
-        GRANARY_RETURN_IF_ERROR(PreadFull(range.fd, state.file_buffer.data(), n,
-                                          range.offset + done, "a chunk file"));
+        const size_t n = static_cast<size_t>(std::min(range.length - done, kFileSliceBytes));
+        if (state.file_buffer.size() < n) state.file_buffer.resize(n);
+        GRANARY_RETURN_IF_ERROR(
+            PreadFull(range.fd, state.file_buffer.data(), n, range.offset + done, "a chunk file"));
         GRANARY_RETURN_IF_ERROR(state.endpoint.Write(
-            window, offset, std::string_view(state.file_buffer.data(), n),
-            deadline));
+            window, offset, std::string_view(state.file_buffer.data(), n), deadline));
         Add(rma_bytes_, n);
         done += n;
         offset += n;
@@ -498,70 +449,55 @@ private:
     return Status::Ok();
   }
 
-  void SendReply(ConnectionState &state, uint64_t id, std::string_view frame,
-                 bool closing) {
-    Status sent = state.endpoint.Send(frame, SteadyClock::now() +
-                                                 options_.server.write_timeout);
+  void SendReply(ConnectionState& state, uint64_t id, std::string_view frame, bool closing) {
+    Status sent = state.endpoint.Send(frame, SteadyClock::now() + options_.server.write_timeout);
     if (!sent.ok()) {
       Add(errors_);
-      log_->debug("{}: sending the reply to request {} failed: {}",
-                  Describe(state), id, sent.ToString());
+      log_->debug("{}: sending the reply to request {} failed: {}", Describe(state), id,
+                  sent.ToString());
       state.closed = true;
       return;
     }
     Add(requests_);
-    if (closing)
-      state.closed = true;
+    if (closing) state.closed = true;
   }
 
   // The message cannot be trusted: ERROR (request id 0, closing), then close.
-  void FramingError(ConnectionState &state, const Status &status) {
+  void FramingError(ConnectionState& state, const Status& status) {
     Add(errors_);
-    warnings_.Warn(Describe(state) + ": " + status.ToString() +
-                   "; answered ERROR and closed it");
-    SendReply(state, 0,
-              EncodeError(0, status, true, state.session.error_version()),
-              true);
+    warnings_.Warn(Describe(state) + ": " + status.ToString() + "; answered ERROR and closed it");
+    SendReply(state, 0, EncodeError(0, status, true, state.session.error_version()), true);
   }
 
-  void NoteStep(ConnectionState &state, uint64_t id, const SessionStep &step) {
-    if (step.policy_error || step.message_error || step.auth_refused)
-      Add(errors_);
-    if (step.auth_granted)
-      Add(auth_granted_);
+  void NoteStep(ConnectionState& state, uint64_t id, const SessionStep& step) {
+    if (step.policy_error || step.message_error || step.auth_refused) Add(errors_);
+    if (step.auth_granted) Add(auth_granted_);
     if (step.granted) {
-      log_->debug("{}: authenticated as {} ({})", Describe(state),
-                  state.session.identity().subject,
+      log_->debug("{}: authenticated as {} ({})", Describe(state), state.session.identity().subject,
                   state.session.identity().Scope());
     }
-    if (step.refusal.ok())
-      return;
+    if (step.refusal.ok()) return;
     if (step.warn) {
-      warnings_.Warn(Describe(state) + ": request " + std::to_string(id) +
-                     ": " + step.refusal.ToString() +
-                     "; answered ERROR and closed it");
+      warnings_.Warn(Describe(state) + ": request " + std::to_string(id) + ": " +
+                     step.refusal.ToString() + "; answered ERROR and closed it");
     } else {
-      log_->debug("{}: request {}: {}", Describe(state), id,
-                  step.refusal.ToString());
+      log_->debug("{}: request {}: {}", Describe(state), id, step.refusal.ToString());
     }
   }
 
   // The node's own STAT: what this front end adds.
-  void AppendEntries(StatReply *reply) const {
-    const std::pair<const char *, uint64_t> entries[] = {
+  void AppendEntries(StatReply* reply) const {
+    const std::pair<const char*, uint64_t> entries[] = {
         {"fabric_connections_open", Load(open_)},
         {"fabric_requests_total", Load(requests_)},
         {"fabric_rma_bytes_total", Load(rma_bytes_)},
         {"fabric_errors_total", Load(errors_)},
     };
-    for (const auto &[key, value] : entries) {
-      if (reply->entries.size() >= pf::kMaxStatEntries)
-        break;
-      bool taken =
-          std::any_of(reply->entries.begin(), reply->entries.end(),
-                      [key = key](const StatEntry &e) { return e.key == key; });
-      if (!taken)
-        reply->entries.push_back(StatEntry{key, value});
+    for (const auto& [key, value] : entries) {
+      if (reply->entries.size() >= pf::kMaxStatEntries) break;
+      bool taken = std::any_of(reply->entries.begin(), reply->entries.end(),
+                               [key = key](const StatEntry& e) { return e.key == key; });
+      if (!taken) reply->entries.push_back(StatEntry{key, value});
     }
   }
 
@@ -569,21 +505,19 @@ private:
   const std::shared_ptr<ReadService> service_;
   const std::shared_ptr<spdlog::logger> log_;
   ClientWarnings warnings_{*log_};
-  ReplyBudget
-      budget_; // READ replies of every fabric connection (reply_buffer_bytes)
+  ReplyBudget budget_;  // READ replies of every fabric connection (reply_buffer_bytes)
   ServiceCallContext context_;
   std::unique_ptr<fabric::Listener> listener_;
   std::thread accept_thread_;
   std::atomic<bool> stop_{false};
-  bool stopped_ = false; // owner thread
+  bool stopped_ = false;  // owner thread
 
   std::mutex mu_;
-  std::condition_variable done_cv_; // a connection ended
-  std::map<uint64_t, std::shared_ptr<Connection>>
-      connections_;                         // guarded by mu_: open
-  std::map<uint64_t, std::thread> threads_; // guarded by mu_
-  std::vector<uint64_t> finished_;          // guarded by mu_: threads to join
-  uint64_t next_id_ = 0;                    // guarded by mu_
+  std::condition_variable done_cv_;                              // a connection ended
+  std::map<uint64_t, std::shared_ptr<Connection>> connections_;  // guarded by mu_: open
+  std::map<uint64_t, std::thread> threads_;                      // guarded by mu_
+  std::vector<uint64_t> finished_;                               // guarded by mu_: threads to join
+  uint64_t next_id_ = 0;                                         // guarded by mu_
 
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> rejected_{0};
@@ -595,34 +529,28 @@ private:
   std::atomic<uint64_t> budget_waits_{0};
 };
 
-Result<std::unique_ptr<FabricServer>>
-FabricServer::Start(std::shared_ptr<ReadService> service,
-                    const FabricServerOptions &options) {
+Result<std::unique_ptr<FabricServer>> FabricServer::Start(std::shared_ptr<ReadService> service,
+                                                          const FabricServerOptions& options) {
   if (service == nullptr) {
-    return Status::InvalidArgument(
-        "cache node fabric server: no read service given");
+    return Status::InvalidArgument("cache node fabric server: no read service given");
   }
   GRANARY_RETURN_IF_ERROR(options.server.Validate());
   if (options.server.tls != nullptr) {
     return Status::InvalidArgument(
-        "cache node fabric server: TLS was asked for, which the fabric does "
-        "not carry; serve TLS "
+        "cache node fabric server: TLS was asked for, which the fabric does not carry; serve TLS "
         "on `listen` and leave the fabric off");
   }
-  Result<NetAddress> listen =
-      ParseNetAddress(options.listen, "fabric listen address");
-  if (!listen.ok())
-    return listen.status().WithContext("cache node fabric server options");
+  Result<NetAddress> listen = ParseNetAddress(options.listen, "fabric listen address");
+  if (!listen.ok()) return listen.status().WithContext("cache node fabric server options");
   auto impl = std::make_unique<Impl>(std::move(service), options);
   GRANARY_RETURN_IF_ERROR(impl->Start(*listen));
   return std::unique_ptr<FabricServer>(new FabricServer(std::move(impl)));
 }
 
-FabricServer::FabricServer(std::unique_ptr<Impl> impl)
-    : impl_(std::move(impl)) {}
+FabricServer::FabricServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 FabricServer::~FabricServer() { Stop(); }
 uint16_t FabricServer::port() const { return impl_->port(); }
 void FabricServer::Stop() { impl_->Stop(); }
 FabricCounters FabricServer::Counters() const { return impl_->Counters(); }
 
-} // namespace granary
+}  // namespace granary
