@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <random>
 #include <string>
@@ -208,9 +209,18 @@ TEST(FabricServerUnitTest, FileRangesLargerThanTheBufferAndMemoryLandInTheWindow
   EXPECT_TRUE(got.substr(0, big) == f.service->bytes(100, big));
   EXPECT_TRUE(got.substr(big, 5000) == f.service->bytes(7, 5000));
   EXPECT_TRUE(got.substr(big + 5000, 1) == f.service->bytes(3, 1));
+  // The node's own STAT carries the service's entries and the front end's.
+  auto stat = reader.Call(StatRequest{});
+  ASSERT_OK(stat);
+  ASSERT_TRUE(std::holds_alternative<StatReply>(*stat));
+  std::map<std::string, uint64_t> entries;
+  for (const StatEntry& e : std::get<StatReply>(*stat).entries) entries[e.key] = e.value;
+  EXPECT_EQ(entries["samples"], 1u);
+  EXPECT_EQ(entries["fabric_connections_open"], 1u);
+  EXPECT_EQ(entries["fabric_rma_bytes_total"], read.RequestedBytes());
   // Counted once the send completed on the node's side, which may be just
   // after the reply arrived here.
-  EXPECT_TRUE(WaitFor([&] { return f.server->Counters().requests_total == 2; }, 5s));
+  EXPECT_TRUE(WaitFor([&] { return f.server->Counters().requests_total == 3; }, 5s));
   FabricCounters c = f.server->Counters();
   EXPECT_EQ(c.rma_bytes_total, read.RequestedBytes());
   EXPECT_EQ(c.errors_total, 0u);
