@@ -39,8 +39,8 @@
 // granary_cachenode_fabric_* (cache_node_metrics.h).
 //
 // Who calls it: the cache-node daemon (cache_node.cc) when `fabric_listen` is
-// set. Thread safety: Start, Stop and the destructor from the owning thread;
-// port() and Counters() from any thread.
+// set; bench/cachenode_bench (--transport). Thread safety: Start, Stop and the destructor from the
+// owning thread; port() and Counters() from any thread.
 
 #include <chrono>
 #include <cstdint>
