@@ -154,6 +154,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"tcp", "libfabric", "both"}));
   app.add_option("--fabric-provider", f.fabric_provider,
                  "the libfabric provider with --transport libfabric or both (tcp, verbs)");
+  app.add_flag("--verify-once", f.verify_once,
+               "the node verifies each stored segment once, then sends it with sendfile "
+               "(verify_reads: once; docs/cachenode.md, \"Checksums\")");
   app.add_flag("--netns", f.netns,
                "serve from one network namespace to clients in another, over a veth pair "
                "(needs root), instead of over loopback");

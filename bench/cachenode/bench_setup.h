@@ -101,6 +101,9 @@ struct Flags {
   std::string transport = "tcp";
   std::string fabric_provider = "tcp";
   bool netns = false;
+  // The read service verifies each stored segment once, then sends it as a
+  // file range (ChunkReadServiceOptions::verify_once).
+  bool verify_once = false;
 };
 
 // What CLI11's ranges cannot say: sizes that fit the protocol and the disk.

@@ -111,6 +111,7 @@ Status Report(const Flags& f, const BenchSetup& setup, const BenchFigures& figur
     }
     j["serving_by_transport"] = by_transport;
     j["netns"] = f.netns;
+    j["verify_once"] = f.verify_once;
     Json local_json = ToJson(*local, "batches");
     local_json["batch"] = f.batch;
     j["local"] = local_json;

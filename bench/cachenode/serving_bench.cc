@@ -129,9 +129,11 @@ Result<std::unique_ptr<ServingBench>> ServingBench::Start(const BenchSetup& setu
   const bool fabric = transport == "libfabric";
   bench->transport_ =
       fabric ? "libfabric/" + f.fabric_provider : "tcp" + std::string(f.tls ? "+tls" : "");
-  bench->label_ = bench->transport_ + (netns != nullptr ? " across netns" : " loopback");
+  bench->label_ = bench->transport_ + (netns != nullptr ? " across netns" : " loopback") +
+                  (f.verify_once ? ", verify once" : "");
   ChunkReadServiceOptions service_options;
   service_options.node_name = "cachenode-bench";
+  service_options.verify_once = f.verify_once;
   auto service = std::make_shared<ChunkReadService>(setup.store, service_options);
   GRANARY_RETURN_IF_ERROR(service->Add(manifest, stager));
   bench->service_ = service;

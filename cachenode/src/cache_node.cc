@@ -140,6 +140,7 @@ Status CacheNode::Impl::Start() {
 
   ChunkReadServiceOptions read_options;
   read_options.node_name = config_.node_id;
+  read_options.verify_once = config_.verify_reads_once;
   reads_ = std::make_shared<ChunkReadService>(chunks_, read_options);
 
   ServerOptions server_options;

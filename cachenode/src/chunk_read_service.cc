@@ -110,11 +110,55 @@ class ChunkReadService::ItemReader {
     return pieces_ == 1 ? stored_checksum_ : std::nullopt;
   }
 
+  // verify_once: a whole sample that is one stored segment this service has
+  // verified already goes into `answer` as a file range with the segment's
+  // stored checksum, holding the chunk open until the reply is sent. False:
+  // nothing was added; read the item (ReadItem).
+  bool TryFileRange(const granary::ReadItem& item, ReadAnswer& answer) {
+    const Manifest& manifest = *served_.manifest;
+    if (!service_.options_.verify_once || item.kind != ReadKind::kSample ||
+        item.id >= manifest.sample_count() || item.offset != 0 ||
+        item.length != manifest.SizeOf(item.id) || item.length > manifest.chunk_size()) {
+      return false;
+    }
+    const ChunkId chunk = manifest.ChunkOf(item.id);
+    Result<OpenChunk*> open = Open(chunk);
+    if (!open.ok() || (*open)->reader == nullptr) return false;
+    const std::vector<ChunkSegment>& segments = (*open)->segments;
+    uint32_t index = 0;
+    while (index < segments.size() && segments[index].sample != item.id) ++index;
+    if (index == segments.size() || segments[index].length != item.length) return false;
+    const StoredChunkReader& reader = *(*open)->reader;
+    if (!reader->IsPresent(index) || !IsVerified(chunk, index)) return false;
+    Result<uint64_t> offset = reader->PayloadOffset(index);
+    if (!offset.ok()) return false;
+    answer.AddFileRange(reader->fd(), *offset, item.length, reader->checksum(index));
+    answer.Hold((*open)->reader);
+    return true;
+  }
+
  private:
   struct OpenChunk {
     std::vector<ChunkSegment> segments;
-    std::optional<StoredChunkReader> reader;  // none: not in the store (or unreadable)
+    // Null: not in the store (or unreadable). Shared: a file range's answer
+    // holds it (its fd) until the reply is sent.
+    std::shared_ptr<StoredChunkReader> reader;
   };
+
+  bool IsVerified(ChunkId chunk, uint32_t index) const {
+    VerifiedSegments& v = *served_.verified;
+    std::lock_guard<std::mutex> lock(v.mu);
+    auto it = v.chunks.find(chunk);
+    return it != v.chunks.end() && index < it->second.size() && it->second[index];
+  }
+  void SetVerified(ChunkId chunk, uint32_t index, bool verified) {
+    if (!service_.options_.verify_once) return;
+    VerifiedSegments& v = *served_.verified;
+    std::lock_guard<std::mutex> lock(v.mu);
+    std::vector<bool>& bits = v.chunks[chunk];
+    if (bits.size() <= index) bits.resize(index + 1, false);
+    bits[index] = verified;
+  }
 
   std::string Name() const { return ManifestName(dataset_, served_.manifest->id()); }
   ChunkKey Key(ChunkId chunk) const { return ChunkKey{dataset_, served_.manifest->id(), chunk}; }
@@ -126,7 +170,7 @@ class ChunkReadService::ItemReader {
     GRANARY_ASSIGN_OR_RETURN(open.segments, served_.manifest->Segments(chunk));
     auto reader = service_.store_->OpenChunkReader(Key(chunk), open.segments);
     if (reader.ok()) {
-      open.reader.emplace(std::move(*reader));
+      open.reader = std::make_shared<StoredChunkReader>(std::move(*reader));
     } else if (reader.status().code() != StatusCode::kNotFound) {
       // On demand decides: the store's index says what is present.
       GetLogger("cachenode")
@@ -169,10 +213,11 @@ class ChunkReadService::ItemReader {
   Result<std::string> ReadSegment(ChunkId chunk, uint32_t index, bool* on_demand,
                                   std::optional<uint64_t>* stored) {
     GRANARY_ASSIGN_OR_RETURN(OpenChunk * open, Open(chunk));
-    if (open->reader.has_value() && (*open->reader)->IsPresent(index)) {
+    if (open->reader != nullptr && (*open->reader)->IsPresent(index)) {
       auto bytes = (*open->reader)->Read(index);
       if (bytes.ok()) {
         *stored = (*open->reader)->checksum(index);
+        SetVerified(chunk, index, true);
         return bytes;
       }
       if (bytes.status().code() == StatusCode::kCorruption) {
@@ -224,6 +269,7 @@ class ChunkReadService::ItemReader {
   Result<std::string> Restage(ChunkId chunk, const std::vector<ChunkSegment>& segments,
                               uint32_t index, const Status& corruption, bool* on_demand) {
     service_.checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    SetVerified(chunk, index, false);
     GetLogger("cachenode")
         ->warn("re-staging segment {} of chunk {} of {} after a checksum failure: {}", index, chunk,
                Name(), corruption.ToString());
@@ -234,7 +280,7 @@ class ChunkReadService::ItemReader {
     // Our reader's view of the chunk is stale now (the segment was dropped and
     // put again): refresh it, or read the rest of the chunk through the Stager.
     // The entry stays: callers iterate over its segment list.
-    if (auto it = chunks_.find(chunk); it != chunks_.end() && it->second.reader.has_value()) {
+    if (auto it = chunks_.find(chunk); it != chunks_.end() && it->second.reader != nullptr) {
       if (!it->second.reader->Refresh().ok()) it->second.reader.reset();
     }
     return fetched;
@@ -281,7 +327,8 @@ Status ChunkReadService::Add(std::shared_ptr<const Manifest> manifest,
   if (served_.count(key) != 0) {
     return Status::AlreadyExists(what + ": it is served already; Remove it first");
   }
-  served_.emplace(std::move(key), Served{std::move(manifest), std::move(stager)});
+  served_.emplace(std::move(key), Served{std::move(manifest), std::move(stager),
+                                         std::make_shared<VerifiedSegments>()});
   return Status::Ok();
 }
 
@@ -297,7 +344,8 @@ Status ChunkReadService::Replace(std::shared_ptr<const Manifest> manifest,
                             " in the read service of node " + Quoted(options_.node_name) +
                             ": it is not served; Add it");
   }
-  replaced = std::exchange(it->second, Served{std::move(manifest), std::move(stager)});
+  replaced = std::exchange(it->second, Served{std::move(manifest), std::move(stager),
+                                              std::make_shared<VerifiedSegments>()});
   return Status::Ok();
 }
 
@@ -356,6 +404,13 @@ Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
   ItemReader reader(*this, *served, request.dataset);
   ReadAnswer answer;
   for (const ReadItem& item : request.items) {
+    if (reader.TryFileRange(item, answer)) {
+      items_ok_.fetch_add(1, std::memory_order_relaxed);
+      items_from_disk_.fetch_add(1, std::memory_order_relaxed);
+      items_sendfile_.fetch_add(1, std::memory_order_relaxed);
+      bytes_served_.fetch_add(item.length, std::memory_order_relaxed);
+      continue;
+    }
     std::string bytes;  // a whole segment's buffer is moved in; else reserved at its first piece
     bool on_demand = false;
     Status status = reader.ReadItem(item, &bytes, &on_demand);
@@ -476,6 +531,7 @@ ChunkReadServiceCounters ChunkReadService::Counters() const {
   c.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
   c.restaged_segments = restaged_segments_.load(std::memory_order_relaxed);
   c.store_read_errors = store_read_errors_.load(std::memory_order_relaxed);
+  c.items_sendfile = items_sendfile_.load(std::memory_order_relaxed);
   return c;
 }
 

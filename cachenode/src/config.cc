@@ -161,6 +161,16 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
         ") use the same port; give one of them another port");
   }
 
+  std::string verify_reads = "always";
+  GRANARY_RETURN_IF_ERROR(m.Optional("verify_reads", &verify_reads));
+  if (verify_reads != "always" && verify_reads != "once") {
+    return Status::InvalidArgument(
+        m.Where("verify_reads") + ": " + Quoted(verify_reads) +
+        " is not a choice: write always (check every served segment here) or once (check it "
+        "the first time, then send it with sendfile; readers check every item either way)");
+  }
+  c->verify_reads_once = verify_reads == "once";
+
   GRANARY_RETURN_IF_ERROR(
       OptionalFilePath(m, "cluster_key_file", &c->cluster_key_file, "/etc/granary/cluster.key"));
   bool kubernetes_given = false;

@@ -220,6 +220,73 @@ TEST_F(ChunkReadServiceTest, BatchedReadOfStagedSamplesEqualsTheSource) {
   EXPECT_EQ(c.checksum_failures, 0u);
 }
 
+// verify_once: a whole sample that is one stored segment is read and
+// verified once, then answered as a file range of its chunk file (sendfile)
+// with the stored checksum; parts of samples, samples over several chunks and
+// a service without verify_once always read. The file range's bytes are the
+// source's; bytes that rot after the check keep the stored checksum, which
+// is what a reader checks them against.
+TEST_F(ChunkReadServiceTest, VerifyOnceServesVerifiedSegmentsAsFileRanges) {
+  ChunkReadServiceOptions so;
+  so.node_name = "node-a";
+  so.verify_once = true;
+  service_ = std::make_shared<ChunkReadService>(store_, so);
+  Serve({}, /*start=*/true);
+  const SampleId small = 3;
+  const SampleId big = Find("big/a.bin");
+  ASSERT_LE(manifest_->SizeOf(small), manifest_->chunk_size());
+  const std::vector<ReadItem> items = {
+      WholeSample(small), WholeSample(big),
+      Sample(small, 1, static_cast<uint32_t>(manifest_->SizeOf(small) - 1))};
+  auto first = service_->Read(Request(items));
+  ASSERT_OK(first);
+  for (const PayloadPiece& piece : first->payload()) {
+    EXPECT_TRUE(std::holds_alternative<std::string_view>(piece)) << "the first read verifies";
+  }
+  EXPECT_EQ(service_->Counters().items_sendfile, 0u);
+
+  auto second = service_->Read(Request(items));
+  ASSERT_OK(second);
+  ASSERT_EQ(second->item_count(), 3u);
+  for (size_t i = 0; i < 3; ++i) ASSERT_OK(second->reply().items[i].status);
+  // Item 0: one file range with the stored (= the source's) checksum.
+  const auto* range = std::get_if<FileRange>(&second->payload().at(0));
+  ASSERT_NE(range, nullptr) << "a verified whole segment goes as a file range";
+  std::string bytes(range->length, '\0');
+  ASSERT_EQ(::pread(range->fd, bytes.data(), bytes.size(), static_cast<off_t>(range->offset)),
+            static_cast<ssize_t>(bytes.size()));
+  EXPECT_EQ(bytes, Expected(small));
+  EXPECT_EQ(second->reply().items[0].checksum, Checksum64(Expected(small)));
+  // The big sample (three chunks) and the partial item are read as before.
+  for (size_t p = 1; p < second->payload().size(); ++p) {
+    EXPECT_TRUE(std::holds_alternative<std::string_view>(second->payload()[p])) << p;
+  }
+  EXPECT_EQ(ItemBytes(*second, 2), Expected(small).substr(1));
+  EXPECT_EQ(service_->Counters().items_sendfile, 1u);
+
+  // Rot after the check: still a file range, still the stored checksum, so
+  // the bytes no longer match it and a reader's check refuses them.
+  FlipPayloadByte(manifest_->ChunkOf(small), IndexOf(small));
+  auto third = service_->Read(Request({WholeSample(small)}));
+  ASSERT_OK(third);
+  range = std::get_if<FileRange>(&third->payload().at(0));
+  ASSERT_NE(range, nullptr);
+  ASSERT_EQ(::pread(range->fd, bytes.data(), bytes.size(), static_cast<off_t>(range->offset)),
+            static_cast<ssize_t>(bytes.size()));
+  EXPECT_NE(Checksum64(bytes), *third->reply().items[0].checksum);
+}
+
+TEST_F(ChunkReadServiceTest, WithoutVerifyOnceEveryReadIsVerifiedHere) {
+  Serve({}, /*start=*/true);
+  for (int round = 0; round < 2; ++round) {
+    auto answer = service_->Read(Request({WholeSample(3)}));
+    ASSERT_OK(answer);
+    ASSERT_EQ(answer->payload().size(), 1u);
+    EXPECT_TRUE(std::holds_alternative<std::string_view>(answer->payload()[0])) << round;
+  }
+  EXPECT_EQ(service_->Counters().items_sendfile, 0u);
+}
+
 TEST_F(ChunkReadServiceTest, UnstagedSamplesComeOnDemandAndAreStored) {
   Serve();  // bulk staging never started
   const SampleId big = Find("big/a.bin");

@@ -140,7 +140,7 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
               std::string::npos)
         << key << " not in the example";
   }
-  EXPECT_EQ(keys, 36u) << msg;
+  EXPECT_EQ(keys, 37u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {
@@ -469,6 +469,21 @@ TEST(CacheNodeConfigTest, TtlMustExceedTwiceTheInterval) {
   std::string text = With("heartbeat_interval", "1m") + "heartbeat_ttl: 2m\n";
   ExpectError(text, {"node.yaml:5: key 'heartbeat_ttl'", "(120s) must exceed twice",
                      "'heartbeat_interval' (60s)"});
+}
+
+TEST(CacheNodeConfigTest, VerifyReads) {
+  Result<CacheNodeConfig> c = ParseCacheNodeConfig(With("node_id", "n1"), "node.yaml");
+  ASSERT_OK(c);
+  EXPECT_FALSE(c->verify_reads_once) << "the default checks every read";
+  c = ParseCacheNodeConfig(With("verify_reads", "once"), "node.yaml");
+  ASSERT_OK(c);
+  EXPECT_TRUE(c->verify_reads_once);
+  c = ParseCacheNodeConfig(With("verify_reads", "always"), "node.yaml");
+  ASSERT_OK(c);
+  EXPECT_FALSE(c->verify_reads_once);
+  for (const char* bad : {"never", "Once", "''", "true"}) {
+    ExpectBadValue("verify_reads", bad, "is not a choice", "write always");
+  }
 }
 
 TEST(CacheNodeConfigTest, BadLogLevelAndScanMode) {

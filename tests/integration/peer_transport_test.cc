@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "granary/core/hash.h"
+#include "granary/fabric/fabric_transport.h"
 #include "granary/sidecar/sample_fetcher.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/scripted_peer_transport.h"
@@ -194,6 +195,66 @@ TEST_F(PeerTransportTest, ARefusedConnectionSendsItsSamplesToTheOtherReplica) {
   EXPECT_EQ(c.failed_samples, 0u);
   EXPECT_EQ(scripted->reads(nodes_[1].address), 0u) << "a node marked down is not read";
   EXPECT_GT(scripted->reads(nodes_[0].address), 0u);
+}
+
+// verify_reads: once, end to end: a node checks each segment the first time
+// and then sends it from its chunk file (sendfile over TCP; a file range read
+// into the fabric front end's buffer and written by RMA). Every sample read
+// twice over each transport is the source's, with its checksum (which the
+// readers verify), and the second TCP pass went out with sendfile.
+TEST(VerifyOnceTest, ANodeThatVerifiesOnceServesTheSourcesBytesOverBothTransports) {
+  auto cluster = CacheCluster::Create();
+  ASSERT_OK(cluster);
+  CacheNodeOptions o;
+  o.extra_yaml =
+      "verify_reads: once\nfabric_listen: 127.0.0.1:" + std::to_string(FreeTcpPort()) + "\n";
+  CacheNode& node = (*cluster)->AddNode(o);
+  ASSERT_OK(node.Start());
+  ASSERT_OK(node.WaitReady(30s));
+  DatasetOptions d;
+  d.name = "once";
+  d.files = 200;
+  d.chunk_size = 64 * 1024;
+  auto ds = (*cluster)->CreateDataset(d);
+  ASSERT_OK(ds);
+  ASSERT_OK((*cluster)->WaitForPhase(ds->name, DatasetPhase::kReady, 60s));
+  auto nodes = (*cluster)->store().ListNodes("default");
+  ASSERT_OK(nodes);
+  ASSERT_EQ(nodes->size(), 1u);
+  const auto fabric_label = nodes->front().labels.find(std::string(kNodeLabelFabric));
+  ASSERT_NE(fabric_label, nodes->front().labels.end()) << "the node advertises no fabric";
+
+  ReadRequest request;
+  request.dataset = ds->name;
+  request.manifest_id = ds->manifest_id;
+  for (SampleId id : ds->AllIds()) {
+    request.items.push_back(
+        {ReadKind::kSample, id, 0, static_cast<uint32_t>(ds->contents[id].size())});
+  }
+  auto check = [&](PeerConnection& connection, const std::string& what) {
+    for (int pass = 0; pass < 2; ++pass) {
+      auto result = connection.Read(request);
+      ASSERT_OK(result);
+      for (size_t k = 0; k < request.items.size(); ++k) {
+        const SampleId id = request.items[k].id;
+        ASSERT_TRUE(result->status(k).ok())
+            << what << " pass " << pass << " sample " << id << ": " << result->status(k).ToString();
+        ASSERT_EQ(result->bytes(k), ds->contents[id]) << what << " pass " << pass;
+        ASSERT_EQ(result->reply().items[k].checksum, Checksum64(ds->contents[id]));
+      }
+    }
+  };
+  PeerClientOptions options;
+  options.client_name = "verify-once-test";
+  auto tcp = TcpPeerTransport()->Connect(node.address(), options);
+  ASSERT_OK(tcp);
+  check(**tcp, "tcp");
+  EXPECT_OK(node.WaitForMetric("granary_cachenode_sendfile_bytes_total", {}, [&](double v) {
+    return v >= 0.9 * static_cast<double>(ds->total_bytes);
+  }));
+  auto fabric = fabric::FabricPeerTransport("tcp")->Connect(fabric_label->second, options);
+  ASSERT_OK(fabric);
+  check(**fabric, "libfabric");
 }
 
 }  // namespace

@@ -53,6 +53,12 @@ namespace granary {
 struct ChunkReadServiceOptions {
   // Names this node in error messages ("... is not served by node X").
   std::string node_name = "granary-cachenode";
+  // Verify a stored segment once, then serve it as a file range (sendfile,
+  // no copy through this process, no hash) while this service serves its
+  // manifest (docs/cachenode.md, "Checksums"). Off: every read is verified
+  // here. Either way the wire checksum is the one stored at staging, which
+  // readers check, so a segment that rots after its check reaches no one.
+  bool verify_once = false;
 };
 
 // Totals since the service was created (for /metrics and STAT).
@@ -70,6 +76,7 @@ struct ChunkReadServiceCounters {
   uint64_t checksum_failures = 0;   // segments read from disk that failed their checksum
   uint64_t restaged_segments = 0;   // of those, dropped and fetched again correctly
   uint64_t store_read_errors = 0;   // segments the store failed to read (EIO, ...): item failed
+  uint64_t items_sendfile = 0;      // OK items served as a file range (verify_once)
 };
 
 class ChunkReadService final : public ReadService {
@@ -104,9 +111,16 @@ class ChunkReadService final : public ReadService {
   ChunkReadServiceCounters Counters() const;
 
  private:
+  // The stored segments of one served manifest already verified here
+  // (verify_once), per chunk: a bit per segment.
+  struct VerifiedSegments {
+    std::mutex mu;
+    std::map<ChunkId, std::vector<bool>> chunks;  // guarded by mu
+  };
   struct Served {
     std::shared_ptr<const Manifest> manifest;  // the stager's own (same id)
     std::shared_ptr<Stager> stager;
+    std::shared_ptr<VerifiedSegments> verified;  // made by Add and Replace
   };
   struct KeyLess {
     bool operator()(const std::pair<std::string, ContentId>& a,
@@ -142,6 +156,7 @@ class ChunkReadService final : public ReadService {
   std::atomic<uint64_t> checksum_failures_{0};
   std::atomic<uint64_t> restaged_segments_{0};
   std::atomic<uint64_t> store_read_errors_{0};
+  std::atomic<uint64_t> items_sendfile_{0};
 };
 
 }  // namespace granary

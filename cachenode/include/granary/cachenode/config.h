@@ -146,6 +146,13 @@ struct CacheNodeConfig {
   // `fabric_provider`: the libfabric provider: tcp (the default; any
   // Ethernet), verbs (InfiniBand, RoCE), or another `fi_info` lists.
   std::string fabric_provider = "tcp";
+  // `verify_reads`: "always" (the default): every stored segment served is
+  // read into memory and checked against its stored checksum here first;
+  // "once": checked the first time, then sent from its file with sendfile
+  // (no copy through this process, no hash) while the dataset is served.
+  // Readers check every item against the stored checksum either way
+  // (docs/cachenode.md, "Checksums").
+  bool verify_reads_once = false;
   // `local_socket`: a Unix socket through which sidecars on this host get
   // read-only descriptors of chunk files (chunk handoff, chunk_handoff.h), an
   // absolute path. Empty (the default): off.
