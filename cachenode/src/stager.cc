@@ -158,9 +158,12 @@ Status Stager::SetOrder(std::span<const SampleId> order) {
       std::vector<ChunkId> chunk_order,
       ChunkOrder(*manifest_, order,
                  "re-ordering the staging of dataset " + Quoted(options_.dataset)));
+  std::vector<SampleId> copy(order.begin(), order.end());
   std::lock_guard<std::mutex> lock(mu_);
   chunk_order_ = std::move(chunk_order);
+  order_ = std::move(copy);
   cursor_ = 0;
+  if (started_) LeadInLocked();
   cv_.notify_all();
   return Status::Ok();
 }
@@ -174,6 +177,7 @@ Stager::Stager(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Source>
       options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : SystemClock::Default()),
       chunk_order_(std::move(chunk_order)),
+      order_(options_.order),
       chunks_(manifest_->chunk_count()) {}
 
 Stager::~Stager() { Stop(); }
@@ -190,6 +194,11 @@ Status Stager::Start() {
     ++workers_running_;
     workers_.emplace_back([this] { WorkerLoop(); });
   }
+  for (uint32_t i = 0; options_.read_ahead > 0 && i < kReadAheadThreads; ++i) {
+    ++workers_running_;
+    workers_.emplace_back([this] { LeadInLoop(); });
+  }
+  LeadInLocked();
   return Status::Ok();
 }
 

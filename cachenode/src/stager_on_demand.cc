@@ -152,4 +152,85 @@ Result<std::string> Stager::FetchSample(SampleId sample) {
   return out;
 }
 
+// ---- lead-in ------------------------------------------------------------------
+
+void Stager::LeadInLocked() {
+  // Not past the store's capacity (or on a full disk): what is read then
+  // cannot be stored.
+  if (options_.read_ahead == 0 || stopping_ || capacity_ || disk_full_) return;
+  const size_t end = std::min<size_t>(order_.size(), options_.read_ahead);
+  const size_t queued = wanted_.size();
+  for (size_t q = 0; q < end; ++q) {
+    const SampleId t = order_[q];
+    if (failed_samples_.contains(t)) continue;
+    const ChunkId first = manifest_->ChunkOf(t);
+    const uint64_t pieces = PieceCount(*manifest_, t);
+    for (uint64_t p = 0; p < pieces; ++p) {
+      const ChunkId c = first + static_cast<ChunkId>(p);
+      if (c >= chunks_.size() || !chunks_[c].owned || chunks_[c].done || chunks_[c].failed) {
+        continue;
+      }
+      auto segments = manifest_->Segments(c);
+      if (!segments.ok()) continue;
+      auto it = std::find_if(segments->begin(), segments->end(),
+                             [&](const ChunkSegment& s) { return s.sample == t; });
+      if (it == segments->end()) continue;
+      const auto index = static_cast<uint32_t>(it - segments->begin());
+      if (fills_.contains({c, index})) continue;
+      auto bits = store_->PresentSegments(Key(c));
+      if (bits.ok() && index < bits->size() && (*bits)[index]) continue;
+      fills_.emplace(FillKey{c, index}, std::make_shared<Fill>());
+      wanted_.push_back({c, index});
+      ++on_demand_pending_;  // ahead of bulk reads, as an on-demand read
+    }
+  }
+  if (wanted_.size() > queued) cv_.notify_all();
+}
+
+void Stager::LeadInLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    // What was queued is read even when stopping: fetches wait for it.
+    cv_.wait(lock, [&] { return stopping_ || !wanted_.empty(); });
+    if (wanted_.empty()) break;
+    const FillKey key = wanted_.front();
+    wanted_.pop_front();
+    auto it = fills_.find(key);
+    auto segments = manifest_->Segments(key.first);
+    if (it == fills_.end() || !segments.ok()) {  // cannot happen: queued with its fill
+      --on_demand_pending_;
+      continue;
+    }
+    const std::shared_ptr<Fill> fill = it->second;
+    const ChunkSegment segment = (*segments)[key.second];
+    ++on_demand_since_bulk_;
+    lock.unlock();
+    std::string bytes;
+    Status read = ReadFromSource(segment, &bytes, /*bulk=*/false, options_.io_retries);
+    lock.lock();
+    --on_demand_pending_;
+    fill->bytes = std::move(bytes);
+    fill->status = read;
+    fill->done = true;
+    bool hold = false;
+    if (!read.ok()) {
+      RecordFailureLocked(segment.sample, read);
+      fills_.erase(key);
+    } else if (!chunks_[key.first].writer_held) {
+      chunks_[key.first].writer_held = true;  // store it ourselves
+      hold = true;
+    }  // else the holder puts and commits it
+    cv_.notify_all();
+    if (hold) {
+      lock.unlock();
+      auto writer = OpenWriter(key.first, *segments);
+      static_cast<void>(DrainAndRelease(
+          key.first, *segments, writer.ok() ? std::optional(std::move(*writer)) : std::nullopt));
+      lock.lock();
+    }
+  }
+  --workers_running_;
+  cv_.notify_all();
+}
+
 }  // namespace granary

@@ -278,6 +278,7 @@ TEST_F(StagerTest, FollowsTheStagingOrderExactlyWithOneThread) {
   order.resize(order.size() / 3);  // chunks it never names come after, in chunk order
   StagerOptions options = Threads(1);
   options.order = order;
+  options.read_ahead = 0;  // the bulk order alone (no lead-in reads first)
   CreateStager(AllChunks(), options);
 
   // The expected chunk order, computed here independently.
@@ -328,6 +329,7 @@ TEST_F(StagerTest, SetOrderMidStagingFollowsTheNewOrderAndReadsNothingTwice) {
   const std::vector<ChunkSegment> first = *manifest_->Segments(busy);
   StagerOptions options = Threads(1);
   options.order = {first[0].sample};
+  options.read_ahead = 0;  // the bulk order alone (no lead-in reads first)
   CreateStager(AllChunks(), options);
   const std::string held_path = manifest_->PathOf(first[1].sample);
   gated_->HoldIf([&](const SourceFile& f, uint64_t) { return f.path == held_path; });
@@ -379,6 +381,59 @@ TEST_F(StagerTest, SetOrderMidStagingFollowsTheNewOrderAndReadsNothingTwice) {
     if (c != busy) want.push_back(c);
   }
   EXPECT_EQ(chunks_read, want);
+}
+
+// The first samples of the staging order are read at Start on their own
+// threads (the lead-in), ahead of bulk staging, which fills whole chunks: a
+// reader of the first batches finds them read, not fetched one by one. A new
+// order (SetOrder) gets its own lead-in. Nothing is read twice.
+TEST_F(StagerTest, TheFirstSamplesOfTheOrderAreReadAtStartAndNothingTwice) {
+  OpenSourceAndStore();
+  // Small files only (one piece each), in a shuffled order.
+  std::vector<SampleId> order;
+  for (SampleId s = 0; s < manifest_->sample_count(); ++s) {
+    if (manifest_->SizeOf(s) <= kChunkSize) order.push_back(s);
+  }
+  std::shuffle(order.begin(), order.end(), std::mt19937(5));
+  StagerOptions options = Threads(2);
+  options.order = order;
+  options.read_ahead = 8;
+  CreateStager(AllChunks(), options);
+  stager_->Pause();  // no bulk reads: only the lead-in
+  auto stored = [&](SampleId s) {
+    const ChunkId c = manifest_->ChunkOf(s);
+    auto bits = store_->PresentSegments(Key(c));
+    auto segments = manifest_->Segments(c);
+    for (uint32_t i = 0; bits.ok() && i < segments->size(); ++i) {
+      if ((*segments)[i].sample == s) return static_cast<bool>((*bits)[i]);
+    }
+    return false;
+  };
+  ASSERT_OK(stager_->Start());
+  for (size_t q = 0; q < 8; ++q) {
+    ASSERT_TRUE(WaitFor([&] { return stored(order[q]); }, 20s))
+        << "sample " << order[q] << " at position " << q << " was not stored";
+  }
+  EXPECT_EQ(source_->Counters().opens, 8u);
+  EXPECT_FALSE(stored(order[8]));
+  for (size_t q = 0; q < 8; ++q) {
+    auto b = stager_->FetchSample(order[q]);
+    ASSERT_OK(b);
+    EXPECT_EQ(*b, Bytes(manifest_->PathOf(order[q]), manifest_->SizeOf(order[q])));
+  }
+  EXPECT_EQ(source_->Counters().opens, 8u);  // nothing read twice
+
+  // A new order: its first 8 not stored yet are read.
+  std::vector<SampleId> reversed(order.rbegin(), order.rend());
+  ASSERT_OK(stager_->SetOrder(reversed));
+  for (size_t q = 0; q < 8; ++q) {
+    ASSERT_TRUE(WaitFor([&] { return stored(reversed[q]); }, 20s)) << "position " << q;
+  }
+  EXPECT_EQ(source_->Counters().opens, 16u);
+  stager_->Resume();
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  EXPECT_EQ(VerifyAll(), total_segments_);
+  for (const auto& [read, n] : ReadCounts()) EXPECT_EQ(n, 1) << read.first << "@" << read.second;
 }
 
 TEST_F(StagerTest, FetchNowReadsAheadOfBulkStagingAndIsNeverReadAgain) {
@@ -858,6 +913,9 @@ TEST_F(StagerTest, CapacityStopsAtAPrefixOfTheOrderAndServingGoesOn) {
   OpenSourceAndStore();
   StagerOptions options = Threads(1);
   options.order = order;
+  // No lead-in: it stores the first samples of the order as on-demand fetches
+  // do, in whatever chunks they are, which a capacity prefix does not bound.
+  options.read_ahead = 0;
   CreateStager(AllChunks(), options);
   const std::vector<ChunkId> chunk_order = stager_->chunk_order();
   uint64_t capacity = 0;
