@@ -220,10 +220,14 @@ def overview():
                       "{{from}}")],
               unit="Bps", w=12),
         panel("timeseries", "Cache node bytes served",
-              "Payload bytes of READ replies the cache nodes sent to sidecars and peers "
-              "(granary_cachenode_served_bytes_total), and those sent with sendfile(2).",
+              "Payload bytes of READ replies the cache nodes sent to sidecars and peers over TCP "
+              "(granary_cachenode_served_bytes_total), those sent with sendfile(2), and those "
+              "written into readers' windows over libfabric "
+              "(granary_cachenode_fabric_rma_bytes_total).",
               [target(f"sum(rate(granary_cachenode_served_bytes_total[{RATE}]))", "served"),
-               target(f"sum(rate(granary_cachenode_sendfile_bytes_total[{RATE}]))", "sendfile")],
+               target(f"sum(rate(granary_cachenode_sendfile_bytes_total[{RATE}]))", "sendfile"),
+               target(f"sum(rate(granary_cachenode_fabric_rma_bytes_total[{RATE}]))",
+                      "libfabric (RMA)")],
               unit="Bps", w=12),
         panel("stat", "Source opens saved",
               SAVED_FORMULA,
@@ -400,9 +404,12 @@ def node_view():
                       "p99")],
               unit="s", w=8),
         panel("timeseries", "Bytes served",
-              "READ payload bytes sent, those with sendfile(2), and bytes received.",
+              "READ payload bytes sent over TCP, those with sendfile(2), those written by RMA "
+              "over libfabric, and bytes received.",
               [target(f"rate(granary_cachenode_served_bytes_total{{{sel}}}[{RATE}])", "served"),
                target(f"rate(granary_cachenode_sendfile_bytes_total{{{sel}}}[{RATE}])", "sendfile"),
+               target(f"rate(granary_cachenode_fabric_rma_bytes_total{{{sel}}}[{RATE}])",
+                      "libfabric (RMA)"),
                target(f"rate(granary_cachenode_received_bytes_total{{{sel}}}[{RATE}])",
                       "received")],
               unit="Bps", w=8),
