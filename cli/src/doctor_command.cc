@@ -4,7 +4,7 @@
 // changes and removes nothing (an embedded store that does not exist yet is
 // not created).
 //
-// Kept whole at about 670 lines: its one job is the doctor's checklist. The
+// Kept whole at about 700 lines: its one job is the doctor's checklist. The
 // checks are members of one Doctor that shares the list of results, the store
 // it opened and the report; they run, and are reported, in the order they
 // appear here, so the file reads as the report does.
@@ -38,6 +38,7 @@
 #include "granary/core/sidecar_protocol.h"
 #include "granary/core/unix_socket.h"
 #include "granary/daemon/config_keys.h"
+#include "granary/fabric/endpoint.h"
 #include "granary/sidecar/config.h"
 #include "granary/store/open_store.h"
 
@@ -547,7 +548,28 @@ class Doctor {
     } else {
       Add("config", Verdict::kPass, summary + "; data_dir " + Writable(config.data_dir, exists));
     }
+    if (config.fabric_listen.has_value()) {
+      CheckFabricProvider(file, config.fabric_provider, "fabric_provider", "serves TCP only");
+    }
     CheckStoreMatches(file, config.metadata_store, config.metadata_store_file);
+  }
+
+  // A daemon configured for libfabric falls back to TCP when its provider is
+  // not usable on this host: say so before it runs (a WARN: it still works).
+  void CheckFabricProvider(const std::string& file, const std::string& provider,
+                           const std::string& key, const std::string& fallback) {
+    const Status usable = fabric::ProbeProvider(provider);
+    if (usable.ok()) {
+      Add("fabric", Verdict::kPass,
+          file + ": libfabric provider " + Quoted(provider) + " is usable on this host");
+      return;
+    }
+    Add("fabric", Verdict::kWarn,
+        file + ": libfabric provider " + Quoted(provider) + " is not usable on this host (" +
+            usable.message() + "); the daemon warns and " + fallback,
+        "install the provider's driver and device (verbs: an RDMA NIC and its rdma-core "
+        "provider), or set " +
+            key + " to one `fi_info` lists (docs/transport.md)");
   }
 
   void CheckSidecarConfig(const std::string& file, const sidecar::SidecarConfig& config) {
@@ -565,6 +587,10 @@ class Doctor {
               (geteuid() == 0 ? "" : " (run doctor as that user to check it for real)"));
     } else {
       Add("config", Verdict::kPass, summary + "; its directory " + Writable(dir, exists));
+    }
+    if (config.transport == "libfabric") {
+      CheckFabricProvider(file, config.libfabric_provider, "libfabric_provider",
+                          "reads every cache node over TCP");
     }
     CheckStoreMatches(file, config.metadata_store, config.metadata_store_file);
   }

@@ -606,6 +606,39 @@ TEST_F(CliClusterTest, DoctorFailsEachWayWithItsFix) {
   fails(r, {"config", "window_samplez", "docs/sidecar.md"});
   r = Cli({"-o", "json", "doctor", "--config", cluster_->dir().Join("missing.yaml")});
   fails(r, {"config", "cannot read", "check the path"});
+  // A sidecar and a node configured for a libfabric provider this host lacks:
+  // a warning each (they fall back to TCP), naming the provider and the key.
+  const std::string no_provider = cluster_->dir().Join("no-provider.yaml");
+  testing::WriteAll(no_provider,
+                    "socket: /tmp/x.sock\ntransport: libfabric\n"
+                    "libfabric_provider: no-such-provider\nmetadata_store: " +
+                        cluster_->store_url() + "\n");
+  const std::string node_no_provider = cluster_->dir().Join("node-no-provider.yaml");
+  testing::WriteAll(node_no_provider,
+                    "data_dir: " + cluster_->dir().Join("fabric-data") +
+                        "\ncapacity: 1GiB\nfabric_listen: 127.0.0.1:7171\nfabric_provider: "
+                        "no-such-provider\nmetadata_store: " +
+                        cluster_->store_url() + "\n");
+  for (const std::string& file : {no_provider, node_no_provider}) {
+    r = Cli({"-o", "json", "doctor", "--config", file});
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    bool warned = false;
+    for (const auto& check : j["checks"]) {
+      if (check["check"] != "fabric") continue;
+      EXPECT_EQ(check["status"], "WARN") << check.dump();
+      const std::string message = check["message"];
+      const std::string fix = check.value("fix", "");
+      warned = message.find("'no-such-provider' is not usable") != std::string::npos &&
+               fix.find("fi_info") != std::string::npos;
+    }
+    EXPECT_TRUE(warned) << r.out;
+  }
+  // The tcp provider is usable here: a pass.
+  testing::WriteAll(no_provider, "socket: /tmp/x.sock\ntransport: libfabric\nmetadata_store: " +
+                                     cluster_->store_url() + "\n");
+  r = Cli({"-o", "json", "doctor", "--config", no_provider});
+  EXPECT_NE(r.out.find("libfabric provider 'tcp' is usable"), std::string::npos) << r.out;
   // A cache node config whose data_dir cannot be made.
   const std::string blocked = cluster_->dir().Join("blocked.yaml");
   testing::WriteAll(blocked, "data_dir: " + bad_node + "/data\ncapacity: 1GiB\nmetadata_store: " +
