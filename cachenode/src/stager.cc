@@ -258,6 +258,7 @@ void Stager::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     cv_.notify_all();
+    lead_in_cv_.notify_all();
   }
   JoinWorkers();
 }
@@ -269,6 +270,7 @@ bool Stager::Stop(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
     stopping_ = true;
     cv_.notify_all();
+    lead_in_cv_.notify_all();
     cv_.wait_for(lock, timeout, [&] { return workers_running_ == 0; });
     running = workers_running_;
   }

@@ -217,10 +217,14 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
         RecordFailureLocked(segment.sample, read);
         fills_.erase({chunk, i});
       }
-      cv_.notify_all();
+      // Per segment: wake only those waiting for this fill (a notify_all per
+      // read woke every thread of the Stager; issue 21's profile).
+      if (fill->waiters > 0 || !read.ok()) cv_.notify_all();
     } else {
       std::unique_lock<std::mutex> lock(mu_);
+      ++fill->waiters;
       cv_.wait(lock, [&] { return fill->done; });
+      --fill->waiters;
     }
     bool put_it = false;
     bool replace = false;
@@ -309,7 +313,7 @@ bool Stager::HelpLocked(std::unique_lock<std::mutex>& lock) {
     chunks_[chunk].writer_held = true;
     hold = true;
   }  // else the holder waits for it, puts and commits it
-  cv_.notify_all();
+  if (fill->waiters > 0 || !read.ok()) cv_.notify_all();
   if (hold) {
     lock.unlock();
     auto writer = OpenWriter(chunk, *segments);

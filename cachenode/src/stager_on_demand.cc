@@ -184,14 +184,14 @@ void Stager::LeadInLocked() {
       ++on_demand_pending_;  // ahead of bulk reads, as an on-demand read
     }
   }
-  if (wanted_.size() > queued) cv_.notify_all();
+  if (wanted_.size() > queued) lead_in_cv_.notify_all();
 }
 
 void Stager::LeadInLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     // What was queued is read even when stopping: fetches wait for it.
-    cv_.wait(lock, [&] { return stopping_ || !wanted_.empty(); });
+    lead_in_cv_.wait(lock, [&] { return stopping_ || !wanted_.empty(); });
     if (wanted_.empty()) break;
     const FillKey key = wanted_.front();
     wanted_.pop_front();

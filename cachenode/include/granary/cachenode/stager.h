@@ -306,7 +306,9 @@ class Stager {
     bool done = false;
     bool put = false;      // handed to the chunk's writer (present after its commit)
     bool replace = false;  // the stored copy failed its checksum: drop it before the put
-    uint32_t waiters = 0;  // on-demand readers waiting to copy `bytes` (kept while any)
+    // Threads waiting for `done` (to copy `bytes`, or the holder to put them):
+    // its reader wakes the others only then. `bytes` stay while any waits.
+    uint32_t waiters = 0;
     Status status;
     std::string bytes;
   };
@@ -400,13 +402,16 @@ class Stager {
   const Clock* const clock_;  // options_.clock, or the system clock
 
   mutable std::mutex mu_;
-  std::vector<ChunkId> chunk_order_;                // guarded by mu_
-  std::vector<SampleId> order_;                     // guarded by mu_: options.order, or SetOrder's
-  std::deque<FillKey> wanted_;                      // guarded by mu_: lead-in fills not started
-  std::condition_variable cv_;                      // any change of the state below
-  std::vector<ChunkState> chunks_;                  // guarded by mu_; by chunk id
-  std::map<FillKey, std::shared_ptr<Fill>> fills_;  // guarded by mu_
-  std::map<SampleId, Status> failed_samples_;       // guarded by mu_
+  std::vector<ChunkId> chunk_order_;  // guarded by mu_
+  std::vector<SampleId> order_;       // guarded by mu_: options.order, or SetOrder's
+  std::deque<FillKey> wanted_;        // guarded by mu_: lead-in fills not started
+  // wanted_ grew, or stopping_ was set: the lead-in threads wait on this one
+  // only, so that the bulk workers' notifications do not wake them.
+  std::condition_variable lead_in_cv_;
+  std::condition_variable cv_;                                // any change of the state below
+  std::vector<ChunkState> chunks_;                            // guarded by mu_; by chunk id
+  std::map<FillKey, std::shared_ptr<Fill>> fills_;            // guarded by mu_
+  std::map<SampleId, Status> failed_samples_;                 // guarded by mu_
   std::array<uint64_t, kSourceErrorKinds> failed_by_kind_{};  // guarded by mu_
   size_t cursor_ = 0;               // guarded by mu_: chunk_order_ before it needs nothing
   bool started_ = false;            // guarded by mu_
