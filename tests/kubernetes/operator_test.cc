@@ -11,6 +11,10 @@
 // registration) and check the store Secret it copies to the Datasets'
 // namespaces.
 //
+// The pool is the example's with transport libfabric (its tcp provider): the
+// cache node serves the fabric beside its TCP port, and the example case reads
+// every sample back over each.
+//
 // The whole binary is one ctest test (one cluster for every case): a cluster
 // costs seconds to start and the cases build on one CachePool.
 
@@ -47,6 +51,7 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class OperatorTest : public ::testing::Test {
  protected:
@@ -60,6 +65,7 @@ class OperatorTest : public ::testing::Test {
     o.source_dir = GRANARY_SOURCE_DIR;
     o.pod_bin_dir = GRANARY_POD_BIN_DIR;
     o.operator_binary = GRANARY_OPERATOR_BINARY;
+    o.transport = "libfabric";
     suite_ = new KubeSuite(o);
     Status s = suite_->Start();
     if (!s.ok()) error_ = new std::string(s.ToString() + "\n" + suite_->OperatorLogs());
@@ -216,6 +222,17 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   ASSERT_OK(config);
   EXPECT_THAT((*config)["data"].value("cachenode.yaml", ""),
               HasSubstr("\nlocal_socket: /run/granary-node/cachenode.sock\n"));
+  // transport libfabric: the node serves the fabric on the pool's port, which
+  // the pod declares.
+  const std::string fabric_port = std::to_string(suite_->fabric_port());
+  EXPECT_THAT((*config)["data"].value("cachenode.yaml", ""),
+              HasSubstr("\nfabric_listen: 0.0.0.0:" + fabric_port + "\nfabric_provider: tcp\n"));
+  bool fabric_port_declared = false;
+  for (const json& p : pod["containers"][0].value("ports", json::array())) {
+    fabric_port_declared |=
+        p.value("name", "") == "fabric" && p.value("containerPort", 0) == suite_->fabric_port();
+  }
+  EXPECT_TRUE(fabric_port_declared) << pod["containers"][0].dump(2);
   EXPECT_TRUE(std::filesystem::is_socket(suite_->node_socket_dir() + "/cachenode.sock"))
       << "no cachenode.sock in " << suite_->node_socket_dir();
   const std::string pools = Kubectl({"get", "cachepools"});
@@ -243,6 +260,24 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   ASSERT_EQ(cat.exit_code, 0) << cat.Describe();
   EXPECT_EQ(cat.out.size(), expected.size());
   EXPECT_TRUE(cat.out == expected) << "bytes read back differ from the source";
+  // And over the fabric the node advertises: the same bytes, written into the
+  // reader's window by RMA (the node counts them), no fall-back to TCP.
+  args.insert(args.begin() + 1, {"--transport", "libfabric"});
+  KubectlResult fabric_cat = Run(args);
+  ASSERT_EQ(fabric_cat.exit_code, 0) << fabric_cat.Describe();
+  EXPECT_TRUE(fabric_cat.out == expected) << "bytes read over libfabric differ from the source";
+  EXPECT_THAT(fabric_cat.err, Not(HasSubstr("instead of"))) << "a node was read over TCP";
+  double rma_bytes = 0;
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        KubectlResult m = Run({"curl", "-sf", "http://" + suite_->metrics_address() + "/metrics"});
+        std::smatch found;
+        const std::regex line("\ngranary_cachenode_fabric_rma_bytes_total ([0-9.e+]+)");
+        if (!std::regex_search(m.out, found, line)) return false;
+        rma_bytes = std::stod(found[1].str());
+        return rma_bytes >= static_cast<double>(expected.size());
+      },
+      seconds(10), "the cache node's fabric RMA bytes to cover what was read"));
 }
 
 TEST_F(OperatorTest, BadDatasetsGetAConditionAndAnEventAndStageNothing) {

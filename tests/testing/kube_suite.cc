@@ -121,6 +121,18 @@ Status KubeSuite::ApplyPoolAndWaitReady() {
   pool = ReplaceAll(pool, "metricsPort: 9465",
                     "metricsPort: " + std::to_string(sidecar_metrics_port_));
   pool = ReplaceAll(pool, "/var/run/granary/gpu", node_socket_dir());
+  if (options_.transport == "libfabric") {
+    fabric_port_ = FreeTcpPort();
+    const std::string tcp = "\n  transport: tcp\n";
+    if (pool.find(tcp) == std::string::npos) {
+      return Status::Internal(
+          "examples/kubernetes/cachepool.yaml has no 'transport: tcp' line "
+          "to make a libfabric pool of");
+    }
+    pool = ReplaceAll(pool, tcp,
+                      "\n  transport: libfabric\n  libfabric:\n    provider: tcp\n    port: " +
+                          std::to_string(fabric_port_) + "\n");
+  }
   KubectlResult r = cluster_->Kubectl({"apply", "--validate=strict", "-f", "-"}, pool);
   if (!r.ok()) return Status::Internal("applying cachepool.yaml: " + r.Describe());
   GRANARY_RETURN_IF_ERROR(

@@ -85,6 +85,9 @@ struct KubeSuiteOptions {
   std::map<std::string, std::string> extra_images;
   // Flags for the first granary-operator (e.g. --webhook-*).
   std::vector<std::string> operator_flags;
+  // The pool's spec.transport. "libfabric": the cache node also serves the
+  // fabric (provider tcp) on a free port, spec.libfabric.port.
+  std::string transport = "tcp";
 };
 
 class KubeSuite {
@@ -119,6 +122,8 @@ class KubeSuite {
   // The pool's chunk store directory.
   std::string nvme() const { return dir_.Join("nvme"); }
   uint16_t data_port() const { return data_port_; }
+  // spec.libfabric.port with transport libfabric, else 0.
+  uint16_t fabric_port() const { return fabric_port_; }
   // The cache node's /metrics, /healthz and /readyz: 127.0.0.1:<port>.
   std::string metrics_address() const { return "127.0.0.1:" + std::to_string(metrics_port_); }
   // The pool's nodeSocketHostPath: the cache node's chunk-handoff socket is
@@ -190,6 +195,7 @@ class KubeSuite {
   std::unique_ptr<PodRunner> runner_;
   std::vector<std::unique_ptr<DaemonProcess>> operators_;
   uint16_t data_port_ = 0;
+  uint16_t fabric_port_ = 0;
   uint16_t metrics_port_ = 0;
   uint16_t sidecar_metrics_port_ = 0;
   int operator_count_ = 0;
