@@ -555,6 +555,12 @@ TEST_F(CrdValidationTest, BadCachePoolsAreRefusedWithTheirFieldPath) {
          o["spec"]["libfabric"] = {{"provider", "verbs"}};
        },
        {"spec.libfabric", "only with transport: libfabric"}},
+      {"a libfabric port of 0",
+       [](json& o) {
+         o["spec"]["transport"] = "libfabric";
+         o["spec"]["libfabric"] = {{"provider", "tcp"}, {"port", 0}};
+       },
+       {"spec.libfabric.port"}},
       {"an unknown transport",
        [](json& o) { o["spec"]["transport"] = "rdma"; },
        {"spec.transport", "Unsupported value"}},
@@ -584,6 +590,11 @@ TEST_F(CrdValidationTest, BadCachePoolsAreRefusedWithTheirFieldPath) {
        [](json& o) {
          o["spec"]["transport"] = "libfabric";
          o["spec"]["libfabric"] = {{"provider", "verbs"}};
+       }},
+      {"libfabric with a port of its own",
+       [](json& o) {
+         o["spec"]["transport"] = "libfabric";
+         o["spec"]["libfabric"] = {{"provider", "tcp"}, {"port", 7171}};
        }},
       {"a claim with a mountPath, beside a host path",
        [&](json& o) {
