@@ -18,7 +18,7 @@
 #   make bench-multihost  staging and serving across 4 hosts in network namespaces, TCP and libfabric
 #                     (as root; about a minute, 2 GB in /tmp; ARGS=--small for a smoke run)
 #   make bench        the side-by-side benchmark over a slow source (bench/run-benchmark; ARGS=...)
-#   make bench-smoke  bench/run-benchmark --small on the debug build (part of make test)
+#   make bench-smoke  bench/run-benchmark --small on the debug build, every contender (part of make test)
 #   make image        the container image granary:0.1.0 (Dockerfile) with docker, podman or buildah (TAG=...)
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
@@ -115,6 +115,9 @@ bench: release
 bench-smoke: deps
 	cmake --preset debug >/dev/null
 	cmake --build --preset debug
+	# The peers' venv (pinned wheels, cached outside the work tree), so that
+	# every contender runs here, exactly once per epoch, as in CI.
+	scripts/bench-peers-venv >/dev/null
 	/usr/bin/python3 bench/run-benchmark --small --build-dir build/debug
 
 clean:
