@@ -6,9 +6,11 @@
 //    the bookkeeping of what is staged, failed and in progress;
 //  - stager_bulk.cc: the bulk workers: taking chunks in staging order,
 //    reading them from the source, writing them (the one writer hold per
-//    chunk, which on-demand fills also go through), pausing on a full store;
+//    chunk, which on-demand fills also go through), pausing on a full store,
+//    helping to read the last chunks, reusing read buffers;
 //  - stager_on_demand.cc: FetchSegment, DropAndRefetch and FetchSample for
-//    readers, ahead of the bulk queue.
+//    readers, ahead of the bulk queue, and the lead-in (the first samples of
+//    the order, read at Start and SetOrder).
 
 #include <cstdint>
 #include <string>
