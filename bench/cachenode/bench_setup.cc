@@ -308,6 +308,7 @@ Json ToJson(const RateFigures& r) {
   j["bytes"] = r.bytes;
   j["files"] = r.files;
   j["cpu_seconds"] = r.cpu_seconds;
+  j["cpu_seconds_per_gb"] = r.cpu_s_per_gb();
   if (r.resident_before >= 0) j["source_resident_before"] = r.resident_before;
   return j;
 }

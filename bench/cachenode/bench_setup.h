@@ -143,6 +143,10 @@ struct RateFigures {
   double resident_before = -1;  // fraction of the source in the page cache before; -1: not known
   double mb_s() const { return PerSecond(bytes, seconds) / 1e6; }
   double files_s() const { return PerSecond(files, seconds); }
+  // CPU-seconds of the process per GB (1e9 bytes) moved.
+  double cpu_s_per_gb() const {
+    return bytes == 0 ? 0 : cpu_seconds / (static_cast<double>(bytes) / 1e9);
+  }
 };
 
 Json ToJson(const RateFigures& r);
