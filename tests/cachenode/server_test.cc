@@ -934,13 +934,17 @@ TEST(ServerTest, ClientsThatHoldTheReplyBudgetAndReadNothingAreClosedForOthers) 
 TEST(ServerTest, SendfileRepliesHoldNoReplyBudget) {
   ServerOptions o = TestOptions();
   o.write_timeout = 60s;
-  Fixture f(8, 1, o, 4 << 20, 1024);
+  // The reply must be larger than what the kernel can queue on the server's
+  // socket (the send buffer autotunes up to net.ipv4.tcp_wmem's maximum, 4 MiB
+  // by default) plus the client's 16 KiB receive buffer, or it is all handed
+  // over at once and never waits for the client.
+  Fixture f(8, 1, o, 32 << 20, 1024);
   uint32_t big = 0;
   for (uint32_t i = 0; i < 8; ++i) {
     if (f.service->sample(i).size() > f.service->sample(big).size()) big = i;
   }
   const auto size = static_cast<uint32_t>(f.service->sample(big).size());
-  ASSERT_GT(size, 1u << 20);
+  ASSERT_GT(size, 8u << 20);
   RawClient raw(f.server->port(), 16 << 10);
   raw.Hello();
   raw.Send(RawClient::Encode(2, ReadOf({{ReadKind::kSample, big, 0, size}})));
