@@ -1,12 +1,7 @@
 #include "granary/cachenode/chunk_read_service.h"
 
 #include <algorithm>
-#include <atomic>
-#include <map>
 #include <optional>
-#include <set>
-#include <span>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16,9 +11,6 @@
 
 namespace granary {
 namespace {
-
-// FetchAhead's source reads in flight for one READ at most.
-constexpr size_t kFetchAheadThreads = 8;
 
 std::string ManifestName(std::string_view dataset, const ContentId& id) {
   return "dataset " + Quoted(dataset) + " with manifest " + id.ToHex();
@@ -116,54 +108,6 @@ class ChunkReadService::ItemReader {
   // bytes against (the same Checksum64), so they need not be hashed again.
   std::optional<uint64_t> stored_checksum() const {
     return pieces_ == 1 ? stored_checksum_ : std::nullopt;
-  }
-
-  // The segments the items of one READ need that the store does not hold
-  // (yet) are read from the source at once, up to kFetchAheadThreads at a
-  // time, instead of one after another as the items are answered: a cold
-  // epoch's first READs wait for one source round trip, not one per sample.
-  // The results wait in fetched_ahead_ for ReadSegment; the Stager shares a
-  // read already in flight and stores what it reads, as for any on-demand
-  // fetch, so nothing is read from the source twice.
-  void FetchAhead(std::span<const granary::ReadItem> items) {
-    const Manifest& manifest = *served_.manifest;
-    std::vector<std::pair<ChunkId, uint32_t>> missing;
-    std::set<std::pair<ChunkId, uint32_t>> seen;
-    for (const granary::ReadItem& item : items) {
-      if (item.kind != ReadKind::kSample || item.id >= manifest.sample_count()) continue;
-      const uint64_t size = manifest.SizeOf(item.id);
-      if (!RangeFits(item.offset, item.length, size)) continue;
-      const uint64_t chunk_size = manifest.chunk_size();
-      const uint64_t pieces = size > chunk_size ? (size + chunk_size - 1) / chunk_size : 1;
-      for (uint64_t p = 0; p < pieces; ++p) {
-        const ChunkId chunk = manifest.ChunkOf(item.id) + static_cast<ChunkId>(p);
-        Result<OpenChunk*> open = Open(chunk);
-        if (!open.ok()) continue;
-        const std::vector<ChunkSegment>& segments = (*open)->segments;
-        for (uint32_t i = 0; i < segments.size(); ++i) {
-          if (segments[i].sample != item.id) continue;
-          const bool stored = (*open)->reader != nullptr && (*(*open)->reader)->IsPresent(i);
-          if (!stored && seen.insert({chunk, i}).second) missing.emplace_back(chunk, i);
-        }
-      }
-    }
-    if (missing.size() < 2) return;  // one fetch gains nothing from a thread
-    std::vector<Result<std::string>> results(missing.size(), Status::Internal("not fetched"));
-    std::atomic<size_t> next{0};
-    {
-      std::vector<std::jthread> threads;
-      const size_t n = std::min(missing.size(), kFetchAheadThreads);
-      for (size_t t = 0; t < n; ++t) {
-        threads.emplace_back([&] {
-          for (size_t k = next++; k < missing.size(); k = next++) {
-            results[k] = served_.stager->FetchSegment(missing[k].first, missing[k].second);
-          }
-        });
-      }
-    }
-    for (size_t k = 0; k < missing.size(); ++k) {
-      fetched_ahead_.emplace(missing[k], std::move(results[k]));
-    }
   }
 
   // verify_once: a whole sample that is one stored segment this service has
@@ -298,13 +242,7 @@ class ChunkReadService::ItemReader {
       }
     }
     *on_demand = true;
-    Result<std::string> fetched = Status::Internal("not fetched");
-    if (auto ahead = fetched_ahead_.find({chunk, index}); ahead != fetched_ahead_.end()) {
-      fetched = std::move(ahead->second);  // FetchAhead read it already
-      fetched_ahead_.erase(ahead);
-    } else {
-      fetched = served_.stager->FetchSegment(chunk, index);
-    }
+    auto fetched = served_.stager->FetchSegment(chunk, index);
     if (fetched.ok()) return fetched;
     if (fetched.status().code() == StatusCode::kCorruption) {
       return Restage(chunk, open->segments, index, fetched.status(), on_demand);
@@ -355,8 +293,6 @@ class ChunkReadService::ItemReader {
   std::optional<uint64_t> stored_checksum_;  // of its one segment, when stored
   const std::string& dataset_;
   std::map<ChunkId, OpenChunk> chunks_;
-  // FetchAhead's results not yet taken by ReadSegment.
-  std::map<std::pair<ChunkId, uint32_t>, Result<std::string>> fetched_ahead_;
 };
 
 ChunkReadService::ChunkReadService(std::shared_ptr<ChunkStore> store,
@@ -466,7 +402,6 @@ Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
     return served.status();
   }
   ItemReader reader(*this, *served, request.dataset);
-  reader.FetchAhead(request.items);
   ReadAnswer answer;
   for (const ReadItem& item : request.items) {
     if (reader.TryFileRange(item, answer)) {

@@ -17,7 +17,6 @@
 #include <filesystem>
 #include <map>
 #include <random>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -286,39 +285,6 @@ TEST_F(ChunkReadServiceTest, WithoutVerifyOnceEveryReadIsVerifiedHere) {
     EXPECT_TRUE(std::holds_alternative<std::string_view>(answer->payload()[0])) << round;
   }
   EXPECT_EQ(service_->Counters().items_sendfile, 0u);
-}
-
-// The missing samples of one READ are read from the source together (up to
-// 8 at a time), not one after another: with the source holding every read,
-// 8 of a READ's 12 missing samples wait at the gate at once. Each is read
-// once, stored, and answered with the source's bytes.
-TEST_F(ChunkReadServiceTest, AReadsMissingSamplesAreFetchedTogetherAndOnce) {
-  Serve();  // bulk staging never started
-  std::vector<ReadItem> items;
-  for (SampleId id = 0; id < 12; ++id) items.push_back(WholeSample(id));
-  source_->HoldIf([](const SourceFile&, uint64_t) { return true; });
-  Result<ReadAnswer> answer = Status::Internal("not answered");
-  std::thread reader([&] { answer = service_->Read(Request(items)); });
-  const bool together = WaitFor([&] { return source_->held() >= 8; }, 10s);
-  source_->Open();
-  reader.join();
-  EXPECT_TRUE(together) << "only " << source_->held() << " reads waited at the gate at once";
-  ASSERT_OK(answer);
-  ASSERT_EQ(answer->item_count(), items.size());
-  for (SampleId id = 0; id < 12; ++id) {
-    ASSERT_OK(answer->reply().items[id].status);
-    EXPECT_EQ(ItemBytes(*answer, id), Expected(id)) << id;
-  }
-  EXPECT_EQ(service_->Counters().items_on_demand, 12u);
-  // One source read per piece (big/a.bin and big/b.bin span chunks), none
-  // twice.
-  std::set<std::pair<std::string, uint64_t>> reads;
-  std::set<std::string> paths;
-  for (const auto& [path, offset] : source_->log()) {
-    EXPECT_TRUE(reads.insert({path, offset}).second) << path << " at " << offset << " read twice";
-    paths.insert(path);
-  }
-  EXPECT_EQ(paths.size(), 12u);
 }
 
 TEST_F(ChunkReadServiceTest, UnstagedSamplesComeOnDemandAndAreStored) {
