@@ -148,6 +148,19 @@ int StatCached(int fd, struct statx* stx) {
   return ::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, kVersionMask, stx);
 }
 
+// The descriptor's version from what the file system knows (StatCached), or
+// from fstat when that did not fill every field the version needs. An error
+// names the call that failed ("statx", "fstat") after `what`.
+Result<Version> DescriptorVersion(int fd, const std::string& what) {
+  struct statx stx {};
+  if (StatCached(fd, &stx) != 0) return Status::FromErrno(errno, what + ": statx");
+  if ((stx.stx_mask & kVersionMask) == kVersionMask) return VersionOf(stx);
+  // A file system that did not fill them all: ask it.
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, what + ": fstat");
+  return VersionOf(st);
+}
+
 }  // namespace
 
 Result<std::string> PosixSource::RootFromUri(std::string_view uri) {
@@ -361,24 +374,9 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
 
     // The descriptor's attributes, not the path's: what is read below is
     // what was checked, whatever is renamed meanwhile.
-    Version opened;
-    struct statx stx {};
-    if (StatCached(fd.get(), &stx) != 0) {
-      int err = errno;
-      return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": statx"));
-    }
-    if ((stx.stx_mask & kVersionMask) == kVersionMask) {
-      opened = VersionOf(stx);
-    } else {
-      // A file system that did not fill them all: ask it.
-      struct stat st;
-      if (::fstat(fd.get(), &st) != 0) {
-        int err = errno;
-        return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": fstat"));
-      }
-      opened = VersionOf(st);
-    }
-    if (Change c = Compare(opened, file); !c.none()) return changed(c.summary, c.details);
+    Result<Version> opened = DescriptorVersion(fd.get(), what());
+    if (!opened.ok()) return Fail(SourceErrorKind::kIo, opened.status());
+    if (Change c = Compare(*opened, file); !c.none()) return changed(c.summary, c.details);
     hook(SourceReadStage::kChecked);
 
     size_t done = 0;
@@ -412,22 +410,9 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
     // dataset (issue 21). A FUSE or NFSv4 mount without an attribute cache
     // knows only what the open fetched, so there a writer racing the read
     // itself goes unseen; one that wrote before the open does not.
-    if (StatCached(fd.get(), &stx) != 0) {
-      int err = errno;
-      return Fail(SourceErrorKind::kIo, Status::FromErrno(err, what() + ": statx after the read"));
-    }
-    if ((stx.stx_mask & kVersionMask) == kVersionMask) {
-      opened = VersionOf(stx);
-    } else {
-      struct stat st;
-      if (::fstat(fd.get(), &st) != 0) {
-        int err = errno;
-        return Fail(SourceErrorKind::kIo,
-                    Status::FromErrno(err, what() + ": fstat after the read"));
-      }
-      opened = VersionOf(st);
-    }
-    if (Change c = Compare(opened, file); !c.none()) {
+    Result<Version> after = DescriptorVersion(fd.get(), what() + " after the read");
+    if (!after.ok()) return Fail(SourceErrorKind::kIo, after.status());
+    if (Change c = Compare(*after, file); !c.none()) {
       return changed(c.summary + ", during the read", c.details);
     }
     return Status::Ok();

@@ -187,6 +187,26 @@ FabricNode StartFabricNode(const std::string& extra_yaml, size_t files = 200) {
   return f;
 }
 
+// A fabric node that requires the cluster key, in the file key_path (0600).
+struct KeyedFabricNode {
+  std::unique_ptr<TempDir> key_dir;  // first: removed after the node is stopped
+  FabricNode node;
+  std::string key_path;
+};
+
+KeyedFabricNode StartKeyedFabricNode(size_t files) {
+  KeyedFabricNode k;
+  k.key_dir = std::make_unique<TempDir>();
+  auto hex = GenerateClusterKeyHex();
+  EXPECT_OK(hex);
+  if (!hex.ok()) return k;
+  k.key_dir->WriteFile("cluster.key", *hex + "\n");
+  k.key_path = k.key_dir->Join("cluster.key");
+  EXPECT_EQ(::chmod(k.key_path.c_str(), 0600), 0);
+  k.node = StartFabricNode(kFabricYaml + "cluster_key_file: " + k.key_path + "\n", files);
+  return k;
+}
+
 TEST(FabricServerTest, HelloStatAndAReadWhoseBytesLandInTheWindow) {
   FabricNode f = StartFabricNode(kFabricYaml);
   ASSERT_FALSE(f.address.empty());
@@ -312,22 +332,11 @@ TEST(FabricServerTest, BadMessagesAreRefusedSayingWhy) {
 }
 
 TEST(FabricServerTest, ANodeWithAClusterKeyServesOnlyAfterAProof) {
-  auto cluster = CacheCluster::Create();
-  ASSERT_OK(cluster);
-  auto hex = GenerateClusterKeyHex();
-  ASSERT_OK(hex);
-  (*cluster)->dir().WriteFile("cluster.key", *hex + "\n");
-  const std::string key_path = (*cluster)->dir().Join("cluster.key");
-  ASSERT_EQ(::chmod(key_path.c_str(), 0600), 0);
-  CacheNodeOptions options;
-  options.extra_yaml = kFabricYaml + "cluster_key_file: " + key_path + "\n";
-  ASSERT_OK((*cluster)->StartNodes(1, options));
-  auto ds = (*cluster)->CreateDataset(Files(20));
-  ASSERT_OK(ds);
-  ASSERT_OK((*cluster)->WaitForPhase(ds->name, DatasetPhase::kReady));
-  auto address = FabricAddress(**cluster, (*cluster)->node(0).id());
-  ASSERT_OK(address);
-  auto keys = ClusterKeys::Load(key_path);
+  KeyedFabricNode k = StartKeyedFabricNode(20);
+  ASSERT_FALSE(k.node.address.empty());
+  const TestDataset* ds = &k.node.ds;
+  const std::string* address = &k.node.address;
+  auto keys = ClusterKeys::Load(k.key_path);
   ASSERT_OK(keys);
   const std::string key = *keys->Find(keys->current_id());
 
@@ -355,7 +364,7 @@ TEST(FabricServerTest, ANodeWithAClusterKeyServesOnlyAfterAProof) {
     ASSERT_OK(challenge);
     ASSERT_TRUE(std::holds_alternative<AuthReply>(*challenge));
     const AuthReply& auth = std::get<AuthReply>(*challenge);
-    const std::string node = (*cluster)->node(0).id();
+    const std::string node = k.node.cluster->node(0).id();
     // The node proves the key too.
     EXPECT_TRUE(ProofsEqual(
         auth.server_proof,
@@ -389,22 +398,11 @@ TEST(FabricServerTest, ANodeWithAClusterKeyServesOnlyAfterAProof) {
 TEST(FabricServerTest, TheReadersFabricTransportReadsThroughTheNode) {
   // The reader's side as the fetcher uses it (granary/fabric/fabric_transport.h),
   // with the handshake it runs on every wire, against this front end.
-  auto cluster = CacheCluster::Create();
-  ASSERT_OK(cluster);
-  auto hex = GenerateClusterKeyHex();
-  ASSERT_OK(hex);
-  (*cluster)->dir().WriteFile("cluster.key", *hex + "\n");
-  const std::string key_path = (*cluster)->dir().Join("cluster.key");
-  ASSERT_EQ(::chmod(key_path.c_str(), 0600), 0);
-  CacheNodeOptions options;
-  options.extra_yaml = kFabricYaml + "cluster_key_file: " + key_path + "\n";
-  ASSERT_OK((*cluster)->StartNodes(1, options));
-  auto ds = (*cluster)->CreateDataset(Files(100));
-  ASSERT_OK(ds);
-  ASSERT_OK((*cluster)->WaitForPhase(ds->name, DatasetPhase::kReady));
-  auto address = FabricAddress(**cluster, (*cluster)->node(0).id());
-  ASSERT_OK(address);
-  auto keys = ClusterKeys::Load(key_path);
+  KeyedFabricNode k = StartKeyedFabricNode(100);
+  ASSERT_FALSE(k.node.address.empty());
+  const TestDataset* ds = &k.node.ds;
+  const std::string* address = &k.node.address;
+  auto keys = ClusterKeys::Load(k.key_path);
   ASSERT_OK(keys);
 
   std::shared_ptr<PeerTransport> transport = fabric::FabricPeerTransport("tcp");
