@@ -4,8 +4,10 @@
 // a deadline, a write past the window, a message too long, a provider absent).
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <string>
 
@@ -42,6 +44,40 @@ Pair Connect(size_t max_message = 4096) {
   if (client.ok()) p.client = std::move(*client);
   if (server.ok()) p.server = std::move(*server);
   return p;
+}
+
+bool LibfabricLoaded() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("libfabric.so") != std::string::npos) return true;
+  }
+  return false;
+}
+
+void OurHandler(int) {}
+
+// First in this file, so that it runs before anything here loads libfabric:
+// linking granary::fabric loads nothing (libfabric's PSM providers would take
+// over SIGTERM, SIGINT, SIGSEGV, ... at load: a daemon's SIGTERM before its
+// signals are blocked became exit(1)); the first use loads it and puts back
+// the handlers the process had.
+TEST(FabricEndpointTest, LibfabricIsLoadedOnlyWhenUsedAndLeavesTheSignalHandlersAlone) {
+  EXPECT_FALSE(LibfabricLoaded()) << "libfabric was loaded before any use";
+  struct sigaction ours {};
+  ours.sa_handler = OurHandler;
+  struct sigaction saved[2]{};
+  ASSERT_EQ(::sigaction(SIGTERM, &ours, &saved[0]), 0);
+  ASSERT_EQ(::sigaction(SIGSEGV, &ours, &saved[1]), 0);
+  EXPECT_TRUE(ProbeProvider("tcp").ok());
+  EXPECT_TRUE(LibfabricLoaded());
+  struct sigaction now {};
+  ASSERT_EQ(::sigaction(SIGTERM, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, &OurHandler) << "SIGTERM's handler was replaced";
+  ASSERT_EQ(::sigaction(SIGSEGV, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, &OurHandler) << "SIGSEGV's handler was replaced";
+  ::sigaction(SIGTERM, &saved[0], nullptr);
+  ::sigaction(SIGSEGV, &saved[1], nullptr);
 }
 
 TEST(FabricEndpointTest, MessagesGoBothWaysInOrder) {
@@ -178,7 +214,8 @@ TEST(FabricEndpointTest, AShortRequestMessageIsNotTakenForAWindow) {
   EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(w.status().message().find("shorter than its 24-byte window"), std::string::npos);
   RemoteWindow window{0x1122334455667788, 42, 4096};
-  auto round = DecodeRequestMessage(EncodeRequestMessage(window, "abc"), &frame);
+  const std::string message = EncodeRequestMessage(window, "abc");  // `frame` views into it
+  auto round = DecodeRequestMessage(message, &frame);
   ASSERT_TRUE(round.ok());
   EXPECT_EQ(*round, window);
   EXPECT_EQ(frame, "abc");

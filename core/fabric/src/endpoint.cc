@@ -156,7 +156,7 @@ struct Endpoint::Impl {
     int rc = fi_mr_reg(domain.get(), buf, len, access, 0, key, 0, &mr, nullptr);
     if (rc != 0) {
       return Status::ResourceExhausted(Where() + ": cannot register " + std::to_string(len) +
-                                       " bytes of memory: " + fi_strerror(-rc) +
+                                       " bytes of memory: " + FabricErrorText(-rc) +
                                        " (on verbs, raise the locked-memory limit, ulimit -l)");
     }
     ++registration_count;
@@ -167,7 +167,7 @@ struct Endpoint::Impl {
   Status Open(fi_info* info, bool has_eq_already) {
     fid_domain* d = nullptr;
     int rc = fi_domain(fabric->fabric, info, &d, nullptr);
-    if (rc != 0) return Status::Unavailable(Where() + ": fi_domain: " + fi_strerror(-rc));
+    if (rc != 0) return Status::Unavailable(Where() + ": fi_domain: " + FabricErrorText(-rc));
     domain.Reset(d);
     mr_mode = static_cast<uint64_t>(info->domain_attr->mr_mode);
     if (!has_eq_already) {
@@ -175,7 +175,7 @@ struct Endpoint::Impl {
       eq_attr.wait_obj = FI_WAIT_UNSPEC;
       fid_eq* e = nullptr;
       rc = fi_eq_open(fabric->fabric, &eq_attr, &e, nullptr);
-      if (rc != 0) return Status::Unavailable(Where() + ": fi_eq_open: " + fi_strerror(-rc));
+      if (rc != 0) return Status::Unavailable(Where() + ": fi_eq_open: " + FabricErrorText(-rc));
       eq.Reset(e);
     }
     fi_cq_attr cq_attr{};
@@ -189,17 +189,17 @@ struct Endpoint::Impl {
       // A provider without wait objects on CQs: poll instead.
       cq_attr.wait_obj = FI_WAIT_NONE;
       rc = fi_cq_open(domain.get(), &cq_attr, &c, nullptr);
-      if (rc != 0) return Status::Unavailable(Where() + ": fi_cq_open: " + fi_strerror(-rc));
+      if (rc != 0) return Status::Unavailable(Where() + ": fi_cq_open: " + FabricErrorText(-rc));
     }
     cq.Reset(c);
     fid_ep* e = nullptr;
     rc = fi_endpoint(domain.get(), info, &e, nullptr);
-    if (rc != 0) return Status::Unavailable(Where() + ": fi_endpoint: " + fi_strerror(-rc));
+    if (rc != 0) return Status::Unavailable(Where() + ": fi_endpoint: " + FabricErrorText(-rc));
     ep.Reset(e);
     if ((rc = fi_ep_bind(ep.get(), &eq.get()->fid, 0)) != 0 ||
         (rc = fi_ep_bind(ep.get(), &cq.get()->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
         (rc = fi_enable(ep.get())) != 0) {
-      return Status::Unavailable(Where() + ": binding the endpoint: " + fi_strerror(-rc));
+      return Status::Unavailable(Where() + ": binding the endpoint: " + FabricErrorText(-rc));
     }
     receive_buffers.resize(kReceiveBuffers);
     for (size_t i = 0; i < kReceiveBuffers; ++i) {
@@ -227,7 +227,7 @@ struct Endpoint::Impl {
         fi_recv(ep.get(), receive_buffers[i].data(), max_message, desc, 0, &receive_ops[i].context);
     if (rc != 0) {
       return Broken(
-          Status::Unavailable(Where() + ": fi_recv: " + fi_strerror(static_cast<int>(-rc))));
+          Status::Unavailable(Where() + ": fi_recv: " + FabricErrorText(static_cast<int>(-rc))));
     }
     return Status::Ok();
   }
@@ -241,7 +241,7 @@ struct Endpoint::Impl {
     if (rc == -FI_EAVAIL) {
       fi_eq_err_entry err{};
       fi_eq_readerr(eq.get(), &err, 0);
-      return Broken(Status::Unavailable(Where() + ": " + fi_strerror(err.err)));
+      return Broken(Status::Unavailable(Where() + ": " + FabricErrorText(err.err)));
     }
     if (rc >= 0 && event == FI_SHUTDOWN) {
       return Broken(Status::Unavailable(Where() + ": the peer closed the connection"));
@@ -277,14 +277,14 @@ struct Endpoint::Impl {
         fi_cq_readerr(cq.get(), &err, 0);
         const bool truncated = err.err == FI_ETRUNC;
         return Broken(Status(truncated ? StatusCode::kInvalidArgument : StatusCode::kUnavailable,
-                             Where() + ": " + doing + ": " + fi_strerror(err.err) +
+                             Where() + ": " + doing + ": " + FabricErrorText(err.err) +
                                  (truncated ? " (a message longer than the receive buffer of " +
                                                   std::to_string(max_message) + " bytes)"
                                             : "")));
       }
       if (rc != -FI_EAGAIN && rc < 0) {
-        return Broken(Status::Unavailable(Where() + ": " + doing +
-                                          ": fi_cq_read: " + fi_strerror(static_cast<int>(-rc))));
+        return Broken(Status::Unavailable(
+            Where() + ": " + doing + ": fi_cq_read: " + FabricErrorText(static_cast<int>(-rc))));
       }
       GRANARY_RETURN_IF_ERROR(CheckEq());
       if (Clock::now() >= deadline) {
@@ -311,7 +311,7 @@ struct Endpoint::Impl {
       if (rc == 0) return Status::Ok();
       if (rc != -FI_EAGAIN) {
         return Broken(Status::Unavailable(Where() + ": " + doing + ": " +
-                                          fi_strerror(static_cast<int>(-rc))));
+                                          FabricErrorText(static_cast<int>(-rc))));
       }
       fi_cq_msg_entry entry{};
       ssize_t n = fi_cq_read(cq.get(), &entry, 1);
@@ -360,7 +360,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Connect(const NetAddress& address,
     GRANARY_RETURN_IF_ERROR(impl->Open(info.get(), false));
     const int rc = fi_connect(impl->ep.get(), info.get()->dest_addr, nullptr, 0);
     if (rc != 0) {
-      return Status::Unavailable(where + ": fi_connect: " + fi_strerror(-rc) +
+      return Status::Unavailable(where + ": fi_connect: " + FabricErrorText(-rc) +
                                  "; check that the cache node serves the fabric there");
     }
     int provider_error = 0;
@@ -495,21 +495,21 @@ Result<std::unique_ptr<Listener>> Listener::Listen(const NetAddress& address,
   eq_attr.wait_obj = FI_WAIT_UNSPEC;
   fid_eq* e = nullptr;
   int rc = fi_eq_open(impl->fabric->fabric, &eq_attr, &e, nullptr);
-  if (rc != 0) return Status::Unavailable(where + ": fi_eq_open: " + fi_strerror(-rc));
+  if (rc != 0) return Status::Unavailable(where + ": fi_eq_open: " + FabricErrorText(-rc));
   impl->eq.Reset(e);
   fid_pep* p = nullptr;
   rc = fi_passive_ep(impl->fabric->fabric, info.get(), &p, nullptr);
-  if (rc != 0) return Status::Unavailable(where + ": fi_passive_ep: " + fi_strerror(-rc));
+  if (rc != 0) return Status::Unavailable(where + ": fi_passive_ep: " + FabricErrorText(-rc));
   impl->pep.Reset(p);
   if ((rc = fi_pep_bind(impl->pep.get(), &impl->eq.get()->fid, 0)) != 0 ||
       (rc = fi_listen(impl->pep.get())) != 0) {
-    return Status::Unavailable(where + ": cannot listen: " + fi_strerror(-rc) +
+    return Status::Unavailable(where + ": cannot listen: " + FabricErrorText(-rc) +
                                (rc == -FI_EADDRINUSE ? "; the port is taken: choose another" : ""));
   }
   sockaddr_storage bound{};
   size_t len = sizeof(bound);
   rc = fi_getname(&impl->pep.get()->fid, &bound, &len);
-  if (rc != 0) return Status::Unavailable(where + ": fi_getname: " + fi_strerror(-rc));
+  if (rc != 0) return Status::Unavailable(where + ": fi_getname: " + FabricErrorText(-rc));
   const auto* sa = reinterpret_cast<const sockaddr*>(&bound);
   impl->port = sa->sa_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                                          : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
@@ -533,10 +533,11 @@ Result<std::unique_ptr<Endpoint>> Listener::Accept(Deadline deadline) {
       continue;  // a failed connection request: wait for the next
     }
     if (rc < 0) {
-      return Status::Unavailable(l.where + ": fi_eq_sread: " + fi_strerror(static_cast<int>(-rc)));
+      return Status::Unavailable(l.where +
+                                 ": fi_eq_sread: " + FabricErrorText(static_cast<int>(-rc)));
     }
     if (event != FI_CONNREQ) {
-      if (entry.info != nullptr) fi_freeinfo(entry.info);
+      InfoList unused(entry.info);  // freed
       continue;
     }
     InfoList info(entry.info);

@@ -3,6 +3,16 @@
 // libfabric's objects held the C++ way (private to core/fabric): a handle
 // closes its object once; the fabric is shared by a listener and the
 // endpoints it accepted, so it goes last.
+//
+// libfabric itself is loaded when first needed (dlopen), not linked: its
+// PSM providers' libraries (libinfinipath, pulled in by Debian's libfabric1)
+// install handlers for SIGTERM, SIGINT, SIGSEGV, SIGBUS, SIGILL and SIGABRT
+// when they are loaded, which would turn a daemon's clean stop into exit(1)
+// and hide crashes in every process that links libfabric, fabric configured
+// or not. Loaded lazily, only a process that uses the fabric loads it, and
+// the handlers it finds before the load are put back after it. The few
+// functions libfabric exports are called through Api(); everything else in
+// its headers is inline, through the objects' operation tables.
 
 #include <rdma/fabric.h>
 #include <rdma/fi_eq.h>
@@ -48,6 +58,21 @@ struct FabricHandle {
   }
 };
 
+// libfabric's exported functions, from the library loaded at the first call
+// (then kept). kUnavailable naming the library and the fix when it cannot be
+// loaded.
+struct FabricApi {
+  int (*getinfo)(uint32_t, const char*, const char*, uint64_t, const fi_info*, fi_info**);
+  void (*freeinfo)(fi_info*);
+  fi_info* (*dupinfo)(const fi_info*);
+  int (*fabric)(fi_fabric_attr*, fid_fabric**, void*);
+  const char* (*strerror)(int);
+};
+Result<const FabricApi*> Api();
+
+// fi_strerror's text for `err` (a positive libfabric or errno code).
+std::string FabricErrorText(int err);
+
 // An fi_info list from fi_getinfo, freed once.
 class InfoList {
  public:
@@ -55,7 +80,9 @@ class InfoList {
   InfoList(InfoList&& other) noexcept : info_(std::exchange(other.info_, nullptr)) {}
   InfoList& operator=(InfoList&&) = delete;
   ~InfoList() {
-    if (info_ != nullptr) fi_freeinfo(info_);
+    if (info_ != nullptr) {
+      if (auto api = Api(); api.ok()) (*api)->freeinfo(info_);
+    }
   }
   fi_info* get() const { return info_; }
 
