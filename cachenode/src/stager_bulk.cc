@@ -300,28 +300,37 @@ bool Stager::HelpLocked(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   Status read = ReadFromSource(segment, &bytes, /*bulk=*/true, options_.io_retries);
   lock.lock();
-  fill->bytes = std::move(bytes);
-  fill->status = read;
-  fill->done = true;
-  bool hold = false;
-  if (!read.ok()) {
-    RecordFailureLocked(segment.sample, read);
-    fills_.erase({chunk, index});
-  } else if (!chunks_[chunk].writer_held) {
-    // The holder stopped (or failed) before our read was done: store it
-    // ourselves, as an on-demand reader does.
-    chunks_[chunk].writer_held = true;
-    hold = true;
-  }  // else the holder waits for it, puts and commits it
+  // Stored by the holder that waits for it, or by us when the holder stopped
+  // (or failed) before our read was done.
+  const bool hold = FinishFillLocked({chunk, index}, *fill, segment.sample, std::move(bytes), read);
   if (fill->waiters > 0 || !read.ok()) cv_.notify_all();
   if (hold) {
     lock.unlock();
-    auto writer = OpenWriter(chunk, *segments);
-    static_cast<void>(DrainAndRelease(
-        chunk, *segments, writer.ok() ? std::optional(std::move(*writer)) : std::nullopt));
+    StoreAsHolder(chunk, *segments);
     lock.lock();
   }
   return true;
+}
+
+bool Stager::FinishFillLocked(const FillKey& key, Fill& fill, SampleId sample, std::string bytes,
+                              const Status& read) {
+  fill.bytes = std::move(bytes);
+  fill.status = read;
+  fill.done = true;
+  if (!read.ok()) {
+    RecordFailureLocked(sample, read);
+    fills_.erase(key);
+    return false;
+  }
+  if (chunks_[key.first].writer_held) return false;  // the holder puts it and commits
+  chunks_[key.first].writer_held = true;
+  return true;
+}
+
+void Stager::StoreAsHolder(ChunkId chunk, std::span<const ChunkSegment> segments) {
+  auto writer = OpenWriter(chunk, segments);
+  static_cast<void>(DrainAndRelease(
+      chunk, segments, writer.ok() ? std::optional(std::move(*writer)) : std::nullopt));
 }
 
 std::string Stager::DiskFullHint() const {

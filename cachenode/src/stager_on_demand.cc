@@ -96,16 +96,9 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     --on_demand_pending_;
-    fill->bytes = read.ok() ? bytes : std::string();
-    fill->status = read;
-    fill->done = true;
-    if (!read.ok()) {
-      RecordFailureLocked(segment.sample, read);
-      fills_.erase({chunk, index});
-    } else if (!chunks_[chunk].writer_held) {
-      chunks_[chunk].writer_held = true;  // store it ourselves
-      hold = true;
-    }  // else the holder (a bulk worker) puts it, dropping a replaced copy first, and commits
+    // Else the holder (a bulk worker) puts it, dropping a replaced copy first, and commits.
+    hold = FinishFillLocked({chunk, index}, *fill, segment.sample,
+                            read.ok() ? bytes : std::string(), read);
     cv_.notify_all();
   }
   if (!read.ok()) return read;
@@ -209,23 +202,11 @@ void Stager::LeadInLoop() {
     Status read = ReadFromSource(segment, &bytes, /*bulk=*/false, options_.io_retries);
     lock.lock();
     --on_demand_pending_;
-    fill->bytes = std::move(bytes);
-    fill->status = read;
-    fill->done = true;
-    bool hold = false;
-    if (!read.ok()) {
-      RecordFailureLocked(segment.sample, read);
-      fills_.erase(key);
-    } else if (!chunks_[key.first].writer_held) {
-      chunks_[key.first].writer_held = true;  // store it ourselves
-      hold = true;
-    }  // else the holder puts and commits it
+    const bool hold = FinishFillLocked(key, *fill, segment.sample, std::move(bytes), read);
     cv_.notify_all();
     if (hold) {
       lock.unlock();
-      auto writer = OpenWriter(key.first, *segments);
-      static_cast<void>(DrainAndRelease(
-          key.first, *segments, writer.ok() ? std::optional(std::move(*writer)) : std::nullopt));
+      StoreAsHolder(key.first, *segments);
       lock.lock();
     }
   }

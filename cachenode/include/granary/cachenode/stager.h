@@ -367,6 +367,16 @@ class Stager {
   // are then discarded. Returns the first store error (OK if none).
   Status DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segments,
                          std::optional<StoredChunkWriter> writer);
+  // A fill's source read is done (mu_ held): hands `bytes` and `read` to
+  // whoever waits for the fill; a failed read is recorded and the fill
+  // forgotten. True when no holder will store it: the caller has just taken
+  // the chunk's writer hold and must store it (StoreAsHolder). The caller
+  // wakes the waiters.
+  bool FinishFillLocked(const FillKey& key, Fill& fill, SampleId sample, std::string bytes,
+                        const Status& read);
+  // Stores the chunk's read fills as its holder (mu_ not held): opens the
+  // writer and DrainAndRelease; a writer that cannot be opened discards them.
+  void StoreAsHolder(ChunkId chunk, std::span<const ChunkSegment> segments);
   // One segment from the source, tried again `retries` times after a kIo
   // error (io_retry_backoff, doubling). A bulk read's waits end at Stop().
   Status ReadFromSource(const ChunkSegment& segment, std::string* out, bool bulk, uint32_t retries);
