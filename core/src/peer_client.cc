@@ -457,33 +457,10 @@ Result<ResponseMessage> PeerClient::Exchange(uint64_t request_id, const std::str
     }
     decoder_.ConsumePayload(size - have);
   }
-  Result<ResponseMessage> decoded = DecodeResponse(frame, limits_);
-  if (!decoded.ok()) {
-    return Fail(
-        decoded.status().WithContext(std::string(doing) + ": the server's reply does not decode"));
-  }
-  ResponseMessage& response = *decoded;
-  const auto* error = std::get_if<ErrorReply>(&response);
-  if (frame.header.request_id != request_id) {
-    if (error != nullptr && frame.header.request_id == 0) {
-      // The server gave up on the connection (overloaded, draining, idle, or
-      // our own bytes were bad): its status, with what we were doing.
-      return Fail(Status(
-          error->status.code(),
-          std::string(doing) + ": the server closed the connection: " + error->status.message()));
-    }
-    return Fail(Status::InvalidArgument(
-        std::string(doing) + ": the server answered request " +
-        std::to_string(frame.header.request_id) + " with " + std::string(ResponseName(response)) +
-        " while request " + std::to_string(request_id) +
-        " was waiting; it does not follow the protocol, the connection is closed"));
-  }
-  if (error != nullptr) {
-    Status status(error->status.code(), std::string(doing) + ": " + error->status.message());
-    if (error->closing) return Fail(std::move(status));
-    return status;
-  }
-  return std::move(response);
+  bool broken = false;
+  Result<ResponseMessage> reply = DecodeReplyTo(frame, request_id, limits_, doing, &broken);
+  if (!reply.ok() && broken) return Fail(reply.status());
+  return reply;
 }
 
 Result<ResponseMessage> PeerClient::Call(const RequestMessage& request, std::string* payload) {

@@ -98,6 +98,39 @@ Status Authenticate(const PeerClientOptions& options, std::string_view address,
 
 }  // namespace
 
+Result<ResponseMessage> DecodeReplyTo(const Frame& frame, uint64_t request_id,
+                                      const ProtocolLimits& limits, std::string_view doing,
+                                      bool* broken) {
+  *broken = true;
+  Result<ResponseMessage> decoded = DecodeResponse(frame, limits);
+  if (!decoded.ok()) {
+    return decoded.status().WithContext(std::string(doing) +
+                                        ": the server's reply does not decode");
+  }
+  ResponseMessage& response = *decoded;
+  const auto* error = std::get_if<ErrorReply>(&response);
+  if (frame.header.request_id != request_id) {
+    if (error != nullptr && frame.header.request_id == 0) {
+      // The server gave up on the connection (overloaded, draining, idle, or
+      // our own bytes were bad): its status, with what we were doing.
+      return Status(
+          error->status.code(),
+          std::string(doing) + ": the server closed the connection: " + error->status.message());
+    }
+    return Status::InvalidArgument(
+        std::string(doing) + ": the server answered request " +
+        std::to_string(frame.header.request_id) + " with " + std::string(ResponseName(response)) +
+        " while request " + std::to_string(request_id) +
+        " was waiting; it does not follow the protocol, the connection is closed");
+  }
+  if (error != nullptr) {
+    *broken = error->closing;
+    return Status(error->status.code(), std::string(doing) + ": " + error->status.message());
+  }
+  *broken = false;
+  return std::move(response);
+}
+
 std::string_view ResponseName(const ResponseMessage& message) {
   static constexpr std::string_view kNames[] = {
       "HELLO_REPLY", "PONG", "STAT_REPLY", "READ_REPLY", "ERROR", "AUTH_REPLY", "AUTH_PROOF_REPLY"};

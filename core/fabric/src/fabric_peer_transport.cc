@@ -151,26 +151,10 @@ class FabricConnection final : public PeerConnection {
       }
       *payload = std::string(endpoint_->WindowBytes(payload_length));
     }
-    Result<ResponseMessage> decoded = DecodeResponse(reply_frame, limits);
-    if (!decoded.ok()) {
-      return Fail(decoded.status().WithContext(what + ": the node's reply does not decode"));
-    }
-    const auto* error = std::get_if<ErrorReply>(&*decoded);
-    if (reply_frame.header.request_id != id) {
-      if (error != nullptr && reply_frame.header.request_id == 0) {
-        return Fail(Status(error->status.code(),
-                           what + ": the node closed the connection: " + error->status.message()));
-      }
-      return Fail(Status::InvalidArgument(
-          what + ": the node answered request " + std::to_string(reply_frame.header.request_id) +
-          " while request " + std::to_string(id) + " was waiting; the connection is closed"));
-    }
-    if (error != nullptr) {
-      Status status(error->status.code(), what + ": " + error->status.message());
-      if (error->closing) return Fail(std::move(status));
-      return status;
-    }
-    return std::move(*decoded);
+    bool broken = false;
+    Result<ResponseMessage> reply = DecodeReplyTo(reply_frame, id, limits, what, &broken);
+    if (!reply.ok() && broken) return Fail(reply.status());
+    return reply;
   }
 
   NetAddress address_;

@@ -42,6 +42,16 @@ Result<PeerHandshake> RunClientHandshake(const PeerClientOptions& options, std::
                                          const HandshakeExchange& exchange,
                                          const ChannelBindingFn& binding = nullptr);
 
+// The reply to request `request_id` that `frame` carries, decoded with
+// `limits`, as every transport takes it: the message; or the Status the call
+// ends with: the node's ERROR for the request, its closing ERROR for the
+// connection (request id 0), a reply that does not decode or answers another
+// request. *broken is set when the connection must be closed: on every
+// failure but a non-closing ERROR for the request. `doing` starts messages.
+Result<ResponseMessage> DecodeReplyTo(const Frame& frame, uint64_t request_id,
+                                      const ProtocolLimits& limits, std::string_view doing,
+                                      bool* broken);
+
 // "READ_REPLY", "ERROR", ...: the reply's name, for messages.
 std::string_view ResponseName(const ResponseMessage& message);
 
