@@ -49,11 +49,6 @@ constexpr auto kRejectSendTime = std::chrono::milliseconds(200);
 
 std::string Millis(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
 
-// What a reader's endpoint must take: its window and the largest request frame.
-size_t MaxMessageBytes(const ProtocolLimits& limits) {
-  return fabric::kWindowBytes + pf::kFrameHeaderSize + size_t{limits.max_body_bytes};
-}
-
 }  // namespace
 
 class FabricServer::Impl {
@@ -81,7 +76,7 @@ class FabricServer::Impl {
   Status Start(const NetAddress& address) {
     fabric::EndpointOptions endpoint;
     endpoint.provider = options_.provider;
-    endpoint.max_message_bytes = MaxMessageBytes(options_.server.limits);
+    endpoint.max_message_bytes = fabric::MessageBytesFor(options_.server.limits.max_body_bytes);
     Result<std::unique_ptr<fabric::Listener>> listener =
         fabric::Listener::Listen(address, endpoint);
     if (!listener.ok()) return listener.status();

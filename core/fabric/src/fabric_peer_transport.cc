@@ -14,10 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-size_t MaxMessage(const ProtocolLimits& limits) {
-  return pf::kFrameHeaderSize + size_t{limits.max_body_bytes} + kWindowBytes;
-}
-
 class FabricConnection final : public PeerConnection {
  public:
   FabricConnection(NetAddress address, std::string provider, PeerClientOptions options)
@@ -30,7 +26,7 @@ class FabricConnection final : public PeerConnection {
     const Clock::time_point deadline = Clock::now() + options_.connect_timeout;
     EndpointOptions endpoint_options;
     endpoint_options.provider = provider_;
-    endpoint_options.max_message_bytes = MaxMessage(options_.limits);
+    endpoint_options.max_message_bytes = MessageBytesFor(options_.limits.max_body_bytes);
     GRANARY_ASSIGN_OR_RETURN(endpoint_, Endpoint::Connect(address_, endpoint_options, deadline));
     auto exchange = [&](const RequestMessage& request, uint16_t version,
                         const ProtocolLimits& limits,

@@ -33,6 +33,7 @@
 #include <string_view>
 
 #include "granary/core/net_address.h"
+#include "granary/core/protocol_format.h"
 #include "granary/core/status.h"
 
 namespace granary::fabric {
@@ -64,6 +65,13 @@ inline constexpr size_t kWindowBytes = 24;
 std::string EncodeRequestMessage(const RemoteWindow& window, std::string_view frame);
 // kInvalidArgument when the message is shorter than a window.
 Result<RemoteWindow> DecodeRequestMessage(std::string_view message, std::string_view* frame);
+
+// The largest message of a connection whose frames' bodies are at most
+// `max_body_bytes` (ProtocolLimits::max_body_bytes): a window and a frame
+// header and body. Both ends size their receive buffers with it.
+inline size_t MessageBytesFor(uint32_t max_body_bytes) {
+  return kWindowBytes + protocol_format::kFrameHeaderSize + size_t{max_body_bytes};
+}
 
 struct EndpointOptions {
   std::string provider = std::string(kDefaultProvider);
