@@ -1,7 +1,10 @@
-# Granary's front door. Every target installs missing Debian packages first
-# (scripts/install-deps, as root) and builds what it needs.
+# Granary's front door. Every target installs the Debian packages it needs that
+# are missing first (scripts/install-deps GROUP, as root) and builds what it needs.
 #
-#   make test         format check, debug and asan builds with the whole suite, fuzzers
+#   make check        debug build and the unit tests only (no daemons, Kubernetes or Slurm;
+#                     a few minutes once built), the format, layering and test-layout checks
+#   make test         format, layering and test-layout checks, debug and asan builds with the
+#                     whole suite, fuzzers
 #                     (each suite followed by scripts/check-test-leftovers: no FUSE mount or
 #                     /tmp/granary-test-* directory left behind)
 #   make build        debug build only
@@ -26,20 +29,41 @@
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-client bench-multihost bench bench-smoke clean
+.PHONY: deps-build deps-quickstart deps-slurm deps-kubernetes check test-layout-check image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-client bench-multihost bench bench-smoke clean
 
+# What each target needs (scripts/install-deps says what is in each group).
 deps:
-	@scripts/install-deps
+	@scripts/install-deps test
 
-build: deps
+deps-build:
+	@scripts/install-deps build
+
+deps-quickstart:
+	@scripts/install-deps quickstart
+
+deps-slurm:
+	@scripts/install-deps slurm
+
+deps-kubernetes:
+	@scripts/install-deps kubernetes
+
+build: deps-build
 	cmake --preset debug >/dev/null
 	cmake --build --preset debug
 
-release: deps
+release: deps-build
 	cmake --preset release >/dev/null
 	cmake --build --preset release
 
-test: deps format-check layering-check test-debug bench-smoke test-asan fuzz
+# The unit tests (LABELS unit: no process started, no network but loopback
+# in process) on the debug build, and the static checks.
+check: deps-build format-check layering-check test-layout-check
+	cmake --preset debug >/dev/null
+	cmake --build --preset debug
+	ctest --preset debug -L unit
+	@echo "make check: unit tests passed"
+
+test: deps format-check layering-check test-layout-check test-debug bench-smoke test-asan fuzz
 	@echo "make test: all suites passed"
 
 # The Kubernetes suites (LABELS kubernetes) run a real control plane built by
@@ -70,25 +94,29 @@ image:
 	scripts/build-image $(TAG)
 
 # Includes and links against the allowed graph of docs/architecture.md.
-layering-check: deps
+layering-check: deps-build
 	scripts/check-layering
 
-format-check: deps
+# Every production source tested in its mirrored place (docs/development.md).
+test-layout-check:
+	scripts/check-test-layout
+
+format-check: deps-build
 	scripts/format-check
 
-format: deps
+format: deps-build
 	scripts/format-check --fix
 
-quickstart: release
+quickstart: deps-quickstart release
 	/usr/bin/python3 scripts/quickstart $(DIR)
 
-demo: release
+demo: deps-quickstart release
 	scripts/demo-staging $(DIR)
 
-demo-slurm: release
+demo-slurm: deps-slurm release
 	scripts/demo-slurm
 
-demo-k8s: release
+demo-k8s: deps-kubernetes release
 	scripts/demo-k8s
 
 bench-manifest: release
@@ -103,13 +131,13 @@ bench-cachenode: release
 bench-auth: release
 	build/release/bench/auth_bench $(ARGS)
 
-bench-client: release
+bench-client: deps-quickstart release
 	/usr/bin/python3 bench/client_bench.py $(ARGS)
 
-bench-multihost: release
+bench-multihost: deps release
 	/usr/bin/python3 bench/multihost-benchmark --json build/release/multihost-benchmark.json $(ARGS)
 
-bench: release
+bench: deps release
 	/usr/bin/python3 bench/run-benchmark --build-dir build/release --json build/release/benchmark.json $(ARGS)
 
 bench-smoke: deps

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "granary/cachenode/server.h"
-#include "granary/core/peer_auth.h"
-#include "granary/core/peer_client.h"
+#include "granary/peer/peer_auth.h"
+#include "granary/peer/peer_client.h"
 
 namespace granary {
 namespace {

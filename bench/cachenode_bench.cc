@@ -50,7 +50,7 @@
 #include "cachenode/timed_run.h"
 #include "granary/cachenode/stager.h"
 #include "granary/core/log.h"
-#include "granary/core/protocol_format.h"
+#include "granary/protocol/protocol_format.h"
 
 namespace granary::cachenode_bench {
 namespace {

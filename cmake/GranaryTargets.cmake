@@ -12,18 +12,28 @@ function(granary_project_options target)
   endif()
 endfunction()
 
-# granary_add_test(<name> SOURCES <files...> [LIBS <libs...>] [LABELS <labels...>]
+# granary_add_test(<name> SOURCES <files...> [LIBS <libs...>] [LABEL <label>]
 #                  [PROCESSORS n])  (n: the cores a case takes; ctest runs it with no more beside it)
 # One executable per test file; every GoogleTest case becomes a CTest test.
+# Its label (one: gtest_discover_tests cannot take a list) says what it needs:
+# by default `integration` for a file under integration/ (it starts processes)
+# and `unit` for any other (`make check` runs these); `python`, `store` or
+# `kubernetes` where a suite says so.
 function(granary_add_test name)
-  cmake_parse_arguments(ARG "" "PROCESSORS" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "PROCESSORS;LABEL" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   granary_project_options(${name})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} granary::testing GTest::gmock_main)
   set(props TIMEOUT 300)
-  if(ARG_LABELS)
-    list(APPEND props LABELS "${ARG_LABELS}")
+  if(NOT ARG_LABEL)
+    list(GET ARG_SOURCES 0 first)
+    if(first MATCHES "^integration/")
+      set(ARG_LABEL integration)
+    else()
+      set(ARG_LABEL unit)
+    endif()
   endif()
+  list(APPEND props LABELS ${ARG_LABEL})
   if(ARG_PROCESSORS)
     list(APPEND props PROCESSORS ${ARG_PROCESSORS})
   endif()

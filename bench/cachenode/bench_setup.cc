@@ -17,7 +17,7 @@
 #include "granary/core/file.h"
 #include "granary/core/hash.h"
 #include "granary/core/manifest_builder.h"
-#include "granary/core/protocol_format.h"
+#include "granary/protocol/protocol_format.h"
 
 namespace granary::cachenode_bench {
 

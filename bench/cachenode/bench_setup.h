@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "granary/cachenode/chunk_store.h"
-#include "granary/core/identity.h"
 #include "granary/core/manifest.h"
-#include "granary/core/posix_source.h"
 #include "granary/core/status.h"
+#include "granary/source/identity.h"
+#include "granary/source/posix_source.h"
 
 namespace granary::cachenode_bench {
 

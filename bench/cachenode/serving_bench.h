@@ -22,8 +22,8 @@
 #include "granary/cachenode/fabric_server.h"
 #include "granary/cachenode/server.h"
 #include "granary/cachenode/stager.h"
-#include "granary/core/peer_transport.h"
-#include "granary/core/tls.h"
+#include "granary/peer/peer_transport.h"
+#include "granary/peer/tls.h"
 #include "netns_pair.h"
 #include "timed_run.h"
 

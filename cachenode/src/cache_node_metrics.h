@@ -30,8 +30,8 @@
 #include "granary/cachenode/fabric_server.h"
 #include "granary/cachenode/server.h"
 #include "granary/cachenode/stager.h"
-#include "granary/core/source.h"
 #include "granary/daemon/observability.h"
+#include "granary/source/source.h"
 
 namespace granary {
 

@@ -20,10 +20,10 @@
 #include <string>
 #include <string_view>
 
-#include "granary/core/peer_auth.h"
-#include "granary/core/protocol.h"
-#include "granary/core/protocol_format.h"
-#include "granary/core/tls.h"
+#include "granary/peer/peer_auth.h"
+#include "granary/peer/tls.h"
+#include "granary/protocol/protocol.h"
+#include "granary/protocol/protocol_format.h"
 #include "peer_session.h"
 #include "server_core.h"
 

@@ -15,11 +15,11 @@
 #include <string_view>
 
 #include "granary/cachenode/cache_node.h"
-#include "granary/cachenode/config.h"
+#include "granary/config/cachenode_config.h"
 #include "granary/core/metadata_store.h"  // ValidateNodeId
 #include "granary/core/net_address.h"
-#include "granary/core/snapshot.h"
 #include "granary/daemon/daemon_main.h"
+#include "granary/source/snapshot.h"
 
 int main(int argc, char** argv) {
   // Replies are built in memory, up to the reply budget (reply_buffer_bytes),
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   // more goes back to the OS when its reply is sent or dropped.
   (void)::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   // The snapshot helper the node spawns to walk a source as its owner
-  // (granary/core/snapshot.h): its request on stdin, its answer on stdout.
+  // (granary/source/snapshot.h): its request on stdin, its answer on stdout.
   if (argc == 2 && std::string_view(argv[1]) == granary::kSnapshotChildFlag) {
     return granary::RunSnapshotChild(STDIN_FILENO, STDOUT_FILENO);
   }

@@ -24,10 +24,10 @@
 #include <variant>
 
 #include "granary/cachenode/server.h"
-#include "granary/core/peer_auth.h"
-#include "granary/core/protocol.h"
-#include "granary/core/protocol_format.h"
 #include "granary/core/status.h"
+#include "granary/peer/peer_auth.h"
+#include "granary/protocol/protocol.h"
+#include "granary/protocol/protocol_format.h"
 
 namespace granary::server_internal {
 

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "granary/core/protocol.h"
+#include "granary/protocol/protocol.h"
 
 namespace granary::server_internal {
 

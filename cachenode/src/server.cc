@@ -21,7 +21,7 @@
 #include "granary/core/file.h"
 #include "granary/core/names.h"
 #include "granary/core/net_address.h"
-#include "granary/core/protocol_format.h"
+#include "granary/protocol/protocol_format.h"
 
 namespace granary {
 namespace server_internal {

@@ -30,7 +30,7 @@
 #include "granary/cachenode/server.h"
 #include "granary/core/log.h"
 #include "granary/core/net_address.h"
-#include "granary/core/protocol.h"
+#include "granary/protocol/protocol.h"
 #include "reply_budget.h"
 #include "service_calls.h"
 

@@ -15,7 +15,7 @@
 #include <utility>
 #include <variant>
 
-#include "granary/core/protocol_format.h"
+#include "granary/protocol/protocol_format.h"
 #include "server_core.h"
 
 namespace granary::server_internal {

@@ -20,8 +20,8 @@
 #include "granary/cachenode/read_service.h"
 #include "granary/cachenode/server.h"
 #include "granary/core/log.h"
-#include "granary/core/peer_auth.h"
-#include "granary/core/protocol.h"
+#include "granary/peer/peer_auth.h"
+#include "granary/protocol/protocol.h"
 #include "peer_session.h"
 
 namespace granary::server_internal {

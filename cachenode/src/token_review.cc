@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "granary/core/names.h"
-#include "granary/operator/base64.h"
-#include "granary/operator/kube_client.h"
+#include "granary/kube/base64.h"
+#include "granary/kube/kube_client.h"
 
 namespace granary {
 namespace {

@@ -36,8 +36,8 @@
 #include "granary/core/log.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
-#include "granary/core/posix_source.h"
-#include "granary/sidecar/sample_fetcher.h"
+#include "granary/fetcher/sample_fetcher.h"
+#include "granary/source/posix_source.h"
 #include "manifest_tree.h"
 
 namespace granary::cli {

@@ -33,10 +33,10 @@
 
 #include "granary/core/config.h"
 #include "granary/core/metadata_store.h"
-#include "granary/core/peer_auth.h"
-#include "granary/core/peer_transport.h"
 #include "granary/core/status.h"
-#include "granary/core/tls.h"
+#include "granary/peer/peer_auth.h"
+#include "granary/peer/peer_transport.h"
+#include "granary/peer/tls.h"
 
 namespace CLI {
 class App;

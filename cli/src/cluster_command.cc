@@ -19,7 +19,7 @@
 #include "granary/core/file.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
-#include "granary/core/peer_auth.h"
+#include "granary/peer/peer_auth.h"
 
 namespace granary::cli {
 namespace {

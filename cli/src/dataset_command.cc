@@ -33,8 +33,8 @@
 #include "granary/core/manifest_builder.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
-#include "granary/core/posix_source.h"
-#include "granary/core/snapshot.h"
+#include "granary/source/posix_source.h"
+#include "granary/source/snapshot.h"
 
 namespace granary::cli {
 namespace {

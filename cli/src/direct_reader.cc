@@ -12,8 +12,8 @@
 
 #include "cli_context.h"
 #include "granary/core/names.h"
-#include "granary/core/posix_source.h"
-#include "granary/sidecar/sample_fetcher.h"
+#include "granary/fetcher/sample_fetcher.h"
+#include "granary/source/posix_source.h"
 
 namespace granary::cli {
 

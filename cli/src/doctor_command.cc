@@ -29,17 +29,17 @@
 #include <vector>
 
 #include "cli_context.h"
-#include "granary/cachenode/config.h"
 #include "granary/client/session.h"
+#include "granary/config/cachenode_config.h"
+#include "granary/config/config_keys.h"
+#include "granary/config/sidecar_config.h"
 #include "granary/core/file.h"
-#include "granary/core/identity.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
-#include "granary/core/sidecar_protocol.h"
-#include "granary/core/unix_socket.h"
-#include "granary/daemon/config_keys.h"
 #include "granary/fabric/endpoint.h"
-#include "granary/sidecar/config.h"
+#include "granary/protocol/sidecar_protocol.h"
+#include "granary/protocol/unix_socket.h"
+#include "granary/source/identity.h"
 #include "granary/store/open_store.h"
 
 namespace granary::cli {

@@ -6,7 +6,7 @@
 
 #include "granary/core/log.h"
 #include "granary/core/names.h"
-#include "granary/core/unix_socket.h"
+#include "granary/protocol/unix_socket.h"
 
 namespace granary::cli {
 namespace {

@@ -1,4 +1,4 @@
-// `granary slurm <step> ...`: what slurm-plugin/burst_buffer.lua runs for
+// `granary slurm <step> ...`: what slurm/plugin/burst_buffer.lua runs for
 // Slurm's burst_buffer/lua functions, so that the logic lives here, in
 // tested C++, and the Lua stays a thin dispatcher (docs/slurm.md).
 //
@@ -16,8 +16,8 @@
 //   granary slurm teardown JOB      slurm_bb_job_teardown: deletes the job's
 //                                   datasets (idempotent); persistent ones stay
 //   granary slurm prolog JOB --uid U --gid G [--script FILE]
-//                                   the node's Prolog (slurm-plugin/prolog.sh):
-//                                   the job's sidecar and views (slurm_node.h)
+//                                   the node's Prolog (slurm/plugin/prolog.sh):
+//                                   the job's sidecar and views (granary/slurm/node_agent.h)
 //   granary slurm epilog JOB        the node's Epilog: all of it gone
 //
 // setup and data_in run the `granary dataset` commands in-process (RunCli),
@@ -39,11 +39,44 @@
 #include "granary/core/config.h"
 #include "granary/core/file.h"
 #include "granary/core/names.h"
-#include "slurm_directives.h"
-#include "slurm_node.h"
+#include "granary/slurm/directives.h"
+#include "granary/slurm/node_agent.h"
 
 namespace granary::cli {
 namespace {
+
+using slurm::CheckJobDirectives;
+using slurm::DirectiveError;
+using slurm::DirectiveParse;
+using slurm::IsSlurmReplacedScript;
+using slurm::JobDatasetName;
+using slurm::JobDirectives;
+using slurm::kJobDatasetPrefix;
+using slurm::NeedsStore;
+using slurm::ParseJobDirectives;
+using slurm::PersistentDwDirective;
+using slurm::ReplaceJobIdSymbols;
+using slurm::ScriptSymbols;
+using slurm::SlurmEpilog;
+using slurm::SlurmNodeOptions;
+using slurm::SlurmProlog;
+using slurm::StageInDirective;
+
+// The node agent's view of the command's context.
+class CliNodeAgentContext final : public slurm::NodeAgentContext {
+ public:
+  explicit CliNodeAgentContext(CliContext& c) : c_(c) {}
+  std::ostream& out() override { return c_.out(); }
+  Status OpenStore() override { return c_.OpenStore(); }
+  MetadataStore& store() override { return c_.store(); }
+  std::string StoreUrl() const override { return c_.StoreUrl(); }
+  std::string ClusterKeyPath() const override { return c_.ClusterKeyPath(); }
+  Status CheckClusterKey() const override { return c_.PeerCredentials().status(); }
+  std::string TlsCaPath() const override { return c_.TlsCaPath(); }
+
+ private:
+  CliContext& c_;
+};
 
 Json DirectivesJson(const JobDirectives& d) {
   Json j = Json::object();
@@ -273,7 +306,7 @@ Status Teardown(CliContext& c, const SlurmJobOptions& o) {
 // The prolog reads the script as submitted (scontrol write batch_script):
 // %j in its #DW lines is put in here, in a private copy, so that it names
 // the datasets setup made from Slurm's replaced copy.
-Status PrologWithJobId(CliContext& c, SlurmNodeOptions o) {
+Status PrologWithJobId(slurm::NodeAgentContext& c, SlurmNodeOptions o) {
   if (o.script.empty() || CheckJobId(o.job_id).ok() == false) return SlurmProlog(c, o);
   Result<std::string> script = ReadFileToString(o.script);
   if (!script.ok()) return SlurmProlog(c, o);  // it says why
@@ -362,11 +395,17 @@ void AddSlurmCommand(CLI::App& app, CliContext& context) {
   prolog->add_option("--node", n->node,
                      "This host's cache node id, which stages the job's datasets (default "
                      "$SLURMD_NODENAME, else the host name)");
-  context.OnParsed(prolog, [&context, n] { return PrologWithJobId(context, *n); });
+  context.OnParsed(prolog, [&context, n] {
+    CliNodeAgentContext agent(context);
+    return PrologWithJobId(agent, *n);
+  });
   CLI::App* epilog = slurm->add_subcommand(
       "epilog", "On a node after the job: sidecar stopped, views unmounted, files removed");
   node_options(epilog);
-  context.OnParsed(epilog, [&context, n] { return SlurmEpilog(context, *n); });
+  context.OnParsed(epilog, [&context, n] {
+    CliNodeAgentContext agent(context);
+    return SlurmEpilog(agent, *n);
+  });
 }
 
 }  // namespace granary::cli

@@ -4,7 +4,7 @@
 
 #include <limits>
 
-#include "granary/core/plan_request.h"
+#include "granary/protocol/plan_request.h"
 
 namespace granary::client {
 

@@ -23,7 +23,7 @@
 #include <variant>
 
 #include "granary/core/names.h"
-#include "granary/core/unix_socket.h"
+#include "granary/protocol/unix_socket.h"
 
 namespace granary::client {
 namespace {

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <utility>
 
-#include "granary/core/unix_socket.h"
+#include "granary/protocol/unix_socket.h"
 
 namespace granary {
 namespace {

@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <string>
 
+#include "granary/config/sidecar_config.h"
 #include "granary/core/metadata_store.h"  // ValidateNodeId
 #include "granary/daemon/daemon_main.h"
-#include "granary/sidecar/config.h"
 #include "granary/sidecar/sidecar.h"
 
 int main(int argc, char** argv) {

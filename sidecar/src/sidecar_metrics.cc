@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "granary/core/sidecar_protocol.h"
+#include "granary/protocol/sidecar_protocol.h"
 
 namespace granary::sidecar {
 namespace {

@@ -12,9 +12,9 @@
 
 #include "granary/core/status.h"
 #include "granary/daemon/observability.h"
+#include "granary/fetcher/sample_fetcher.h"
 #include "granary/posix/posix_view.h"
 #include "granary/sidecar/sample_cache.h"
-#include "granary/sidecar/sample_fetcher.h"
 
 namespace granary::sidecar {
 

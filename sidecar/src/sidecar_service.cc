@@ -8,7 +8,7 @@
 #include <variant>
 
 #include "granary/core/names.h"
-#include "granary/core/plan_request.h"
+#include "granary/protocol/plan_request.h"
 #include "sidecar_metrics.h"
 
 namespace granary::sidecar {

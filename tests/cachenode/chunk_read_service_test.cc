@@ -23,10 +23,10 @@
 
 #include "granary/cachenode/server.h"
 #include "granary/core/hash.h"
-#include "granary/core/identity.h"
 #include "granary/core/names.h"
-#include "granary/core/peer_client.h"
-#include "granary/core/posix_source.h"
+#include "granary/peer/peer_client.h"
+#include "granary/source/identity.h"
+#include "granary/source/posix_source.h"
 #include "testing/source_fixture.h"
 #include "testing/test_util.h"
 

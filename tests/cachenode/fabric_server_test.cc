@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "granary/core/file.h"
-#include "granary/core/protocol_format.h"
 #include "granary/fabric/endpoint.h"
+#include "granary/protocol/protocol_format.h"
 #include "testing/test_util.h"
 
 namespace granary {

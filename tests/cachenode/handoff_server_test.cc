@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "granary/core/chunk_handoff.h"
-#include "granary/core/unix_socket.h"
+#include "granary/protocol/chunk_handoff.h"
+#include "granary/protocol/unix_socket.h"
 #include "testing/child_process.h"
 #include "testing/test_util.h"
 

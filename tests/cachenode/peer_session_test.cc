@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "granary/core/protocol_format.h"
+#include "granary/protocol/protocol_format.h"
 #include "testing/test_util.h"
 
 namespace granary::server_internal {

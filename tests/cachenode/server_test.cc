@@ -30,9 +30,9 @@
 #include "granary/core/file.h"
 #include "granary/core/hash.h"
 #include "granary/core/names.h"
-#include "granary/core/peer_client.h"
-#include "granary/core/protocol_format.h"
-#include "granary/core/tls.h"
+#include "granary/peer/peer_client.h"
+#include "granary/peer/tls.h"
+#include "granary/protocol/protocol_format.h"
 #include "testing/test_util.h"
 
 namespace granary {
@@ -1142,7 +1142,7 @@ std::shared_ptr<const ClusterKeys> Keys(std::vector<std::string> keys) {
 
 // Grants "team-a" to the token "token-a" and "team-b" to "token-b"; refuses
 // the rest as the API server would. The real verifier (TokenReview) is tested
-// against a real API server in tests/kubernetes.
+// against a real API server in tests/integration/kubernetes.
 class ScriptedTokens : public TokenVerifier {
  public:
   Result<PeerIdentity> Verify(std::string_view token) override {

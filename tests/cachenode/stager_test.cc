@@ -28,9 +28,9 @@
 #include <thread>
 #include <vector>
 
-#include "granary/core/identity.h"
 #include "granary/core/names.h"
-#include "granary/core/posix_source.h"
+#include "granary/source/identity.h"
+#include "granary/source/posix_source.h"
 #include "testing/source_fixture.h"
 #include "testing/test_util.h"
 

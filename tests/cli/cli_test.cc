@@ -19,7 +19,7 @@
 #include "cli_context.h"
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
-#include "granary/core/peer_auth.h"
+#include "granary/peer/peer_auth.h"
 #include "granary/store/open_store.h"
 #include "testing/test_util.h"
 

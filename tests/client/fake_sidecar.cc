@@ -12,7 +12,7 @@
 #include <variant>
 
 #include "granary/core/hash.h"
-#include "granary/core/unix_socket.h"
+#include "granary/protocol/unix_socket.h"
 #include "testing/test_util.h"
 
 namespace granary::testing {

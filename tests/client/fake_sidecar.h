@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "granary/core/file.h"
-#include "granary/core/sidecar_protocol.h"
 #include "granary/core/status.h"
+#include "granary/protocol/sidecar_protocol.h"
 
 namespace granary::testing {
 

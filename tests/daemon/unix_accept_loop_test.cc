@@ -17,7 +17,7 @@
 #include <mutex>
 #include <vector>
 
-#include "granary/core/unix_socket.h"
+#include "granary/protocol/unix_socket.h"
 #include "testing/test_util.h"
 
 namespace granary {

@@ -1,4 +1,4 @@
-// libFuzzer target for the chunk handoff codec (core/src/chunk_handoff.cc):
+// libFuzzer target for the chunk handoff codec (protocol/src/chunk_handoff.cc):
 // what the cache node's local_socket parses from any process on the host. The
 // input is one frame as a peer would send it: the header is decoded, and the
 // body (whatever follows, up to the header's length) is decoded both as a
@@ -18,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-#include "granary/core/chunk_handoff.h"
+#include "granary/protocol/chunk_handoff.h"
 
 namespace granary::handoff {
 namespace {

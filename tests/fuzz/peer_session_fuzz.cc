@@ -24,8 +24,8 @@
 #include <string>
 #include <string_view>
 
-#include "granary/core/peer_auth.h"
-#include "granary/core/protocol.h"
+#include "granary/peer/peer_auth.h"
+#include "granary/protocol/protocol.h"
 #include "peer_session.h"
 
 namespace granary {

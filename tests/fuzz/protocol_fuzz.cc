@@ -1,4 +1,4 @@
-// libFuzzer target for the cache node's wire protocol (core/src/protocol.cc):
+// libFuzzer target for the cache node's wire protocol (protocol/src/protocol.cc):
 // the input is a byte stream as a peer would send it, fed to a FrameDecoder
 // in pieces, every frame decoded as a request or a response, and every decoded
 // message re-encoded. Any crash, sanitizer report, huge allocation, hang or
@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "granary/core/byte_order.h"
-#include "granary/core/protocol.h"
-#include "granary/core/protocol_format.h"
+#include "granary/protocol/protocol.h"
+#include "granary/protocol/protocol_format.h"
 
 namespace granary {
 namespace {

@@ -1,4 +1,4 @@
-// libFuzzer target for the sidecar's local protocol (core/src/sidecar_protocol.cc):
+// libFuzzer target for the sidecar's local protocol (protocol/src/sidecar_protocol.cc):
 // the input is a byte stream as a client (or a sidecar) would send it, fed to a
 // FrameDecoder in pieces; every frame is decoded both as a request and as a
 // reply, and every decoded message re-encoded. Any crash, sanitizer report,
@@ -29,7 +29,7 @@
 #include <variant>
 #include <vector>
 
-#include "granary/core/sidecar_protocol.h"
+#include "granary/protocol/sidecar_protocol.h"
 
 namespace granary::sidecar_protocol {
 namespace {

@@ -1,4 +1,4 @@
-// libFuzzer target for the #DW directive parser (cli/src/slurm_directives.cc):
+// libFuzzer target for the #DW directive parser (slurm/src/directives.cc):
 // what slurmctld hands `granary slurm validate` from any user's job script.
 // Any crash, sanitizer report or broken invariant is a finding.
 //
@@ -22,9 +22,9 @@
 
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
-#include "slurm_directives.h"
+#include "granary/slurm/directives.h"
 
-namespace granary::cli {
+namespace granary::slurm {
 namespace {
 
 void Check(bool condition, const char* what) {
@@ -51,7 +51,7 @@ bool IsDirectiveLine(const std::vector<std::string_view>& lines, int line) {
 }
 
 }  // namespace
-}  // namespace granary::cli
+}  // namespace granary::slurm
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace granary;

@@ -1,5 +1,5 @@
 // libFuzzer target for the webhook's AdmissionReview parser and JSONPatch
-// builder (operator/src/admission_review.cc, webhook_patch.cc): what the API
+// builder (operator/src/webhook/admission_review.cc, webhook_patch.cc): what the API
 // server (or anyone who reaches the webhook's port) sends POST /mutate. Any
 // crash, sanitizer report, uncaught exception or broken invariant is a finding.
 //

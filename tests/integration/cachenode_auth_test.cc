@@ -4,7 +4,7 @@
 // right one, and both keys of a rotation. The handshake's byte-level cases
 // (replayed proofs, requests before AUTH, old clients) are in
 // tests/cachenode/server_test.cc; pods' tokens against a real API server in
-// tests/kubernetes/token_auth_test.cc.
+// tests/integration/kubernetes/token_auth_test.cc.
 
 #include <gmock/gmock.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "granary/core/peer_auth.h"
+#include "granary/peer/peer_auth.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/test_util.h"
 

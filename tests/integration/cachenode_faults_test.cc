@@ -33,8 +33,8 @@
 #include "granary/core/chunk_file.h"
 #include "granary/core/file.h"
 #include "granary/core/names.h"
-#include "granary/core/protocol.h"
-#include "granary/core/protocol_format.h"
+#include "granary/protocol/protocol.h"
+#include "granary/protocol/protocol_format.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/test_util.h"
 

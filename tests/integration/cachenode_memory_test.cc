@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "granary/core/net_address.h"
-#include "granary/core/protocol.h"
-#include "granary/core/protocol_format.h"
+#include "granary/protocol/protocol.h"
+#include "granary/protocol/protocol_format.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/test_util.h"
 

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "granary/core/manifest_builder.h"
-#include "granary/core/snapshot.h"
+#include "granary/source/snapshot.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/daemon_process.h"
 #include "testing/slowfs_mount.h"

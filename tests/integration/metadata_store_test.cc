@@ -1,7 +1,7 @@
 // The MetadataStore conformance suite: every test runs unchanged against a real
 // redis-server (started by the RedisServer fixture), a real SQLite file, and a
 // real SQLite file that a second process uses at the same time. Backend-specific
-// failure cases live in redis_store_test.cc and tests/core/sqlite_store_test.cc.
+// failure cases live in redis_store_test.cc and tests/store/sqlite_store_test.cc.
 
 #include "granary/core/metadata_store.h"
 

@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "granary/client/session.h"
-#include "granary/core/protocol.h"
+#include "granary/protocol/protocol.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/child_process.h"
 #include "testing/daemon_process.h"

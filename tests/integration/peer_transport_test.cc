@@ -1,11 +1,11 @@
-// The peer-transport seam (granary/core/peer_transport.h): the TCP transport
+// The peer-transport seam (granary/peer/peer_transport.h): the TCP transport
 // reads like PeerClient, and the sidecar's fetcher, reading through a
 // transport that times out in the middle of a batch, corrupts bytes on the way
 // and refuses connections (tests/testing/scripted_peer_transport.h), still
 // hands out every sample with the source's bytes, from another replica or the
 // source, and counts what happened. Real cache nodes, real store, real files.
 
-#include "granary/core/peer_transport.h"
+#include "granary/peer/peer_transport.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@
 
 #include "granary/core/hash.h"
 #include "granary/fabric/fabric_transport.h"
-#include "granary/sidecar/sample_fetcher.h"
+#include "granary/fetcher/sample_fetcher.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/scripted_peer_transport.h"
 #include "testing/test_util.h"

@@ -33,9 +33,9 @@
 #include <thread>
 
 #include "granary/core/hash.h"
-#include "granary/core/peer_auth.h"
-#include "granary/core/tls.h"
-#include "granary/sidecar/sample_fetcher.h"
+#include "granary/fetcher/sample_fetcher.h"
+#include "granary/peer/peer_auth.h"
+#include "granary/peer/tls.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/test_util.h"
 

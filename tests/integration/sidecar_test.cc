@@ -21,8 +21,8 @@
 
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
-#include "granary/core/sidecar_protocol.h"
-#include "granary/core/unix_socket.h"
+#include "granary/protocol/sidecar_protocol.h"
+#include "granary/protocol/unix_socket.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/child_process.h"
 #include "testing/sidecar_fixture.h"

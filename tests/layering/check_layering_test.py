@@ -52,25 +52,34 @@ def main():
     ok = expect(run(), 0, r"within the graph", "the tree as it is")
     # The CLI includes and links the store: forbid it.
     ok &= expect(run(edit_line(text, "cli", 3, " ".join(u for u in uses_of_cli if u != "store"))),
-                 1, r"cli/src/\S+: cli includes core/store/include/granary/store/open_store\.h "
+                 1, r"cli/src/\S+: cli includes store/include/granary/store/open_store\.h "
                  r"of store.*\n(.*\n)*link: granary_cli \(cli\) links granary_store \(store\)",
                  "an include and a link the graph forbids")
     # A never rule the CLI breaks (it reaches hiredis through the store).
-    ok &= expect(run(text.replace("never            | granary_client granary_native",
-                                  "never            | granary_cli granary_client granary_native")),
+    ok &= expect(run(text.replace("never     | granary_client granary_native",
+                                  "never     | granary_cli granary_client granary_native")),
                  1, r"link: granary_cli reaches PkgConfig::HIREDIS, which it must never link: "
                  r"granary_cli -> granary_store -> PkgConfig::HIREDIS", "a never rule")
     # A library left out of the graph.
     ok &= expect(run(edit_line(text, "posix", 2, "-")), 1,
                  r"link: library granary_posix is in no component", "a library in no component")
-    # A file in no component.
-    ok &= expect(run(edit_line(text, "client", 1, "client/include/")), 1,
-                 r"client/src/session\.cc: in no component", "a file in no component")
+    # A component that is not one folder, and a folder that is no component.
+    ok &= expect(run(edit_line(text, "client", 1, "client/include/ client/src/")), 1,
+                 r"layering block: client is client/include/ client/src/: a component is one "
+                 r"top-level folder", "a component of two paths")
+    ok &= expect(run(edit_line(text, "client", 1, "clients/")), 1,
+                 r"client/: holds C\+\+ sources but is no component", "a folder in no component")
+    # The picture drawn in the doc no longer the graph's (kube may now use store).
+    ok &= expect(run(edit_line(text, "kube", 3, "core store")), 1,
+                 r"the ```picture block is not the graph's picture", "a picture that drifted")
+    ok &= expect(run(text.replace("```picture", "```text")), 1, r"no ```picture block",
+                 "a doc without the picture")
     # A malformed graph.
-    ok &= expect(run(text.replace("store            | core/store/ | granary_store | core",
-                                  "store            | core/store/ | granary_store | core nosuch")),
+    ok &= expect(run(text.replace("store     | store/ | granary_store | core",
+                                  "store     | store/ | granary_store | core nosuch")),
                  2, r"store may use 'nosuch', which is not a component", "an unknown component")
     ok &= expect(run("# no block here\n"), 2, r"has no ```layering block", "a doc without the block")
+    ok &= expect(run(edit_line(text, "core", 3, "cli")), 2, r"a cycle through", "a cycle")
     return 0 if ok else 1
 
 

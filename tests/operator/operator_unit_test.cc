@@ -1,7 +1,7 @@
 // granary::operator's pieces that need no API server: quantities, names,
 // grants, mounts, conditions, kubeconfig parsing, the work queue, the
 // webhook's registration (options, renewal decision, objects). The
-// reconcilers against a real control plane: tests/kubernetes/operator_test.cc.
+// reconcilers against a real control plane: tests/integration/kubernetes/operator_test.cc.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "granary/core/metadata_store.h"
-#include "granary/operator/base64.h"
-#include "granary/operator/kube_config.h"
+#include "granary/kube/base64.h"
+#include "granary/kube/kube_config.h"
 #include "granary/operator/resources.h"
 #include "granary/operator/webhook_cert.h"
 #include "granary/operator/webhook_registration.h"

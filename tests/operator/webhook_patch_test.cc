@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "granary/operator/base64.h"
+#include "granary/kube/base64.h"
 
 namespace granary::kube {
 namespace {

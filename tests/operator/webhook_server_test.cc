@@ -22,7 +22,7 @@
 #include <mutex>
 #include <string>
 
-#include "granary/operator/base64.h"
+#include "granary/kube/base64.h"
 #include "granary/operator/webhook_cert.h"
 
 namespace granary::kube {

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "granary/core/hash.h"
-#include "granary/core/plan_request.h"
+#include "granary/protocol/plan_request.h"
 #include "granary/store/open_store.h"
 #include "sidecar_metrics.h"
 #include "testing/source_fixture.h"

@@ -1,5 +1,5 @@
 --[[
-slurm-plugin/burst_buffer.lua under a plain Lua (5.1, which Debian 12's Slurm
+slurm/plugin/burst_buffer.lua under a plain Lua (5.1, which Debian 12's Slurm
 embeds, and 5.3) with the real granary binary and a real SQLite store: every one of Slurm's eleven functions exists,
 each delegates to `granary slurm` with its arguments quoted (a path with a
 quote and a space in it), and returns slurm.ERROR with granary's message when
@@ -7,7 +7,7 @@ granary fails. The `slurm` table is the small part of Slurm's Lua API the
 script uses (return codes and logging); Slurm itself is not started here.
 
   GRANARY_BIN=build/cli/granary GRANARY_STORE=sqlite:///tmp/x/granary.db \
-    lua5.3 tests/slurm/burst_buffer_lua_test.lua slurm-plugin/burst_buffer.lua
+    lua5.3 tests/slurm/burst_buffer_lua_test.lua slurm/plugin/burst_buffer.lua
 --]]
 
 local errors_logged = 0

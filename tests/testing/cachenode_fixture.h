@@ -57,10 +57,10 @@
 
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
-#include "granary/core/peer_client.h"
 #include "granary/core/placement.h"
 #include "granary/core/status.h"
-#include "granary/core/tls.h"
+#include "granary/peer/peer_client.h"
+#include "granary/peer/tls.h"
 #include "testing/daemon_process.h"
 #include "testing/redis_server.h"
 #include "testing/test_util.h"

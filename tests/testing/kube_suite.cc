@@ -8,7 +8,7 @@
 #include <regex>
 
 #include "granary/core/file.h"
-#include "granary/operator/base64.h"
+#include "granary/kube/base64.h"
 #include "granary/store/open_store.h"
 
 namespace granary::testing {

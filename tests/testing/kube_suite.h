@@ -36,7 +36,7 @@
 // the same way, and its logs are still there for the message
 // (OperatorLogs, PrintLogsIfTestFailed).
 //
-// Who uses it: tests/kubernetes/operator_test.cc (the operator's cases:
+// Who uses it: tests/integration/kubernetes/operator_test.cc (the operator's cases:
 // more replicas through StartOperator, files under dir() through WriteFile),
 // mixed_site_test.cc (with a SlurmCluster on the same store and cache node)
 // and training_pod_test.cc (four pool nodes, Jobs run to their end, the

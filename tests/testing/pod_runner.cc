@@ -15,7 +15,7 @@
 #include <optional>
 
 #include "granary/core/file.h"
-#include "granary/operator/base64.h"
+#include "granary/kube/base64.h"
 #include "testing/daemon_process.h"
 
 namespace granary::testing {

@@ -1,6 +1,6 @@
 #pragma once
 
-// ScriptedPeerTransport: a PeerTransport (granary/core/peer_transport.h) over
+// ScriptedPeerTransport: a PeerTransport (granary/peer/peer_transport.h) over
 // another one, that produces on cue the faults a real wire cannot be made to
 // produce in a test: a READ whose reply never comes in time (the connection
 // then counts as broken, as PeerClient's does after a timeout), bytes
@@ -23,7 +23,7 @@
 #include <string>
 #include <string_view>
 
-#include "granary/core/peer_transport.h"
+#include "granary/peer/peer_transport.h"
 
 namespace granary::testing {
 

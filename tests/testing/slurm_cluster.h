@@ -8,7 +8,7 @@
 //   if (!SlurmCluster::Available(&why)) GTEST_SKIP() << why;
 //   SlurmClusterOptions o;
 //   o.granary_binary = ...; o.sidecar_binary = ...; o.store_url = ...;
-//   o.plugin_dir = "<source>/slurm-plugin";
+//   o.plugin_dir = "<source>/slurm/plugin";
 //   auto slurm = SlurmCluster::Start(o);              // waits until the node is idle
 //   auto job = (*slurm)->Submit(script_path);          // sbatch as the submitting user
 //   auto state = (*slurm)->WaitForJobState(*job, {"COMPLETED", "FAILED"}, 60s);
@@ -17,7 +17,7 @@
 // Everything lives in a TempDir (mode 0755, so the submitting user can reach
 // what the test puts there): the munge key and socket, slurm.conf,
 // burst_buffer.conf, burst_buffer.lua and the node's prolog.sh/epilog.sh
-// (copied from slurm-plugin/ with their settings block pointing at the
+// (copied from slurm/plugin/ with their settings block pointing at the
 // build's granary binary, the sidecar binary, the test's store and a job root
 // in the TempDir), the controller's state, the node's spool, the daemons'
 // logs, and `out/` (mode 0777) for the jobs' output files. Ports are free
@@ -51,7 +51,7 @@ struct SlurmClusterOptions {
   std::string granary_binary;    // the CLI the plugin and the prolog/epilog run
   std::string sidecar_binary;    // what the prolog starts per job
   std::string store_url;         // the metadata store the cache nodes use
-  std::string plugin_dir;        // the source tree's slurm-plugin/
+  std::string plugin_dir;        // the source tree's slurm/plugin/
   std::string cache_node_id;     // NODE in prolog.sh: the cache node of this host (empty: unset)
   std::string cluster_key_file;  // CLUSTER_KEY in prolog.sh (empty: granary's default)
   uint32_t user_uid = 65534;     // who submits jobs

@@ -24,11 +24,11 @@
 #include <utility>
 #include <vector>
 
-#include "granary/core/identity.h"
 #include "granary/core/manifest.h"
-#include "granary/core/posix_source.h"
-#include "granary/core/source.h"
 #include "granary/core/status.h"
+#include "granary/source/identity.h"
+#include "granary/source/posix_source.h"
+#include "granary/source/source.h"
 
 namespace granary::testing {
 

@@ -46,7 +46,7 @@
 #include <string>
 #include <vector>
 
-#include "granary/cachenode/config.h"
+#include "granary/config/cachenode_config.h"
 #include "granary/core/net_address.h"
 #include "granary/core/status.h"
 

@@ -45,8 +45,8 @@
 #include "granary/cachenode/read_service.h"
 #include "granary/cachenode/stager.h"
 #include "granary/core/manifest.h"
-#include "granary/core/protocol.h"
 #include "granary/core/status.h"
+#include "granary/protocol/protocol.h"
 
 namespace granary {
 

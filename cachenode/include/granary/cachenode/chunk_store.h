@@ -57,7 +57,7 @@
 #include <utility>
 #include <vector>
 
-#include "granary/cachenode/config.h"  // DataDirOwnershipProblem
+#include "granary/config/cachenode_config.h"  // DataDirOwnershipProblem
 #include "granary/core/chunk_file.h"
 #include "granary/core/hash.h"
 #include "granary/core/manifest.h"

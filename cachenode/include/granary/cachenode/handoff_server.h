@@ -39,11 +39,11 @@
 #include <optional>
 #include <string>
 
-#include "granary/cachenode/config.h"  // kDefaultHandoffMaxConnections
-#include "granary/core/chunk_handoff.h"
+#include "granary/config/cachenode_config.h"  // kDefaultHandoffMaxConnections
 #include "granary/core/file.h"
 #include "granary/core/status.h"
-#include "granary/core/unix_socket.h"
+#include "granary/protocol/chunk_handoff.h"
+#include "granary/protocol/unix_socket.h"
 
 namespace granary {
 

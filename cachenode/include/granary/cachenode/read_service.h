@@ -46,8 +46,8 @@
 #include <utility>
 #include <vector>
 
-#include "granary/core/protocol.h"
 #include "granary/core/status.h"
+#include "granary/protocol/protocol.h"
 
 namespace granary {
 

@@ -83,10 +83,10 @@
 #include <vector>
 
 #include "granary/cachenode/read_service.h"
-#include "granary/core/peer_auth.h"
-#include "granary/core/protocol.h"
 #include "granary/core/status.h"
-#include "granary/core/tls.h"
+#include "granary/peer/peer_auth.h"
+#include "granary/peer/tls.h"
+#include "granary/protocol/protocol.h"
 
 namespace granary {
 

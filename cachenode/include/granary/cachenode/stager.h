@@ -78,8 +78,8 @@
 #include "granary/core/clock.h"
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
-#include "granary/core/source.h"
 #include "granary/core/status.h"
+#include "granary/source/source.h"
 
 namespace granary {
 

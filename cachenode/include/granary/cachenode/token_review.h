@@ -23,9 +23,9 @@
 #include <string>
 #include <string_view>
 
-#include "granary/core/peer_auth.h"
 #include "granary/core/status.h"
-#include "granary/operator/kube_config.h"
+#include "granary/kube/kube_config.h"
+#include "granary/peer/peer_auth.h"
 
 namespace granary {
 

@@ -23,8 +23,8 @@
 
 #include "granary/core/manifest.h"
 #include "granary/core/plan.h"
-#include "granary/core/sidecar_protocol.h"
 #include "granary/core/status.h"
+#include "granary/protocol/sidecar_protocol.h"
 
 namespace granary::client {
 

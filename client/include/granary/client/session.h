@@ -67,8 +67,8 @@
 
 #include "granary/core/file.h"
 #include "granary/core/hash.h"
-#include "granary/core/sidecar_protocol.h"
 #include "granary/core/status.h"
+#include "granary/protocol/sidecar_protocol.h"
 
 namespace granary::client {
 

@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "granary/operator/kube_client.h"
+#include "granary/kube/kube_client.h"
 
 namespace granary::kube {
 

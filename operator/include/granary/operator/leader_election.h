@@ -21,7 +21,7 @@
 #include <string>
 #include <thread>
 
-#include "granary/operator/kube_client.h"
+#include "granary/kube/kube_client.h"
 
 namespace granary::kube {
 

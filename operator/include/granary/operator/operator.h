@@ -36,7 +36,7 @@
 #include <string>
 
 #include "granary/core/status.h"
-#include "granary/operator/kube_client.h"
+#include "granary/kube/kube_client.h"
 #include "granary/operator/webhook_cert.h"
 #include "granary/operator/webhook_registration.h"
 

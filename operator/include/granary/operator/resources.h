@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "granary/core/status.h"
-#include "granary/operator/kube_client.h"
+#include "granary/kube/kube_client.h"
 
 namespace granary::kube {
 

@@ -8,7 +8,7 @@
 // Thread safety: the returned function may be called from any thread
 // (KubeClient is thread-safe). Each call makes two GETs to the API server.
 
-#include "granary/operator/kube_client.h"
+#include "granary/kube/kube_client.h"
 #include "granary/operator/webhook_server.h"
 
 namespace granary::kube {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "granary/core/status.h"
-#include "granary/operator/kube_client.h"
+#include "granary/kube/kube_client.h"
 #include "granary/operator/resources.h"
 
 namespace granary::kube {

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "granary/core/status.h"
-#include "granary/operator/kube_client.h"
+#include "granary/kube/kube_client.h"
 #include "granary/operator/webhook_cert.h"
 
 namespace granary::kube {

@@ -51,8 +51,8 @@
 
 #include "granary/core/plan.h"
 #include "granary/core/status.h"
+#include "granary/fetcher/sample_fetcher.h"
 #include "granary/sidecar/arena.h"
-#include "granary/sidecar/sample_fetcher.h"
 
 namespace granary::sidecar {
 

@@ -32,8 +32,8 @@
 #include <memory>
 #include <string>
 
+#include "granary/config/sidecar_config.h"
 #include "granary/core/status.h"
-#include "granary/sidecar/config.h"
 
 namespace granary::sidecar {
 

@@ -44,10 +44,10 @@
 #include "granary/core/log.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/plan.h"
-#include "granary/core/sidecar_protocol.h"
 #include "granary/core/status.h"
+#include "granary/fetcher/sample_fetcher.h"
+#include "granary/protocol/sidecar_protocol.h"
 #include "granary/sidecar/sample_cache.h"
-#include "granary/sidecar/sample_fetcher.h"
 
 namespace granary::sidecar {
 

@@ -1,0 +1,107 @@
+#include "controller_context.h"
+
+#include "granary/core/log.h"
+#include "granary/core/names.h"
+#include "granary/kube/base64.h"
+#include "granary/store/open_store.h"
+
+namespace granary::kube {
+
+Result<std::string> ControllerContext::StoreUrl(const CachePool& pool) {
+  const std::string ns =
+      pool.store_secret_namespace.empty() ? options_.namespace_ : pool.store_secret_namespace;
+  Result<Json> secret =
+      client_.Get("/api/v1/namespaces/" + ns + "/secrets/" + pool.store_secret_name);
+  if (!secret.ok()) {
+    return Status(secret.status().code(), "the metadata store Secret " + ns + "/" +
+                                              pool.store_secret_name + " of CachePool " +
+                                              Quoted(pool.name) + ": " + secret.status().message());
+  }
+  const Json& data = secret->value("data", Json::object());
+  if (!data.contains(pool.store_secret_key) || !data[pool.store_secret_key].is_string()) {
+    return Status::NotFound("the Secret " + ns + "/" + pool.store_secret_name + " has no key " +
+                            Quoted(pool.store_secret_key) +
+                            "; put the store URL (redis://...) under that key");
+  }
+  GRANARY_ASSIGN_OR_RETURN(std::string url,
+                           Base64Decode(data[pool.store_secret_key].get<std::string>(),
+                                        "key " + Quoted(pool.store_secret_key) + " of the Secret " +
+                                            ns + "/" + pool.store_secret_name));
+  while (!url.empty() && std::isspace(static_cast<unsigned char>(url.back())) != 0) url.pop_back();
+  return url;
+}
+
+Result<MetadataStore*> ControllerContext::StoreFor(const CachePool& pool) {
+  GRANARY_ASSIGN_OR_RETURN(std::string url, StoreUrl(pool));
+  return StoreAt(url, pool);
+}
+
+Result<MetadataStore*> ControllerContext::StoreAt(const std::string& url, const CachePool& pool) {
+  std::lock_guard lock(mu_);
+  auto it = stores_.find(url);
+  if (it != stores_.end()) return it->second.get();
+  Result<std::unique_ptr<MetadataStore>> store = OpenMetadataStore(url);
+  if (!store.ok()) {
+    return store.status().WithContext("opening the metadata store of CachePool " +
+                                      Quoted(pool.name));
+  }
+  MetadataStore* raw = store->get();
+  stores_[url] = std::move(*store);
+  return raw;
+}
+
+void ControllerContext::Event(const Json& object, const std::string& type,
+                              const std::string& reason, const std::string& message) {
+  const Json& meta = object.value("metadata", Json::object());
+  const std::string uid = meta.value("uid", "");
+  const std::string dedup = uid + "\n" + reason + "\n" + message;
+  {
+    std::lock_guard lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    auto it = events_.find(dedup);
+    if (it != events_.end() && now - it->second < std::chrono::minutes(10)) return;
+    events_[dedup] = now;
+    if (events_.size() > 10000) events_.clear();
+  }
+  std::string ns = meta.value("namespace", "");
+  if (ns.empty()) ns = "default";  // events of cluster-scoped objects
+  const std::string now = NowRfc3339();
+  Json event = {
+      {"apiVersion", "v1"},
+      {"kind", "Event"},
+      {"metadata", {{"generateName", meta.value("name", "granary") + "."}, {"namespace", ns}}},
+      {"involvedObject",
+       {{"apiVersion", object.value("apiVersion", "")},
+        {"kind", object.value("kind", "")},
+        {"name", meta.value("name", "")},
+        {"namespace", meta.value("namespace", "")},
+        {"uid", uid},
+        {"resourceVersion", meta.value("resourceVersion", "")}}},
+      {"reason", reason},
+      {"message", message.size() > 1000 ? message.substr(0, 1000) : message},
+      {"type", type},
+      {"source", {{"component", "granary-operator"}}},
+      {"reportingComponent", "granary-operator"},
+      {"reportingInstance", options_.identity},
+      {"firstTimestamp", now},
+      {"lastTimestamp", now},
+      {"count", 1}};
+  Result<Json> created = client_.Create("/api/v1/namespaces/" + ns + "/events", event);
+  if (!created.ok()) {
+    GetLogger("operator")
+        ->warn("recording event {} on {}: {}", reason, meta.value("name", ""),
+               created.status().ToString());
+  }
+}
+
+Json OwnerReference(const Json& owner) {
+  const Json& meta = owner.value("metadata", Json::object());
+  return {{"apiVersion", owner.value("apiVersion", "")},
+          {"kind", owner.value("kind", "")},
+          {"name", meta.value("name", "")},
+          {"uid", meta.value("uid", "")},
+          {"controller", true},
+          {"blockOwnerDeletion", true}};
+}
+
+}  // namespace granary::kube

@@ -1,0 +1,73 @@
+#pragma once
+
+// What the CachePool and Dataset reconcilers share inside granary-operator:
+// the API client, the informers' caches, the metadata stores of the pools
+// (opened from their Secrets, one per URL), and Events.
+//
+// Thread safety: every method may be called from the worker threads at once.
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "granary/core/metadata_store.h"
+#include "granary/kube/kube_client.h"
+#include "granary/operator/informer.h"
+#include "granary/operator/operator.h"
+#include "granary/operator/resources.h"
+
+namespace granary::kube {
+
+class ControllerContext {
+ public:
+  ControllerContext(KubeClient& client, const OperatorOptions& options)
+      : client_(client), options_(options) {}
+
+  KubeClient& client() { return client_; }
+  const OperatorOptions& options() const { return options_; }
+  void SetInformers(Informer* pools, Informer* datasets) {
+    pools_ = pools;
+    datasets_ = datasets;
+  }
+  Informer& pools() { return *pools_; }
+  Informer& datasets() { return *datasets_; }
+
+  // The store URL in the pool's Secret (secretRef; its namespace defaults to
+  // the operator's).
+  Result<std::string> StoreUrl(const CachePool& pool);
+  // The pool's store, opened once per URL and kept.
+  Result<MetadataStore*> StoreFor(const CachePool& pool);
+  // The store at `url` (StoreUrl's answer), opened once and kept.
+  Result<MetadataStore*> StoreAt(const std::string& url, const CachePool& pool);
+
+  // Records a core/v1 Event about `object` (deduplicated: the same reason and
+  // message for the same object at most once per 10 minutes).
+  void Event(const Json& object, const std::string& type, const std::string& reason,
+             const std::string& message);
+
+ private:
+  KubeClient& client_;
+  const OperatorOptions& options_;
+  Informer* pools_ = nullptr;
+  Informer* datasets_ = nullptr;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<MetadataStore>> stores_;  // by URL; guarded by mu_
+  std::map<std::string, std::chrono::steady_clock::time_point> events_;
+};
+
+// Each reconciler returns when to look at the key again (0: only on change),
+// or an error, after which the key is retried with backoff.
+Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& context,
+                                                     const std::string& key);
+Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& context,
+                                                   const std::string& key);
+
+// The objects a CachePool owns (exposed for tests of their shape).
+Json CacheNodeConfigMap(const CachePool& pool, const OperatorOptions& options);
+Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
+                        const std::string& config_hash);
+Json OwnerReference(const Json& owner);
+
+}  // namespace granary::kube
