@@ -1,4 +1,4 @@
-// The cache node's figures for issue 3's closing note, measured side by side
+// The cache node's figures, measured side by side
 // in one run on one machine (docs/benchmarks.md, "Cache node"):
 //  (a) staging: a Stager copying a generated dataset from a PosixSource into a
 //      ChunkStore, against the source's own read bandwidth measured the same

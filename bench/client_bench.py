@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Python client benchmark (issue 4): samples through granary-sidecar vs local files.
+"""Python client benchmark: samples through granary-sidecar vs local files.
 
 Generates an ImageNet-like tree in a temporary directory, stages it on one
 granary-cachenode (embedded SQLite store), starts a granary-sidecar, and reads

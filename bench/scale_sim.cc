@@ -1,5 +1,5 @@
 // Granary at 1,000 cache nodes and 10 million samples, simulated without
-// starting them (issue 20, "Scale"): what placement does to balance and to
+// starting them: what placement does to balance and to
 // data movement, what the control plane asks of the metadata store, and what a
 // sidecar holds in memory. Placement and plans are the real code; the store's
 // load is counted from the daemons' loops (cache_node.cc: a heartbeat, a

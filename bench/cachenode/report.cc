@@ -48,7 +48,7 @@ Status Report(const Flags& f, const BenchSetup& setup, const BenchFigures& figur
   const double serving_ratio_reopen = serving->gb_s() / local_reopen->gb_s();
   const double serving_ratio_cpu = serving->gb_per_cpu_s() / local->gb_per_cpu_s();
   // What bounds staging: the lesser of the source's read speed and the store
-  // disk's write speed (issue 21's target takes 0.9 of it), or, when both are
+  // disk's write speed (the staging target is 0.9 of it), or, when both are
   // one device (a source tree and a store in the same file system, as by
   // default here), the two one after the other.
   const double lesser_cold = std::min(source_cold.mb_s(), disk_write.mb_s());

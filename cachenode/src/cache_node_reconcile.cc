@@ -315,7 +315,7 @@ Status CacheNode::Impl::Restage(ActiveDataset& ds, std::vector<PlanRecord> plans
   const bool ordered = !options.order.empty();
   if (ds.stager) {
     // A running stager takes the new order in place: replacing it stopped its
-    // workers mid-chunk and read some samples twice (issue 21).
+    // workers mid-chunk and read some samples twice.
     GRANARY_RETURN_IF_ERROR(ds.stager->SetOrder(options.order));
     std::lock_guard<std::mutex> lock(datasets_mu_);
     ds.plans_key = key;

@@ -218,7 +218,7 @@ Stager::Outcome Stager::StageChunk(ChunkId chunk) {
         fills_.erase({chunk, i});
       }
       // Per segment: wake only those waiting for this fill (a notify_all per
-      // read woke every thread of the Stager; issue 21's profile).
+      // read woke every thread of the Stager).
       if (fill->waiters > 0 || !read.ok()) cv_.notify_all();
     } else {
       std::unique_lock<std::mutex> lock(mu_);

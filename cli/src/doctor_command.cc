@@ -529,7 +529,7 @@ class Doctor {
                                 (config.node_id.empty() ? "<host name>" : config.node_id) +
                                 ", pool " + config.pool + ", " + HumanBytes(config.capacity_bytes) +
                                 ")";
-    // Issue 19: a data_dir someone else may write lets them redirect the
+    // A data_dir someone else may write lets them redirect the
     // node's writes (the node refuses it at start-up; say so here first).
     const std::string ownership =
         problem.empty() ? DataDirOwnershipProblem(config.data_dir, ::geteuid()) : "";

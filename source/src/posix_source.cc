@@ -407,7 +407,7 @@ Status PosixSource::ReadAsOwner(const SourceFile& file, uint64_t offset, std::sp
     // client knows them too. Asking (fstat) would cost a metadata round trip
     // per file on a network file system, on top of the lookup and the open's
     // own: the source's most expensive operation, for every file of every
-    // dataset (issue 21). A FUSE or NFSv4 mount without an attribute cache
+    // dataset. A FUSE or NFSv4 mount without an attribute cache
     // knows only what the open fetched, so there a writer racing the read
     // itself goes unseen; one that wrote before the open does not.
     Result<Version> after = DescriptorVersion(fd.get(), what() + " after the read");

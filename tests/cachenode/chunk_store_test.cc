@@ -1011,7 +1011,7 @@ TEST_F(ChunkStoreTest, RootNotWritableIsPermissionDenied) {
   EXPECT_EQ(*code, 0) << "see the child's stderr; exit codes are its checks in order";
 }
 
-// Issue 19, finding 3: a data_dir another user may write could hold a
+// Security: a data_dir another user may write could hold a
 // symbolic link where the node writes its LOCK, and a root node would
 // overwrite what it points to. Such a directory is refused, and the LOCK is
 // never followed.

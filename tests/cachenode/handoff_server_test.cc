@@ -1,4 +1,4 @@
-// HandoffServer against idle and greedy peers (issue 19, finding 5): the
+// HandoffServer against idle and greedy peers: the
 // in-process server with a resolver that hands out /dev/null, real Unix
 // sockets, and peers of other uids in forked children.
 
@@ -66,7 +66,7 @@ int BecomeAndAwait(uint32_t uid, const std::string& path) {
   return 11;
 }
 
-// Issue 19, finding 5: 64 connections held by uid 65534 (max_connections)
+// Greedy peers: 64 connections held by uid 65534 (max_connections)
 // made root's OPEN_CHUNK fail with ResourceExhausted.
 TEST(HandoffServerLimits, AUidAtItsCapDoesNotLockOutRootOrAnotherUid) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to become other users";

@@ -316,7 +316,7 @@ TEST_F(StagerTest, FollowsTheStagingOrderExactlyWithOneThread) {
 }
 
 // A plan registered while staging runs re-orders it in place (what the cache
-// node does since issue 21, instead of replacing the Stager): the chunk being
+// node does now, instead of replacing the Stager): the chunk being
 // filled is finished, the next ones follow the new order, nothing is read
 // twice.
 TEST_F(StagerTest, SetOrderMidStagingFollowsTheNewOrderAndReadsNothingTwice) {
@@ -631,7 +631,7 @@ TEST_F(StagerTest, ChangedAndVanishedFilesArePerSampleErrors) {
   EXPECT_EQ(source_->Counters().opens, total_segments_);
 }
 
-// Security issue 19, finding 4, in the stager: a 300,000-byte sample (five
+// Security, in the stager: a 300,000-byte sample (five
 // 64 KiB chunks) on a node with room for two. Once those two are staged, the
 // file is rewritten at the same size and its mtime restored (touch -r). The
 // on-demand read of the whole sample (two pieces from the store, three from

@@ -212,7 +212,7 @@ TEST_F(CliTest, BadInputsNameWhatWasWrong) {
   EXPECT_EQ(Store()->ListDatasets()->size(), 0u);
 }
 
-// Security issue 19: `--source /data/link` with /data/link -> /etc was
+// Security: `--source /data/link` with /data/link -> /etc was
 // resolved and walked as /etc. A source path through a symbolic link is now
 // refused, naming the link and what it resolves to; and an absolute link
 // inside the source, which every read refuses, is left out of the snapshot

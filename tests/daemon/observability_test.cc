@@ -698,7 +698,7 @@ TEST(ObservabilityConcurrency, AFullQueueMakesClientsWaitNotFail) {
   EXPECT_EQ(r->status, 200);
 }
 
-// Issue 19, finding 5: half-sent requests held the two workers for io_timeout
+// Idle and greedy clients: half-sent requests held the two workers for io_timeout
 // each while the others waited in the queue, so /healthz of a daemon took
 // about 160 s to answer behind 66 of them (a kubelet restarts the pod).
 // Requests are now read by one thread for every connection at once.

@@ -1,5 +1,5 @@
-// Authentication on a real cache node's TCP port (docs/security.md, issue 19
-// finding 1: any local user read any dataset over the port). The node is
+// Authentication on a real cache node's TCP port (docs/security.md; without
+// it any local user read any dataset over the port). The node is
 // configured with cluster_key_file; readers present no key, a wrong key, the
 // right one, and both keys of a rotation. The handshake's byte-level cases
 // (replayed proofs, requests before AUTH, old clients) are in

@@ -1,4 +1,4 @@
-// Integration tests of granary-cachenode as a cluster (issue 3, "Tests"): real
+// Integration tests of granary-cachenode as a cluster: real
 // daemon processes and a real redis-server on loopback, through the fixture in
 // tests/testing/cachenode_fixture.h.
 //
@@ -359,7 +359,7 @@ TEST(CacheNodeClusterTest, RestartOnTheSameDataDirOpensNoSourceFileAgain) {
 
 // A job's sidecar registers its plan when the job starts reading, and the
 // node then re-orders the dataset's staging in the plan's order (in place
-// since issue 21; it used to re-create the Stager). A READ in
+// now; it used to re-create the Stager). A READ in
 // that moment must still find the dataset served: "not served by node" sends
 // the sidecar to the source, which may be gone once the dataset is Ready
 // (SlurmClusterTest.PersistentDwJobReadsAStagedDatasetWithoutTheSource failed

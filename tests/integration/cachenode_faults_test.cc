@@ -1,4 +1,4 @@
-// Integration tests of granary-cachenode under faults (issue 3, "Tests"): real
+// Integration tests of granary-cachenode under faults: real
 // daemon processes and a real redis-server on loopback, through the fixture in
 // tests/testing/cachenode_fixture.h.
 //

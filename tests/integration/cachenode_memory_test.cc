@@ -1,7 +1,7 @@
-// The cache node's memory under a flood of replies nobody reads (issue 19,
-// finding 2): a real granary-cachenode process (tests/testing/
-// cachenode_fixture.h) and raw sockets that pipeline READs of the largest size
-// the protocol allows and never read a byte back.
+// The cache node's memory under a flood of replies nobody reads: a real
+// granary-cachenode process (tests/testing/cachenode_fixture.h) and raw sockets
+// that pipeline READs of the largest size the protocol allows and never read a
+// byte back.
 //
 // Before the reply budget, every such connection made the node hold
 // max_in_flight (8) × 64 MiB: twelve of them took it from 85 MB to 4.7 GB RSS,

@@ -348,7 +348,7 @@ TEST(CacheNodeSnapshotTest, FailuresNameTheSourceAndTheUidAndNothingIsStaged) {
   EXPECT_EQ(SumOver(nodes, kSnapshots, {}), 4);
 }
 
-// Security issue 19, as the pool's snapshots see it: a source path through a
+// Security, as the pool's snapshots see it: a source path through a
 // symbolic link is refused as the CLI refuses it (naming the link and what it
 // resolves to), and an absolute link inside the source, which staging's reads
 // refuse, is left out and said in the Ready message, not "1 sample failed".

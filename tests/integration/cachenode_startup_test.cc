@@ -1,4 +1,4 @@
-// Integration tests of granary-cachenode's start-up and shutdown (issue 3):
+// Integration tests of granary-cachenode's start-up and shutdown:
 // configuration errors (exit 2 with the file, line and a suggestion), run-time
 // start-up failures (exit 1: metadata store unreachable, data dir locked by
 // another node), and SIGTERM (exit 0 within the drain timeout, deregistered at

@@ -139,7 +139,7 @@ TEST_F(ChunkHandoffTest, APeerThatIsNotTheOwnerAndCannotReadTheSourceGetsNothing
   EXPECT_EQ(*code, 0) << "10: setuid failed, 11: handed over, 12: other code, 13: other message";
 }
 
-// ---- other local users: what they may read at the source (issue 19) ----------
+// ---- other local users: what they may read at the source --------------------
 
 // A node that requires the cluster key on its TCP port, with a handoff socket;
 // a dataset owned by root whose source has one file only root may read

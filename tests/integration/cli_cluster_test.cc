@@ -347,7 +347,7 @@ TEST_F(CliClusterTest, BrokenPipeExitsQuietly) {
   EXPECT_EQ(r.out[0], ds_.contents[0][0]);
 }
 
-// Security issue 19, finding 4, end to end: a 300,000-byte file in a dataset
+// Security, end to end: a 300,000-byte file in a dataset
 // of 64 KiB chunks on a node with room for two of its five chunks, rewritten
 // after the snapshot at the same size with its mtime restored (touch -r).
 // `granary cat` returned the staged bytes 0..131071 of the old file joined
@@ -418,7 +418,7 @@ TEST(CliChangedSourceTest, CatNeverJoinsStagedPiecesWithARewrittenFile) {
 // A user other than root has no cluster key, so a node that requires it
 // refuses that user on its TCP port; `cat --direct` reads the node on this
 // host through its handoff socket instead, where the node checks the uid
-// (SO_PEERCRED) against the source's permissions (security issue 19).
+// (SO_PEERCRED) against the source's permissions (docs/security.md).
 TEST(CliLocalNodeTest, CatWithoutTheClusterKeyReadsTheLocalNodeThroughItsHandoffSocket) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to own the key and run the CLI as another user";
   auto created = CacheCluster::Create();
@@ -650,7 +650,7 @@ TEST_F(CliClusterTest, DoctorFailsEachWayWithItsFix) {
                               "\ncapacity: 1GiB\nmetadata_store: " + cluster_->store_url() + "\n");
   r = Cli({"-o", "json", "doctor", "--config", deep});
   fails(r, {"config", "neither it nor its parent", "mkdir -p"});
-  // A data_dir another user owns, or that others may write (issue 19): the
+  // A data_dir another user owns, or that others may write: the
   // node would refuse it; doctor says so, with the fix.
   const std::string foreign_dir = cluster_->dir().Join("foreign-data");
   std::filesystem::create_directories(foreign_dir);

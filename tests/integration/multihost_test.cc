@@ -1,4 +1,4 @@
-// Cache nodes across hosts (issue 20, "Multi-host tests"), over each
+// Cache nodes across hosts, over each
 // transport the sidecar can be given (TCP, and libfabric with its tcp
 // provider; docs/transport.md): four
 // "hosts" as network namespaces on a bridge (testing/netns_hosts.h), one

@@ -600,7 +600,7 @@ TEST_F(SidecarTest, TwoDatasetsNeverShareBytes) {
   }
 }
 
-// ---- idle and greedy clients (issue 19, finding 5) ----
+// ---- idle and greedy clients ----
 
 // Whether the sidecar admitted `c` (HELLO answered) or refused it at accept
 // (an ERROR ResourceExhausted, then end of stream); any other outcome is an

@@ -1,6 +1,7 @@
-// Issue 7 end to end on a real Slurm (tests/testing/slurm_cluster.h: munged,
-// slurmctld and slurmd on loopback, burst_buffer.lua and the node's
-// prolog.sh/epilog.sh from slurm/plugin/), a real cache node and Redis
+// The burst buffer and node agent end to end on a real Slurm
+// (tests/testing/slurm_cluster.h: munged, slurmctld and slurmd on loopback,
+// burst_buffer.lua and the node's prolog.sh/epilog.sh from slurm/plugin/), a
+// real cache node and Redis
 // (cachenode_fixture.h), jobs submitted by uid 65534 (nobody):
 //   - a bad #DW directive is refused by sbatch with its line and reason;
 //   - a jobdw + stage_in job trains over its dataset through granary.torch

@@ -1,7 +1,7 @@
 // Staging through the benchmark's slow source (granary-slowfs, bench/slowfs:
 // a FUSE pass-through with no kernel caching that counts every operation it
 // serves), with on-demand readers racing the bulk workers. What the source
-// sees is the figure (issue 21): each piece of each file opened and read once
+// sees is the figure: each piece of each file opened and read once
 // for the whole training, and no metadata operation beyond what the kernel's
 // own open of a path costs. Reading a staged dataset again touches the source
 // not at all.

@@ -277,7 +277,7 @@ TEST_F(PosixSourceTest, ChangedMtimeAloneIsAnError) {
   EXPECT_EQ(source->Counters().bytes, 0u);
 }
 
-// Security issue 19, finding 4: a 300,000-byte file rewritten after the
+// Security: a 300,000-byte file rewritten after the
 // snapshot at the same size with its mtime restored (`touch -r`). Pieces read
 // before the rewrite are the snapshot's; every piece read after it, the
 // first ones again included, is refused: pieces of the two versions can
@@ -603,7 +603,7 @@ TEST_F(PosixSourceTest, WithoutOpenat2SymlinksInsideAreRefusedButFilesRead) {
 
 // ---- opening a source -------------------------------------------------------
 
-// Security issue 19: the root is opened without following a symbolic link on
+// Security: the root is opened without following a symbolic link on
 // its path, as the snapshot walks it, so a link re-pointed after the snapshot
 // (/data/link -> /etc) cannot swap the tree that staging reads.
 TEST_F(PosixSourceTest, OpenRefusesARootPathThroughASymbolicLink) {

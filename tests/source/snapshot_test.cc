@@ -330,7 +330,7 @@ TEST_F(SnapshotTest, NothingIncludedIsAnEmptySnapshotNotAFailure) {
   EXPECT_EQ(store_->GetDataset("none")->state.phase, DatasetPhase::kStaging);
 }
 
-// Security issue 19: a source given as a link (/data/link -> /etc), or through
+// Security: a source given as a link (/data/link -> /etc), or through
 // one, was resolved and walked as its target. Now any link on the source path
 // is refused, naming the link and the resolved path, for the CLI's walk and
 // the pool's alike (both go through SnapshotAsOwner), and as the owner.
@@ -387,7 +387,7 @@ TEST_F(SnapshotTest, ASourcePathThroughASymbolicLinkIsRefusedNamingBothPaths) {
   ExpectNoChildren();
 }
 
-// Security issue 19: an absolute link inside the source to a file inside the
+// Security: an absolute link inside the source to a file inside the
 // root was a sample that every read then refused as unsafe ("Ready, 1 sample
 // failed"). The snapshot now resolves links as the source's reads do, so
 // every sample of the manifest reads, and what was left out is in the summary.

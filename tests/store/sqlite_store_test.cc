@@ -152,7 +152,7 @@ TEST_F(SqliteStoreTest, LockedFileFailsAfterTheBusyTimeoutThenSucceedsOnceReleas
   sqlite3_close(other);
 }
 
-// Issue 19: the store is not world-readable (dataset names, owners and
+// Security: the store is not world-readable (dataset names, owners and
 // manifest ids were readable by every user on the host at 0644).
 TEST_F(SqliteStoreTest, ANewStoreFileIsReadableByItsOwnerOnly) {
   const std::string path = dir_.Join("fresh.db");

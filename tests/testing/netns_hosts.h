@@ -1,11 +1,10 @@
 #pragma once
 
 // NetnsHosts: 3 or 4 "hosts" on one machine, for tests of cache nodes across
-// real network boundaries (issue 20, "Multi-host tests";
-// tests/integration/multihost_test.cc). Each host is a network namespace
-// with one veth whose peer sits on a bridge in the root namespace, and one
-// address on a private /24 chosen at random among 10.x.y.0/24 not already
-// on this machine:
+// real network boundaries (tests/integration/multihost_test.cc). Each host is
+// a network namespace with one veth whose peer sits on a bridge in the root
+// namespace, and one address on a private /24 chosen at random among
+// 10.x.y.0/24 not already on this machine:
 //
 //   root namespace            host i (netns <prefix>n<i>)
 //   bridge <prefix>br  ----- <prefix>v<i> === <prefix>h<i>  10.x.y.(i+2)

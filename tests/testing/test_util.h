@@ -56,10 +56,10 @@ std::string Version1ManifestBytes();
 // {"empty", 0700}, chunk size 1024, source file:///data/v2: its encoded bytes.
 std::string Version2ManifestBytes();
 
-// Source files changed the ways a snapshot's size and mtime cannot see
-// (security issue 19, finding 4). Both first wait until the file system's
-// clock has moved past the file's ctime, so the change shows in the ctime even
-// where timestamps are as coarse as a jiffy. Fail the test on error.
+// Source files changed the ways a snapshot's size and mtime cannot see. Both
+// first wait until the file system's clock has moved past the file's ctime, so
+// the change shows in the ctime even where timestamps are as coarse as a jiffy.
+// Fail the test on error.
 //   RewriteKeepingMtime: `bytes` written over the file in place (same inode),
 //     then its old mtime set again, as `touch -r` or `cp -p` do; the kernel
 //     sets the ctime to now, and nothing in user space can set it back.

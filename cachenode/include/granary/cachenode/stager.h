@@ -134,7 +134,7 @@ struct StagerOptions {
   // order are spread over as many chunks: without this the first batches are
   // fetched on demand one sample after another (a READ's items are fetched one
   // by one), which made a cold epoch's first batch 10-20 times slower than
-  // reading the source directly (issue 21). Not done ahead of every fetch:
+  // reading the source directly. Not done ahead of every fetch:
   // stored one by one, each costs a commit, and bulk reads wait. 0: off.
   uint32_t read_ahead = kReadAheadSamples;
   // A source read failing with a transient error (SourceErrorKind::kIo: EIO,
@@ -283,7 +283,7 @@ class Stager {
   // What a registered plan changes: replacing the Stager instead stopped
   // every worker mid-chunk and, while the old one's on-demand fills still held
   // writers, made the new one's workers fail those chunks and read their
-  // samples a second time (issue 21). kInvalidArgument for a sample past the
+  // samples a second time. kInvalidArgument for a sample past the
   // manifest (nothing changes then).
   Status SetOrder(std::span<const SampleId> order);
 
