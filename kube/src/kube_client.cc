@@ -5,6 +5,7 @@
 
 #include "granary/kube/kube_client.h"
 
+#include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "granary/core/names.h"
 
@@ -320,7 +322,61 @@ Result<std::unique_ptr<KubeClient>> KubeClient::Create(KubeConfig config) {
 Result<KubeResponse> KubeClient::Request(const std::string& method, const std::string& path,
                                          const std::string& body, const std::string& content_type,
                                          std::chrono::milliseconds timeout) {
+  Count(RequestKindOf(method, path));
   return transport_->Request(method, path, body, content_type, timeout);
+}
+
+RequestKind RequestKindOf(const std::string& method, const std::string& path) {
+  const std::string::size_type q = path.find('?');
+  const std::string query = q == std::string::npos ? "" : path.substr(q + 1);
+  std::vector<std::string> parts;
+  for (std::string::size_type i = 0, end; i < std::min(q, path.size()); i = end + 1) {
+    end = std::min(path.find('/', i), std::min(q, path.size()));
+    if (end > i) parts.push_back(path.substr(i, end - i));
+  }
+  // After /api/v1 or /apis/<group>/<version>: [namespaces/<ns>/]<resource>[/<name>[/<sub>]].
+  size_t at = 0;
+  if (parts.size() >= 2 && parts[0] == "api") {
+    at = 2;
+  } else if (parts.size() >= 3 && parts[0] == "apis") {
+    at = 3;
+  } else {
+    return {method == "GET" ? "get" : method, "other"};
+  }
+  std::vector<std::string> rest(parts.begin() + static_cast<std::ptrdiff_t>(at), parts.end());
+  // A namespaced path, unless it names the Namespace itself (namespaces/<ns>).
+  if (rest.size() >= 3 && rest[0] == "namespaces") rest.erase(rest.begin(), rest.begin() + 2);
+  if (rest.empty()) return {method == "GET" ? "get" : method, "other"};
+  std::string resource = rest[0];
+  if (rest.size() >= 3) resource += "/" + rest[2];
+  const bool collection = rest.size() == 1;
+  const bool watch = query == "watch=1" || query.rfind("watch=1&", 0) == 0 ||
+                     query.find("&watch=1") != std::string::npos;
+  std::string verb;
+  if (method == "GET") {
+    verb = watch ? "watch" : collection ? "list" : "get";
+  } else if (method == "POST") {
+    verb = "create";
+  } else if (method == "PUT") {
+    verb = "update";
+  } else if (method == "PATCH") {
+    verb = "patch";
+  } else if (method == "DELETE") {
+    verb = collection ? "deletecollection" : "delete";
+  } else {
+    verb = method;
+  }
+  return {verb, resource};
+}
+
+void KubeClient::Count(const RequestKind& kind) {
+  std::lock_guard lock(counts_mu_);
+  ++counts_[kind];
+}
+
+std::map<RequestKind, uint64_t> KubeClient::RequestCounts() const {
+  std::lock_guard lock(counts_mu_);
+  return counts_;
 }
 
 Status KubeClient::StatusOf(const KubeResponse& r, const std::string& what) {
@@ -385,6 +441,9 @@ Status KubeClient::Delete(const std::string& path) {
 
 Status KubeClient::Watch(const std::string& path, const std::function<bool(const Json&)>& on_event,
                          const std::atomic<bool>& stop, std::chrono::milliseconds poll) {
+  RequestKind kind = RequestKindOf("GET", path);
+  kind.verb = "watch";
+  Count(kind);
   return transport_->Watch(path, on_event, stop, poll);
 }
 

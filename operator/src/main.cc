@@ -7,8 +7,10 @@
 // (API server unreachable, metrics address in use), 2 bad command line.
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -273,12 +275,19 @@ int main(int argc, char** argv) {
       "granary_operator_datasets",
       "Datasets this replica's cache holds, by status.phase (every replica reports all).",
       {"phase"});
+  auto api_requests = metrics.AddCounterFamily(
+      "granary_operator_api_requests_total",
+      "Requests this replica made to the Kubernetes API server, by verb (get, list, watch, "
+      "create, update, patch, delete) and resource, as kube-apiserver counts them.",
+      {"verb", "resource"});
   if (!reconciles.ok() || !errors.ok() || !relists.ok() || !leader.ok() || !webhook_requests.ok() ||
-      !datasets.ok()) {
+      !datasets.ok() || !api_requests.ok()) {
     std::fprintf(stderr, "granary-operator: declaring metrics failed\n");
     return granary::kDaemonExitRuntime;
   }
   auto log = granary::GetLogger("operator");
+  // The operator, once started, for the webhook's lookups (cleared before it stops).
+  std::atomic<const granary::kube::Operator*> op_for_webhook{nullptr};
   // The webhook server first: the operator hands it the certificates it reads.
   std::unique_ptr<granary::kube::WebhookServer> webhook;
   if (!webhook_listen.empty()) {
@@ -296,8 +305,20 @@ int main(int argc, char** argv) {
         log->warn("webhook: {} for pod {}: {}", reply.outcome, reply.pod, reply.message);
       }
     };
-    auto started = granary::kube::WebhookServer::Start(webhook_options,
-                                                       granary::kube::ApiInjectionLookup(**client));
+    // Admission requests read the operator's informers once it has started
+    // (before that: the API server).
+    granary::kube::InjectionCache cache;
+    cache.dataset =
+        [&op_for_webhook](const std::string& key) -> std::optional<granary::kube::Json> {
+      const granary::kube::Operator* o = op_for_webhook.load();
+      return o != nullptr ? o->CachedDataset(key) : std::nullopt;
+    };
+    cache.pool = [&op_for_webhook](const std::string& name) -> std::optional<granary::kube::Json> {
+      const granary::kube::Operator* o = op_for_webhook.load();
+      return o != nullptr ? o->CachedPool(name) : std::nullopt;
+    };
+    auto started = granary::kube::WebhookServer::Start(
+        webhook_options, granary::kube::CachedInjectionLookup(**client, std::move(cache)));
     if (!started.ok()) {
       std::fprintf(stderr, "granary-operator: --webhook-listen %s: %s\n", webhook_listen.c_str(),
                    started.status().ToString().c_str());
@@ -319,6 +340,7 @@ int main(int argc, char** argv) {
   }
   auto op = granary::kube::Operator::Start(**client, options);
   if (!op.ok()) return daemon.StartFailed(op.status());
+  op_for_webhook = op->get();
   auto server = granary::ObservabilityServer::Start(metrics_listen, registry, [&] {
     granary::Status ready = (*op)->Ready();
     if (ready.ok() && webhook && !webhook->has_certificate()) {
@@ -338,7 +360,16 @@ int main(int argc, char** argv) {
   std::atomic<bool> done{false};
   std::thread exporter([&] {
     granary::kube::Operator::Counters last;
+    std::map<granary::kube::RequestKind, uint64_t> last_requests;
     while (!done) {
+      for (const auto& [kind, count] : (*client)->RequestCounts()) {
+        granary::Result<prometheus::Counter*> counter =
+            api_requests->WithLabels({kind.verb, kind.resource});
+        if (counter.ok()) {
+          (*counter)->Increment(static_cast<double>(count - last_requests[kind]));
+        }
+        last_requests[kind] = count;
+      }
       const auto c = (*op)->counters();
       (*reconciles)->Increment(static_cast<double>(c.reconciles - last.reconciles));
       (*errors)->Increment(static_cast<double>(c.reconcile_errors - last.reconcile_errors));
@@ -357,6 +388,7 @@ int main(int argc, char** argv) {
   done = true;
   exporter.join();
   if (webhook) webhook->Stop();
+  op_for_webhook = nullptr;
   (*op)->Stop();
   (*server)->Stop();
   return 0;

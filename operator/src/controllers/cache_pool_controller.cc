@@ -41,7 +41,7 @@ Result<std::string> EnsureClusterKey(ControllerContext& c) {
   const OperatorOptions& options = c.options();
   const std::string path =
       "/api/v1/namespaces/" + options.namespace_ + "/secrets/" + options.cluster_key_secret;
-  Result<Json> secret = c.client().Get(path);
+  Result<Json> secret = c.Secret(options.namespace_, options.cluster_key_secret);
   if (!secret.ok() && secret.status().code() == StatusCode::kNotFound) {
     GRANARY_ASSIGN_OR_RETURN(std::string hex, GenerateClusterKeyHex());
     Json fresh = {{"apiVersion", "v1"},
@@ -55,7 +55,8 @@ Result<std::string> EnsureClusterKey(ControllerContext& c) {
     Result<Json> made =
         c.client().Create("/api/v1/namespaces/" + options.namespace_ + "/secrets", fresh);
     if (!made.ok() && made.status().code() != StatusCode::kAlreadyExists) return made.status();
-    secret = c.client().Get(path);
+    // The object made, or (made by another replica a moment ago) the API's.
+    secret = made.ok() ? std::move(made) : c.client().Get(path);
   }
   if (!secret.ok()) return secret.status().WithContext("the cluster key Secret");
   const std::string encoded = secret->value("data", Json::object()).value("key", "");

@@ -7,11 +7,26 @@
 
 namespace granary::kube {
 
+Result<Json> ControllerContext::Secret(const std::string& ns, const std::string& name) {
+  if (secret_cache_) {
+    if (std::optional<Result<Json>> cached = secret_cache_(ns, name)) return std::move(*cached);
+  }
+  return client_.Get("/api/v1/namespaces/" + ns + "/secrets/" + name);
+}
+
+Result<Json> ControllerContext::Namespace(const std::string& name) {
+  if (namespaces_ != nullptr && namespaces_->synced()) {
+    std::optional<Json> cached = namespaces_->Get(name);
+    if (cached) return std::move(*cached);
+    return Status::NotFound("namespace " + Quoted(name) + " not found");
+  }
+  return client_.Get("/api/v1/namespaces/" + name);
+}
+
 Result<std::string> ControllerContext::StoreUrl(const CachePool& pool) {
   const std::string ns =
       pool.store_secret_namespace.empty() ? options_.namespace_ : pool.store_secret_namespace;
-  Result<Json> secret =
-      client_.Get("/api/v1/namespaces/" + ns + "/secrets/" + pool.store_secret_name);
+  Result<Json> secret = Secret(ns, pool.store_secret_name);
   if (!secret.ok()) {
     return Status(secret.status().code(), "the metadata store Secret " + ns + "/" +
                                               pool.store_secret_name + " of CachePool " +

@@ -2,14 +2,19 @@
 
 // What the CachePool and Dataset reconcilers share inside granary-operator:
 // the API client, the informers' caches, the metadata stores of the pools
-// (opened from their Secrets, one per URL), and Events.
+// (opened from their Secrets, one per URL), and Events. Objects are read from
+// the informers (CachePools, Datasets, Namespaces, and the Secrets the
+// operator watches); the API server is asked only for what no informer holds
+// yet, so a reconcile costs no GET.
 //
 // Thread safety: every method may be called from the worker threads at once.
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "granary/core/metadata_store.h"
@@ -33,6 +38,18 @@ class ControllerContext {
   }
   Informer& pools() { return *pools_; }
   Informer& datasets() { return *datasets_; }
+  void SetNamespaces(Informer* namespaces) { namespaces_ = namespaces; }
+  // Where Secret(ns, name) looks first: an answer (the object, or kNotFound)
+  // when an informer that has listed holds that Secret's collection; nullopt
+  // when none does (then the API server is asked).
+  using SecretCache =
+      std::function<std::optional<Result<Json>>(const std::string& ns, const std::string& name)>;
+  void SetSecretCache(SecretCache cache) { secret_cache_ = std::move(cache); }
+
+  // A Secret, from the informers when they hold it, else from the API server.
+  Result<Json> Secret(const std::string& ns, const std::string& name);
+  // A Namespace, likewise.
+  Result<Json> Namespace(const std::string& name);
 
   // The store URL in the pool's Secret (secretRef; its namespace defaults to
   // the operator's).
@@ -52,6 +69,8 @@ class ControllerContext {
   const OperatorOptions& options_;
   Informer* pools_ = nullptr;
   Informer* datasets_ = nullptr;
+  Informer* namespaces_ = nullptr;
+  SecretCache secret_cache_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<MetadataStore>> stores_;  // by URL; guarded by mu_
   std::map<std::string, std::chrono::steady_clock::time_point> events_;

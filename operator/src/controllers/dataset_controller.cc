@@ -114,19 +114,19 @@ Status SyncStoreCopy(ControllerContext& c, const Json& object, const std::string
   const std::string path = "/api/v1/namespaces/" + ns + "/secrets/" + name;
   Json owners = Json::array();
   std::set<std::string> owner_uids;
-  for (const Json& d : c.datasets().List()) {
+  c.datasets().Visit([&](const Json& d) {
     const Json& meta = d["metadata"];
     if (meta.value("namespace", "") != ns || d["spec"].value("cachePool", "") != pool ||
         meta.contains("deletionTimestamp") || meta.value("uid", "").empty()) {
-      continue;
+      return;
     }
     owners.push_back({{"apiVersion", std::string(kGroup) + "/" + std::string(kVersion)},
                       {"kind", "Dataset"},
                       {"name", meta.value("name", "")},
                       {"uid", meta.value("uid", "")}});
     owner_uids.insert(meta.value("uid", ""));
-  }
-  Result<Json> existing = c.client().Get(path);
+  });
+  Result<Json> existing = c.Secret(ns, name);
   if (!existing.ok() && existing.status().code() != StatusCode::kNotFound) {
     return existing.status().WithContext("reading the store Secret copy " + ns + "/" + name);
   }
@@ -261,7 +261,7 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   if (!pool.ok()) return Refuse(c, object, "PoolInvalid", pool.status());
   Result<SourceMount> mount = MountOf(*pool, d.source);
   if (!mount.ok()) return Refuse(c, object, "SourceNotMounted", mount.status());
-  Result<Json> ns = c.client().Get("/api/v1/namespaces/" + d.namespace_);
+  Result<Json> ns = c.Namespace(d.namespace_);
   if (!ns.ok()) return ns.status();
   Status granted = CheckGrant(*ns, d.run_as_uid, d.run_as_gid);
   // The pool's Secret is read once per reconcile: for the store and the copy.

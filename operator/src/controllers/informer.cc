@@ -58,6 +58,39 @@ std::vector<Json> Informer::List() const {
   return out;
 }
 
+void Informer::Visit(const std::function<void(const Json&)>& visit) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [k, v] : objects_) visit(v);
+}
+
+std::map<std::string, uint64_t> Informer::Counts() const {
+  std::lock_guard lock(mu_);
+  return counts_;
+}
+
+void Informer::CountLocked(const Json& object, int64_t delta) {
+  if (!options_.count_by) return;
+  uint64_t& n = counts_[options_.count_by(object)];
+  n = static_cast<uint64_t>(static_cast<int64_t>(n) + delta);
+}
+
+void Informer::SetLocked(const std::string& key, const Json* object) {
+  auto it = objects_.find(key);
+  if (it != objects_.end()) {
+    CountLocked(it->second, -1);
+    if (object == nullptr) {
+      objects_.erase(it);
+      return;
+    }
+    it->second = *object;
+  } else if (object == nullptr) {
+    return;
+  } else {
+    it = objects_.emplace(key, *object).first;
+  }
+  CountLocked(it->second, +1);
+}
+
 void Informer::Sleep(std::chrono::milliseconds d) {
   const auto until = std::chrono::steady_clock::now() + d;
   while (!stop_ && std::chrono::steady_clock::now() < until) {
@@ -81,6 +114,8 @@ Status Informer::ListAll() {
     }
     for (const auto& [k, v] : fresh) changed.insert(k);
     objects_ = std::move(fresh);
+    counts_.clear();
+    for (const auto& [k, v] : objects_) CountLocked(v, +1);
   }
   resource_version_ = list["metadata"].value("resourceVersion", "");
   ++lists_;
@@ -121,11 +156,7 @@ Status Informer::WatchOnce() {
         const std::string key = KeyOf(object);
         {
           std::lock_guard lock(mu_);
-          if (type == "DELETED") {
-            objects_.erase(key);
-          } else {
-            objects_[key] = object;
-          }
+          SetLocked(key, type == "DELETED" ? nullptr : &object);
         }
         on_change_(key);
         // Periodic resync, from the watch thread, between events.

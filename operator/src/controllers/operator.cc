@@ -14,6 +14,7 @@
 #include "granary/operator/informer.h"
 #include "granary/operator/leader_election.h"
 #include "granary/operator/resources.h"
+#include "granary/operator/webhook_lookup.h"
 #include "granary/operator/webhook_registration.h"
 #include "granary/operator/work_queue.h"
 
@@ -37,16 +38,44 @@ class Operator::Impl {
       pool_queue_.Add(key);
       WatchStoreSecrets();
       // A pool's datasets depend on it (missing pool, mounts, store).
-      for (const Json& d : dataset_informer_->List()) {
+      dataset_informer_->Visit([&](const Json& d) {
         if (d["spec"].value("cachePool", "") == key) dataset_queue_.Add(Informer::KeyOf(d));
-      }
+      });
     });
     InformerOptions datasets;
     datasets.collection_path = "/apis/granary.io/v1alpha1/datasets";
     datasets.resync = options_.resync;
+    datasets.count_by = PhaseOf;
     dataset_informer_ = std::make_unique<Informer>(
         client_, datasets, [this](const std::string& key) { dataset_queue_.Add(key); });
     context_.SetInformers(pool_informer_.get(), dataset_informer_.get());
+    // Namespaces: a Dataset's grant (its namespace's annotations) is read
+    // from here, and a changed grant reaches the namespace's Datasets at once.
+    InformerOptions namespaces;
+    namespaces.collection_path = "/api/v1/namespaces";
+    namespaces.resync = options_.resync;
+    namespace_informer_ =
+        std::make_unique<Informer>(client_, namespaces, [this](const std::string& ns) {
+          dataset_informer_->Visit([&](const Json& d) {
+            if (d["metadata"].value("namespace", "") == ns) {
+              dataset_queue_.Add(Informer::KeyOf(d));
+            }
+          });
+        });
+    context_.SetNamespaces(namespace_informer_.get());
+    // The cluster key's Secret (one Secret, by a field selector): a rotated
+    // key reaches every pool's cache nodes at once.
+    InformerOptions cluster_key;
+    cluster_key.collection_path =
+        "/api/v1/namespaces/" + options_.namespace_ +
+        "/secrets?fieldSelector=" + UrlEncode("metadata.name=" + options_.cluster_key_secret);
+    cluster_key.resync = options_.resync;
+    cluster_key_informer_ =
+        std::make_unique<Informer>(client_, cluster_key, [this](const std::string&) {
+          for (const std::string& k : pool_informer_->Keys()) pool_queue_.Add(k);
+        });
+    context_.SetSecretCache(
+        [this](const std::string& ns, const std::string& name) { return CachedSecret(ns, name); });
     if (options_.webhook && options_.webhook->manage_certificate) {
       // Every replica watches the one Secret (a field selector: no other
       // Secret of the namespace is read).
@@ -61,6 +90,8 @@ class Operator::Impl {
     }
     pool_informer_->Start();
     dataset_informer_->Start();
+    namespace_informer_->Start();
+    cluster_key_informer_->Start();
     if (options_.leader_elect) {
       LeaderElectionOptions le;
       le.lease_namespace = options_.namespace_;
@@ -101,6 +132,8 @@ class Operator::Impl {
     if (pool_informer_) pool_informer_->Stop();
     if (dataset_informer_) dataset_informer_->Stop();
     if (webhook_secret_informer_) webhook_secret_informer_->Stop();
+    if (namespace_informer_) namespace_informer_->Stop();
+    if (cluster_key_informer_) cluster_key_informer_->Stop();
     std::map<std::string, std::unique_ptr<Informer>> secrets;
     {
       std::lock_guard lock(store_secrets_mu_);
@@ -131,24 +164,66 @@ class Operator::Impl {
 
   std::map<std::string, uint64_t> DatasetPhases() const {
     std::map<std::string, uint64_t> by_phase;
-    for (const char* phase : {"Pending", "Snapshotting", "Staging", "Ready", "Failed"}) {
-      by_phase[phase] = 0;
-    }
+    for (const char* phase : kPhases) by_phase[phase] = 0;
     if (dataset_informer_ == nullptr || !dataset_informer_->synced()) return by_phase;
-    for (const Json& d : dataset_informer_->List()) {
-      std::string phase;
-      if (d.contains("status") && d["status"].is_object() && d["status"].contains("phase") &&
-          d["status"]["phase"].is_string()) {
-        phase = d["status"]["phase"].get<std::string>();
-      }
-      // Not reconciled yet, or a phase this build does not know: Pending.
-      if (!by_phase.contains(phase)) phase = "Pending";
-      ++by_phase[phase];
-    }
+    for (const auto& [phase, count] : dataset_informer_->Counts()) by_phase[phase] += count;
     return by_phase;
   }
 
+  std::optional<Json> CachedDataset(const std::string& key) const {
+    if (!dataset_informer_ || !dataset_informer_->synced()) return std::nullopt;
+    return dataset_informer_->Get(key);
+  }
+  std::optional<Json> CachedPool(const std::string& name) const {
+    if (!pool_informer_ || !pool_informer_->synced()) return std::nullopt;
+    return pool_informer_->Get(name);
+  }
+
  private:
+  static constexpr const char* kPhases[] = {"Pending", "Snapshotting", "Staging", "Ready",
+                                            "Failed"};
+
+  // A Dataset's status.phase for the counts; not reconciled yet, or a phase
+  // this build does not know: Pending.
+  static std::string PhaseOf(const Json& d) {
+    if (d.contains("status") && d["status"].is_object() && d["status"].contains("phase") &&
+        d["status"]["phase"].is_string()) {
+      const std::string phase = d["status"]["phase"].get<std::string>();
+      for (const char* known : kPhases) {
+        if (phase == known) return phase;
+      }
+    }
+    return "Pending";
+  }
+
+  // The key of the informer of every copy of pool `pool`'s store Secret (in
+  // the Datasets' namespaces, all named SidecarStoreSecretName(pool)).
+  static std::string StoreCopiesKey(const std::string& pool) { return "copies of " + pool; }
+
+  // A Secret from the informer that watches it, if one has listed: the
+  // pools' store Secrets and their copies, and the cluster key.
+  std::optional<Result<Json>> CachedSecret(const std::string& ns, const std::string& name) {
+    const std::string key = ns + "/" + name;
+    auto answer = [&](const Informer& informer) -> std::optional<Result<Json>> {
+      if (!informer.synced()) return std::nullopt;
+      std::optional<Json> object = informer.Get(key);
+      if (object) return Result<Json>(std::move(*object));
+      return Result<Json>(Status::NotFound("Secret " + key + " not found"));
+    };
+    if (ns == options_.namespace_ && name == options_.cluster_key_secret) {
+      return answer(*cluster_key_informer_);
+    }
+    std::lock_guard lock(store_secrets_mu_);
+    auto it = store_secret_informers_.find(key);
+    if (it != store_secret_informers_.end()) return answer(*it->second);
+    const std::string prefix = SidecarStoreSecretName("");
+    if (name.rfind(prefix, 0) == 0) {
+      it = store_secret_informers_.find(StoreCopiesKey(name.substr(prefix.size())));
+      if (it != store_secret_informers_.end()) return answer(*it->second);
+    }
+    return std::nullopt;
+  }
+
   // "namespace/name" of a pool's store Secret.
   std::string StoreSecretKey(const CachePool& pool) const {
     return (pool.store_secret_namespace.empty() ? options_.namespace_
@@ -163,9 +238,14 @@ class Operator::Impl {
   void WatchStoreSecrets() {
     if (stop_) return;
     std::set<std::string> wanted;
+    std::map<std::string, std::string> copies;  // StoreCopiesKey -> pool
     for (const Json& p : pool_informer_->List()) {
       Result<CachePool> pool = ParseCachePool(p);
       if (pool.ok() && !pool->store_secret_name.empty()) wanted.insert(StoreSecretKey(*pool));
+      if (pool.ok()) {
+        copies[StoreCopiesKey(pool->name)] = pool->name;
+        wanted.insert(StoreCopiesKey(pool->name));
+      }
     }
     std::vector<std::unique_ptr<Informer>> unused;
     std::lock_guard lock(store_secrets_mu_);
@@ -179,17 +259,39 @@ class Operator::Impl {
     }
     for (const std::string& key : wanted) {
       if (store_secret_informers_.count(key) != 0) continue;
-      const size_t slash = key.find('/');
       InformerOptions o;
-      o.collection_path = "/api/v1/namespaces/" + key.substr(0, slash) + "/secrets?fieldSelector=" +
-                          UrlEncode("metadata.name=" + key.substr(slash + 1));
       o.resync = options_.resync;
-      auto informer = std::make_unique<Informer>(
-          client_, o, [this, key](const std::string&) { OnStoreSecret(key); });
+      std::function<void(const std::string&)> on_change;
+      if (auto copy = copies.find(key); copy != copies.end()) {
+        // Every namespace's copy of the pool's store Secret: a copy deleted
+        // or changed by hand is put back by its namespace's Datasets.
+        o.collection_path = "/api/v1/secrets?fieldSelector=" +
+                            UrlEncode("metadata.name=" + SidecarStoreSecretName(copy->second));
+        on_change = [this, pool = copy->second](const std::string& secret_key) {
+          OnStoreCopy(pool, secret_key.substr(0, secret_key.find('/')));
+        };
+      } else {
+        const size_t slash = key.find('/');
+        o.collection_path =
+            "/api/v1/namespaces/" + key.substr(0, slash) +
+            "/secrets?fieldSelector=" + UrlEncode("metadata.name=" + key.substr(slash + 1));
+        on_change = [this, key](const std::string&) { OnStoreSecret(key); };
+      }
+      auto informer = std::make_unique<Informer>(client_, o, std::move(on_change));
       informer->Start();
       store_secret_informers_[key] = std::move(informer);
     }
     // `unused` stop (join their threads) here; their callbacks take no lock.
+  }
+
+  // A copy of pool `pool`'s store Secret in namespace `ns` changed: the
+  // Datasets of that pool there are looked at.
+  void OnStoreCopy(const std::string& pool, const std::string& ns) {
+    dataset_informer_->Visit([&](const Json& d) {
+      if (d["metadata"].value("namespace", "") == ns && d["spec"].value("cachePool", "") == pool) {
+        dataset_queue_.Add(Informer::KeyOf(d));
+      }
+    });
   }
 
   // A store Secret changed: its pools and their Datasets are looked at.
@@ -200,11 +302,11 @@ class Operator::Impl {
       if (pool.ok() && StoreSecretKey(*pool) == secret_key) pools.insert(pool->name);
     }
     for (const std::string& pool : pools) pool_queue_.Add(pool);
-    for (const Json& d : dataset_informer_->List()) {
+    dataset_informer_->Visit([&](const Json& d) {
       if (pools.count(d["spec"].value("cachePool", "")) != 0) {
         dataset_queue_.Add(Informer::KeyOf(d));
       }
-    }
+    });
   }
 
   // The webhook Secret changed (every replica): a usable new certificate is
@@ -319,9 +421,13 @@ class Operator::Impl {
   std::unique_ptr<Informer> pool_informer_;
   std::unique_ptr<Informer> dataset_informer_;
   std::unique_ptr<Informer> webhook_secret_informer_;
+  std::unique_ptr<Informer> namespace_informer_;
+  std::unique_ptr<Informer> cluster_key_informer_;
   std::string served_cert_pem_;  // webhook_secret_informer_'s thread only
   std::mutex store_secrets_mu_;
-  std::map<std::string, std::unique_ptr<Informer>> store_secret_informers_;  // by "ns/name"
+  // By "ns/name" of a pool's store Secret, and by StoreCopiesKey(pool) for
+  // the copies of it in every namespace.
+  std::map<std::string, std::unique_ptr<Informer>> store_secret_informers_;
   std::unique_ptr<LeaderElector> elector_;
   std::vector<std::thread> workers_;
   std::thread registrar_thread_;
@@ -349,5 +455,11 @@ Status Operator::Ready() const { return impl_->Ready(); }
 Operator::Counters Operator::counters() const { return impl_->counters(); }
 
 std::map<std::string, uint64_t> Operator::DatasetPhases() const { return impl_->DatasetPhases(); }
+std::optional<Json> Operator::CachedDataset(const std::string& key) const {
+  return impl_->CachedDataset(key);
+}
+std::optional<Json> Operator::CachedPool(const std::string& name) const {
+  return impl_->CachedPool(name);
+}
 
 }  // namespace granary::kube

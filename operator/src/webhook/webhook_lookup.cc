@@ -8,11 +8,31 @@ namespace granary::kube {
 
 std::string SidecarStoreSecretName(const std::string& pool) { return "granary-store-" + pool; }
 
+namespace {
+
+// `cached` if it holds the object, else a GET of `path`.
+Result<Json> CachedOrGet(KubeClient& client,
+                         const std::function<std::optional<Json>(const std::string&)>& cached,
+                         const std::string& key, const std::string& path) {
+  if (cached) {
+    if (std::optional<Json> object = cached(key)) return std::move(*object);
+  }
+  return client.Get(path);
+}
+
+}  // namespace
+
 InjectionLookup ApiInjectionLookup(KubeClient& client) {
-  return [&client](const std::string& ns, const std::string& name) -> Result<InjectionInputs> {
+  return CachedInjectionLookup(client, InjectionCache{});
+}
+
+InjectionLookup CachedInjectionLookup(KubeClient& client, InjectionCache cache) {
+  return [&client, cache = std::move(cache)](const std::string& ns,
+                                             const std::string& name) -> Result<InjectionInputs> {
     const std::string what = "Dataset " + ns + "/" + name;
     const std::string base = "/apis/" + std::string(kGroup) + "/" + std::string(kVersion);
-    Result<Json> dataset_object = client.Get(base + "/namespaces/" + ns + "/datasets/" + name);
+    Result<Json> dataset_object = CachedOrGet(client, cache.dataset, ns + "/" + name,
+                                              base + "/namespaces/" + ns + "/datasets/" + name);
     if (!dataset_object.ok()) {
       if (dataset_object.status().code() == StatusCode::kNotFound) {
         return Status::NotFound(what +
@@ -30,7 +50,8 @@ InjectionLookup ApiInjectionLookup(KubeClient& client) {
       return Status::FailedPrecondition(what + " is being deleted; use another Dataset");
     }
     const std::string pool_what = "CachePool " + dataset->pool + " (of " + what + ")";
-    Result<Json> pool_object = client.Get(base + "/cachepools/" + dataset->pool);
+    Result<Json> pool_object =
+        CachedOrGet(client, cache.pool, dataset->pool, base + "/cachepools/" + dataset->pool);
     if (!pool_object.ok()) {
       if (pool_object.status().code() == StatusCode::kNotFound) {
         return Status::NotFound(pool_what + " does not exist; ask an admin to create it");

@@ -1,5 +1,5 @@
 // The Helm chart (charts/granary) with the real helm against the real control
-// plane (issue 18): lint and template, values.schema.json refusing bad values
+// plane: lint and template, values.schema.json refusing bad values
 // with the field named, then `helm install` from the working tree, whose
 // operator Deployment PodRunner runs for real (the pod's in-cluster service
 // account: the chart's RBAC is what the operator gets), a CachePool from

@@ -1,4 +1,4 @@
-// One dataset, both schedulers (issue 17): a site with Kubernetes and Slurm on
+// One dataset, both schedulers: a site with Kubernetes and Slurm on
 // the same GPU hosts runs one metadata store and one set of cache nodes. A
 // Dataset applied with kubectl, snapshotted and staged by its CachePool's
 // cache node, is read by a Slurm job through `#DW persistentdw name=<its

@@ -29,6 +29,7 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "granary/core/metadata_store.h"
@@ -133,6 +134,33 @@ class OperatorTest : public ::testing::Test {
       return -1;
     }
     return std::stod(m[1].str());
+  }
+
+  // A sample of the newest running operator replica's /metrics (0 when absent), e.g.
+  // OperatorMetric("granary_operator_api_requests_total{resource=\"secrets\",verb=\"get\"}").
+  static double OperatorMetric(const std::string& sample) {
+    const std::regex port_line("metrics on 127\\.0\\.0\\.1:([0-9]+)");
+    std::smatch port;
+    const DaemonProcess* running = nullptr;
+    for (const auto& p : suite_->operators()) {
+      if (p->Running()) running = p.get();
+    }
+    if (running == nullptr) {
+      ADD_FAILURE() << "no operator replica is running";
+      return -1;
+    }
+    const std::string log = ReadAll(running->log_path());
+    if (!std::regex_search(log, port, port_line)) {
+      ADD_FAILURE() << "no metrics address in the operator's log";
+      return -1;
+    }
+    KubectlResult r = Run({"curl", "-sf", "http://127.0.0.1:" + port[1].str() + "/metrics"});
+    EXPECT_EQ(r.exit_code, 0) << r.Describe();
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(sample + " ", 0) == 0) return std::stod(line.substr(sample.size() + 1));
+    }
+    return 0;
   }
 
   static inline KubeSuite* suite_ = nullptr;
@@ -430,11 +458,11 @@ TEST_F(OperatorTest, AWithdrawnGrantStopsTheDatasetAndAGrantAgainTakesItUp) {
   Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
   ASSERT_OK(store);
   // An admin withdraws uid 1000 (the policy checks creates and runAs
-  // changes; the operator checks every reconcile). A touch of the Dataset
-  // makes the operator look at once.
+  // changes; the operator checks every reconcile, and watches Namespaces:
+  // the change reaches the namespace's Datasets at once, well before the
+  // periodic look at a Ready Dataset, every 30 s).
   Kubectl({"annotate", "namespace", "team-a", "--overwrite", "granary.io/allowed-uids=2000"});
-  Kubectl({"annotate", "dataset", "-n", "team-a", "granted", "touch=1"});
-  ASSERT_OK(WaitCondition("granted", "Ready", "False", "IdentityNotGranted", seconds(30)));
+  ASSERT_OK(WaitCondition("granted", "Ready", "False", "IdentityNotGranted", seconds(10)));
   Result<DatasetRecord> stopped = (*store)->GetDataset(gname);
   ASSERT_OK(stopped);
   EXPECT_EQ(stopped->state.phase, DatasetPhase::kFailed);
@@ -442,7 +470,6 @@ TEST_F(OperatorTest, AWithdrawnGrantStopsTheDatasetAndAGrantAgainTakesItUp) {
   EXPECT_THAT(ConditionField(*Dataset("granted"), "Ready", "message"), HasSubstr("uid 1000"));
   // Granted again: a new snapshot as that identity, Ready again.
   Kubectl({"annotate", "namespace", "team-a", "--overwrite", "granary.io/allowed-uids=1000"});
-  Kubectl({"annotate", "dataset", "-n", "team-a", "granted", "--overwrite", "touch=2"});
   ASSERT_OK(WaitCondition("granted", "Ready", "True", "", seconds(60)));
   EXPECT_EQ((*store)->GetDataset(gname)->state.phase, DatasetPhase::kReady);
   // The snapshot annotation: a new value takes a new snapshot, the same
@@ -457,10 +484,54 @@ TEST_F(OperatorTest, AWithdrawnGrantStopsTheDatasetAndAGrantAgainTakesItUp) {
       },
       seconds(60), "the snapshot asked for by the annotation"));
   EXPECT_EQ(SnapshotsOk() - before, 1.0);
-  Kubectl({"annotate", "dataset", "-n", "team-a", "granted", "--overwrite", "touch=3"});
+  Kubectl({"annotate", "dataset", "-n", "team-a", "granted", "--overwrite", "touch=1"});
   std::this_thread::sleep_for(milliseconds(1500));  // several reconciles at 300 ms
   EXPECT_EQ(SnapshotsOk() - before, 1.0);
   Kubectl({"delete", "dataset", "-n", "team-a", "granted", "--timeout=60s"});
+}
+
+// Reconciles read the Namespace, the pool's store Secret, the Datasets'
+// copies of it and the cluster key from the operator's informers: with a
+// Dataset reconciled again and again (every touch, and every 300 ms while it
+// is not Ready), the operator GETs no Secret and no Namespace. Its own
+// counter of requests says so (granary_operator_api_requests_total); a copy
+// of the store Secret deleted by hand is put back at once, from its watch.
+TEST_F(OperatorTest, ReconcilesReadTheInformersNotTheApiServer) {
+  MakeSource("cached", 5, 6);
+  Kubectl({"apply", "-f", "-"}, DatasetYaml("cached", suite_->datasets() + "/cached"));
+  ASSERT_OK(WaitCondition("cached", "Ready", "True", "", seconds(60)));
+  const std::string secrets =
+      "granary_operator_api_requests_total{resource=\"secrets\",verb=\"get\"}";
+  const std::string namespaces =
+      "granary_operator_api_requests_total{resource=\"namespaces\",verb=\"get\"}";
+  const std::string reconciles = "granary_operator_reconciles_total";
+  // The exporter copies the counters every second: wait for a quiet one.
+  std::this_thread::sleep_for(milliseconds(1500));
+  const double secrets_before = OperatorMetric(secrets);
+  const double namespaces_before = OperatorMetric(namespaces);
+  const double reconciles_before = OperatorMetric(reconciles);
+  for (int i = 0; i < 5; ++i) {
+    Kubectl({"annotate", "dataset", "-n", "team-a", "cached", "--overwrite",
+             "touch=" + std::to_string(i)});
+    std::this_thread::sleep_for(milliseconds(400));
+  }
+  std::this_thread::sleep_for(milliseconds(1500));
+  EXPECT_GE(OperatorMetric(reconciles) - reconciles_before, 5.0);
+  // The counter counts: the Datasets' watch is in it.
+  EXPECT_GE(
+      OperatorMetric("granary_operator_api_requests_total{resource=\"datasets\",verb=\"watch\"}"),
+      1.0);
+  EXPECT_EQ(OperatorMetric(secrets), secrets_before) << "Secrets read with GET while reconciling";
+  EXPECT_EQ(OperatorMetric(namespaces), namespaces_before)
+      << "Namespaces read with GET while reconciling";
+  // The copy of the store Secret the sidecars read, deleted: back at once.
+  Kubectl({"delete", "secret", "-n", "team-a", "granary-store-gpu"});
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        return cluster().GetJson({"secret", "-n", "team-a", "granary-store-gpu"}).ok();
+      },
+      seconds(10), "the store Secret's copy in team-a made again"));
+  Kubectl({"delete", "dataset", "-n", "team-a", "cached", "--timeout=60s"});
 }
 
 TEST_F(OperatorTest, InformerListsAgainWhenTheApiServerSaysGone) {

@@ -1,4 +1,4 @@
-// A training Job on the real control plane, end to end (issue 17): the real
+// A training Job on the real control plane, end to end: the real
 // API server calls granary-operator's webhook (registered by the operator,
 // with its own certificate), the stored pod carries the injected sidecar, the
 // real scheduler binds it to a pool node, and PodRunner runs the injected

@@ -17,8 +17,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <compare>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -33,6 +37,19 @@ struct KubeResponse {
   int status = 0;
   std::string body;
 };
+
+// What a request is to the API server: its verb (get, list, watch, create,
+// update, patch, delete, deletecollection) and resource ("datasets",
+// "secrets", "namespaces"; a subresource as "datasets/status"), as
+// kube-apiserver's apiserver_request_total labels it.
+struct RequestKind {
+  std::string verb;
+  std::string resource;
+  auto operator<=>(const RequestKind&) const = default;
+};
+// The kind of `method` on `path` (a path under /api/v1 or /apis/<group>/<version>,
+// with its query). A path of another shape is resource "other".
+RequestKind RequestKindOf(const std::string& method, const std::string& path);
 
 class KubeClient {
  public:
@@ -70,14 +87,23 @@ class KubeClient {
   // The Status an HTTP answer means (OK for 2xx); `what` names the request.
   static Status StatusOf(const KubeResponse& response, const std::string& what);
 
+  // Every request made so far (Request and Watch, answered or not), counted
+  // by the API server's verb and resource (RequestKindOf): what the operator
+  // exports as granary_operator_api_requests_total.
+  std::map<RequestKind, uint64_t> RequestCounts() const;
+
  private:
   class Transport;
   KubeClient(KubeConfig config, std::unique_ptr<Transport> transport);
   Result<Json> JsonCall(const std::string& method, const std::string& path, const std::string& body,
                         const std::string& content_type, const std::string& what);
 
+  void Count(const RequestKind& kind);
+
   KubeConfig config_;
   std::unique_ptr<Transport> transport_;
+  mutable std::mutex counts_mu_;
+  std::map<RequestKind, uint64_t> counts_;  // guarded by counts_mu_
 };
 
 // Percent-encodes a query parameter value.

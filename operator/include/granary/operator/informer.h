@@ -42,6 +42,10 @@ struct InformerOptions {
   // Watch from this resourceVersion before the first list (tests: a stale
   // one makes the API server answer 410 Gone, which must lead to a list).
   std::string start_resource_version;
+  // Optional: the informer keeps a count of its objects by this key (e.g. a
+  // Dataset's status.phase), updated with every change, so that a count
+  // costs no copy of the objects (Counts).
+  std::function<std::string(const Json& object)> count_by;
 };
 
 class Informer {
@@ -58,6 +62,11 @@ class Informer {
   std::optional<Json> Get(const std::string& key) const;
   std::vector<std::string> Keys() const;
   std::vector<Json> List() const;
+  // Calls `visit` with each object, under the informer's lock: no copies.
+  // `visit` must not call the informer.
+  void Visit(const std::function<void(const Json& object)>& visit) const;
+  // The objects by options.count_by's key (empty without count_by).
+  std::map<std::string, uint64_t> Counts() const;
   bool synced() const { return synced_.load(); }
   uint64_t lists() const { return lists_.load(); }
   uint64_t watches() const { return watches_.load(); }
@@ -79,8 +88,12 @@ class Informer {
   std::atomic<uint64_t> lists_{0}, watches_{0}, gone_{0};
   std::thread thread_;
   mutable std::mutex mu_;
-  std::map<std::string, Json> objects_;  // guarded by mu_
-  std::string resource_version_;         // informer thread only
+  void SetLocked(const std::string& key, const Json* object);  // nullptr: erase
+  void CountLocked(const Json& object, int64_t delta);
+
+  std::map<std::string, Json> objects_;     // guarded by mu_
+  std::map<std::string, uint64_t> counts_;  // by options_.count_by; guarded by mu_
+  std::string resource_version_;            // informer thread only
   std::chrono::steady_clock::time_point last_resync_;
 };
 

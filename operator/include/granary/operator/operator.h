@@ -95,6 +95,11 @@ class Operator {
   // Staging, Ready, Failed; each present, 0 when none; a Dataset not
   // reconciled yet counts as Pending). All zero until the informer has listed.
   std::map<std::string, uint64_t> DatasetPhases() const;
+  // A Dataset ("namespace/name") and a CachePool (name) from the informers'
+  // caches: nullopt when not there, or before the informer has listed (the
+  // webhook then asks the API server: CachedInjectionLookup).
+  std::optional<Json> CachedDataset(const std::string& key) const;
+  std::optional<Json> CachedPool(const std::string& name) const;
 
  private:
   class Impl;

@@ -1,12 +1,16 @@
 #pragma once
 
-// The webhook's lookup through the API server: for a pod labelled
-// granary.io/dataset=<name> in namespace <ns>, reads Dataset <ns>/<name> and
-// its CachePool and returns what BuildInjectionPatch needs. Used by
-// granary-operator's WebhookServer (--webhook-listen). docs/kubernetes-webhook.md.
+// The webhook's lookup: for a pod labelled granary.io/dataset=<name> in
+// namespace <ns>, reads Dataset <ns>/<name> and its CachePool and returns
+// what BuildInjectionPatch needs. Used by granary-operator's WebhookServer
+// (--webhook-listen). docs/kubernetes-webhook.md.
 //
 // Thread safety: the returned function may be called from any thread
-// (KubeClient is thread-safe). Each call makes two GETs to the API server.
+// (KubeClient is thread-safe; the cache's functions must be too).
+
+#include <functional>
+#include <optional>
+#include <string>
 
 #include "granary/kube/kube_client.h"
 #include "granary/operator/webhook_server.h"
@@ -25,6 +29,17 @@ std::string SidecarStoreSecretName(const std::string& pool);
 //  - kInvalidArgument: the Dataset or CachePool cannot be read;
 //  - other codes: the API server could not be asked.
 // `client` must outlive the returned function.
+//
+// Where the objects are read: the operator's informers first (`cache`), so
+// that an admission request costs no request to the API server; the API
+// server when the cache does not have the object (not listed yet, or created
+// a moment ago: a pod applied with its Dataset must not be refused for it).
+struct InjectionCache {
+  std::function<std::optional<Json>(const std::string& key)> dataset;  // "ns/name"
+  std::function<std::optional<Json>(const std::string& name)> pool;
+};
+InjectionLookup CachedInjectionLookup(KubeClient& client, InjectionCache cache);
+// The API server only (two GETs per call).
 InjectionLookup ApiInjectionLookup(KubeClient& client);
 
 }  // namespace granary::kube
