@@ -345,10 +345,17 @@ def main():
         # 2. cache node + dataset
         store = f"sqlite://{work}/granary.db"
         port, node_metrics = free_port(), free_port()
+        # Cache nodes refuse to serve unauthenticated readers: the node, the
+        # sidecar and the CLI share a cluster key, made in the temporary directory.
+        key = os.path.join(work, "cluster.key")
+        r = subprocess.run([binaries["cli"], "cluster-key", "generate", "--out", key, "--force"],
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            fail(f"granary cluster-key generate exited {r.returncode}:\n{r.stdout}{r.stderr}")
         with open(os.path.join(work, "cachenode.yaml"), "w") as f:
             f.write(f"node_id: {NODE_ID}\nlisten: 127.0.0.1:{port}\n"
                     f"data_dir: {work}/cache\ncapacity: 8GiB\nmetadata_store: {store}\n"
-                    f"metrics_listen: 127.0.0.1:{node_metrics}\n"
+                    f"metrics_listen: 127.0.0.1:{node_metrics}\ncluster_key_file: {key}\n"
                     + (f"local_socket: {work}/cachenode.sock\n" if not args.no_handoff else "")
                     + f"heartbeat_interval: 500ms\nheartbeat_ttl: 3s\nlog_level: warn\n")
         node = procs.start("granary-cachenode",
@@ -358,8 +365,8 @@ def main():
         t0 = time.perf_counter()
         for argv in (["dataset", "create", DATASET, "--source", source, "--chunk-size", "16MiB"],
                      ["dataset", "wait", DATASET, "--timeout", "10m"]):
-            r = subprocess.run([binaries["cli"], "--store", store] + argv, capture_output=True,
-                               text=True, check=False)
+            r = subprocess.run([binaries["cli"], "--store", store, "--cluster-key-file", key]
+                               + argv, capture_output=True, text=True, check=False)
             if r.returncode != 0:
                 fail(f"granary {' '.join(argv)} exited {r.returncode}:\n{r.stdout}{r.stderr}")
             procs.check_alive(node)
@@ -371,6 +378,7 @@ def main():
         side_metrics = free_port()
         with open(os.path.join(work, "sidecar.yaml"), "w") as f:
             f.write(f"socket: {sock}\nmetadata_store: {store}\nlocal_node: {NODE_ID}\n"
+                    f"cluster_key_file: {key}\n"
                     + (f"local_node_socket: {work}/cachenode.sock\n" if not args.no_handoff
                        else "")
                     + f"window_bytes: {args.window}\nmetrics_listen: 127.0.0.1:{side_metrics}\n"

@@ -2,10 +2,11 @@
 
 One granary-cachenode on an embedded SQLite store, the granary CLI against the
 same store, and one granary-sidecar reading the node's chunk files through
-its chunk handoff socket. Everything started here runs in its own session (a
-terminal's Ctrl-C reaches only the script) and dies with the script if the
-script is killed (PR_SET_PDEATHSIG); ``stop()`` ends each with SIGTERM, then
-SIGKILL after a timeout, newest first. Use as a context manager.
+its chunk handoff socket; all three use a cluster key made in the work
+directory. Everything started here runs in its own session (a terminal's
+Ctrl-C reaches only the script) and dies with the script if the script is
+killed (PR_SET_PDEATHSIG); ``stop()`` ends each with SIGTERM, then SIGKILL
+after a timeout, newest first. Use as a context manager.
 
     with LocalGranary(work_dir, build_dir) as g:
         g.start_cachenode()
@@ -68,6 +69,15 @@ class LocalGranary:
         self.socket = os.path.join(self.work, "sidecar.sock")
         self.log_level = log_level
         self.procs = []  # [name, Popen, log file, log path]
+        # Cache nodes refuse to serve unauthenticated readers, so the node, the
+        # sidecar and the CLI share a cluster key; it lives in the work directory
+        # (removed with it), never in /etc/granary.
+        self.cluster_key = os.path.join(self.work, "cluster.key")
+        r = subprocess.run([self.bin["cli"], "cluster-key", "generate", "--out", self.cluster_key,
+                            "--force"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, check=False)
+        if r.returncode != 0:
+            raise GranaryError(f"granary cluster-key generate exited {r.returncode}:\n{r.stdout}")
 
     def __enter__(self):
         return self
@@ -136,7 +146,7 @@ class LocalGranary:
             f.write(f"node_id: {NODE_ID}\nlisten: 127.0.0.1:{port}\n"
                     f"data_dir: {self.work}/cache\ncapacity: {capacity}\n"
                     f"metadata_store: {self.store}\nmetrics_listen: 127.0.0.1:{metrics}\n"
-                    f"local_socket: {self.node_socket}\n"
+                    f"local_socket: {self.node_socket}\ncluster_key_file: {self.cluster_key}\n"
                     f"heartbeat_interval: 500ms\nheartbeat_ttl: 3s\nlog_level: {self.log_level}\n")
         p = self._start("granary-cachenode", [self.bin["cachenode"], "--config", config])
         self._wait_ready(p, metrics)
@@ -150,6 +160,7 @@ class LocalGranary:
             f.write(f"socket: {self.socket}\nmetadata_store: {self.store}\n"
                     f"local_node: {NODE_ID}\nlocal_node_socket: {self.node_socket}\n"
                     f"window_bytes: {window}\nmetrics_listen: 127.0.0.1:{metrics}\n"
+                    f"cluster_key_file: {self.cluster_key}\n"
                     + (f"arena_bytes: {arena}\n" if arena else "")
                     + f"log_level: {self.log_level}\n")
         p = self._start("granary-sidecar", [self.bin["sidecar"], "--config", config])
@@ -158,9 +169,11 @@ class LocalGranary:
         return p
 
     def cli(self, *argv, capture=False):
-        """Runs `granary --store <store> argv...`; its progress goes to this terminal
-        unless `capture`. Returns stdout when capturing."""
-        r = subprocess.run([self.bin["cli"], "--store", self.store, *argv],
+        """Runs `granary --store <store> --cluster-key-file <key> argv...`; its
+        progress goes to this terminal unless `capture`. Returns stdout when
+        capturing."""
+        r = subprocess.run([self.bin["cli"], "--store", self.store,
+                            "--cluster-key-file", self.cluster_key, *argv],
                            stdout=subprocess.PIPE if capture else None,
                            stderr=subprocess.PIPE if capture else None, text=True, check=False)
         self.check_alive()

@@ -48,9 +48,10 @@ Status CacheNode::Impl::OpenStore() {
 
 Result<std::shared_ptr<const ServerAuth>> CacheNode::Impl::MakeServerAuth() {
   if (config_.cluster_key_file.empty() && config_.kubernetes_auth.empty()) {
+    GRANARY_RETURN_IF_ERROR(CheckCacheNodeAuthentication(config_, "the configuration"));
     log_->warn(
-        "`listen` ({}) requires no authentication: whoever reaches it can read every dataset this "
-        "node serves; set cluster_key_file (docs/security.md)",
+        "serve_without_authentication: `listen` ({}) requires no authentication: whoever reaches "
+        "it can read every dataset this node serves (docs/security.md)",
         config_.listen.ToString());
     return std::shared_ptr<const ServerAuth>();
   }

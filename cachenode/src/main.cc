@@ -72,6 +72,11 @@ int main(int argc, char** argv) {
     }
     config->advertise = *address;
   }
+  // Who may read: a node without authentication does not start unless told to.
+  if (granary::Status auth = granary::CheckCacheNodeAuthentication(*config, daemon.config_path());
+      !auth.ok()) {
+    return daemon.BadConfig(auth);
+  }
   if (daemon.check()) {
     std::printf("%s: OK (node %s, pool %s)\n", daemon.config_path().c_str(),
                 config->node_id.c_str(), config->pool.c_str());

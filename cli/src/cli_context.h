@@ -48,7 +48,7 @@ using Json = nlohmann::ordered_json;
 using SteadyClock = std::chrono::steady_clock;
 
 // Where `granary cluster-key generate` writes, and the CLI looks by default.
-inline constexpr char kDefaultClusterKeyFile[] = "/etc/granary/cluster.key";
+inline constexpr const char* kDefaultClusterKeyFile = kDefaultClusterKeyPath;
 
 class CliContext {
  public:

@@ -551,6 +551,17 @@ class Doctor {
     if (config.fabric_listen.has_value()) {
       CheckFabricProvider(file, config.fabric_provider, "fabric_provider", "serves TCP only");
     }
+    // Who may read through it: a node without authentication refuses to start.
+    if (Status auth = CheckCacheNodeAuthentication(config, file); !auth.ok()) {
+      Add("auth", Verdict::kFail, auth.message(),
+          "set cluster_key_file (granary cluster-key generate) or kubernetes_auth");
+    } else if (config.cluster_key_file.empty() && config.kubernetes_auth.empty()) {
+      Add("auth", Verdict::kWarn,
+          "cache node config " + file + " serves without authentication (" +
+              config.listen.ToString() + "): whoever reaches it reads every dataset",
+          "set cluster_key_file (granary cluster-key generate) unless every user of this "
+          "machine may read every dataset");
+    }
     CheckStoreMatches(file, config.metadata_store, config.metadata_store_file);
   }
 

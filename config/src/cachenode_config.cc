@@ -1,6 +1,8 @@
 #include "granary/config/cachenode_config.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <cerrno>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "granary/config/config_keys.h"
 #include "granary/core/config.h"
@@ -192,6 +195,11 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
   }
 
   GRANARY_RETURN_IF_ERROR(
+      m.Optional("serve_without_authentication", &c->serve_without_authentication));
+  GRANARY_RETURN_IF_ERROR(m.Optional("unsafe_serve_without_authentication_beyond_loopback",
+                                     &c->unsafe_serve_without_authentication_beyond_loopback));
+
+  GRANARY_RETURN_IF_ERROR(
       OptionalFilePath(m, "tls_cert_file", &c->tls_cert_file, "/etc/granary/tls/node.crt"));
   GRANARY_RETURN_IF_ERROR(
       OptionalFilePath(m, "tls_key_file", &c->tls_key_file, "/etc/granary/tls/node.key"));
@@ -338,6 +346,46 @@ Result<CacheNodeConfig> LoadCacheNodeConfig(const std::string& path) {
                              ReadStoreUrlFile(path, config.metadata_store_file));
   }
   return config;
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  // 127.0.0.0/8, written as a dotted quad.
+  in_addr a{};
+  return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+Status CheckCacheNodeAuthentication(const CacheNodeConfig& c, const std::string& source) {
+  if (!c.cluster_key_file.empty() || !c.kubernetes_auth.empty()) return Status::Ok();
+  std::vector<std::string> addresses = {c.listen.ToString()};
+  bool loopback = IsLoopbackHost(c.listen.host);
+  if (c.fabric_listen) {
+    addresses.push_back(c.fabric_listen->ToString());
+    loopback = loopback && IsLoopbackHost(c.fabric_listen->host);
+  }
+  std::string where;
+  for (const std::string& a : addresses) where += (where.empty() ? "" : " and ") + a;
+  if (!c.serve_without_authentication) {
+    return Status::FailedPrecondition(
+        source +
+        ": no authentication: with neither cluster_key_file nor kubernetes_auth, "
+        "whoever reaches " +
+        where +
+        " could read every dataset this node serves. Make a cluster key (`granary cluster-key "
+        "generate` writes /etc/granary/cluster.key, mode 0600) and set cluster_key_file: "
+        "/etc/granary/cluster.key here and in the sidecars' configuration; or, in Kubernetes, "
+        "set kubernetes_auth (docs/security.md). To serve without authentication on loopback "
+        "only (one machine, trusted users), set serve_without_authentication: true");
+  }
+  if (!loopback && !c.unsafe_serve_without_authentication_beyond_loopback) {
+    return Status::FailedPrecondition(
+        source + ": serve_without_authentication is true but the node would serve " + where +
+        ", which is not loopback only: anyone on the network could read every dataset. Set "
+        "cluster_key_file (`granary cluster-key generate`), or listen on 127.0.0.1; only if "
+        "every host that can reach it is trusted, set "
+        "unsafe_serve_without_authentication_beyond_loopback: true as well");
+  }
+  return Status::Ok();
 }
 
 std::string DataDirOwnershipProblem(const std::string& path, uid_t uid) {

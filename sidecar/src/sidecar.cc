@@ -37,6 +37,7 @@
 #include "granary/fabric/endpoint.h"
 #include "granary/fabric/fabric_transport.h"
 #include "granary/fetcher/sample_fetcher.h"
+#include "granary/peer/peer_auth.h"
 #include "granary/posix/mount_point.h"
 #include "granary/posix/posix_view.h"
 #include "granary/protocol/sidecar_protocol.h"
@@ -432,8 +433,15 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
   fetch.peer.connect_timeout = config.connect_timeout;
   fetch.peer.call_timeout = config.call_timeout;
   {
-    Result<ClientCredentials> credentials =
-        LoadPeerCredentials(config.cluster_key_file, config.peer_token_file);
+    // Neither configured: the default key where this user may read it (a
+    // root sidecar on a host set up with `granary cluster-key generate`).
+    std::string key_file = config.cluster_key_file;
+    if (key_file.empty() && config.peer_token_file.empty() &&
+        ::access(kDefaultClusterKeyPath, R_OK) == 0) {
+      key_file = kDefaultClusterKeyPath;
+      GetLogger("sidecar")->info("cluster_key_file not set: using {}", key_file);
+    }
+    Result<ClientCredentials> credentials = LoadPeerCredentials(key_file, config.peer_token_file);
     if (!credentials.ok()) return credentials.status().WithContext("`cluster_key_file`");
     fetch.peer.credentials = std::move(*credentials);
     Result<std::shared_ptr<TlsContext>> tls = TlsContext::ForClient(config.tls_ca_file);

@@ -135,12 +135,15 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
     ++keys;
     // metadata_store_file replaces metadata_store, and fabric_listen cannot go
     // with the example's TLS: the example shows them commented out.
-    const bool alternative = key == "metadata_store_file" || key == "fabric_listen";
+    // The opt-outs of authentication are shown commented out too.
+    const bool alternative = key == "metadata_store_file" || key == "fabric_listen" ||
+                             key == "serve_without_authentication" ||
+                             key == "unsafe_serve_without_authentication_beyond_loopback";
     EXPECT_NE(example.find(alternative ? "\n# " + key + ": " : "\n" + key + ": "),
               std::string::npos)
         << key << " not in the example";
   }
-  EXPECT_EQ(keys, 37u) << msg;
+  EXPECT_EQ(keys, 39u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {
@@ -597,6 +600,73 @@ TEST(CacheNodeConfigTest, AnUnreadableFileIsPermissionDenied) {
 TEST(CacheNodeConfigTest, ScanModeNames) {
   EXPECT_EQ(ChunkScanModeName(ChunkScanMode::kPresence), "presence");
   EXPECT_EQ(ChunkScanModeName(ChunkScanMode::kVerifyPayload), "verify");
+}
+
+// Secure by default: what may serve without authentication, and what each
+// refusal says.
+TEST(CacheNodeConfigTest, WithoutAuthenticationOnlyTheExplicitOptOutOnLoopbackServes) {
+  auto check = [](const std::string& extra) {
+    SCOPED_TRACE(extra);
+    Result<CacheNodeConfig> c = ParseCacheNodeConfig(With("zz", nullptr) + extra, "node.yaml");
+    EXPECT_OK(c);
+    return c.ok() ? CheckCacheNodeAuthentication(*c, "node.yaml")
+                  : Status::Internal("did not parse");
+  };
+  // Neither key nor Kubernetes auth nor opt-out: refused, with every way out.
+  for (const std::string& extra : {std::string(), std::string("listen: 127.0.0.1:7070\n"),
+                                   std::string("unsafe_serve_without_authentication_beyond_"
+                                               "loopback: true\n")}) {
+    Status s = check(extra);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << extra << s.ToString();
+    for (const char* part : {"node.yaml: no authentication", "granary cluster-key generate",
+                             "cluster_key_file: /etc/granary/cluster.key", "kubernetes_auth",
+                             "serve_without_authentication: true"}) {
+      EXPECT_NE(s.message().find(part), std::string::npos) << part << " not in " << s.message();
+    }
+  }
+  // A key, or Kubernetes auth: fine anywhere.
+  EXPECT_OK(check("cluster_key_file: /etc/granary/cluster.key\n"));
+  EXPECT_OK(check("kubernetes_auth: in-cluster\n"));
+  // The opt-out: loopback only.
+  for (const char* host : {"127.0.0.1", "127.3.4.5", "localhost", "[::1]"}) {
+    SCOPED_TRACE(host);
+    EXPECT_OK(
+        check("serve_without_authentication: true\nlisten: \"" + std::string(host) + ":7070\"\n"));
+  }
+  for (const char* listen :
+       {"0.0.0.0:7070", "[::]:7070", "10.1.2.3:7070", "gpu-7:7070", "128.0.0.1:7070"}) {
+    Status s =
+        check("serve_without_authentication: true\nlisten: \"" + std::string(listen) + "\"\n");
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << listen;
+    EXPECT_NE(s.message().find("which is not loopback only"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("unsafe_serve_without_authentication_beyond_loopback: true"),
+              std::string::npos)
+        << s.message();
+  }
+  // A fabric address beyond loopback counts too.
+  Status fabric = check(
+      "serve_without_authentication: true\nlisten: 127.0.0.1:7070\nfabric_listen: "
+      "0.0.0.0:7071\n");
+  EXPECT_EQ(fabric.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(fabric.message().find("0.0.0.0:7071"), std::string::npos) << fabric.message();
+  // Both options: anywhere.
+  EXPECT_OK(
+      check("serve_without_authentication: true\nunsafe_serve_without_authentication_beyond_"
+            "loopback: true\nlisten: 0.0.0.0:7070\n"));
+  // Bad values are parse errors naming the key.
+  ExpectBadValue("serve_without_authentication", "yes please", "yes please", "true or false");
+  ExpectBadValue("unsafe_serve_without_authentication_beyond_loopback", "1x", "1x",
+                 "true or false");
+}
+
+TEST(CacheNodeConfigTest, LoopbackHosts) {
+  for (const char* host : {"127.0.0.1", "127.255.255.254", "::1", "localhost"}) {
+    EXPECT_TRUE(IsLoopbackHost(host)) << host;
+  }
+  for (const char* host : {"0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "127.0.0", "localhost.",
+                           "127.0.0.1.example", "", "::2"}) {
+    EXPECT_FALSE(IsLoopbackHost(host)) << host;
+  }
 }
 
 }  // namespace

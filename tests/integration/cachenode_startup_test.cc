@@ -111,6 +111,56 @@ TEST(CacheNodeStartupTest, UnknownKeyAndBadValuesExitTwoNamingTheLine) {
   EXPECT_TRUE(nodes->empty()) << "--check registered a node";
 }
 
+// Secure by default: a node with neither a cluster key nor Kubernetes
+// authentication refuses to start (exit 2, --check too) and says how to make a
+// key; serve_without_authentication lets it serve on loopback only; a listen
+// address beyond loopback needs the second, unsafe option as well.
+TEST(CacheNodeStartupTest, WithoutAuthenticationItRefusesToStartUnlessToldToOnLoopback) {
+  auto cluster = CacheCluster::Create();
+  ASSERT_OK(cluster);
+  CacheNodeOptions o;
+  o.opt_out_of_authentication = false;
+  CacheNode& node = (*cluster)->AddNode(o);
+  for (const std::vector<std::string>& extra :
+       std::vector<std::vector<std::string>>{{}, {"--check"}}) {
+    ASSERT_OK(node.Start(extra));
+    auto exit = node.WaitExit(30s);
+    ASSERT_OK(exit);
+    EXPECT_TRUE(exit->ExitedWith(2)) << exit->ToString() << "\n" << node.Log();
+    EXPECT_THAT(node.Log(), HasSubstr("no authentication"));
+    EXPECT_THAT(node.Log(), HasSubstr("granary cluster-key generate"));
+    EXPECT_THAT(node.Log(), HasSubstr("cluster_key_file"));
+    EXPECT_THAT(node.Log(), HasSubstr("kubernetes_auth"));
+    EXPECT_THAT(node.Log(), HasSubstr("serve_without_authentication: true"));
+  }
+  auto nodes = (*cluster)->store().ListNodes("");
+  ASSERT_OK(nodes);
+  EXPECT_TRUE(nodes->empty()) << "a node without authentication registered";
+
+  // The opt-out on a wildcard address: refused, naming the unsafe option.
+  const std::string port = std::to_string(FreeTcpPort());
+  node.mutable_options().extra_yaml = "serve_without_authentication: true\n";
+  std::string yaml = node.ConfigYaml();
+  yaml.replace(yaml.find("listen: 127.0.0.1:"), std::string("listen: ").size() + 1,
+               "listen: 0.0.0.0:" + port + "\n#");
+  WriteAll(node.config_path(), yaml);
+  auto refused = RunCacheNode((*cluster)->dir(), {"--config", node.config_path()});
+  ASSERT_OK(refused);
+  auto refused_exit = (*refused)->Wait(30s);
+  ASSERT_OK(refused_exit);
+  EXPECT_TRUE(refused_exit->ExitedWith(2)) << refused_exit->ToString();
+  EXPECT_THAT((*refused)->ReadLog(), HasSubstr("0.0.0.0:" + port + ", which is not loopback"));
+  EXPECT_THAT((*refused)->ReadLog(),
+              HasSubstr("unsafe_serve_without_authentication_beyond_loopback: true"));
+
+  // The opt-out on loopback: it serves, and warns that it does so.
+  ASSERT_OK(node.StartAndWaitReady(30s));
+  EXPECT_THAT(node.Log(), HasSubstr("requires no authentication"));
+  Result<PeerClient> reader = node.Connect(5s);
+  ASSERT_OK(reader);
+  ASSERT_OK(node.Terminate().status());
+}
+
 TEST(CacheNodeStartupTest, UnreachableMetadataStoreExitsOneNamingTheUrl) {
   auto cluster = CacheCluster::Create();
   ASSERT_OK(cluster);

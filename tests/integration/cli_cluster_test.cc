@@ -614,11 +614,11 @@ TEST_F(CliClusterTest, DoctorFailsEachWayWithItsFix) {
                     "libfabric_provider: no-such-provider\nmetadata_store: " +
                         cluster_->store_url() + "\n");
   const std::string node_no_provider = cluster_->dir().Join("node-no-provider.yaml");
-  testing::WriteAll(node_no_provider,
-                    "data_dir: " + cluster_->dir().Join("fabric-data") +
-                        "\ncapacity: 1GiB\nfabric_listen: 127.0.0.1:7171\nfabric_provider: "
-                        "no-such-provider\nmetadata_store: " +
-                        cluster_->store_url() + "\n");
+  testing::WriteAll(node_no_provider, "data_dir: " + cluster_->dir().Join("fabric-data") +
+                                          "\ncapacity: 1GiB\nserve_without_authentication: true\n"
+                                          "fabric_listen: 127.0.0.1:7171\nfabric_provider: "
+                                          "no-such-provider\nmetadata_store: " +
+                                          cluster_->store_url() + "\n");
   for (const std::string& file : {no_provider, node_no_provider}) {
     r = Cli({"-o", "json", "doctor", "--config", file});
     auto j = nlohmann::json::parse(r.out, nullptr, false);
@@ -650,6 +650,9 @@ TEST_F(CliClusterTest, DoctorFailsEachWayWithItsFix) {
                               "\ncapacity: 1GiB\nmetadata_store: " + cluster_->store_url() + "\n");
   r = Cli({"-o", "json", "doctor", "--config", deep});
   fails(r, {"config", "neither it nor its parent", "mkdir -p"});
+  // ... and it has no cluster key, no kubernetes_auth, no opt-out: the node
+  // would refuse to start, and doctor says how to make a key.
+  fails(r, {"auth", "no authentication", "granary cluster-key generate"});
   // A data_dir another user owns, or that others may write: the
   // node would refuse it; doctor says so, with the fix.
   const std::string foreign_dir = cluster_->dir().Join("foreign-data");

@@ -105,22 +105,28 @@ def main():
                         str(args.files), src], check=True, stdout=subprocess.DEVNULL)
         store = f"sqlite://{work}/granary.db"
         port, node_metrics, side_metrics = free_port(), free_port(), free_port()
+        # Cache nodes refuse to serve unauthenticated readers: the node, the
+        # sidecar and the CLI share a cluster key, made in the work directory.
+        key = f"{work}/cluster.key"
+        subprocess.run([bins["cli"], "cluster-key", "generate", "--out", key, "--force"],
+                       check=True, stdout=subprocess.DEVNULL)
         with open(f"{work}/cachenode.yaml", "w") as f:
             f.write(f"node_id: bench-node\nlisten: 127.0.0.1:{port}\ndata_dir: {work}/cache\n"
                     f"capacity: 8GiB\nmetadata_store: {store}\n"
                     f"metrics_listen: 127.0.0.1:{node_metrics}\n"
-                    f"local_socket: {work}/cachenode.sock\nlog_level: warn\n")
+                    f"local_socket: {work}/cachenode.sock\ncluster_key_file: {key}\n"
+                    f"log_level: warn\n")
         procs.append(subprocess.Popen([bins["node"], "--config", f"{work}/cachenode.yaml"],
                                       env=env))
         sock = f"{work}/sidecar.sock"
         with open(f"{work}/sidecar.yaml", "w") as f:
             f.write(f"socket: {sock}\nmetadata_store: {store}\nlocal_node: bench-node\n"
-                    f"local_node_socket: {work}/cachenode.sock\n"
+                    f"local_node_socket: {work}/cachenode.sock\ncluster_key_file: {key}\n"
                     f"metrics_listen: 127.0.0.1:{side_metrics}\nlog_level: warn\n")
         procs.append(subprocess.Popen([bins["sidecar"], "--config", f"{work}/sidecar.yaml"],
                                       env=env))
         wait_for(lambda: os.path.exists(sock), 60, "the sidecar's socket")
-        cli = [bins["cli"], "--store", store]
+        cli = [bins["cli"], "--store", store, "--cluster-key-file", key]
         subprocess.run(cli + ["dataset", "create", "bench", "--source", src, "--chunk-size",
                               "16MiB"], check=True, env=env, stdout=subprocess.DEVNULL)
         subprocess.run(cli + ["dataset", "wait", "bench", "--timeout", "10m"], check=True,

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "granary/config/cachenode_config.h"
 #include "granary/core/file.h"
 #include "granary/core/manifest_builder.h"
 #include "granary/core/names.h"
@@ -437,6 +438,16 @@ std::string CacheNode::ConfigYaml() {
     << "drain_timeout: " << o.drain_timeout << "\n"
     << "log_level: " << o.log_level << "\n"
     << o.extra_yaml;
+  const auto sets = [&](const char* key) {
+    return o.extra_yaml.find(std::string(key) + ":") != std::string::npos;
+  };
+  if (o.opt_out_of_authentication && !sets("cluster_key_file") && !sets("kubernetes_auth") &&
+      !sets("serve_without_authentication")) {
+    y << "serve_without_authentication: true\n";
+    if (!IsLoopbackHost(host_)) {  // a host's address in a network namespace
+      y << "unsafe_serve_without_authentication_beyond_loopback: true\n";
+    }
+  }
   return y.str();
 }
 

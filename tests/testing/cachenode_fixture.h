@@ -115,6 +115,11 @@ struct CacheNodeOptions {
   std::string metadata_store;  // default: the cluster's Redis
   std::string data_dir;        // default: <cluster dir>/<node id>/data
   std::string extra_yaml;      // appended to the config as is ("key: value\n" lines)
+  // A node whose extra_yaml sets neither cluster_key_file nor kubernetes_auth
+  // gets serve_without_authentication: true (and, on a host that is not
+  // loopback, unsafe_serve_without_authentication_beyond_loopback), the
+  // explicit opt-out, unless this is false (then it refuses to start).
+  bool opt_out_of_authentication = true;
 };
 
 // What every daemon under test has: a config written before each start, a

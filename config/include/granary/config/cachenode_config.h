@@ -122,7 +122,8 @@ struct CacheNodeConfig {
   // `cluster_key_file`: the cluster key (peer_auth.h; a file only root reads).
   // Set, or with `kubernetes_auth`: every connection to `listen` must
   // authenticate before it reads anything (protocol version 2). Neither: the
-  // port is open to whoever reaches it, and the node warns at start.
+  // node refuses to start (CheckCacheNodeAuthentication) unless
+  // `serve_without_authentication` says otherwise.
   std::string cluster_key_file;
   // `kubernetes_auth`: accept pods' projected ServiceAccount tokens, checked
   // with the API server (TokenReview): "in-cluster" (the pod's own
@@ -130,6 +131,12 @@ struct CacheNodeConfig {
   std::string kubernetes_auth;
   // `kubernetes_audience`: the audience those tokens must carry.
   std::string kubernetes_audience = "granary";
+  // `serve_without_authentication`: true lets a node with neither of the two
+  // above start, serving whoever reaches its ports: only on loopback
+  // (`listen` and `fabric_listen` on 127.0.0.0/8, ::1 or localhost), unless
+  // `unsafe_serve_without_authentication_beyond_loopback` is true as well.
+  bool serve_without_authentication = false;
+  bool unsafe_serve_without_authentication_beyond_loopback = false;
   // `tls_cert_file`, `tls_key_file` (both or neither): `listen` speaks TLS
   // (the node's certificate chain and key, PEM); readers see it in the
   // node's record. Costs CPU: no sendfile through TLS.
@@ -193,6 +200,18 @@ Result<CacheNodeConfig> ParseCacheNodeConfig(std::string_view text, std::string 
 // Reads and parses the file at `path`. A missing or unreadable file, or a
 // directory, is an error naming the path.
 Result<CacheNodeConfig> LoadCacheNodeConfig(const std::string& path);
+
+// Whether a node with configuration `c` (from `source`, the file) may start as
+// far as its readers' authentication goes: OK with a cluster key or Kubernetes
+// authentication; without either, kFailedPrecondition saying how to make a key
+// or set up the Kubernetes auth, unless `serve_without_authentication` is
+// true and every address it serves on is loopback (or the unsafe option says
+// beyond loopback too). granary-cachenode (also with --check) and `granary
+// doctor` apply it; CacheNode::Start again.
+Status CheckCacheNodeAuthentication(const CacheNodeConfig& c, const std::string& source);
+// Whether `host` (of a listen address) is a loopback address: 127.0.0.0/8,
+// ::1, localhost.
+bool IsLoopbackHost(const std::string& host);
 
 // "presence" / "verify": the YAML names of ChunkScanMode.
 std::string_view ChunkScanModeName(ChunkScanMode mode);

@@ -94,6 +94,8 @@ struct SidecarConfig {
   std::chrono::milliseconds refresh_interval{1000};
   // `cluster_key_file`: the cluster key the sidecar proves to cache nodes
   // that require authentication (peer_auth.h; on Slurm nodes, run as root).
+  // Not set (and no peer_token_file): kDefaultClusterKeyPath when the
+  // sidecar's user may read it, else none.
   std::string cluster_key_file;
   // `peer_token_file`: instead, a Kubernetes projected ServiceAccount token
   // (audience granary), read again at every connection; the injected sidecar

@@ -36,6 +36,11 @@
 
 namespace granary {
 
+// Where `granary cluster-key generate` writes the cluster key, and where the
+// same-host clients run by root (the CLI, a sidecar) look for it when they
+// are given none.
+inline constexpr char kDefaultClusterKeyPath[] = "/etc/granary/cluster.key";
+
 using KeyId = std::array<uint8_t, protocol_format::kAuthKeyIdSize>;
 
 // "3f9a0c1e5b7d2a64": a key id as hex, for logs and messages.
