@@ -5,7 +5,7 @@
         build/debug/tests/monitoring/dashboards_test
     /usr/bin/python3 dashboards/render.py /tmp/overview.json docs/images/overview.png
 
-tests/monitoring/dashboards_test.cc runs a real Prometheus over real cache nodes
+tests/integration/dashboards_test.cc runs a real Prometheus over real cache nodes
 and a sidecar during staging and training, evaluates each panel's query over
 the run (query_range, 1 s steps) and writes the answers; this script lays the
 panels out as Grafana would (gridPos, 24 columns) with matplotlib (Debian's

@@ -1,6 +1,6 @@
 // The records' helpers of metadata_store.h: phase, snapshot-by and event
 // names, which nodes a dataset uses, progress summaries and a plan's PlanSpec.
-// The backends, the URL parsing and the stored documents are in core/store.
+// The backends, the URL parsing and the stored documents are in store/.
 
 #include "granary/core/metadata_store.h"
 

@@ -1,6 +1,6 @@
 #pragma once
 
-// libfabric's objects held the C++ way (private to core/fabric): a handle
+// libfabric's objects held the C++ way (private to fabric/): a handle
 // closes its object once; the fabric is shared by a listener and the
 // endpoints it accepted, so it goes last.
 //

@@ -3,7 +3,7 @@
 // What the two MetadataStore backends share, so they cannot disagree: input
 // validation, the JSON documents records are stored as (docs/metadata-store.md),
 // retry backoff, and message helpers. RecordStore (record_store.h) applies the
-// validation and the documents for both. Private to granary_store (core/store).
+// validation and the documents for both. Private to granary_store (store/).
 //
 // Thread safety: the functions are pure; a Backoff belongs to the one call
 // that made it.

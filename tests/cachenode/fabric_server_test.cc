@@ -1,6 +1,6 @@
 // FabricServer (granary/cachenode/fabric_server.h) in process, over the libfabric
 // tcp provider on loopback, answering from a ReadService of real files: what
-// the daemon's suite (tests/integration/fabric_server_test.cc) cannot reach.
+// the daemon's suite (tests/integration/fabric_server_integration_test.cc) cannot reach.
 // File ranges larger than the connection's buffer written into the window
 // slice by slice next to memory pieces; the reply budget making a READ wait
 // for another's reply; the handshake and idle timeouts; Stop letting a

@@ -1,4 +1,4 @@
-// The libfabric endpoints and listener (core/fabric), over the tcp provider on
+// The libfabric endpoints and listener (fabric/), over the tcp provider on
 // 127.0.0.1: messages both ways, RMA into a registered window, registrations
 // cached, and the failures a reader and a node meet (no listener, a peer gone,
 // a deadline, a write past the window, a message too long, a provider absent).

@@ -274,7 +274,7 @@ TEST_F(PosixMountTest, EveryFileEqualsTheSnapshotWithTheSourceGone) {
   return pclose(pipe);
 }
 
-// The test: a dataset whose source is the benchmark's slow source
+// Over the slow source: a dataset whose source is the benchmark's slow source
 // (granary-slowfs, which counts every operation it serves). After the
 // snapshot the source is never listed again; once staged, an os.walk +
 // open().read() and an ImageFolder over `granary mount` equal the source byte

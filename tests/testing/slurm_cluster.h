@@ -2,7 +2,7 @@
 
 // SlurmCluster: a real one-node Slurm (munged, slurmctld, slurmd from the
 // distribution's packages) on 127.0.0.1, for the Slurm integration suites
-// (tests/slurm/slurm_cluster_test.cc).
+// (tests/integration/slurm_cluster_test.cc).
 //
 //   std::string why;
 //   if (!SlurmCluster::Available(&why)) GTEST_SKIP() << why;

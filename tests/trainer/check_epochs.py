@@ -1,5 +1,5 @@
 """The training process of the Slurm and Kubernetes tests
-(tests/slurm/slurm_cluster_test.cc, tests/integration/kubernetes/mixed_site_test.cc,
+(tests/integration/slurm_cluster_test.cc, tests/integration/kubernetes/mixed_site_test.cc,
 tests/integration/kubernetes/training_pod_test.cc): reads $GRANARY_DATASET through
 granary.torch's DistributedSampler and a torch DataLoader from the sidecar at
 $GRANARY_SOCKET, for --epochs epochs, checking every sample's SHA-256 against
