@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cache_node_impl.h"
+#include "granary/core/thread_name.h"
 #include "granary/fabric/endpoint.h"
 
 namespace granary {
@@ -221,8 +222,14 @@ Status CacheNode::Impl::Start() {
                Quoted(config_.node_id), config_.fabric_provider, fabric_->port(),
                fabric_advertise_);
   }
-  control_ = std::thread([this] { ControlLoop(); });
-  metrics_thread_ = std::thread([this] { MetricsLoop(); });
+  control_ = std::thread([this] {
+    NameThisThread("control");
+    ControlLoop();
+  });
+  metrics_thread_ = std::thread([this] {
+    NameThisThread("node-metrics");
+    MetricsLoop();
+  });
   return Status::Ok();
 }
 

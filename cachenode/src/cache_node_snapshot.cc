@@ -3,6 +3,7 @@
 // process, one walk at a time; Stop abandons a walk in progress.
 
 #include "cache_node_impl.h"
+#include "granary/core/thread_name.h"
 
 namespace granary {
 
@@ -39,7 +40,10 @@ void CacheNode::Impl::ClaimSnapshot(const std::vector<DatasetRecord>& datasets) 
     log_->info("dataset {}: claiming its snapshot ({})", Quoted(d.name), why);
     snapshot_dataset_ = d.name;
     snapshot_running_ = true;
-    snapshot_thread_ = std::thread([this, d] { RunSnapshot(d); });
+    snapshot_thread_ = std::thread([this, d] {
+      NameThisThread("snapshot");
+      RunSnapshot(d);
+    });
     return;
   }
 }

@@ -17,6 +17,7 @@
 #include "chunk_store_layout.h"
 #include "disk_chunk_store.h"
 #include "granary/core/names.h"
+#include "granary/core/thread_name.h"
 
 namespace granary {
 
@@ -259,7 +260,10 @@ Status DiskChunkStore::Scan() {
   size_t extra = std::min<size_t>(options_.scan_threads, candidates.size());
   for (size_t t = 1; t < extra; ++t) {
     try {
-      threads.emplace_back(work);
+      threads.emplace_back([&work] {
+        NameThisThread("scan");
+        work();
+      });
     } catch (const std::system_error& e) {  // no more threads: the ones we have finish the job
       Log()->warn("{}: started {} scan threads of {}: {}", doing, t, extra, e.what());
       break;

@@ -19,6 +19,7 @@
 #include "granary/core/log.h"
 #include "granary/core/names.h"
 #include "granary/core/net_address.h"
+#include "granary/core/thread_name.h"
 #include "granary/fabric/endpoint.h"
 #include "granary/protocol/protocol_format.h"
 #include "peer_session.h"
@@ -82,7 +83,10 @@ class FabricServer::Impl {
     if (!listener.ok()) return listener.status();
     listener_ = std::move(*listener);
     try {
-      accept_thread_ = std::thread([this] { AcceptLoop(); });
+      accept_thread_ = std::thread([this] {
+        NameThisThread("fabric-accept");
+        AcceptLoop();
+      });
     } catch (const std::exception& e) {
       return Status::ResourceExhausted(
           "cache node fabric server: cannot start its accept thread: " + std::string(e.what()));
@@ -168,8 +172,10 @@ class FabricServer::Impl {
         } else {
           connection->id = ++next_id_;
           try {
-            threads_.emplace(connection->id,
-                             std::thread([this, connection] { Serve(*connection); }));
+            threads_.emplace(connection->id, std::thread([this, connection] {
+                               NameThisThread("fabric-conn");
+                               Serve(*connection);
+                             }));
             connections_.emplace(connection->id, connection);
             Add(accepted_);
             Add(open_);

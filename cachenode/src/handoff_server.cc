@@ -19,6 +19,7 @@
 
 #include "granary/core/log.h"
 #include "granary/core/names.h"
+#include "granary/core/thread_name.h"
 #include "granary/daemon/connection_threads.h"
 #include "granary/daemon/unix_accept_loop.h"
 
@@ -195,6 +196,7 @@ void HandoffServer::Impl::Serve(uint64_t id, int fd) {
 UnixAcceptLoopOptions HandoffServer::Impl::AcceptOptions() {
   UnixAcceptLoopOptions o;
   o.socket_name = "the handoff socket " + Quoted(options.path);
+  o.thread_name = "handoff-accept";
   o.log = log;
   o.limits = limits;
   o.privileged = options.privileged;
@@ -225,7 +227,10 @@ UnixAcceptLoopOptions HandoffServer::Impl::AcceptOptions() {
     }
     (void)SendWithFds(fd, handoff::EncodeReply(Status::ResourceExhausted(why)));
   };
-  o.serve = [this](uint64_t id, int fd) { Serve(id, fd); };
+  o.serve = [this](uint64_t id, int fd) {
+    NameThisThread("handoff-conn");
+    Serve(id, fd);
+  };
   return o;
 }
 

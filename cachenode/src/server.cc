@@ -21,6 +21,7 @@
 #include "granary/core/file.h"
 #include "granary/core/names.h"
 #include "granary/core/net_address.h"
+#include "granary/core/thread_name.h"
 #include "granary/protocol/protocol_format.h"
 
 namespace granary {
@@ -143,11 +144,16 @@ Status ServerCore::Start(const NetAddress& listen) {
       sigset_t* mask;
       ~RestoreMask() { pthread_sigmask(SIG_SETMASK, mask, nullptr); }
     } restore{&old};
-    pool_ = std::make_unique<asio::thread_pool>(options_.service_threads);
+    {
+      // The pool's threads take the name of the thread that makes them.
+      ScopedThreadName name("tcp-service");
+      pool_ = std::make_unique<asio::thread_pool>(options_.service_threads);
+    }
     for (auto& worker : workers_) {
       Worker* w = worker.get();
       ArmSweep(*w);
       w->thread = std::thread([w] {
+        NameThisThread("tcp-io");
         w->io.run();
         std::lock_guard lock(w->done_mu);
         w->done = true;

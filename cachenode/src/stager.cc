@@ -6,6 +6,7 @@
 
 #include "granary/core/log.h"
 #include "granary/core/names.h"
+#include "granary/core/thread_name.h"
 #include "stager_internal.h"
 
 namespace granary {
@@ -192,11 +193,17 @@ Status Stager::Start() {
   workers_.reserve(options_.threads);
   for (uint32_t i = 0; i < options_.threads; ++i) {
     ++workers_running_;
-    workers_.emplace_back([this] { WorkerLoop(); });
+    workers_.emplace_back([this] {
+      NameThisThread("stager");
+      WorkerLoop();
+    });
   }
   for (uint32_t i = 0; options_.read_ahead > 0 && i < kReadAheadThreads; ++i) {
     ++workers_running_;
-    workers_.emplace_back([this] { LeadInLoop(); });
+    workers_.emplace_back([this] {
+      NameThisThread("stager-lead");
+      LeadInLoop();
+    });
   }
   LeadInLocked();
   return Status::Ok();

@@ -45,10 +45,6 @@ namespace {
 
 // Bytes per write(2) (and per ostream write).
 constexpr size_t kWritePiece = 1u << 20;
-// Where cache nodes keep their chunk handoff socket (`local_socket`): the
-// example configuration's, then the Kubernetes chart's.
-const char* const kLocalNodeSockets[] = {"/run/granary/cachenode.sock",
-                                         "/run/granary-node/cachenode.sock"};
 
 struct CatOptions {
   std::string dataset;
@@ -56,7 +52,7 @@ struct CatOptions {
   std::string socket;
   bool direct = false;
   bool no_source = false;
-  std::string local_node_socket;  // empty: kLocalNodeSockets
+  std::string local_node_socket;  // empty: DefaultLocalNodeSockets()
   std::string local_node;
   std::string timeout = "2m";
 };
@@ -228,7 +224,7 @@ class Cat {
   }
 
   Status Direct() {
-    GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+    GRANARY_RETURN_IF_ERROR(c_.OpenExistingStore());
     GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, c_.store().GetDataset(o_.dataset));
     if (record.state.phase == DatasetPhase::kDeleting) {
       return Status::FailedPrecondition("dataset " + Quoted(o_.dataset) + " is being deleted");
@@ -248,7 +244,7 @@ class Cat {
     const bool keyless = c_.ClusterKeyPath().empty();
     if (keyless) {
       if (o_.local_node_socket.empty()) {
-        ro.local_node_sockets.assign(std::begin(kLocalNodeSockets), std::end(kLocalNodeSockets));
+        ro.local_node_sockets = DefaultLocalNodeSockets();
       } else {
         ro.local_node_sockets = {o_.local_node_socket};
       }
@@ -341,7 +337,8 @@ void AddCatCommand(CLI::App& app, CliContext& context) {
   cat->add_option("--local-node-socket", o->local_node_socket,
                   "Direct reads without the cluster key: the handoff socket (`local_socket`) of "
                   "the cache node on this host (default " +
-                      std::string(kLocalNodeSockets[0]) + ", else " + kLocalNodeSockets[1] + ")");
+                      DefaultLocalNodeSockets()[0] + ", else " + DefaultLocalNodeSockets()[1] +
+                      ")");
   cat->add_option("--local-node", o->local_node,
                   "Direct reads without the cluster key: that cache node's id (default: the host "
                   "name)");

@@ -103,6 +103,20 @@ Status CliContext::OpenStore() {
   return Status::Ok();
 }
 
+Status CliContext::OpenExistingStore() {
+  if (store_) return Status::Ok();
+  const std::string url = StoreUrl();
+  Result<std::unique_ptr<MetadataStore>> store = OpenExistingMetadataStore(url);
+  if (!store.ok() && store.status().code() == StatusCode::kNotFound) return store.status();
+  if (!store.ok()) {
+    return Status(store.status().code(),
+                  "opening the metadata store " + url + ": " + store.status().message() +
+                      " (set --store or GRANARY_STORE; `granary doctor` checks the set-up)");
+  }
+  store_ = std::move(*store);
+  return Status::Ok();
+}
+
 void CliContext::Progress(const std::string& line, bool final) {
   if (json_output()) return;
   const auto now = SteadyClock::now();

@@ -93,6 +93,9 @@ class CliContext {
   // Opens the store once (creating the directory of the embedded SQLite file);
   // the error says how to point the CLI elsewhere.
   Status OpenStore();
+  // For commands that only read: a SQLite store that does not exist is an
+  // error saying so, and nothing is created (OpenExistingMetadataStore).
+  Status OpenExistingStore();
   MetadataStore& store() { return *store_; }
 
   // A progress line on stderr: redrawn in place on a terminal; otherwise a

@@ -25,7 +25,7 @@ namespace granary::cli {
 namespace {
 
 Status NodeList(CliContext& c, const std::string& pool) {
-  GRANARY_RETURN_IF_ERROR(c.OpenStore());
+  GRANARY_RETURN_IF_ERROR(c.OpenExistingStore());
   GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c.store().ListNodes(pool));
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
@@ -61,7 +61,7 @@ Status NodeList(CliContext& c, const std::string& pool) {
 }
 
 Status PlanShow(CliContext& c, const std::string& name) {
-  GRANARY_RETURN_IF_ERROR(c.OpenStore());
+  GRANARY_RETURN_IF_ERROR(c.OpenExistingStore());
   GRANARY_ASSIGN_OR_RETURN(std::vector<PlanRecord> plans, c.store().ListPlans(name));
   if (c.json_output()) {
     Json list = Json::array();
@@ -89,7 +89,7 @@ Status PlanShow(CliContext& c, const std::string& name) {
 }
 
 Status ClusterStatus(CliContext& c) {
-  GRANARY_RETURN_IF_ERROR(c.OpenStore());
+  GRANARY_RETURN_IF_ERROR(c.OpenExistingStore());
   GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c.store().ListNodes(""));
   GRANARY_ASSIGN_OR_RETURN(std::vector<DatasetRecord> datasets, c.store().ListDatasets());
   std::map<std::string, std::pair<uint64_t, uint64_t>> pools;  // pool -> used, capacity

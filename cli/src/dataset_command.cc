@@ -413,7 +413,7 @@ Status DatasetCommand::TakeSnapshot(const std::string& name) {
 }
 
 Status DatasetCommand::List() {
-  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  GRANARY_RETURN_IF_ERROR(c_.OpenExistingStore());
   GRANARY_ASSIGN_OR_RETURN(std::vector<DatasetRecord> datasets, c_.store().ListDatasets());
   GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c_.store().ListNodes(""));
   Json list = Json::array();
@@ -441,7 +441,7 @@ Status DatasetCommand::List() {
 }
 
 Status DatasetCommand::Show(const std::string& name) {
-  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  GRANARY_RETURN_IF_ERROR(c_.OpenExistingStore());
   GRANARY_ASSIGN_OR_RETURN(DatasetRecord d, c_.store().GetDataset(name));
   GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c_.store().ListNodes(d.spec.pool));
   GRANARY_ASSIGN_OR_RETURN(auto progress, c_.store().ListProgress(name));
@@ -615,7 +615,7 @@ Status DatasetCommand::Wait(const std::string& name) {
   if (wait_for_ != "ready" && wait_for_ != "staging") {
     return Status::InvalidArgument("--for " + Quoted(wait_for_) + ": write ready or staging");
   }
-  GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+  GRANARY_RETURN_IF_ERROR(c_.OpenExistingStore());
   const auto start = SteadyClock::now();
   const auto deadline = start + *timeout;
   ProgressMeter meter(name, "chunks", start);

@@ -45,6 +45,15 @@ struct SampleFetcherCounters;
 
 namespace granary::cli {
 
+// Where cache nodes keep their chunk handoff socket (`local_socket`): the
+// example configuration's, then the Kubernetes chart's. Readers without the
+// cluster key try them in this order (`cat --direct`, `mount`).
+inline const std::vector<std::string>& DefaultLocalNodeSockets() {
+  static const std::vector<std::string> sockets = {"/run/granary/cachenode.sock",
+                                                   "/run/granary-node/cachenode.sock"};
+  return sockets;
+}
+
 struct DirectReaderOptions {
   std::string client_name = "granary-cli";
   // Read the source when no cache node can serve a sample.

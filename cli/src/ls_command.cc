@@ -175,7 +175,7 @@ Status Ls(CliContext& c, const LsOptions& o) {
   GRANARY_RETURN_IF_ERROR(ValidateDatasetName(o.dataset));
   // The path is checked before anything is read.
   GRANARY_RETURN_IF_ERROR(NormalizeDatasetPath(o.path).status());
-  GRANARY_RETURN_IF_ERROR(c.OpenStore());
+  GRANARY_RETURN_IF_ERROR(c.OpenExistingStore());
   GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, c.store().GetDataset(o.dataset));
   GRANARY_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> manifest,
                            LoadManifest(c.store(), record));

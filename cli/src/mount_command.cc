@@ -57,6 +57,8 @@ struct MountOptions {
   std::string readahead_bytes = "64MiB";
   std::string reconnect_timeout;  // default: 1s with the fallback, else 15s
   bool no_fallback = false;
+  std::string local_node_socket;  // empty: DefaultLocalNodeSockets()
+  std::string local_node;
 };
 
 // A mounted view and what it reads through, kept together for the run.
@@ -102,7 +104,7 @@ class MountCommand {
   // Store, manifest, sidecar, mount point, mount.
   Result<Mounted> MountIt() {
     GRANARY_ASSIGN_OR_RETURN(const std::string mount_point, posix::PrepareMountPoint(o_.dir));
-    GRANARY_RETURN_IF_ERROR(c_.OpenStore());
+    GRANARY_RETURN_IF_ERROR(c_.OpenExistingStore());
     Result<DatasetRecord> record = c_.store().GetDataset(o_.dataset);
     if (!record.ok()) {
       if (record.status().code() == StatusCode::kNotFound) {
@@ -179,6 +181,16 @@ class MountCommand {
       DirectReaderOptions dro;
       dro.client_name = "granary-mount/" + std::to_string(getpid());
       GRANARY_ASSIGN_OR_RETURN(dro.credentials, c_.PeerCredentials());
+      // Without the cluster key (a user other than root), nodes that require
+      // it refuse these reads: the node on this host serves them through its
+      // handoff socket, checking this user's right to each file, as for
+      // `granary cat --direct`.
+      if (c_.ClusterKeyPath().empty()) {
+        dro.local_node_sockets = o_.local_node_socket.empty()
+                                     ? DefaultLocalNodeSockets()
+                                     : std::vector<std::string>{o_.local_node_socket};
+        dro.local_node_id = o_.local_node;
+      }
       GRANARY_ASSIGN_OR_RETURN(dro.tls, c_.Tls());
       dro.fabric = c_.Fabric();
       Result<std::unique_ptr<DirectReader>> direct =
@@ -356,6 +368,14 @@ void AddMountCommand(CLI::App& app, CliContext& context) {
   mount->add_option("--reconnect-timeout", o->reconnect_timeout,
                     "How long a read retries a sidecar that went away before reading without it "
                     "(1s), or with --no-fallback before EIO (15s)");
+  mount->add_option("--local-node-socket", o->local_node_socket,
+                    "Reads without the sidecar and without the cluster key: the handoff socket "
+                    "(`local_socket`) of the cache node on this host (default " +
+                        DefaultLocalNodeSockets()[0] + ", else " + DefaultLocalNodeSockets()[1] +
+                        ")");
+  mount->add_option("--local-node", o->local_node,
+                    "Reads without the sidecar and without the cluster key: that cache node's id "
+                    "(default: the host name)");
   mount->add_flag("--no-fallback", o->no_fallback,
                   "Never read without the sidecar: when it is gone, reads fail with EIO");
   context.OnParsed(mount, [&context, o] { return MountCommand(context, *o).Run(); });

@@ -112,7 +112,7 @@ Status Validate(CliContext& c, const std::string& script_path) {
   DirectiveParse parse = ParseJobDirectives(*script);
   MetadataStore* store = nullptr;
   if (NeedsStore(parse.directives)) {
-    GRANARY_RETURN_IF_ERROR(c.OpenStore());
+    GRANARY_RETURN_IF_ERROR(c.OpenExistingStore());
     store = &c.store();
   }
   GRANARY_RETURN_IF_ERROR(CheckJobDirectives(parse, store));
@@ -193,7 +193,7 @@ Status RunNested(CliContext& c, const std::string& what, std::vector<std::string
 // {"pools": [{"id", "quantity", "granularity"}]}: each pool with a live cache
 // node and its nodes' capacity in bytes (granularity 1 byte).
 Status Pools(CliContext& c) {
-  GRANARY_RETURN_IF_ERROR(c.OpenStore());
+  GRANARY_RETURN_IF_ERROR(c.OpenExistingStore());
   GRANARY_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, c.store().ListNodes(""));
   std::map<std::string, uint64_t> capacity;
   for (const NodeRecord& n : nodes) capacity[n.pool] += n.capacity_bytes;

@@ -1,5 +1,7 @@
 #include "granary/daemon/observability.h"
 
+#include "granary/core/thread_name.h"
+
 // ObservabilityServer: cpp-httplib's server, gated by the RequestReader
 // (request_reader.h) and answered by the WorkerPool (worker_pool.h); bind
 // errors explained by listen_address.h. Declaring metrics is in
@@ -298,6 +300,7 @@ class ObservabilityServer::Impl {
   Status Listen(const std::string& what) {
     try {
       listener_ = std::thread([this] {
+        NameThisThread("http-listen");
         server_.listen_after_bind();
         std::lock_guard<std::mutex> lock(listener_mu_);
         listener_done_ = true;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "granary/core/log.h"
+#include "granary/core/thread_name.h"
 
 namespace granary::observability {
 namespace {
@@ -53,7 +54,10 @@ Result<std::unique_ptr<RequestReader>> RequestReader::Start(Limits limits, Dispa
     return Status::FromErrno(errno, "create the HTTP request reader's eventfd");
   }
   try {
-    r->thread_ = std::thread([p = r.get()] { p->Run(); });
+    r->thread_ = std::thread([p = r.get()] {
+      NameThisThread("http-reader");
+      p->Run();
+    });
   } catch (const std::system_error& e) {
     return Status::ResourceExhausted(std::string("start the HTTP request reader thread: ") +
                                      e.what() + "; raise the process's thread limit");

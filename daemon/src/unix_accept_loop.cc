@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "granary/core/thread_name.h"
 #include "granary/protocol/unix_socket.h"
 
 namespace granary {
@@ -35,7 +36,10 @@ Result<std::unique_ptr<UnixAcceptLoop>> UnixAcceptLoop::Start(int listen_fd,
   std::unique_ptr<UnixAcceptLoop> loop(
       new UnixAcceptLoop(listen_fd, connections, std::move(options), std::move(wake)));
   UnixAcceptLoop* raw = loop.get();
-  loop->thread_ = std::thread([raw] { raw->Run(); });
+  loop->thread_ = std::thread([raw] {
+    NameThisThread(raw->options_.thread_name);
+    raw->Run();
+  });
   return loop;
 }
 

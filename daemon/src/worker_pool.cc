@@ -4,12 +4,19 @@
 #include <system_error>
 #include <utility>
 
+#include "granary/core/thread_name.h"
+
 namespace granary::observability {
 
 Result<std::unique_ptr<WorkerPool>> WorkerPool::Start(int threads, size_t max_queued) {
   std::unique_ptr<WorkerPool> pool(new WorkerPool(max_queued));
   try {
-    for (int i = 0; i < threads; ++i) pool->threads_.emplace_back([p = pool.get()] { p->Run(); });
+    for (int i = 0; i < threads; ++i) {
+      pool->threads_.emplace_back([p = pool.get()] {
+        NameThisThread("http-worker");
+        p->Run();
+      });
+    }
   } catch (const std::system_error& e) {
     pool->Shutdown();
     return Status::ResourceExhausted("start " + std::to_string(threads) +

@@ -33,6 +33,7 @@
 
 #include "granary/core/log.h"
 #include "granary/core/placement.h"
+#include "granary/core/thread_name.h"
 #include "granary/fetcher/sample_fetcher.h"
 #include "granary/source/source.h"
 #include "local_chunks.h"
@@ -132,7 +133,10 @@ void RunConcurrently(size_t n, const Fn& fn) {
   threads.reserve(n > 0 ? n - 1 : 0);
   for (size_t i = 1; i < n; ++i) {
     try {
-      threads.emplace_back([&fn, i] { fn(i); });
+      threads.emplace_back([&fn, i] {
+        NameThisThread("fetch-batch");
+        fn(i);
+      });
     } catch (const std::system_error&) {
       fn(i);
     }

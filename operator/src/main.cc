@@ -20,6 +20,7 @@
 #include "granary/core/config.h"
 #include "granary/core/log.h"
 #include "granary/core/net_address.h"
+#include "granary/core/thread_name.h"
 #include "granary/daemon/daemon_main.h"
 #include "granary/daemon/observability.h"
 #include "granary/kube/kube_client.h"
@@ -359,6 +360,7 @@ int main(int argc, char** argv) {
             (*server)->address().ToString());
   std::atomic<bool> done{false};
   std::thread exporter([&] {
+    granary::NameThisThread("exporter");
     granary::kube::Operator::Counters last;
     std::map<granary::kube::RequestKind, uint64_t> last_requests;
     while (!done) {

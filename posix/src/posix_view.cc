@@ -22,6 +22,7 @@
 #include "fuse_callbacks.h"
 #include "granary/core/log.h"
 #include "granary/core/names.h"
+#include "granary/core/thread_name.h"
 
 namespace granary::posix {
 
@@ -137,11 +138,17 @@ Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
     return Status::FromErrno(err, what + ": making the FUSE device non-blocking");
   }
   if (o.readahead.window_samples > 0 && (o.pin_ahead > 0 || o.list_plans != nullptr)) {
-    view->ahead_thread_ = std::thread([v = view.get()] { v->AheadLoop(); });
+    view->ahead_thread_ = std::thread([v = view.get()] {
+      NameThisThread("pin-ahead");
+      v->AheadLoop();
+    });
   }
   view->workers_left_ = o.threads;
   for (uint32_t i = 0; i < o.threads; ++i) {
-    view->workers_.emplace_back([v = view.get()] { v->Serve(); });
+    view->workers_.emplace_back([v = view.get()] {
+      NameThisThread("fuse");
+      v->Serve();
+    });
   }
   {
     std::unique_lock<std::mutex> lock(view->state_mu_);

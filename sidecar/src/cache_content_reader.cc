@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "granary/core/thread_name.h"
+
 namespace granary::sidecar {
 namespace {
 
@@ -35,7 +37,10 @@ CacheContentReader::CacheContentReader(std::shared_ptr<SampleCache> cache, Fetch
       wait_timeout_(wait_timeout),
       reads_client_(cache_->AddClient()),
       hints_client_(cache_->AddClient()) {
-  hint_thread_ = std::thread([this] { HintLoop(); });
+  hint_thread_ = std::thread([this] {
+    NameThisThread("view-hints");
+    HintLoop();
+  });
 }
 
 CacheContentReader::~CacheContentReader() {

@@ -31,6 +31,7 @@
 #include "granary/core/log.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/names.h"
+#include "granary/core/thread_name.h"
 #include "granary/daemon/connection_threads.h"
 #include "granary/daemon/observability.h"
 #include "granary/daemon/unix_accept_loop.h"
@@ -300,7 +301,10 @@ struct Sidecar::Impl {
                                                 /*closing=*/true, sp::kHandshakeVersion);
       (void)SendWithFds(fd, error);
     };
-    o.serve = [this](uint64_t id, int fd) { ServeConnection(id, fd); };
+    o.serve = [this](uint64_t id, int fd) {
+      NameThisThread("session");
+      ServeConnection(id, fd);
+    };
     return o;
   }
 
@@ -494,9 +498,15 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
       impl->accept_loop,
       UnixAcceptLoop::Start(impl->listen_fd.get(), &impl->connections, impl->AcceptOptions()));
   for (uint32_t i = 0; i < config.fetch_threads; ++i) {
-    impl->workers.emplace_back([raw] { raw->WorkerLoop(); });
+    impl->workers.emplace_back([raw] {
+      NameThisThread("prefetch");
+      raw->WorkerLoop();
+    });
   }
-  impl->refresh_thread = std::thread([raw] { raw->RefreshLoop(); });
+  impl->refresh_thread = std::thread([raw] {
+    NameThisThread("refresh");
+    raw->RefreshLoop();
+  });
   impl->log->info("serving on {} (mode {:o}), metrics on {}, pool {}, window {} samples / {} bytes",
                   Quoted(config.socket_path), config.socket_mode,
                   impl->observability->address().ToString(), Quoted(config.pool),

@@ -11,6 +11,7 @@
 
 #include "granary/core/log.h"
 #include "granary/core/names.h"
+#include "granary/core/thread_name.h"
 
 namespace granary {
 namespace {
@@ -236,7 +237,10 @@ Result<std::unique_ptr<IdentityExecutor>> IdentityExecutor::Start(
       new IdentityExecutor(HasSwitchCapabilities(), ProcessIdentity()));
   executor->workers_.reserve(options.threads);
   for (unsigned i = 0; i < options.threads; ++i) {
-    executor->workers_.emplace_back([e = executor.get()] { e->WorkerLoop(); });
+    executor->workers_.emplace_back([e = executor.get()] {
+      NameThisThread("identity");
+      e->WorkerLoop();
+    });
   }
   GetLogger("core")->debug(
       "identity executor: {} threads, {}", options.threads,

@@ -3,6 +3,9 @@
 
 #include "granary/store/open_store.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <charconv>
 #include <limits>
 #include <set>
@@ -284,6 +287,23 @@ Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
                   colon == std::string::npos || colon == 0
                       ? std::string("there is no scheme")
                       : "unknown scheme " + Quoted(std::string_view(shown).substr(0, colon)));
+}
+
+Result<std::unique_ptr<MetadataStore>> OpenExistingMetadataStore(
+    std::string_view url, const MetadataStoreOptions& options) {
+  if (url.starts_with("sqlite://")) {
+    std::string_view path = url.substr(9);
+    path = path.substr(0, path.find('?'));
+    struct stat st {};
+    if (!path.empty() && path.front() == '/' && ::stat(std::string(path).c_str(), &st) != 0 &&
+        errno == ENOENT) {
+      return Status::NotFound("metadata store " + RedactUrl(url) +
+                              ": there is no such file, so there is nothing to read yet (a cache "
+                              "node or `granary dataset create` makes it); check --store or "
+                              "GRANARY_STORE");
+    }
+  }
+  return OpenMetadataStore(url, options);
 }
 
 }  // namespace granary

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -201,6 +202,9 @@ TEST_F(CliTest, BadInputsNameWhatWasWrong) {
       {{"frobnicate"}, kCliUsage, "frobnicate"},
       {{"dataset", "list", "-o", "yaml"}, kCliUsage, "yaml"},
   };
+  // The store exists (empty): commands that only read need one
+  // (ReadOnlyCommandsCreateNoStore covers the missing store).
+  ASSERT_NE(Store(), nullptr);
   for (const Case& c : cases) {
     CliRun r = Run(c.args);
     std::string joined;
@@ -331,6 +335,48 @@ TEST_F(CliTest, UnreachableOrBadStore) {
   EXPECT_NE(err.str().find("GRANARY_STORE"), std::string::npos) << err.str();
   code = RunCli({"--store", "mysql://x", "status"}, out, err);
   EXPECT_EQ(code, kCliUsage) << err.str();
+}
+
+// Commands that only read create nothing: against an embedded store that does
+// not exist, each says so (naming the store and who makes it) and leaves no
+// file and no directory behind; `dataset create` still makes the store.
+TEST_F(CliTest, ReadOnlyCommandsCreateNoStore) {
+  const std::string dir = dir_.Join("no/such/dir");
+  const std::string missing = "sqlite://" + dir + "/granary.db";
+  const std::string in_existing_dir = "sqlite://" + dir_.path() + "/absent.db";
+  const std::string script = dir_.Join("job.sh");
+  testing::WriteAll(script, "#!/bin/sh\n#DW persistentdw name=pets\nsrun true\n");
+  const std::vector<std::vector<std::string>> commands = {
+      {"dataset", "list"}, {"dataset", "show", "pets"}, {"dataset", "wait", "pets"},
+      {"node", "list"},    {"plan", "show", "pets"},    {"status"},
+      {"ls", "pets"},      {"cat", "pets", "a.jpg"},    {"slurm", "validate", script},
+      {"slurm", "pools"}};
+  for (const std::string& url : {missing, in_existing_dir}) {
+    for (std::vector<std::string> args : commands) {
+      SCOPED_TRACE(url + " " + args.front() + (args.size() > 1 ? " " + args[1] : ""));
+      args.insert(args.begin(), {"--store", url});
+      std::ostringstream out;
+      std::ostringstream err;
+      const int code = RunCli(args, out, err);
+      EXPECT_NE(code, kCliOk) << out.str();
+      EXPECT_NE(err.str().find("there is no such file"), std::string::npos) << err.str();
+      EXPECT_NE(err.str().find("granary dataset create"), std::string::npos) << err.str();
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("no")));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("absent.db")));
+  // A script without persistentdw needs no store: valid, and still nothing made.
+  testing::WriteAll(script, "#!/bin/sh\nsrun true\n");
+  std::ostringstream out;
+  std::ostringstream err;
+  EXPECT_EQ(RunCli({"--store", missing, "slurm", "validate", script}, out, err), kCliOk)
+      << err.str();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("no")));
+  // Creating a dataset makes the store, directory and all.
+  CliRun r = Run({"dataset", "create", "pets", "--source", source_});
+  EXPECT_EQ(r.code, kCliOk) << r.err;
+  r = Run({"dataset", "show", "pets"});
+  EXPECT_EQ(r.code, kCliOk) << r.err;
 }
 
 TEST_F(CliTest, RootSnapshotsAsTheOwner) {

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "granary/core/log.h"
+#include "granary/core/thread_name.h"
 
 namespace granary::kube {
 namespace {
@@ -22,7 +23,10 @@ Informer::~Informer() { Stop(); }
 
 void Informer::Start() {
   stop_ = false;
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameThisThread("informer");
+    Run();
+  });
 }
 
 void Informer::Stop() {

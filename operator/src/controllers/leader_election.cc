@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "granary/core/log.h"
+#include "granary/core/thread_name.h"
 
 namespace granary::kube {
 
@@ -17,7 +18,10 @@ LeaderElector::~LeaderElector() { Stop(); }
 
 void LeaderElector::Start() {
   stop_ = false;
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameThisThread("leader-elect");
+    Run();
+  });
 }
 
 void LeaderElector::Stop() {

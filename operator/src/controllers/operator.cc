@@ -11,6 +11,7 @@
 
 #include "controller_context.h"
 #include "granary/core/log.h"
+#include "granary/core/thread_name.h"
 #include "granary/operator/informer.h"
 #include "granary/operator/leader_election.h"
 #include "granary/operator/resources.h"
@@ -112,9 +113,17 @@ class Operator::Impl {
       elector_->Start();
     }
     for (int i = 0; i < std::max(1, options_.workers); ++i) {
-      workers_.emplace_back([this] { Work(); });
+      workers_.emplace_back([this] {
+        NameThisThread("reconcile");
+        Work();
+      });
     }
-    if (options_.webhook) registrar_thread_ = std::thread([this] { Register(); });
+    if (options_.webhook) {
+      registrar_thread_ = std::thread([this] {
+        NameThisThread("registrar");
+        Register();
+      });
+    }
     return Status::Ok();
   }
 

@@ -15,6 +15,8 @@
 #include <thread>
 #include <utility>
 
+#include "granary/core/thread_name.h"
+
 namespace granary::kube {
 
 namespace asio = boost::asio;
@@ -337,7 +339,10 @@ Result<std::unique_ptr<WebhookServer>> WebhookServer::Start(WebhookServerOptions
     return Status::Unavailable("webhook server: the listener has no address: " + ec.message());
   impl->Accept();
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->io->run(); });
+  impl->thread = std::thread([raw] {
+    NameThisThread("webhook");
+    raw->io->run();
+  });
   return std::unique_ptr<WebhookServer>(new WebhookServer(std::move(impl)));
 }
 

@@ -503,10 +503,13 @@ TEST_F(HelmChartTest, UpgradeRollsTheOperatorAndKeepsTheDataset) {
   ASSERT_FALSE(after.empty());
   EXPECT_NE(after, before) << "the pod on gpu-node-1 was not replaced";
   ASSERT_OK(WaitRealOperatorReady(after, seconds(60)));
-  // The new process logs at debug.
+  // The new process logs at debug (its first reconcile may come a moment
+  // after it is ready: the log is polled, bounded).
   for (const RunningContainer& c : runner_->Running()) {
     if (c.pod == after) {
-      EXPECT_THAT(ReadAll(c.log_path), HasSubstr(" debug ["));
+      EXPECT_TRUE(testing::WaitFor(
+          [&] { return ReadAll(c.log_path).find(" debug [") != std::string::npos; }, seconds(30)))
+          << ReadAll(c.log_path);
     }
   }
   // The Dataset is still Ready with the same manifest, and the new leader reconciles it.

@@ -314,7 +314,8 @@ TEST_F(KubeClusterTest, PodRunnerRunsAGranaryPodFromItsSpecAndStopsItWhenDeleted
       "data_dir: /var/lib/granary-kube-test/data\n"
       "capacity: 64MiB\n"
       "metadata_store: sqlite:///var/lib/granary-kube-test/store/granary.db\n"
-      "heartbeat_interval: 1s\n";
+      "heartbeat_interval: 1s\n"
+      "serve_without_authentication: true\n";  // loopback, one test
   const std::string mount_dir = "/etc/granary-kube-test";
   ASSERT_FALSE(std::filesystem::exists(mount_dir)) << "left over by an earlier run: " << mount_dir;
 
@@ -429,7 +430,7 @@ TEST_F(KubeClusterTest, PodRunnerRunsInitContainersInOrderAndNativeSidecars) {
                              "\nmetrics_listen: 127.0.0.1:" + std::to_string(metrics_port) +
                              "\ndata_dir: " + host.Join("data") +
                              "\ncapacity: 64MiB\nmetadata_store: sqlite://" +
-                             host.Join("granary.db") + "\n";
+                             host.Join("granary.db") + "\nserve_without_authentication: true\n";
   MustKubectl({"create", "namespace", "sidecars"});
   MustKubectl(
       {"create", "configmap", "node", "-n", "sidecars", "--from-literal=cachenode.yaml=" + config});

@@ -33,6 +33,8 @@ namespace granary {
 struct UnixAcceptLoopOptions {
   // Names the socket in logs: "the sidecar socket '/run/granary/sidecar.sock'".
   std::string socket_name = "the socket";
+  // The accept thread's name (thread_name.h; at most 15 bytes).
+  std::string thread_name = "accept";
   std::shared_ptr<spdlog::logger> log;  // default: GetLogger("daemon")
   ConnectionLimits limits;
   // Peers besides root and this process's uid that pass the per-uid and

@@ -34,4 +34,11 @@ namespace granary {
 Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
                                                          const MetadataStoreOptions& options = {});
 
+// As OpenMetadataStore, for callers that only read (`granary dataset show`,
+// `node list`, `slurm validate`, ...): a SQLite store whose file does not
+// exist is kNotFound saying so, and nothing is created, neither the file nor
+// its directory. A Redis URL opens as above.
+Result<std::unique_ptr<MetadataStore>> OpenExistingMetadataStore(
+    std::string_view url, const MetadataStoreOptions& options = {});
+
 }  // namespace granary
