@@ -55,7 +55,7 @@ bool IsDirectiveLine(const std::vector<std::string_view>& lines, int line) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace granary;
-  using namespace granary::cli;
+  using namespace granary::slurm;
   std::string_view script(reinterpret_cast<const char*>(data), size);
   DirectiveParse parse = ParseJobDirectives(script);
   std::vector<std::string_view> lines = Lines(script);

@@ -167,14 +167,10 @@ class CliClusterTest : public ::testing::Test {
 
   SidecarProcess& StartSidecar(const std::string& extra_yaml = "") {
     SidecarOptions o;
-    o.store_url = cluster_->store_url();
-    o.arena_bytes = "32MiB";
-    o.window_bytes = "2MiB";
     o.extra_yaml = extra_yaml;
-    const std::string dir = cluster_->dir().Join("sidecar");
-    std::filesystem::create_directories(dir);
-    sidecar_ = std::make_unique<SidecarProcess>(o, dir);
-    EXPECT_OK(sidecar_->StartAndWaitReady());
+    auto sidecar = testing::StartClusterSidecar(*cluster_, o);
+    EXPECT_OK(sidecar);
+    if (sidecar.ok()) sidecar_ = std::move(*sidecar);
     return *sidecar_;
   }
 

@@ -34,14 +34,10 @@ class SessionIntegrationTest : public ::testing::Test {
     ASSERT_OK(cluster_->StartNodes(2));
     ds_ = CreateDataset("ds", 200);
     SidecarOptions o;
-    o.store_url = cluster_->store_url();
     o.local_node_id = cluster_->node(0).id();
-    o.arena_bytes = "32MiB";  // at least window_bytes + 16MiB
-    o.window_bytes = "2MiB";
-    const std::string dir = cluster_->dir().Join("sidecar");
-    std::filesystem::create_directories(dir);
-    sidecar_ = std::make_unique<SidecarProcess>(o, dir);
-    ASSERT_OK(sidecar_->StartAndWaitReady());
+    auto sidecar = testing::StartClusterSidecar(*cluster_, o);
+    ASSERT_OK(sidecar);
+    sidecar_ = std::move(*sidecar);
   }
 
   TestDataset CreateDataset(const std::string& name, size_t files) {

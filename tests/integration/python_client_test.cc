@@ -114,13 +114,11 @@ class PythonClientTest : public ::testing::Test {
 
   // A sidecar for the cluster's pool, preferring node-1 as its local node.
   void StartSidecar(SidecarOptions o = {}) {
-    o.store_url = cluster_->store_url();
     if (o.local_node_id.empty()) o.local_node_id = cluster_->node(0).id();
-    o.arena_bytes = "32MiB";  // at least window_bytes + 16MiB
     if (o.window_bytes == SidecarOptions{}.window_bytes) o.window_bytes = "4MiB";
-    sidecar_ = std::make_unique<SidecarProcess>(o, cluster_->dir().Join("sidecar"));
-    std::filesystem::create_directories(cluster_->dir().Join("sidecar"));
-    ASSERT_OK(sidecar_->StartAndWaitReady());
+    auto sidecar = testing::StartClusterSidecar(*cluster_, o);
+    ASSERT_OK(sidecar);
+    sidecar_ = std::move(*sidecar);
   }
 
   // /usr/bin/python3 tests/python/<script> <args>, its output in a log.

@@ -136,15 +136,11 @@ TEST(ThreadNamesTest, EveryThreadOfARunningNodeAndSidecarIsOneTheDocLists) {
   ASSERT_OK(ds);
 
   testing::SidecarOptions o;
-  o.store_url = (*cluster)->store_url();
   o.local_node_id = node.id();
-  o.arena_bytes = "32MiB";
-  o.window_bytes = "2MiB";
   o.extra_yaml = "local_node_socket: " + handoff + "\n";
-  const std::string dir = (*cluster)->dir().Join("sidecar");
-  std::filesystem::create_directories(dir);
-  testing::SidecarProcess sidecar(o, dir);
-  ASSERT_OK(sidecar.StartAndWaitReady());
+  auto started = testing::StartClusterSidecar(**cluster, o);
+  ASSERT_OK(started);
+  testing::SidecarProcess& sidecar = **started;
 
   // A client reads every sample: sessions, prefetch and the handoff run.
   client::SessionOptions so;

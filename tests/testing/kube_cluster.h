@@ -57,6 +57,8 @@
 // own thread); while RestartApiServer runs they fail or time out like any
 // client of a stopped API server.
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -230,5 +232,53 @@ class KubeCluster {
 KubectlResult RunProgram(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                          const std::string& stdin_text, const std::string& scratch_dir,
                          std::chrono::milliseconds timeout);
+
+// The life of a Kubernetes suite whose cases share what SetUpTestSuite starts
+// (a control plane, a KubeSuite, servers): derive `class S : public
+// SharedKubeTest<S>` and define in S
+//   static Status StartShared();      // the shared fixtures; an error fails every case
+//   static void StopShared();         // in TearDownTestSuite, also after a failed start
+//   static void PrintLogsIfFailed();  // after each case (the fixtures print once)
+// and optionally `static std::string SkipReason()` (non-empty: skip every case).
+// Every case is skipped, saying why, when the Kubernetes tools are not built,
+// and fails with the start's error when the start failed.
+template <typename Suite>
+class SharedKubeTest : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    Skip().clear();  // a derived suite runs this again
+    Error().clear();
+    if (std::string why = Suite::SkipReason(); !why.empty()) {
+      Skip() = why;
+      return;
+    }
+    Result<std::string> tools = KubeCluster::ToolsDir();
+    if (!tools.ok()) {
+      Skip() = tools.status().ToString();
+      return;
+    }
+    Status started = Suite::StartShared();
+    if (!started.ok()) Error() = started.ToString();
+  }
+  static void TearDownTestSuite() { Suite::StopShared(); }
+  static std::string SkipReason() { return {}; }
+
+ protected:
+  void SetUp() override {
+    if (!Skip().empty()) GTEST_SKIP() << Skip();
+    ASSERT_TRUE(Error().empty()) << Error();
+  }
+  void TearDown() override { Suite::PrintLogsIfFailed(); }
+
+ private:
+  static std::string& Skip() {
+    static std::string why;
+    return why;
+  }
+  static std::string& Error() {
+    static std::string why;
+    return why;
+  }
+};
 
 }  // namespace granary::testing

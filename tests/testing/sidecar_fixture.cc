@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <memory>
 #include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -85,6 +88,21 @@ std::string SidecarProcess::ConfigYaml() {
     << "log_level: " << o.log_level << "\n"
     << o.extra_yaml;
   return y.str();
+}
+
+Result<std::unique_ptr<SidecarProcess>> StartClusterSidecar(CacheCluster& cluster, SidecarOptions o,
+                                                            const std::string& name) {
+  const SidecarOptions defaults;
+  if (o.store_url.empty()) o.store_url = cluster.store_url();
+  if (o.arena_bytes == defaults.arena_bytes) o.arena_bytes = "32MiB";  // >= window + 16MiB
+  if (o.window_bytes == defaults.window_bytes) o.window_bytes = "2MiB";
+  const std::string dir = cluster.dir().Join(name);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::FromErrno(ec.value(), "creating " + dir);
+  auto sidecar = std::make_unique<SidecarProcess>(std::move(o), dir);
+  GRANARY_RETURN_IF_ERROR(sidecar->StartAndWaitReady());
+  return sidecar;
 }
 
 }  // namespace granary::testing

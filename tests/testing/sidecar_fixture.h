@@ -40,6 +40,17 @@ struct SidecarOptions {
   std::string extra_yaml;  // appended as is ("key: value\n" lines)
 };
 
+class SidecarProcess;
+
+// The sidecar most suites start once their cluster is up (nodes started, a
+// dataset made with CacheCluster::CreateDataset, which waits for Ready): for
+// the cluster's store (unless `o` names another), with a small window (2 MiB
+// in a 32 MiB arena, unless `o` sets them), in <cluster dir>/<name>; started
+// and ready. The local node is `o`'s to choose (usually cluster.node(0).id()).
+Result<std::unique_ptr<SidecarProcess>> StartClusterSidecar(CacheCluster& cluster,
+                                                            SidecarOptions o = {},
+                                                            const std::string& name = "sidecar");
+
 class SidecarProcess : public TestDaemon {
  public:
   SidecarProcess(SidecarOptions options, std::string dir);

@@ -42,35 +42,22 @@ const std::string kExamples = kSource + "/examples/kubernetes";
 // A namespace with no grant annotations (made in SetUpTestSuite).
 constexpr char kNoGrants[] = "no-grants";
 
-class CrdValidationTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    Result<std::string> tools = KubeCluster::ToolsDir();
-    if (!tools.ok()) {
-      skip_reason_ = new std::string(tools.status().ToString());
-      return;
-    }
-    Result<std::unique_ptr<KubeCluster>> cluster = KubeCluster::Start();
-    if (!cluster.ok()) {
-      setup_error_ = new std::string(cluster.status().ToString());
-      return;
-    }
-    cluster_ = cluster->release();
-    Status installed = Install();
-    if (!installed.ok()) setup_error_ = new std::string(installed.ToString());
+class CrdValidationTest : public SharedKubeTest<CrdValidationTest> {
+ public:
+  static Status StartShared() {
+    GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<KubeCluster> cluster, KubeCluster::Start());
+    cluster_ = cluster.release();
+    return Install();
   }
-  static void TearDownTestSuite() {
+  static void StopShared() {
     delete cluster_;
     cluster_ = nullptr;
   }
-  void SetUp() override {
-    if (skip_reason_ != nullptr) GTEST_SKIP() << *skip_reason_;
-    ASSERT_EQ(setup_error_, nullptr) << *setup_error_;
-  }
-  void TearDown() override {
+  static void PrintLogsIfFailed() {
     if (cluster_ != nullptr) cluster_->PrintLogsIfTestFailed();
   }
 
+ protected:
   // The CRDs and the policy, as `helm install` and an admin would: the CRDs
   // established, the team namespace of the examples with its grants, a
   // namespace without grants, and the policy in force.
@@ -133,13 +120,9 @@ class CrdValidationTest : public ::testing::Test {
   static KubeCluster& cluster() { return *cluster_; }
 
   static KubeCluster* cluster_;
-  static std::string* skip_reason_;
-  static std::string* setup_error_;
 };
 
 KubeCluster* CrdValidationTest::cluster_ = nullptr;
-std::string* CrdValidationTest::skip_reason_ = nullptr;
-std::string* CrdValidationTest::setup_error_ = nullptr;
 
 // One change to an example object, and what the refusal must say (the field
 // path first).

@@ -54,14 +54,9 @@ using std::chrono::seconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-class OperatorTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    Result<std::string> tools = KubeCluster::ToolsDir();
-    if (!tools.ok()) {
-      skip_ = new std::string(tools.status().ToString());
-      return;
-    }
+class OperatorTest : public SharedKubeTest<OperatorTest> {
+ public:
+  static Status StartShared() {
     KubeSuiteOptions o;
     o.source_dir = GRANARY_SOURCE_DIR;
     o.pod_bin_dir = GRANARY_POD_BIN_DIR;
@@ -69,21 +64,19 @@ class OperatorTest : public ::testing::Test {
     o.transport = "libfabric";
     suite_ = new KubeSuite(o);
     Status s = suite_->Start();
-    if (!s.ok()) error_ = new std::string(s.ToString() + "\n" + suite_->OperatorLogs());
+    if (!s.ok()) return Status(s.code(), s.message() + "\n" + suite_->OperatorLogs());
+    return Status::Ok();
   }
-  static void TearDownTestSuite() {
+  static void StopShared() {
     if (suite_ != nullptr) suite_->PrintLogsIfTestFailed();
     delete suite_;
     suite_ = nullptr;
   }
-  void SetUp() override {
-    if (skip_ != nullptr) GTEST_SKIP() << *skip_;
-    ASSERT_EQ(error_, nullptr) << *error_;
-  }
-  void TearDown() override {
+  static void PrintLogsIfFailed() {
     if (suite_ != nullptr) suite_->PrintLogsIfTestFailed();
   }
 
+ protected:
   static KubeCluster& cluster() { return suite_->cluster(); }
 
   static std::string Kubectl(const std::vector<std::string>& args, const std::string& in = "") {
@@ -164,8 +157,6 @@ class OperatorTest : public ::testing::Test {
   }
 
   static inline KubeSuite* suite_ = nullptr;
-  static inline std::string* skip_ = nullptr;
-  static inline std::string* error_ = nullptr;
 };
 
 TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {

@@ -95,76 +95,51 @@ std::string SignJwt(const json& claims, EVP_PKEY* key) {
   return signing_input + "." + Base64Url(signature);
 }
 
-class TokenAuthTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    Result<std::string> tools = KubeCluster::ToolsDir();
-    if (!tools.ok()) {
-      skip_ = new std::string(tools.status().ToString());
-      return;
-    }
+class TokenAuthTest : public SharedKubeTest<TokenAuthTest> {
+ public:
+  static Status StartShared() {
     auto cluster = KubeCluster::Start();
-    if (!cluster.ok()) {
-      error_ = new std::string("control plane: " + cluster.status().ToString());
-      return;
-    }
+    if (!cluster.ok()) return cluster.status().WithContext("control plane");
     kube_ = cluster->release();
     for (const char* ns : {"team-a", "team-b"}) {
       KubectlResult r = kube_->Kubectl({"create", "namespace", ns});
       KubectlResult sa = kube_->Kubectl({"create", "serviceaccount", "trainer", "-n", ns});
       if (!r.ok() || !sa.ok()) {
-        error_ = new std::string("namespaces: " + r.Describe() + sa.Describe());
-        return;
+        return Status::Unavailable("namespaces: " + r.Describe() + sa.Describe());
       }
     }
-    auto caches = CacheCluster::Create();
-    if (!caches.ok()) {
-      error_ = new std::string(caches.status().ToString());
-      return;
-    }
-    cache_ = caches->release();
+    GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<CacheCluster> caches, CacheCluster::Create());
+    cache_ = caches.release();
     // The node checks tokens with the API server, as the cluster's admin here
     // (in a pod: its ServiceAccount, allowed to create TokenReviews).
     CacheNodeOptions node;
     node.extra_yaml = "kubernetes_auth: " + kube_->kubeconfig_path() + "\n";
-    if (Status s = cache_->StartNodes(1, node); !s.ok()) {
-      error_ = new std::string(s.ToString());
-      return;
-    }
+    GRANARY_RETURN_IF_ERROR(cache_->StartNodes(1, node));
     for (const char* ns : {"team-a", "team-b"}) {
       DatasetOptions o;
       o.name = std::string(ns) + "-images";
       o.files = 40;
       o.kubernetes_namespace = ns;
-      auto ds = cache_->CreateDataset(o);
-      if (!ds.ok()) {
-        error_ = new std::string(ds.status().ToString());
-        return;
-      }
-      datasets_->push_back(std::move(*ds));
+      GRANARY_ASSIGN_OR_RETURN(TestDataset ds, cache_->CreateDataset(o));
+      datasets_->push_back(std::move(ds));
     }
     for (const TestDataset& ds : *datasets_) {
-      if (auto ready = cache_->WaitForPhase(ds.name, DatasetPhase::kReady, 60s); !ready.ok()) {
-        error_ = new std::string(ready.status().ToString());
-        return;
-      }
+      GRANARY_RETURN_IF_ERROR(cache_->WaitForPhase(ds.name, DatasetPhase::kReady, 60s).status());
     }
+    return Status::Ok();
   }
-  static void TearDownTestSuite() {
+  static void StopShared() {
     delete cache_;
     delete kube_;
     cache_ = nullptr;
     kube_ = nullptr;
     datasets_->clear();
   }
-  void SetUp() override {
-    if (skip_ != nullptr) GTEST_SKIP() << *skip_;
-    ASSERT_EQ(error_, nullptr) << *error_;
-  }
-  void TearDown() override {
+  static void PrintLogsIfFailed() {
     if (kube_ != nullptr) kube_->PrintLogsIfTestFailed();
   }
 
+ protected:
   // TokenRequest: a token of ServiceAccount trainer in `ns`.
   static std::string RequestToken(const std::string& ns, const std::string& audience) {
     KubectlResult r = kube_->Kubectl(
@@ -231,8 +206,6 @@ class TokenAuthTest : public ::testing::Test {
   static const TestDataset& TeamA() { return datasets_->at(0); }
   static const TestDataset& TeamB() { return datasets_->at(1); }
 
-  static inline std::string* skip_ = nullptr;
-  static inline std::string* error_ = nullptr;
   static inline KubeCluster* kube_ = nullptr;
   static inline CacheCluster* cache_ = nullptr;
   static inline std::vector<TestDataset>* datasets_ = new std::vector<TestDataset>();

@@ -68,17 +68,12 @@ std::string EnvValue(const json& container, const std::string& name) {
   return var != nullptr ? var->value("value", "<valueFrom>") : "<unset>";
 }
 
-class TrainingPodTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (kAsanBuild) {
-      skip_reason_ = new std::string("an ASan build's Python module cannot be loaded by python3");
-      return;
-    }
-    if (Result<std::string> tools = KubeCluster::ToolsDir(); !tools.ok()) {
-      skip_reason_ = new std::string(tools.status().ToString());
-      return;
-    }
+class TrainingPodTest : public SharedKubeTest<TrainingPodTest> {
+ public:
+  static std::string SkipReason() {
+    return kAsanBuild ? "an ASan build's Python module cannot be loaded by python3" : "";
+  }
+  static Status StartShared() {
     webhook_port_ = FreeTcpPort();
     KubeSuiteOptions o;
     o.source_dir = GRANARY_SOURCE_DIR;
@@ -94,10 +89,7 @@ class TrainingPodTest : public ::testing::Test {
                         "--webhook-cert-ip=127.0.0.1"};
     suite_ = new KubeSuite(o);
     Status up = suite_->Start();
-    if (!up.ok()) {
-      setup_error_ = new std::string(up.ToString() + "\n" + suite_->OperatorLogs());
-      return;
-    }
+    if (!up.ok()) return Status(up.code(), up.message() + "\n" + suite_->OperatorLogs());
     // The source: files of 1..48 KiB in 8 class folders, random bytes.
     std::mt19937_64 rng(17);
     std::vector<std::pair<std::string, std::string>> files;
@@ -108,22 +100,18 @@ class TrainingPodTest : public ::testing::Test {
                          std::move(bytes));
     }
     suite_->WriteSource("e2e/train", files);
+    return Status::Ok();
   }
-
-  static void TearDownTestSuite() {
+  static void StopShared() {
     if (suite_ != nullptr) suite_->PrintLogsIfTestFailed();
     delete suite_;
     suite_ = nullptr;
   }
-
-  void SetUp() override {
-    if (skip_reason_ != nullptr) GTEST_SKIP() << *skip_reason_;
-    ASSERT_EQ(setup_error_, nullptr) << *setup_error_;
-  }
-  void TearDown() override {
-    if (HasFailure() && suite_ != nullptr) suite_->PrintLogsIfTestFailed();
+  static void PrintLogsIfFailed() {
+    if (suite_ != nullptr) suite_->PrintLogsIfTestFailed();
   }
 
+ protected:
   static KubeCluster& cluster() { return suite_->cluster(); }
   static std::string Source() { return suite_->datasets() + "/e2e/train"; }
 
@@ -167,8 +155,6 @@ class TrainingPodTest : public ::testing::Test {
 
   static inline KubeSuite* suite_ = nullptr;
   static inline uint16_t webhook_port_ = 0;
-  static inline std::string* skip_reason_ = nullptr;
-  static inline std::string* setup_error_ = nullptr;
 };
 
 TEST_F(TrainingPodTest, AJobReadsEveryEpochSampleThroughItsInjectedSidecar) {

@@ -68,32 +68,21 @@ const json* FindNamed(const json& list, const std::string& name) {
   return nullptr;
 }
 
-class WebhookTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    Result<std::string> tools = KubeCluster::ToolsDir();
-    if (!tools.ok()) {
-      skip_reason_ = new std::string(tools.status().ToString());
-      return;
-    }
-    Status set_up = SetUpAll();
-    if (!set_up.ok()) setup_error_ = new std::string(set_up.ToString());
-  }
-  static void TearDownTestSuite() {
+class WebhookTest : public SharedKubeTest<WebhookTest> {
+ public:
+  static Status StartShared() { return SetUpAll(); }
+  static void StopShared() {
     if (server_ != nullptr) server_->Stop();
     delete server_;
     server_ = nullptr;
     delete cluster_;
     cluster_ = nullptr;
   }
-  void SetUp() override {
-    if (skip_reason_ != nullptr) GTEST_SKIP() << *skip_reason_;
-    ASSERT_EQ(setup_error_, nullptr) << *setup_error_;
-  }
-  void TearDown() override {
+  static void PrintLogsIfFailed() {
     if (cluster_ != nullptr) cluster_->PrintLogsIfTestFailed();
   }
 
+ protected:
   static Status SetUpAll() {
     GRANARY_ASSIGN_OR_RETURN(std::unique_ptr<KubeCluster> cluster, KubeCluster::Start());
     cluster_ = cluster.release();
@@ -196,8 +185,6 @@ class WebhookTest : public ::testing::Test {
   static inline WebhookServer* server_ = nullptr;
   // Requests the API server sent to the test's webhook.
   static inline std::atomic<int> calls_{0};
-  static inline std::string* skip_reason_ = nullptr;
-  static inline std::string* setup_error_ = nullptr;
 };
 
 TEST_F(WebhookTest, LabelledPodIsStoredWithTheSidecarEnvAndAffinityAndIsScheduled) {
