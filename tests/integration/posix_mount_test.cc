@@ -499,8 +499,12 @@ TEST_F(PosixMountTest, AStaleMountFromACrashIsCleanedByTheNextStart) {
   ASSERT_EQ(errno, ENOTCONN) << "a stale mount";
   auto next = StartCli(MountArgs(mnt), "next.log");
   ASSERT_NE(next, nullptr);
+  // Mounted again once the dataset's files are there: between the stale
+  // mount's detach and the new mount, the directory is empty (and the mount
+  // table may still list the stale one).
+  const std::string file = mnt + "/" + ds_.manifest->PathOf(5);
   ASSERT_TRUE(testing::WaitFor(
-      [&] { return (Mounted(mnt) && stat(mnt.c_str(), &st) == 0) || !next->Running(); },
+      [&] { return (Mounted(mnt) && stat(file.c_str(), &st) == 0) || !next->Running(); },
       seconds(30)))
       << next->LogTail();
   EXPECT_NE(next->ReadLog().find("stale mount"), std::string::npos) << next->LogTail();
