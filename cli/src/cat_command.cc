@@ -242,14 +242,7 @@ class Cat {
     // Without the cluster key, nodes that require it refuse this user: the
     // node on this host serves it through its handoff socket, checking its uid.
     const bool keyless = c_.ClusterKeyPath().empty();
-    if (keyless) {
-      if (o_.local_node_socket.empty()) {
-        ro.local_node_sockets = DefaultLocalNodeSockets();
-      } else {
-        ro.local_node_sockets = {o_.local_node_socket};
-      }
-      ro.local_node_id = o_.local_node;
-    }
+    if (keyless) ReadThroughLocalHandoff(&ro, o_.local_node_socket, o_.local_node);
     GRANARY_ASSIGN_OR_RETURN(ro.tls, c_.Tls());
     ro.fabric = c_.Fabric();
     Result<std::unique_ptr<DirectReader>> reader =

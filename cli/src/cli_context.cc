@@ -49,8 +49,7 @@ std::string CliContext::ClusterKeyPath() const {
   if (env != nullptr && *env != '\0') return env;
   // The default place, when this user may read it; other users read
   // without a key (a node that requires one refuses them, saying so).
-  if (::access(kDefaultClusterKeyFile, R_OK) == 0) return kDefaultClusterKeyFile;
-  return {};
+  return ReadableDefaultClusterKeyPath();
 }
 
 std::string CliContext::TlsCaPath() const {
@@ -85,29 +84,24 @@ Result<ClientCredentials> CliContext::PeerCredentials() const {
   return credentials;
 }
 
-Status CliContext::OpenStore() {
+Status CliContext::OpenStore() { return Open(/*create=*/true); }
+
+Status CliContext::OpenExistingStore() { return Open(/*create=*/false); }
+
+Status CliContext::Open(bool create) {
   if (store_) return Status::Ok();
   const std::string url = StoreUrl();
-  if (url.rfind("sqlite://", 0) == 0) {
+  if (create && url.rfind("sqlite://", 0) == 0) {
     // The embedded store's directory is created on first use.
     const std::string path = url.substr(std::strlen("sqlite://"));
     CreateParentDirectories(path.substr(0, path.find('?')));
   }
-  Result<std::unique_ptr<MetadataStore>> store = OpenMetadataStore(url);
-  if (!store.ok()) {
-    return Status(store.status().code(),
-                  "opening the metadata store " + url + ": " + store.status().message() +
-                      " (set --store or GRANARY_STORE; `granary doctor` checks the set-up)");
+  Result<std::unique_ptr<MetadataStore>> store =
+      create ? OpenMetadataStore(url) : OpenExistingMetadataStore(url);
+  // A store that does not exist yet says so, naming it, and who makes it.
+  if (!store.ok() && !create && store.status().code() == StatusCode::kNotFound) {
+    return store.status();
   }
-  store_ = std::move(*store);
-  return Status::Ok();
-}
-
-Status CliContext::OpenExistingStore() {
-  if (store_) return Status::Ok();
-  const std::string url = StoreUrl();
-  Result<std::unique_ptr<MetadataStore>> store = OpenExistingMetadataStore(url);
-  if (!store.ok() && store.status().code() == StatusCode::kNotFound) return store.status();
   if (!store.ok()) {
     return Status(store.status().code(),
                   "opening the metadata store " + url + ": " + store.status().message() +

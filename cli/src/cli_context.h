@@ -120,6 +120,8 @@ class CliContext {
   }
 
  private:
+  // OpenStore (create: true) and OpenExistingStore.
+  Status Open(bool create);
   std::ostream& out_;
   std::ostream& err_;
   const bool interactive_;

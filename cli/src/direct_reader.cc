@@ -157,4 +157,11 @@ sidecar::SampleFetcherCounters DirectReader::counters() const {
   return state_->fetcher->counters();
 }
 
+void ReadThroughLocalHandoff(DirectReaderOptions* options, const std::string& socket,
+                             const std::string& node) {
+  options->local_node_sockets =
+      socket.empty() ? DefaultLocalNodeSockets() : std::vector<std::string>{socket};
+  options->local_node_id = node;
+}
+
 }  // namespace granary::cli

@@ -54,6 +54,14 @@ inline const std::vector<std::string>& DefaultLocalNodeSockets() {
   return sockets;
 }
 
+struct DirectReaderOptions;
+// For a reader without the cluster key (nodes that require it refuse it):
+// read through the handoff socket of this host's cache node, which checks the
+// caller's rights; `socket` (empty: DefaultLocalNodeSockets()) and `node`
+// (empty: the host name) as the command line gave them.
+void ReadThroughLocalHandoff(DirectReaderOptions* options, const std::string& socket,
+                             const std::string& node);
+
 struct DirectReaderOptions {
   std::string client_name = "granary-cli";
   // Read the source when no cache node can serve a sample.

@@ -183,23 +183,18 @@ class Doctor {
                     : std::getenv("GRANARY_STORE") != nullptr ? "$GRANARY_STORE"
                                                               : "the default") +
         ")";
-    if (sqlite) {
-      // Do not create the embedded store by looking at it.
-      std::string path = url_.substr(std::strlen("sqlite://"));
-      path = path.substr(0, path.find('?'));
-      struct stat st {};
-      if (!path.empty() && path[0] == '/' && stat(path.c_str(), &st) != 0 && errno == ENOENT) {
-        Add("store", Verdict::kWarn,
-            url_ + where + ": the file does not exist yet; it is created on first use",
-            "`granary dataset create` creates it; cache nodes and sidecars on this host must "
-            "name the same file in metadata_store");
-        return;
-      }
-    }
     MetadataStoreOptions options;
     options.connect_timeout = kCheckTimeout;
     options.retry_budget = kCheckTimeout;
-    Result<std::unique_ptr<MetadataStore>> store = OpenMetadataStore(url_, options);
+    // Looking at the embedded store does not create it.
+    Result<std::unique_ptr<MetadataStore>> store = OpenExistingMetadataStore(url_, options);
+    if (!store.ok() && sqlite && store.status().code() == StatusCode::kNotFound) {
+      Add("store", Verdict::kWarn,
+          url_ + where + ": the file does not exist yet; it is created on first use",
+          "`granary dataset create` creates it; cache nodes and sidecars on this host must "
+          "name the same file in metadata_store");
+      return;
+    }
     if (!store.ok()) {
       const Status& s = store.status();
       std::string fix;

@@ -186,10 +186,7 @@ class MountCommand {
       // handoff socket, checking this user's right to each file, as for
       // `granary cat --direct`.
       if (c_.ClusterKeyPath().empty()) {
-        dro.local_node_sockets = o_.local_node_socket.empty()
-                                     ? DefaultLocalNodeSockets()
-                                     : std::vector<std::string>{o_.local_node_socket};
-        dro.local_node_id = o_.local_node;
+        ReadThroughLocalHandoff(&dro, o_.local_node_socket, o_.local_node);
       }
       GRANARY_ASSIGN_OR_RETURN(dro.tls, c_.Tls());
       dro.fabric = c_.Fabric();

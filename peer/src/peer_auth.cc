@@ -104,6 +104,10 @@ Result<ClusterKeys> ClusterKeys::FromKeys(std::vector<std::string> keys) {
   return out;
 }
 
+std::string ReadableDefaultClusterKeyPath() {
+  return ::access(kDefaultClusterKeyPath, R_OK) == 0 ? kDefaultClusterKeyPath : "";
+}
+
 Result<ClusterKeys> ClusterKeys::Load(const std::string& path) {
   const std::string what = "cluster key file " + Quoted(path);
   // Symbolic links are followed (a Kubernetes Secret volume is made of

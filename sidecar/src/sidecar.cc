@@ -440,10 +440,11 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
     // Neither configured: the default key where this user may read it (a
     // root sidecar on a host set up with `granary cluster-key generate`).
     std::string key_file = config.cluster_key_file;
-    if (key_file.empty() && config.peer_token_file.empty() &&
-        ::access(kDefaultClusterKeyPath, R_OK) == 0) {
-      key_file = kDefaultClusterKeyPath;
-      GetLogger("sidecar")->info("cluster_key_file not set: using {}", key_file);
+    if (key_file.empty() && config.peer_token_file.empty()) {
+      key_file = ReadableDefaultClusterKeyPath();
+      if (!key_file.empty()) {
+        GetLogger("sidecar")->info("cluster_key_file not set: using {}", key_file);
+      }
     }
     Result<ClientCredentials> credentials = LoadPeerCredentials(key_file, config.peer_token_file);
     if (!credentials.ok()) return credentials.status().WithContext("`cluster_key_file`");

@@ -273,6 +273,20 @@ Status KubeSuite::WaitDatasetCondition(const std::string& ns, const std::string&
                               cluster_->Kubectl({"describe", "dataset", "-n", ns, name}).out);
 }
 
+Result<std::vector<MetricSample>> KubeSuite::OperatorMetrics(const DaemonProcess& op) {
+  static const std::regex address("metrics on (127\\.0\\.0\\.1:[0-9]+)");
+  const std::string log = ReadAll(op.log_path());
+  std::smatch m;
+  if (!std::regex_search(log, m, address)) {
+    return Status::NotFound("no metrics address in " + op.log_path() + " yet");
+  }
+  GRANARY_ASSIGN_OR_RETURN(HttpResponse r, HttpGet(m[1].str(), "/metrics"));
+  if (r.status != 200) {
+    return Status::Unavailable(m[1].str() + "/metrics: HTTP " + std::to_string(r.status));
+  }
+  return ParsePrometheusText(r.body);
+}
+
 std::string KubeSuite::OperatorLogs(size_t max_bytes_each) const {
   std::string out;
   for (const auto& p : operators_) {

@@ -59,6 +59,7 @@
 
 #include "granary/core/metadata_store.h"
 #include "granary/core/status.h"
+#include "testing/cachenode_fixture.h"
 #include "testing/daemon_process.h"
 #include "testing/kube_cluster.h"
 #include "testing/pod_runner.h"
@@ -177,6 +178,9 @@ class KubeSuite {
 
   // The tail of every operator replica's log, for messages.
   std::string OperatorLogs(size_t max_bytes_each = 6000) const;
+  // The /metrics of operator replica `op` (its address from its log: it
+  // listens on a free port), parsed. kNotFound before it logged the address.
+  static Result<std::vector<MetricSample>> OperatorMetrics(const DaemonProcess& op);
   // If the current test has failed: the cluster's and the runner's logs (once
   // each, by those fixtures) and the operators' tails (once per failed test:
   // a suite that keeps one KubeSuite for its cases calls it from TearDown, and

@@ -29,7 +29,6 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -52,6 +51,7 @@ struct Args {
   std::string json_path;
 };
 
+// /proc files report no size: read them as a stream.
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -59,26 +59,13 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// The operator's /metrics address, from its log ("metrics on HOST:PORT").
-std::string MetricsAddress(const std::string& log_path) {
-  std::smatch m;
-  const std::string log = ReadFile(log_path);
-  static const std::regex re(R"(metrics on ([0-9.]+:[0-9]+))");
-  return std::regex_search(log, m, re) ? m[1].str() : "";
-}
-
-Result<Counts> ApiRequests(const std::string& address) {
-  const std::string out = "/tmp/granary-operator-load-metrics." + std::to_string(getpid());
-  const std::string cmd = "curl -sf --max-time 5 http://" + address + "/metrics > " + out;
-  if (std::system(cmd.c_str()) != 0) return Status::Unavailable("curl " + address + " failed");
+// The operator's own count of its requests, by "verb resource".
+Result<Counts> ApiRequests(const DaemonProcess& op) {
+  GRANARY_ASSIGN_OR_RETURN(std::vector<MetricSample> samples, KubeSuite::OperatorMetrics(op));
   Counts counts;
-  static const std::regex re(
-      R"re(^granary_operator_api_requests_total\{resource="([^"]*)",verb="([^"]*)"\} ([0-9.e+]+))re");
-  std::istringstream lines(ReadFile(out));
-  std::remove(out.c_str());
-  for (std::string line; std::getline(lines, line);) {
-    std::smatch m;
-    if (std::regex_search(line, m, re)) counts[m[2].str() + " " + m[1].str()] = std::stod(m[3]);
+  for (const MetricSample& m : samples) {
+    if (m.name != "granary_operator_api_requests_total") continue;
+    counts[m.labels.at("verb") + " " + m.labels.at("resource")] += m.value;
   }
   return counts;
 }
@@ -141,11 +128,6 @@ int Run(const Args& args) {
     return 1;
   }
   const DaemonProcess& op = *suite.operators().front();
-  const std::string metrics = MetricsAddress(op.log_path());
-  if (metrics.empty()) {
-    std::cerr << "granary-operator-load: no metrics address in " << op.log_path() << "\n";
-    return 1;
-  }
   std::vector<std::pair<std::string, std::string>> files;
   for (int i = 0; i < 8; ++i)
     files.push_back({"f" + std::to_string(i), std::string(4096, static_cast<char>('a' + i))});
@@ -162,7 +144,7 @@ int Run(const Args& args) {
                                    "d" + std::to_string(d), suite.datasets() + "/load") +
             "---\n";
   }
-  Result<Counts> before = ApiRequests(metrics);
+  Result<Counts> before = ApiRequests(op);
   if (!before.ok()) {
     std::cerr << "granary-operator-load: " << before.status().ToString() << "\n";
     return 1;
@@ -198,9 +180,9 @@ int Run(const Args& args) {
               << suite.OperatorLogs();
     return 1;
   }
-  Result<Counts> at_ready = ApiRequests(metrics);
+  Result<Counts> at_ready = ApiRequests(op);
   std::this_thread::sleep_for(std::chrono::seconds(args.seconds));
-  Result<Counts> after = ApiRequests(metrics);
+  Result<Counts> after = ApiRequests(op);
   if (!at_ready.ok() || !after.ok()) {
     std::cerr << "granary-operator-load: the operator's metrics could not be read\n";
     return 1;

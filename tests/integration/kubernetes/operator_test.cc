@@ -130,10 +130,9 @@ class OperatorTest : public SharedKubeTest<OperatorTest> {
   }
 
   // A sample of the newest running operator replica's /metrics (0 when absent), e.g.
-  // OperatorMetric("granary_operator_api_requests_total{resource=\"secrets\",verb=\"get\"}").
-  static double OperatorMetric(const std::string& sample) {
-    const std::regex port_line("metrics on 127\\.0\\.0\\.1:([0-9]+)");
-    std::smatch port;
+  // OperatorMetric("granary_operator_api_requests_total", {{"verb", "get"}}).
+  static double OperatorMetric(const std::string& name,
+                               const std::map<std::string, std::string>& labels = {}) {
     const DaemonProcess* running = nullptr;
     for (const auto& p : suite_->operators()) {
       if (p->Running()) running = p.get();
@@ -142,18 +141,12 @@ class OperatorTest : public SharedKubeTest<OperatorTest> {
       ADD_FAILURE() << "no operator replica is running";
       return -1;
     }
-    const std::string log = ReadAll(running->log_path());
-    if (!std::regex_search(log, port, port_line)) {
-      ADD_FAILURE() << "no metrics address in the operator's log";
+    Result<std::vector<MetricSample>> samples = KubeSuite::OperatorMetrics(*running);
+    if (!samples.ok()) {
+      ADD_FAILURE() << samples.status().ToString();
       return -1;
     }
-    KubectlResult r = Run({"curl", "-sf", "http://127.0.0.1:" + port[1].str() + "/metrics"});
-    EXPECT_EQ(r.exit_code, 0) << r.Describe();
-    std::istringstream lines(r.out);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind(sample + " ", 0) == 0) return std::stod(line.substr(sample.size() + 1));
-    }
-    return 0;
+    return SumSamples(*samples, name, labels).value_or(0);
   }
 
   static inline KubeSuite* suite_ = nullptr;
@@ -491,15 +484,15 @@ TEST_F(OperatorTest, ReconcilesReadTheInformersNotTheApiServer) {
   MakeSource("cached", 5, 6);
   Kubectl({"apply", "-f", "-"}, DatasetYaml("cached", suite_->datasets() + "/cached"));
   ASSERT_OK(WaitCondition("cached", "Ready", "True", "", seconds(60)));
-  const std::string secrets =
-      "granary_operator_api_requests_total{resource=\"secrets\",verb=\"get\"}";
-  const std::string namespaces =
-      "granary_operator_api_requests_total{resource=\"namespaces\",verb=\"get\"}";
+  const std::string requests = "granary_operator_api_requests_total";
+  const std::map<std::string, std::string> secrets = {{"resource", "secrets"}, {"verb", "get"}};
+  const std::map<std::string, std::string> namespaces = {{"resource", "namespaces"},
+                                                         {"verb", "get"}};
   const std::string reconciles = "granary_operator_reconciles_total";
   // The exporter copies the counters every second: wait for a quiet one.
   std::this_thread::sleep_for(milliseconds(1500));
-  const double secrets_before = OperatorMetric(secrets);
-  const double namespaces_before = OperatorMetric(namespaces);
+  const double secrets_before = OperatorMetric(requests, secrets);
+  const double namespaces_before = OperatorMetric(requests, namespaces);
   const double reconciles_before = OperatorMetric(reconciles);
   for (int i = 0; i < 5; ++i) {
     Kubectl({"annotate", "dataset", "-n", "team-a", "cached", "--overwrite",
@@ -509,11 +502,10 @@ TEST_F(OperatorTest, ReconcilesReadTheInformersNotTheApiServer) {
   std::this_thread::sleep_for(milliseconds(1500));
   EXPECT_GE(OperatorMetric(reconciles) - reconciles_before, 5.0);
   // The counter counts: the Datasets' watch is in it.
-  EXPECT_GE(
-      OperatorMetric("granary_operator_api_requests_total{resource=\"datasets\",verb=\"watch\"}"),
-      1.0);
-  EXPECT_EQ(OperatorMetric(secrets), secrets_before) << "Secrets read with GET while reconciling";
-  EXPECT_EQ(OperatorMetric(namespaces), namespaces_before)
+  EXPECT_GE(OperatorMetric(requests, {{"resource", "datasets"}, {"verb", "watch"}}), 1.0);
+  EXPECT_EQ(OperatorMetric(requests, secrets), secrets_before)
+      << "Secrets read with GET while reconciling";
+  EXPECT_EQ(OperatorMetric(requests, namespaces), namespaces_before)
       << "Namespaces read with GET while reconciling";
   // The copy of the store Secret the sidecars read, deleted: back at once.
   Kubectl({"delete", "secret", "-n", "team-a", "granary-store-gpu"});

@@ -40,6 +40,9 @@ namespace granary {
 // same-host clients run by root (the CLI, a sidecar) look for it when they
 // are given none.
 inline constexpr char kDefaultClusterKeyPath[] = "/etc/granary/cluster.key";
+// kDefaultClusterKeyPath when this process may read it (root, usually), else
+// empty: another user reads without a key.
+std::string ReadableDefaultClusterKeyPath();
 
 using KeyId = std::array<uint8_t, protocol_format::kAuthKeyIdSize>;
 
