@@ -299,6 +299,10 @@ def main():
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build", "release"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--pythonpath", metavar="DIR", default=None,
+                    help="import granary from DIR (default: <build-dir>/python); an empty "
+                         "string imports the granary installed in this interpreter (a venv "
+                         "with the wheel)")
     args = ap.parse_args()
     files = args.files if args.files is not None else (500 if args.small else 5000)
     build = os.path.abspath(args.build_dir)
@@ -313,7 +317,9 @@ def main():
             fail(f"no {name} binary at {path}; build it: cmake --preset release && cmake --build "
                  f"--preset release --target granary-cachenode granary granary-sidecar "
                  f"granary_python")
-    sys.path.insert(0, os.path.join(build, "python"))
+    pythonpath = os.path.join(build, "python") if args.pythonpath is None else args.pythonpath
+    if pythonpath:
+        sys.path.insert(0, os.path.abspath(pythonpath))
     try:
         import torch.utils.data
 
@@ -321,7 +327,10 @@ def main():
         import granary.torch
     except ImportError as e:
         fail(f"cannot import torch or granary ({e}); run with /usr/bin/python3 (Debian's "
-             f"python3-torch) after building granary_python into {build}/python")
+             f"python3-torch) after building granary_python into {build}/python, or with a "
+             f"venv's python that has torch and the granary wheel and --pythonpath ''")
+    print(f"granary {getattr(granary, '__version__', '(unversioned)')} from {os.path.dirname(granary.__file__)}, torch "
+          f"{torch.__version__}, Python {sys.version.split()[0]}", flush=True)
 
     work = tempfile.mkdtemp(prefix="granary-client-bench.")
     procs = Processes()

@@ -6,7 +6,22 @@ find_package(spdlog REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(SQLite3 REQUIRED)
+# Logging and formatting as core links them: the shared libraries, except in the
+# Python module, which compiles both from their headers so that a wheel needs
+# neither installed.
+set(GRANARY_LOG_LIBS spdlog::spdlog fmt::fmt)
 
+if(GRANARY_PYTHON_MODULE_ONLY)
+  set(GRANARY_LOG_LIBS spdlog::spdlog_header_only fmt::fmt-header-only)
+  # The Python module (a wheel) carries zstd in itself (its static archive),
+  # and xxHash inline (core/src/hash.cc), so it needs neither installed.
+  find_library(GRANARY_ZSTD_STATIC NAMES libzstd.a REQUIRED)
+  add_library(PkgConfig::ZSTD STATIC IMPORTED)
+  set_target_properties(PkgConfig::ZSTD PROPERTIES IMPORTED_LOCATION ${GRANARY_ZSTD_STATIC})
+  add_library(PkgConfig::XXHASH INTERFACE IMPORTED)
+  add_compile_definitions(GRANARY_XXH3_BASELINE_ONLY)
+  return()  # nothing below is linked by core, protocol or client
+endif()
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)

@@ -1,20 +1,31 @@
-// granary._native: the pybind11 binding of libgranary-client for the Python
-// package `granary` (client/python/granary/). Thin: sessions, zero-copy
-// samples with the buffer protocol, and the DistributedSampler order from the
-// core plan code (sampler_plan.h). The Pythonic layer (Dataset, the torch
-// sampler, ImageFolder) is in the .py files; docs/client.md describes both.
+// granary._native: libgranary-client for the Python package `granary`
+// (client/python/granary/), written against CPython's stable ABI so that one
+// build (`_native.abi3.so`, a `cp39-abi3` wheel) loads into every CPython from
+// 3.9 on. Thin: sessions, zero-copy samples with the buffer protocol, and the
+// DistributedSampler order from the core plan code (sampler_plan.h). The
+// Pythonic layer (Dataset, the torch sampler, ImageFolder) is in the .py
+// files; `_native.pyi` types this module; docs/client.md describes both and
+// why the binding is the limited C API rather than a binding library.
 //
 // Errors: a Status becomes a Python exception: kInvalidArgument ValueError,
 // kNotFound KeyError, kOutOfRange IndexError, kUnavailable ConnectionError,
 // kDeadlineExceeded TimeoutError, kPermissionDenied PermissionError, anything
 // else granary.Error (a RuntimeError) whose `code` is the status code's name.
+// An argument of the wrong type is a TypeError naming the argument.
 //
 // Threads: blocking calls release the GIL; a Session serialises its own calls
-// (session.h), so Python threads may share one.
+// (session.h), so Python threads may share one. C++ objects owned by Python
+// objects are touched with the GIL held only.
 
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 
+#if !defined(Py_LIMITED_API) || Py_LIMITED_API + 0 != 0x03090000
+#error "granary._native is built for the stable ABI of CPython 3.9 (Py_LIMITED_API=0x03090000)"
+#endif
+
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,42 +36,328 @@
 #include "granary/client/sampler_plan.h"
 #include "granary/client/session.h"
 
+#ifndef GRANARY_VERSION
+#error "GRANARY_VERSION (the project's version) must be defined by the build"
+#endif
+
+// The buffer protocol. CPython made Py_buffer, the two buffer slots and these
+// functions part of the limited API in 3.11 (PEP 688's groundwork), declaring
+// that their layout and symbols had been stable since 3.0; 3.9's and 3.10's
+// headers hide them from a limited build only because that had not been
+// promised yet. They are declared here, under our own names for the struct,
+// exactly as 3.11's pybuffer.h has them; every CPython 3.9+ exports the
+// symbols with this layout (the venv tests load the module into 3.9 to 3.13).
+extern "C" {
+struct GranaryPyBuffer {
+  void* buf;
+  PyObject* obj;
+  Py_ssize_t len;
+  Py_ssize_t itemsize;
+  int readonly;
+  int ndim;
+  char* format;
+  Py_ssize_t* shape;
+  Py_ssize_t* strides;
+  Py_ssize_t* suboffsets;
+  void* internal;
+};
+PyAPI_FUNC(int) PyBuffer_FillInfo(GranaryPyBuffer* view, PyObject* o, void* buf, Py_ssize_t len,
+                                  int readonly, int flags);
+PyAPI_FUNC(int) PyObject_GetBuffer(PyObject* obj, GranaryPyBuffer* view, int flags);
+PyAPI_FUNC(void) PyBuffer_Release(GranaryPyBuffer* view);
+}
+
 namespace granary::client {
 namespace {
 
-namespace py = pybind11;
 namespace sp = sidecar_protocol;
 
-// A failed Status on its way to Python (translated with the GIL held).
-class StatusError : public std::exception {
- public:
-  explicit StatusError(Status status) : status_(std::move(status)), what_(status_.message()) {}
-  const Status& status() const { return status_; }
-  const char* what() const noexcept override { return what_.c_str(); }
+constexpr int kSlotGetBuffer = 1;      // Py_bf_getbuffer (typeslots.h; stable numbers)
+constexpr int kSlotReleaseBuffer = 2;  // Py_bf_releasebuffer
+constexpr int kBufSimple = 0;          // PyBUF_SIMPLE
 
- private:
-  Status status_;
-  std::string what_;
-};
+PyObject* g_error_type = nullptr;    // granary.Error (a RuntimeError with `code`)
+PyObject* g_sample_type = nullptr;   // granary.Sample
+PyObject* g_session_type = nullptr;  // granary._native.Session
 
-[[noreturn]] void Throw(const Status& status) { throw StatusError(status); }
+// ---- errors ---------------------------------------------------------------------------------
 
-void ThrowIfError(const Status& status) {
-  if (!status.ok()) Throw(status);
-}
-
-template <typename T>
-T ValueOrThrow(Result<T> result) {
-  if (!result.ok()) Throw(result.status());
-  return std::move(result).value();
-}
-
-std::chrono::milliseconds Millis(double seconds, const char* what) {
-  if (!(seconds > 0) || seconds > 1e9) {
-    throw py::value_error(std::string(what) + " must be a positive number of seconds");
+// Sets the Python exception for a failed Status; returns nullptr for `return`.
+PyObject* SetStatusError(const Status& status) {
+  PyObject* type = nullptr;
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument:
+      type = PyExc_ValueError;
+      break;
+    case StatusCode::kNotFound:
+      type = PyExc_KeyError;
+      break;
+    case StatusCode::kOutOfRange:
+      type = PyExc_IndexError;
+      break;
+    case StatusCode::kUnavailable:
+      type = PyExc_ConnectionError;
+      break;
+    case StatusCode::kDeadlineExceeded:
+      type = PyExc_TimeoutError;
+      break;
+    case StatusCode::kPermissionDenied:
+      type = PyExc_PermissionError;
+      break;
+    default:
+      break;
   }
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+  const std::string& message = status.message();
+  if (type != nullptr) {
+    PyErr_SetString(type, message.c_str());
+    return nullptr;
+  }
+  PyObject* exc = PyObject_CallFunction(g_error_type, "s", message.c_str());
+  if (exc == nullptr) return nullptr;
+  const std::string_view code = StatusCodeName(status.code());
+  PyObject* code_str =
+      PyUnicode_FromStringAndSize(code.data(), static_cast<Py_ssize_t>(code.size()));
+  if (code_str == nullptr || PyObject_SetAttrString(exc, "code", code_str) != 0) {
+    Py_XDECREF(code_str);
+    Py_DECREF(exc);
+    return nullptr;
+  }
+  Py_DECREF(code_str);
+  PyErr_SetObject(g_error_type, exc);
+  Py_DECREF(exc);
+  return nullptr;
 }
+
+// The name of `o`'s type, for messages ("int", "NoneType").
+std::string TypeName(PyObject* o) {
+  std::string out = "object";
+  PyObject* name = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(o)), "__name__");
+  if (name != nullptr) {
+    PyObject* utf8 = PyUnicode_Check(name) ? PyUnicode_AsUTF8String(name) : nullptr;
+    if (utf8 != nullptr) {
+      out = PyBytes_AsString(utf8);
+      Py_DECREF(utf8);
+    }
+    Py_DECREF(name);
+  }
+  PyErr_Clear();
+  return out;
+}
+
+PyObject* TypeErrorFor(const char* what, const char* wanted, PyObject* got) {
+  PyErr_Format(PyExc_TypeError, "%s must be %s, not %s", what, wanted, TypeName(got).c_str());
+  return nullptr;
+}
+
+// ---- argument conversion (false: a Python exception is set) ----------------------------------
+
+// An integer (anything with __index__, not bool's cousins float or str).
+bool ToInt64(PyObject* o, const char* what, int64_t* out) {
+  PyObject* index = PyNumber_Index(o);
+  if (index == nullptr) {
+    PyErr_Clear();
+    TypeErrorFor(what, "an integer", o);
+    return false;
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+  Py_DECREF(index);
+  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_OverflowError, "%s is out of range (a 64-bit integer)", what);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool ToUint64(PyObject* o, const char* what, uint64_t* out) {
+  PyObject* index = PyNumber_Index(o);
+  if (index == nullptr) {
+    PyErr_Clear();
+    TypeErrorFor(what, "an integer", o);
+    return false;
+  }
+  const unsigned long long v = PyLong_AsUnsignedLongLong(index);
+  Py_DECREF(index);
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_OverflowError, "%s is out of range [0, 2**64)", what);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool ToUint32(PyObject* o, const char* what, uint32_t* out) {
+  uint64_t v = 0;
+  if (!ToUint64(o, what, &v)) {
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_OverflowError, "%s is out of range [0, 2**32)", what);
+    }
+    return false;
+  }
+  if (v > 0xffffffffu) {
+    PyErr_Format(PyExc_OverflowError, "%s is out of range [0, 2**32)", what);
+    return false;
+  }
+  *out = static_cast<uint32_t>(v);
+  return true;
+}
+
+// True or False (ints 0 and 1 too, as the C API's own flags accept).
+bool ToBool(PyObject* o, const char* what, bool* out) {
+  if (!PyBool_Check(o) && !PyLong_Check(o)) {
+    TypeErrorFor(what, "a bool", o);
+    return false;
+  }
+  const int v = PyObject_IsTrue(o);
+  if (v < 0) return false;
+  *out = v != 0;
+  return true;
+}
+
+bool ToString(PyObject* o, const char* what, std::string* out) {
+  if (!PyUnicode_Check(o)) {
+    TypeErrorFor(what, "a str", o);
+    return false;
+  }
+  // Paths may carry bytes that are not UTF-8 (os.fsdecode's surrogates).
+  PyObject* bytes = PyUnicode_AsEncodedString(o, "utf-8", "surrogateescape");
+  if (bytes == nullptr) return false;
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(bytes, &data, &size) != 0) {
+    Py_DECREF(bytes);
+    return false;
+  }
+  out->assign(data, static_cast<size_t>(size));
+  Py_DECREF(bytes);
+  return true;
+}
+
+bool ToSeconds(PyObject* o, const char* what, std::chrono::milliseconds* out) {
+  if (!PyFloat_Check(o) && !PyLong_Check(o)) {
+    TypeErrorFor(what, "a number of seconds", o);
+    return false;
+  }
+  const double seconds = PyFloat_AsDouble(o);
+  if (seconds == -1.0 && PyErr_Occurred()) return false;
+  if (!(seconds > 0) || seconds > 1e9) {
+    PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds", what);
+    return false;
+  }
+  *out = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+  return true;
+}
+
+// A sample id: an integer in [0, 2**32); IndexError beyond.
+bool ToSampleId(PyObject* o, uint32_t* out) {
+  int64_t id = 0;
+  if (!ToInt64(o, "a sample id", &id)) {
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_IndexError, "sample id is out of range");
+    }
+    return false;
+  }
+  if (id < 0 || id > int64_t{0xffffffff}) {
+    PyErr_Format(PyExc_IndexError, "sample id %lld is out of range", static_cast<long long>(id));
+    return false;
+  }
+  *out = static_cast<uint32_t>(id);
+  return true;
+}
+
+// A list, tuple or other iterable of sample ids.
+bool ToSampleIds(PyObject* o, std::vector<uint32_t>* out) {
+  PyObject* it = PyObject_GetIter(o);
+  if (it == nullptr) {
+    PyErr_Clear();
+    TypeErrorFor("ids", "an iterable of integers", o);
+    return false;
+  }
+  const Py_ssize_t hint = PyObject_Size(o);
+  if (hint > 0) {
+    out->reserve(static_cast<size_t>(hint));
+  } else {
+    PyErr_Clear();
+  }
+  while (PyObject* item = PyIter_Next(it)) {
+    uint32_t id = 0;
+    const bool ok = ToSampleId(item, &id);
+    Py_DECREF(item);
+    if (!ok) {
+      Py_DECREF(it);
+      return false;
+    }
+    out->push_back(id);
+  }
+  Py_DECREF(it);
+  return !PyErr_Occurred();
+}
+
+PyObject* FromString(std::string_view s) {
+  return PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+}
+
+PyObject* BytesOf(const SampleView& view) {
+  return PyBytes_FromStringAndSize(view.data, static_cast<Py_ssize_t>(view.size));
+}
+
+// Runs `f` with the GIL released (blocking I/O); `f` must not touch Python.
+template <typename F>
+auto WithoutGil(F&& f) {
+  struct Released {
+    PyThreadState* state = PyEval_SaveThread();
+    ~Released() { PyEval_RestoreThread(state); }
+  } released;
+  return f();
+}
+
+// Parses (args, kwargs) against `names` into `objects` (borrowed; the
+// optional ones left as they were). `required` leading names must be given.
+bool ParseArgs(PyObject* args, PyObject* kwargs, const char* function,
+               std::initializer_list<const char*> names, size_t required,
+               std::vector<PyObject*>* objects) {
+  std::string format;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i == required) format += '|';
+    format += 'O';
+  }
+  format += ':';
+  format += function;
+  std::vector<char*> keywords;
+  for (const char* name : names) keywords.push_back(const_cast<char*>(name));
+  keywords.push_back(nullptr);
+  objects->resize(names.size(), nullptr);
+  PyObject** o = objects->data();
+  // PyArg_ParseTupleAndKeywords is variadic: one pointer per name (at most 10).
+  static_assert(sizeof(PyObject*) == sizeof(void*));
+  switch (names.size()) {
+    case 1:
+      return PyArg_ParseTupleAndKeywords(args, kwargs, format.c_str(), keywords.data(), &o[0]);
+    case 2:
+      return PyArg_ParseTupleAndKeywords(args, kwargs, format.c_str(), keywords.data(), &o[0],
+                                         &o[1]);
+    case 3:
+      return PyArg_ParseTupleAndKeywords(args, kwargs, format.c_str(), keywords.data(), &o[0],
+                                         &o[1], &o[2]);
+    case 7:
+      return PyArg_ParseTupleAndKeywords(args, kwargs, format.c_str(), keywords.data(), &o[0],
+                                         &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]);
+    case 10:
+      return PyArg_ParseTupleAndKeywords(args, kwargs, format.c_str(), keywords.data(), &o[0],
+                                         &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                                         &o[9]);
+    default:
+      PyErr_SetString(PyExc_SystemError, "granary._native: unsupported argument count");
+      return false;
+  }
+}
+
+// ---- Sample ---------------------------------------------------------------------------------
 
 // A zero-copy sample: a pinned view of the arena, released by release(), the
 // context manager's exit, or garbage collection. Holds its session, so the
@@ -68,477 +365,696 @@ std::chrono::milliseconds Millis(double seconds, const char* what) {
 // are counted: like mmap.close(), release() refuses while any is alive, so no
 // view ever shows bytes the sidecar may have reused. (A buffer holds a
 // reference to its Sample, so garbage collection never releases one early.)
-class PySample {
- public:
-  PySample(std::shared_ptr<Session> session, SampleView view)
-      : session_(std::move(session)), view_(view) {}
-  ~PySample() { Unpin(); }
-  PySample(const PySample&) = delete;
-  PySample& operator=(const PySample&) = delete;
+struct SampleState {
+  std::shared_ptr<Session> session;
+  SampleView view;
+  bool released = false;
+  size_t exports = 0;  // buffers handed out and not yet released
 
-  // release() from Python.
-  void Release() {
-    if (exports_ > 0) {
-      throw py::buffer_error("cannot release granary sample " + std::to_string(view_.id) + ": " +
-                             std::to_string(exports_) +
-                             " buffer(s) (memoryview, numpy array) still use its memory; "
-                             "delete them first");
-    }
-    Unpin();
-  }
-  bool released() const { return released_; }
-  const SampleView& view() const { return view_; }
-  void CheckNotReleased() const {
-    if (released_) {
-      throw py::value_error("granary sample " + std::to_string(view_.id) +
-                            " was released; its bytes may have been reused");
-    }
-  }
-  void AddExport() { ++exports_; }
-  void RemoveExport() {
-    if (exports_ > 0) --exports_;
-  }
-
- private:
   void Unpin() {
-    if (released_) return;
-    released_ = true;
-    if (session_) session_->Release(view_);
+    if (released) return;
+    released = true;
+    session->Release(view);
   }
-
-  std::shared_ptr<Session> session_;
-  SampleView view_;
-  bool released_ = false;
-  size_t exports_ = 0;  // buffers handed out and not yet released (GIL held)
 };
 
-// The Sample type's bf_getbuffer: pybind11's def_buffer cannot refuse (an
-// exception there terminates), so the type gets these two instead. They run
-// with the GIL held and never throw.
-int SampleGetBuffer(PyObject* obj, Py_buffer* view, int flags) {
-  PySample* sample = nullptr;
-  try {
-    sample = py::handle(obj).cast<PySample*>();
-  } catch (...) {
-    sample = nullptr;
+struct SampleObject {
+  PyObject_HEAD SampleState* state;
+};
+
+SampleState& StateOf(PyObject* self) { return *reinterpret_cast<SampleObject*>(self)->state; }
+
+PyObject* NewSample(const std::shared_ptr<Session>& session, const SampleView& view) {
+  PyObject* obj = PyType_GenericAlloc(reinterpret_cast<PyTypeObject*>(g_sample_type), 0);
+  if (obj == nullptr) {
+    session->Release(view);
+    return nullptr;
   }
+  reinterpret_cast<SampleObject*>(obj)->state = new SampleState{session, view};
+  return obj;
+}
+
+PyObject* SampleNew(PyTypeObject*, PyObject*, PyObject*) {
+  PyErr_SetString(PyExc_TypeError,
+                  "granary.Sample cannot be created directly: read one with "
+                  "granary.Dataset(name, zero_copy=True)[i]");
+  return nullptr;
+}
+
+void SampleDealloc(PyObject* self) {
+  SampleState* state = reinterpret_cast<SampleObject*>(self)->state;
+  if (state != nullptr) {
+    state->Unpin();
+    delete state;
+  }
+  PyTypeObject* type = Py_TYPE(self);
+  auto free_fn = reinterpret_cast<freefunc>(PyType_GetSlot(type, Py_tp_free));
+  free_fn(self);
+  Py_DECREF(type);
+}
+
+bool CheckNotReleased(const SampleState& s) {
+  if (!s.released) return true;
+  PyErr_Format(PyExc_ValueError, "granary sample %u was released; its bytes may have been reused",
+               s.view.id);
+  return false;
+}
+
+int SampleGetBuffer(PyObject* self, GranaryPyBuffer* view, int flags) {
+  SampleState& s = StateOf(self);
   if (view != nullptr) view->obj = nullptr;
-  if (sample == nullptr || view == nullptr) {
-    PyErr_SetString(PyExc_BufferError, "granary.Sample: no buffer");
-    return -1;
-  }
-  if (sample->released()) {
-    const std::string message = "granary sample " + std::to_string(sample->view().id) +
-                                " was released; its bytes may have been reused";
-    PyErr_SetString(PyExc_ValueError, message.c_str());
-    return -1;
-  }
+  if (!CheckNotReleased(s)) return -1;
   // Read-only: a request for a writable buffer fails with BufferError.
-  if (PyBuffer_FillInfo(view, obj, const_cast<char*>(sample->view().data),
-                        static_cast<Py_ssize_t>(sample->view().size), 1, flags) != 0) {
+  if (PyBuffer_FillInfo(view, self, const_cast<char*>(s.view.data),
+                        static_cast<Py_ssize_t>(s.view.size), 1, flags) != 0) {
     return -1;
   }
-  sample->AddExport();
+  ++s.exports;
   return 0;
 }
 
-void SampleReleaseBuffer(PyObject* obj, Py_buffer*) {
-  try {
-    py::handle(obj).cast<PySample*>()->RemoveExport();
-  } catch (...) {
-  }
+void SampleReleaseBuffer(PyObject* self, GranaryPyBuffer*) {
+  SampleState& s = StateOf(self);
+  if (s.exports > 0) --s.exports;
 }
 
-py::bytes BytesOf(const SampleView& view) {
-  return py::bytes(view.data, static_cast<size_t>(view.size));
+PyObject* SampleRelease(PyObject* self, PyObject*) {
+  SampleState& s = StateOf(self);
+  if (s.exports > 0) {
+    PyErr_Format(PyExc_BufferError,
+                 "cannot release granary sample %u: %zu buffer(s) (memoryview, numpy array) "
+                 "still use its memory; delete them first",
+                 s.view.id, s.exports);
+    return nullptr;
+  }
+  s.Unpin();
+  Py_RETURN_NONE;
 }
 
-std::vector<uint32_t> CheckedIds(const std::vector<int64_t>& ids) {
-  std::vector<uint32_t> out;
-  out.reserve(ids.size());
-  for (int64_t id : ids) {
-    if (id < 0 || id > int64_t{0xffffffff}) {
-      throw py::index_error("sample id " + std::to_string(id) + " is out of range");
-    }
-    out.push_back(static_cast<uint32_t>(id));
+PyObject* SampleToBytes(PyObject* self, PyObject*) {
+  SampleState& s = StateOf(self);
+  if (!CheckNotReleased(s)) return nullptr;
+  return BytesOf(s.view);
+}
+
+PyObject* SampleEnter(PyObject* self, PyObject*) {
+  Py_INCREF(self);
+  return self;
+}
+
+PyObject* SampleExit(PyObject* self, PyObject*) {
+  PyObject* r = SampleRelease(self, nullptr);
+  if (r == nullptr) return nullptr;
+  Py_DECREF(r);
+  Py_RETURN_FALSE;
+}
+
+PyObject* SampleReduce(PyObject* self, PyObject*) {
+  // Pickles (e.g. from a DataLoader worker) as a copy of the bytes.
+  SampleState& s = StateOf(self);
+  if (!CheckNotReleased(s)) return nullptr;
+  PyObject* bytes_type = reinterpret_cast<PyObject*>(&PyBytes_Type);
+  return Py_BuildValue("(O(N))", bytes_type, BytesOf(s.view));
+}
+
+Py_ssize_t SampleLength(PyObject* self) { return static_cast<Py_ssize_t>(StateOf(self).view.size); }
+
+PyObject* SampleRichCompare(PyObject* self, PyObject* other, int op) {
+  if (op != Py_EQ && op != Py_NE) Py_RETURN_NOTIMPLEMENTED;
+  SampleState& s = StateOf(self);
+  GranaryPyBuffer buffer{};
+  if (PyObject_GetBuffer(other, &buffer, kBufSimple) != 0) {
+    PyErr_Clear();
+    Py_RETURN_NOTIMPLEMENTED;
   }
-  return out;
+  if (!CheckNotReleased(s)) {
+    PyBuffer_Release(&buffer);
+    return nullptr;
+  }
+  const bool equal = static_cast<uint64_t>(buffer.len) == s.view.size &&
+                     std::memcmp(buffer.buf, s.view.data, s.view.size) == 0;
+  PyBuffer_Release(&buffer);
+  return PyBool_FromLong((op == Py_EQ) == equal ? 1 : 0);
+}
+
+PyObject* SampleRepr(PyObject* self) {
+  const SampleState& s = StateOf(self);
+  return PyUnicode_FromFormat("<granary.Sample id=%u size=%llu%s>", s.view.id,
+                              static_cast<unsigned long long>(s.view.size),
+                              s.released ? " released" : "");
+}
+
+PyObject* SampleIdOf(PyObject* self, void*) {
+  return PyLong_FromUnsignedLong(StateOf(self).view.id);
+}
+PyObject* SampleSize(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(StateOf(self).view.size);
+}
+PyObject* SampleChecksum(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(StateOf(self).view.checksum);
+}
+PyObject* SampleReleased(PyObject* self, void*) { return PyBool_FromLong(StateOf(self).released); }
+
+PyMethodDef kSampleMethods[] = {
+    {"release", SampleRelease, METH_NOARGS,
+     "Unpins the sample; its memory may be reused by the sidecar afterwards. "
+     "BufferError while a memoryview or numpy array of it is alive."},
+    {"tobytes", SampleToBytes, METH_NOARGS, "A copy of the bytes."},
+    {"__bytes__", SampleToBytes, METH_NOARGS, "A copy of the bytes."},
+    {"__enter__", SampleEnter, METH_NOARGS, nullptr},
+    {"__exit__", SampleExit, METH_VARARGS, "Releases the sample."},
+    {"__reduce__", SampleReduce, METH_NOARGS, "Pickles as a copy of the bytes."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef kSampleGetSet[] = {
+    {"id", SampleIdOf, nullptr, "The sample id.", nullptr},
+    {"size", SampleSize, nullptr, "The sample's size in bytes.", nullptr},
+    {"checksum", SampleChecksum, nullptr, "XXH3-64 of the bytes, as the sidecar recorded it.",
+     nullptr},
+    {"released", SampleReleased, nullptr, "Whether release() was called.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+// ---- Session --------------------------------------------------------------------------------
+
+struct SessionObject {
+  PyObject_HEAD std::shared_ptr<Session>* session;
+};
+
+std::shared_ptr<Session>& SessionOf(PyObject* self) {
+  return *reinterpret_cast<SessionObject*>(self)->session;
+}
+
+PyObject* SessionNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  std::vector<PyObject*> a;
+  if (!ParseArgs(args, kwargs, "Session",
+                 {"dataset", "socket", "client_name", "connect_timeout", "call_timeout",
+                  "lookahead", "verify_checksums"},
+                 1, &a)) {
+    return nullptr;
+  }
+  std::string dataset;
+  SessionOptions options;
+  if (!ToString(a[0], "dataset", &dataset)) return nullptr;
+  if (a[1] != nullptr && !ToString(a[1], "socket", &options.socket_path)) return nullptr;
+  if (a[2] != nullptr && !ToString(a[2], "client_name", &options.client_name)) return nullptr;
+  if (a[3] != nullptr && !ToSeconds(a[3], "connect_timeout", &options.connect_timeout)) {
+    return nullptr;
+  }
+  if (a[4] != nullptr && !ToSeconds(a[4], "call_timeout", &options.call_timeout)) return nullptr;
+  if (a[5] != nullptr && !ToUint32(a[5], "lookahead", &options.lookahead)) return nullptr;
+  if (a[6] != nullptr && !ToBool(a[6], "verify_checksums", &options.verify_checksums)) {
+    return nullptr;
+  }
+  Result<std::unique_ptr<Session>> session =
+      WithoutGil([&] { return Session::Open(dataset, options); });
+  if (!session.ok()) return SetStatusError(session.status());
+  PyObject* obj = PyType_GenericAlloc(type, 0);
+  if (obj == nullptr) return nullptr;
+  reinterpret_cast<SessionObject*>(obj)->session =
+      new std::shared_ptr<Session>(std::move(session).value());
+  return obj;
+}
+
+void SessionDealloc(PyObject* self) {
+  delete reinterpret_cast<SessionObject*>(self)->session;
+  PyTypeObject* type = Py_TYPE(self);
+  auto free_fn = reinterpret_cast<freefunc>(PyType_GetSlot(type, Py_tp_free));
+  free_fn(self);
+  Py_DECREF(type);
 }
 
 // One sample, pinned. A hint already in the session's table is taken with
 // the GIL held (no I/O; releasing and taking back the GIL would cost more
 // than the lookup); anything else is a GET with the GIL released.
-SampleView GetOne(Session& s, int64_t id) {
-  if (id < 0 || id > int64_t{0xffffffff}) {
-    throw py::index_error("sample id " + std::to_string(id) + " is out of range");
+std::optional<SampleView> GetOne(Session& s, PyObject* id_object) {
+  uint32_t id = 0;
+  if (!ToSampleId(id_object, &id)) return std::nullopt;
+  if (std::optional<SampleView> hinted = s.TryGetHinted(id)) return hinted;
+  Result<SampleView> view = WithoutGil([&] { return s.Get(id); });
+  if (!view.ok()) {
+    SetStatusError(view.status());
+    return std::nullopt;
   }
-  const auto sample = static_cast<uint32_t>(id);
-  if (std::optional<SampleView> hinted = s.TryGetHinted(sample)) return *hinted;
-  Result<SampleView> view = [&] {
-    py::gil_scoped_release release;
-    return s.Get(sample);
-  }();
-  return ValueOrThrow(std::move(view));
+  return *view;
 }
 
-SamplerSpec MakeSamplerSpec(uint64_t n, uint64_t seed, uint64_t epoch, uint32_t num_replicas,
-                            uint32_t rank, bool shuffle, bool drop_last) {
-  SamplerSpec spec;
-  spec.sample_count = n;
-  spec.seed = seed;
-  spec.epoch = epoch;
-  spec.num_replicas = num_replicas;
-  spec.rank = rank;
-  spec.shuffle = shuffle;
-  spec.drop_last = drop_last;
-  return spec;
+PyObject* SessionRead(PyObject* self, PyObject* id) {
+  Session& s = *SessionOf(self);
+  std::optional<SampleView> v = GetOne(s, id);
+  if (!v) return nullptr;
+  PyObject* bytes = BytesOf(*v);
+  s.Release(*v);
+  return bytes;
 }
 
-void DefineModule(py::module_& m) {
-  m.doc() = "libgranary-client binding (see the granary package)";
+PyObject* SessionGet(PyObject* self, PyObject* id) {
+  const std::shared_ptr<Session>& s = SessionOf(self);
+  std::optional<SampleView> v = GetOne(*s, id);
+  if (!v) return nullptr;
+  return NewSample(s, *v);
+}
 
-  static py::exception<StatusError> error_type(m, "Error", PyExc_RuntimeError);
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const StatusError& e) {
-      PyObject* type = error_type.ptr();
-      switch (e.status().code()) {
-        case StatusCode::kInvalidArgument:
-          type = PyExc_ValueError;
-          break;
-        case StatusCode::kNotFound:
-          type = PyExc_KeyError;
-          break;
-        case StatusCode::kOutOfRange:
-          type = PyExc_IndexError;
-          break;
-        case StatusCode::kUnavailable:
-          type = PyExc_ConnectionError;
-          break;
-        case StatusCode::kDeadlineExceeded:
-          type = PyExc_TimeoutError;
-          break;
-        case StatusCode::kPermissionDenied:
-          type = PyExc_PermissionError;
-          break;
-        default:
-          break;
-      }
-      if (type == error_type.ptr()) {
-        py::object exc = py::handle(error_type.ptr())(e.what());
-        exc.attr("code") = std::string(StatusCodeName(e.status().code()));
-        PyErr_SetObject(type, exc.ptr());
-      } else {
-        PyErr_SetString(type, e.what());
-      }
+// GET of many ids (GIL released); every view released if any failed.
+std::optional<std::vector<SampleView>> GetMany(Session& s, PyObject* ids_object) {
+  std::vector<uint32_t> ids;
+  if (!ToSampleIds(ids_object, &ids)) return std::nullopt;
+  std::vector<Result<SampleView>> views = WithoutGil([&] { return s.GetMany(ids); });
+  const Status* first_error = nullptr;
+  for (const Result<SampleView>& v : views) {
+    if (!v.ok() && first_error == nullptr) first_error = &v.status();
+  }
+  if (first_error != nullptr) {
+    for (const Result<SampleView>& v : views) {
+      if (v.ok()) s.Release(*v);
     }
-  });
-
-  py::class_<PySample>(m, "Sample", py::buffer_protocol(),
-                       "A sample's bytes in the sidecar's shared memory (zero-copy, read-only).")
-      .def_property_readonly("id", [](const PySample& s) { return s.view().id; })
-      .def_property_readonly("size", [](const PySample& s) { return s.view().size; })
-      .def_property_readonly("checksum", [](const PySample& s) { return s.view().checksum; })
-      .def_property_readonly("released", &PySample::released)
-      .def("release", &PySample::Release,
-           "Unpins the sample; its memory may be reused by the sidecar afterwards. "
-           "BufferError while a memoryview or numpy array of it is alive.")
-      .def("tobytes",
-           [](const PySample& s) {
-             s.CheckNotReleased();
-             return BytesOf(s.view());
-           })
-      .def("__bytes__",
-           [](const PySample& s) {
-             s.CheckNotReleased();
-             return BytesOf(s.view());
-           })
-      .def("__len__", [](const PySample& s) { return static_cast<size_t>(s.view().size); })
-      .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__",
-           [](PySample& s, const py::object&, const py::object&, const py::object&) {
-             s.Release();
-             return false;
-           })
-      .def("__eq__",
-           [](const PySample& s, const py::object& other) -> py::object {
-             if (!PyObject_CheckBuffer(other.ptr()))
-               return py::reinterpret_borrow<py::object>(Py_NotImplemented);
-             s.CheckNotReleased();
-             py::buffer_info info = py::reinterpret_borrow<py::buffer>(other).request();
-             if (info.itemsize != 1 || info.ndim != 1) return py::bool_(false);
-             const auto size = static_cast<size_t>(info.size);
-             return py::bool_(size == s.view().size &&
-                              std::string_view(static_cast<const char*>(info.ptr), size) ==
-                                  s.view().bytes());
-           })
-      .def("__reduce__",
-           [](const PySample& s) {
-             // Pickles (e.g. from a DataLoader worker) as a copy of the bytes.
-             s.CheckNotReleased();
-             return py::make_tuple(py::module_::import("builtins").attr("bytes"),
-                                   py::make_tuple(BytesOf(s.view())));
-           })
-      .def("__repr__", [](const PySample& s) {
-        return "<granary.Sample id=" + std::to_string(s.view().id) +
-               " size=" + std::to_string(s.view().size) + (s.released() ? " released>" : ">");
-      });
-  {
-    // Our own buffer slots (see SampleGetBuffer); py::buffer_protocol() gave
-    // the type its buffer table.
-    auto* type = reinterpret_cast<PyTypeObject*>(m.attr("Sample").ptr());
-    type->tp_as_buffer->bf_getbuffer = SampleGetBuffer;
-    type->tp_as_buffer->bf_releasebuffer = SampleReleaseBuffer;
+    SetStatusError(*first_error);
+    return std::nullopt;
   }
-  // Hash by identity: __eq__ compares bytes, but a pinned view is not a value.
-  m.attr("Sample").attr("__hash__") = py::none();
+  std::vector<SampleView> out;
+  out.reserve(views.size());
+  for (Result<SampleView>& v : views) out.push_back(*v);
+  return out;
+}
 
-  py::class_<Session, std::shared_ptr<Session>>(m, "Session",
-                                                "A session with the sidecar on one dataset.")
-      .def(py::init([](const std::string& dataset, const std::string& socket,
-                       const std::string& client_name, double connect_timeout, double call_timeout,
-                       uint32_t lookahead, bool verify_checksums) {
-             SessionOptions options;
-             options.socket_path = socket;
-             options.client_name = client_name;
-             options.connect_timeout = Millis(connect_timeout, "connect_timeout");
-             options.call_timeout = Millis(call_timeout, "call_timeout");
-             options.lookahead = lookahead;
-             options.verify_checksums = verify_checksums;
-             Result<std::unique_ptr<Session>> session = [&] {
-               py::gil_scoped_release release;
-               return Session::Open(dataset, options);
-             }();
-             return std::shared_ptr<Session>(ValueOrThrow(std::move(session)));
-           }),
-           py::arg("dataset"), py::arg("socket") = "", py::arg("client_name") = "",
-           py::arg("connect_timeout") = 10.0, py::arg("call_timeout") = 120.0,
-           py::arg("lookahead") = 64, py::arg("verify_checksums") = false)
-      .def_property_readonly("name", [](const Session& s) { return s.info().name; })
-      .def_property_readonly("manifest_id",
-                             [](const Session& s) { return s.info().manifest_id.ToHex(); })
-      .def_property_readonly("sample_count", [](const Session& s) { return s.info().sample_count; })
-      .def_property_readonly("total_bytes", [](const Session& s) { return s.info().total_bytes; })
-      .def_property_readonly("chunk_count", [](const Session& s) { return s.info().chunk_count; })
-      .def_property_readonly("socket_path", &Session::socket_path)
-      .def_property_readonly("sidecar_name", &Session::sidecar_name)
-      .def_property_readonly("arena_bytes", &Session::arena_bytes)
-      .def_property_readonly("pid", &Session::pid)
-      .def_property_readonly("pinned_count", &Session::pinned_count)
-      .def_property_readonly("hint_count", &Session::hint_count)
-      .def("in_opening_process", &Session::InOpeningProcess)
-      .def(
-          "read",
-          [](Session& s, int64_t id) {
-            SampleView v = GetOne(s, id);
-            py::bytes bytes = BytesOf(v);
-            s.Release(v);
-            return bytes;
-          },
-          py::arg("id"), "The sample's bytes (a copy; the pin is released at once).")
-      .def(
-          "read_many",
-          [](Session& s, const std::vector<int64_t>& ids) {
-            std::vector<uint32_t> checked = CheckedIds(ids);
-            std::vector<Result<SampleView>> views = [&] {
-              py::gil_scoped_release release;
-              return s.GetMany(checked);
-            }();
-            py::list out;
-            const Status* first_error = nullptr;
-            for (const Result<SampleView>& v : views) {
-              if (!v.ok()) {
-                if (first_error == nullptr) first_error = &v.status();
-                continue;
-              }
-              if (first_error == nullptr) out.append(BytesOf(*v));
-              s.Release(*v);
-            }
-            if (first_error != nullptr) Throw(*first_error);
-            return out;
-          },
-          py::arg("ids"), "Each sample's bytes (copies), in one round trip where possible.")
-      .def(
-          "get",
-          [](const std::shared_ptr<Session>& s, int64_t id) {
-            return std::make_unique<PySample>(s, GetOne(*s, id));
-          },
-          py::arg("id"), "The sample in shared memory (zero-copy), pinned until released.")
-      .def(
-          "get_many",
-          [](const std::shared_ptr<Session>& s, const std::vector<int64_t>& ids) {
-            std::vector<uint32_t> checked = CheckedIds(ids);
-            std::vector<Result<SampleView>> views = [&] {
-              py::gil_scoped_release release;
-              return s->GetMany(checked);
-            }();
-            const Status* first_error = nullptr;
-            for (const Result<SampleView>& v : views) {
-              if (!v.ok() && first_error == nullptr) first_error = &v.status();
-            }
-            if (first_error != nullptr) {
-              for (const Result<SampleView>& v : views) {
-                if (v.ok()) s->Release(*v);
-              }
-              Throw(*first_error);
-            }
-            py::list out;
-            for (const Result<SampleView>& v : views) {
-              out.append(py::cast(std::make_unique<PySample>(s, *v)));
-            }
-            return out;
-          },
-          py::arg("ids"))
-      .def(
-          "announce_sampler",
-          [](Session& s, uint64_t seed, uint64_t epoch, uint32_t num_replicas, uint32_t rank,
-             bool shuffle, bool drop_last, uint64_t start_position) {
-            SamplerSpec spec = MakeSamplerSpec(s.info().sample_count, seed, epoch, num_replicas,
-                                               rank, shuffle, drop_last);
-            sp::SetPlan plan = ValueOrThrow(SamplerSetPlan(spec, start_position));
-            py::gil_scoped_release release;
-            ThrowIfError(s.SetPlan(plan));
-          },
-          py::arg("seed"), py::arg("epoch"), py::arg("num_replicas"), py::arg("rank"),
-          py::arg("shuffle"), py::arg("drop_last"), py::arg("start_position") = 0,
-          "SET_PLAN for a DistributedSampler over all of the dataset's samples.")
-      .def(
-          "set_plan",
-          [](Session& s, const std::string& plan_id, uint64_t seed, uint64_t epoch,
-             uint32_t world_size, uint32_t rank, uint32_t batch_size, bool drop_last,
-             const std::string& mode, uint32_t window_chunks, uint64_t start_position) {
-            sp::SetPlan plan;
-            plan.plan_id = plan_id;
-            plan.seed = seed;
-            plan.epoch = epoch;
-            plan.world_size = world_size;
-            plan.rank = rank;
-            plan.batch_size = batch_size;
-            plan.drop_last = drop_last;
-            plan.mode = static_cast<uint8_t>(ValueOrThrow(ParsePlanMode(mode)));
-            plan.window_chunks = window_chunks;
-            plan.start_position = start_position;
-            py::gil_scoped_release release;
-            ThrowIfError(s.SetPlan(plan));
-          },
-          py::arg("plan_id"), py::arg("seed"), py::arg("epoch"), py::arg("world_size"),
-          py::arg("rank"), py::arg("batch_size") = 1, py::arg("drop_last") = false,
-          py::arg("mode") = "global", py::arg("window_chunks") = kDefaultChunkWindow,
-          py::arg("start_position") = 0)
-      .def(
-          "next",
-          [](const std::shared_ptr<Session>& s, uint32_t max) {
-            bool end_of_epoch = false;
-            Result<std::vector<Result<SampleView>>> got = [&] {
-              py::gil_scoped_release release;
-              return s->Next(max, &end_of_epoch);
-            }();
-            std::vector<Result<SampleView>> views = ValueOrThrow(std::move(got));
-            py::list out;
-            for (Result<SampleView>& v : views) {
-              if (v.ok()) {
-                out.append(py::cast(std::make_unique<PySample>(s, *v)));
-              } else {
-                out.append(py::none());
-              }
-            }
-            return py::make_tuple(out, end_of_epoch);
-          },
-          py::arg("max") = 1,
-          "The plan's next samples and whether the epoch ended (None for a failed sample).")
-      .def("flush",
-           [](Session& s) {
-             py::gil_scoped_release release;
-             ThrowIfError(s.Flush());
-           })
-      .def("ping",
-           [](Session& s) {
-             py::gil_scoped_release release;
-             ThrowIfError(s.Ping());
-           })
-      .def(
-          "stat",
-          [](Session& s, int64_t id) {
-            std::vector<uint32_t> ids = CheckedIds({id});
-            Result<sp::StatEntry> entry = [&] {
-              py::gil_scoped_release release;
-              return s.Stat(ids[0]);
-            }();
-            sp::StatEntry e = ValueOrThrow(std::move(entry));
-            return py::make_tuple(e.path, e.size, e.mtime_ns);
-          },
-          py::arg("id"), "(path, size, mtime_ns) from the manifest.")
-      .def(
-          "paths",
-          [](Session& s, uint32_t first, uint32_t count) {
-            Result<std::vector<sp::StatEntry>> entries = [&] {
-              py::gil_scoped_release release;
-              return s.List(first, count);
-            }();
-            std::vector<std::string> out;
-            for (sp::StatEntry& e : ValueOrThrow(std::move(entries))) {
-              out.push_back(std::move(e.path));
-            }
-            return out;
-          },
-          py::arg("first"), py::arg("count"), "Paths of ids [first, first + count).")
-      .def(
-          "directories",
-          [](Session& s) {
-            Result<std::vector<sp::DirectoryItem>> dirs = [&] {
-              py::gil_scoped_release release;
-              return s.Directories();
-            }();
-            py::list out;
-            for (const sp::DirectoryItem& d : ValueOrThrow(std::move(dirs))) {
-              out.append(py::make_tuple(d.path, d.mode));
-            }
-            return out;
-          },
-          "[(path, mode)] of every directory but the root, sorted by path.")
-      .def_property_readonly("protocol_version", &Session::protocol_version)
-      .def(
-          "lookup",
-          [](Session& s, const std::string& path) {
-            Result<uint32_t> id = [&] {
-              py::gil_scoped_release release;
-              return s.Lookup(path);
-            }();
-            return ValueOrThrow(std::move(id));
-          },
-          py::arg("path"), "The id of a path relative to the dataset root.");
+PyObject* SessionReadMany(PyObject* self, PyObject* ids) {
+  Session& s = *SessionOf(self);
+  std::optional<std::vector<SampleView>> views = GetMany(s, ids);
+  if (!views) return nullptr;
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(views->size()));
+  for (size_t i = 0; i < views->size(); ++i) {
+    PyObject* bytes = list != nullptr ? BytesOf((*views)[i]) : nullptr;
+    s.Release((*views)[i]);
+    if (bytes == nullptr) {
+      Py_CLEAR(list);
+      continue;
+    }
+    PyList_SetItem(list, static_cast<Py_ssize_t>(i), bytes);
+  }
+  return list;
+}
 
-  m.def(
-      "rank_samples",
-      [](uint64_t n, uint64_t seed, uint64_t epoch, uint32_t num_replicas, uint32_t rank,
-         bool shuffle, bool drop_last) {
-        SamplerSpec spec = MakeSamplerSpec(n, seed, epoch, num_replicas, rank, shuffle, drop_last);
-        Result<std::vector<SampleId>> ids = [&] {
-          py::gil_scoped_release release;
-          return SamplerIndices(spec);
-        }();
-        return ValueOrThrow(std::move(ids));
-      },
-      py::arg("n"), py::arg("seed"), py::arg("epoch"), py::arg("num_replicas"), py::arg("rank"),
-      py::arg("shuffle"), py::arg("drop_last"),
-      "The indices DistributedSampler(rank) yields in an epoch (granary's plan code).");
-  m.def(
-      "rank_share",
-      [](uint64_t n, uint32_t num_replicas, bool drop_last) {
-        if (num_replicas == 0) throw py::value_error("num_replicas must be at least 1");
-        RankShare share = ComputeRankShare(n, num_replicas, drop_last);
-        return py::make_tuple(share.num_samples, share.total_size);
-      },
-      py::arg("n"), py::arg("num_replicas"), py::arg("drop_last"),
-      "(num_samples, total_size) as DistributedSampler computes them.");
-  m.def("validate_sample_path",
-        [](const std::string& path) { ThrowIfError(ValidateSamplePath(path)); });
-  m.def("resolve_socket_path",
-        [](const std::string& configured) { return ResolveSocketPath(configured); });
+PyObject* SessionGetMany(PyObject* self, PyObject* ids) {
+  const std::shared_ptr<Session>& s = SessionOf(self);
+  std::optional<std::vector<SampleView>> views = GetMany(*s, ids);
+  if (!views) return nullptr;
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(views->size()));
+  for (size_t i = 0; i < views->size(); ++i) {
+    if (list == nullptr) {
+      s->Release((*views)[i]);
+      continue;
+    }
+    PyObject* sample = NewSample(s, (*views)[i]);  // releases the view when it fails
+    if (sample == nullptr) {
+      Py_CLEAR(list);
+      continue;
+    }
+    PyList_SetItem(list, static_cast<Py_ssize_t>(i), sample);
+  }
+  return list;
+}
+
+PyObject* StatusResult(const Status& status) {
+  if (!status.ok()) return SetStatusError(status);
+  Py_RETURN_NONE;
+}
+
+bool ToSamplerSpec(PyObject* const* a, uint64_t n, SamplerSpec* spec) {
+  spec->sample_count = n;
+  return ToUint64(a[0], "seed", &spec->seed) && ToUint64(a[1], "epoch", &spec->epoch) &&
+         ToUint32(a[2], "num_replicas", &spec->num_replicas) &&
+         ToUint32(a[3], "rank", &spec->rank) && ToBool(a[4], "shuffle", &spec->shuffle) &&
+         ToBool(a[5], "drop_last", &spec->drop_last);
+}
+
+PyObject* SessionAnnounceSampler(PyObject* self, PyObject* args, PyObject* kwargs) {
+  std::vector<PyObject*> a;
+  if (!ParseArgs(
+          args, kwargs, "announce_sampler",
+          {"seed", "epoch", "num_replicas", "rank", "shuffle", "drop_last", "start_position"}, 6,
+          &a)) {
+    return nullptr;
+  }
+  Session& s = *SessionOf(self);
+  SamplerSpec spec;
+  uint64_t start = 0;
+  if (!ToSamplerSpec(a.data(), s.info().sample_count, &spec)) return nullptr;
+  if (a[6] != nullptr && !ToUint64(a[6], "start_position", &start)) return nullptr;
+  Result<sp::SetPlan> plan = SamplerSetPlan(spec, start);
+  if (!plan.ok()) return SetStatusError(plan.status());
+  return StatusResult(WithoutGil([&] { return s.SetPlan(*plan); }));
+}
+
+PyObject* SessionSetPlan(PyObject* self, PyObject* args, PyObject* kwargs) {
+  std::vector<PyObject*> a;
+  if (!ParseArgs(args, kwargs, "set_plan",
+                 {"plan_id", "seed", "epoch", "world_size", "rank", "batch_size", "drop_last",
+                  "mode", "window_chunks", "start_position"},
+                 5, &a)) {
+    return nullptr;
+  }
+  sp::SetPlan plan;
+  plan.batch_size = 1;
+  plan.window_chunks = kDefaultChunkWindow;
+  std::string mode = "global";
+  if (!ToString(a[0], "plan_id", &plan.plan_id) || !ToUint64(a[1], "seed", &plan.seed) ||
+      !ToUint64(a[2], "epoch", &plan.epoch) || !ToUint32(a[3], "world_size", &plan.world_size) ||
+      !ToUint32(a[4], "rank", &plan.rank) ||
+      (a[5] != nullptr && !ToUint32(a[5], "batch_size", &plan.batch_size)) ||
+      (a[6] != nullptr && !ToBool(a[6], "drop_last", &plan.drop_last)) ||
+      (a[7] != nullptr && !ToString(a[7], "mode", &mode)) ||
+      (a[8] != nullptr && !ToUint32(a[8], "window_chunks", &plan.window_chunks)) ||
+      (a[9] != nullptr && !ToUint64(a[9], "start_position", &plan.start_position))) {
+    return nullptr;
+  }
+  Result<PlanMode> parsed = ParsePlanMode(mode);
+  if (!parsed.ok()) return SetStatusError(parsed.status());
+  plan.mode = static_cast<uint8_t>(*parsed);
+  Session& s = *SessionOf(self);
+  return StatusResult(WithoutGil([&] { return s.SetPlan(plan); }));
+}
+
+PyObject* SessionNext(PyObject* self, PyObject* args, PyObject* kwargs) {
+  std::vector<PyObject*> a;
+  if (!ParseArgs(args, kwargs, "next", {"max"}, 0, &a)) return nullptr;
+  uint32_t max = 1;
+  if (a[0] != nullptr && !ToUint32(a[0], "max", &max)) return nullptr;
+  const std::shared_ptr<Session>& s = SessionOf(self);
+  bool end_of_epoch = false;
+  Result<std::vector<Result<SampleView>>> got =
+      WithoutGil([&] { return s->Next(max, &end_of_epoch); });
+  if (!got.ok()) return SetStatusError(got.status());
+  PyObject* list = PyList_New(0);
+  for (Result<SampleView>& v : *got) {
+    if (list == nullptr) {
+      if (v.ok()) s->Release(*v);
+      continue;
+    }
+    PyObject* item = nullptr;
+    if (v.ok()) {
+      item = NewSample(s, *v);
+    } else {
+      item = Py_None;
+      Py_INCREF(item);
+    }
+    if (item == nullptr || PyList_Append(list, item) != 0) Py_CLEAR(list);
+    Py_XDECREF(item);
+  }
+  if (list == nullptr) return nullptr;
+  return Py_BuildValue("(NO)", list, end_of_epoch ? Py_True : Py_False);
+}
+
+PyObject* SessionFlush(PyObject* self, PyObject*) {
+  Session& s = *SessionOf(self);
+  return StatusResult(WithoutGil([&] { return s.Flush(); }));
+}
+
+PyObject* SessionPing(PyObject* self, PyObject*) {
+  Session& s = *SessionOf(self);
+  return StatusResult(WithoutGil([&] { return s.Ping(); }));
+}
+
+PyObject* SessionStat(PyObject* self, PyObject* id_object) {
+  uint32_t id = 0;
+  if (!ToSampleId(id_object, &id)) return nullptr;
+  Session& s = *SessionOf(self);
+  Result<sp::StatEntry> entry = WithoutGil([&] { return s.Stat(id); });
+  if (!entry.ok()) return SetStatusError(entry.status());
+  return Py_BuildValue("(NKL)", FromString(entry->path),
+                       static_cast<unsigned long long>(entry->size),
+                       static_cast<long long>(entry->mtime_ns));
+}
+
+PyObject* SessionPaths(PyObject* self, PyObject* args, PyObject* kwargs) {
+  std::vector<PyObject*> a;
+  if (!ParseArgs(args, kwargs, "paths", {"first", "count"}, 2, &a)) return nullptr;
+  uint32_t first = 0;
+  uint32_t count = 0;
+  if (!ToUint32(a[0], "first", &first) || !ToUint32(a[1], "count", &count)) return nullptr;
+  Session& s = *SessionOf(self);
+  Result<std::vector<sp::StatEntry>> entries = WithoutGil([&] { return s.List(first, count); });
+  if (!entries.ok()) return SetStatusError(entries.status());
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(entries->size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < entries->size(); ++i) {
+    PyObject* path = FromString((*entries)[i].path);
+    if (path == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SetItem(list, static_cast<Py_ssize_t>(i), path);
+  }
+  return list;
+}
+
+PyObject* SessionDirectories(PyObject* self, PyObject*) {
+  Session& s = *SessionOf(self);
+  Result<std::vector<sp::DirectoryItem>> dirs = WithoutGil([&] { return s.Directories(); });
+  if (!dirs.ok()) return SetStatusError(dirs.status());
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(dirs->size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < dirs->size(); ++i) {
+    PyObject* item = Py_BuildValue("(NI)", FromString((*dirs)[i].path),
+                                   static_cast<unsigned int>((*dirs)[i].mode));
+    if (item == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SetItem(list, static_cast<Py_ssize_t>(i), item);
+  }
+  return list;
+}
+
+PyObject* SessionLookup(PyObject* self, PyObject* path_object) {
+  std::string path;
+  if (!ToString(path_object, "path", &path)) return nullptr;
+  Session& s = *SessionOf(self);
+  Result<uint32_t> id = WithoutGil([&] { return s.Lookup(path); });
+  if (!id.ok()) return SetStatusError(id.status());
+  return PyLong_FromUnsignedLong(*id);
+}
+
+PyObject* SessionInOpeningProcess(PyObject* self, PyObject*) {
+  return PyBool_FromLong(SessionOf(self)->InOpeningProcess());
+}
+
+PyObject* SessionName(PyObject* self, void*) { return FromString(SessionOf(self)->info().name); }
+PyObject* SessionManifestId(PyObject* self, void*) {
+  return FromString(SessionOf(self)->info().manifest_id.ToHex());
+}
+PyObject* SessionSampleCount(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(SessionOf(self)->info().sample_count);
+}
+PyObject* SessionTotalBytes(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(SessionOf(self)->info().total_bytes);
+}
+PyObject* SessionChunkCount(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(SessionOf(self)->info().chunk_count);
+}
+PyObject* SessionSocketPath(PyObject* self, void*) {
+  return FromString(SessionOf(self)->socket_path());
+}
+PyObject* SessionSidecarName(PyObject* self, void*) {
+  return FromString(SessionOf(self)->sidecar_name());
+}
+PyObject* SessionArenaBytes(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(SessionOf(self)->arena_bytes());
+}
+PyObject* SessionPid(PyObject* self, void*) { return PyLong_FromLong(SessionOf(self)->pid()); }
+PyObject* SessionPinnedCount(PyObject* self, void*) {
+  return PyLong_FromSize_t(SessionOf(self)->pinned_count());
+}
+PyObject* SessionHintCount(PyObject* self, void*) {
+  return PyLong_FromSize_t(SessionOf(self)->hint_count());
+}
+PyObject* SessionProtocolVersion(PyObject* self, void*) {
+  return PyLong_FromUnsignedLong(SessionOf(self)->protocol_version());
+}
+
+// NOLINTBEGIN(cppcoreguidelines-pro-type-cstyle-cast): CPython's calling conventions
+#define GRANARY_KW(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f))
+PyMethodDef kSessionMethods[] = {
+    {"read", SessionRead, METH_O, "The sample's bytes (a copy; the pin is released at once)."},
+    {"read_many", SessionReadMany, METH_O,
+     "Each sample's bytes (copies), in one round trip where possible."},
+    {"get", SessionGet, METH_O, "The sample in shared memory (zero-copy), pinned until released."},
+    {"get_many", SessionGetMany, METH_O, "Many samples in shared memory (zero-copy), pinned."},
+    {"announce_sampler", GRANARY_KW(SessionAnnounceSampler), METH_VARARGS | METH_KEYWORDS,
+     "SET_PLAN for a DistributedSampler over all of the dataset's samples."},
+    {"set_plan", GRANARY_KW(SessionSetPlan), METH_VARARGS | METH_KEYWORDS,
+     "SET_PLAN: the order a rank will read (mode global, chunkwise or sequential)."},
+    {"next", GRANARY_KW(SessionNext), METH_VARARGS | METH_KEYWORDS,
+     "The plan's next samples and whether the epoch ended (None for a failed sample)."},
+    {"flush", SessionFlush, METH_NOARGS, "Sends the queued releases."},
+    {"ping", SessionPing, METH_NOARGS, "A round trip to the sidecar."},
+    {"stat", SessionStat, METH_O, "(path, size, mtime_ns) from the manifest."},
+    {"paths", GRANARY_KW(SessionPaths), METH_VARARGS | METH_KEYWORDS,
+     "Paths of ids [first, first + count)."},
+    {"directories", SessionDirectories, METH_NOARGS,
+     "[(path, mode)] of every directory but the root, sorted by path."},
+    {"lookup", SessionLookup, METH_O, "The id of a path relative to the dataset root."},
+    {"in_opening_process", SessionInOpeningProcess, METH_NOARGS,
+     "Whether this process opened the session (False in a forked child)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef kSessionGetSet[] = {
+    {"name", SessionName, nullptr, "The dataset's name.", nullptr},
+    {"manifest_id", SessionManifestId, nullptr, "The snapshot's id (hex).", nullptr},
+    {"sample_count", SessionSampleCount, nullptr, "Samples in the snapshot.", nullptr},
+    {"total_bytes", SessionTotalBytes, nullptr, "Bytes of all samples.", nullptr},
+    {"chunk_count", SessionChunkCount, nullptr, "Chunks of the snapshot.", nullptr},
+    {"socket_path", SessionSocketPath, nullptr, "The sidecar's socket.", nullptr},
+    {"sidecar_name", SessionSidecarName, nullptr, "The sidecar's name (HELLO).", nullptr},
+    {"arena_bytes", SessionArenaBytes, nullptr, "Size of the mapped arena.", nullptr},
+    {"pid", SessionPid, nullptr, "The process that opened the session.", nullptr},
+    {"pinned_count", SessionPinnedCount, nullptr, "Samples this session pins.", nullptr},
+    {"hint_count", SessionHintCount, nullptr, "Lookahead hints held.", nullptr},
+    {"protocol_version", SessionProtocolVersion, nullptr, "The negotiated protocol version.",
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+// ---- module functions -----------------------------------------------------------------------
+
+PyObject* RankSamples(PyObject*, PyObject* args, PyObject* kwargs) {
+  std::vector<PyObject*> a;
+  if (!ParseArgs(args, kwargs, "rank_samples",
+                 {"n", "seed", "epoch", "num_replicas", "rank", "shuffle", "drop_last"}, 7, &a)) {
+    return nullptr;
+  }
+  uint64_t n = 0;
+  SamplerSpec spec;
+  if (!ToUint64(a[0], "n", &n) || !ToSamplerSpec(a.data() + 1, n, &spec)) return nullptr;
+  Result<std::vector<SampleId>> ids = WithoutGil([&] { return SamplerIndices(spec); });
+  if (!ids.ok()) return SetStatusError(ids.status());
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(ids->size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < ids->size(); ++i) {
+    PyObject* id = PyLong_FromUnsignedLongLong((*ids)[i]);
+    if (id == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SetItem(list, static_cast<Py_ssize_t>(i), id);
+  }
+  return list;
+}
+
+PyObject* RankShareOf(PyObject*, PyObject* args, PyObject* kwargs) {
+  std::vector<PyObject*> a;
+  if (!ParseArgs(args, kwargs, "rank_share", {"n", "num_replicas", "drop_last"}, 3, &a)) {
+    return nullptr;
+  }
+  uint64_t n = 0;
+  uint32_t num_replicas = 0;
+  bool drop_last = false;
+  if (!ToUint64(a[0], "n", &n) || !ToUint32(a[1], "num_replicas", &num_replicas) ||
+      !ToBool(a[2], "drop_last", &drop_last)) {
+    return nullptr;
+  }
+  if (num_replicas == 0) {
+    PyErr_SetString(PyExc_ValueError, "num_replicas must be at least 1");
+    return nullptr;
+  }
+  const RankShare share = ComputeRankShare(n, num_replicas, drop_last);
+  return Py_BuildValue("(KK)", static_cast<unsigned long long>(share.num_samples),
+                       static_cast<unsigned long long>(share.total_size));
+}
+
+PyObject* ValidatePath(PyObject*, PyObject* path_object) {
+  std::string path;
+  if (!ToString(path_object, "path", &path)) return nullptr;
+  return StatusResult(ValidateSamplePath(path));
+}
+
+PyObject* ResolveSocket(PyObject*, PyObject* configured_object) {
+  std::string configured;
+  if (!ToString(configured_object, "configured", &configured)) return nullptr;
+  return FromString(ResolveSocketPath(configured));
+}
+
+PyMethodDef kModuleMethods[] = {
+    {"rank_samples", GRANARY_KW(RankSamples), METH_VARARGS | METH_KEYWORDS,
+     "The indices DistributedSampler(rank) yields in an epoch (granary's plan code)."},
+    {"rank_share", GRANARY_KW(RankShareOf), METH_VARARGS | METH_KEYWORDS,
+     "(num_samples, total_size) as DistributedSampler computes them."},
+    {"validate_sample_path", ValidatePath, METH_O,
+     "ValueError for a path that could leave the dataset root."},
+    {"resolve_socket_path", ResolveSocket, METH_O,
+     "The socket path: `configured`, else $GRANARY_SOCKET, else the default."},
+    {nullptr, nullptr, 0, nullptr}};
+#undef GRANARY_KW
+// NOLINTEND(cppcoreguidelines-pro-type-cstyle-cast)
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT,
+                       "granary._native",
+                       "libgranary-client binding (see the granary package).",
+                       -1,
+                       kModuleMethods,
+                       nullptr,
+                       nullptr,
+                       nullptr,
+                       nullptr};
+
+PyObject* MakeType(const char* name, const char* doc, int basic_size,
+                   std::vector<PyType_Slot> slots) {
+  slots.push_back({Py_tp_doc, const_cast<char*>(doc)});
+  slots.push_back({0, nullptr});
+  PyType_Spec spec = {name, basic_size, 0, Py_TPFLAGS_DEFAULT, slots.data()};
+  return PyType_FromSpec(&spec);
+}
+
+PyObject* InitModule() {
+  PyObject* m = PyModule_Create(&kModule);
+  if (m == nullptr) return nullptr;
+  g_error_type = PyErr_NewExceptionWithDoc(
+      "granary.Error",
+      "A Granary failure that no built-in exception names; `code` is the status "
+      "code's name (e.g. 'VERSION_MISMATCH', 'CORRUPTION').",
+      PyExc_RuntimeError, nullptr);
+  g_sample_type = MakeType(
+      "granary.Sample",
+      "A sample's bytes in the sidecar's shared memory (zero-copy, read-only).\n\n"
+      "Supports the buffer protocol (memoryview(s), numpy.frombuffer(s)); pinned until "
+      "release(), the end of a with block, or garbage collection.",
+      static_cast<int>(sizeof(SampleObject)),
+      {{Py_tp_new, reinterpret_cast<void*>(SampleNew)},
+       {Py_tp_dealloc, reinterpret_cast<void*>(SampleDealloc)},
+       {Py_tp_methods, kSampleMethods},
+       {Py_tp_getset, kSampleGetSet},
+       {Py_tp_richcompare, reinterpret_cast<void*>(SampleRichCompare)},
+       // Hash by identity would lie: __eq__ compares bytes, but a pinned view is not a value.
+       {Py_tp_hash, reinterpret_cast<void*>(PyObject_HashNotImplemented)},
+       {Py_tp_repr, reinterpret_cast<void*>(SampleRepr)},
+       {Py_sq_length, reinterpret_cast<void*>(SampleLength)},
+       {kSlotGetBuffer, reinterpret_cast<void*>(SampleGetBuffer)},
+       {kSlotReleaseBuffer, reinterpret_cast<void*>(SampleReleaseBuffer)}});
+  g_session_type = MakeType("granary._native.Session",
+                            "A session with the sidecar on one dataset.\n\n"
+                            "Session(dataset, socket='', client_name='', connect_timeout=10.0, "
+                            "call_timeout=120.0, lookahead=64, verify_checksums=False)",
+                            static_cast<int>(sizeof(SessionObject)),
+                            {{Py_tp_new, reinterpret_cast<void*>(SessionNew)},
+                             {Py_tp_dealloc, reinterpret_cast<void*>(SessionDealloc)},
+                             {Py_tp_methods, kSessionMethods},
+                             {Py_tp_getset, kSessionGetSet}});
+  if (g_error_type == nullptr || g_sample_type == nullptr || g_session_type == nullptr) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  // PyModule_AddObject steals a reference; the module keeps these for good.
+  Py_INCREF(g_error_type);
+  Py_INCREF(g_sample_type);
+  Py_INCREF(g_session_type);
+  if (PyModule_AddObject(m, "Error", g_error_type) != 0 ||
+      PyModule_AddObject(m, "Sample", g_sample_type) != 0 ||
+      PyModule_AddObject(m, "Session", g_session_type) != 0 ||
+      PyModule_AddStringConstant(m, "__version__", GRANARY_VERSION) != 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }
 
 }  // namespace
 }  // namespace granary::client
 
-PYBIND11_MODULE(_native, m) { granary::client::DefineModule(m); }
+PyMODINIT_FUNC PyInit__native() { return granary::client::InitModule(); }

@@ -5,7 +5,9 @@
 
 #include "granary/core/byte_order.h"
 
-#if defined(__x86_64__)
+// GRANARY_XXH3_BASELINE_ONLY (the Python module, which links no libxxhash):
+// the inline XXH3 for every size; the same hash, without the vector paths.
+#if defined(__x86_64__) && !defined(GRANARY_XXH3_BASELINE_ONLY)
 // From Debian's libxxhash, built with xxh_x86dispatch.c; declared here
 // because its header does not mix with XXH_INLINE_ALL.
 extern "C" uint64_t XXH3_64bits_dispatch(const void* input, size_t length);
@@ -21,7 +23,7 @@ namespace granary {
 constexpr size_t kDispatchAbove = 1024;
 
 uint64_t Checksum64(const void* data, size_t size) {
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(GRANARY_XXH3_BASELINE_ONLY)
   if (size > kDispatchAbove) return XXH3_64bits_dispatch(data, size);
 #endif
   return XXH3_64bits(data, size);
