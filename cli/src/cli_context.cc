@@ -7,9 +7,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
 #include "granary/cli/cli.h"
@@ -221,6 +223,8 @@ Json DatasetJson(const DatasetRecord& d) {
               // The cache node walking the source (phase Snapshotting); null otherwise.
               {"claimed_by", d.state.claimed_by.empty() ? Json(nullptr) : Json(d.state.claimed_by)},
               {"owner", {{"uid", d.owner.uid}, {"gid", d.owner.gid}}},
+              // Granted besides root and the owner (`granary dataset grant`).
+              {"readers", {{"uids", d.readers.uids}, {"gids", d.readers.gids}}},
               {"manifest_id", d.manifest_id},
               {"created_ms", d.created_ms},
               {"updated_ms", d.updated_ms},
@@ -256,6 +260,56 @@ std::string GroupName(uint32_t gid) {
     return found->gr_name;
   }
   return std::to_string(gid);
+}
+
+namespace {
+// A decimal id below 4294967295 ((uid_t)-1 is no id), or nothing.
+std::optional<uint32_t> NumericId(const std::string& text) {
+  uint32_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end || v == 0xffffffffu) return std::nullopt;
+  return v;
+}
+}  // namespace
+
+Result<uint32_t> UserIdOf(const std::string& option, const std::string& user) {
+  if (std::optional<uint32_t> id = NumericId(user)) return *id;
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  char buffer[4096];
+  if (!user.empty() && getpwnam_r(user.c_str(), &pw, buffer, sizeof(buffer), &found) == 0 &&
+      found != nullptr) {
+    return static_cast<uint32_t>(found->pw_uid);
+  }
+  return Status::InvalidArgument(option + " " + Quoted(user) +
+                                 ": no such user in this host's user database; write a user "
+                                 "name (`getent passwd NAME` finds it) or a numeric uid");
+}
+
+Result<uint32_t> GroupIdOf(const std::string& option, const std::string& group) {
+  if (std::optional<uint32_t> id = NumericId(group)) return *id;
+  struct group gr {};
+  struct group* found = nullptr;
+  char buffer[16384];
+  if (!group.empty() && getgrnam_r(group.c_str(), &gr, buffer, sizeof(buffer), &found) == 0 &&
+      found != nullptr) {
+    return static_cast<uint32_t>(found->gr_gid);
+  }
+  return Status::InvalidArgument(option + " " + Quoted(group) +
+                                 ": no such group in this host's group database; write a group "
+                                 "name (`getent group NAME` finds it) or a numeric gid");
+}
+
+std::string ReadersText(const DatasetRecord& d) {
+  std::string text = "root and its owner (" + UserName(d.owner.uid) + ")";
+  for (uint32_t uid : d.readers.uids) {
+    text += "; user " + UserName(uid) + " (" + std::to_string(uid) + ")";
+  }
+  for (uint32_t gid : d.readers.gids) {
+    text += "; group " + GroupName(gid) + " (" + std::to_string(gid) + ")";
+  }
+  return text;
 }
 
 ProgressMeter::ProgressMeter(std::string label, std::string items_unit,

@@ -157,6 +157,14 @@ Json ProgressJson(const ProgressSummary& s);
 // "uid 1000 ('alice')": the name when the user database knows the id.
 std::string UserName(uint32_t uid);
 std::string GroupName(uint32_t gid);
+// The other way: a user (group) name or a numeric id, as the user database
+// knows it; an error naming `option` and the fix otherwise. A numeric id the
+// database does not know is taken as it is (sites with ids from a directory
+// that this host does not see).
+Result<uint32_t> UserIdOf(const std::string& option, const std::string& user);
+Result<uint32_t> GroupIdOf(const std::string& option, const std::string& group);
+// "root and its owner (uid 1000)", then "; user alice (1001)", "; group ml (2000)".
+std::string ReadersText(const DatasetRecord& d);
 
 // One progress line for a long command:
 //   "imagenet [######....] 42.0%  940/2242 chunks  58.8 GiB/140.1 GiB  2.1 GiB/s  ETA 39s  Staging"

@@ -1,4 +1,5 @@
-// `granary dataset create|snapshot|list|show|delete|stage|wait` (docs/cli.md).
+// `granary dataset create|snapshot|list|show|delete|stage|place|wait|grant|revoke`
+// (docs/cli.md).
 //
 // Kept whole at about 670 lines: its one job is the `granary dataset`
 // subcommands. They are members of one DatasetCommand whose option members
@@ -121,6 +122,8 @@ class DatasetCommand {
   // option is the whole pool).
   Result<std::optional<std::vector<std::string>>> NodesOption(bool required) const;
   Status Wait(const std::string& name);
+  // grant (true) or revoke (false) --user/--group readers.
+  Status Readers(const std::string& name, bool grant);
 
   // Applies `change` to the record with compare-and-set, re-reading on a
   // conflict (a cache node may be writing the message at the same time).
@@ -154,6 +157,9 @@ class DatasetCommand {
   bool wait_after_ = false;
   std::string timeout_ = "1h";
   std::string wait_for_ = "ready";
+  // dataset grant|revoke
+  std::vector<std::string> users_;
+  std::vector<std::string> groups_;
 };
 
 void DatasetCommand::Add(CLI::App& app) {
@@ -212,6 +218,19 @@ void DatasetCommand::Add(CLI::App& app) {
   wait->add_option("--timeout", timeout_, "Give up after this long (exit 5), e.g. 30m");
   wait->add_option("--for", wait_for_, "ready (default) or staging");
   c_.OnParsed(wait, [this] { return Wait(target_); });
+
+  for (const bool grant : {true, false}) {
+    CLI::App* access = dataset->add_subcommand(
+        grant ? "grant" : "revoke",
+        grant ? "Let users or groups read a dataset through a Slurm job (#DW persistentdw)"
+              : "Take back what `dataset grant` gave");
+    access->add_option("name", target_, "Dataset name")->required();
+    access->add_option("--user", users_, "User name or uid (repeatable, comma-separated)")
+        ->delimiter(',');
+    access->add_option("--group", groups_, "Group name or gid: any member (repeatable)")
+        ->delimiter(',');
+    c_.OnParsed(access, [this, grant] { return Readers(target_, grant); });
+  }
 }
 
 Result<DatasetRecord> DatasetCommand::Update(const std::string& name,
@@ -475,6 +494,7 @@ Status DatasetCommand::Show(const std::string& name) {
       << (d.state.claimed_by.empty() ? "" : " (node " + d.state.claimed_by + " is walking it)")
       << "\n"
       << "owner:       uid " << d.owner.uid << " gid " << d.owner.gid << "\n"
+      << "readers:     " << ReadersText(d) << "\n"
       << "manifest:    " << (d.manifest_id.empty() ? "(none yet)" : d.manifest_id) << "\n"
       << "plans:       " << plans.size() << "\n"
       << "staged:      " << HumanBytes(t.total.bytes_staged) << " of "
@@ -669,6 +689,52 @@ Status DatasetCommand::Wait(const std::string& name) {
     }
     std::this_thread::sleep_for(std::min<SteadyClock::duration>(kWaitPoll, deadline - now));
   }
+}
+
+Status DatasetCommand::Readers(const std::string& name, bool grant) {
+  const std::string verb = grant ? "grant" : "revoke";
+  if (users_.empty() && groups_.empty()) {
+    return Status::InvalidArgument("granary dataset " + verb +
+                                   ": say whom with --user NAME|UID or --group NAME|GID "
+                                   "(repeatable)");
+  }
+  std::vector<uint32_t> uids;
+  std::vector<uint32_t> gids;
+  for (const std::string& u : users_) {
+    GRANARY_ASSIGN_OR_RETURN(uint32_t uid, UserIdOf("--user", u));
+    uids.push_back(uid);
+  }
+  for (const std::string& g : groups_) {
+    GRANARY_ASSIGN_OR_RETURN(uint32_t gid, GroupIdOf("--group", g));
+    gids.push_back(gid);
+  }
+  GRANARY_RETURN_IF_ERROR(c_.OpenExistingStore());
+  // Kept sorted and unique, as the record requires.
+  auto apply = [grant](std::vector<uint32_t>& ids, const std::vector<uint32_t>& change) {
+    for (uint32_t id : change) {
+      auto at = std::lower_bound(ids.begin(), ids.end(), id);
+      const bool there = at != ids.end() && *at == id;
+      if (grant && !there) ids.insert(at, id);
+      if (!grant && there) ids.erase(at);
+    }
+  };
+  GRANARY_ASSIGN_OR_RETURN(DatasetRecord d, Update(name, [&](DatasetRecord& r) {
+                             apply(r.readers.uids, uids);
+                             apply(r.readers.gids, gids);
+                           }));
+  if (c_.json_output()) {
+    c_.out() << DatasetJson(d).dump(2) << "\n";
+    return Status::Ok();
+  }
+  for (uint32_t uid : uids) {
+    if (uid == 0 || uid == d.owner.uid) {
+      c_.out() << "note: " << UserName(uid) << " (uid " << uid << ") "
+               << (uid == 0 ? "is root" : "owns dataset " + name) << " and reads it "
+               << (grant ? "without a grant" : "whatever is revoked") << "\n";
+    }
+  }
+  c_.out() << "dataset " << name << " may be read by " << ReadersText(d) << "\n";
+  return Status::Ok();
 }
 
 }  // namespace

@@ -2,12 +2,16 @@
 // Slurm's burst_buffer/lua functions, so that the logic lives here, in
 // tested C++, and the Lua stays a thin dispatcher (docs/slurm.md).
 //
-//   granary slurm validate SCRIPT   slurm_bb_job_process: the script's #DW
-//                                   directives, each problem with its line
+//   granary slurm validate SCRIPT [--uid U --gid G]
+//                                   slurm_bb_job_process: the script's #DW
+//                                   directives, each problem with its line;
+//                                   with the user (23.02+), its right to
+//                                   read each persistentdw dataset
 //   granary slurm pools             slurm_bb_pools: capacity per pool (JSON)
 //   granary slurm setup JOB UID GID SCRIPT
 //                                   slurm_bb_setup: the job's stage_in
-//                                   datasets, owned by the job's user
+//                                   datasets, owned by the job's user; its
+//                                   right to read each persistentdw dataset
 //   granary slurm data_in JOB SCRIPT
 //                                   slurm_bb_data_in: snapshots them; waits
 //                                   until every dataset of the job is usable
@@ -30,6 +34,7 @@
 #include <cerrno>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -51,11 +56,15 @@ using slurm::DirectiveParse;
 using slurm::IsSlurmReplacedScript;
 using slurm::JobDatasetName;
 using slurm::JobDirectives;
+using slurm::JobUser;
 using slurm::kJobDatasetPrefix;
 using slurm::NeedsStore;
 using slurm::ParseJobDirectives;
+using slurm::ParseUserOrGroupId;
 using slurm::PersistentDwDirective;
+using slurm::PersistentDwRefusal;
 using slurm::ReplaceJobIdSymbols;
+using slurm::ResolveJobUser;
 using slurm::ScriptSymbols;
 using slurm::SlurmEpilog;
 using slurm::SlurmNodeOptions;
@@ -102,7 +111,33 @@ Json DirectivesJson(const JobDirectives& d) {
   return j;
 }
 
-Status Validate(CliContext& c, const std::string& script_path) {
+// The job's user from the uid and gid Slurm passed, with the groups the user
+// database lists for it.
+Result<JobUser> JobUserOf(const std::string& uid_text, const std::string& gid_text) {
+  GRANARY_ASSIGN_OR_RETURN(uint32_t uid, ParseUserOrGroupId(uid_text, "uid"));
+  GRANARY_ASSIGN_OR_RETURN(uint32_t gid, ParseUserOrGroupId(gid_text, "gid"));
+  return ResolveJobUser(uid, gid);
+}
+
+// What `validate` takes: the script, and the submitting user where Slurm
+// passes it (23.02 and later; 22.05 passes the script only, and setup checks
+// the user's rights instead).
+struct ValidateOptions {
+  std::string script;
+  std::string uid;
+  std::string gid;
+};
+
+Status Validate(CliContext& c, const ValidateOptions& o) {
+  const std::string& script_path = o.script;
+  if (o.uid.empty() != o.gid.empty()) {
+    return Status::InvalidArgument(
+        "granary slurm validate: give --uid and --gid together (the submitting user's)");
+  }
+  std::optional<JobUser> user;
+  if (!o.uid.empty()) {
+    GRANARY_ASSIGN_OR_RETURN(user, JobUserOf(o.uid, o.gid));
+  }
   Result<std::string> script = ReadFileToString(script_path);
   if (!script.ok()) {
     return Status(script.status().code(), "reading the job script " + Quoted(script_path) + ": " +
@@ -115,7 +150,7 @@ Status Validate(CliContext& c, const std::string& script_path) {
     GRANARY_RETURN_IF_ERROR(c.OpenExistingStore());
     store = &c.store();
   }
-  GRANARY_RETURN_IF_ERROR(CheckJobDirectives(parse, store));
+  GRANARY_RETURN_IF_ERROR(CheckJobDirectives(parse, store, user ? &*user : nullptr));
   if (!parse.errors.empty()) {
     std::string message = "job script " + Quoted(script_path) + ": #DW directives not valid:";
     for (const DirectiveError& e : parse.errors) message += "\n  " + e.ToString();
@@ -219,6 +254,27 @@ Status Setup(CliContext& c, const SlurmJobOptions& o) {
   GRANARY_RETURN_IF_ERROR(CheckJobId(o.job_id));
   GRANARY_ASSIGN_OR_RETURN(JobDirectives d, ReadDirectives(o.job_id, o.script));
   GRANARY_RETURN_IF_ERROR(c.OpenStore());
+  // The job's user must be allowed to read each persistentdw dataset: its
+  // sidecar reads them as root. (Slurm 22.05 gives validate no user, so this
+  // is the first place that knows who submitted; the job is held, not run.)
+  if (!d.persistent.empty()) {
+    GRANARY_ASSIGN_OR_RETURN(JobUser user, JobUserOf(o.uid, o.gid));
+    for (const PersistentDwDirective& p : d.persistent) {
+      Result<DatasetRecord> record = c.store().GetDataset(p.name);
+      // Not there yet (a name with %j, made by another job): data_in waits for
+      // it, and the prolog checks it where it is served.
+      if (record.status().code() == StatusCode::kNotFound) continue;
+      if (!record.ok()) {
+        return record.status().WithContext("job " + o.job_id + ": persistentdw dataset " +
+                                           Quoted(p.name) + " (line " + std::to_string(p.line) +
+                                           ")");
+      }
+      if (std::string refusal = PersistentDwRefusal(*record, user); !refusal.empty()) {
+        return Status::PermissionDenied("job " + o.job_id + ": line " + std::to_string(p.line) +
+                                        ": " + refusal);
+      }
+    }
+  }
   for (const StageInDirective& s : d.stage_ins) {
     GRANARY_ASSIGN_OR_RETURN(std::string name, JobDatasetName(o.job_id, s.name));
     // Slurm may run setup again (a retry after slurmctld restarts): a
@@ -332,14 +388,18 @@ Status PrologWithJobId(slurm::NodeAgentContext& c, SlurmNodeOptions o) {
 }  // namespace
 
 void AddSlurmCommand(CLI::App& app, CliContext& context) {
-  std::string* script = context.Keep(std::make_unique<std::string>());
+  ValidateOptions* v = context.Keep(std::make_unique<ValidateOptions>());
   CLI::App* slurm =
       app.add_subcommand("slurm", "Steps of Slurm's burst_buffer/lua plugin (docs/slurm.md)");
   slurm->require_subcommand(1);
   CLI::App* validate = slurm->add_subcommand(
       "validate", "Check a job script's #DW directives (slurm_bb_job_process)");
-  validate->add_option("script", *script, "The job script")->required();
-  context.OnParsed(validate, [&context, script] { return Validate(context, *script); });
+  validate->add_option("script", v->script, "The job script")->required();
+  validate->add_option("--uid", v->uid,
+                       "The submitting user's uid: checks its right to read persistentdw "
+                       "datasets (Slurm 23.02+ passes it)");
+  validate->add_option("--gid", v->gid, "The submitting user's gid (with --uid)");
+  context.OnParsed(validate, [&context, v] { return Validate(context, *v); });
 
   CLI::App* pools = slurm->add_subcommand("pools", "Capacity of each pool (slurm_bb_pools)");
   context.OnParsed(pools, [&context] { return Pools(context); });

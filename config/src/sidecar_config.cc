@@ -66,6 +66,35 @@ Status ParseMounts(ConfigMap& m, const std::string& text, SidecarConfig* c) {
   return Status::Ok();
 }
 
+// "a,b,c" (empty: none); after `mounts`, which must be among them.
+Status ParseDatasets(ConfigMap& m, const std::string& text, SidecarConfig* c) {
+  const std::string where = m.Where("datasets");
+  std::vector<std::string> names;
+  size_t pos = 0;
+  while (!text.empty() && pos <= text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string name = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (!IsDnsLabel(name)) {
+      return Status::InvalidArgument(where + ": " + Quoted(name) +
+                                     " is not a dataset name (a DNS-1123 label); write names "
+                                     "separated by commas, e.g. \"imagenet,coco\"");
+    }
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      names.push_back(std::move(name));
+    }
+  }
+  for (const SidecarConfig::Mount& mount : c->mounts) {
+    if (std::find(names.begin(), names.end(), mount.dataset) == names.end()) {
+      return Status::InvalidArgument(where + ": `mounts` mounts dataset " + Quoted(mount.dataset) +
+                                     ", which is not among them; add it or drop the mount");
+    }
+  }
+  c->datasets = std::move(names);
+  return Status::Ok();
+}
+
 Status ParseSocket(ConfigMap& m, SidecarConfig* c) {
   bool given = false;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "socket", &c->socket_path, &given));
@@ -167,6 +196,10 @@ Status Parse(ConfigMap& m, SidecarConfig* c) {
   std::string mounts;
   GRANARY_RETURN_IF_ERROR(OptionalString(m, "mounts", &mounts, &given));
   if (given) GRANARY_RETURN_IF_ERROR(ParseMounts(m, mounts, c));
+
+  std::string datasets;
+  GRANARY_RETURN_IF_ERROR(OptionalString(m, "datasets", &datasets, &given));
+  if (given) GRANARY_RETURN_IF_ERROR(ParseDatasets(m, datasets, c));
 
   GRANARY_RETURN_IF_ERROR(OptionalCount(m, "window_samples", 1, 1u << 24, &c->window_samples));
   GRANARY_RETURN_IF_ERROR(

@@ -177,4 +177,16 @@ bool DatasetUsesNode(const DatasetSpec& spec, std::string_view node_id) {
   return NodeListed(spec.nodes, node_id);
 }
 
+bool MayReadDataset(const DatasetRecord& dataset, uint32_t uid, uint32_t gid,
+                    const std::vector<uint32_t>& groups) {
+  if (uid == 0 || uid == dataset.owner.uid) return true;
+  const DatasetReaders& r = dataset.readers;
+  auto granted = [](const std::vector<uint32_t>& sorted, uint32_t id) {
+    return std::binary_search(sorted.begin(), sorted.end(), id);
+  };
+  if (granted(r.uids, uid) || granted(r.gids, gid)) return true;
+  return std::any_of(groups.begin(), groups.end(),
+                     [&](uint32_t group) { return granted(r.gids, group); });
+}
+
 }  // namespace granary

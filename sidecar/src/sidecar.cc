@@ -479,6 +479,7 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarConfig& config) {
   SidecarServiceOptions service;
   service.name = impl->name;
   service.pool = config.pool;
+  service.datasets = config.datasets;
   service.cache.arena_bytes = config.arena_bytes;
   service.cache.window_samples = config.window_samples;
   service.cache.window_bytes = config.window_bytes;

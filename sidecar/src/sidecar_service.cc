@@ -23,6 +23,17 @@ SidecarService::SidecarService(SidecarServiceOptions options, MetadataStore* sto
 // ---- datasets ---------------------------------------------------------------------------
 
 Result<std::shared_ptr<SampleCache>> SidecarService::OpenDataset(const std::string& dataset) {
+  if (options_.datasets.has_value() &&
+      std::find(options_.datasets->begin(), options_.datasets->end(), dataset) ==
+          options_.datasets->end()) {
+    std::string served;
+    for (const std::string& name : *options_.datasets)
+      served += (served.empty() ? "" : ", ") + name;
+    return Status::PermissionDenied(
+        "dataset " + Quoted(dataset) + " is not served by this sidecar, which serves " +
+        (served.empty() ? std::string("no dataset") : "only " + served) +
+        " (its `datasets` option; a Slurm job's sidecar serves the datasets its #DW lines name)");
+  }
   std::lock_guard<std::mutex> open_lock(open_mu_);
   std::shared_ptr<SampleCache> cached;
   {

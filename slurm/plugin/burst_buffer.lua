@@ -9,7 +9,7 @@ Every slurm_bb_* function is a thin call of `granary slurm <step> ...`: the
 logic (directives, datasets, environment, teardown) is C++ and tested there
 (cli/src/slurm_command.cc). Arguments arrive as strings. Slurm 22.05 passes the
 arguments named below; 23.02+ appends more (uid, gid, job_info), which are
-ignored, so one file serves both.
+ignored except by job_process, so one file serves both.
 
 job_process, pools and paths run inside slurmctld holding its locks: the
 steps they run read a file and the metadata store, nothing slower.
@@ -67,7 +67,13 @@ local function granary(...)
 	return slurm.ERROR, output
 end
 
-function slurm_bb_job_process(job_script)
+-- 23.02+ passes the submitting user: its right to read each persistentdw
+-- dataset is checked at sbatch. 22.05 passes the script only; setup checks it
+-- then (the job is held with the reason) and the prolog again.
+function slurm_bb_job_process(job_script, uid, gid)
+	if uid ~= nil and gid ~= nil then
+		return granary("slurm", "validate", job_script, "--uid", uid, "--gid", gid)
+	end
 	return granary("slurm", "validate", job_script)
 end
 

@@ -527,7 +527,20 @@ Result<std::vector<std::string>> KubernetesNamesFor(MetadataStore& store, const 
 
 }  // namespace
 
-Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
+std::string PersistentDwRefusal(const DatasetRecord& dataset, const JobUser& user) {
+  if (MayReadDataset(dataset, user.uid, user.gid, user.groups)) return "";
+  const std::string who = user.name.empty() ? "uid " + std::to_string(user.uid)
+                                            : user.name + " (uid " + std::to_string(user.uid) + ")";
+  const std::string whom = user.name.empty() ? std::to_string(user.uid) : user.name;
+  return "#DW persistentdw: " + who + " may not read dataset " + Quoted(dataset.name) +
+         ": it belongs to uid " + std::to_string(dataset.owner.uid) +
+         (dataset.readers.empty() ? ", who granted it to no one"
+                                  : ", who did not grant it to this user or a group of theirs") +
+         "; its owner can ask an admin to run `granary dataset grant " + dataset.name + " --user " +
+         whom + "` (or --group GROUP), or use a dataset of your own";
+}
+
+Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store, const JobUser* user) {
   JobDirectives& d = parse.directives;
   if (store == nullptr && NeedsStore(d)) {
     return Status::Internal("checking #DW directives: jobdw and persistentdw need the store");
@@ -588,6 +601,10 @@ Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store) {
       parse.errors.push_back({p.line, message});
     } else if (!record.ok()) {
       return record.status();
+    } else if (user != nullptr) {
+      if (std::string refusal = PersistentDwRefusal(*record, *user); !refusal.empty()) {
+        parse.errors.push_back({p.line, std::move(refusal)});
+      }
     }
   }
   SortErrors(parse.errors);

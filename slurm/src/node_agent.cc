@@ -29,6 +29,7 @@
 #include "granary/core/names.h"
 #include "granary/posix/mount_point.h"
 #include "granary/slurm/directives.h"
+#include "granary/source/identity.h"
 
 extern char** environ;
 
@@ -78,18 +79,6 @@ Status CheckCommon(const SlurmNodeOptions& o) {
                                    " is not an absolute path; write e.g. /run/granary/slurm");
   }
   return Status::Ok();
-}
-
-Result<uint32_t> ParseId(const std::string& text, const std::string& what) {
-  uint32_t v = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || ptr != end || v == 0xffffffffu) {
-    return Status::InvalidArgument(what + " " + Quoted(text) +
-                                   " is not a numeric id; prolog.sh passes $SLURM_JOB_UID and "
-                                   "$SLURM_JOB_GID");
-  }
-  return v;
 }
 
 Status MakeDir(const std::string& path, mode_t mode) {
@@ -283,8 +272,8 @@ struct JobDataset {
 
 // The job's datasets (stage_in ones from the store, checked against the
 // script) and its pool; an empty list and no pool: not a Granary job.
-Status FindJobDatasets(NodeAgentContext& c, const SlurmNodeOptions& o, std::vector<JobDataset>* out,
-                       std::string* pool) {
+Status FindJobDatasets(NodeAgentContext& c, const SlurmNodeOptions& o, uint32_t uid, uint32_t gid,
+                       std::vector<JobDataset>* out, std::string* pool) {
   const std::string prefix = std::string(kJobDatasetPrefix) + o.job_id + "-";
   auto list_own = [&]() -> Result<std::vector<DatasetRecord>> {
     GRANARY_RETURN_IF_ERROR(c.OpenStore());
@@ -356,11 +345,22 @@ Status FindJobDatasets(NodeAgentContext& c, const SlurmNodeOptions& o, std::vect
     }
     GRANARY_RETURN_IF_ERROR(use(*it, s.name));
   }
+  JobUser user;
+  if (!directives.persistent.empty()) {
+    GRANARY_ASSIGN_OR_RETURN(user, ResolveJobUser(uid, gid));
+  }
   for (const PersistentDwDirective& d : directives.persistent) {
     Result<DatasetRecord> record = c.store().GetDataset(d.name);
     if (!record.ok()) {
       return record.status().WithContext("job " + o.job_id + ": persistentdw dataset " +
                                          Quoted(d.name) + " (line " + std::to_string(d.line) + ")");
+    }
+    // Checked at submission and at setup already; checked again here, where
+    // the bytes are served, against the record as it is now (a grant may
+    // have been revoked while the job waited).
+    if (std::string refusal = PersistentDwRefusal(*record, user); !refusal.empty()) {
+      return Status::PermissionDenied("job " + o.job_id + ": line " + std::to_string(d.line) +
+                                      ": " + refusal);
     }
     GRANARY_RETURN_IF_ERROR(use(*record, ""));
   }
@@ -454,6 +454,11 @@ Status StartJobSidecar(NodeAgentContext& c, const SlurmNodeOptions& o, const std
        << "pool: " << pool << "\n"
        << "metrics_listen: 127.0.0.1:" << port << "\n";
   if (!mounts.empty()) yaml << "mounts: \"" << mounts << "\"\n";
+  // The socket is the job user's: it serves the datasets checked above and
+  // no other of the pool.
+  std::string served;
+  for (const JobDataset& d : datasets) served += (served.empty() ? "" : ",") + d.dataset;
+  yaml << "datasets: \"" << served << "\"\n";
   // The sidecar runs as root: it proves the cluster key to the cache nodes.
   if (const std::string key = c.ClusterKeyPath(); !key.empty()) {
     GRANARY_RETURN_IF_ERROR(c.CheckClusterKey());  // a key that will not load: say so now
@@ -503,17 +508,34 @@ Status StartJobSidecar(NodeAgentContext& c, const SlurmNodeOptions& o, const std
 
 }  // namespace
 
+Result<uint32_t> ParseUserOrGroupId(const std::string& text, const std::string& what) {
+  uint32_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end || v == 0xffffffffu) {
+    return Status::InvalidArgument(what + " " + Quoted(text) +
+                                   " is not a numeric id; Slurm passes the job's uid and gid "
+                                   "($SLURM_JOB_UID and $SLURM_JOB_GID in prolog.sh)");
+  }
+  return v;
+}
+
+Result<JobUser> ResolveJobUser(uint32_t uid, uint32_t gid) {
+  GRANARY_ASSIGN_OR_RETURN(Identity identity, ResolveOwnerIdentity(uid, gid));
+  return JobUser{identity.uid, identity.gid, std::move(identity.groups), std::move(identity.name)};
+}
+
 Status SlurmProlog(NodeAgentContext& c, const SlurmNodeOptions& o) {
   GRANARY_RETURN_IF_ERROR(CheckCommon(o));
-  GRANARY_ASSIGN_OR_RETURN(uint32_t uid, ParseId(o.uid, "--uid"));
-  GRANARY_ASSIGN_OR_RETURN(uint32_t gid, ParseId(o.gid, "--gid"));
+  GRANARY_ASSIGN_OR_RETURN(uint32_t uid, ParseUserOrGroupId(o.uid, "--uid"));
+  GRANARY_ASSIGN_OR_RETURN(uint32_t gid, ParseUserOrGroupId(o.gid, "--gid"));
   GRANARY_ASSIGN_OR_RETURN(milliseconds timeout, ParseDuration(o.timeout));
   if (!o.log_dir.starts_with('/')) {
     return Status::InvalidArgument("--log-dir " + Quoted(o.log_dir) + " is not an absolute path");
   }
   std::vector<JobDataset> datasets;
   std::string pool;
-  GRANARY_RETURN_IF_ERROR(FindJobDatasets(c, o, &datasets, &pool));
+  GRANARY_RETURN_IF_ERROR(FindJobDatasets(c, o, uid, gid, &datasets, &pool));
   if (pool.empty()) {
     c.out() << "job " << o.job_id << ": no #DW directives; nothing to do\n";
     return Status::Ok();

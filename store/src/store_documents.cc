@@ -107,6 +107,16 @@ Result<std::vector<std::string>> StringListField(const json& obj, const char* ke
   return v.get<std::vector<std::string>>();
 }
 
+Result<std::vector<uint32_t>> IdListField(const json& obj, const char* key, std::string_view path) {
+  const json& v = obj.at(key);
+  bool ok = v.is_array();
+  for (size_t i = 0; ok && i < v.size(); ++i) {
+    ok = v[i].is_number_unsigned() && std::in_range<uint32_t>(v[i].get<uint64_t>());
+  }
+  if (!ok) return Status::InvalidArgument(std::string(path) + " is not a list of uids or gids");
+  return v.get<std::vector<uint32_t>>();
+}
+
 Result<std::map<std::string, std::string>> StringMapField(const json& obj, const char* key,
                                                           std::string_view path) {
   const json& v = obj.at(key);
@@ -242,6 +252,23 @@ Status ValidateDataset(const DatasetRecord& record) {
   if (!record.manifest_id.empty()) {
     GRANARY_RETURN_IF_ERROR(ValidateManifestId(record.manifest_id).WithContext(what));
   }
+  for (const auto& [ids, field] : {std::pair{&record.readers.uids, "readers.uids"},
+                                   std::pair{&record.readers.gids, "readers.gids"}}) {
+    if (ids->size() > kMaxDatasetReaders) {
+      return Status::InvalidArgument(what + field + " lists " + std::to_string(ids->size()) +
+                                     " ids, more than " + std::to_string(kMaxDatasetReaders) +
+                                     "; grant a group instead of many users");
+    }
+    for (size_t i = 0; i < ids->size(); ++i) {
+      if ((*ids)[i] == 0xffffffffu) {
+        return Status::InvalidArgument(what + field + " holds 4294967295, which is no id");
+      }
+      if (i > 0 && (*ids)[i] <= (*ids)[i - 1]) {
+        return Status::InvalidArgument(what + field + " is not sorted and unique at " +
+                                       std::to_string((*ids)[i]));
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -309,6 +336,7 @@ Result<std::string> EncodeDataset(const DatasetRecord& r) {
       doc["spec"]["namespace"] = r.spec.kubernetes_namespace;
     }
     if (!r.state.claimed_by.empty()) doc["state"]["claimed_by"] = r.state.claimed_by;
+    if (!r.readers.empty()) doc["readers"] = {{"uids", r.readers.uids}, {"gids", r.readers.gids}};
     return doc;
   });
 }
@@ -343,6 +371,11 @@ Result<DatasetRecord> DecodeDataset(std::string_view text, std::string_view key_
     GRANARY_ASSIGN_OR_RETURN(const json* owner, ObjectField(j, "owner", "owner"));
     GRANARY_ASSIGN_OR_RETURN(r.owner.uid, IntField<uint32_t>(*owner, "uid", "owner.uid"));
     GRANARY_ASSIGN_OR_RETURN(r.owner.gid, IntField<uint32_t>(*owner, "gid", "owner.gid"));
+    if (j.contains("readers")) {
+      GRANARY_ASSIGN_OR_RETURN(const json* readers, ObjectField(j, "readers", "readers"));
+      GRANARY_ASSIGN_OR_RETURN(r.readers.uids, IdListField(*readers, "uids", "readers.uids"));
+      GRANARY_ASSIGN_OR_RETURN(r.readers.gids, IdListField(*readers, "gids", "readers.gids"));
+    }
     GRANARY_ASSIGN_OR_RETURN(const json* state, ObjectField(j, "state", "state"));
     GRANARY_ASSIGN_OR_RETURN(std::string phase, StringField(*state, "phase", "state.phase"));
     GRANARY_ASSIGN_OR_RETURN(r.state.phase, ParseDatasetPhase(phase));

@@ -325,6 +325,66 @@ TEST_F(CliTest, DatasetsArePlacedOnChosenNodes) {
   }
 }
 
+// Who may read a dataset through a Slurm job: granted and revoked by user or
+// group, by name or id, shown by `dataset show`; bad names refused.
+TEST_F(CliTest, GrantAndRevokeReaders) {
+  CliRun r = Run(
+      {"dataset", "create", "pets", "--source", source_, "--no-snapshot", "--owner", "4300:4300"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  r = Run({"dataset", "show", "pets"});
+  EXPECT_NE(r.out.find("readers:     root and its owner (4300)\n"), std::string::npos) << r.out;
+  r = Run({"dataset", "grant", "pets", "--user", "nobody,4242", "--group", "nogroup"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.out.find("user 4242 (4242); user nobody (65534); group nogroup (65534)"),
+            std::string::npos)
+      << r.out;
+  // Again: nothing twice; the owner needs no grant.
+  r = Run({"dataset", "grant", "pets", "--user", "65534", "--user", "4300"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.out.find("owns dataset pets and reads it without a grant"), std::string::npos)
+      << r.out;
+  auto shown = nlohmann::json::parse(Run({"dataset", "show", "pets", "-o", "json"}).out);
+  EXPECT_EQ(shown["readers"]["uids"], nlohmann::json({4242, 4300, 65534}));
+  EXPECT_EQ(shown["readers"]["gids"], nlohmann::json({65534}));
+  auto stored = Store()->GetDataset("pets");
+  ASSERT_OK(stored);
+  EXPECT_EQ(stored->readers.uids, (std::vector<uint32_t>{4242, 4300, 65534}));
+  r = Run({"dataset", "revoke", "pets", "--user", "nobody", "--user", "4300", "--group", "65534"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  r = Run({"dataset", "revoke", "pets", "--user", "nobody"});  // not granted: nothing to do
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  stored = Store()->GetDataset("pets");
+  ASSERT_OK(stored);
+  EXPECT_EQ(stored->readers.uids, std::vector<uint32_t>{4242});
+  EXPECT_TRUE(stored->readers.gids.empty());
+
+  struct Bad {
+    std::vector<std::string> args;
+    int code;
+    std::string says;
+  } bad[] = {
+      {{"dataset", "grant", "pets"}, kCliUsage, "say whom with --user"},
+      {{"dataset", "grant", "pets", "--user", "no-such-user-x"},
+       kCliUsage,
+       "--user 'no-such-user-x': no such user"},
+      {{"dataset", "grant", "pets", "--group", "no-such-group-x"},
+       kCliUsage,
+       "--group 'no-such-group-x': no such group"},
+      {{"dataset", "grant", "pets", "--user", "4294967295"}, kCliUsage, "no such user"},
+      {{"dataset", "grant", "pets", "--user", "-1"}, kCliUsage, "no such user"},
+      {{"dataset", "grant", "pets", "--user", ""}, kCliUsage, "no such user"},
+      {{"dataset", "revoke", "nope", "--user", "nobody"}, kCliNotFound, "nope"},
+  };
+  for (const Bad& b : bad) {
+    r = Run(b.args);
+    EXPECT_EQ(r.code, b.code) << r.err;
+    EXPECT_NE(r.err.find(b.says), std::string::npos) << r.err;
+  }
+  stored = Store()->GetDataset("pets");
+  ASSERT_OK(stored);
+  EXPECT_EQ(stored->readers.uids, std::vector<uint32_t>{4242}) << "a refused grant changed it";
+}
+
 TEST_F(CliTest, UnreachableOrBadStore) {
   std::ostringstream out;
   std::ostringstream err;

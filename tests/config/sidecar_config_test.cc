@@ -60,6 +60,13 @@ TEST(SidecarConfigTest, EveryKey) {
   ASSERT_EQ(m->mounts.size(), 2u);
   EXPECT_EQ(m->mounts[1].dataset, "b-2");
   EXPECT_EQ(m->mounts[1].dir, "/mnt/b");
+  EXPECT_FALSE(m->datasets.has_value()) << "unset: every dataset of the pool";
+  auto d = Parse("metadata_store: redis://h\nmounts: a:/mnt/a\ndatasets: a,b-2,a\n");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->datasets, (std::vector<std::string>{"a", "b-2"}));
+  d = Parse("metadata_store: redis://h\ndatasets: \"\"\n");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->datasets, std::vector<std::string>{}) << "empty: none";
 }
 
 TEST(SidecarConfigTest, BadValuesNameTheKey) {
@@ -83,6 +90,9 @@ TEST(SidecarConfigTest, BadValuesNameTheKey) {
       {store + "mounts: Bad_Name:/mnt/x\n", "mounts"},
       {store + "mounts: imagenet:mnt\n", "mounts"},
       {store + "mounts: a:/mnt/x,b:/mnt/x\n", "mounts"},
+      {store + "datasets: Bad_Name\n", "datasets"},
+      {store + "datasets: a,,b\n", "datasets"},
+      {store + "datasets: a\nmounts: b:/mnt/b\n", "mounts dataset 'b', which is not among"},
       {store + "local_node_socket: /" + std::string(200, 'b') + "\n", "local_node_socket"},
       {store + "window_samples: 0\n", "window_samples"},
       {store + "window_bytes: 10\n", "window_bytes"},

@@ -263,6 +263,17 @@ TYPED_TEST(MetadataStoreTest, DatasetRoundTripsEveryField) {
   EXPECT_EQ(back->spec.snapshot_by, SnapshotBy::kClient);
   EXPECT_EQ(back->state.claimed_by, "");
   EXPECT_EQ(back->state.message, "snapshot: 3 files");
+
+  // Readers granted, then none again.
+  for (const DatasetReaders& readers :
+       {DatasetReaders{{65534, 70000}, {100}}, DatasetReaders{{}, {5}}, DatasetReaders{}}) {
+    DatasetRecord current = *store->GetDataset("imagenet-train");
+    current.readers = readers;
+    ASSERT_OK(store->UpdateDataset(current));
+    auto granted = store->GetDataset("imagenet-train");
+    ASSERT_OK(granted);
+    EXPECT_EQ(granted->readers, readers);
+  }
 }
 
 TYPED_TEST(MetadataStoreTest, CreateOfExistingNameIsAlreadyExists) {
@@ -426,6 +437,17 @@ TYPED_TEST(MetadataStoreTest, BadNamesAndSpecsAreInvalidArgument) {
   r = MakeDataset("specs");
   r.spec.snapshot_by = static_cast<SnapshotBy>(7);
   expect_invalid(r, "spec.snapshot_by");
+  r = MakeDataset("specs");
+  r.readers.uids = {5, 3};
+  expect_invalid(r, "readers.uids is not sorted and unique at 3");
+  r.readers.uids = {3, 3};
+  expect_invalid(r, "readers.uids is not sorted and unique");
+  r.readers.uids = {0xffffffffu};
+  expect_invalid(r, "readers.uids holds 4294967295");
+  r.readers.uids = {};
+  r.readers.gids.resize(kMaxDatasetReaders + 1);
+  for (size_t i = 0; i < r.readers.gids.size(); ++i) r.readers.gids[i] = static_cast<uint32_t>(i);
+  expect_invalid(r, "readers.gids lists 1025 ids");
   EXPECT_EQ(store->GetDataset("specs").status().code(), StatusCode::kNotFound);
 
   EXPECT_EQ(store->Heartbeat(MakeNode("bad/id", "p"), milliseconds(1000)).code(),

@@ -214,6 +214,32 @@ TEST_F(SidecarServiceTest, OpenRefusesWhatItCannotServeSayingWhatToDo) {
   EXPECT_TRUE(service_->Caches().empty());
 }
 
+// A sidecar told which datasets it serves (a Slurm job's) opens those and
+// refuses every other dataset of its pool, naming what it serves.
+TEST_F(SidecarServiceTest, OpenRefusesADatasetOutsideItsDatasetsOption) {
+  ASSERT_OK(CreateDataset("other", "default", DatasetPhase::kReady));
+  for (const std::vector<std::string>& served :
+       {std::vector<std::string>{"images"}, std::vector<std::string>{}}) {
+    SidecarServiceOptions options;
+    options.cache.arena_bytes = 4 << 20;
+    options.cache.window_samples = 8;
+    options.cache.window_bytes = 1 << 20;
+    options.datasets = served;
+    SidecarService service(options, store_.get(), fetcher_.get(), &metrics_);
+    SidecarSession s;
+    ASSERT_OK(service.Hello(s, HelloFrom("test")));
+    Result<sp::OpenReply> other = service.Open(s, sp::Open{"other"});
+    EXPECT_EQ(other.status().code(), StatusCode::kPermissionDenied);
+    EXPECT_THAT(other.status().message(),
+                HasSubstr(served.empty() ? "serves no dataset" : "serves only images"));
+    EXPECT_THAT(other.status().message(), HasSubstr("`datasets` option"));
+    Result<sp::OpenReply> missing = service.Open(s, sp::Open{"nope"});
+    EXPECT_EQ(missing.status().code(), StatusCode::kPermissionDenied)
+        << "not even whether it exists";
+    if (!served.empty()) EXPECT_OK(service.Open(s, sp::Open{"images"}));
+  }
+}
+
 TEST_F(SidecarServiceTest, RequestsBeforeOpenAreRefused) {
   SidecarSession s;
   ASSERT_OK(service_->Hello(s, HelloFrom("test")));

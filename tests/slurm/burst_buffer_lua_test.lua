@@ -77,6 +77,18 @@ write(good, "#!/bin/bash\n#DW persistentdw name=pets\nsrun true\n")
 rc, msg = slurm_bb_job_process(good)
 check(rc == slurm.SUCCESS, "a good script is accepted: " .. tostring(msg))
 check(msg:find("line 2: persistentdw pets", 1, true), "validate says " .. msg)
+-- 23.02+ passes the submitting user: another user's dataset is refused at
+-- submission, with the fix.
+local me, my_group = io.popen("id -u"):read("*l"), io.popen("id -g"):read("*l")
+rc, msg = slurm_bb_job_process(good, me, my_group, {})
+check(rc == slurm.SUCCESS, "the owner's own dataset: " .. tostring(msg))
+if me ~= "65534" then
+	rc, msg = slurm_bb_job_process(good, "65534", "65534", {})
+	check(rc == slurm.ERROR, "another user's dataset is refused")
+	check(msg:find("may not read dataset 'pets'", 1, true), "the reason: " .. msg)
+	check(msg:find("granary dataset grant pets", 1, true), "the fix: " .. msg)
+	errors_logged = errors_logged - 1
+end
 
 rc, msg = slurm_bb_pools()
 check(rc == slurm.SUCCESS and msg:find('{"pools":[]}', 1, true), "pools without nodes: " .. msg)

@@ -404,6 +404,79 @@ TEST_F(SlurmValidateTest, PersistentDatasetMustExist) {
                       "dataset 'imagenet' does not exist; create it first");
 }
 
+// Root, the owner, and the users and groups granted read a persistentdw
+// dataset; anyone else is refused with the owner and the fix.
+TEST(PersistentDwRefusalTest, OwnerRootAndGrantedReadersOnly) {
+  DatasetRecord d = testing::MakeDataset("coco");  // owner uid 1000, gid 100
+  auto refusal = [&](uint32_t uid, uint32_t gid, std::vector<uint32_t> groups) {
+    return slurm::PersistentDwRefusal(d, slurm::JobUser{uid, gid, std::move(groups), ""});
+  };
+  EXPECT_EQ(refusal(0, 0, {}), "");
+  EXPECT_EQ(refusal(1000, 5, {}), "");
+  const std::string nobody = refusal(65534, 65534, {65534});
+  EXPECT_NE(nobody.find("uid 65534 may not read dataset 'coco'"), std::string::npos) << nobody;
+  EXPECT_NE(nobody.find("belongs to uid 1000, who granted it to no one"), std::string::npos);
+  EXPECT_NE(nobody.find("granary dataset grant coco --user 65534"), std::string::npos) << nobody;
+  // The owner's group is not a grant by itself.
+  EXPECT_NE(refusal(2000, 100, {100}), "");
+  const std::string alice =
+      slurm::PersistentDwRefusal(d, slurm::JobUser{2000, 100, {100}, "alice"});
+  EXPECT_NE(alice.find("alice (uid 2000) may not read"), std::string::npos) << alice;
+  EXPECT_NE(alice.find("--user alice`"), std::string::npos) << alice;
+  d.readers.uids = {2000, 3000};
+  d.readers.gids = {500, 600};
+  EXPECT_EQ(refusal(2000, 7, {}), "");
+  EXPECT_EQ(refusal(3000, 7, {}), "");
+  EXPECT_EQ(refusal(4000, 600, {}), "") << "primary group granted";
+  EXPECT_EQ(refusal(4000, 7, {7, 500}), "") << "a supplementary group granted";
+  const std::string other = refusal(4000, 7, {7, 8});
+  EXPECT_NE(other.find("did not grant it to this user or a group of theirs"), std::string::npos)
+      << other;
+}
+
+TEST_F(SlurmValidateTest, PersistentDwOfADatasetTheUserMayNotReadIsRefused) {
+  // coco is uid 1000's. With the submitting user (Slurm 23.02+ passes it),
+  // validate refuses another user's dataset at sbatch.
+  const std::string script = "#!/bin/sh\n#DW persistentdw name=coco\n";
+  std::string path = dir_.Join("job.sh");
+  testing::WriteAll(path, script);
+  std::string out;
+  std::string err;
+  EXPECT_EQ(Run({"slurm", "validate", path, "--uid", "65534", "--gid", "65534"}, &out, &err),
+            kCliUsage);
+  EXPECT_NE(err.find("line 2: #DW persistentdw: "), std::string::npos) << err;
+  EXPECT_NE(err.find("may not read dataset 'coco'"), std::string::npos) << err;
+  EXPECT_EQ(Run({"slurm", "validate", path, "--uid", "1000", "--gid", "100"}, &out, &err), kCliOk)
+      << err;
+  EXPECT_EQ(Run({"slurm", "validate", path}, &out, &err), kCliOk) << "22.05: no user to check";
+  EXPECT_EQ(Run({"slurm", "validate", path, "--uid", "65534"}, &out, &err), kCliUsage);
+  EXPECT_NE(err.find("give --uid and --gid together"), std::string::npos) << err;
+  EXPECT_EQ(Run({"slurm", "validate", path, "--uid", "x", "--gid", "1"}, &out, &err), kCliUsage);
+  EXPECT_NE(err.find("uid 'x' is not a numeric id"), std::string::npos) << err;
+  EXPECT_EQ(Run({"slurm", "validate", path, "--uid", "4294967295", "--gid", "1"}, &out, &err),
+            kCliUsage);
+
+  // setup refuses it too (22.05's first step that knows the user): the job
+  // is held with the reason; nothing is made for it.
+  const std::string job = dir_.Join("job-dw.sh");
+  testing::WriteAll(job,
+                    "#!/bin/sh\n#DW jobdw capacity=1GiB pool=gpu\n#DW stage_in source=" + source_ +
+                        " destination=$DW_JOB_STRIPED/train\n" + "#DW persistentdw name=coco\n");
+  EXPECT_EQ(Run({"slurm", "setup", "51", "65534", "65534", job}, &out, &err), kCliFailed);
+  EXPECT_NE(err.find("job 51: line 4: #DW persistentdw: "), std::string::npos) << err;
+  EXPECT_NE(err.find("granary dataset grant coco --user"), std::string::npos) << err;
+  EXPECT_EQ(store_->GetDataset("slurm-51-train").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Run({"slurm", "setup", "51", "nobody", "65534", job}, &out, &err), kCliUsage);
+
+  // Granted (by group), the same steps pass.
+  ASSERT_EQ(Run({"dataset", "grant", "coco", "--group", "65534"}, &out, &err), kCliOk) << err;
+  EXPECT_EQ(Run({"slurm", "validate", path, "--uid", "65534", "--gid", "65534"}, &out, &err),
+            kCliOk)
+      << err;
+  EXPECT_EQ(Run({"slurm", "setup", "51", "65534", "65534", job}, &out, &err), kCliOk) << err;
+  EXPECT_OK(store_->GetDataset("slurm-51-train"));
+}
+
 // A Kubernetes Dataset's Kubernetes name is not its Granary name: the error
 // names the Granary names that Dataset could have (<namespace>-<name>-<hash>).
 TEST_F(SlurmValidateTest, AKubernetesNameGetsTheGranaryNamesToUse) {

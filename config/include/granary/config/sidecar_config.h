@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,11 @@ struct SidecarConfig {
     std::string dir;
   };
   std::vector<Mount> mounts;
+  // `datasets`: the only datasets of the pool this sidecar opens, "a,b,c";
+  // every other is refused (a Slurm job's sidecar, whose socket is the job
+  // user's: the datasets its #DW lines name and that user may read). Empty
+  // text: none. Unset: every dataset of the pool. `mounts` must be among them.
+  std::optional<std::vector<std::string>> datasets;
   // `window_samples` and `window_bytes`: how far prefetch runs ahead of each
   // plan's readers (whichever limit is reached first).
   uint32_t window_samples = 1024;

@@ -124,6 +124,22 @@ struct DatasetOwner {
   friend bool operator==(const DatasetOwner&, const DatasetOwner&) = default;
 };
 
+// Who besides its owner may read a dataset through a service that reads it
+// as root on a user's behalf and asks (a Slurm job's sidecar: `#DW
+// persistentdw`). Granted by an admin with `granary dataset grant`; root and
+// the owner need no grant. Sorted and unique; absent from the stored record
+// when both are empty (docs/security.md, "Who may read a dataset").
+struct DatasetReaders {
+  std::vector<uint32_t> uids;
+  std::vector<uint32_t> gids;  // any member of the group (primary or supplementary)
+
+  bool empty() const { return uids.empty() && gids.empty(); }
+  friend bool operator==(const DatasetReaders&, const DatasetReaders&) = default;
+};
+
+// At most this many uids, and as many gids, in DatasetReaders.
+inline constexpr size_t kMaxDatasetReaders = 1024;
+
 struct DatasetState {
   DatasetPhase phase = DatasetPhase::kPending;
   std::string message;  // why Failed, or what is happening; for humans
@@ -139,6 +155,7 @@ struct DatasetRecord {
   std::string name;  // DNS-1123 label: ValidateDatasetName
   DatasetSpec spec;
   DatasetOwner owner;
+  DatasetReaders readers;
   DatasetState state;
   std::string manifest_id;  // lowercase hex; empty until snapshotted
   // Set by the store from its Clock: created_ms on create (kept afterwards),
@@ -151,6 +168,12 @@ struct DatasetRecord {
 
   friend bool operator==(const DatasetRecord&, const DatasetRecord&) = default;
 };
+
+// Whether the user `uid`, whose primary group is `gid` and supplementary
+// groups `groups`, may read `dataset`: root, its owner, or a reader granted
+// by uid or by one of those groups.
+bool MayReadDataset(const DatasetRecord& dataset, uint32_t uid, uint32_t gid,
+                    const std::vector<uint32_t>& groups);
 
 // The label a cache node sets to "true" in its record when its port serves
 // TLS (tls_cert_file): readers then connect with TLS.

@@ -37,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,6 +57,8 @@ struct SidecarMetrics;  // sidecar/src/sidecar_metrics.h
 struct SidecarServiceOptions {
   std::string name = "granary-sidecar";  // HELLO_REPLY's sidecar_name
   std::string pool = "default";          // the pool whose datasets it opens
+  // Set: only these datasets of the pool (SidecarConfig::datasets).
+  std::optional<std::vector<std::string>> datasets;
   // Per open dataset: the arena and the prefetch windows (work_available
   // wakes the fetch workers).
   SampleCacheOptions cache;

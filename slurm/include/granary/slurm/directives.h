@@ -121,13 +121,30 @@ bool IsSlurmReplacedScript(std::string_view path);
 // (the node prolog reads `scontrol write batch_script`).
 std::string ReplaceJobIdSymbols(std::string_view script, std::string_view job_id);
 
+// The user a job runs as: its uid and gid (Slurm's) and the supplementary
+// groups the user database lists for it (ResolveJobUser, node_agent.h).
+struct JobUser {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::vector<uint32_t> groups;
+  std::string name;  // for messages; may be empty
+};
+
+// Why `user` may not read the persistentdw dataset `dataset`, with the fix;
+// empty when it may (MayReadDataset: root, the owner, or a granted reader).
+// The job's sidecar runs as root, so this is the only check between a job and
+// another user's staged bytes (docs/security.md, "Who may read a dataset").
+std::string PersistentDwRefusal(const DatasetRecord& dataset, const JobUser& user);
+
 // Adds to `parse.errors` (kept in line order) what the world says: a source
 // that does not exist or is not a directory (a source this user may not look
 // at is left to the job's user at setup), a pool= no live cache node is in,
-// a persistentdw dataset the store does not have. A store that cannot be
-// read is the returned Status (nothing can be decided without it). `store`
-// may be null when !NeedsStore(parse.directives).
-Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store);
+// a persistentdw dataset the store does not have, or (given `user`) one that
+// user may not read. A store that cannot be read is the returned Status
+// (nothing can be decided without it). `store` may be null when
+// !NeedsStore(parse.directives).
+Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store,
+                          const JobUser* user = nullptr);
 // Whether CheckJobDirectives asks the store (a jobdw's pool or a persistentdw).
 bool NeedsStore(const JobDirectives& directives);
 

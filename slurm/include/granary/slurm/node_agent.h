@@ -8,7 +8,8 @@
 //   - finds the job's datasets: its stage_in datasets `slurm-<job>-<name>`
 //     in the store (made by `granary slurm setup`), checked against the job
 //     script's directives (--script, which prolog.sh fetches with `scontrol
-//     write batch_script`), and its persistentdw datasets; a job without #DW
+//     write batch_script`), and its persistentdw datasets, each of which the
+//     job's user must be allowed to read (PersistentDwRefusal); a job without #DW
 //     directives is left alone without asking the store, and so is a job
 //     with no script (not a batch job) when the store cannot be asked;
 //   - places each stage_in dataset on this host's cache node too (setup
@@ -18,7 +19,8 @@
 //     the dataset's node list (DatasetSpec::nodes) as every node's prolog
 //     does;
 //   - starts one granary-sidecar for the job, as root in a session of its
-//     own, serving the job's pool on <job-root>/job-<job>.sock and mounting
+//     own, serving the job's datasets (its `datasets:` option: no other
+//     dataset of the pool) on <job-root>/job-<job>.sock and mounting
 //     each stage_in dataset read-only at <job-root>/job-<job>/<name> (its
 //     `mounts:` option; the views show the dataset owner, the job's user);
 //   - waits, up to --timeout, until the sidecar's /readyz answers 200 (every
@@ -46,6 +48,7 @@
 
 #include "granary/core/metadata_store.h"
 #include "granary/core/status.h"
+#include "granary/slurm/directives.h"
 
 namespace granary::slurm {
 
@@ -81,6 +84,14 @@ class NodeAgentContext {
   // The CA the sidecar checks nodes' TLS certificates with, or empty.
   virtual std::string TlsCaPath() const = 0;
 };
+
+// A uid or gid as Slurm passes it (decimal); `what` names it in the error.
+Result<uint32_t> ParseUserOrGroupId(const std::string& text, const std::string& what);
+
+// The job's user as the user database knows it (its supplementary groups,
+// for the grants of persistentdw datasets); a uid it does not know has no
+// group but `gid`. kUnavailable when the user database fails (retry).
+Result<JobUser> ResolveJobUser(uint32_t uid, uint32_t gid);
 
 Status SlurmProlog(NodeAgentContext& c, const SlurmNodeOptions& o);
 Status SlurmEpilog(NodeAgentContext& c, const SlurmNodeOptions& o);
