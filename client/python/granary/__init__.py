@@ -13,11 +13,16 @@ docs/client.md describes the package; the C++ API it binds is libgranary-client.
 
 import operator
 import os
+from typing import Any, Dict, Iterable, Iterator, List, Optional, SupportsIndex, Tuple, Union
 
 from . import _native
 from ._native import Error, Sample, rank_samples, rank_share
 
-__all__ = ["Dataset", "Sample", "Error", "rank_samples", "rank_share", "read_file"]
+__all__ = ["Dataset", "Sample", "Error", "rank_samples", "rank_share", "read_file",
+           "__version__"]
+
+#: The package's version: the project's (CMakeLists.txt), compiled into the module.
+__version__: str = _native.__version__
 
 # Forks this process descends through: a Dataset remembers the value its
 # session was opened at and opens another when it differs (a DataLoader
@@ -25,7 +30,7 @@ __all__ = ["Dataset", "Sample", "Error", "rank_samples", "rank_share", "read_fil
 _forks = 0
 
 
-def _forked():
+def _forked() -> None:
     global _forks  # noqa: PLW0603 (the process-wide fork count)
     _forks += 1
 
@@ -33,7 +38,7 @@ def _forked():
 os.register_at_fork(after_in_child=_forked)
 
 
-def read_file(path):
+def read_file(path: Union[str, "os.PathLike[str]"]) -> bytes:
     """The whole file at `path` as bytes, opened unbuffered.
 
     For code that reads files of a ``granary mount`` (or any FUSE file system)
@@ -64,25 +69,37 @@ class Dataset:
     workers open their own.
     """
 
-    def __init__(self, name, socket=None, zero_copy=False, lookahead=64,
-                 verify_checksums=False):
+    def __init__(self, name: str, socket: Union[str, "os.PathLike[str]", None] = None,
+                 zero_copy: bool = False, lookahead: int = 64,
+                 verify_checksums: bool = False) -> None:
         if not isinstance(name, str):
-            raise TypeError(f"granary.Dataset name must be a str, not {type(name).__name__}")
+            raise TypeError(f"granary.Dataset name must be a str (the dataset's name, e.g. "
+                            f"'imagenet'), not {type(name).__name__}")
         if socket is not None and not isinstance(socket, (str, os.PathLike)):
-            raise TypeError(f"granary.Dataset socket must be a path, not {type(socket).__name__}")
+            raise TypeError(f"granary.Dataset socket must be a path (str or os.PathLike) or "
+                            f"None for $GRANARY_SOCKET, not {type(socket).__name__}")
+        for flag, value in (("zero_copy", zero_copy), ("verify_checksums", verify_checksums)):
+            if not isinstance(value, bool):
+                raise TypeError(f"granary.Dataset {flag} must be a bool, not "
+                                f"{type(value).__name__}")
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int):
+            raise TypeError(f"granary.Dataset lookahead must be an int, not "
+                            f"{type(lookahead).__name__}")
+        if not 0 <= lookahead <= 1024:
+            raise ValueError(f"granary.Dataset lookahead must be in [0, 1024], not {lookahead}")
         self.name = name
-        self.socket = os.fspath(socket) if socket is not None else None
-        self.zero_copy = bool(zero_copy)
-        self.lookahead = int(lookahead)
-        self.verify_checksums = bool(verify_checksums)
-        self._session = None
-        self._fork = None  # _forks when the session was opened
-        self._len = None
+        self.socket: Optional[str] = os.fspath(socket) if socket is not None else None
+        self.zero_copy = zero_copy
+        self.lookahead = lookahead
+        self.verify_checksums = verify_checksums
+        self._session: Optional[_native.Session] = None
+        self._fork: Optional[int] = None  # _forks when the session was opened
+        self._len: Optional[int] = None
 
     # ---- the session -----------------------------------------------------------
 
     @property
-    def session(self):
+    def session(self) -> _native.Session:
         """This process's granary._native.Session (opened on first use)."""
         session = self._session
         if session is None or self._fork != _forks:
@@ -98,18 +115,18 @@ class Dataset:
             self._len = session.sample_count
         return session
 
-    def close(self):
+    def close(self) -> None:
         """Closes this process's session (pins held by Samples stay until they go)."""
         self._session = None
         self._fork = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state["_session"] = None
         state["_fork"] = None
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.pop("_pid", None)  # pickled by an older granary
         self._session = None
@@ -117,12 +134,12 @@ class Dataset:
 
     # ---- map-style access ------------------------------------------------------
 
-    def __len__(self):
+    def __len__(self) -> int:
         if self._len is None:
-            self.session  # noqa: B018 (opens it, which reads the sample count)
+            return self.session.sample_count  # opening it sets _len
         return self._len
 
-    def _id(self, index):
+    def _id(self, index: SupportsIndex) -> int:
         try:
             i = operator.index(index)
         except TypeError:
@@ -135,7 +152,8 @@ class Dataset:
                              f"{n} samples")
         return j
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Union[SupportsIndex, slice]) -> Any:
+        """The sample's bytes (``zero_copy=False``) or its :class:`Sample`; a list for a slice."""
         # The per-sample path of map-style training code: an int checked
         # inline, the session as it is unless this is a new process.
         session = self._session
@@ -143,6 +161,7 @@ class Dataset:
             session = self.session
         if type(index) is int:
             n = self._len
+            assert n is not None  # set when the session was opened
             i = index + n if index < 0 else index
             if not 0 <= i < n:
                 raise IndexError(f"granary.Dataset {self.name!r}: index {index} is out of range "
@@ -153,7 +172,7 @@ class Dataset:
             i = self._id(index)
         return session.get(i) if self.zero_copy else session.read(i)
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: Iterable[SupportsIndex]) -> List[Any]:
         """Many samples at once (one round trip where possible); a list."""
         ids = [self._id(i) for i in indices]
         if not ids:
@@ -161,21 +180,21 @@ class Dataset:
         session = self.session
         return session.get_many(ids) if self.zero_copy else session.read_many(ids)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):
             yield self[i]
 
     # ---- metadata ------------------------------------------------------------------
 
-    def path(self, index):
+    def path(self, index: SupportsIndex) -> str:
         """The sample's path relative to the dataset root."""
         return self.session.stat(self._id(index))[0]
 
-    def stat(self, index):
+    def stat(self, index: SupportsIndex) -> Tuple[str, int, int]:
         """(path, size, mtime_ns) of the sample, from the manifest."""
         return self.session.stat(self._id(index))
 
-    def paths(self, first=0, count=None):
+    def paths(self, first: int = 0, count: Optional[int] = None) -> List[str]:
         """Paths of samples [first, first + count) (default: all), in id order."""
         n = len(self)
         if count is None:
@@ -185,7 +204,7 @@ class Dataset:
                              f"are out of range for {n} samples")
         return self.session.paths(first, count)
 
-    def directories(self):
+    def directories(self) -> List[Tuple[str, int]]:
         """[(path, mode)] of every directory in the dataset but its root.
 
         Paths are relative to the dataset root ("a", "a/b"), sorted as the
@@ -197,7 +216,7 @@ class Dataset:
         """
         return self.session.directories()
 
-    def index(self, path):
+    def index(self, path: Union[str, "os.PathLike[str]"]) -> int:
         """The id of ``path`` (relative to the dataset root).
 
         ValueError for a path that could leave the root (absolute, '..', '.'
@@ -212,12 +231,12 @@ class Dataset:
 
     # ---- plans ------------------------------------------------------------------------
 
-    def announce_sampler(self, seed, epoch, num_replicas, rank, shuffle, drop_last,
-                         start_position=0):
+    def announce_sampler(self, seed: int, epoch: int, num_replicas: int, rank: int,
+                         shuffle: bool, drop_last: bool, start_position: int = 0) -> None:
         """Tells the sidecar the order a DistributedSampler will read (SET_PLAN)."""
         self.session.announce_sampler(seed, epoch, num_replicas, rank, shuffle, drop_last,
                                       start_position)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"granary.Dataset({self.name!r}, socket={self.socket!r}, "
                 f"zero_copy={self.zero_copy})")

@@ -1,8 +1,8 @@
 """PyTorch integration: a DistributedSampler whose order Granary knows in
-advance, and an ImageFolder over a Granary dataset.
+advance, and torchvision's ImageFolder over a Granary dataset.
 
     from granary.torch import DistributedSampler, ImageFolder
-    ds = ImageFolder("imagenet", transform=tf, loader=granary.torch.pil_loader)
+    ds = ImageFolder("imagenet/train", transform=tf)     # (PIL image, class index)
     sampler = DistributedSampler(ds, shuffle=True, seed=0)
     loader = torch.utils.data.DataLoader(ds, batch_size=256, sampler=sampler,
                                          num_workers=8)
@@ -10,22 +10,32 @@ advance, and an ImageFolder over a Granary dataset.
         sampler.set_epoch(epoch)
         for images, labels in loader: ...
 
-docs/client.md describes both, fork/spawn workers and resuming.
+Needs PyTorch (1.13 or 2.x): ``pip install 'granary[torch]'``, which brings
+Pillow for the default loader too. docs/client.md describes both classes,
+fork/spawn workers and resuming.
 """
 
 import io
+import os
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple,
+                    Union)
 
-import torch.distributed as dist
-import torch.utils.data
+try:
+    import torch.distributed as dist
+    import torch.utils.data
+except ImportError as e:  # pragma: no cover (exercised by the venv tests without torch)
+    raise ImportError(f"granary.torch needs PyTorch, which this Python cannot import ({e}); "
+                      f"install it with: pip install 'granary[torch]'") from e
 
 from . import Dataset, _native, read_file
 
-__all__ = ["DistributedSampler", "ImageFolder", "pil_loader"]
+__all__ = ["DistributedSampler", "ImageFolder", "pil_loader", "pil_file_loader",
+           "bytes_loader", "IMG_EXTENSIONS"]
 
 _U64 = (1 << 64) - 1
 
 
-def _granary_dataset(dataset):
+def _granary_dataset(dataset: object) -> Optional[Dataset]:
     """The granary.Dataset whose sample ids are `dataset`'s indices, or None."""
     if isinstance(dataset, Dataset):
         return dataset
@@ -34,7 +44,7 @@ def _granary_dataset(dataset):
     return None
 
 
-class DistributedSampler(torch.utils.data.Sampler):
+class DistributedSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
     """torch.utils.data.DistributedSampler with Granary's plan order.
 
     Same constructor, defaults and partitioning (num_samples, total_size,
@@ -50,8 +60,25 @@ class DistributedSampler(torch.utils.data.Sampler):
     ``__iter__`` start right after them (later epochs are whole again).
     """
 
-    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
-                 drop_last=False):
+    def __init__(self, dataset: Any, num_replicas: Optional[int] = None,
+                 rank: Optional[int] = None, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False) -> None:
+        try:
+            size = len(dataset)
+        except TypeError:
+            raise TypeError(f"granary DistributedSampler needs a sized dataset (with __len__), "
+                            f"not {type(dataset).__name__}") from None
+        for name, value in (("num_replicas", num_replicas), ("rank", rank)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"granary DistributedSampler {name} must be an int or None, "
+                                f"not {type(value).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"granary DistributedSampler seed must be an int, not "
+                            f"{type(seed).__name__}")
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"granary DistributedSampler {name} must be a bool, not "
+                                f"{type(flag).__name__}")
         if num_replicas is None:
             if not dist.is_available():
                 raise RuntimeError("Requires distributed package to be available")
@@ -74,18 +101,18 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.drop_last = bool(drop_last)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
-        self.num_samples, self.total_size = _native.rank_share(len(dataset), self.num_replicas,
+        self.num_samples, self.total_size = _native.rank_share(size, self.num_replicas,
                                                                self.drop_last)
-        self._resume_at = None  # consumed samples to skip at the next __iter__
-        self._yielded = 0       # this epoch's samples handed out by __iter__
+        self._resume_at: Optional[int] = None  # consumed samples to skip at the next __iter__
+        self._yielded = 0  # this epoch's samples handed out by __iter__
 
-    def indices(self, epoch=None):
+    def indices(self, epoch: Optional[int] = None) -> List[int]:
         """This rank's indices for `epoch` (default: the current one), in order."""
         return _native.rank_samples(len(self.dataset), self.seed & _U64,
                                     self.epoch if epoch is None else epoch, self.num_replicas,
                                     self.rank, self.shuffle, self.drop_last)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         indices = self.indices()
         start = min(self._resume_at or 0, len(indices))
         self._resume_at = None
@@ -96,24 +123,27 @@ class DistributedSampler(torch.utils.data.Sampler):
                                              self.rank, self.shuffle, self.drop_last, start)
         return self._generate(indices, start)
 
-    def _generate(self, indices, start):
+    def _generate(self, indices: List[int], start: int) -> Iterator[int]:
         for position in range(start, len(indices)):
             self._yielded = position + 1
             yield indices[position]
 
-    def __len__(self):
+    def __len__(self) -> int:
         # The samples the next __iter__ yields: fewer when resuming mid-epoch.
         return self.num_samples - (self._resume_at or 0)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Sets the epoch for the next __iter__ (a different order every epoch when shuffling)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise TypeError(f"granary DistributedSampler.set_epoch needs an int >= 0, not "
+                            f"{epoch!r}")
         self.epoch = epoch
 
     # ---- resuming --------------------------------------------------------------------
 
     _STATE_KEYS = ("epoch", "seed", "num_replicas", "rank", "shuffle", "drop_last", "consumed")
 
-    def state_dict(self, consumed=None):
+    def state_dict(self, consumed: Optional[int] = None) -> Dict[str, Any]:
         """Where this rank is: the epoch and how many of its samples were consumed.
 
         `consumed` defaults to how many samples __iter__ has handed out this
@@ -132,7 +162,7 @@ class DistributedSampler(torch.utils.data.Sampler):
                 "rank": self.rank, "shuffle": self.shuffle, "drop_last": self.drop_last,
                 "consumed": consumed}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes from a state_dict: the next __iter__ starts after `consumed` samples."""
         if not isinstance(state, dict):
             raise ValueError(f"granary DistributedSampler.load_state_dict: expected the dict "
@@ -161,14 +191,30 @@ class DistributedSampler(torch.utils.data.Sampler):
         self._yielded = consumed
 
 
-def pil_loader(data):
-    """Bytes of an image file → an RGB PIL image (torchvision's default loader)."""
-    from PIL import Image  # pylint: disable=import-outside-toplevel
+#: The file name extensions torchvision's ImageFolder takes by default (lower case).
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def pil_loader(data: Any) -> Any:
+    """Bytes of an image file → an RGB PIL image (torchvision's default loader);
+    ImageFolder's default."""
+    try:
+        from PIL import Image  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise ImportError(f"granary.torch.pil_loader needs Pillow ({e}); install it with "
+                          f"pip install 'granary[torch]', or give ImageFolder a loader of "
+                          f"your own (loader=granary.torch.bytes_loader for the bytes)") from e
     with Image.open(io.BytesIO(bytes(data))) as image:
         return image.convert("RGB")
 
 
-def pil_file_loader(path):
+def bytes_loader(data: bytes) -> bytes:
+    """The sample's bytes as they are: ``ImageFolder(root, loader=bytes_loader)`` to
+    decode in a transform of your own."""
+    return data
+
+
+def pil_file_loader(path: Union[str, "os.PathLike[str]"]) -> Any:
     """torchvision's default loader (an RGB PIL image from a path) for files of a
     ``granary mount``: ``torchvision.datasets.ImageFolder(root,
     loader=granary.torch.pil_file_loader)``. It reads with
@@ -177,82 +223,153 @@ def pil_file_loader(path):
     return pil_loader(read_file(path))
 
 
-class ImageFolder(torch.utils.data.Dataset):
-    """torchvision.datasets.ImageFolder (DatasetFolder) over a Granary dataset.
+def _split_root(root: Union[str, "os.PathLike[str]", Dataset]) -> Tuple[Optional[Dataset], str,
+                                                                           str]:
+    """(a Dataset given as root, the dataset's name, the folder in it: '' for its root)."""
+    if isinstance(root, Dataset):
+        return root, root.name, ""
+    if isinstance(root, os.PathLike):
+        root = os.fspath(root)
+    if not isinstance(root, str):
+        raise TypeError(f"granary ImageFolder root must be a str naming a dataset (or a "
+                        f"dataset and a folder in it, e.g. 'imagenet/train') or a "
+                        f"granary.Dataset, not {type(root).__name__}")
+    if root.startswith("/"):
+        raise ValueError(f"granary ImageFolder root {root!r} is a directory path; give the "
+                         f"Granary dataset's name instead, with a folder inside it if needed "
+                         f"(e.g. 'imagenet/train'): `granary dataset list` shows the names")
+    parts = [p for p in root.split("/") if p != ""]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise ValueError(f"granary ImageFolder root {root!r} must name a dataset, then "
+                         f"optionally a folder in it ('imagenet' or 'imagenet/train'), "
+                         f"without '.' or '..'")
+    return None, parts[0], "/".join(parts[1:])
 
-    The dataset's top-level directories are the classes, sorted, as
-    torchvision's find_classes lists them: a folder that holds no file is
-    still a class (the sidecar lists every directory the snapshot walked), so
-    class indices are the ones torchvision gives over the same tree. Every
-    file inside a class folder, at any depth, is a sample of that class (no
-    extension filter); files directly at the root are skipped.
 
-    A class folder without any file is an error, as in torchvision:
-    FileNotFoundError naming the empty classes, unless ``allow_empty=True``,
-    which keeps them as classes with no samples.
+class ImageFolder(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """torchvision.datasets.ImageFolder over a Granary dataset: the same
+    arguments in the same order, the same classes, samples and order, and
+    (PIL image, class index) items.
 
-    ``classes``, ``class_to_idx``, ``samples`` ([(path, class index)]),
-    ``targets`` and ``imgs`` are as torchvision builds them, with paths
-    relative to the dataset root. An item is ``(sample, class index)``: the
-    sample is ``loader(bytes)`` when a loader is given, else the bytes;
-    ``transform`` / ``target_transform`` apply to them.
+    ``root`` names the dataset, or a folder in it ("imagenet/train"), where
+    torchvision takes a directory. Its top-level directories are the classes,
+    sorted (a folder that holds no file is still a class: the sidecar lists
+    every directory the snapshot walked). A file inside a class folder, at any
+    depth, is a sample of that class when ``is_valid_file(path)`` says so, or,
+    without ``is_valid_file``, when its name ends with one of torchvision's
+    ``IMG_EXTENSIONS`` (any case). Files directly in ``root`` are skipped.
+    Samples are in torchvision's order: by class, then by directory, then by
+    file name.
 
-    Samples are in path order (torchvision's order too, except where a class
-    name sorts before another that extends it with a character below '/').
+    ``samples`` is ``[(path, class index)]`` with paths ``root/class/...`` as
+    torchvision builds them from its root; ``targets``, ``imgs``,
+    ``classes`` and ``class_to_idx`` are torchvision's. An item is
+    ``(loader(bytes), class index)`` with ``transform`` and
+    ``target_transform`` applied; the default loader is :func:`pil_loader` (an
+    RGB PIL image). Unlike torchvision's, a loader gets the file's bytes, not a
+    path (``bytes_loader`` keeps them as they are).
+
+    A class folder without a valid file is an error, as in torchvision
+    (FileNotFoundError naming the classes), unless ``allow_empty=True``.
+    ``socket`` (keyword only) is the sidecar's socket when not $GRANARY_SOCKET.
     """
 
-    def __init__(self, name, socket=None, transform=None, target_transform=None, loader=None,
-                 allow_empty=False):
-        self.dataset = name if isinstance(name, Dataset) else Dataset(name, socket=socket)
-        self.root = self.dataset.name
+    def __init__(self, root: Union[str, "os.PathLike[str]", Dataset],
+                 transform: Optional[Callable[[Any], Any]] = None,
+                 target_transform: Optional[Callable[[int], Any]] = None,
+                 loader: Callable[[bytes], Any] = pil_loader,
+                 is_valid_file: Optional[Callable[[str], bool]] = None,
+                 allow_empty: bool = False, *,
+                 socket: Union[str, "os.PathLike[str]", None] = None) -> None:
+        given, name, folder = _split_root(root)
+        for what, f in (("transform", transform), ("target_transform", target_transform),
+                        ("is_valid_file", is_valid_file)):
+            if f is not None and not callable(f):
+                raise TypeError(f"granary ImageFolder {what} must be callable or None, not "
+                                f"{type(f).__name__}")
+        if not callable(loader):
+            raise TypeError(f"granary ImageFolder loader must be callable (it gets a file's "
+                            f"bytes), not {type(loader).__name__}")
+        if not isinstance(allow_empty, bool):
+            raise TypeError(f"granary ImageFolder allow_empty must be a bool, not "
+                            f"{type(allow_empty).__name__}")
+        self.dataset = given if given is not None else Dataset(name, socket=socket)
+        self.root = name if not folder else f"{name}/{folder}"
         self.transform = transform
         self.target_transform = target_transform
         self.loader = loader
-        self.allow_empty = bool(allow_empty)
-        self.classes = sorted(path for path, _ in self.dataset.directories() if "/" not in path)
+        self.is_valid_file = is_valid_file
+        self.allow_empty = allow_empty
+        prefix = f"{folder}/" if folder else ""
+        directories = [path for path, _ in self.dataset.directories()]
+        if folder and folder not in directories:
+            raise FileNotFoundError(f"granary ImageFolder: dataset {name!r} has no folder "
+                                    f"{folder!r}; Dataset({name!r}).directories() lists them")
+        self.classes = sorted(path[len(prefix):] for path in directories
+                              if path.startswith(prefix) and "/" not in path[len(prefix):])
         if not self.classes:
-            raise FileNotFoundError(f"Couldn't find any class folder in granary dataset "
-                                    f"{self.dataset.name!r}")
+            raise FileNotFoundError(f"Couldn't find any class folder in granary "
+                                    f"{self.root!r} (dataset {name!r})")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         paths = self.dataset.paths()
-        self._ids = [i for i, path in enumerate(paths) if "/" in path]
-        self.samples = [(paths[i], self.class_to_idx[paths[i].split("/", 1)[0]])
-                        for i in self._ids]
-        empty = set(self.classes).difference(paths[i].split("/", 1)[0] for i in self._ids)
+        chosen = []  # (class index, directory, file name, sample id)
+        for i, path in enumerate(paths):
+            if not path.startswith(prefix):
+                continue
+            inner = path[len(prefix):]
+            if "/" not in inner:
+                continue  # a file directly in root belongs to no class
+            cls = inner.split("/", 1)[0]
+            full = f"{self.root}/{inner}"
+            if is_valid_file is not None:
+                if not is_valid_file(full):
+                    continue
+            elif not full.lower().endswith(IMG_EXTENSIONS):
+                continue
+            directory, _, file_name = full.rpartition("/")
+            chosen.append((self.class_to_idx[cls], directory, file_name, i))
+        chosen.sort()  # torchvision: classes sorted, then sorted(os.walk()), sorted(files)
+        self._ids = [i for _, _, _, i in chosen]
+        self.samples = [(f"{d}/{f}", c) for c, d, f, _ in chosen]
+        empty = set(self.classes).difference(self.classes[c] for c, _, _, _ in chosen)
         if empty and not self.allow_empty:
             raise FileNotFoundError(
                 f"Found no valid file for the classes {', '.join(sorted(empty))} in granary "
-                f"dataset {self.dataset.name!r}. Every file in a class folder counts (no "
-                f"extension filter); pass allow_empty=True to keep empty class folders as "
-                f"classes without samples, or remove them from the source and snapshot it again")
+                f"{self.root!r}. Supported extensions are: {', '.join(IMG_EXTENSIONS)} (or "
+                f"pass is_valid_file); pass allow_empty=True to keep empty class folders as "
+                f"classes without samples, or remove them from the source and snapshot it "
+                f"again")
         self.targets = [target for _, target in self.samples]
         self.imgs = self.samples
 
     @property
-    def indices_are_sample_ids(self):
-        """True when every sample is in a class folder: index i is sample id i."""
-        return len(self._ids) == len(self.dataset)
+    def indices_are_sample_ids(self) -> bool:
+        """True when index i is sample id i (every sample taken, in path order): only
+        then does the DistributedSampler announce its order to the sidecar."""
+        return len(self._ids) == len(self.dataset) and all(
+            i == j for i, j in enumerate(self._ids))
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.samples)
 
-    def _item(self, data, target):
-        sample = self.loader(data) if self.loader is not None else data
+    def _item(self, data: Any, target: int) -> Tuple[Any, Any]:
+        sample = self.loader(data)
         if self.transform is not None:
             sample = self.transform(sample)
+        out: Any = target
         if self.target_transform is not None:
-            target = self.target_transform(target)
-        return sample, target
+            out = self.target_transform(target)
+        return sample, out
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Tuple[Any, Any]:
         _, target = self.samples[index]
         return self._item(self.dataset[self._ids[index]], target)
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: Sequence[int]) -> List[Tuple[Any, Any]]:
         indices = list(indices)
         data = self.dataset.__getitems__([self._ids[i] for i in indices])
         return [self._item(d, self.samples[i][1]) for d, i in zip(data, indices)]
 
-    def __repr__(self):
-        return (f"granary.torch.ImageFolder({self.dataset.name!r}, {len(self)} samples, "
+    def __repr__(self) -> str:
+        return (f"granary.torch.ImageFolder({self.root!r}, {len(self)} samples, "
                 f"{len(self.classes)} classes)")
