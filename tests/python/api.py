@@ -8,7 +8,10 @@ import gc
 import os
 import pickle
 
-import numpy
+try:  # the venvs of the pyenv CPythons have the wheel and nothing else
+    import numpy
+except ImportError:
+    numpy = None
 
 import granary
 from granary_test_util import check, expect_raises, read_source
@@ -34,7 +37,9 @@ def main():
     expect_raises(TypeError, ds.__getitem__, "3")
     expect_raises(TypeError, ds.__getitem__, 1.0)
     expect_raises(TypeError, ds.__getitem__, None)
-    check(ds[numpy.int64(3)] == source[3] and ds[True] == source[1], "index-like ints")
+    if numpy is not None:
+        check(ds[numpy.int64(3)] == source[3], "numpy ints index")
+    check(ds[True] == source[1], "index-like ints")
     e = expect_raises(IndexError, ds.__getitem__, n + 5)
     check(str(n + 5) in str(e) and str(n) in str(e), f"the message names index and size: {e}")
     # Every sample in a plan's order, as a training loop reads it: most come
@@ -71,14 +76,20 @@ def main():
     check(s == source[5], "Sample == bytes")
     m = memoryview(s)
     check(m.readonly and m.nbytes == len(source[5]) and m.tobytes() == source[5], "memoryview")
-    arr = numpy.frombuffer(s, dtype=numpy.uint8)
-    arr2 = numpy.frombuffer(s, dtype=numpy.uint8)
-    check(not arr.flags.writeable, "numpy view must be read-only")
-    check(numpy.shares_memory(arr, arr2), "numpy.frombuffer copied (no shared memory)")
-    check(arr.tobytes() == source[5], "numpy bytes")
+    if numpy is not None:
+        arr = numpy.frombuffer(s, dtype=numpy.uint8)
+        arr2 = numpy.frombuffer(s, dtype=numpy.uint8)
+        check(not arr.flags.writeable, "numpy view must be read-only")
+        check(numpy.shares_memory(arr, arr2), "numpy.frombuffer copied (no shared memory)")
+        check(arr.tobytes() == source[5], "numpy bytes")
+        del arr, arr2
+    else:
+        print("numpy is not installed here: the numpy.frombuffer checks are skipped")
     check(pickle.loads(pickle.dumps(s)) == source[5], "a Sample pickles as its bytes")
     check(s.id == 5 and s.size == len(source[5]), "Sample id/size")
-    del m, arr, arr2
+    m2 = memoryview(s)
+    expect_raises(BufferError, s.release)  # a buffer is alive
+    del m, m2
     s.release()
     check(s.released, "released")
     expect_raises(ValueError, memoryview, s)

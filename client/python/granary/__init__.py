@@ -13,6 +13,11 @@ docs/client.md describes the package; the C++ API it binds is libgranary-client.
 
 import operator
 import os
+import sys
+
+if sys.version_info < (3, 9):  # the wheel is cp39-abi3; sources copied to an older Python
+    raise ImportError(f"granary needs CPython 3.9 or later; this is "
+                      f"{sys.version.split()[0]} ({sys.executable})")
 from typing import Any, Dict, Iterable, Iterator, List, Optional, SupportsIndex, Tuple, Union
 
 from . import _native
