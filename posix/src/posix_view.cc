@@ -108,8 +108,12 @@ Result<std::unique_ptr<PosixView>> PosixView::Mount(PosixViewOptions options,
   if (event < 0) return Status::FromErrno(errno, what + ": eventfd");
   view->stop_event_ = ScopedFd(event);
 
-  std::string mount_options = "ro,nosuid,nodev,fsname=granary:" + o.dataset + ",subtype=granary";
-  if (o.allow_other) mount_options += ",allow_other,default_permissions";
+  // default_permissions always: the kernel checks the source's modes against
+  // the dataset's owner and group for every user, the mounting one too (a
+  // user who is not the owner reads what the source let others read).
+  std::string mount_options =
+      "ro,nosuid,nodev,default_permissions,fsname=granary:" + o.dataset + ",subtype=granary";
+  if (o.allow_other) mount_options += ",allow_other";
   std::vector<std::string> argv_strings = {"granary-mount", "-o", mount_options};
   if (o.debug) argv_strings.push_back("-d");
   std::vector<char*> argv;

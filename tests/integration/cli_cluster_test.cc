@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "granary/cli/cli.h"
 #include "granary/core/metadata_store.h"
 #include "granary/peer/peer_auth.h"
+#include "granary/posix/mount_point.h"
 #include "granary/store/open_store.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/sidecar_fixture.h"
@@ -54,11 +56,11 @@ struct ProcessRun {
   std::string err;
 };
 
-// Runs the granary binary with `args`, as `uid` (gid = uid) when given (the
-// test runs as root), stdout and stderr captured. With `stdout_limit`, the
-// read end of stdout is closed after that many bytes (a reader that goes
-// away). Killed at a 60 s deadline.
-ProcessRun RunGranary(const std::vector<std::string>& args,
+// Runs `binary` with `args`, as `uid` (gid = uid) when given (the test runs
+// as root), stdout and stderr captured. With `stdout_limit`, the read end of
+// stdout is closed after that many bytes (a reader that goes away). Killed at
+// a 60 s deadline.
+ProcessRun RunProgram(const std::string& binary, const std::vector<std::string>& args,
                       std::optional<uint32_t> uid = std::nullopt, size_t stdout_limit = SIZE_MAX) {
   ProcessRun run;
   int out[2];
@@ -67,7 +69,7 @@ ProcessRun RunGranary(const std::vector<std::string>& args,
     ADD_FAILURE() << "pipe2: " << std::strerror(errno);
     return run;
   }
-  std::vector<std::string> argv_strings = {GRANARY_CLI_BINARY};
+  std::vector<std::string> argv_strings = {binary};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : argv_strings) argv.push_back(a.data());
@@ -95,7 +97,7 @@ ProcessRun RunGranary(const std::vector<std::string>& args,
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      ADD_FAILURE() << "granary did not finish within 60 s";
+      ADD_FAILURE() << binary << " did not finish within 60 s";
       kill(pid, SIGKILL);
       break;
     }
@@ -121,6 +123,12 @@ ProcessRun RunGranary(const std::vector<std::string>& args,
   if (WIFEXITED(status)) run.code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) run.signal = WTERMSIG(status);
   return run;
+}
+
+// The granary binary with `args` (RunProgram).
+ProcessRun RunGranary(const std::vector<std::string>& args,
+                      std::optional<uint32_t> uid = std::nullopt, size_t stdout_limit = SIZE_MAX) {
+  return RunProgram(GRANARY_CLI_BINARY, args, uid, stdout_limit);
 }
 
 class CliClusterTest : public ::testing::Test {
@@ -411,60 +419,86 @@ TEST(CliChangedSourceTest, CatNeverJoinsStagedPiecesWithARewrittenFile) {
   EXPECT_TRUE(r.out == new_bytes) << r.out.size() << " bytes";
 }
 
+// A cache node that requires the cluster key and serves its handoff socket
+// (`local_socket`), with a dataset whose d000/f000004.bin only root may read
+// at the source: what a user other than root (no key) gets from it.
+class CliLocalNodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to own the key and run the CLI as another user";
+    auto created = CacheCluster::Create();
+    ASSERT_OK(created);
+    cluster_ = std::move(*created);
+    ASSERT_EQ(chmod(cluster_->dir().path().c_str(), 0711), 0);  // others search, not list
+    auto hex = GenerateClusterKeyHex();
+    ASSERT_OK(hex);
+    cluster_->dir().WriteFile("cluster.key", *hex + "\n");
+    key_ = cluster_->dir().Join("cluster.key");
+    ASSERT_EQ(chmod(key_.c_str(), 0600), 0);
+    socket_ = cluster_->dir().Join("node.sock");
+    testing::CacheNodeOptions node;
+    node.extra_yaml = "local_socket: " + socket_ + "\ncluster_key_file: " + key_ + "\n";
+    ASSERT_OK(cluster_->StartNodes(1, node));
+    testing::DatasetOptions d;
+    d.name = "keyed";
+    d.files = 30;
+    d.min_size = 100;
+    d.max_size = 20'000;
+    d.chunk_size = 16 * 1024;
+    d.before_snapshot = [](const std::string& root) {
+      for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+        chmod(e.path().c_str(), e.is_directory() ? 0755 : 0644);
+      }
+      chmod(root.c_str(), 0755);
+      ASSERT_EQ(chmod((root + "/d000/f000004.bin").c_str(), 0600), 0);  // root's alone
+    };
+    auto ds = cluster_->CreateDataset(d);
+    ASSERT_OK(ds);
+    ds_ = std::move(*ds);
+    ASSERT_OK(cluster_->WaitForPhase(ds_.name, DatasetPhase::kReady));
+    local_ = cluster_->node(0).id();
+    // Files none of whose chunks holds bytes of the secret one (chunks are
+    // handed out whole).
+    auto secret = ds_.manifest->Find("d000/f000004.bin");
+    ASSERT_OK(secret);
+    near_secret_ = ChunkMates(*secret);
+    while (near_secret_.count(open_id_) > 0) ++open_id_;
+    ASSERT_LT(open_id_, ds_.sample_count());
+  }
+
+  // The files sharing a chunk with `id` (itself included).
+  std::set<SampleId> ChunkMates(SampleId id) const {
+    std::set<SampleId> mates;
+    for (ChunkId c = 0; c < ds_.manifest->chunk_count(); ++c) {
+      auto segments = ds_.manifest->Segments(c);
+      EXPECT_OK(segments);
+      if (!segments.ok()) continue;
+      std::set<SampleId> in_chunk;
+      for (const ChunkSegment& seg : *segments) in_chunk.insert(seg.sample);
+      if (in_chunk.count(id) > 0) mates.insert(in_chunk.begin(), in_chunk.end());
+    }
+    return mates;
+  }
+
+  std::unique_ptr<CacheCluster> cluster_;
+  TestDataset ds_;
+  std::string key_;
+  std::string socket_;  // the node's handoff socket
+  std::string local_;   // its id
+  std::set<SampleId> near_secret_;
+  SampleId open_id_ = 0;  // a file away from the secret one's chunks
+};
+
 // A user other than root has no cluster key, so a node that requires it
 // refuses that user on its TCP port; `cat --direct` reads the node on this
 // host through its handoff socket instead, where the node checks the uid
 // (SO_PEERCRED) against the source's permissions (docs/security.md).
-TEST(CliLocalNodeTest, CatWithoutTheClusterKeyReadsTheLocalNodeThroughItsHandoffSocket) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to own the key and run the CLI as another user";
-  auto created = CacheCluster::Create();
-  ASSERT_OK(created);
-  CacheCluster& cluster = **created;
-  ASSERT_EQ(chmod(cluster.dir().path().c_str(), 0711), 0);  // others search, not list
-  auto hex = GenerateClusterKeyHex();
-  ASSERT_OK(hex);
-  cluster.dir().WriteFile("cluster.key", *hex + "\n");
-  const std::string key = cluster.dir().Join("cluster.key");
-  ASSERT_EQ(chmod(key.c_str(), 0600), 0);
-  const std::string socket = cluster.dir().Join("node.sock");
-  testing::CacheNodeOptions node;
-  node.extra_yaml = "local_socket: " + socket + "\ncluster_key_file: " + key + "\n";
-  ASSERT_OK(cluster.StartNodes(1, node));
-  testing::DatasetOptions d;
-  d.name = "keyed";
-  d.files = 30;
-  d.min_size = 100;
-  d.max_size = 20'000;
-  d.chunk_size = 16 * 1024;
-  d.before_snapshot = [](const std::string& root) {
-    for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
-      chmod(e.path().c_str(), e.is_directory() ? 0755 : 0644);
-    }
-    chmod(root.c_str(), 0755);
-    ASSERT_EQ(chmod((root + "/d000/f000004.bin").c_str(), 0600), 0);  // root's alone
-  };
-  auto ds = cluster.CreateDataset(d);
-  ASSERT_OK(ds);
-  ASSERT_OK(cluster.WaitForPhase(ds->name, DatasetPhase::kReady));
-  const std::string local = cluster.node(0).id();
-  // A file none of whose chunks holds bytes of the secret one (chunks are
-  // handed out whole).
-  auto secret = ds->manifest->Find("d000/f000004.bin");
-  ASSERT_OK(secret);
-  std::set<SampleId> near_secret;
-  for (ChunkId c = 0; c < ds->manifest->chunk_count(); ++c) {
-    auto segments = ds->manifest->Segments(c);
-    ASSERT_OK(segments);
-    std::set<SampleId> in_chunk;
-    for (const ChunkSegment& seg : *segments) in_chunk.insert(seg.sample);
-    if (in_chunk.count(*secret) > 0) near_secret.insert(in_chunk.begin(), in_chunk.end());
-  }
-  SampleId open_id = 0;
-  while (near_secret.count(open_id) > 0) ++open_id;
-  ASSERT_LT(open_id, ds->sample_count());
-  const std::string open_path = ds->manifest->PathOf(open_id);
-  const std::vector<std::string> cat = {"--store", cluster.store_url(), "cat",
-                                        ds->name,  "--direct",          "--no-source"};
+TEST_F(CliLocalNodeTest, CatWithoutTheClusterKeyReadsTheLocalNodeThroughItsHandoffSocket) {
+  const std::string open_path = ds_.manifest->PathOf(open_id_);
+  const std::string socket = socket_;
+  const std::string local = local_;
+  const std::vector<std::string> cat = {"--store",  cluster_->store_url(), "cat", ds_.name,
+                                        "--direct", "--no-source"};
   auto with = [&](std::vector<std::string> more) {
     std::vector<std::string> args = cat;
     args.insert(args.end(), more.begin(), more.end());
@@ -475,7 +509,7 @@ TEST(CliLocalNodeTest, CatWithoutTheClusterKeyReadsTheLocalNodeThroughItsHandoff
   ProcessRun r =
       RunGranary(with({"--local-node", local, "--local-node-socket", socket, open_path}), kNobody);
   EXPECT_EQ(r.code, kCliOk) << r.err;
-  EXPECT_TRUE(r.out == ds->contents[open_id]) << r.out.size() << " bytes: " << r.err;
+  EXPECT_TRUE(r.out == ds_.contents[open_id_]) << r.out.size() << " bytes: " << r.err;
 
   // The file only root may read: refused, naming it.
   r = RunGranary(with({"--local-node", local, "--local-node-socket", socket, "d000/f000004.bin"}),
@@ -486,7 +520,7 @@ TEST(CliLocalNodeTest, CatWithoutTheClusterKeyReadsTheLocalNodeThroughItsHandoff
 
   // No socket there: what to do instead.
   r = RunGranary(with({"--local-node", local, "--local-node-socket",
-                       cluster.dir().Join("none.sock"), open_path}),
+                       cluster_->dir().Join("none.sock"), open_path}),
                  kNobody);
   EXPECT_EQ(r.code, kCliFailed) << r.err;
   EXPECT_EQ(r.out, "");
@@ -499,6 +533,103 @@ TEST(CliLocalNodeTest, CatWithoutTheClusterKeyReadsTheLocalNodeThroughItsHandoff
                  kNobody);
   EXPECT_EQ(r.code, kCliFailed) << r.err;
   EXPECT_NE(r.err.find("is named 'elsewhere'"), std::string::npos) << r.err;
+}
+
+// `granary mount` by a user other than root: while the host's sidecar
+// serves, reads go through it; once it is gone, the mount reads the node on
+// this host through its handoff socket (no cluster key needed), and only what
+// the source lets that user read: a file whose rights at the source were
+// taken away after the snapshot is refused, though the view's modes allow it.
+TEST_F(CliLocalNodeTest, MountWithoutTheClusterKeyFallsBackToTheHandoffSocket) {
+  // The host's sidecar, root's, with the key; its socket open to nobody's group.
+  SidecarOptions so;
+  so.store_url = cluster_->store_url();
+  so.local_node_id = local_;
+  so.extra_yaml = "cluster_key_file: " + key_ + "\n";
+  const std::string sidecar_dir = cluster_->dir().Join("sidecar");
+  std::filesystem::create_directories(sidecar_dir);
+  ASSERT_EQ(chmod(sidecar_dir.c_str(), 0755), 0);
+  SidecarProcess sidecar(so, sidecar_dir);
+  ASSERT_OK(sidecar.StartAndWaitReady());
+  ASSERT_EQ(chown(sidecar.socket_path().c_str(), 0, kNobody), 0);
+  // A file readable by all in the snapshot, root's alone at the source now.
+  const std::set<SampleId> near_open = ChunkMates(open_id_);
+  SampleId taken = open_id_ + 1;
+  while (taken < ds_.sample_count() &&
+         (near_secret_.count(taken) > 0 || near_open.count(taken) > 0)) {
+    ++taken;
+  }
+  ASSERT_LT(taken, ds_.sample_count());
+  const std::string taken_path = ds_.manifest->PathOf(taken);
+  const std::set<SampleId> near_taken = ChunkMates(taken);
+  ASSERT_EQ(chmod(ds_.PathOf(taken).c_str(), 0600), 0);
+
+  // Debian's udev makes /dev/fuse mode 0666 so that any user may mount
+  // (through the set-uid fusermount3); some containers leave it 0600. The
+  // Debian default for the length of the test, the mode restored after.
+  struct stat fuse_dev {};
+  ASSERT_EQ(stat("/dev/fuse", &fuse_dev), 0) << "no /dev/fuse: " << std::strerror(errno);
+  struct RestoreMode {
+    mode_t mode;
+    ~RestoreMode() { chmod("/dev/fuse", mode); }
+  } restore{fuse_dev.st_mode & 07777};
+  ASSERT_EQ(chmod("/dev/fuse", 0666), 0) << std::strerror(errno);
+  const std::string mnt = cluster_->dir().Join("mnt");
+  std::filesystem::create_directories(mnt);
+  ASSERT_EQ(chown(mnt.c_str(), kNobody, kNobody), 0);
+  ProcessRun mounted = RunGranary(
+      {"--store", cluster_->store_url(), "mount", ds_.name, mnt, "--socket", sidecar.socket_path(),
+       "--local-node", local_, "--local-node-socket", socket_, "--reconnect-timeout", "300ms",
+       // Nothing fetched ahead through the sidecar: each file below is read
+       // when the test reads it.
+       "--readahead", "off", "--pin-ahead", "0"},
+      kNobody);
+  ASSERT_EQ(mounted.code, kCliOk) << mounted.err;
+  const size_t at = mounted.out.find("(pid ");
+  ASSERT_NE(at, std::string::npos) << mounted.out;
+  const pid_t server = std::stoi(mounted.out.substr(at + 5));
+  struct Unmount {
+    pid_t pid;
+    ~Unmount() { kill(pid, SIGTERM); }
+  } unmount{server};
+  auto cat_as_nobody = [&](const std::string& path) {
+    return RunProgram("/bin/cat", {mnt + "/" + path}, kNobody);
+  };
+
+  ProcessRun r = cat_as_nobody(ds_.manifest->PathOf(open_id_));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.out == ds_.contents[open_id_]) << r.out.size() << " bytes: " << r.err;
+  // Mode 0600, root's, in the snapshot too: the kernel refuses the open,
+  // whoever would serve the bytes.
+  r = cat_as_nobody("d000/f000004.bin");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("Permission denied"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out.size() << " bytes";
+
+  // The sidecar gone: the same file, now through the node's handoff socket.
+  ASSERT_OK(sidecar.Kill());
+  for (SampleId id = open_id_; id < ds_.sample_count(); ++id) {
+    if (near_secret_.count(id) > 0 || near_taken.count(id) > 0) continue;
+    r = cat_as_nobody(ds_.manifest->PathOf(id));
+    EXPECT_EQ(r.code, 0) << ds_.manifest->PathOf(id) << ": " << r.err;
+    EXPECT_TRUE(r.out == ds_.contents[id]) << ds_.manifest->PathOf(id) << ": " << r.out.size();
+  }
+  // Taken away at the source: the node refuses this user, whatever the view says.
+  r = cat_as_nobody(taken_path);
+  EXPECT_NE(r.code, 0) << "read " << r.out.size() << " bytes of a file nobody may not read";
+  EXPECT_TRUE(r.out.empty()) << r.out.size() << " bytes";
+  r = cat_as_nobody("d000/f000004.bin");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(r.out.empty()) << r.out.size() << " bytes";
+
+  ASSERT_EQ(kill(server, SIGTERM), 0);
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        auto fstype = posix::MountedFileSystemAt(mnt);
+        return !fstype.ok() || *fstype != "fuse.granary";
+      },
+      seconds(20)))
+      << "still mounted at " << mnt;
 }
 
 TEST_F(CliClusterTest, DoctorPassesOnALiveSetUp) {

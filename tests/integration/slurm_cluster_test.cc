@@ -11,6 +11,9 @@
 //     SystemComment, and nothing of it is staged;
 //   - a persistentdw job over a dataset staged earlier reads it all with its
 //     source moved away (and the cache node's source counters unchanged);
+//   - a persistentdw job over a dataset its user may not read is held at
+//     setup with the reason, and never runs; on the node, the prolog refuses
+//     it too, and a job's sidecar serves only the job's datasets;
 //   - after each job: no sidecar, no mount, no socket, no job directory, no
 //     job-scoped dataset or chunk.
 // Skipped (with the reason) when the Slurm binaries are not installed.
@@ -30,6 +33,7 @@
 #include <string>
 
 #include "granary/cli/cli.h"
+#include "granary/client/session.h"
 #include "granary/core/file.h"
 #include "testing/cachenode_fixture.h"
 #include "testing/sidecar_fixture.h"
@@ -38,6 +42,8 @@
 namespace granary::testing {
 namespace {
 
+using client::Session;
+using client::SessionOptions;
 using std::chrono::seconds;
 
 constexpr uint32_t kNobody = 65534;
@@ -416,6 +422,44 @@ TEST_F(SlurmClusterTest, SourceTheUserCannotReadHoldsTheJobWithTheReason) {
   ExpectNothingLeft(*job);
 }
 
+// A persistentdw job of a dataset its user may not read: Slurm 22.05 gives
+// the submission check no user, so setup refuses it and the job is held with
+// the reason and the fix; it never runs. (Slurm 23.02+ refuses it at sbatch:
+// slurm_bb_job_process passes the user to `granary slurm validate`.)
+TEST_F(SlurmClusterTest, PersistentDwOfAnotherUsersDatasetHoldsTheJobWithTheReason) {
+  const std::string src = slurm_->dir() + "/src-private";
+  MakeSource(src, 10);
+  ASSERT_OK(Cli({"dataset", "create", "private", "--source", src, "--pool", "default"}));
+  ASSERT_OK(cache_->WaitForPhase("private", DatasetPhase::kReady, seconds(60)));
+  const std::string script =
+      WriteScript("private.sh", JobHeader("private") + "#DW persistentdw name=private\necho ran\n");
+  Result<std::string> job = slurm_->Submit(script);  // as uid 65534
+  ASSERT_OK(job);
+  std::map<std::string, std::string> fields;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        Result<std::map<std::string, std::string>> f = slurm_->ShowJob(*job);
+        if (f.ok()) fields = *f;
+        return f.ok() && !fields["SystemComment"].empty();
+      },
+      seconds(60), std::chrono::milliseconds(250)))
+      << "state " << fields["JobState"] << " reason " << fields["Reason"];
+  const std::string& comment = fields["SystemComment"];
+  EXPECT_NE(comment.find("may not read dataset 'private'"), std::string::npos) << comment;
+  EXPECT_NE(comment.find("granary dataset grant private --user nobody"), std::string::npos)
+      << comment;
+  EXPECT_EQ(fields["JobState"], "PENDING") << "the job must not run";
+  EXPECT_EQ(fields["Priority"], "0") << "not held";
+  EXPECT_NE(fields["Reason"].find("slurm_bb_setup"), std::string::npos) << fields["Reason"];
+  EXPECT_NE(::access((slurm_->out_dir() + "/private-" + *job + ".out").c_str(), F_OK), 0)
+      << "the job ran: " << JobOutput("private", *job);
+  Result<SlurmCommandResult> cancel = slurm_->Run({"scancel", *job}, /*as_user=*/false);
+  ASSERT_OK(cancel);
+  EXPECT_EQ(cancel->exit_code, 0) << cancel->output;
+  ExpectNothingLeft(*job);
+  ASSERT_OK(Cli({"dataset", "delete", "private"}));
+}
+
 TEST_F(SlurmClusterTest, PersistentDwJobReadsAStagedDatasetWithoutTheSource) {
   SKIP_IF_ASAN();
   const std::string src = slurm_->dir() + "/src-keep";
@@ -679,6 +723,54 @@ TEST_F(SlurmNodeStepsTest, EpilogCleansUpAfterACrashedSidecarAndIsIdempotent) {
   ASSERT_OK(Epilog("16", &out));  // again: nothing left to do, still OK
   EXPECT_NE(out.find("nothing running"), std::string::npos) << out;
   ExpectClean("16");
+}
+
+// persistentdw on the node: the prolog refuses a dataset the job's user may
+// not read (before any sidecar starts); granted, the job's sidecar serves
+// that dataset and no other of the pool; revoked, the next job is refused.
+TEST_F(SlurmNodeStepsTest, PersistentDwNeedsTheUsersRightAndTheSidecarServesOnlyTheJobs) {
+  for (const char* name : {"rootonly", "other"}) {
+    DatasetOptions d;
+    d.name = name;
+    d.files = 20;
+    d.owner = DatasetOwner{0, 0};
+    ASSERT_OK(cache_->CreateDataset(d));
+  }
+  const std::string script =
+      WriteScript("direct-pdw.sh", "#!/bin/sh\n#DW persistentdw name=rootonly\ntrue\n");
+  std::string out;
+  EXPECT_FALSE(Prolog("17", script, {}, &out).ok());  // as uid 65534
+  EXPECT_NE(out.find("job 17: line 2: #DW persistentdw: nobody (uid 65534) may not read dataset "
+                     "'rootonly'"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("granary dataset grant rootonly --user nobody"), std::string::npos) << out;
+  ExpectClean("17");
+
+  ASSERT_OK(Cli({"dataset", "grant", "rootonly", "--group", "nogroup"}));
+  ASSERT_OK(Prolog("17", script, {}, &out));
+  SessionOptions options;
+  options.socket_path = root() + "/job-17.sock";
+  Result<std::unique_ptr<Session>> granted = Session::Open("rootonly", options);
+  ASSERT_OK(granted);
+  EXPECT_EQ((*granted)->info().sample_count, 20u);
+  Result<std::unique_ptr<Session>> other = Session::Open("other", options);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kPermissionDenied) << other.status().ToString();
+  EXPECT_NE(other.status().message().find("serves only rootonly"), std::string::npos)
+      << other.status().ToString();
+  granted->reset();
+  ASSERT_OK(Epilog("17", &out));
+  ExpectClean("17");
+
+  ASSERT_OK(Cli({"dataset", "revoke", "rootonly", "--group", "nogroup"}));
+  EXPECT_FALSE(Prolog("18", script, {}, &out).ok());
+  EXPECT_NE(out.find("may not read dataset 'rootonly'"), std::string::npos) << out;
+  ExpectClean("18");
+  // Root's own job may (uid 0 reads everything it stages).
+  ASSERT_OK(Prolog("19", script, {"--uid", "0", "--gid", "0"}, &out));
+  ASSERT_OK(Epilog("19", &out));
+  ExpectClean("19");
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // the same GPU hosts runs one metadata store and one set of cache nodes. A
 // Dataset applied with kubectl, snapshotted and staged by its CachePool's
 // cache node, is read by a Slurm job through `#DW persistentdw name=<its
-// Granary name>` without a second snapshot or a second read of the source.
+// Granary name>` (granted to the job's user by the site's admin with
+// `granary dataset grant`) without a second snapshot or a second read of the
+// source.
 //
 // Both fixtures at once over the same Redis and the same cache node:
 // KubeSuite (tests/testing/kube_suite.h: a real control plane, PodRunner
@@ -32,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "granary/cli/cli.h"
 #include "granary/core/file.h"
 #include "granary/core/metadata_store.h"
 #include "granary/operator/resources.h"
@@ -226,6 +229,18 @@ TEST(MixedSiteTest, KubernetesDatasetIsReadBySlurmPersistentDwWithoutSecondSnaps
     return text.ok() ? *text : "(no output: " + text.status().ToString() + ")";
   };
 
+  // The Dataset's data is its owner's (the pod's runAsUser); the Slurm job
+  // runs as uid 65534, so the site's admin grants that user read access, as
+  // `#DW persistentdw` of another user's dataset requires.
+  {
+    std::ostringstream out;
+    std::ostringstream err;
+    ASSERT_EQ(RunCli({"--store", kube.redis().url(), "dataset", "grant", gname, "--user", "nobody"},
+                     out, err, /*interactive=*/false),
+              kCliOk)
+        << err.str();
+  }
+
   // The source moved away for the job: a read of it by anyone (the cache
   // node, the job's sidecar falling through) fails the job. The trainer
   // compares every sample with the moved copy.
@@ -266,6 +281,8 @@ TEST(MixedSiteTest, KubernetesDatasetIsReadBySlurmPersistentDwWithoutSecondSnaps
   ASSERT_OK(record_after);
   EXPECT_EQ(record_after->manifest_id, manifest);
   EXPECT_EQ(record_after->state.phase, DatasetPhase::kReady);
+  EXPECT_EQ(record_after->readers.uids, std::vector<uint32_t>{65534})
+      << "the operator's updates keep the grant";
   manifests = ManifestKeys(kube.redis(), kube.dir());
   ASSERT_OK(manifests);
   EXPECT_EQ(manifests->size(), 1u) << ::testing::PrintToString(*manifests);

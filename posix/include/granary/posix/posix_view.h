@@ -9,9 +9,9 @@
 //    source or a cache node. Files are regular files of the manifest's size
 //    and mtime; owner uid/gid are the dataset owner's; modes are the
 //    source's at snapshot time, without set-user/group-ID (r--r--r-- and
-//    r-xr-xr-x for a version 1 manifest, which has none). With allow_other
-//    the kernel checks them (default_permissions); otherwise only the
-//    mounting user gets in.
+//    r-xr-xr-x for a version 1 manifest, which has none). The kernel checks
+//    them for every user, the mounting one included (default_permissions);
+//    without allow_other only the mounting user gets in at all.
 //  - Contents come from a ContentReader (content_reader.h): a file's sample is
 //    pinned at its first read and replied from in place until the read that
 //    reaches its end, or close. Opens hint the samples that follow
