@@ -10,6 +10,9 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -108,6 +111,92 @@ TEST(CacheNodeAuthTest, OnlyAHolderOfTheClusterKeyReadsOverTheTcpPort) {
       << total("granary_cachenode_auth_granted_total") << ", refused "
       << total("granary_cachenode_auth_refused_total");
   EXPECT_LE(total("granary_cachenode_auth_granted_total"), 2);
+}
+
+// The documented configuration, examples/cachenode.yaml, run here: its
+// settings as they are, except what names this host's paths and addresses
+// (written by the fixture) and what needs a Kubernetes API server or a
+// certificate. Without its key lines the node refuses to start, saying what
+// to do; with its key a reader without the key (any local user: the key file
+// is root's, mode 0600) gets no byte of a root-only dataset over TCP.
+TEST(CacheNodeAuthTest, TheExampleConfigurationServesNoReaderWithoutTheKey) {
+  const std::string example = ReadAll(std::string(GRANARY_SOURCE_DIR) + "/examples/cachenode.yaml");
+  ASSERT_FALSE(example.empty());
+  auto cluster = CacheCluster::Create();
+  ASSERT_OK(cluster);
+  // Keys the fixture writes for this host, and those that need what a test
+  // host lacks (the API server, certificates), or that it adapts.
+  const std::set<std::string> adapted = {"node_id",
+                                         "pool",
+                                         "listen",
+                                         "advertise",
+                                         "data_dir",
+                                         "capacity",
+                                         "metadata_store",
+                                         "source_concurrency",
+                                         "worker_threads",
+                                         "service_threads",
+                                         "max_connections",
+                                         "metrics_listen",
+                                         "heartbeat_interval",
+                                         "heartbeat_ttl",
+                                         "drain_timeout",
+                                         "log_level",
+                                         "tls_cert_file",
+                                         "tls_key_file",
+                                         "kubernetes_auth",
+                                         "kubernetes_audience",
+                                         "cluster_key_file",
+                                         "local_socket"};
+  std::string settings;
+  std::set<std::string> seen;
+  std::istringstream lines(example);
+  for (std::string line; std::getline(lines, line);) {
+    if (const size_t hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || line.empty() || line[0] == ' ') continue;
+    const std::string key = line.substr(0, colon);
+    seen.insert(key);
+    if (adapted.count(key) == 0) settings += line + "\n";
+  }
+  for (const char* key : {"cluster_key_file", "kubernetes_auth", "max_connections_per_address",
+                          "max_unauthenticated_per_address", "verify_reads"}) {
+    EXPECT_EQ(seen.count(key), 1u) << "examples/cachenode.yaml no longer shows " << key;
+  }
+  settings += "local_socket: " + (*cluster)->dir().Join("node.sock") + "\n";
+
+  CacheNodeOptions without_key;
+  without_key.extra_yaml = settings;
+  without_key.opt_out_of_authentication = false;
+  CacheNode& refused = (*cluster)->AddNode(without_key);
+  ASSERT_OK(refused.Start());
+  auto exit = refused.WaitExit(30s);
+  ASSERT_OK(exit);
+  EXPECT_TRUE(exit->ExitedWith(2)) << exit->ToString() << "\n" << refused.Log();
+  EXPECT_THAT(refused.Log(), HasSubstr("granary cluster-key generate"));
+
+  const std::string key = KeyFile(**cluster, "cluster.key", {NewKey()});
+  CacheNodeOptions with_key;
+  with_key.extra_yaml = settings + "cluster_key_file: " + key + "\n";
+  with_key.opt_out_of_authentication = false;
+  ASSERT_OK((*cluster)->StartNodes(1, with_key));
+  DatasetOptions o;
+  o.name = "roots";
+  o.files = 40;
+  o.owner = DatasetOwner{0, 0};
+  o.before_snapshot = [](const std::string& root) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+      ::chmod(e.path().c_str(), e.is_directory() ? 0700 : 0600);
+    }
+    ::chmod(root.c_str(), 0700);
+  };
+  auto ds = (*cluster)->CreateDataset(o);
+  ASSERT_OK(ds);
+  ASSERT_OK((*cluster)->WaitForPhase(ds->name, DatasetPhase::kReady, 60s));
+  DatasetReader reader(&(*cluster)->store(), *ds);
+  ExpectAllRefused(reader.Read(ds->AllIds()), "requires authentication");
+  reader.SetCredentials(CredentialsFrom(key));
+  EXPECT_EQ(CountExact(reader.Read(ds->AllIds()), *ds), ds->contents.size());
 }
 
 TEST(CacheNodeAuthTest, ARotationAcceptsBothKeysThenOnlyTheNewOne) {
