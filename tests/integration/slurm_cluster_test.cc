@@ -198,6 +198,28 @@ class SlurmClusterTest : public ::testing::Test {
     return n;
   }
 
+  // Waits until a step failed for `job` (its SystemComment says why), up to
+  // 60 s; *fields is `scontrol show job` then.
+  static void WaitForSystemComment(const std::string& job,
+                                   std::map<std::string, std::string>* fields) {
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          Result<std::map<std::string, std::string>> f = slurm_->ShowJob(job);
+          if (f.ok()) *fields = *f;
+          return f.ok() && !(*fields)["SystemComment"].empty();
+        },
+        seconds(60), std::chrono::milliseconds(250)))
+        << "state " << (*fields)["JobState"] << " reason " << (*fields)["Reason"];
+  }
+
+  // Cancels a job held by a failed step; then nothing of it is left.
+  static void CancelHeldJob(const std::string& job) {
+    Result<SlurmCommandResult> cancel = slurm_->Run({"scancel", job}, /*as_user=*/false);
+    ASSERT_OK(cancel);
+    EXPECT_EQ(cancel->exit_code, 0) << cancel->output;
+    ExpectNothingLeft(job);
+  }
+
   // After a job: nothing of it left on the node or in the cache.
   static void ExpectNothingLeft(const std::string& job) {
     const std::string dir = slurm_->job_root() + "/job-" + job;
@@ -388,14 +410,7 @@ TEST_F(SlurmClusterTest, SourceTheUserCannotReadHoldsTheJobWithTheReason) {
   Result<std::string> job = slurm_->Submit(script);
   ASSERT_OK(job);
   std::map<std::string, std::string> fields;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        Result<std::map<std::string, std::string>> f = slurm_->ShowJob(*job);
-        if (f.ok()) fields = *f;
-        return f.ok() && !fields["SystemComment"].empty();
-      },
-      seconds(60), std::chrono::milliseconds(250)))
-      << "state " << fields["JobState"] << " reason " << fields["Reason"];
+  ASSERT_NO_FATAL_FAILURE(WaitForSystemComment(*job, &fields));
   const std::string& comment = fields["SystemComment"];
   EXPECT_NE(comment.find(src), std::string::npos) << comment;
   EXPECT_TRUE(comment.find("ermission denied") != std::string::npos ||
@@ -416,10 +431,7 @@ TEST_F(SlurmClusterTest, SourceTheUserCannotReadHoldsTheJobWithTheReason) {
     EXPECT_NE(d.state.phase, DatasetPhase::kStaging) << d.name;
     EXPECT_NE(d.state.phase, DatasetPhase::kReady) << d.name;
   }
-  Result<SlurmCommandResult> cancel = slurm_->Run({"scancel", *job}, /*as_user=*/false);
-  ASSERT_OK(cancel);
-  EXPECT_EQ(cancel->exit_code, 0) << cancel->output;
-  ExpectNothingLeft(*job);
+  CancelHeldJob(*job);
 }
 
 // A persistentdw job of a dataset its user may not read: Slurm 22.05 gives
@@ -436,14 +448,7 @@ TEST_F(SlurmClusterTest, PersistentDwOfAnotherUsersDatasetHoldsTheJobWithTheReas
   Result<std::string> job = slurm_->Submit(script);  // as uid 65534
   ASSERT_OK(job);
   std::map<std::string, std::string> fields;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        Result<std::map<std::string, std::string>> f = slurm_->ShowJob(*job);
-        if (f.ok()) fields = *f;
-        return f.ok() && !fields["SystemComment"].empty();
-      },
-      seconds(60), std::chrono::milliseconds(250)))
-      << "state " << fields["JobState"] << " reason " << fields["Reason"];
+  ASSERT_NO_FATAL_FAILURE(WaitForSystemComment(*job, &fields));
   const std::string& comment = fields["SystemComment"];
   EXPECT_NE(comment.find("may not read dataset 'private'"), std::string::npos) << comment;
   EXPECT_NE(comment.find("granary dataset grant private --user nobody"), std::string::npos)
@@ -453,10 +458,7 @@ TEST_F(SlurmClusterTest, PersistentDwOfAnotherUsersDatasetHoldsTheJobWithTheReas
   EXPECT_NE(fields["Reason"].find("slurm_bb_setup"), std::string::npos) << fields["Reason"];
   EXPECT_NE(::access((slurm_->out_dir() + "/private-" + *job + ".out").c_str(), F_OK), 0)
       << "the job ran: " << JobOutput("private", *job);
-  Result<SlurmCommandResult> cancel = slurm_->Run({"scancel", *job}, /*as_user=*/false);
-  ASSERT_OK(cancel);
-  EXPECT_EQ(cancel->exit_code, 0) << cancel->output;
-  ExpectNothingLeft(*job);
+  CancelHeldJob(*job);
   ASSERT_OK(Cli({"dataset", "delete", "private"}));
 }
 
