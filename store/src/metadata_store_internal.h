@@ -20,7 +20,9 @@ namespace granary::store_internal {
 
 // Accepted URL forms, quoted in every URL error.
 inline constexpr std::string_view kAcceptedUrlForms =
-    "redis://[[user]:password@]host[:port][/db][?prefix=NAME&timeout_ms=N&retry_ms=N] or "
+    "redis://[[user]:password@]host[:port][/db][?prefix=NAME&timeout_ms=N&retry_ms=N], "
+    "redis+sentinel://[[user]:password@]sentinel[:port][,sentinel[:port]...]/MASTER[/db]"
+    "[?prefix=NAME&timeout_ms=N&retry_ms=N&sentinel_password_file=PATH] or "
     "sqlite:///absolute/path/granary.db[?retry_ms=N&poll_ms=N]";
 
 // ---- validation ----

@@ -1,4 +1,4 @@
-// OpenMetadataStore: the URL forms (redis://, sqlite://), their query
+// OpenMetadataStore: the URL forms (redis://, redis+sentinel://, sqlite://), their query
 // parameters, and the redaction that keeps passwords out of every message.
 
 #include "granary/store/open_store.h"
@@ -11,6 +11,7 @@
 #include <set>
 #include <utility>
 
+#include "granary/core/file.h"
 #include "granary/core/names.h"
 #include "metadata_store_internal.h"
 #include "redis_store.h"
@@ -117,8 +118,84 @@ Result<std::chrono::milliseconds> ParseMillis(std::string_view key, std::string_
   return std::chrono::milliseconds(static_cast<int64_t>(v));
 }
 
+// "host[:port]" or "[v6]:port" into *address (its port: `default_port` when
+// the text has none).
+Status ParseHostPort(std::string_view authority, uint16_t default_port, std::string_view shown,
+                     RedisAddress* address) {
+  std::string_view port_text;
+  if (!authority.empty() && authority.front() == '[') {
+    size_t close = authority.find(']');
+    if (close == std::string_view::npos) return UrlError(shown, "an IPv6 host lacks its ']'");
+    address->host = std::string(authority.substr(1, close - 1));
+    std::string_view after = authority.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') return UrlError(shown, "unexpected text after the IPv6 host");
+      port_text = after.substr(1);
+      if (port_text.empty()) return UrlError(shown, "the port after ':' is empty");
+    }
+  } else {
+    size_t colon = authority.find(':');
+    address->host = std::string(authority.substr(0, colon));
+    if (colon != std::string_view::npos) {
+      port_text = authority.substr(colon + 1);
+      if (port_text.empty()) return UrlError(shown, "the port after ':' is empty");
+    }
+    for (char c : address->host) {
+      if (!IsAsciiAlnum(c) && c != '.' && c != '-' && c != '_') {
+        return UrlError(shown, "the host " + Quoted(address->host) +
+                                   " has a character that is not "
+                                   "allowed in a host name");
+      }
+    }
+  }
+  if (address->host.empty()) return UrlError(shown, "the host is missing");
+  address->port = default_port;
+  if (!port_text.empty()) {
+    uint64_t port = 0;
+    if (!ParseDecimal(port_text, 65535, &port) || port == 0) {
+      return UrlError(shown, "the port " + Quoted(port_text) + " is not a number from 1 to 65535");
+    }
+    address->port = static_cast<uint16_t>(port);
+  }
+  return Status::Ok();
+}
+
+// "/0" (or empty, or "/") as a database number into *db.
+Status ParseDatabase(std::string_view path, std::string_view shown, int* db) {
+  if (path.empty() || path == "/") return Status::Ok();
+  uint64_t n = 0;
+  if (!ParseDecimal(path.substr(1), 1'000'000, &n)) {
+    return UrlError(
+        shown, "the path " + Quoted(path) + " is not a database number (e.g. /0, the default)");
+  }
+  *db = static_cast<int>(n);
+  return Status::Ok();
+}
+
+// The sentinels' password, from the file `path` names (its first line): a
+// URL never carries it, so no message or process listing shows it.
+Result<std::string> ReadSentinelPassword(std::string_view path, std::string_view shown) {
+  if (path.empty() || path.front() != '/') {
+    return UrlError(shown, "sentinel_password_file=" + Quoted(path) + " is not an absolute path");
+  }
+  Result<std::string> text = ReadFileToString(std::string(path));
+  if (!text.ok()) {
+    return Status(text.status().code(), "open metadata store " + Quoted(shown) +
+                                            ": reading sentinel_password_file " + Quoted(path) +
+                                            ": " + text.status().message());
+  }
+  std::string password = text->substr(0, text->find('\n'));
+  if (!password.empty() && password.back() == '\r') password.pop_back();
+  if (password.empty()) {
+    return UrlError(shown, "sentinel_password_file " + Quoted(path) + " is empty");
+  }
+  return password;
+}
+
+// redis://... and, with `sentinel`, redis+sentinel://...: `rest` is what
+// follows the scheme.
 Result<std::unique_ptr<MetadataStore>> OpenRedis(std::string_view url, std::string_view rest,
-                                                 const MetadataStoreOptions& options,
+                                                 bool sentinel, const MetadataStoreOptions& options,
                                                  Clock* clock) {
   const std::string shown = RedactUrl(url);
   RedisConfig config;
@@ -159,51 +236,47 @@ Result<std::unique_ptr<MetadataStore>> OpenRedis(std::string_view url, std::stri
     if (config.password.empty()) return UrlError(shown, "the password after ':' is empty");
   }
 
-  std::string_view port_text;
-  if (!authority.empty() && authority.front() == '[') {
-    size_t close = authority.find(']');
-    if (close == std::string_view::npos) return UrlError(shown, "an IPv6 host lacks its ']'");
-    config.host = std::string(authority.substr(1, close - 1));
-    std::string_view after = authority.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':') return UrlError(shown, "unexpected text after the IPv6 host");
-      port_text = after.substr(1);
-      if (port_text.empty()) return UrlError(shown, "the port after ':' is empty");
-    }
+  if (!sentinel) {
+    RedisAddress server;
+    GRANARY_RETURN_IF_ERROR(ParseHostPort(authority, 6379, shown, &server));
+    config.host = server.host;
+    config.port = server.port;
+    GRANARY_RETURN_IF_ERROR(ParseDatabase(path, shown, &config.db));
   } else {
-    size_t colon = authority.find(':');
-    config.host = std::string(authority.substr(0, colon));
-    if (colon != std::string_view::npos) {
-      port_text = authority.substr(colon + 1);
-      if (port_text.empty()) return UrlError(shown, "the port after ':' is empty");
+    constexpr size_t kMaxSentinels = 16;
+    while (true) {
+      const size_t comma = authority.find(',');
+      RedisAddress s;
+      GRANARY_RETURN_IF_ERROR(ParseHostPort(authority.substr(0, comma), 26379, shown, &s));
+      config.sentinels.push_back(std::move(s));
+      if (comma == std::string_view::npos) break;
+      authority = authority.substr(comma + 1);
     }
-    for (char c : config.host) {
-      if (!IsAsciiAlnum(c) && c != '.' && c != '-' && c != '_') {
-        return UrlError(shown, "the host " + Quoted(config.host) +
-                                   " has a character that is not "
-                                   "allowed in a host name");
-      }
+    if (config.sentinels.size() > kMaxSentinels) {
+      return UrlError(shown, "more than " + std::to_string(kMaxSentinels) + " sentinels");
     }
-  }
-  if (config.host.empty()) return UrlError(shown, "the host is missing");
-  if (!port_text.empty()) {
-    uint64_t port = 0;
-    if (!ParseDecimal(port_text, 65535, &port) || port == 0) {
-      return UrlError(shown, "the port " + Quoted(port_text) + " is not a number from 1 to 65535");
+    // "/MASTER" or "/MASTER/db".
+    std::string_view master = path.empty() ? path : path.substr(1);
+    const size_t next = master.find('/');
+    std::string_view db_path =
+        next == std::string_view::npos ? std::string_view() : master.substr(next);
+    master = master.substr(0, next);
+    bool ok = !master.empty() && master.size() <= 128;
+    for (char c : master) ok = ok && (IsAsciiAlnum(c) || c == '.' || c == '_' || c == '-');
+    if (!ok) {
+      return UrlError(shown, "the master name " + Quoted(master) +
+                                 " after the sentinels is missing or not 1 to 128 letters, "
+                                 "digits, '.', '_' or '-' (the name `sentinel monitor` gives in "
+                                 "sentinel.conf, e.g. redis+sentinel://s1,s2,s3/granary)");
     }
-    config.port = static_cast<uint16_t>(port);
-  }
-  if (!path.empty() && path != "/") {
-    uint64_t db = 0;
-    if (!ParseDecimal(path.substr(1), 1'000'000, &db)) {
-      return UrlError(
-          shown, "the path " + Quoted(path) + " is not a database number (e.g. /0, the default)");
-    }
-    config.db = static_cast<int>(db);
+    config.master_name = std::string(master);
+    GRANARY_RETURN_IF_ERROR(ParseDatabase(db_path, shown, &config.db));
   }
 
-  GRANARY_ASSIGN_OR_RETURN(Query q,
-                           ParseQuery(query, shown, {"prefix", "timeout_ms", "retry_ms"}, "redis"));
+  std::set<std::string_view> accepted = {"prefix", "timeout_ms", "retry_ms"};
+  if (sentinel) accepted.insert("sentinel_password_file");
+  GRANARY_ASSIGN_OR_RETURN(
+      Query q, ParseQuery(query, shown, accepted, sentinel ? "redis+sentinel" : "redis"));
   for (const auto& [key, value] : q.params) {
     if (key == "prefix") {
       bool ok = !value.empty() && value.size() <= 64;
@@ -218,6 +291,8 @@ Result<std::unique_ptr<MetadataStore>> OpenRedis(std::string_view url, std::stri
       GRANARY_ASSIGN_OR_RETURN(config.connect_timeout, ParseMillis(key, value, shown));
     } else if (key == "retry_ms") {
       GRANARY_ASSIGN_OR_RETURN(config.retry_budget, ParseMillis(key, value, shown));
+    } else if (key == "sentinel_password_file") {
+      GRANARY_ASSIGN_OR_RETURN(config.sentinel_password, ReadSentinelPassword(value, shown));
     }
   }
   return RedisStore::Open(std::move(config));
@@ -278,7 +353,10 @@ Result<std::unique_ptr<MetadataStore>> OpenMetadataStore(std::string_view url,
         "open metadata store " + Quoted(shown) +
         ": connect_timeout and poll_interval must be positive and retry_budget not negative");
   }
-  if (url.starts_with("redis://")) return OpenRedis(url, url.substr(8), options, clock);
+  if (url.starts_with("redis://")) return OpenRedis(url, url.substr(8), false, options, clock);
+  if (url.starts_with("redis+sentinel://")) {
+    return OpenRedis(url, url.substr(17), true, options, clock);
+  }
   if (url.starts_with("sqlite://")) return OpenSqlite(url, url.substr(9), options, clock);
   // The scheme is read from the redacted URL: without "://", what precedes a
   // ':' may be a user name followed by a password.

@@ -173,7 +173,7 @@ bool ParseInt(std::string_view s, T* out) {
 
 // Server errors worth waiting out: the server is starting, busy, or failing over.
 bool IsTransient(std::string_view error) {
-  for (std::string_view prefix : {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN"}) {
+  for (std::string_view prefix : {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY"}) {
     if (error.starts_with(prefix)) return true;
   }
   return false;
@@ -370,8 +370,115 @@ void IgnoreSigpipeOnce() {
 
 }  // namespace
 
+namespace {
+
+// "host:port", or "[v6]:port".
+std::string AddressText(const std::string& host, uint16_t port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(port);
+}
+
+// The primary of config.master_name as the sentinels see it, asking each in
+// turn until one answers. kUnavailable when none answers (retry: a sentinel
+// may be restarting), kInvalidArgument when every one that answered knows no
+// such master (a wrong name: waiting will not help), kPermissionDenied for a
+// refused AUTH.
+Result<RedisAddress> AskSentinels(const RedisConfig& config, milliseconds timeout) {
+  std::string tried;
+  size_t unknown = 0;
+  size_t answered = 0;
+  for (const RedisAddress& sentinel : config.sentinels) {
+    const std::string at = "sentinel " + AddressText(sentinel.host, sentinel.port);
+    auto note = [&](const std::string& what) {
+      tried += (tried.empty() ? "" : "; ") + at + ": " + what;
+    };
+    ContextPtr ctx(
+        redisConnectWithTimeout(sentinel.host.c_str(), sentinel.port, ToTimeval(timeout)));
+    if (ctx == nullptr) return Status::ResourceExhausted("connect to " + at + ": out of memory");
+    if (ctx->err != 0 || redisSetTimeout(ctx.get(), ToTimeval(timeout)) != REDIS_OK) {
+      note(ctx->errstr);
+      continue;
+    }
+    if (!config.sentinel_password.empty()) {
+      ReplyPtr auth = RunArgv(ctx.get(), {"AUTH", config.sentinel_password});
+      if (auth == nullptr) {
+        note(ctx->errstr);
+        continue;
+      }
+      if (auth->type == REDIS_REPLY_ERROR) {
+        return Status::PermissionDenied("connect to " + config.display_url + ": " + at +
+                                        " refused AUTH ('" + std::string(StrOf(auth.get())) +
+                                        "'); check sentinel_password_file");
+      }
+    }
+    ReplyPtr reply =
+        RunArgv(ctx.get(), {"SENTINEL", "get-master-addr-by-name", config.master_name});
+    if (reply == nullptr) {
+      note(ctx->errstr);
+      continue;
+    }
+    ++answered;
+    if (reply->type == REDIS_REPLY_NIL) {
+      ++unknown;
+      note("knows no master named " + Quoted(config.master_name));
+      continue;
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+      const std::string error(StrOf(reply.get()));
+      if (error.starts_with("NOAUTH")) {
+        return Status::PermissionDenied("connect to " + config.display_url + ": " + at +
+                                        " requires a password; give sentinel_password_file");
+      }
+      note("replied '" + error + "' (is it a sentinel? redis-server --sentinel)");
+      continue;
+    }
+    uint64_t port = 0;
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 || !IsString(reply->element[0]) ||
+        !IsString(reply->element[1]) ||
+        !store_internal::ParseDecimal(StrOf(reply->element[1]), 65535, &port) || port == 0) {
+      note("an unexpected reply to SENTINEL get-master-addr-by-name");
+      continue;
+    }
+    return RedisAddress{std::string(StrOf(reply->element[0])), static_cast<uint16_t>(port)};
+  }
+  if (answered > 0 && unknown == answered) {
+    return Status::InvalidArgument(
+        "connect to " + config.display_url + ": no sentinel knows a master named " +
+        Quoted(config.master_name) + " (" + tried +
+        "); write the name `sentinel monitor` gives in sentinel.conf after the sentinels");
+  }
+  return Status::Unavailable("connect to " + config.display_url +
+                             ": no sentinel told the primary (" + tried +
+                             "); are the sentinels running and the URL right?");
+}
+
+}  // namespace
+
 Result<ContextPtr> RedisConnect(const RedisConfig& config, milliseconds timeout) {
   IgnoreSigpipeOnce();
+  if (!config.sentinels.empty()) {
+    GRANARY_ASSIGN_OR_RETURN(RedisAddress primary, AskSentinels(config, timeout));
+    RedisConfig direct = config;
+    direct.sentinels.clear();
+    direct.host = primary.host;
+    direct.port = primary.port;
+    direct.display_url =
+        config.display_url + " (primary " + AddressText(primary.host, primary.port) + ")";
+    GRANARY_ASSIGN_OR_RETURN(ContextPtr ctx, RedisConnect(direct, timeout));
+    // Right after a failover a sentinel may still name the old primary, now
+    // a replica (or about to be one): only a primary takes writes.
+    ReplyPtr role = RunArgv(ctx.get(), {"ROLE"});
+    if (role == nullptr) {
+      return Status::Unavailable("connect to " + direct.display_url + ": ROLE: " + ctx->errstr);
+    }
+    if (role->type != REDIS_REPLY_ARRAY || role->elements == 0 || !IsString(role->element[0]) ||
+        StrOf(role->element[0]) != "master") {
+      return Status::Unavailable("connect to " + direct.display_url +
+                                 ": the sentinels named a server that is not the primary (a "
+                                 "failover is under way); retrying");
+    }
+    return ctx;
+  }
   const std::string where = "connect to " + config.display_url;
   ContextPtr ctx(redisConnectWithTimeout(config.host.c_str(), config.port, ToTimeval(timeout)));
   if (ctx == nullptr) return Status::ResourceExhausted(where + ": out of memory");
@@ -496,6 +603,8 @@ Result<ReplyPtr> RedisStore::Command(std::string_view what, const std::vector<st
         std::string_view error = StrOf(reply.get());
         if (!IsTransient(error)) return ServerError(what, config_.display_url, error);
         last_error = "Redis replied '" + std::string(error) + "'";
+        // A primary demoted by a failover: the sentinels name the new one.
+        if (error.starts_with("READONLY")) context_.reset();
       } else {
         if (degraded_) {
           GetLogger("store")->info("{} reachable again ({})", config_.display_url,

@@ -27,9 +27,20 @@ struct redisReply;
 
 namespace granary {
 
-struct RedisConfig {
+struct RedisAddress {
   std::string host;
+  uint16_t port = 0;
+};
+
+struct RedisConfig {
+  std::string host;  // the server; with sentinels, found through them on each connect
   uint16_t port = 6379;
+  // redis+sentinel://: the sentinels asked for the primary of `master_name`
+  // (SENTINEL get-master-addr-by-name), in this order, on every (re)connect;
+  // the server found must say it is a primary (ROLE). Empty: `host` as it is.
+  std::vector<RedisAddress> sentinels;
+  std::string master_name;
+  std::string sentinel_password;  // AUTH to the sentinels; empty: none
   int db = 0;
   std::string user;      // empty: AUTH with the password alone
   std::string password;  // empty: no AUTH
