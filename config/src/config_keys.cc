@@ -119,6 +119,17 @@ Status CheckStoreUrl(ConfigMap& m, std::string_view key, const std::string& url)
     }
     return Status::Ok();
   }
+  if (u.starts_with("redis+sentinel://")) {
+    std::string_view rest = u.substr(std::string_view("redis+sentinel://").size());
+    if (rest.empty() || rest.front() == '/' || rest.front() == '?' ||
+        rest.find('/') == std::string_view::npos) {
+      return Status::InvalidArgument(
+          where +
+          " names no sentinel or no master; write redis+sentinel://s1:26379,s2:26379/MASTER, "
+          "the master as `sentinel monitor` names it");
+    }
+    return Status::Ok();
+  }
   if (u.starts_with(kSqlite)) {
     std::string_view rest = u.substr(kSqlite.size());
     if (rest.empty() || rest.front() == '?') {
@@ -134,8 +145,9 @@ Status CheckStoreUrl(ConfigMap& m, std::string_view key, const std::string& url)
         "(three slashes, then the path from /)");
   }
   return Status::InvalidArgument(where +
-                                 " is not a metadata store URL; write redis://host[:port][/db] "
-                                 "or sqlite:///absolute/path/granary.db");
+                                 " is not a metadata store URL; write redis://host[:port][/db], "
+                                 "redis+sentinel://s1,s2,s3/MASTER[/db] or "
+                                 "sqlite:///absolute/path/granary.db");
 }
 
 Status OptionalFilePath(ConfigMap& m, std::string_view key, std::string* out,

@@ -283,7 +283,8 @@ TEST(CacheNodeConfigTest, CapacityUnitsAndStoreUrls) {
   }
   for (const char* url :
        {"redis://localhost", "redis://:secret@10.0.0.2:6379/3?prefix=g&timeout_ms=500",
-        "redis://[::1]:6379", "sqlite:///tmp/g.db?retry_ms=5"}) {
+        "redis://[::1]:6379", "sqlite:///tmp/g.db?retry_ms=5",
+        "redis+sentinel://10.0.0.2,10.0.0.3:26380,10.0.0.4/granary/0?retry_ms=20000"}) {
     Result<CacheNodeConfig> c = ParseCacheNodeConfig(With("metadata_store", url), "node.yaml");
     ASSERT_OK(c);
     EXPECT_EQ(c->metadata_store, url);
@@ -405,12 +406,18 @@ TEST(CacheNodeConfigTest, BadCapacity) {
 }
 
 TEST(CacheNodeConfigTest, BadStoreUrl) {
-  const std::string kBoth = "redis://host[:port][/db] or sqlite:///absolute/path/granary.db";
+  const std::string kBoth =
+      "redis://host[:port][/db], redis+sentinel://s1,s2,s3/MASTER[/db] or "
+      "sqlite:///absolute/path/granary.db";
   ExpectBadValue("metadata_store", "mysql://db/granary", "'mysql://db/granary'", kBoth);
   ExpectBadValue("metadata_store", "/var/granary.db", "'/var/granary.db'", kBoth);
   ExpectBadValue("metadata_store", "REDIS://host", "'REDIS://host'", kBoth);
   ExpectBadValue("metadata_store", "redis://", "'redis://'", "names no Redis host");
   ExpectBadValue("metadata_store", "redis:///0", "'redis:///0'", "names no Redis host");
+  ExpectBadValue("metadata_store", "redis+sentinel://", "'redis+sentinel://'",
+                 "names no sentinel or no master");
+  ExpectBadValue("metadata_store", "redis+sentinel://s1,s2", "'redis+sentinel://s1,s2'",
+                 "names no sentinel or no master");
   ExpectBadValue("metadata_store", "sqlite://granary.db", "'sqlite://granary.db'",
                  "not an absolute SQLite path");
   ExpectBadValue("metadata_store", "sqlite:granary.db", "'sqlite:granary.db'",

@@ -684,6 +684,15 @@ Result<std::unique_ptr<CacheCluster>> CacheCluster::Create(std::vector<std::stri
   return cluster;
 }
 
+Result<std::unique_ptr<CacheCluster>> CacheCluster::CreateOnStore(std::string store_url) {
+  std::unique_ptr<CacheCluster> cluster(new CacheCluster());
+  cluster->store_url_ = std::move(store_url);
+  MetadataStoreOptions o;
+  o.retry_budget = 10s;
+  GRANARY_ASSIGN_OR_RETURN(cluster->store_, OpenMetadataStore(cluster->store_url_, o));
+  return cluster;
+}
+
 CacheCluster::~CacheCluster() {
   // Kill the nodes first: their logs are printed while the files still exist.
   nodes_.clear();

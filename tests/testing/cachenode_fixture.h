@@ -336,6 +336,9 @@ class CacheCluster {
   // {"--bind", "127.0.0.1", "<bridge address>"} for nodes in other network
   // namespaces (the store client here stays on 127.0.0.1).
   static Result<std::unique_ptr<CacheCluster>> Create(std::vector<std::string> redis_args);
+  // A temp dir and a store client on a store the test runs itself (e.g. a
+  // redis+sentinel:// URL of a RedisSentinelSet); redis() must not be called.
+  static Result<std::unique_ptr<CacheCluster>> CreateOnStore(std::string store_url);
   ~CacheCluster();
   CacheCluster(const CacheCluster&) = delete;
   CacheCluster& operator=(const CacheCluster&) = delete;
@@ -343,7 +346,7 @@ class CacheCluster {
   const TempDir& dir() const { return dir_; }
   RedisServer& redis() { return *redis_; }
   MetadataStore& store() { return *store_; }
-  std::string store_url() const { return redis_->url(); }
+  std::string store_url() const { return redis_ != nullptr ? redis_->url() : store_url_; }
 
   // A node, not started: ids node-1, node-2, ... unless options.node_id is set;
   // data dir and store URL filled in when empty.
@@ -380,7 +383,8 @@ class CacheCluster {
   CacheCluster() = default;
 
   TempDir dir_;
-  std::unique_ptr<RedisServer> redis_;
+  std::unique_ptr<RedisServer> redis_;  // null: CreateOnStore
+  std::string store_url_;               // CreateOnStore's
   std::unique_ptr<MetadataStore> store_;
   std::vector<std::unique_ptr<CacheNode>> nodes_;  // destroyed (killed) first
   size_t next_node_ = 1;
