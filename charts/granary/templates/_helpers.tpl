@@ -106,3 +106,79 @@ store.existingSecret when set, else the Secret the chart's Redis makes
 {{- define "granary.redis.secretName" -}}
 {{- printf "%s-redis" (include "granary.fullname" .) }}
 {{- end }}
+
+{{/*
+Redis with Sentinel (redis.sentinel.enabled): the names of the data servers and the
+sentinels. Each is a StatefulSet with a headless Service, so every pod has a stable
+name <pod>.<headless>.<namespace>.svc that Redis announces and the sentinels resolve.
+*/}}
+{{- define "granary.sentinel.fullname" -}}
+{{- printf "%s-sentinel" (include "granary.fullname" .) }}
+{{- end }}
+
+{{- define "granary.sentinel.headless" -}}
+{{- printf "%s-sentinel-headless" (include "granary.fullname" .) }}
+{{- end }}
+
+{{- define "granary.redis.headless" -}}
+{{- printf "%s-redis-headless" (include "granary.fullname" .) }}
+{{- end }}
+
+{{/* host:26379 of every sentinel pod, comma-separated (the store URL's authority). */}}
+{{- define "granary.sentinel.addresses" -}}
+{{- $out := list }}
+{{- $ns := include "granary.namespace" . }}
+{{- range $i := until (int .Values.redis.sentinel.replicas) }}
+{{- $out = append $out (printf "%s-%d.%s.%s.svc:26379" (include "granary.sentinel.fullname" $) $i (include "granary.sentinel.headless" $) $ns) }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}
+
+{{/*
+Checks across redis values that the schema cannot express; renders nothing.
+*/}}
+{{- define "granary.redis.validate" -}}
+{{- $r := .Values.redis }}
+{{- if $r.sentinel.enabled }}
+{{- if lt (int $r.replicas) 2 }}
+{{- fail (printf "redis.replicas is %d with redis.sentinel.enabled: a failover needs a replica to promote; set redis.replicas to 2 or more" (int $r.replicas)) }}
+{{- end }}
+{{- if gt (int $r.sentinel.quorum) (int $r.sentinel.replicas) }}
+{{- fail (printf "redis.sentinel.quorum is %d but redis.sentinel.replicas is %d: no failover could ever be agreed; set the quorum to at most the number of sentinels (a majority, %d, is usual)" (int $r.sentinel.quorum) (int $r.sentinel.replicas) (add1 (div (int $r.sentinel.replicas) 2))) }}
+{{- end }}
+{{- if not $r.persistence.enabled }}
+{{- fail "redis.sentinel.enabled with redis.persistence.enabled=false: a primary restarted with an empty data directory before the sentinels count it down would have its replicas copy the empty store; keep redis.persistence.enabled=true with Sentinel" }}
+{{- end }}
+{{- if le (int $r.sentinel.storeRetryMilliseconds) (int $r.sentinel.downAfterMilliseconds) }}
+{{- fail (printf "redis.sentinel.storeRetryMilliseconds (%d) is not above redis.sentinel.downAfterMilliseconds (%d): Granary's clients would give up before the sentinels even count the primary down; make it downAfterMilliseconds plus at least a few seconds" (int $r.sentinel.storeRetryMilliseconds) (int $r.sentinel.downAfterMilliseconds)) }}
+{{- end }}
+{{- else if gt (int $r.replicas) 1 }}
+{{- fail (printf "redis.replicas is %d without redis.sentinel.enabled: replicas without Sentinel would never be promoted and the store URL names one server; set redis.sentinel.enabled=true, or redis.replicas=1" (int $r.replicas)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The peers allowed to reach Redis (and, with Sentinel, the sentinels): the operator, the
+cache nodes, pods carrying the injected sidecar (any namespace), the nodes' CIDRs (the
+cache nodes use their host's network) and networkPolicy.redisExtraFrom.
+*/}}
+{{- define "granary.redis.networkPeers" -}}
+- podSelector:
+    matchLabels:
+      {{- include "granary.operator.selectorLabels" . | nindent 6 }}
+- podSelector:
+    matchLabels:
+      app.kubernetes.io/name: granary-cachenode
+- namespaceSelector: {}
+  podSelector:
+    matchExpressions:
+      - key: granary.io/dataset
+        operator: Exists
+{{- range .Values.networkPolicy.nodeCIDRs }}
+- ipBlock:
+    cidr: {{ . | quote }}
+{{- end }}
+{{- with .Values.networkPolicy.redisExtraFrom }}
+{{- toYaml . | nindent 0 }}
+{{- end }}
+{{- end }}
