@@ -11,6 +11,11 @@
 #   - an external store (redis.enabled=false) renders no Redis; contradictory or
 #     incomplete values fail with the field named;
 #   - NetworkPolicies: Redis, the operator, one per chart-made pool;
+#   - redis.sentinel.enabled: the data servers' and sentinels' StatefulSets, Services,
+#     PDBs, the start scripts, the password file, the redis+sentinel:// URL, the
+#     sentinels' NetworkPolicy, bad combinations refused naming the field; and the
+#     rendered scripts and redis.conf run on loopback (two servers, three sentinels): the
+#     primary killed, the replica promoted, the old primary back as a replica;
 #   - on a real kube-apiserver (with etcd, from scripts/k8s-tools): every object of an
 #     all-features rendering passes `kubectl apply --dry-run=server --validate=strict`,
 #     and `helm install` then `helm upgrade` keep the generated Redis password (lookup).
@@ -42,8 +47,11 @@ apiserver_pid=""
 stop() {  # stop <pid>: the processes this script started, by their id
   if [[ -n "$1" ]]; then kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; fi
 }
+sentinel_pids=()
+redis_pids=()
 cleanup() {
   stop "$redis_pid"
+  for pid in "${redis_pids[@]}" "${sentinel_pids[@]}"; do stop "$pid"; done
   stop "$apiserver_pid"
   stop "$etcd_pid"
   rm -rf "$work"
@@ -281,6 +289,193 @@ else
   fail "helm template with network policies: $(cat "$work/np.yaml.err")"
 fi
 
+# ---- Redis with Sentinel ----
+sent=(--set redis.sentinel.enabled=true --set redis.replicas=2 --set redis.sentinel.downAfterMilliseconds=1000
+      --set redis.sentinel.failoverTimeoutMilliseconds=5000 --set redis.sentinel.storeRetryMilliseconds=8000)
+if render "$work/sent.yaml" "${sent[@]}"; then
+  f="$work/sent.yaml"
+  expect "$f" "sentinel: Redis StatefulSet of redis.replicas pods, Parallel, started by redis-start.sh, claims kept" \
+    'find("StatefulSet", "granary-redis")[0]["spec"]["replicas"] == 2 and
+     find("StatefulSet", "granary-redis")[0]["spec"]["podManagementPolicy"] == "Parallel" and
+     find("StatefulSet", "granary-redis")[0]["spec"]["serviceName"] == "granary-redis-headless" and
+     find("StatefulSet", "granary-redis")[0]["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data" and
+     find("StatefulSet", "granary-redis")[0]["spec"]["template"]["spec"]["containers"][0]["command"] == ["sh", "/scripts/redis-start.sh"]'
+  expect "$f" "sentinel: Redis pods announce their stable name, fall back to pod 0, ask the three sentinels" \
+    '{e["name"]: e.get("value") for e in find("StatefulSet", "granary-redis")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}.items() >= {
+       "SELF_HOST": "$(POD_NAME).granary-redis-headless.granary.svc",
+       "FIRST_PRIMARY": "granary-redis-0.granary-redis-headless.granary.svc:6379",
+       "SENTINELS": " ".join(f"granary-sentinel-{i}.granary-sentinel-headless.granary.svc:26379" for i in range(3)),
+       "MASTER_NAME": "granary"}.items()'
+  expect "$f" "sentinel: 3 sentinels in a StatefulSet on port 26379 with its headless Service, the password mounted as a file" \
+    'find("StatefulSet", "granary-sentinel")[0]["spec"]["replicas"] == 3 and
+     find("StatefulSet", "granary-sentinel")[0]["spec"]["serviceName"] == "granary-sentinel-headless" and
+     find("Service", "granary-sentinel-headless")[0]["spec"]["clusterIP"] == "None" and
+     find("Service", "granary-sentinel-headless")[0]["spec"]["ports"][0]["port"] == 26379 and
+     find("StatefulSet", "granary-sentinel")[0]["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 26379 and
+     {"name": "password", "secret": {"secretName": "granary-redis", "defaultMode": 0o440, "items": [{"key": "password", "path": "password"}]}}
+       in find("StatefulSet", "granary-sentinel")[0]["spec"]["template"]["spec"]["volumes"] and
+     {"name": "password", "mountPath": "/etc/redis", "readOnly": True}
+       in find("StatefulSet", "granary-sentinel")[0]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] and
+     {"name": "PASSWORD_FILE", "value": "/etc/redis/password"}
+       in find("StatefulSet", "granary-sentinel")[0]["spec"]["template"]["spec"]["containers"][0]["env"]'
+  expect "$f" "sentinel: no ClusterIP Service for Redis (it would reach replicas too); PDBs for Redis and the sentinels" \
+    'not find("Service", "granary-redis") and find("Service", "granary-redis-headless") and
+     sorted(d["metadata"]["name"] for d in find("PodDisruptionBudget")) == ["granary-operator", "granary-redis", "granary-sentinel"]'
+  expect "$f" "sentinel: the scripts ConfigMap holds files/redis-start.sh and files/sentinel-start.sh as they are" \
+    "find(\"ConfigMap\", \"granary-redis-scripts\")[0][\"data\"] == {
+       \"redis-start.sh\": open(\"$chart/files/redis-start.sh\").read(),
+       \"sentinel-start.sh\": open(\"$chart/files/sentinel-start.sh\").read()}"
+  python3 - "$f" "$work" <<'PY' && pass "sentinel: store url = redis+sentinel://:<password>@<3 sentinel pods>/granary/0?retry_ms=8000; redis.conf has requirepass and masterauth" || fail "sentinel: the store URL or redis.conf is wrong"
+import base64, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+sec = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+pw = base64.b64decode(sec["granary-redis"]["data"]["password"]).decode()
+conf = base64.b64decode(sec["granary-redis"]["data"]["redis.conf"]).decode()
+url = base64.b64decode(sec["granary-store"]["data"]["url"]).decode()
+sentinels = ",".join(f"granary-sentinel-{i}.granary-sentinel-headless.granary.svc:26379" for i in range(3))
+assert url == f"redis+sentinel://:{pw}@{sentinels}/granary/0?retry_ms=8000", url
+assert f"\nrequirepass {pw}\n" in conf and conf.endswith(f"\nmasterauth {pw}"), conf
+cm = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "granary-redis-scripts"][0]
+for name, text in cm["data"].items():
+    open(sys.argv[2] + "/" + name, "w").write(text)
+open(sys.argv[2] + "/sent-redis.conf", "w").write(conf)
+open(sys.argv[2] + "/sent-password", "w").write(pw + "\n")
+env = {e["name"]: e.get("value") for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "granary-sentinel"
+       for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+open(sys.argv[2] + "/sent-env", "w").write(
+    f'QUORUM={env["QUORUM"]} DOWN_AFTER_MS={env["DOWN_AFTER_MS"]} FAILOVER_TIMEOUT_MS={env["FAILOVER_TIMEOUT_MS"]} PARALLEL_SYNCS={env["PARALLEL_SYNCS"]}\n')
+PY
+else
+  fail "helm template with redis.sentinel.enabled: $(cat "$work/sent.yaml.err")"
+fi
+if render "$work/sent5.yaml" --set redis.sentinel.enabled=true --set redis.replicas=3 --set redis.sentinel.replicas=5 \
+     --set redis.sentinel.quorum=3 --set redis.sentinel.masterName=store-a --set redis.persistence.size=2Gi; then
+  expect "$work/sent5.yaml" "sentinel: 5 sentinels, 3 data servers, quorum 3 and the master name reach the pods and the URL" \
+    'find("StatefulSet", "granary-sentinel")[0]["spec"]["replicas"] == 5 and
+     find("StatefulSet", "granary-redis")[0]["spec"]["replicas"] == 3 and
+     {"name": "QUORUM", "value": "3"} in find("StatefulSet", "granary-sentinel")[0]["spec"]["template"]["spec"]["containers"][0]["env"] and
+     {"name": "MASTER_NAME", "value": "store-a"} in find("StatefulSet", "granary-redis")[0]["spec"]["template"]["spec"]["containers"][0]["env"] and
+     __import__("base64").b64decode(find("Secret", "granary-store")[0]["data"]["url"]).decode().split("@")[1] ==
+       ",".join(f"granary-sentinel-{i}.granary-sentinel-headless.granary.svc:26379" for i in range(5)) + "/store-a/0?retry_ms=20000"'
+else
+  fail "helm template with 5 sentinels: $(cat "$work/sent5.yaml.err")"
+fi
+# Refused, naming the field and what to do.
+refused() {  # refused <description> <expected text> <helm --set args...>
+  local what=$1 want=$2; shift 2
+  if render "$work/refused.yaml" "$@"; then
+    fail "$what was accepted"
+  elif grep -qF -- "$want" "$work/refused.yaml.err"; then
+    pass "$what is refused: $want"
+  else
+    fail "$what: unexpected error $(cat "$work/refused.yaml.err")"
+  fi
+}
+on=(--set redis.sentinel.enabled=true)
+refused "sentinel with redis.replicas=1" "redis.replicas is 1 with redis.sentinel.enabled" "${on[@]}"
+refused "redis.replicas=3 without sentinel" "redis.replicas is 3 without redis.sentinel.enabled" --set redis.replicas=3
+refused "an even number of sentinels" "at '/redis/sentinel/replicas': value must be one of 3, 5, 7" "${on[@]}" --set redis.replicas=2 --set redis.sentinel.replicas=4
+refused "a quorum above the sentinels" "redis.sentinel.quorum is 4 but redis.sentinel.replicas is 3" "${on[@]}" --set redis.replicas=2 --set redis.sentinel.quorum=4
+refused "a quorum of 0" "at '/redis/sentinel/quorum'" "${on[@]}" --set redis.replicas=2 --set redis.sentinel.quorum=0
+refused "a master name with a slash" "at '/redis/sentinel/masterName'" "${on[@]}" --set redis.replicas=2 --set redis.sentinel.masterName=a/b
+refused "sentinel without persistence" "redis.sentinel.enabled with redis.persistence.enabled=false" "${on[@]}" --set redis.replicas=2 --set redis.persistence.enabled=false
+refused "a store retry budget not above down-after" "redis.sentinel.storeRetryMilliseconds (3000) is not above redis.sentinel.downAfterMilliseconds (5000)" \
+  "${on[@]}" --set redis.replicas=2 --set redis.sentinel.storeRetryMilliseconds=3000
+if render "$work/sent-np.yaml" "${sent[@]}" --set networkPolicy.enabled=true --set 'networkPolicy.nodeCIDRs={10.0.0.0/16}'; then
+  expect "$work/sent-np.yaml" "sentinel: port 26379 from Redis' peers and the sentinels and data servers; Redis also from both" \
+    'find("NetworkPolicy", "granary-sentinel")[0]["spec"]["podSelector"]["matchLabels"] ==
+       find("StatefulSet", "granary-sentinel")[0]["spec"]["selector"]["matchLabels"] and
+     find("NetworkPolicy", "granary-sentinel")[0]["spec"]["ingress"][0]["ports"] == [{"port": "sentinel", "protocol": "TCP"}] and
+     find("NetworkPolicy", "granary-sentinel")[0]["spec"]["ingress"][0]["from"] ==
+       find("NetworkPolicy", "granary-redis")[0]["spec"]["ingress"][0]["from"][:4] +
+       [{"podSelector": {"matchLabels": find("StatefulSet", "granary-sentinel")[0]["spec"]["selector"]["matchLabels"]}},
+        {"podSelector": {"matchLabels": find("StatefulSet", "granary-redis")[0]["spec"]["selector"]["matchLabels"]}}] and
+     find("NetworkPolicy", "granary-redis")[0]["spec"]["ingress"][0]["from"][4:] ==
+       [{"podSelector": {"matchLabels": find("StatefulSet", "granary-redis")[0]["spec"]["selector"]["matchLabels"]}},
+        {"podSelector": {"matchLabels": find("StatefulSet", "granary-sentinel")[0]["spec"]["selector"]["matchLabels"]}}]'
+else
+  fail "helm template sentinel with network policies: $(cat "$work/sent-np.yaml.err")"
+fi
+
+# ---- the rendered Sentinel set run on loopback ----
+# The chart's start scripts and redis.conf as rendered, with this host's addresses and
+# free ports in place of the pods' names: two data servers and three sentinels. The
+# first server starts as the primary (no sentinel answers yet), the second as its
+# replica; killing the primary has the sentinels promote the replica; the old primary,
+# started again by its script, asks the sentinels and comes back as a replica.
+sentinel_pids=()
+if [[ -s "$work/redis-start.sh" && -s "$work/sentinel-start.sh" ]]; then
+  pw=$(head -n 1 "$work/sent-password")
+  rp=("$(free_port)" "$(free_port)"); sp=("$(free_port)" "$(free_port)" "$(free_port)")
+  sentinels="127.0.0.1:${sp[0]} 127.0.0.1:${sp[1]} 127.0.0.1:${sp[2]}"
+  start_redis() {  # start_redis <index>: the chart's redis-start.sh for data server <index>
+    local i=$1
+    mkdir -p "$work/r$i/data" "$work/r$i/run"
+    sed -e "s|^dir /data$|dir $work/r$i/data|" -e "s|^bind .*|bind 127.0.0.1|" "$work/sent-redis.conf" >"$work/r$i/base.conf"
+    env REDISCLI_AUTH="$pw" BASE_CONF="$work/r$i/base.conf" RUN_DIR="$work/r$i/run" REDIS_PORT="${rp[$i]}" \
+      SELF_HOST=127.0.0.1 FIRST_PRIMARY="127.0.0.1:${rp[0]}" SENTINELS="$sentinels" MASTER_NAME=granary \
+      sh "$work/redis-start.sh" >"$work/r$i/log" 2>&1 &
+    redis_pids[$i]=$!
+  }
+  role() { REDISCLI_AUTH="$pw" timeout 2 redis-cli -p "$1" role 2>/dev/null | head -1; }
+  primary_of() { timeout 2 redis-cli -p "$1" sentinel get-master-addr-by-name granary 2>/dev/null | sed -n 2p; }
+  wait_until() {  # wait_until <seconds> <command...>
+    local deadline=$((SECONDS + $1)); shift
+    until "$@"; do [[ $SECONDS -ge $deadline ]] && return 1; sleep 0.2; done
+  }
+  redis_pids=()
+  start_redis 0
+  start_redis 1
+  read -r sentinel_env <"$work/sent-env"
+  for i in 0 1 2; do
+    mkdir -p "$work/s$i"
+    # shellcheck disable=SC2086
+    env $sentinel_env RUN_DIR="$work/s$i" SENTINEL_PORT="${sp[$i]}" SENTINEL_BIND=127.0.0.1 SELF_HOST=127.0.0.1 \
+      SENTINELS="$sentinels" FIRST_PRIMARY="127.0.0.1:${rp[0]}" MASTER_NAME=granary \
+      PASSWORD_FILE="$work/sent-password" RESOLVE_WAIT_SECONDS=10 \
+      sh "$work/sentinel-start.sh" >"$work/s$i/log" 2>&1 &
+    sentinel_pids+=($!)
+  done
+  synced() { REDISCLI_AUTH="$pw" timeout 2 redis-cli -p "${rp[1]}" info replication 2>/dev/null | grep -q 'master_link_status:up'; }
+  knows_all() {
+    local i
+    for i in 0 1 2; do
+      timeout 2 redis-cli -p "${sp[$i]}" sentinel master granary 2>/dev/null |
+        awk 'p=="num-slaves"{s=$0} p=="num-other-sentinels"{o=$0} {p=$0} END{exit !(s==1 && o==2)}' || return 1
+    done
+  }
+  if wait_until 30 synced && wait_until 30 knows_all; then
+    [[ "$(role "${rp[0]}")" == master && "$(role "${rp[1]}")" == slave ]] &&
+      grep -q "the first server, 127.0.0.1:${rp[0]}, is" "$work/r0/log" &&
+      pass "sentinel set: the first server started as the primary, the second as its replica; every sentinel knows both and the others" ||
+      fail "sentinel set: roles $(role "${rp[0]}")/$(role "${rp[1]}"); $(cat "$work/r0/log")"
+    REDISCLI_AUTH="$pw" timeout 2 redis-cli -p "${rp[0]}" set granary:failover kept >/dev/null
+    REDISCLI_AUTH="$pw" timeout 5 redis-cli -p "${rp[0]}" wait 1 3000 >/dev/null
+    stop "${redis_pids[0]}"
+    t0=$SECONDS
+    if wait_until 30 eval '[[ "$(primary_of "${sp[0]}")" == "${rp[1]}" && "$(role "${rp[1]}")" == master ]]'; then
+      pass "sentinel set: the primary killed, the sentinels promoted the replica in $((SECONDS - t0)) s (down-after 1 s)"
+      [[ "$(REDISCLI_AUTH="$pw" timeout 2 redis-cli -p "${rp[1]}" get granary:failover)" == kept ]] &&
+        pass "sentinel set: the replicated key is on the new primary" || fail "sentinel set: the key was lost"
+      start_redis 0
+      if wait_until 30 eval '[[ "$(role "${rp[0]}")" == slave ]]' &&
+         grep -q "names 127.0.0.1:${rp[1]} as the primary" "$work/r0/log" &&
+         grep -q "as a replica of 127.0.0.1:${rp[1]}" "$work/r0/log"; then
+        pass "sentinel set: the old primary, restarted by redis-start.sh, asked the sentinels and came back as a replica of the new one"
+      else
+        fail "sentinel set: the restarted old primary is $(role "${rp[0]}"): $(cat "$work/r0/log")"
+      fi
+    else
+      fail "sentinel set: no failover within 30 s: $(tail -5 "$work/s0/s"*.log 2>/dev/null; cat "$work/s0/log")"
+    fi
+  else
+    fail "sentinel set: the replica did not sync or the sentinels did not find each other in 30 s:
+$(cat "$work/r0/log" "$work/r1/log" "$work/s0/log")"
+  fi
+  for pid in "${redis_pids[@]}" "${sentinel_pids[@]}"; do stop "$pid"; done
+  sentinel_pids=()
+fi
+
 # ---- on a real API server: server-side validation, and the password across an upgrade ----
 start_apiserver() {
   local pki="$work/pki" etcd_port etcd_peer
@@ -344,6 +539,13 @@ if start_apiserver; then
       fi
     else
       fail "helm template of every feature: $(cat "$work/all.yaml.err")"
+    fi
+    if [[ -s "$work/sent-np.yaml" ]]; then
+      if "${kubectl[@]}" apply --dry-run=server --validate=strict -f "$work/sent-np.yaml" >"$work/dry-sent.log" 2>&1; then
+        pass "kubectl apply --dry-run=server --validate=strict accepts the Sentinel rendering (StatefulSets, Services, PDBs, policies)"
+      else
+        fail "the API server refuses the Sentinel rendering: $(cat "$work/dry-sent.log")"
+      fi
     fi
   else
     fail "installing the CRDs: $(cat "$work/crds.log")"

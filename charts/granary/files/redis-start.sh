@@ -39,6 +39,7 @@ fi
 umask 077
 cp "$BASE_CONF" "$conf"
 {
+  echo  # the Secret's redis.conf does not end with a newline
   echo "port $REDIS_PORT"
   echo "replica-announce-ip $SELF_HOST"
   echo "replica-announce-port $REDIS_PORT"
