@@ -191,6 +191,10 @@ class CacheNode::Impl {
   std::map<std::string, std::pair<std::string, int>>
       activation_failures_;  // name -> (error, ticks)
   std::vector<NodeRecord> live_nodes_;
+  // The pool's nodes as last listed: listed again only when the store's
+  // membership version moved (NodeListFollower), not every tick.
+  std::optional<NodeListFollower> node_follower_;
+  std::vector<NodeRecord> listed_nodes_;
   bool plans_changed_ = true;  // re-read the datasets' plans on the next pass
 
   // The snapshot thread: started and joined by the control thread (one walk

@@ -125,14 +125,17 @@ Result<std::vector<ChunkId>> CacheNode::Impl::Owned(const ActiveDataset& ds,
 }
 
 void CacheNode::Impl::Reconcile() {
-  Result<std::vector<NodeRecord>> nodes = store_->ListNodes(config_.pool);
+  if (!node_follower_.has_value()) node_follower_.emplace(config_.pool);
+  Result<std::optional<std::vector<NodeRecord>>> nodes =
+      node_follower_->Poll(*store_, std::chrono::steady_clock::now());
   if (!nodes.ok()) return NoteStoreError(nodes.status());
+  if (nodes->has_value()) listed_nodes_ = std::move(**nodes);
   Result<std::vector<DatasetRecord>> datasets = store_->ListDatasets();
   if (!datasets.ok()) return NoteStoreError(datasets.status());
 
   // This node is alive whatever the list says (its heartbeat may have been
   // lost with a restarted store): never compute an ownership without it.
-  live_nodes_ = std::move(*nodes);
+  live_nodes_ = listed_nodes_;
   if (std::none_of(live_nodes_.begin(), live_nodes_.end(),
                    [&](const NodeRecord& n) { return n.id == config_.node_id; })) {
     NodeRecord self;

@@ -177,6 +177,27 @@ bool DatasetUsesNode(const DatasetSpec& spec, std::string_view node_id) {
   return NodeListed(spec.nodes, node_id);
 }
 
+Result<std::optional<std::vector<NodeRecord>>> NodeListFollower::Poll(
+    MetadataStore& store, std::chrono::steady_clock::time_point now) {
+  Result<uint64_t> version = store.NodesVersion();
+  if (!version.ok()) {
+    version_.reset();
+    return version.status();
+  }
+  if (version_ == *version && now - listed_at_ < full_every_) {
+    return std::optional<std::vector<NodeRecord>>();
+  }
+  Result<std::vector<NodeRecord>> nodes = store.ListNodes(pool_);
+  if (!nodes.ok()) {
+    version_.reset();
+    return nodes.status();
+  }
+  version_ = *version;
+  listed_at_ = now;
+  ++lists_;
+  return std::optional<std::vector<NodeRecord>>(std::move(*nodes));
+}
+
 bool MayReadDataset(const DatasetRecord& dataset, uint32_t uid, uint32_t gid,
                     const std::vector<uint32_t>& groups) {
   if (uid == 0 || uid == dataset.owner.uid) return true;

@@ -221,13 +221,16 @@ struct Sidecar::Impl {
   void RefreshLoop() {
     SidecarMetrics::Last last;
     Clock::time_point next_nodes = Clock::now();
+    // The pool's nodes, listed only when the store's membership version moved.
+    NodeListFollower follower(config.pool);
     while (!stopping) {
       if (Clock::now() >= next_nodes) {
-        Result<std::vector<NodeRecord>> nodes = store->ListNodes(config.pool);
+        Result<std::optional<std::vector<NodeRecord>>> nodes =
+            follower.Poll(*store, std::chrono::steady_clock::now());
         {
           std::lock_guard<std::mutex> lock(ready_mu);
           if (nodes.ok()) {
-            fetcher->SetNodes(std::move(*nodes));
+            if (nodes->has_value()) fetcher->SetNodes(std::move(**nodes));
             ready = Status::Ok();
           } else {
             metrics.store_errors->Increment();

@@ -186,6 +186,11 @@ Result<std::vector<NodeRecord>> RecordStore::ListNodes(std::string_view pool) {
   return out;
 }
 
+Result<uint64_t> RecordStore::NodesVersion() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ReadNodesVersion("read the nodes' version");
+}
+
 Status RecordStore::RemoveNode(std::string_view node_id) {
   GRANARY_RETURN_IF_ERROR(ValidateNodeId(node_id));
   const std::string what = "remove node " + Quoted(node_id);

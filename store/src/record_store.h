@@ -90,6 +90,7 @@ class RecordStore : public MetadataStore {
   Status Heartbeat(const NodeRecord& node, std::chrono::milliseconds ttl) final;
   Result<std::vector<NodeRecord>> ListNodes(std::string_view pool) final;
   Status RemoveNode(std::string_view node_id) final;
+  Result<uint64_t> NodesVersion() final;
 
   Status PutProgress(std::string_view dataset, std::string_view node_id,
                      const StagingProgress& progress) final;
@@ -151,6 +152,10 @@ class RecordStore : public MetadataStore {
   // false if the node is not live.
   virtual Result<bool> EraseNode(std::string_view what, std::string_view node_id,
                                  const Event& event) = 0;
+  // The membership version (MetadataStore::NodesVersion): bumped by
+  // WriteNode when a node joins or changes identity, by EraseNode, and when
+  // an expired node is swept; with expired nodes not swept yet counted in.
+  virtual Result<uint64_t> ReadNodesVersion(std::string_view what) = 0;
 
   // Records under a dataset: `kind` is kProgress or kPlan, `key` the node or
   // plan id. Writing replaces; false, changing nothing, if the dataset does

@@ -92,36 +92,73 @@ end
 return out
 )lua";
 
-// KEYS: node hash, node index. ARGV: id, record, identity, ttl_ms, channel,
-// event. Publishes only when the node joins or its identity changes, so
-// periodic heartbeats do not flood watchers.
+// Membership (docs/metadata-store.md, "Membership"): besides the index set,
+// a sorted set holds each node's expiry time (Redis' own clock, as PEXPIRE
+// uses) and a counter the version: bumped when a node joins or changes
+// identity, is removed, or is swept after its key expired. Each heartbeat
+// sweeps the expired members (usually none: a range read of the set's head).
+
+// KEYS: node hash, node index, expiry set, version. ARGV: id, record,
+// identity, ttl_ms, channel, event, node key prefix. Publishes only when the
+// node joins or its identity changes, so periodic heartbeats do not flood
+// watchers.
 constexpr std::string_view kHeartbeat = R"lua(
 local old = redis.call('HGET', KEYS[1], 'identity')
 redis.call('HSET', KEYS[1], 'record', ARGV[2], 'identity', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('SADD', KEYS[2], ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[1])
+local bump = old ~= ARGV[3]
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)) do
+  if redis.call('EXISTS', ARGV[7] .. id) == 0 then
+    redis.call('ZREM', KEYS[3], id)
+    redis.call('SREM', KEYS[2], id)
+    bump = true
+  end
+end
+if bump then redis.call('INCR', KEYS[4]) end
 if old ~= ARGV[3] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 )lua";
 
-// KEYS: node index. ARGV: node key prefix. Returns {id, record} per live node
-// and prunes index members whose key expired.
+// KEYS: node index, expiry set, version. ARGV: node key prefix. Returns {id,
+// record} per live node and prunes members whose key expired.
 constexpr std::string_view kListNodes = R"lua(
 local out = {}
+local pruned = false
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local v = redis.call('HGET', ARGV[1] .. id, 'record')
-  if v then table.insert(out, {id, v}) else redis.call('SREM', KEYS[1], id) end
+  if v then
+    table.insert(out, {id, v})
+  else
+    redis.call('SREM', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    pruned = true
+  end
 end
+if pruned then redis.call('INCR', KEYS[3]) end
 return out
 )lua";
 
-// KEYS: node hash, node index. ARGV: id, channel, event.
+// KEYS: node hash, node index, expiry set, version. ARGV: id, channel, event.
 constexpr std::string_view kRemoveNode = R"lua(
 local n = redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
 if n == 0 then return 0 end
+redis.call('INCR', KEYS[4])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
+)lua";
+
+// KEYS: version, expiry set. Returns {version, members expired and not swept}.
+constexpr std::string_view kNodesVersion = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = tonumber(redis.call('GET', KEYS[1]) or '0')
+return {v, redis.call('ZCOUNT', KEYS[2], '-inf', now)}
 )lua";
 
 // KEYS: dataset hash, child hash (progress or plans). ARGV: field, value,
@@ -733,9 +770,11 @@ Status RedisStore::WriteNode(std::string_view what, const NodeRecord& node,
                              int64_t /*now_ms: Redis expires the key by its own clock*/,
                              milliseconds ttl, const Event& event) {
   GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply,
-                           Eval(what, kHeartbeat, {Key("node", node.id), Key("nodes", "")},
+                           Eval(what, kHeartbeat,
+                                {Key("node", node.id), Key("nodes", ""), Key("nodes-expiry", ""),
+                                 Key("nodes-version", "")},
                                 {node.id, record, identity, std::to_string(ttl.count()), Channel(),
-                                 store_internal::EncodeEvent(event)}));
+                                 store_internal::EncodeEvent(event), Key("node", "") + ":"}));
   (void)reply;
   return Status::Ok();
 }
@@ -743,8 +782,10 @@ Status RedisStore::WriteNode(std::string_view what, const NodeRecord& node,
 // Every pool: the caller filters (docs/metadata-store.md).
 Status RedisStore::ReadNodes(std::string_view what, std::string_view /*pool*/,
                              const std::function<Status(const NodeRow&)>& each) {
-  GRANARY_ASSIGN_OR_RETURN(ReplyPtr reply,
-                           Eval(what, kListNodes, {Key("nodes", "")}, {Key("node", "") + ":"}));
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kListNodes, {Key("nodes", ""), Key("nodes-expiry", ""), Key("nodes-version", "")},
+           {Key("node", "") + ":"}));
   if (reply->type != REDIS_REPLY_ARRAY) return Malformed(what, config_.display_url);
   for (size_t i = 0; i < reply->elements; ++i) {
     const redisReply* row = reply->element[i];
@@ -763,10 +804,29 @@ Status RedisStore::ReadNodes(std::string_view what, std::string_view /*pool*/,
 Result<bool> RedisStore::EraseNode(std::string_view what, std::string_view node_id,
                                    const Event& event) {
   GRANARY_ASSIGN_OR_RETURN(
-      ReplyPtr reply, Eval(what, kRemoveNode, {Key("node", node_id), Key("nodes", "")},
+      ReplyPtr reply, Eval(what, kRemoveNode,
+                           {Key("node", node_id), Key("nodes", ""), Key("nodes-expiry", ""),
+                            Key("nodes-version", "")},
                            {std::string(node_id), Channel(), store_internal::EncodeEvent(event)}));
   if (reply->type != REDIS_REPLY_INTEGER) return Malformed(what, config_.display_url);
   return reply->integer != 0;
+}
+
+Result<uint64_t> RedisStore::ReadNodesVersion(std::string_view what) {
+  GRANARY_ASSIGN_OR_RETURN(
+      ReplyPtr reply,
+      Eval(what, kNodesVersion, {Key("nodes-version", ""), Key("nodes-expiry", "")}, {}));
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+      reply->element[0]->type != REDIS_REPLY_INTEGER ||
+      reply->element[1]->type != REDIS_REPLY_INTEGER || reply->element[0]->integer < 0 ||
+      reply->element[1]->integer < 0) {
+    return Malformed(what, config_.display_url);
+  }
+  // Expired members not swept yet count in, so a reader sees an expiry at
+  // once; the sweep's bump then moves it again (never back to a value read).
+  const auto version = static_cast<uint64_t>(reply->element[0]->integer);
+  const auto expired = static_cast<uint64_t>(reply->element[1]->integer);
+  return (version << 20) + std::min<uint64_t>(expired, (1u << 20) - 1);
 }
 
 Result<bool> RedisStore::WriteChild(std::string_view what, RecordKind kind,

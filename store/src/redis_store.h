@@ -97,6 +97,7 @@ class RedisStore final : public store_internal::RecordStore {
                    const std::function<Status(const NodeRow&)>& each) override;
   Result<bool> EraseNode(std::string_view what, std::string_view node_id,
                          const Event& event) override;
+  Result<uint64_t> ReadNodesVersion(std::string_view what) override;
   Result<bool> WriteChild(std::string_view what, RecordKind kind, std::string_view dataset,
                           std::string_view key, const std::string& record,
                           const Event& event) override;

@@ -360,6 +360,17 @@ Status InitSchema(const Session& session, std::string_view what) {
   return tx.Commit();
 }
 
+// The membership version (MetadataStore::NodesVersion), in meta; a store
+// made before it existed starts at 0 (no row).
+Status BumpNodesVersion(const Session& session, std::string_view what) {
+  GRANARY_ASSIGN_OR_RETURN(
+      Statement s, Statement::Prepare(session,
+                                      "INSERT INTO meta (key, value) VALUES ('nodes_version', 1) "
+                                      "ON CONFLICT (key) DO UPDATE SET value = value + 1",
+                                      what));
+  return s.Run();
+}
+
 Status Publish(const Session& session, const Event& event, std::string_view what) {
   {
     GRANARY_ASSIGN_OR_RETURN(
@@ -676,14 +687,38 @@ Status SqliteStore::WriteNode(std::string_view what, const NodeRecord& node,
                                 .Bind(5, now_ms + ttl.count())
                                 .Run());
   }
+  bool swept = false;
   {
     // Expired rows are dead weight; heartbeats are frequent enough to sweep them.
     GRANARY_ASSIGN_OR_RETURN(
         Statement s, Statement::Prepare(session, "DELETE FROM nodes WHERE expires_at <= ?", what));
     GRANARY_RETURN_IF_ERROR(s.Bind(1, now_ms).Run());
+    swept = sqlite3_changes(session.db()) > 0;
   }
+  if (changed || swept) GRANARY_RETURN_IF_ERROR(BumpNodesVersion(session, what));
   if (changed) GRANARY_RETURN_IF_ERROR(Publish(session, event, what));
   return tx.Commit();
+}
+
+Result<uint64_t> SqliteStore::ReadNodesVersion(std::string_view what) {
+  const int64_t now = config_.clock->NowMillis();  // under the mutex, as in ReadNodes
+  Session session(db_.get(), config_);
+  GRANARY_ASSIGN_OR_RETURN(
+      Statement s,
+      Statement::Prepare(session,
+                         "SELECT (SELECT value FROM meta WHERE key = 'nodes_version'), "
+                         "(SELECT count(*) FROM nodes WHERE expires_at <= ?)",
+                         what));
+  GRANARY_ASSIGN_OR_RETURN(bool row, s.Bind(1, now).Step());
+  if (!row) return Status::Internal(std::string(what) + ": no row");
+  const int64_t version = s.Int(0);
+  const int64_t expired = s.Int(1);
+  if (version < 0 || expired < 0) {
+    return Status::Internal(std::string(what) + ": a negative nodes_version or count");
+  }
+  // As in the Redis store: rows expired and not swept yet count in.
+  return (static_cast<uint64_t>(version) << 20) +
+         std::min<uint64_t>(static_cast<uint64_t>(expired), (1u << 20) - 1);
 }
 
 Status SqliteStore::ReadNodes(std::string_view what, std::string_view pool,
@@ -725,6 +760,7 @@ Result<bool> SqliteStore::EraseNode(std::string_view what, std::string_view node
   GRANARY_ASSIGN_OR_RETURN(Statement s,
                            Statement::Prepare(session, "DELETE FROM nodes WHERE id = ?", what));
   GRANARY_RETURN_IF_ERROR(s.Bind(1, node_id).Run());
+  if (sqlite3_changes(session.db()) > 0) GRANARY_RETURN_IF_ERROR(BumpNodesVersion(session, what));
   // Not live: the sweep of an expired row is still worth keeping.
   if (live) GRANARY_RETURN_IF_ERROR(Publish(session, event, what));
   GRANARY_RETURN_IF_ERROR(tx.Commit());

@@ -532,6 +532,98 @@ TYPED_TEST(MetadataStoreTest, HeartbeatsRegisterRefreshAndFilterByPool) {
   EXPECT_EQ(NodeIds(*store->ListNodes("")), (std::vector<std::string>{"node-a", "node-c"}));
 }
 
+// The membership version moves on every change of the live nodes (a join,
+// an identity change, a removal, an expiry) and stays put while heartbeats
+// only keep nodes alive, so readers list nodes only when it moves.
+TYPED_TEST(MetadataStoreTest, NodesVersionMovesOnMembershipChangesOnly) {
+  ManualClock clock;
+  MetadataStoreOptions options;
+  options.clock = &clock;
+  auto store = this->Open(options);
+  ASSERT_NE(store, nullptr);
+  auto version = [&] {
+    auto v = store->NodesVersion();
+    EXPECT_OK(v);
+    return v.ok() ? *v : 0;
+  };
+  const milliseconds long_ttl(600'000);
+  const uint64_t empty = version();
+  EXPECT_EQ(version(), empty) << "reading it changes nothing";
+  ASSERT_OK(store->Heartbeat(MakeNode("a", "p"), long_ttl));
+  const uint64_t joined = version();
+  EXPECT_NE(joined, empty) << "a join";
+  NodeRecord a = MakeNode("a", "p");
+  for (int i = 0; i < 5; ++i) {
+    a.used_bytes = static_cast<uint64_t>(i) * 1000;  // refreshes: not an identity change
+    ASSERT_OK(store->Heartbeat(a, long_ttl));
+    clock.Advance(milliseconds(1000));
+  }
+  EXPECT_EQ(version(), joined) << "heartbeats that only refresh";
+  a.address = "elsewhere:7070";
+  ASSERT_OK(store->Heartbeat(a, long_ttl));
+  const uint64_t moved = version();
+  EXPECT_NE(moved, joined) << "an identity change";
+  ASSERT_OK(store->Heartbeat(MakeNode("b", "other-pool"), long_ttl));
+  const uint64_t other = version();
+  EXPECT_NE(other, moved) << "a join in another pool";
+  ASSERT_OK(store->RemoveNode("b"));
+  const uint64_t removed = version();
+  EXPECT_NE(removed, other) << "a removal";
+  EXPECT_EQ(store->RemoveNode("b").code(), StatusCode::kNotFound);
+  EXPECT_EQ(version(), removed) << "removing a node that is not there";
+
+  // An expiry is seen at once, before any sweep; the sweep (the next
+  // heartbeat of another node) moves it again, never back.
+  ASSERT_OK(store->Heartbeat(MakeNode("short", "p"), milliseconds(200)));
+  const uint64_t with_short = version();
+  clock.Advance(milliseconds(200));
+  uint64_t expired = with_short;
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        expired = version();
+        return expired != with_short;
+      },
+      std::chrono::seconds(30)));
+  ASSERT_OK(store->Heartbeat(a, long_ttl));
+  const uint64_t swept = version();
+  EXPECT_NE(swept, expired);
+  EXPECT_NE(swept, with_short);
+  EXPECT_EQ(NodeIds(*store->ListNodes("p")), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(version(), swept);
+}
+
+// NodeListFollower lists the pool only when the version moved (or after its
+// safety interval), and hands back what it listed.
+TYPED_TEST(MetadataStoreTest, NodeListFollowerListsOnlyWhenMembershipMoved) {
+  auto store = this->Open();
+  ASSERT_NE(store, nullptr);
+  const milliseconds ttl(600'000);
+  ASSERT_OK(store->Heartbeat(MakeNode("a", "p"), ttl));
+  NodeListFollower follower("p", std::chrono::seconds(60));
+  auto now = std::chrono::steady_clock::now();
+  auto first = follower.Poll(*store, now);
+  ASSERT_OK(first);
+  ASSERT_TRUE(first->has_value());
+  EXPECT_EQ(NodeIds(**first), (std::vector<std::string>{"a"}));
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_OK(store->Heartbeat(MakeNode("a", "p"), ttl));
+    auto again = follower.Poll(*store, now + std::chrono::seconds(i));
+    ASSERT_OK(again);
+    EXPECT_FALSE(again->has_value()) << "listed with nothing changed";
+  }
+  EXPECT_EQ(follower.lists(), 1u);
+  ASSERT_OK(store->Heartbeat(MakeNode("b", "p"), ttl));
+  auto joined = follower.Poll(*store, now + std::chrono::seconds(11));
+  ASSERT_OK(joined);
+  ASSERT_TRUE(joined->has_value());
+  EXPECT_EQ(NodeIds(**joined), (std::vector<std::string>{"a", "b"}));
+  // The safety interval lists again though nothing moved.
+  auto late = follower.Poll(*store, now + std::chrono::seconds(72));
+  ASSERT_OK(late);
+  EXPECT_TRUE(late->has_value());
+  EXPECT_EQ(follower.lists(), 3u);
+}
+
 TYPED_TEST(MetadataStoreTest, NodesExpireWhenHeartbeatsStop) {
   // SQLite expires nodes by the store's Clock: moving the ManualClock past the
   // TTL expires "short" at once. Redis expires them by its own clock: the short

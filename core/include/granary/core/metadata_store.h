@@ -356,6 +356,13 @@ class MetadataStore {
   virtual Result<std::vector<NodeRecord>> ListNodes(std::string_view pool) = 0;
   // kNotFound if the node is not live.
   virtual Status RemoveNode(std::string_view node_id) = 0;
+  // A number that differs from the last one read whenever the live nodes of
+  // any pool may have changed: a node joined, changed its identity (pool,
+  // address, capacity, start), was removed, or its heartbeat expired.
+  // Heartbeats that only keep a node alive leave it alone, so a reader that
+  // lists nodes only when it moves (NodeListFollower) costs the store one
+  // small read per check, not every node record.
+  virtual Result<uint64_t> NodesVersion() = 0;
 
   // Staging progress of `dataset` on `node_id` (replaces the previous value).
   // kNotFound if the dataset does not exist.
@@ -378,5 +385,31 @@ class MetadataStore {
 
 // Opening a store by URL (OpenMetadataStore) is in granary/store/open_store.h,
 // target granary::store: only what opens a store links the backends.
+
+// Follows the live nodes of one pool at the price of one NodesVersion per
+// Poll: the whole list only when the version moved since the last list, or
+// `full_every` after it (a safety net, and what a store without versions
+// would cost). Used by the sidecars' and the cache nodes' refresh loops
+// (docs/metadata-store.md, "Membership"). One thread at a time.
+class NodeListFollower {
+ public:
+  explicit NodeListFollower(std::string pool,
+                            std::chrono::milliseconds full_every = std::chrono::seconds(30))
+      : pool_(std::move(pool)), full_every_(full_every) {}
+
+  // The pool's live nodes when they may have changed since the last list (or
+  // on the first call); nullopt when they have not. A store error is
+  // returned and the next Poll lists again.
+  Result<std::optional<std::vector<NodeRecord>>> Poll(MetadataStore& store,
+                                                      std::chrono::steady_clock::time_point now);
+  uint64_t lists() const { return lists_; }  // full lists made
+
+ private:
+  std::string pool_;
+  std::chrono::milliseconds full_every_;
+  std::optional<uint64_t> version_;  // at the last list; none: list next time
+  std::chrono::steady_clock::time_point listed_at_{};
+  uint64_t lists_ = 0;
+};
 
 }  // namespace granary
