@@ -143,9 +143,12 @@ bench: deps release
 bench-smoke: deps
 	cmake --preset debug >/dev/null
 	cmake --build --preset debug
-	# The peers' venv (pinned wheels, cached outside the work tree), so that
-	# every contender runs here, exactly once per epoch, as in CI.
+	# The peers' venvs (pinned wheels, cached outside the work tree: Mosaic
+	# Streaming and WebDataset's, and the torch 2.x one LitData runs in, which
+	# the Python tests use too), so that every contender runs here, exactly
+	# once per epoch, as in CI.
 	scripts/bench-peers-venv >/dev/null
+	scripts/cached-venv client/python/requirements/torch2.txt >/dev/null
 	/usr/bin/python3 bench/run-benchmark --small --build-dir build/debug
 
 clean:

@@ -29,6 +29,12 @@ Readers (``reader`` in the spec):
   ``WebLoader`` with ``workers`` worker processes; ``opener`` "cat" (the
   default) streams each shard through ``pipe:cat PATH``, "path" lets
   WebDataset open the path itself (reads of a few KiB).
+- ``litdata`` (the litdata peer): LitData's ``StreamingDataset`` over the
+  chunks ``litdata.optimize`` wrote to ``remote`` (on the slow mount), named
+  ``local:REMOTE`` so that it copies them into the local cache directory
+  ``local`` as it reads them (its epoch 0; later epochs read the cache),
+  shuffled by the library (seed S), through its ``StreamingDataLoader`` with
+  ``workers`` worker processes.
 The peers deliver in their own order, not the plan's: each record carries its
 sample id (the index's position of the file it was made from), and the same
 per-epoch exactly-once and CRC-32 checks apply.
@@ -36,11 +42,14 @@ per-epoch exactly-once and CRC-32 checks apply.
 A spec may ask for a ``copy`` first (copy_then_train): ``threads`` threads copy
 every file of ``copy["from"]`` (found by walking it, as cp -r does) to
 ``copy["to"]``, timed as setup; the epochs then read the copy. A peer's spec
-asks for a ``convert`` instead ({"format": "mds" or "wds", "from", "to",
-"shard_bytes"}): ``threads`` threads read every file of ``from`` (walked as
-the copy walks it) and the peer's own writer (``streaming.MDSWriter``,
+asks for a ``convert`` instead ({"format": "mds", "wds" or "litdata", "from",
+"to", "shard_bytes"}): ``threads`` threads read every file of ``from`` (walked
+as the copy walks it) and the peer's own writer (``streaming.MDSWriter``,
 ``webdataset.ShardWriter``) packs them, with their ids, into shards of about
-``shard_bytes`` in ``to``, timed as setup.
+``shard_bytes`` in ``to``, timed as setup. LitData's writer is
+``litdata.optimize``, which runs its own worker processes (``workers``, at
+least 1): each reads its groups of files with ``threads / workers`` threads,
+so as many reads are in flight as for the other conversions.
 
 A ``files`` spec may ask for ``paired`` passes ({"root", "opens"}; granary_posix
 uses it): after every warm epoch the same order is read again from
@@ -64,6 +73,7 @@ setup, exactly_once and the first violations, CPU seconds, peak RSS; with
 import collections
 import concurrent.futures
 import json
+import multiprocessing
 import os
 import resource
 import shlex
@@ -237,6 +247,82 @@ class WdsReader:
         pass
 
 
+def litdata_item(item):
+    """LitData's item as the trainer checks it: LitData hands `bytes` columns
+    back as memoryviews of its chunk, which its worker processes cannot pickle
+    (a StreamingDataset transform; module level, so spawned workers import it)."""
+    return {"id": int(item["id"]), "data": bytes(item["data"])}
+
+
+class LitDataReader:
+    """LitData: StreamingDataset over optimize()'s chunks on the source, a local cache."""
+
+    def __init__(self, remote, local, seed, workers, batch):
+        from litdata import StreamingDataLoader, StreamingDataset
+        # "local:" makes LitData treat the directory as remote storage: chunks
+        # are copied into cache_dir as they are read, as Mosaic Streaming does.
+        self.ds = StreamingDataset(f"local:{remote}", cache_dir=local, shuffle=True, seed=seed,
+                                   transform=litdata_item)
+        self.loader = StreamingDataLoader(self.ds, batch_size=batch, num_workers=workers,
+                                          collate_fn=collate_list)
+
+    def batches(self, order, batch, epoch):
+        del order, batch, epoch  # the library's own order; each iteration is its next epoch
+        for samples in self.loader:
+            yield [s["id"] for s in samples], [s["data"] for s in samples]
+
+    def release(self, samples):
+        pass
+
+    def close(self):
+        pass
+
+
+def litdata_read_group(group, src, threads):
+    """optimize()'s fn: the files of one group (sample id, path), read by
+    `threads` threads, yielded as LitData items in the group's order."""
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads), "converter") as pool:
+        datas = pool.map(lambda item: read_file(os.path.join(src, item[1])), group)
+        for (i, _), data in zip(group, datas):
+            yield {"id": i, "data": data}
+
+
+def convert_litdata(spec, threads, workers, index, violation):
+    """The litdata conversion: litdata.optimize over groups of the walked files."""
+    import functools
+
+    import litdata
+    src, dst = spec["from"], spec["to"]
+    ids = {p: i for i, p in enumerate(index["paths"])}
+    files = source_files(src, {os.path.basename(dst)})
+    known = []
+    for path in files:
+        if path not in ids:
+            violation(f"the conversion found {path}, which the tree does not have")
+        else:
+            known.append((ids[path], path))
+    workers = max(1, workers)
+    groups = [known[k:k + 64] for k in range(0, len(known), 64)]
+    # optimize() switches the process to the spawn start method (its default,
+    # force=True). Training normally runs in another process than the
+    # conversion, with the platform's default (fork): that is put back, so
+    # the StreamingDataLoader's workers start as they would there.
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        litdata.optimize(fn=functools.partial(litdata_read_group, src=src,
+                                              threads=max(1, threads // workers)),
+                         inputs=groups, output_dir=dst, chunk_bytes=int(spec["shard_bytes"]),
+                         num_workers=workers, verbose=False)
+    finally:
+        multiprocessing.set_start_method(start_method, force=True)
+    # What optimize() wrote, from its index.json: items and bytes of the chunks
+    # (the samples and LitData's item headers; each sample's bytes are checked
+    # when the epochs read them).
+    with open(os.path.join(dst, "index.json")) as f:
+        chunks = json.load(f)["chunks"]
+    return sum(c["chunk_size"] for c in chunks), sum(c["chunk_bytes"] for c in chunks)
+
+
 def source_files(src, skip):
     """The files under src, walked as cp -r does, relative to it (not the slowfs
     stats file, nor the top-level entries named in skip)."""
@@ -404,24 +490,32 @@ def run(spec):
             "first_batch_s": first_batch or 0.0, "check_seconds": check_seconds,
         }
 
+    workers = int(spec.get("workers", 0))
     if spec.get("convert"):
         before = slowfs_counts(stats_path)
         t0 = time.perf_counter()
-        converted, nbytes = convert_tree(spec["convert"], int(spec.get("threads", 1)), index,
-                                         violation)
+        if spec["convert"]["format"] == "litdata":
+            converted, nbytes = convert_litdata(spec["convert"], int(spec.get("threads", 1)),
+                                                workers, index, violation)
+            expected_bytes = nbytes  # chunk bytes, not the samples': only the count compares
+        else:
+            converted, nbytes = convert_tree(spec["convert"], int(spec.get("threads", 1)), index,
+                                             violation)
+            expected_bytes = index["bytes"]
         result["setup_seconds"] = time.perf_counter() - t0
         result["setup_source"] = counts_delta(before, slowfs_counts(stats_path))
-        if converted != n or nbytes != index["bytes"]:
-            violation(f"the conversion found {converted} files, {nbytes} bytes; the tree has "
+        if converted != n or nbytes != expected_bytes:
+            violation(f"the conversion wrote {converted} samples, {nbytes} bytes; the tree has "
                       f"{n} files, {index['bytes']} bytes")
         print(f"    conversion ({spec['convert']['format']}): {converted} files, "
               f"{nbytes / 1e6:.1f} MB in {result['setup_seconds']:.2f} s", flush=True)
 
-    workers = int(spec.get("workers", 0))
     if spec["reader"] == "granary":
         reader = GranaryReader(spec["dataset"], spec["socket"], seed, index)
     elif spec["reader"] == "mds":
         reader = MdsReader(spec["remote"], spec["local"], seed, workers, batch)
+    elif spec["reader"] == "litdata":
+        reader = LitDataReader(spec["remote"], spec["local"], seed, workers, batch)
     elif spec["reader"] == "wds":
         reader = WdsReader(spec["remote"], seed, workers, spec.get("opener", "cat"))
     else:

@@ -2,8 +2,11 @@
 // of a run (the slow source mounted, the cache node and sidecar up, a trainer
 // reading), it stops every process it started, unmounts the slow source and
 // removes its work directory; and a bad command line exits 2 before starting
-// anything. Runs the real script with /usr/bin/python3 over this build's
-// binaries and Python package.
+// anything. The litdata peer runs from the torch 2.x venv: named without it,
+// the run fails at once saying how to make it; with it (when this machine has
+// made it), a small run delivers every sample exactly once, its later epoch
+// from LitData's local cache. Runs the real script with /usr/bin/python3 over
+// this build's binaries and Python package.
 
 #include <dirent.h>
 #include <gmock/gmock.h>
@@ -14,6 +17,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -135,6 +139,64 @@ TEST(RunBenchmarkTest, BadCommandLinesExitTwoBeforeStartingAnything) {
   EXPECT_TRUE(exit->ExitedWith(1)) << exit->ToString();
   EXPECT_THAT((*p)->ReadLog(), HasSubstr("not empty"));
   EXPECT_EQ(ReadAll(dir.Join("busy/keep")), "x");
+}
+
+// The torch 2.x venv is found by scripts/cached-venv under $GRANARY_BENCH_CACHE:
+// an empty cache has none.
+TEST(RunBenchmarkTest, LitDataWithoutTheTorch2VenvFailsBeforeStartingAnything) {
+  TempDir dir;
+  DaemonProcessOptions o =
+      Script(dir, {"--small", "--contenders", "litdata", "--work-dir", dir.Join("never")});
+  o.env = {"GRANARY_BENCH_CACHE=" + dir.Join("empty-cache")};
+  auto p = DaemonProcess::Start(o);
+  ASSERT_OK(p);
+  auto exit = (*p)->Wait(60s);
+  ASSERT_OK(exit);
+  EXPECT_TRUE(exit->ExitedWith(1)) << exit->ToString();
+  EXPECT_THAT((*p)->ReadLog(),
+              HasSubstr("make it with scripts/cached-venv client/python/requirements/torch2.txt"));
+  EXPECT_NE(access(dir.Join("never").c_str(), F_OK), 0) << "the run made its work directory";
+}
+
+TEST(RunBenchmarkTest, LitDataDeliversEveryEpochExactlyOnceAndThenReadsItsCache) {
+  if (!FuseUsable()) GTEST_SKIP() << "no usable /dev/fuse";
+  TempDir dir;
+  DaemonProcessOptions venv;
+  venv.binary = std::string(GRANARY_SOURCE_DIR) + "/scripts/cached-venv";
+  venv.args = {"--no-install",
+               std::string(GRANARY_SOURCE_DIR) + "/client/python/requirements/torch2.txt"};
+  venv.log_path = dir.Join("cached-venv.log");
+  venv.name = "cached-venv";
+  auto found = DaemonProcess::Start(venv);
+  ASSERT_OK(found);
+  auto found_exit = (*found)->Wait(60s);
+  ASSERT_OK(found_exit);
+  if (found_exit->ExitedWith(3)) GTEST_SKIP() << (*found)->ReadLog();
+  ASSERT_TRUE(found_exit->ExitedWith(0)) << (*found)->ReadLog();
+
+  const std::string json = dir.Join("figures.json");
+  auto p = DaemonProcess::Start(
+      Script(dir, {"--files", "60", "--epochs", "2", "--contenders", "litdata", "--peer-workers",
+                   "1", "--shard-size", "1MiB", "--json", json, "--work-dir", dir.Join("work")}));
+  ASSERT_OK(p);
+  auto exit = (*p)->Wait(180s);
+  ASSERT_OK(exit);
+  ASSERT_TRUE(exit->ExitedWith(0)) << exit->ToString() << "\n" << (*p)->ReadLog();
+  const nlohmann::json figures = nlohmann::json::parse(ReadAll(json));
+  const nlohmann::json& litdata = figures.at("contenders").at("litdata");
+  EXPECT_TRUE(litdata.at("exactly_once").get<bool>()) << litdata.dump(2);
+  ASSERT_EQ(litdata.at("epochs").size(), 2u);
+  // The conversion read every file from the source, and wrote several chunks.
+  EXPECT_EQ(litdata.at("setup_source").at("opens").get<int>(), 60);
+  EXPECT_GE(litdata.at("needs").at("source_shard_bytes").get<double>(),
+            figures.at("dataset").at("bytes").get<double>());
+  // Epoch 0 copied the chunks from the source; epoch 1 read only the local cache.
+  EXPECT_GE(litdata.at("epochs")[0].at("source_bytes").get<double>(),
+            figures.at("dataset").at("bytes").get<double>());
+  EXPECT_EQ(litdata.at("epochs")[1].at("source_bytes").get<double>(), 0.0);
+  EXPECT_GE(litdata.at("needs").at("local_cache_bytes").get<double>(),
+            figures.at("dataset").at("bytes").get<double>());
+  EXPECT_FALSE(MountedUnder(dir.Join("work")));
 }
 
 }  // namespace
