@@ -286,6 +286,32 @@ TEST_F(PythonClientTest, ResumeMidEpochReadsExactlyTheRest) {
   RunScript("resume.py", second);
 }
 
+// torchdata's StatefulDataLoader over granary.torch, stopped mid-epoch and
+// resumed in a new process from loader.state_dict(), with 0 and 2 workers:
+// exactly the rest of the epoch (needs torchdata: the torch 2.x venv's run;
+// skipped elsewhere).
+TEST_F(PythonClientTest, StatefulDataLoaderResumesMidEpoch) {
+  StartSidecar();
+  if (HasFatalFailure()) return;
+  for (const char* workers : {"0", "2"}) {
+    SCOPED_TRACE(std::string(workers) + " workers");
+    const std::string state = cluster_->dir().Join(std::string("stateful-") + workers + ".json");
+    const std::vector<std::string> common = {"--dataset", ds_.name, "--source-root", ds_.root,
+                                             "--state",   state,    "--num-workers", workers};
+    std::vector<std::string> first = {"--phase", "first"};
+    first.insert(first.end(), common.begin(), common.end());
+    auto p = StartScript("stateful_resume.py", first, std::string("first-") + workers);
+    ExpectSuccess(p.get());
+    if (IsSkipped() || HasFailure()) return;
+    ASSERT_TRUE(std::filesystem::exists(state));
+    std::vector<std::string> second = {"--phase", "second"};
+    second.insert(second.end(), common.begin(), common.end());
+    p = StartScript("stateful_resume.py", second, std::string("second-") + workers);
+    ExpectSuccess(p.get());
+    if (HasFailure()) return;
+  }
+}
+
 TEST_F(PythonClientTest, TwoDatasetsNeverSeeEachOthersBytes) {
   DatasetOptions d;
   d.name = "other";

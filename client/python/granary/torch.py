@@ -57,7 +57,10 @@ class DistributedSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
 
     Resuming: ``state_dict(consumed)`` records the epoch and how many of this
     rank's samples were processed; ``load_state_dict`` makes the next
-    ``__iter__`` start right after them (later epochs are whole again).
+    ``__iter__`` start right after them (later epochs are whole again). The
+    two are what torchdata's ``StatefulDataLoader`` calls: with it,
+    ``loader.state_dict()`` holds this sampler's state at the last batch the
+    loader yielded, and ``loader.load_state_dict()`` resumes right after it.
     """
 
     def __init__(self, dataset: Any, num_replicas: Optional[int] = None,
@@ -113,6 +116,10 @@ class DistributedSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
                                     self.rank, self.shuffle, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:
+        # A generator: the epoch, the resume position and the announcement are
+        # taken when the first index is asked for, not when iter() is called.
+        # torchdata's StatefulDataLoader makes its BatchSampler's iterator
+        # when the loader is built, before the training loop's set_epoch().
         indices = self.indices()
         start = min(self._resume_at or 0, len(indices))
         self._resume_at = None
@@ -121,9 +128,6 @@ class DistributedSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         if granary_dataset is not None:
             granary_dataset.announce_sampler(self.seed & _U64, self.epoch, self.num_replicas,
                                              self.rank, self.shuffle, self.drop_last, start)
-        return self._generate(indices, start)
-
-    def _generate(self, indices: List[int], start: int) -> Iterator[int]:
         for position in range(start, len(indices)):
             self._yielded = position + 1
             yield indices[position]
@@ -133,11 +137,17 @@ class DistributedSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         return self.num_samples - (self._resume_at or 0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch for the next __iter__ (a different order every epoch when shuffling)."""
+        """Sets the epoch for the next __iter__ (a different order every epoch when shuffling).
+
+        A position loaded with load_state_dict is kept when `epoch` is the
+        loaded epoch and dropped for another one: it belongs to its epoch."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise TypeError(f"granary DistributedSampler.set_epoch needs an int >= 0, not "
                             f"{epoch!r}")
+        if epoch != self.epoch:
+            self._resume_at = None
         self.epoch = epoch
+        self._yielded = self._resume_at or 0
 
     # ---- resuming --------------------------------------------------------------------
 
