@@ -4,12 +4,14 @@
 // sidecar holds in memory. Placement and plans are the real code; the store's
 // load is counted from the daemons' loops (cache_node.cc: a heartbeat, a
 // reconcile and a progress report per heartbeat_interval; sidecar.cc: the node
-// list and each open dataset per refresh_interval) and its capacity measured
-// on a real store holding that many node records.
+// list and each open dataset per refresh_interval; the node lists as
+// NodeListFollower asks for them, beside listing every time as before) and
+// its capacity measured on a real store holding that many node records.
 //
 //   build/release/bench/scale_sim [--nodes 1000] [--samples 10000000]
 //       [--sample-bytes 93000] [--chunk-bytes 16777216] [--ranks 8000]
 //       [--ranks-per-sidecar 8] [--store URL] [--seconds 3] [--json FILE]
+//       [--changes-per-hour 60] [--full-list-s 300]
 //
 // --store defaults to a SQLite file in a temporary directory; pass a
 // redis:// URL to measure Redis instead. docs/benchmarks.md, "Scale".
@@ -49,6 +51,8 @@ struct Options {
   uint32_t ranks_per_sidecar = 8;  // one sidecar per pod of 8 GPUs
   double heartbeat_s = 2.0;        // CacheNodeConfig::heartbeat_interval's default
   double refresh_s = 1.0;          // SidecarConfig::refresh_interval's default
+  double full_list_s = 300.0;      // NodeListFollower's safety interval
+  double changes_per_hour = 60.0;  // membership changes (joins, leaves, restarts)
   uint32_t datasets = 1;
   std::string store;
   double seconds = 3.0;
@@ -185,21 +189,32 @@ nlohmann::json Placements(const Options& o) {
 
 struct Load {
   double writes = 0;            // heartbeats and progress reports per second
+  double versions = 0;          // NodesVersion calls per second
   double list_nodes = 0;        // ListNodes calls per second
   double node_records = 0;      // node records those calls return per second
   double other_reads = 0;       // ListDatasets, ListPlans, GetDataset per second
   double event_deliveries = 0;  // events x watchers per second (progress while staging)
 };
 
-Load Asked(const Options& o) {
+// `follow`: the daemons' loops as they are (NodeListFollower: a version read
+// per refresh, a full list when it moved or after full_list_s); without it,
+// as they were (a full list per refresh).
+Load Asked(const Options& o, bool follow) {
   const double sidecars = std::ceil(static_cast<double>(o.ranks) / o.ranks_per_sidecar);
   const double per_tick = o.nodes / o.heartbeat_s;  // cache-node ticks per second
   const double per_refresh = sidecars / o.refresh_s;
+  const double readers = o.nodes + sidecars;
   Load l;
   // Each cache-node tick: Heartbeat, PutProgress per staging dataset (while
-  // it changes), ListNodes, ListDatasets, ListPlans per dataset.
+  // it changes), the pool's nodes, ListDatasets, ListPlans per dataset.
   l.writes = per_tick * (1 + o.datasets);
-  l.list_nodes = per_tick + per_refresh;
+  if (follow) {
+    l.versions = per_tick + per_refresh;
+    // Every reader lists once per change, and once per safety interval.
+    l.list_nodes = readers * (o.changes_per_hour / 3600.0 + 1.0 / o.full_list_s);
+  } else {
+    l.list_nodes = per_tick + per_refresh;
+  }
   l.node_records = l.list_nodes * o.nodes;
   l.other_reads = per_tick * (1 + o.datasets) + per_refresh * o.datasets;
   // Every progress report is an event every cache node's watcher receives.
@@ -209,8 +224,35 @@ Load Asked(const Options& o) {
 
 struct Capacity {
   double heartbeats_per_s = 0;
+  double versions_per_s = 0;
   double list_nodes_per_s = 0;
+  double get_dataset_per_s = 0;
 };
+
+// The share of one store's time the load takes: each kind of call asked per
+// second over what one client measured of it per second (a client that
+// waits for each reply keeps the server about as busy as it can).
+double Utilization(const Load& l, const Capacity& c) {
+  return l.writes / c.heartbeats_per_s + l.versions / c.versions_per_s +
+         l.list_nodes / c.list_nodes_per_s + l.other_reads / c.get_dataset_per_s;
+}
+
+// Calls `call` for `seconds` (at least once); calls per second.
+template <typename Call>
+double Rate(double seconds, Call call) {
+  const auto t0 = SteadyClock::now();
+  uint64_t n = 0;
+  do {
+    call(n);
+    ++n;
+  } while (Seconds(t0, SteadyClock::now()) < seconds);
+  return static_cast<double>(n) / Seconds(t0, SteadyClock::now());
+}
+
+[[noreturn]] void Fail(const char* what, const Status& s) {
+  std::fprintf(stderr, "scale_sim: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
 
 Capacity Measure(const Options& o, nlohmann::json* out) {
   std::string url = o.store;
@@ -239,69 +281,78 @@ Capacity Measure(const Options& o, nlohmann::json* out) {
     n.started_ms = 1'700'000'000'000;
     records.push_back(std::move(n));
   }
-  auto t0 = SteadyClock::now();
-  uint64_t beats = 0;
-  while (Seconds(t0, SteadyClock::now()) < o.seconds) {
-    Status s = (*store)->Heartbeat(records[beats % records.size()], ttl);
-    if (!s.ok()) {
-      std::fprintf(stderr, "scale_sim: heartbeat: %s\n", s.ToString().c_str());
-      std::exit(1);
+  MetadataStore& s = **store;
+  for (const NodeRecord& r : records) {
+    if (Status st = s.Heartbeat(r, ttl); !st.ok()) Fail("heartbeat", st);
+  }
+  DatasetRecord d;
+  d.name = "scale-dataset";
+  d.spec.source_uri = "file:///lustre/scale";
+  d.spec.pool = "scale";
+  if (Result<DatasetRecord> made = s.CreateDataset(d);
+      !made.ok() && made.status().code() != StatusCode::kAlreadyExists) {
+    Fail("create dataset", made.status());
+  }
+  c.heartbeats_per_s = Rate(o.seconds, [&](uint64_t i) {
+    if (Status st = s.Heartbeat(records[i % records.size()], ttl); !st.ok()) Fail("heartbeat", st);
+  });
+  c.versions_per_s = Rate(o.seconds, [&](uint64_t) {
+    if (Result<uint64_t> v = s.NodesVersion(); !v.ok()) Fail("NodesVersion", v.status());
+  });
+  c.list_nodes_per_s = Rate(o.seconds, [&](uint64_t) {
+    Result<std::vector<NodeRecord>> listed = s.ListNodes("scale");
+    if (!listed.ok()) Fail("ListNodes", listed.status());
+    if (listed->size() != o.nodes) {
+      Fail("ListNodes", Status::Internal(std::to_string(listed->size()) + " nodes listed"));
     }
-    ++beats;
-  }
-  c.heartbeats_per_s = static_cast<double>(beats) / Seconds(t0, SteadyClock::now());
-  for (uint64_t i = beats; i < records.size(); ++i) {
-    (void)(*store)->Heartbeat(records[i], ttl);  // every node present for the lists
-  }
-  t0 = SteadyClock::now();
-  uint64_t lists = 0;
-  while (Seconds(t0, SteadyClock::now()) < o.seconds) {
-    Result<std::vector<NodeRecord>> listed = (*store)->ListNodes("scale");
-    if (!listed.ok() || listed->size() != o.nodes) {
-      std::fprintf(stderr, "scale_sim: ListNodes gave %s\n",
-                   listed.ok() ? (std::to_string(listed->size()) + " nodes").c_str()
-                               : listed.status().ToString().c_str());
-      std::exit(1);
+  });
+  c.get_dataset_per_s = Rate(o.seconds, [&](uint64_t) {
+    if (Result<DatasetRecord> got = s.GetDataset(d.name); !got.ok()) {
+      Fail("GetDataset", got.status());
     }
-    ++lists;
-  }
-  c.list_nodes_per_s = static_cast<double>(lists) / Seconds(t0, SteadyClock::now());
+  });
   store->reset();
   if (!dir.empty()) std::filesystem::remove_all(dir);
   *out = {{"store", url.substr(0, url.find(':'))},
           {"heartbeats_per_s", c.heartbeats_per_s},
-          {"list_nodes_per_s", c.list_nodes_per_s}};
+          {"nodes_version_per_s", c.versions_per_s},
+          {"list_nodes_per_s", c.list_nodes_per_s},
+          {"get_dataset_per_s", c.get_dataset_per_s}};
   return c;
 }
 
+nlohmann::json LoadJson(const Load& l, double utilization) {
+  return {{"writes_per_s", l.writes},           {"nodes_version_per_s", l.versions},
+          {"list_nodes_per_s", l.list_nodes},   {"node_records_per_s", l.node_records},
+          {"other_reads_per_s", l.other_reads}, {"event_deliveries_per_s", l.event_deliveries},
+          {"share_of_one_store", utilization}};
+}
+
 nlohmann::json StoreLoad(const Options& o) {
-  const Load l = Asked(o);
+  const Load now = Asked(o, /*follow=*/true);
+  const Load before = Asked(o, /*follow=*/false);
   nlohmann::json measured;
   const Capacity c = Measure(o, &measured);
-  // The node count at which one client's measured ListNodes rate no longer
-  // covers the cluster's: list calls grow with nodes + sidecars, each list
-  // with nodes, so the records asked grow with the square.
-  const double records_capacity = c.list_nodes_per_s * o.nodes;
+  const double u_now = Utilization(now, c);
+  const double u_before = Utilization(before, c);
   std::printf(
       "Metadata store at %u nodes, %u ranks (%u per sidecar), heartbeat every %.0f s, sidecar "
-      "refresh every %.0f s:\n"
-      "  asked: %.0f writes/s, %.0f ListNodes/s returning %.0f node records/s, %.0f other "
-      "reads/s, %.0f event deliveries/s while staging\n"
-      "  measured on %s from one client: %.0f heartbeats/s, %.0f ListNodes/s of %u nodes "
-      "(%.0f records/s)\n"
-      "  the node lists ask %.1fx what one client measured\n",
-      o.nodes, o.ranks, o.ranks_per_sidecar, o.heartbeat_s, o.refresh_s, l.writes, l.list_nodes,
-      l.node_records, l.other_reads, l.event_deliveries,
-      measured["store"].get<std::string>().c_str(), c.heartbeats_per_s, c.list_nodes_per_s, o.nodes,
-      records_capacity, l.node_records / records_capacity);
-  return {{"asked",
-           {{"writes_per_s", l.writes},
-            {"list_nodes_per_s", l.list_nodes},
-            {"node_records_per_s", l.node_records},
-            {"other_reads_per_s", l.other_reads},
-            {"event_deliveries_per_s", l.event_deliveries}}},
-          {"measured", measured},
-          {"node_lists_over_capacity", l.node_records / records_capacity}};
+      "refresh every %.0f s, %.0f membership changes an hour, a full list at least every %.0f s:\n"
+      "  measured on %s from one client: %.0f heartbeats/s, %.0f NodesVersion/s, %.0f "
+      "ListNodes/s of %u nodes, %.0f GetDataset/s\n"
+      "  asked, following the version: %.0f writes/s, %.0f NodesVersion/s, %.1f ListNodes/s "
+      "(%.0f node records/s), %.0f other reads/s: %.0f%% of one store\n"
+      "  asked, listing every refresh (before): %.0f ListNodes/s (%.0f node records/s): %.0f%% "
+      "of one store\n"
+      "  %.0f event deliveries/s while staging\n",
+      o.nodes, o.ranks, o.ranks_per_sidecar, o.heartbeat_s, o.refresh_s, o.changes_per_hour,
+      o.full_list_s, measured["store"].get<std::string>().c_str(), c.heartbeats_per_s,
+      c.versions_per_s, c.list_nodes_per_s, o.nodes, c.get_dataset_per_s, now.writes, now.versions,
+      now.list_nodes, now.node_records, now.other_reads, 100 * u_now, before.list_nodes,
+      before.node_records, 100 * u_before, now.event_deliveries);
+  return {{"asked", LoadJson(now, u_now)},
+          {"asked_listing_every_refresh", LoadJson(before, u_before)},
+          {"measured", measured}};
 }
 
 // ---- a sidecar's plan in memory ----
@@ -350,6 +401,11 @@ int main(int argc, char** argv) {
   app.add_option("--ranks-per-sidecar", o.ranks_per_sidecar, "ranks sharing a sidecar (a pod)")
       ->check(CLI::Range(1u, 1024u));
   app.add_option("--store", o.store, "metadata store URL to measure (default: SQLite in /tmp)");
+  app.add_option("--changes-per-hour", o.changes_per_hour,
+                 "membership changes an hour (joins, leaves, restarts)")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--full-list-s", o.full_list_s, "seconds between a reader's safety lists")
+      ->check(CLI::Range(1.0, 86400.0));
   app.add_option("--seconds", o.seconds, "seconds per store measurement")
       ->check(CLI::Range(0.1, 600.0));
   app.add_option("--json", o.json, "also write the figures to this file");

@@ -629,6 +629,7 @@ Result<ReplyPtr> RedisStore::Command(std::string_view what, const std::vector<st
         last_error = ctx.status().message();
       } else {
         context_ = std::move(*ctx);
+        ++connections_;
       }
     }
     if (context_ != nullptr) {
@@ -826,7 +827,8 @@ Result<uint64_t> RedisStore::ReadNodesVersion(std::string_view what) {
   // once; the sweep's bump then moves it again (never back to a value read).
   const auto version = static_cast<uint64_t>(reply->element[0]->integer);
   const auto expired = static_cast<uint64_t>(reply->element[1]->integer);
-  return (version << 20) + std::min<uint64_t>(expired, (1u << 20) - 1);
+  return ((connections_ & 0xfff) << 52) + ((version & 0xffffffff) << 20) +
+         std::min<uint64_t>(expired, (1u << 20) - 1);
 }
 
 Result<bool> RedisStore::WriteChild(std::string_view what, RecordKind kind,

@@ -131,7 +131,11 @@ class RedisStore final : public store_internal::RecordStore {
 
   const RedisConfig config_;
   redis_internal::ContextPtr context_;  // null while disconnected
-  bool degraded_ = false;               // warned about the current outage
+  // Connections made: part of NodesVersion, so a reader re-lists after a
+  // reconnect (a restarted store or a failover may have lost increments of
+  // the counter, which could then come back to a value a reader saw).
+  uint64_t connections_ = 1;
+  bool degraded_ = false;  // warned about the current outage
 };
 
 // Connects, authenticates and selects the database; kUnavailable naming the URL

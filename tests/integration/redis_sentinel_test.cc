@@ -78,11 +78,18 @@ TEST_F(RedisSentinelTest, TheStoreFollowsTheNewPrimaryAfterAFailover) {
   ASSERT_OK(set_->WaitReplicated());
   auto old_primary = set_->PrimaryPort();
   ASSERT_OK(old_primary);
+  auto version_before = store->NodesVersion();
+  ASSERT_OK(version_before);
 
   auto new_primary = set_->KillPrimaryAndWaitForFailover();
   ASSERT_OK(new_primary);
   EXPECT_NE(*new_primary, *old_primary);
 
+  // The membership version moved, though no node changed: a failover may
+  // have lost increments, so readers list their nodes again.
+  auto version_after = store->NodesVersion();
+  ASSERT_OK(version_after);
+  EXPECT_NE(*version_after, *version_before);
   // Every replicated record is there, and writes go to the new primary.
   auto listed = store->ListDatasets();
   ASSERT_OK(listed);

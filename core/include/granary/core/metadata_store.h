@@ -394,7 +394,7 @@ class MetadataStore {
 class NodeListFollower {
  public:
   explicit NodeListFollower(std::string pool,
-                            std::chrono::milliseconds full_every = std::chrono::seconds(30))
+                            std::chrono::milliseconds full_every = std::chrono::minutes(5))
       : pool_(std::move(pool)), full_every_(full_every) {}
 
   // The pool's live nodes when they may have changed since the last list (or
