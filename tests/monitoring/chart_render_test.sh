@@ -564,6 +564,29 @@ if start_apiserver; then
       else
         fail "redis.conf after the upgrade lacks maxmemory 512mb"
       fi
+      # docs/install.md, "Redis with Sentinel": switching needs the StatefulSet
+      # deleted without its pods first (podManagementPolicy cannot be updated).
+      to_sentinel=(--reuse-values --set redis.sentinel.enabled=true --set redis.replicas=3)
+      if "${khelm[@]}" upgrade granary "$chart" -n granary "${to_sentinel[@]}" >"$work/up-sent.log" 2>&1; then
+        fail "helm upgrade to Sentinel went through without deleting the StatefulSet; docs/install.md says it does not"
+      elif grep -q "podManagementPolicy\|Forbidden: updates to statefulset spec" "$work/up-sent.log"; then
+        pass "helm upgrade to Sentinel is refused while the single-Redis StatefulSet exists (as docs/install.md says)"
+      else
+        fail "helm upgrade to Sentinel failed otherwise: $(cat "$work/up-sent.log")"
+      fi
+      # This API server has no garbage collector to finish an orphaning delete (it
+      # would drop the finalizer once the pods are released; there are no pods
+      # here): the test drops it in its place.
+      timeout 30 "${kubectl[@]}" -n granary delete statefulset granary-redis --cascade=orphan --wait=false >/dev/null 2>&1 || true
+      timeout 30 "${kubectl[@]}" -n granary patch statefulset granary-redis --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+      if "${khelm[@]}" upgrade granary "$chart" -n granary "${to_sentinel[@]}" >"$work/up-sent2.log" 2>&1 &&
+         [[ "$(secret granary-redis password)" == "$password" ]] &&
+         [[ "$(secret granary-store url | base64 -d)" == "redis+sentinel://:$(printf %s "$password" | base64 -d)@granary-sentinel-0."* ]] &&
+         "${kubectl[@]}" -n granary get statefulset granary-sentinel >/dev/null 2>&1; then
+        pass "after kubectl delete statefulset --cascade=orphan, helm upgrade switches to Sentinel keeping the password"
+      else
+        fail "switching to Sentinel as docs/install.md says: $(cat "$work/up-sent2.log")"
+      fi
     else
       fail "helm upgrade: $(cat "$work/upgrade.log")"
     fi
