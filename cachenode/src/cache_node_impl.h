@@ -94,6 +94,11 @@ struct ActiveDataset {
   std::string plans_key;       // PlanFingerprint of the plans the order came from
   StagingProgress published;   // last PutProgress that succeeded
   bool published_once = false;
+  // When it succeeded: unchanged progress is put again
+  // progress_refresh_interval after, so a record a store lost (a failover
+  // before it was replicated, a store restored from an older copy) comes
+  // back without a restart.
+  std::chrono::steady_clock::time_point published_at{};
   DatasetMetrics metrics;
   DatasetMetricState metric_state;  // guarded by CacheNode::Impl::datasets_mu_
 };

@@ -444,7 +444,11 @@ void CacheNode::Impl::DropDisowned(ActiveDataset& ds, const std::string& why) {
 void CacheNode::Impl::PublishProgress(ActiveDataset& ds) {
   StagingProgress progress = ds.stager->Progress().ToStagingProgress();
   progress.updated_ms = 0;
-  if (ds.published_once && progress == ds.published) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (ds.published_once && progress == ds.published &&
+      now - ds.published_at < config_.progress_refresh_interval) {
+    return;
+  }
   Status put = store_->PutProgress(ds.name, config_.node_id, progress);
   if (!put.ok()) {
     if (put.code() != StatusCode::kNotFound) NoteStoreError(put);
@@ -452,6 +456,7 @@ void CacheNode::Impl::PublishProgress(ActiveDataset& ds) {
   }
   ds.published = progress;
   ds.published_once = true;
+  ds.published_at = now;
 }
 
 void CacheNode::Impl::SetDatasetMessage(const std::string& name, const std::string& message) {

@@ -279,6 +279,8 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
       OptionalPositiveDuration(m, "heartbeat_interval", &c->heartbeat_interval));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "heartbeat_ttl", &c->heartbeat_ttl));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "drain_timeout", &c->drain_timeout));
+  GRANARY_RETURN_IF_ERROR(
+      OptionalPositiveDuration(m, "progress_refresh_interval", &c->progress_refresh_interval));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "startup_timeout", &c->startup_timeout));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "write_timeout", &c->write_timeout));
   GRANARY_RETURN_IF_ERROR(

@@ -143,7 +143,7 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
               std::string::npos)
         << key << " not in the example";
   }
-  EXPECT_EQ(keys, 39u) << msg;
+  EXPECT_EQ(keys, 40u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {
@@ -451,7 +451,7 @@ TEST(CacheNodeConfigTest, BadCounts) {
 
 TEST(CacheNodeConfigTest, BadDurations) {
   for (const char* key : {"heartbeat_interval", "heartbeat_ttl", "drain_timeout", "startup_timeout",
-                          "write_timeout", "reply_stall_timeout"}) {
+                          "write_timeout", "reply_stall_timeout", "progress_refresh_interval"}) {
     ExpectBadValue(key, "0s", "0s is not a positive duration", "e.g. 250ms");
     ExpectBadValue(key, "0", "0s is not a positive duration", "e.g. 250ms");
     for (const char* bad : {"-1s", "5 parsecs", "fast", "2d", "1.2.3s"}) {

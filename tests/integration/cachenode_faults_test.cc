@@ -151,6 +151,41 @@ TEST(CacheNodeFaultsTest, FlippedByteInAChunkFileIsDetectedRestagedAndServedCorr
 
 // ---- source changed after the snapshot ----------------------------------------------------
 
+// A store that lost a node's progress (a Redis failover before it
+// replicated, a store restored from an older copy): the node puts its
+// unchanged progress again every progress_refresh_interval, and the dataset
+// is counted staged again without a restart or a source read.
+TEST(CacheNodeFaultsTest, ALostProgressRecordIsPutAgain) {
+  auto cluster = CacheCluster::Create();
+  ASSERT_OK(cluster);
+  CacheNodeOptions node;
+  node.extra_yaml = "progress_refresh_interval: 1s\n";
+  ASSERT_OK((*cluster)->StartNodes(1, node));
+  DatasetOptions o;
+  o.name = "lost-progress";
+  o.files = 100;
+  auto ds = (*cluster)->CreateDataset(o);
+  ASSERT_OK(ds);
+  ASSERT_OK((*cluster)->WaitForPhase(ds->name, DatasetPhase::kReady, 60s));
+  MetadataStore& store = (*cluster)->store();
+  const std::string id = (*cluster)->node(0).id();
+  auto staged = store.ListProgress(ds->name);
+  ASSERT_OK(staged);
+  const StagingProgress full = staged->at(id);
+  ASSERT_GT(full.chunks_staged, 0u);
+  // What a store that lost the last put holds: an older, emptier record.
+  ASSERT_OK(store.PutProgress(ds->name, id, StagingProgress{}));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto now = store.ListProgress(ds->name);
+        return now.ok() && now->count(id) > 0 && now->at(id).chunks_staged == full.chunks_staged;
+      },
+      10s))
+      << "the node did not put its progress again";
+  auto record = (*cluster)->WaitForPhase(ds->name, DatasetPhase::kReady, 10s);
+  EXPECT_OK(record);
+}
+
 TEST(CacheNodeFaultsTest, SourceChangedAfterTheSnapshotIsAPerItemErrorNeverBytes) {
   auto cluster = CacheCluster::Create();
   ASSERT_OK(cluster);

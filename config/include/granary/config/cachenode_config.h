@@ -180,6 +180,10 @@ struct CacheNodeConfig {
   // `drain_timeout`: on SIGTERM, how long in-flight requests may finish
   // (ServerOptions::drain_timeout); > 0.
   std::chrono::milliseconds drain_timeout{5000};
+  // `progress_refresh_interval`: how often a dataset's staging progress is
+  // put again though it did not change, so a record the store lost (a Redis
+  // failover before it replicated) comes back; > 0.
+  std::chrono::milliseconds progress_refresh_interval{60000};
   // `startup_timeout`: how long start-up keeps trying to reach the metadata
   // store before the daemon gives up (exit status 1); > 0.
   std::chrono::milliseconds startup_timeout{30000};
