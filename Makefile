@@ -29,7 +29,7 @@
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps-build deps-quickstart deps-slurm deps-kubernetes check test-layout-check image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-client bench-multihost bench bench-smoke clean
+.PHONY: deps-build deps-quickstart deps-slurm deps-kubernetes check test-layout-check image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-operator bench-client bench-multihost bench bench-smoke clean
 
 # What each target needs (scripts/install-deps says what is in each group).
 deps:
@@ -130,6 +130,14 @@ bench-cachenode: release
 
 bench-auth: release
 	build/release/bench/auth_bench $(ARGS)
+
+# The operator at scale on a real control plane with kwok (docs/benchmarks.md,
+# "The operator at scale"): 1,000 fake nodes, 1,000 Datasets in 100
+# namespaces and 10 pools. About 15 minutes; figures, no pass condition.
+bench-operator: deps-kubernetes build
+	GRANARY_K8S_BIN=$$(scripts/k8s-tools) build/debug/tests/integration/kubernetes/granary-operator-load \
+	  --datasets 1000 --namespaces 100 --nodes 1000 --pools 10 --seconds 60 \
+	  --json build/debug/operator-load.json $(ARGS)
 
 bench-client: deps-quickstart release
 	/usr/bin/python3 bench/client_bench.py $(ARGS)

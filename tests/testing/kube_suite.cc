@@ -52,6 +52,8 @@ Status KubeSuite::Start() {
     if (i <= options_.pool_nodes) node.labels["granary.io/nvme"] = "true";
     o.nodes.push_back(std::move(node));
   }
+  o.nodes.insert(o.nodes.end(), options_.extra_nodes.begin(), options_.extra_nodes.end());
+  o.start_timeout = options_.cluster_start_timeout;
   o.kwok_completes_job_pods = !options_.run_jobs;
   GRANARY_ASSIGN_OR_RETURN(cluster_, KubeCluster::Start(o));
   GRANARY_ASSIGN_OR_RETURN(redis_, RedisServer::Start());

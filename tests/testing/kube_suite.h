@@ -89,6 +89,10 @@ struct KubeSuiteOptions {
   // The pool's spec.transport. "libfabric": the cache node also serves the
   // fabric (provider tcp) on a free port, spec.libfabric.port.
   std::string transport = "tcp";
+  // More fake nodes kwok keeps Ready (granary-operator-load's), after those.
+  std::vector<FakeNode> extra_nodes;
+  // How long the control plane may take to have every node Ready.
+  std::chrono::milliseconds cluster_start_timeout{120000};
 };
 
 class KubeSuite {

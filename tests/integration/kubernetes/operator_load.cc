@@ -3,16 +3,21 @@
 // nothing about speed; it prints figures).
 //
 //   build/debug/tests/integration/kubernetes/granary-operator-load
-//       [--datasets 100] [--namespaces 10] [--seconds 60] [--json FILE]
+//       [--datasets 100] [--namespaces 10] [--nodes 0] [--pools 1] [--seconds 60]
+//       [--json FILE]
 //
 // KubeSuite brings up the control plane, Redis, PodRunner (the pool's cache
-// node as a local process) and granary-operator, with the example pool Ready.
+// node as a local process) and granary-operator, with the example pool Ready,
+// plus `--nodes` fake nodes kwok keeps Ready. With `--pools P` > 1 it also
+// applies P - 1 CachePools (load-1 ...), each over its share of the fake nodes
+// (label granary.io/load-pool), whose cache-node pods kwok fakes: their
+// Datasets get a status but never a snapshot (no cache node runs there).
 // The program then makes `--namespaces` namespaces granted uid and gid 1000,
-// applies `--datasets` Datasets spread over them (all of one small source),
-// and reports, from the operator's own counter of its requests
-// (granary_operator_api_requests_total, by verb and resource):
+// applies `--datasets` Datasets spread over them and over the pools (all of
+// one small source), and reports, from the operator's own counter of its
+// requests (granary_operator_api_requests_total, by verb and resource):
 //   - the time from `kubectl apply` until every Dataset has a status phase
-//     (the first status) and until every Dataset is Ready;
+//     (the first status) and until every Dataset of the real pool is Ready;
 //   - the requests made while they became Ready;
 //   - the requests per minute over `--seconds` once every Dataset is Ready
 //     (the steady state an idle cluster pays for);
@@ -47,9 +52,17 @@ using Counts = std::map<std::string, double>;  // "verb resource" -> requests
 struct Args {
   int datasets = 100;
   int namespaces = 10;
+  int nodes = 0;
+  int pools = 1;
   int seconds = 60;
   std::string json_path;
 };
+
+// The pool of Dataset `d`: the example pool for every P-th, load-k else.
+std::string PoolOf(int d, int pools) {
+  const int k = d % pools;
+  return k == 0 ? std::string("gpu") : "load-" + std::to_string(k);
+}
 
 // /proc files report no size: read them as a stream.
 std::string ReadFile(const std::string& path) {
@@ -121,6 +134,14 @@ int Run(const Args& args) {
   o.source_dir = GRANARY_SOURCE_DIR;
   o.pod_bin_dir = GRANARY_POD_BIN_DIR;
   o.operator_binary = GRANARY_OPERATOR_BINARY;
+  for (int i = 0; i < args.nodes; ++i) {
+    FakeNode node{"load-node-" + std::to_string(i), {{"nvidia.com/gpu.present", "true"}}};
+    if (args.pools > 1)
+      node.labels["granary.io/load-pool"] = std::to_string(1 + i % (args.pools - 1));
+    o.extra_nodes.push_back(std::move(node));
+  }
+  // kwok makes fake nodes Ready at a bounded rate: a few hundred a minute here.
+  o.cluster_start_timeout = std::chrono::milliseconds(120'000 + 500 * args.nodes);
   KubeSuite suite(o);
   std::cerr << "starting the control plane, Redis, the cache node and the operator...\n";
   if (Status s = suite.Start(); !s.ok()) {
@@ -133,15 +154,39 @@ int Run(const Args& args) {
     files.push_back({"f" + std::to_string(i), std::string(4096, static_cast<char>('a' + i))});
   suite.WriteSource("load", files);
 
+  // The other pools, each over its share of the fake nodes.
+  std::string pools_yaml;
+  const std::string example =
+      ReadAll(std::string(GRANARY_SOURCE_DIR) + "/examples/kubernetes/cachepool.yaml");
+  for (int k = 1; k < args.pools; ++k) {
+    std::string pool =
+        ReplaceAll(example, "  name: gpu\n", "  name: load-" + std::to_string(k) + "\n");
+    pool = ReplaceAll(pool, "granary.io/nvme: \"true\"",
+                      "granary.io/load-pool: \"" + std::to_string(k) + "\"");
+    pool = ReplaceAll(pool, "/var/run/granary/gpu", "/var/run/granary/load-" + std::to_string(k));
+    pools_yaml += pool + "\n---\n";
+  }
+  if (!pools_yaml.empty()) {
+    KubectlResult applied_pools = suite.cluster().Kubectl({"apply", "-f", "-"}, pools_yaml);
+    if (!applied_pools.ok()) {
+      std::cerr << "granary-operator-load: applying the pools: " << applied_pools.Describe()
+                << "\n";
+      return 1;
+    }
+  }
+
   std::string yaml;
   for (int n = 0; n < args.namespaces; ++n) {
     yaml += "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: load-" + std::to_string(n) +
             "\n  annotations:\n    granary.io/allowed-uids: \"1000\"\n"
             "    granary.io/allowed-gids: \"1000\"\n---\n";
   }
+  int in_real_pool = 0;
   for (int d = 0; d < args.datasets; ++d) {
-    yaml += KubeSuite::DatasetYaml("load-" + std::to_string(d % args.namespaces),
-                                   "d" + std::to_string(d), suite.datasets() + "/load") +
+    in_real_pool += PoolOf(d, args.pools) == "gpu";
+    yaml += ReplaceAll(KubeSuite::DatasetYaml("load-" + std::to_string(d % args.namespaces),
+                                              "d" + std::to_string(d), suite.datasets() + "/load"),
+                       "cachePool: gpu", "cachePool: " + PoolOf(d, args.pools)) +
             "---\n";
   }
   Result<Counts> before = ApiRequests(op);
@@ -169,14 +214,15 @@ int Run(const Args& args) {
     }
     const double t = std::chrono::duration<double>(Clock::now() - applied).count();
     if (first_status_s < 0 && with_status == args.datasets) first_status_s = t;
-    if (ready == args.datasets) {
+    if (ready == in_real_pool && first_status_s >= 0) {
       ready_s = t;
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   if (ready_s < 0) {
-    std::cerr << "granary-operator-load: not every Dataset was Ready within the deadline\n"
+    std::cerr << "granary-operator-load: not every Dataset had a status, or those of pool gpu "
+                 "were not Ready, within the deadline\n"
               << suite.OperatorLogs();
     return 1;
   }
@@ -197,9 +243,10 @@ int Run(const Args& args) {
   const Counts steady = Minus(*after, *at_ready);
   const double per_minute = 60.0 / args.seconds;
   std::printf(
-      "%d Datasets in %d namespaces: every one with a status %.1f s after kubectl apply, "
-      "every one Ready after %.1f s\n",
-      args.datasets, args.namespaces, first_status_s, ready_s);
+      "%d Datasets in %d namespaces and %d pools, %d more fake nodes: every one with a status "
+      "%.1f s after kubectl apply, the %d of the pool with a cache node Ready after %.1f s\n",
+      args.datasets, args.namespaces, args.pools, args.nodes, first_status_s, in_real_pool,
+      ready_s);
   Print("requests until every Dataset was Ready", ramp, 1.0, "requests");
   Print("requests per minute once every Dataset is Ready (over " + std::to_string(args.seconds) +
             " s)",
@@ -211,6 +258,8 @@ int Run(const Args& args) {
   if (!args.json_path.empty()) {
     json j = {{"datasets", args.datasets},
               {"namespaces", args.namespaces},
+              {"pools", args.pools},
+              {"extra_nodes", args.nodes},
               {"first_status_seconds", first_status_s},
               {"ready_seconds", ready_s},
               {"ramp_requests", ToJson(ramp, 1.0)},
@@ -242,6 +291,10 @@ int Main(int argc, char** argv) {
       ok = number(&args.datasets);
     } else if (a == "--namespaces") {
       ok = number(&args.namespaces);
+    } else if (a == "--nodes") {
+      ok = number(&args.nodes);
+    } else if (a == "--pools") {
+      ok = number(&args.pools);
     } else if (a == "--seconds") {
       ok = number(&args.seconds);
     } else if (a == "--json" && has_value) {
@@ -251,8 +304,8 @@ int Main(int argc, char** argv) {
     }
     if (!ok) {
       std::cerr << "granary-operator-load: bad argument " << a
-                << "; usage: granary-operator-load [--datasets N] [--namespaces N] "
-                   "[--seconds N] [--json FILE] (N a positive integer)\n";
+                << "; usage: granary-operator-load [--datasets N] [--namespaces N] [--nodes N] "
+                   "[--pools N] [--seconds N] [--json FILE] (N a positive integer)\n";
       return 2;
     }
   }
