@@ -261,6 +261,8 @@ class LitDataReader:
         from litdata import StreamingDataLoader, StreamingDataset
         # "local:" makes LitData treat the directory as remote storage: chunks
         # are copied into cache_dir as they are read, as Mosaic Streaming does.
+        # Given the plain path, LitData memory-maps the chunk files on the
+        # source, which granary-slowfs (direct_io) refuses with ENODEV.
         self.ds = StreamingDataset(f"local:{remote}", cache_dir=local, shuffle=True, seed=seed,
                                    transform=litdata_item)
         self.loader = StreamingDataLoader(self.ds, batch_size=batch, num_workers=workers,
