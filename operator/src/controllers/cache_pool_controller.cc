@@ -242,17 +242,13 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
                  {"metadata", Metadata(pool, *object, options, name + "-store")},
                  {"type", "Opaque"},
                  {"data", {{"url", Base64Encode(*url)}}}};
-  GRANARY_RETURN_IF_ERROR(
-      c.client()
-          .Apply(base + "/secrets/" + name + "-store", secret, std::string(kFieldManager))
-          .status());
+  GRANARY_RETURN_IF_ERROR(c.ApplyIfChanged(base + "/secrets/" + name + "-store", secret));
   const Json config_data = CacheNodeConfigMap(pool, options);
   Json config = {{"apiVersion", "v1"},
                  {"kind", "ConfigMap"},
                  {"metadata", Metadata(pool, *object, options, name)},
                  {"data", config_data}};
-  GRANARY_RETURN_IF_ERROR(
-      c.client().Apply(base + "/configmaps/" + name, config, std::string(kFieldManager)).status());
+  GRANARY_RETURN_IF_ERROR(c.ApplyIfChanged(base + "/configmaps/" + name, config));
   Result<std::string> cluster_key = EnsureClusterKey(c);
   if (!cluster_key.ok()) return fail("ClusterKeyMissing", cluster_key.status());
   const std::string hashed = config_data.dump() + *url + *cluster_key;
@@ -284,8 +280,7 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
          Json::array(
              {{{"name", "data"}, {"port", pool.data_port}, {"targetPort", "data"}},
               {{"name", "metrics"}, {"port", pool.metrics_port}, {"targetPort", "metrics"}}})}}}};
-  GRANARY_RETURN_IF_ERROR(
-      c.client().Apply(base + "/services/" + name, service, std::string(kFieldManager)).status());
+  GRANARY_RETURN_IF_ERROR(c.ApplyIfChanged(base + "/services/" + name, service));
 
   // Status: the DaemonSet's counts, the store's node records and datasets.
   const Json& ds_status = applied->value("status", Json::object());

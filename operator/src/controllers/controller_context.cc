@@ -1,5 +1,7 @@
 #include "controller_context.h"
 
+#include <xxhash.h>
+
 #include "granary/core/log.h"
 #include "granary/core/names.h"
 #include "granary/kube/base64.h"
@@ -117,6 +119,24 @@ Json OwnerReference(const Json& owner) {
           {"uid", meta.value("uid", "")},
           {"controller", true},
           {"blockOwnerDeletion", true}};
+}
+
+Status ControllerContext::ApplyIfChanged(const std::string& path, const Json& body) {
+  const std::string text = body.dump();
+  const uint64_t hash = XXH3_64bits(text.data(), text.size());
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = applied_.find(path);
+    if (it != applied_.end() && it->second.first == hash &&
+        now - it->second.second < kReapplyEvery) {
+      return Status::Ok();
+    }
+  }
+  GRANARY_RETURN_IF_ERROR(client_.Apply(path, body, std::string(kFieldManager)).status());
+  std::lock_guard<std::mutex> lock(mu_);
+  applied_[path] = {hash, now};
+  return Status::Ok();
 }
 
 }  // namespace granary::kube

@@ -64,6 +64,14 @@ class ControllerContext {
   void Event(const Json& object, const std::string& type, const std::string& reason,
              const std::string& message);
 
+  // Server-side applies `body` at `path` unless this process applied the very
+  // same body there less than kReapplyEvery ago: a pool's periodic refresh
+  // then costs no request for objects that did not change (a changed body,
+  // or the interval passed, applies; an object deleted by hand comes back
+  // within that interval).
+  static constexpr std::chrono::minutes kReapplyEvery{2};
+  Status ApplyIfChanged(const std::string& path, const Json& body);
+
  private:
   KubeClient& client_;
   const OperatorOptions& options_;
@@ -74,6 +82,8 @@ class ControllerContext {
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<MetadataStore>> stores_;  // by URL; guarded by mu_
   std::map<std::string, std::chrono::steady_clock::time_point> events_;
+  // path -> (hash of the body applied, when); guarded by mu_.
+  std::map<std::string, std::pair<uint64_t, std::chrono::steady_clock::time_point>> applied_;
 };
 
 // Each reconciler returns when to look at the key again (0: only on change),

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -57,6 +58,33 @@ struct Args {
   int seconds = 60;
   std::string json_path;
 };
+
+// Seconds since the epoch of an RFC 3339 time the API server writes
+// ("2026-12-02T08:26:14Z"); -1 if it is not one.
+double ApiTime(const std::string& text) {
+  std::tm tm{};
+  const char* end = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+  if (end == nullptr) return -1;
+  return static_cast<double>(timegm(&tm));
+}
+
+// For each Dataset, the seconds from its creation (metadata.creationTimestamp)
+// to its first status (the earliest lastTransitionTime of its conditions),
+// sorted; whole seconds, as the API server keeps them.
+std::vector<double> FirstStatusLatencies(const json& list) {
+  std::vector<double> out;
+  for (const json& d : list.value("items", json::array())) {
+    const double created = ApiTime(d["metadata"].value("creationTimestamp", ""));
+    double first = -1;
+    for (const json& c : d.value("status", json::object()).value("conditions", json::array())) {
+      const double t = ApiTime(c.value("lastTransitionTime", ""));
+      if (t >= 0 && (first < 0 || t < first)) first = t;
+    }
+    if (created >= 0 && first >= 0) out.push_back(first - created);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 // The pool of Dataset `d`: the example pool for every P-th, load-k else.
 std::string PoolOf(int d, int pools) {
@@ -214,6 +242,7 @@ int Run(const Args& args) {
   }
   const double apply_s = std::chrono::duration<double>(Clock::now() - applied).count();
   double first_status_s = -1, ready_s = -1;
+  std::vector<double> latencies;
   const auto deadline = applied + std::chrono::seconds(120 + args.datasets);
   while (Clock::now() < deadline) {
     Result<json> list = suite.cluster().GetJson({"datasets", "-A"});
@@ -226,7 +255,10 @@ int Run(const Args& args) {
       }
     }
     const double t = std::chrono::duration<double>(Clock::now() - applied).count();
-    if (first_status_s < 0 && with_status == args.datasets) first_status_s = t;
+    if (first_status_s < 0 && with_status == args.datasets) {
+      first_status_s = t;
+      latencies = FirstStatusLatencies(*list);
+    }
     if (ready == in_real_pool && first_status_s >= 0) {
       ready_s = t;
       break;
@@ -261,6 +293,12 @@ int Run(const Args& args) {
       "node Ready after %.1f s\n",
       args.datasets, args.namespaces, args.pools, args.nodes, apply_s, first_status_s, in_real_pool,
       ready_s);
+  const double median = latencies.empty() ? -1 : latencies[latencies.size() / 2];
+  const double worst = latencies.empty() ? -1 : latencies.back();
+  std::printf(
+      "from each Dataset's creation to its first status (whole seconds, %zu Datasets): median "
+      "%.0f s, longest %.0f s\n",
+      latencies.size(), median, worst);
   Print("requests until every Dataset was Ready", ramp, 1.0, "requests");
   Print("requests per minute once every Dataset is Ready (over " + std::to_string(args.seconds) +
             " s)",
@@ -276,6 +314,8 @@ int Run(const Args& args) {
               {"extra_nodes", args.nodes},
               {"apply_seconds", apply_s},
               {"first_status_seconds", first_status_s},
+              {"creation_to_first_status_median_seconds", median},
+              {"creation_to_first_status_longest_seconds", worst},
               {"ready_seconds", ready_s},
               {"ramp_requests", ToJson(ramp, 1.0)},
               {"steady_requests_per_minute", ToJson(steady, per_minute)},
