@@ -176,8 +176,8 @@ TEST(RunBenchmarkTest, LitDataDeliversEveryEpochExactlyOnceAndThenReadsItsCache)
 
   const std::string json = dir.Join("figures.json");
   auto p = DaemonProcess::Start(
-      Script(dir, {"--files", "60", "--epochs", "2", "--contenders", "litdata", "--peer-workers",
-                   "1", "--shard-size", "1MiB", "--json", json, "--work-dir", dir.Join("work")}));
+      Script(dir, {"--files", "60", "--epochs", "2", "--contenders", "litdata", "--shard-size",
+                   "1MiB", "--json", json, "--work-dir", dir.Join("work")}));
   ASSERT_OK(p);
   auto exit = (*p)->Wait(180s);
   ASSERT_OK(exit);
