@@ -356,7 +356,12 @@ TEST_F(RedisStoreTest, KeysFollowTheDocumentedSchema) {
   const int64_t pttl = std::stoll(raw.Run({"PTTL", "doc:node:node-1"}));
   EXPECT_GT(pttl, 0);
   EXPECT_LE(pttl, 60'000);
-  EXPECT_EQ(raw.Run({"DBSIZE"}), "7");  // the keys above and nothing else
+  // Membership: the expiry set (score: when the node expires, ms) and the
+  // version counter, bumped by the join.
+  EXPECT_EQ(raw.Run({"TYPE", "doc:nodes-expiry"}), "zset");
+  EXPECT_NE(raw.Run({"ZSCORE", "doc:nodes-expiry", "node-1"}), "(nil)");
+  EXPECT_EQ(raw.Run({"GET", "doc:nodes-version"}), "1");
+  EXPECT_EQ(raw.Run({"DBSIZE"}), "9");  // the keys above and nothing else
 
   // Events go to doc:events as {"kind":..,"name":..}. RawRedis bounds every
   // read, so a missing message fails here instead of hanging.
