@@ -7,7 +7,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
@@ -18,6 +17,7 @@
 #include "granary/core/names.h"
 #include "granary/fabric/endpoint.h"
 #include "granary/fabric/fabric_transport.h"
+#include "granary/slurm/node_agent.h"
 #include "granary/store/open_store.h"
 
 namespace granary::cli {
@@ -262,19 +262,9 @@ std::string GroupName(uint32_t gid) {
   return std::to_string(gid);
 }
 
-namespace {
-// A decimal id below 4294967295 ((uid_t)-1 is no id), or nothing.
-std::optional<uint32_t> NumericId(const std::string& text) {
-  uint32_t v = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || ptr != end || v == 0xffffffffu) return std::nullopt;
-  return v;
-}
-}  // namespace
-
 Result<uint32_t> UserIdOf(const std::string& option, const std::string& user) {
-  if (std::optional<uint32_t> id = NumericId(user)) return *id;
+  // A numeric id as Slurm passes one (slurm::ParseUserOrGroupId's rule).
+  if (Result<uint32_t> id = slurm::ParseUserOrGroupId(user, option); id.ok()) return *id;
   struct passwd pw {};
   struct passwd* found = nullptr;
   char buffer[4096];
@@ -288,7 +278,7 @@ Result<uint32_t> UserIdOf(const std::string& option, const std::string& user) {
 }
 
 Result<uint32_t> GroupIdOf(const std::string& option, const std::string& group) {
-  if (std::optional<uint32_t> id = NumericId(group)) return *id;
+  if (Result<uint32_t> id = slurm::ParseUserOrGroupId(group, option); id.ok()) return *id;
   struct group gr {};
   struct group* found = nullptr;
   char buffer[16384];
