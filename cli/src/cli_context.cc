@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
-#include <optional>
 #include <sstream>
 
 #include "granary/cli/cli.h"

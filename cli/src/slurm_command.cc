@@ -61,8 +61,8 @@ using slurm::kJobDatasetPrefix;
 using slurm::NeedsStore;
 using slurm::ParseJobDirectives;
 using slurm::ParseUserOrGroupId;
+using slurm::PersistentDwDataset;
 using slurm::PersistentDwDirective;
-using slurm::PersistentDwRefusal;
 using slurm::ReplaceJobIdSymbols;
 using slurm::ResolveJobUser;
 using slurm::ScriptSymbols;
@@ -260,19 +260,10 @@ Status Setup(CliContext& c, const SlurmJobOptions& o) {
   if (!d.persistent.empty()) {
     GRANARY_ASSIGN_OR_RETURN(JobUser user, JobUserOf(o.uid, o.gid));
     for (const PersistentDwDirective& p : d.persistent) {
-      Result<DatasetRecord> record = c.store().GetDataset(p.name);
+      Result<DatasetRecord> record = PersistentDwDataset(c.store(), p, user, o.job_id);
       // Not there yet (a name with %j, made by another job): data_in waits for
       // it, and the prolog checks it where it is served.
-      if (record.status().code() == StatusCode::kNotFound) continue;
-      if (!record.ok()) {
-        return record.status().WithContext("job " + o.job_id + ": persistentdw dataset " +
-                                           Quoted(p.name) + " (line " + std::to_string(p.line) +
-                                           ")");
-      }
-      if (std::string refusal = PersistentDwRefusal(*record, user); !refusal.empty()) {
-        return Status::PermissionDenied("job " + o.job_id + ": line " + std::to_string(p.line) +
-                                        ": " + refusal);
-      }
+      if (!record.ok() && record.status().code() != StatusCode::kNotFound) return record.status();
     }
   }
   for (const StageInDirective& s : d.stage_ins) {

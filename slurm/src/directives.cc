@@ -540,6 +540,20 @@ std::string PersistentDwRefusal(const DatasetRecord& dataset, const JobUser& use
          whom + "` (or --group GROUP), or use a dataset of your own";
 }
 
+Result<DatasetRecord> PersistentDwDataset(MetadataStore& store, const PersistentDwDirective& p,
+                                          const JobUser& user, std::string_view job_id) {
+  const std::string job = "job " + std::string(job_id);
+  Result<DatasetRecord> record = store.GetDataset(p.name);
+  if (!record.ok()) {
+    return record.status().WithContext(job + ": persistentdw dataset " + Quoted(p.name) +
+                                       " (line " + std::to_string(p.line) + ")");
+  }
+  if (std::string refusal = PersistentDwRefusal(*record, user); !refusal.empty()) {
+    return Status::PermissionDenied(job + ": line " + std::to_string(p.line) + ": " + refusal);
+  }
+  return record;
+}
+
 Status CheckJobDirectives(DirectiveParse& parse, MetadataStore* store, const JobUser* user) {
   JobDirectives& d = parse.directives;
   if (store == nullptr && NeedsStore(d)) {

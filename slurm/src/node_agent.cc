@@ -350,19 +350,12 @@ Status FindJobDatasets(NodeAgentContext& c, const SlurmNodeOptions& o, uint32_t 
     GRANARY_ASSIGN_OR_RETURN(user, ResolveJobUser(uid, gid));
   }
   for (const PersistentDwDirective& d : directives.persistent) {
-    Result<DatasetRecord> record = c.store().GetDataset(d.name);
-    if (!record.ok()) {
-      return record.status().WithContext("job " + o.job_id + ": persistentdw dataset " +
-                                         Quoted(d.name) + " (line " + std::to_string(d.line) + ")");
-    }
     // Checked at submission and at setup already; checked again here, where
     // the bytes are served, against the record as it is now (a grant may
     // have been revoked while the job waited).
-    if (std::string refusal = PersistentDwRefusal(*record, user); !refusal.empty()) {
-      return Status::PermissionDenied("job " + o.job_id + ": line " + std::to_string(d.line) +
-                                      ": " + refusal);
-    }
-    GRANARY_RETURN_IF_ERROR(use(*record, ""));
+    GRANARY_ASSIGN_OR_RETURN(DatasetRecord record,
+                             PersistentDwDataset(c.store(), d, user, o.job_id));
+    GRANARY_RETURN_IF_ERROR(use(record, ""));
   }
   return Status::Ok();
 }

@@ -136,6 +136,13 @@ struct JobUser {
 // another user's staged bytes (docs/security.md, "Who may read a dataset").
 std::string PersistentDwRefusal(const DatasetRecord& dataset, const JobUser& user);
 
+// The record of persistentdw directive `p` of job `job_id`, read from `store`
+// and checked for `user`: the store's error (kNotFound for a dataset not
+// there) with the job and line, or kPermissionDenied with the refusal.
+// What setup and the prolog both run.
+Result<DatasetRecord> PersistentDwDataset(MetadataStore& store, const PersistentDwDirective& p,
+                                          const JobUser& user, std::string_view job_id);
+
 // Adds to `parse.errors` (kept in line order) what the world says: a source
 // that does not exist or is not a directory (a source this user may not look
 // at is left to the job's user at setup), a pool= no live cache node is in,
