@@ -198,7 +198,7 @@ class CacheNode::Impl {
   std::vector<NodeRecord> live_nodes_;
   // The pool's nodes as last listed: listed again only when the store's
   // membership version moved (NodeListFollower), not every tick.
-  std::optional<NodeListFollower> node_follower_;
+  NodeListFollower node_follower_{config_.pool};  // after config_
   std::vector<NodeRecord> listed_nodes_;
   bool plans_changed_ = true;  // re-read the datasets' plans on the next pass
 

@@ -125,9 +125,8 @@ Result<std::vector<ChunkId>> CacheNode::Impl::Owned(const ActiveDataset& ds,
 }
 
 void CacheNode::Impl::Reconcile() {
-  if (!node_follower_.has_value()) node_follower_.emplace(config_.pool);
   Result<std::optional<std::vector<NodeRecord>>> nodes =
-      node_follower_->Poll(*store_, std::chrono::steady_clock::now());
+      node_follower_.Poll(*store_, std::chrono::steady_clock::now());
   if (!nodes.ok()) return NoteStoreError(nodes.status());
   if (nodes->has_value()) listed_nodes_ = std::move(**nodes);
   Result<std::vector<DatasetRecord>> datasets = store_->ListDatasets();
