@@ -82,13 +82,40 @@ Result<EventKind> ParseEventKind(std::string_view name) {
 }
 
 double ProgressSummary::fraction() const {
-  if (total.bytes_total > 0) {
-    return static_cast<double>(total.bytes_staged) / static_cast<double>(total.bytes_total);
+  if (total.bytes_kept() > 0) {
+    return std::min(
+        1.0, static_cast<double>(total.bytes_staged) / static_cast<double>(total.bytes_kept()));
   }
-  if (total.chunks_total > 0) {
-    return static_cast<double>(total.chunks_staged) / static_cast<double>(total.chunks_total);
+  if (total.chunks_kept() > 0) {
+    return static_cast<double>(total.chunks_staged) / static_cast<double>(total.chunks_kept());
   }
-  return 0.0;
+  // Nothing to keep: complete if every node said so.
+  return total.chunks_total > 0 && all_staged ? 1.0 : 0.0;
+}
+
+double ProgressSummary::resident_fraction() const {
+  if (total.bytes_total == 0) return 0.0;
+  return std::min(1.0,
+                  static_cast<double>(total.bytes_staged) / static_cast<double>(total.bytes_total));
+}
+
+Status ValidateDatasetCacheSpec(const DatasetCacheSpec& cache) {
+  if (cache.priority < kMinCachePriority || cache.priority > kMaxCachePriority) {
+    return Status::InvalidArgument("spec.cache.priority " + std::to_string(cache.priority) +
+                                   " is outside " + std::to_string(kMinCachePriority) + ".." +
+                                   std::to_string(kMaxCachePriority) + " (default 0)");
+  }
+  if (cache.ttl_seconds > kMaxCacheTtlSeconds) {
+    return Status::InvalidArgument("spec.cache.ttl_seconds " + std::to_string(cache.ttl_seconds) +
+                                   " is more than ten years (" +
+                                   std::to_string(kMaxCacheTtlSeconds) + " s); use 0 for no TTL");
+  }
+  if (cache.min_resident_percent > 100) {
+    return Status::InvalidArgument("spec.cache.min_resident_percent " +
+                                   std::to_string(cache.min_resident_percent) +
+                                   " is outside 0..100");
+  }
+  return Status::Ok();
 }
 
 ProgressSummary SummarizeProgress(const std::map<std::string, StagingProgress>& progress,
@@ -106,7 +133,11 @@ ProgressSummary SummarizeProgress(const std::map<std::string, StagingProgress>& 
     s.total.bytes_total += p.bytes_total;
     s.total.bytes_staged += p.bytes_staged;
     s.total.samples_failed += p.samples_failed;
-    s.all_staged = s.all_staged && p.chunks_staged == p.chunks_total;
+    s.total.chunks_not_kept += std::min(p.chunks_not_kept, p.chunks_total);
+    s.total.bytes_not_kept += std::min(p.bytes_not_kept, p.bytes_total);
+    s.total.last_read_ms = std::max(s.total.last_read_ms, p.last_read_ms);
+    s.all_staged = s.all_staged && p.chunks_staged >= p.chunks_kept();
+    s.all_kept = s.all_kept && p.chunks_not_kept == 0;
     ++s.nodes_reporting;
   }
   return s;

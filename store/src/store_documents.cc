@@ -252,6 +252,8 @@ Status ValidateDataset(const DatasetRecord& record) {
   if (!record.manifest_id.empty()) {
     GRANARY_RETURN_IF_ERROR(ValidateManifestId(record.manifest_id).WithContext(what));
   }
+  GRANARY_RETURN_IF_ERROR(
+      ValidateDatasetCacheSpec(spec.cache).WithContext("dataset " + Quoted(record.name)));
   for (const auto& [ids, field] : {std::pair{&record.readers.uids, "readers.uids"},
                                    std::pair{&record.readers.gids, "readers.gids"}}) {
     if (ids->size() > kMaxDatasetReaders) {
@@ -335,6 +337,15 @@ Result<std::string> EncodeDataset(const DatasetRecord& r) {
     if (!r.spec.kubernetes_namespace.empty()) {
       doc["spec"]["namespace"] = r.spec.kubernetes_namespace;
     }
+    if (!r.spec.cache.is_default()) {
+      const DatasetCacheSpec& c = r.spec.cache;
+      json cache = {{"priority", c.priority},
+                    {"pinned", c.pinned},
+                    {"ttl_seconds", c.ttl_seconds},
+                    {"min_resident_percent", c.min_resident_percent}};
+      if (c.max_resident_bytes.has_value()) cache["max_resident_bytes"] = *c.max_resident_bytes;
+      doc["spec"]["cache"] = std::move(cache);
+    }
     if (!r.state.claimed_by.empty()) doc["state"]["claimed_by"] = r.state.claimed_by;
     if (!r.readers.empty()) doc["readers"] = {{"uids", r.readers.uids}, {"gids", r.readers.gids}};
     return doc;
@@ -367,6 +378,23 @@ Result<DatasetRecord> DecodeDataset(std::string_view text, std::string_view key_
     if (spec->contains("namespace")) {
       GRANARY_ASSIGN_OR_RETURN(r.spec.kubernetes_namespace,
                                StringField(*spec, "namespace", "spec.namespace"));
+    }
+    if (spec->contains("cache")) {
+      GRANARY_ASSIGN_OR_RETURN(const json* cache, ObjectField(*spec, "cache", "spec.cache"));
+      DatasetCacheSpec& c = r.spec.cache;
+      GRANARY_ASSIGN_OR_RETURN(c.priority,
+                               IntField<int32_t>(*cache, "priority", "spec.cache.priority"));
+      GRANARY_ASSIGN_OR_RETURN(c.pinned, BoolField(*cache, "pinned", "spec.cache.pinned"));
+      GRANARY_ASSIGN_OR_RETURN(c.ttl_seconds,
+                               IntField<uint64_t>(*cache, "ttl_seconds", "spec.cache.ttl_seconds"));
+      GRANARY_ASSIGN_OR_RETURN(
+          c.min_resident_percent,
+          IntField<uint32_t>(*cache, "min_resident_percent", "spec.cache.min_resident_percent"));
+      if (cache->contains("max_resident_bytes")) {
+        GRANARY_ASSIGN_OR_RETURN(
+            c.max_resident_bytes,
+            IntField<uint64_t>(*cache, "max_resident_bytes", "spec.cache.max_resident_bytes"));
+      }
     }
     GRANARY_ASSIGN_OR_RETURN(const json* owner, ObjectField(j, "owner", "owner"));
     GRANARY_ASSIGN_OR_RETURN(r.owner.uid, IntField<uint32_t>(*owner, "uid", "owner.uid"));
@@ -436,11 +464,19 @@ std::string NodeIdentity(const NodeRecord& n) {
 
 Result<std::string> EncodeProgress(const StagingProgress& p) {
   return EncodeJson("staging progress", [&] {
-    return json{
+    json doc{
         {"chunks_total", p.chunks_total},     {"chunks_staged", p.chunks_staged},
         {"bytes_total", p.bytes_total},       {"bytes_staged", p.bytes_staged},
         {"samples_failed", p.samples_failed}, {"updated_ms", p.updated_ms},
     };
+    // Written only when set, so reports of nodes whose share fits (and that
+    // were never read) are as before.
+    if (p.chunks_not_kept > 0 || p.bytes_not_kept > 0) {
+      doc["chunks_not_kept"] = p.chunks_not_kept;
+      doc["bytes_not_kept"] = p.bytes_not_kept;
+    }
+    if (p.last_read_ms != 0) doc["last_read_ms"] = p.last_read_ms;
+    return doc;
   });
 }
 
@@ -456,6 +492,19 @@ Result<StagingProgress> DecodeProgress(std::string_view text, std::string_view k
     GRANARY_ASSIGN_OR_RETURN(p.samples_failed,
                              IntField<uint64_t>(j, "samples_failed", "samples_failed"));
     GRANARY_ASSIGN_OR_RETURN(p.updated_ms, IntField<int64_t>(j, "updated_ms", "updated_ms"));
+    if (j.contains("chunks_not_kept")) {
+      GRANARY_ASSIGN_OR_RETURN(p.chunks_not_kept,
+                               IntField<uint64_t>(j, "chunks_not_kept", "chunks_not_kept"));
+      GRANARY_ASSIGN_OR_RETURN(p.bytes_not_kept,
+                               IntField<uint64_t>(j, "bytes_not_kept", "bytes_not_kept"));
+      if (p.chunks_not_kept > p.chunks_total || p.bytes_not_kept > p.bytes_total) {
+        return Status::InvalidArgument("chunks_not_kept or bytes_not_kept is more than the share");
+      }
+    }
+    if (j.contains("last_read_ms")) {
+      GRANARY_ASSIGN_OR_RETURN(p.last_read_ms,
+                               IntField<int64_t>(j, "last_read_ms", "last_read_ms"));
+    }
     GRANARY_RETURN_IF_ERROR(ValidateNodeId(key_node_id).WithContext("the key's node id"));
     return p;
   });

@@ -264,6 +264,22 @@ TYPED_TEST(MetadataStoreTest, DatasetRoundTripsEveryField) {
   EXPECT_EQ(back->state.claimed_by, "");
   EXPECT_EQ(back->state.message, "snapshot: 3 files");
 
+  // A cache policy set, then the default again (not stored).
+  DatasetCacheSpec cache;
+  cache.priority = -7;
+  cache.pinned = true;
+  cache.ttl_seconds = 3600;
+  cache.min_resident_percent = 40;
+  cache.max_resident_bytes = 123'456'789'012ull;
+  for (const DatasetCacheSpec& c : {cache, DatasetCacheSpec{}}) {
+    DatasetRecord current = *store->GetDataset("imagenet-train");
+    current.spec.cache = c;
+    ASSERT_OK(store->UpdateDataset(current));
+    auto set = store->GetDataset("imagenet-train");
+    ASSERT_OK(set);
+    EXPECT_EQ(set->spec.cache, c);
+  }
+
   // Readers granted, then none again.
   for (const DatasetReaders& readers :
        {DatasetReaders{{65534, 70000}, {100}}, DatasetReaders{{}, {5}}, DatasetReaders{}}) {
@@ -448,6 +464,17 @@ TYPED_TEST(MetadataStoreTest, BadNamesAndSpecsAreInvalidArgument) {
   r.readers.gids.resize(kMaxDatasetReaders + 1);
   for (size_t i = 0; i < r.readers.gids.size(); ++i) r.readers.gids[i] = static_cast<uint32_t>(i);
   expect_invalid(r, "readers.gids lists 1025 ids");
+  r = MakeDataset("specs");
+  r.spec.cache.priority = 1001;
+  expect_invalid(r, "spec.cache.priority 1001 is outside -1000..1000");
+  r.spec.cache.priority = -1001;
+  expect_invalid(r, "spec.cache.priority -1001");
+  r.spec.cache.priority = 0;
+  r.spec.cache.min_resident_percent = 101;
+  expect_invalid(r, "spec.cache.min_resident_percent 101 is outside 0..100");
+  r.spec.cache.min_resident_percent = 0;
+  r.spec.cache.ttl_seconds = kMaxCacheTtlSeconds + 1;
+  expect_invalid(r, "spec.cache.ttl_seconds");
   EXPECT_EQ(store->GetDataset("specs").status().code(), StatusCode::kNotFound);
 
   EXPECT_EQ(store->Heartbeat(MakeNode("bad/id", "p"), milliseconds(1000)).code(),
@@ -689,6 +716,27 @@ TYPED_TEST(MetadataStoreTest, ProgressIsKeptPerNode) {
   EXPECT_EQ(got->at("node-2").chunks_staged, 0u);
   EXPECT_EQ(got->at("node-2").updated_ms, 5'000);
   EXPECT_EQ(store->PutProgress("ds", "bad id", p).code(), StatusCode::kInvalidArgument);
+
+  // What a node does not keep of its share and when it was last read, and
+  // back to none: the record reads as a node whose share fits.
+  p.chunks_not_kept = 6;
+  p.bytes_not_kept = 600;
+  p.last_read_ms = 1'700'000'000'000;
+  ASSERT_OK(store->PutProgress("ds", "node-1", p));
+  auto kept = store->ListProgress("ds");
+  ASSERT_OK(kept);
+  EXPECT_EQ(kept->at("node-1").chunks_not_kept, 6u);
+  EXPECT_EQ(kept->at("node-1").bytes_not_kept, 600u);
+  EXPECT_EQ(kept->at("node-1").chunks_kept(), 4u);
+  EXPECT_EQ(kept->at("node-1").last_read_ms, 1'700'000'000'000);
+  p.chunks_not_kept = 0;
+  p.bytes_not_kept = 0;
+  p.last_read_ms = 0;
+  ASSERT_OK(store->PutProgress("ds", "node-1", p));
+  kept = store->ListProgress("ds");
+  ASSERT_OK(kept);
+  EXPECT_EQ(kept->at("node-1").chunks_kept(), 10u);
+  EXPECT_EQ(kept->at("node-1").last_read_ms, 0);
 }
 
 TYPED_TEST(MetadataStoreTest, PlansAreRegisteredListedReplacedAndDeleted) {

@@ -42,6 +42,7 @@
 // depend on the store that made it and may outlive it. The Clock given in the
 // options must outlive both.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -89,6 +90,41 @@ enum class SnapshotBy : uint8_t {
 std::string_view SnapshotByName(SnapshotBy by);
 Result<SnapshotBy> ParseSnapshotBy(std::string_view name);
 
+// How a dataset keeps its place on the cache nodes when its pool is full
+// (docs/cachenode.md, "When the cache is full"). Each node grants every
+// dataset it stages a byte budget for its share: pinned datasets first, then
+// higher priority first, then datasets in use (a plan registered or a read
+// within the node's cache_idle_after) before idle ones; datasets in use of
+// the same priority split what is left fairly; idle ones keep theirs in the
+// order they were last read (the least recently read loses first). A dataset
+// keeps a fixed resident subset within its budget (the chunks its plans read
+// first) and streams the rest from the source: never churn. Stored as
+// "cache" only when not the default, so older records read as before.
+struct DatasetCacheSpec {
+  int32_t priority = 0;  // kMinCachePriority..kMaxCachePriority
+  bool pinned = false;   // never shrunk for another dataset
+  // Not read for this long (seconds): its chunks are dropped (it stays Ready
+  // and is staged again when read). 0: never. At most kMaxCacheTtlSeconds.
+  uint64_t ttl_seconds = 0;
+  // Others' needs never shrink it below this percentage of its share: 0..100.
+  uint32_t min_resident_percent = 0;
+  // At most this many bytes over the whole pool (with replicas), e.g. its
+  // namespace's quota (CachePool.spec.quotas) as the operator computes it;
+  // each node keeps the same fraction of its share. Unset: no limit.
+  std::optional<uint64_t> max_resident_bytes;
+
+  bool is_default() const { return *this == DatasetCacheSpec(); }
+  friend bool operator==(const DatasetCacheSpec&, const DatasetCacheSpec&) = default;
+};
+
+inline constexpr int32_t kMinCachePriority = -1000;
+inline constexpr int32_t kMaxCachePriority = 1000;
+inline constexpr uint64_t kMaxCacheTtlSeconds = 10ull * 365 * 24 * 3600;  // ten years
+
+// kInvalidArgument naming the field ("spec.cache.priority", ...) for a value
+// out of range.
+Status ValidateDatasetCacheSpec(const DatasetCacheSpec& cache);
+
 struct DatasetSpec {
   std::string source_uri;                   // e.g. file:///lustre/imagenet/train
   std::vector<std::string> include;         // globs; empty means everything
@@ -109,6 +145,7 @@ struct DatasetSpec {
   // node lets a pod's token of namespace N read only records with namespace N
   // (peer_auth.h). Stored as "namespace" only when set.
   std::string kubernetes_namespace;
+  DatasetCacheSpec cache;
 
   friend bool operator==(const DatasetSpec&, const DatasetSpec&) = default;
 };
@@ -210,12 +247,23 @@ bool DatasetUsesNode(const DatasetSpec& spec, std::string_view node_id);
 // How far one node has staged one dataset. Counters, not bitmaps: which chunks
 // a node holds is its own chunk store's business.
 struct StagingProgress {
-  uint64_t chunks_total = 0;
-  uint64_t chunks_staged = 0;
-  uint64_t bytes_total = 0;
-  uint64_t bytes_staged = 0;
+  uint64_t chunks_total = 0;   // chunks of the dataset this node owns (its share)
+  uint64_t chunks_staged = 0;  // of those it keeps, the ones with nothing left to stage
+  uint64_t bytes_total = 0;    // payload bytes of its share
+  uint64_t bytes_staged = 0;   // payload bytes of its share present in its store
   uint64_t samples_failed = 0;
   int64_t updated_ms = 0;  // set by the store on every PutProgress
+  // Of its share, what it does not keep under its cache budget (streamed from
+  // the source when read; the chunks it keeps are the ones its plans read
+  // first). 0 when the share fits, and in records written before the fields.
+  uint64_t chunks_not_kept = 0;
+  uint64_t bytes_not_kept = 0;
+  // When this node last served a read of the dataset (its clock, ms since the
+  // epoch); 0: never. Cache nodes rank idle datasets by it.
+  int64_t last_read_ms = 0;
+
+  uint64_t chunks_kept() const { return chunks_total - std::min(chunks_not_kept, chunks_total); }
+  uint64_t bytes_kept() const { return bytes_total - std::min(bytes_not_kept, bytes_total); }
 
   friend bool operator==(const StagingProgress&, const StagingProgress&) = default;
 };
@@ -226,11 +274,17 @@ struct StagingProgress {
 struct ProgressSummary {
   StagingProgress total;       // sums over the live nodes that reported (updated_ms 0)
   size_t nodes_reporting = 0;  // live nodes with a report
-  // Every live node reported and has its share staged (chunks_staged == chunks_total).
+  // Every live node reported and has what it keeps staged (chunks_staged ==
+  // chunks_kept()).
   bool all_staged = true;
+  // Every reporting node keeps its whole share (chunks_not_kept == 0).
+  bool all_kept = true;
 
-  // bytes_staged / bytes_total (chunks when there are no bytes; 0 with nothing).
+  // bytes_staged / bytes_kept(), at most 1: how far staging is (chunks when there are no
+  // bytes; 0 with nothing).
   double fraction() const;
+  // bytes_staged / bytes_total: how much of the dataset is resident (0 with nothing).
+  double resident_fraction() const;
 };
 ProgressSummary SummarizeProgress(const std::map<std::string, StagingProgress>& progress,
                                   const std::vector<NodeRecord>& live_nodes);
