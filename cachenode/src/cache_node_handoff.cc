@@ -42,6 +42,8 @@ Result<ScopedFd> CacheNode::Impl::HandOff(const PeerCredentials& peer,
   if (!reader.ok()) return Status(reader.status().code(), what + ": " + reader.status().message());
   const int fd = ::fcntl((*reader)->fd(), F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return Status::FromErrno(errno, "duplicate the descriptor of " + what);
+  // A same-host reader reads the file itself: the hand-off is its read here.
+  ds->stager->NoteReads(1, 0, cache_node_internal::NowMs());
   return ScopedFd(fd);
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "granary/core/clock.h"
 #include "granary/core/hash.h"
 #include "granary/core/log.h"
 #include "granary/core/names.h"
@@ -403,8 +404,11 @@ Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
   }
   ItemReader reader(*this, *served, request.dataset);
   ReadAnswer answer;
+  uint64_t from_store = 0;
+  uint64_t from_source = 0;
   for (const ReadItem& item : request.items) {
     if (reader.TryFileRange(item, answer)) {
+      ++from_store;
       items_ok_.fetch_add(1, std::memory_order_relaxed);
       items_from_disk_.fetch_add(1, std::memory_order_relaxed);
       items_sendfile_.fetch_add(1, std::memory_order_relaxed);
@@ -424,12 +428,14 @@ Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
       continue;
     }
     items_ok_.fetch_add(1, std::memory_order_relaxed);
+    ++(on_demand ? from_source : from_store);
     (on_demand ? items_on_demand_ : items_from_disk_).fetch_add(1, std::memory_order_relaxed);
     bytes_served_.fetch_add(bytes.size(), std::memory_order_relaxed);
     const std::optional<uint64_t> stored = reader.stored_checksum();
     const uint64_t checksum = stored.has_value() ? *stored : Checksum64(bytes);
     answer.AddBytes(std::move(bytes), checksum);
   }
+  served->stager->NoteReads(from_store, from_source, SystemClock::Default()->NowMillis());
   return answer;
 }
 

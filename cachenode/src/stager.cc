@@ -54,6 +54,9 @@ StagingProgress StagerProgress::ToStagingProgress() const {
   p.bytes_total = bytes_owned;
   p.bytes_staged = bytes_staged;
   p.samples_failed = samples_failed_total();
+  p.chunks_not_kept = chunks_owned - std::min(chunks_kept, chunks_owned);
+  p.bytes_not_kept = bytes_owned - std::min(bytes_kept, bytes_owned);
+  p.last_read_ms = last_read_ms;
   return p;
 }
 
@@ -119,6 +122,7 @@ Result<std::unique_ptr<Stager>> Stager::Create(std::shared_ptr<const Manifest> m
       stager->chunks_[c].owned = true;
       stager->RefreshFromStoreLocked(c);
     }
+    stager->RecomputeKeptLocked();
   }
   return stager;
 }
@@ -163,6 +167,7 @@ Status Stager::SetOrder(std::span<const SampleId> order) {
   std::lock_guard<std::mutex> lock(mu_);
   chunk_order_ = std::move(chunk_order);
   order_ = std::move(copy);
+  RecomputeKeptLocked();
   cursor_ = 0;
   if (started_) LeadInLocked();
   cv_.notify_all();
@@ -232,10 +237,88 @@ Status Stager::SetOwnedChunks(std::span<const ChunkId> owned) {
       state.owned = false;
     }
   }
+  RecomputeKeptLocked();
   cursor_ = 0;
   capacity_ = false;  // what is owned changed: maybe it fits now
   cv_.notify_all();
   return Status::Ok();
+}
+
+void Stager::RecomputeKeptLocked() {
+  uint64_t used = 0;
+  bool full = false;
+  for (ChunkId c : chunk_order_) {
+    ChunkState& s = chunks_[c];
+    if (!s.owned) {
+      s.kept = false;
+      continue;
+    }
+    if (!budget_.has_value()) {
+      s.kept = true;
+      continue;
+    }
+    if (s.file_bytes == 0) {
+      auto segments = manifest_->Segments(c);
+      s.file_bytes = segments.ok() ? store_->ChunkBytes(*segments) : 0;
+    }
+    // A prefix of the staging order: the chunks the plans read first.
+    full = full || used + s.file_bytes > *budget_;
+    s.kept = !full;
+    if (s.kept) used += s.file_bytes;
+  }
+}
+
+void Stager::SetBudget(std::optional<uint64_t> budget_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (budget_ == budget_bytes) return;
+  const bool grew = !budget_bytes.has_value() || (budget_.has_value() && *budget_bytes > *budget_);
+  budget_ = budget_bytes;
+  RecomputeKeptLocked();
+  if (grew) capacity_ = false;  // more may fit now
+  cursor_ = 0;
+  if (started_) LeadInLocked();
+  cv_.notify_all();
+}
+
+Stager::Dropped Stager::DropNotKept() {
+  std::vector<ChunkId> victims;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      ChunkState& s = chunks_[c];
+      if (!s.owned || s.kept || s.writer_held || s.active) continue;
+      if (!store_->HasChunk(Key(static_cast<ChunkId>(c)))) continue;
+      s.writer_held = true;  // no writer opens it while it goes
+      victims.push_back(static_cast<ChunkId>(c));
+    }
+  }
+  Dropped dropped;
+  std::vector<uint64_t> freed(victims.size(), 0);
+  for (size_t i = 0; i < victims.size(); ++i) {
+    Result<StoredChunk> held = store_->Chunk(Key(victims[i]));
+    Status status = store_->DropChunk(Key(victims[i]));
+    if (status.ok()) {
+      ++dropped.chunks;
+      dropped.file_bytes += held.ok() ? held->bytes : 0;
+    } else if (status.code() != StatusCode::kNotFound) {
+      GetLogger("cachenode")
+          ->warn("dataset {}: dropping chunk {} it no longer keeps: {}", Quoted(options_.dataset),
+                 victims[i], status.ToString());
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (ChunkId c : victims) {
+    chunks_[c].writer_held = false;
+    RefreshFromStoreLocked(c);
+  }
+  cv_.notify_all();
+  return dropped;
+}
+
+void Stager::NoteReads(uint64_t from_store, uint64_t from_source, int64_t now_ms) {
+  reads_from_store_.fetch_add(from_store, std::memory_order_relaxed);
+  reads_from_source_.fetch_add(from_source, std::memory_order_relaxed);
+  last_read_ms_.store(now_ms, std::memory_order_relaxed);
 }
 
 void Stager::Pause() {
@@ -370,7 +453,7 @@ StagingState Stager::StateLocked() const {
   if (stopping_) return StagingState::kStopped;
   bool all_done = true;
   for (const ChunkState& c : chunks_) {
-    if (c.owned && !c.done && !c.failed) {
+    if (c.kept && !c.done && !c.failed) {
       all_done = false;
       break;
     }
@@ -391,11 +474,21 @@ StagerProgress Stager::Progress() const {
     ++p.chunks_owned;
     p.bytes_owned += c.payload;
     p.bytes_staged += c.present_bytes;
-    if (c.done) ++p.chunks_staged;
     if (c.present_segments == c.segment_count) ++p.chunks_complete;
     if (c.failed) ++p.chunks_failed;
+    if (!c.kept) continue;
+    ++p.chunks_kept;
+    p.bytes_kept += c.payload;
+    p.file_bytes_kept += c.file_bytes;
+    if (c.done) ++p.chunks_staged;
     if (!c.done && !c.failed && !c.active) ++p.queue_depth;
   }
+  p.budget = budget_;
+  p.streamed_segments = streamed_segments_;
+  p.streamed_bytes = streamed_bytes_;
+  p.reads_from_store = reads_from_store_.load(std::memory_order_relaxed);
+  p.reads_from_source = reads_from_source_.load(std::memory_order_relaxed);
+  p.last_read_ms = last_read_ms_.load(std::memory_order_relaxed);
   p.samples_failed = failed_by_kind_;
   p.chunks_in_flight = in_flight_;
   p.on_demand_fetches = on_demand_fetches_;

@@ -24,7 +24,7 @@ bool Stager::BulkMayReadLocked() const {
 bool Stager::NextChunkLocked(ChunkId* chunk) {
   auto needs = [&](ChunkId c) {
     const ChunkState& s = chunks_[c];
-    return s.owned && !s.done && !s.failed;
+    return s.kept && !s.done && !s.failed;
   };
   while (cursor_ < chunk_order_.size() && !needs(chunk_order_[cursor_])) ++cursor_;
   for (size_t i = cursor_; i < chunk_order_.size(); ++i) {

@@ -96,6 +96,18 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     --on_demand_pending_;
+    if (read.ok() && !chunks_[chunk].kept && !chunks_[chunk].writer_held) {
+      // Not kept on this node (its budget is smaller than its share): the
+      // readers get the bytes, the store does not.
+      fill->bytes = bytes;
+      fill->status = read;
+      fill->done = true;
+      fills_.erase({chunk, index});
+      ++streamed_segments_;
+      streamed_bytes_ += bytes.size();
+      cv_.notify_all();
+      return bytes;
+    }
     // Else the holder (a bulk worker) puts it, dropping a replaced copy first, and commits.
     hold = FinishFillLocked({chunk, index}, *fill, segment.sample,
                             read.ok() ? bytes : std::string(), read);
@@ -160,7 +172,7 @@ void Stager::LeadInLocked() {
     const uint64_t pieces = PieceCount(*manifest_, t);
     for (uint64_t p = 0; p < pieces; ++p) {
       const ChunkId c = first + static_cast<ChunkId>(p);
-      if (c >= chunks_.size() || !chunks_[c].owned || chunks_[c].done || chunks_[c].failed) {
+      if (c >= chunks_.size() || !chunks_[c].kept || chunks_[c].done || chunks_[c].failed) {
         continue;
       }
       auto segments = manifest_->Segments(c);

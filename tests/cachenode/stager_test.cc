@@ -958,6 +958,110 @@ TEST_F(StagerTest, CapacityStopsAtAPrefixOfTheOrderAndServingGoesOn) {
   EXPECT_EQ(stager_->Progress().state, StagingState::kCapacity);
 }
 
+TEST_F(StagerTest, ABudgetKeepsAPrefixOfTheOrderStreamsTheRestAndNeverChurns) {
+  std::vector<SampleId> order(manifest_->sample_count());
+  for (SampleId s = 0; s < order.size(); ++s) order[s] = s;
+  std::shuffle(order.begin(), order.end(), std::mt19937(5));
+  OpenSourceAndStore();
+  StagerOptions options = Threads(2);
+  options.order = order;
+  CreateStager(AllChunks(), options);
+  const std::vector<ChunkId> chunk_order = stager_->chunk_order();
+  // A budget of the first 8 chunks of the order, and a byte short of the 9th.
+  uint64_t budget = 0;
+  for (size_t i = 0; i < 8; ++i) budget += store_->ChunkBytes(*manifest_->Segments(chunk_order[i]));
+  budget += store_->ChunkBytes(*manifest_->Segments(chunk_order[8])) - 1;
+  stager_->SetBudget(budget);
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));  // what it keeps is staged
+
+  StagerProgress p = stager_->Progress();
+  EXPECT_EQ(p.chunks_kept, 8u);
+  EXPECT_EQ(p.chunks_staged, 8u);
+  EXPECT_EQ(p.chunks_owned, manifest_->chunk_count());
+  ASSERT_TRUE(p.budget.has_value());
+  EXPECT_LE(p.file_bytes_kept, budget);
+  EXPECT_EQ(p.ToStagingProgress().chunks_not_kept, manifest_->chunk_count() - 8);
+  EXPECT_EQ(p.ToStagingProgress().chunks_kept(), 8u);
+  // The lead-in stored only first samples that lie in kept chunks.
+  for (size_t i = 0; i < chunk_order.size(); ++i) {
+    EXPECT_EQ(store_->HasChunk(Key(chunk_order[i])), i < 8) << "position " << i;
+  }
+  EXPECT_LE(store_->used_bytes(), budget);
+
+  // Every sample read twice (two epochs): right bytes, and what is not kept
+  // is read from the source each time and never stored.
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (SampleId s = 0; s < manifest_->sample_count(); ++s) {
+      auto b = stager_->FetchSample(s);
+      ASSERT_OK(b);
+      ASSERT_EQ(*b, Bytes(manifest_->PathOf(s), manifest_->SizeOf(s))) << s;
+    }
+  }
+  p = stager_->Progress();
+  EXPECT_GT(p.streamed_segments, 0u);
+  EXPECT_GT(p.streamed_bytes, 0u);
+  EXPECT_EQ(p.on_demand_not_stored, 0u);
+  EXPECT_LE(store_->used_bytes(), budget);
+  for (size_t i = 0; i < chunk_order.size(); ++i) {
+    EXPECT_EQ(store_->HasChunk(Key(chunk_order[i])), i < 8) << "position " << i;
+  }
+  // The kept chunks were read from the source once, whatever the epochs did.
+  const auto counts = ReadCounts();
+  for (size_t i = 0; i < 8; ++i) {
+    const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk_order[i]);
+    for (const ChunkSegment& seg : segments) {
+      EXPECT_EQ(counts.at({manifest_->PathOf(seg.sample), seg.sample_offset}), 1)
+          << manifest_->PathOf(seg.sample);
+    }
+  }
+}
+
+TEST_F(StagerTest, AShrunkBudgetDropsTheLastKeptChunksAndAGrownOneStagesThemAgain) {
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(2));
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  const std::vector<ChunkId> chunk_order = stager_->chunk_order();
+  const uint64_t used = store_->used_bytes();
+  // Nothing outside a budget: nothing to drop.
+  EXPECT_EQ(stager_->DropNotKept().chunks, 0u);
+
+  uint64_t half = 0;
+  size_t kept = 0;
+  while (half + store_->ChunkBytes(*manifest_->Segments(chunk_order[kept])) <= used / 2) {
+    half += store_->ChunkBytes(*manifest_->Segments(chunk_order[kept]));
+    ++kept;
+  }
+  stager_->SetBudget(half);
+  const Stager::Dropped dropped = stager_->DropNotKept();
+  EXPECT_EQ(dropped.chunks, manifest_->chunk_count() - kept);
+  EXPECT_EQ(store_->used_bytes(), used - dropped.file_bytes);
+  EXPECT_LE(store_->used_bytes(), half);
+  for (size_t i = 0; i < chunk_order.size(); ++i) {
+    EXPECT_EQ(store_->HasChunk(Key(chunk_order[i])), i < kept) << "position " << i;
+  }
+  EXPECT_EQ(stager_->Progress().state, StagingState::kComplete);
+  // Dropped chunks are still read right (from the source).
+  const SampleId gone = manifest_->Segments(chunk_order.back())->front().sample;
+  auto b = stager_->FetchSample(gone);
+  ASSERT_OK(b);
+  EXPECT_EQ(*b, Bytes(manifest_->PathOf(gone), manifest_->SizeOf(gone)));
+  EXPECT_FALSE(store_->HasChunk(Key(chunk_order.back())));
+
+  // No budget again: everything is staged back, byte-exact.
+  stager_->SetBudget(std::nullopt);
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  EXPECT_EQ(VerifyAll(), total_segments_);
+  EXPECT_EQ(stager_->Progress().chunks_kept, manifest_->chunk_count());
+  // A budget of 0 keeps nothing.
+  stager_->SetBudget(0);
+  EXPECT_EQ(stager_->DropNotKept().chunks, manifest_->chunk_count());
+  EXPECT_EQ(store_->used_bytes(), 0u);
+  EXPECT_EQ(stager_->Progress().chunks_kept, 0u);
+  EXPECT_EQ(stager_->Progress().state, StagingState::kComplete);
+}
+
 TEST_F(StagerTest, NewlyOwnedChunksGetStaged) {
   OpenSourceAndStore();
   std::vector<ChunkId> even;

@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -72,6 +74,8 @@ bool Granted(const std::string& list, uint32_t id) {
   }
   return false;
 }
+
+Result<DatasetCacheSpec> ParseCacheSpec(const Json& spec);
 
 }  // namespace
 
@@ -144,6 +148,30 @@ Result<CachePool> ParseCachePool(const Json& object) {
   p.uid = Str(meta, "uid");
   p.generation = Int(meta, "generation", 0);
   const std::string what = "CachePool " + Quoted(p.name);
+  p.deleting = meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null();
+  for (const Json& f : meta.value("finalizers", Json::array())) {
+    if (f.is_string()) p.finalizers.push_back(f.get<std::string>());
+  }
+  if (spec.contains("quotas") && !spec["quotas"].is_array()) {
+    return Status::InvalidArgument(what + ": spec.quotas: write a list of {namespace, bytes}");
+  }
+  for (const Json& q : spec.value("quotas", Json::array())) {
+    NamespaceQuota quota;
+    quota.namespace_ = Str(q, "namespace");
+    const std::string field = what + ": spec.quotas[" + Quoted(quota.namespace_) + "]";
+    if (!IsDnsLabel(quota.namespace_)) {
+      return Status::InvalidArgument(field + ".namespace: write a namespace name (a DNS-1123 label)");
+    }
+    for (const NamespaceQuota& other : p.quotas) {
+      if (other.namespace_ == quota.namespace_) {
+        return Status::InvalidArgument(field + ": the namespace has two quotas; write one");
+      }
+    }
+    GRANARY_ASSIGN_OR_RETURN(quota.bytes,
+                             ParseQuantityBytes(q.value("bytes", Json()), field + ".bytes"));
+    if (quota.bytes == 0) return Status::InvalidArgument(field + ".bytes must be more than 0");
+    p.quotas.push_back(std::move(quota));
+  }
   if (spec.contains("nodeSelector") && spec["nodeSelector"].is_object()) {
     p.node_selector = spec["nodeSelector"];
   }
@@ -288,9 +316,125 @@ Result<Dataset> ParseDataset(const Json& object) {
   }
   d.run_as_uid = static_cast<uint32_t>(uid);
   d.run_as_gid = static_cast<uint32_t>(gid);
+  d.creation_timestamp = Str(meta, "creationTimestamp");
+  GRANARY_ASSIGN_OR_RETURN(d.cache, ParseCacheSpec(spec));
   (void)what;
   return d;
 }
+
+Result<uint64_t> ParseDurationSeconds(const Json& value, const std::string& field) {
+  if (!value.is_string()) {
+    return Status::InvalidArgument(field + ": write a duration such as 90s, 30m, 12h or 1h30m");
+  }
+  const std::string text = value.get<std::string>();
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument(field + ": " + Quoted(text) + " " + why +
+                                   "; write a duration such as 90s, 30m, 12h or 1h30m");
+  };
+  if (text.empty()) return bad("is empty");
+  static constexpr std::pair<char, uint64_t> kUnits[] = {{'h', 3600}, {'m', 60}, {'s', 1}};
+  size_t next_unit = 0;  // h, m, s each at most once, in that order
+  uint64_t total = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t start = pos;
+    while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos])) != 0) ++pos;
+    if (pos == start) return bad("is not a number followed by h, m or s");
+    if (pos - start > 12) return bad("is too large");
+    if (pos == text.size()) return bad("has a number without a unit (h, m or s)");
+    const uint64_t n = std::stoull(text.substr(start, pos - start));
+    size_t unit = next_unit;
+    while (unit < 3 && kUnits[unit].first != text[pos]) ++unit;
+    if (unit == 3) {
+      return bad("has a unit other than h, m and s (in that order, each at most once)");
+    }
+    total += n * kUnits[unit].second;
+    if (total > kMaxCacheTtlSeconds) {
+      return bad("is longer than ten years (" + std::to_string(kMaxCacheTtlSeconds) + "s)");
+    }
+    next_unit = unit + 1;
+    ++pos;
+  }
+  return total;
+}
+
+std::map<std::string, QuotaShare> SplitQuota(uint64_t quota, std::vector<QuotaClaim> claims) {
+  std::sort(claims.begin(), claims.end(), [](const QuotaClaim& a, const QuotaClaim& b) {
+    if (a.priority != b.priority) return a.priority > b.priority;
+    if (a.creation_timestamp != b.creation_timestamp) {
+      return a.creation_timestamp < b.creation_timestamp;
+    }
+    return a.key < b.key;
+  });
+  std::map<std::string, QuotaShare> shares;
+  uint64_t left = quota;
+  for (const QuotaClaim& c : claims) {
+    QuotaShare& share = shares[c.key];
+    if (!c.bytes) {
+      share.limit = left;
+      continue;
+    }
+    share.limit = std::min(*c.bytes, left);
+    share.exceeded = share.limit < *c.bytes;
+    left -= share.limit;
+  }
+  return shares;
+}
+
+namespace {
+
+// spec.cache of a Dataset; the CRD's schema refuses the same values first.
+Result<DatasetCacheSpec> ParseCacheSpec(const Json& spec) {
+  DatasetCacheSpec cache;
+  if (!spec.is_object() || !spec.contains("cache")) return cache;
+  const Json& c = spec["cache"];
+  if (!c.is_object()) {
+    return Status::InvalidArgument(
+        "spec.cache: write an object with priority, pinned, ttl and minResidentPercent");
+  }
+  for (const auto& [key, value] : c.items()) {
+    if (key != "priority" && key != "pinned" && key != "ttl" && key != "minResidentPercent") {
+      return Status::InvalidArgument("spec.cache." + key +
+                                     ": unknown field; spec.cache has priority, pinned, ttl and "
+                                     "minResidentPercent");
+    }
+  }
+  auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t& out) -> Status {
+    if (!c.contains(key)) return Status::Ok();
+    const std::string field = std::string("spec.cache.") + key;
+    if (!c[key].is_number_integer()) {
+      return Status::InvalidArgument(field + ": write a whole number from " + std::to_string(lo) +
+                                     " to " + std::to_string(hi));
+    }
+    const int64_t v = c[key].is_number_unsigned() && c[key].get<uint64_t>() > INT64_MAX
+                          ? INT64_MAX
+                          : c[key].get<int64_t>();
+    if (v < lo || v > hi) {
+      return Status::InvalidArgument(field + ": " + std::to_string(v) + " is out of range; write " +
+                                     std::to_string(lo) + " to " + std::to_string(hi));
+    }
+    out = v;
+    return Status::Ok();
+  };
+  int64_t priority = 0, percent = 0;
+  GRANARY_RETURN_IF_ERROR(integer("priority", kMinCachePriority, kMaxCachePriority, priority));
+  GRANARY_RETURN_IF_ERROR(integer("minResidentPercent", 0, 100, percent));
+  cache.priority = static_cast<int32_t>(priority);
+  cache.min_resident_percent = static_cast<uint32_t>(percent);
+  if (c.contains("pinned")) {
+    if (!c["pinned"].is_boolean()) {
+      return Status::InvalidArgument("spec.cache.pinned: write true or false");
+    }
+    cache.pinned = c["pinned"].get<bool>();
+  }
+  if (c.contains("ttl")) {
+    GRANARY_ASSIGN_OR_RETURN(cache.ttl_seconds, ParseDurationSeconds(c["ttl"], "spec.cache.ttl"));
+  }
+  GRANARY_RETURN_IF_ERROR(ValidateDatasetCacheSpec(cache));
+  return cache;
+}
+
+}  // namespace
 
 std::string GranaryDatasetName(const std::string& ns, const std::string& name) {
   const std::string full = ns + "/" + name;

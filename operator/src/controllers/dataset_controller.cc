@@ -79,7 +79,7 @@ Status SetFinalizers(ControllerContext& c, const Json& object, const Json& final
       .status();
 }
 
-DatasetSpec DesiredSpec(const Dataset& d) {
+DatasetSpec DesiredSpec(const Dataset& d, std::optional<uint64_t> max_resident_bytes) {
   DatasetSpec spec;
   spec.source_uri = "file://" + d.source;
   spec.include = d.include;
@@ -90,7 +90,68 @@ DatasetSpec DesiredSpec(const Dataset& d) {
   spec.nodes = d.nodes;
   spec.snapshot_by = SnapshotBy::kPool;
   spec.kubernetes_namespace = d.namespace_;
+  spec.cache = d.cache;
+  spec.cache.max_resident_bytes = max_resident_bytes;
   return spec;
+}
+
+// "10Gi" for a message; "10 GiB" reads better, but the same text as the
+// printer columns and the spec is easier to match up.
+std::string Bytes(uint64_t bytes) { return QuantityString(bytes); }
+
+// What the namespace's quota in the pool leaves this Dataset: nullopt when
+// the pool sets no quota for the namespace.
+struct QuotaView {
+  uint64_t quota = 0;
+  uint64_t wanted = 0;          // the namespace's Datasets of known size in the pool, replicas counted
+  std::optional<uint64_t> own;  // this one's size, replicas counted (nullopt before its snapshot)
+  QuotaShare share;
+};
+
+// The size of a Dataset as its status says (totalBytes × replication), for
+// the peers of the one reconciled; nullopt before its first snapshot.
+std::optional<uint64_t> StatusSize(const Json& object) {
+  const Json& status = object.value("status", Json::object());
+  if (!status.is_object() || !status.contains("totalBytes") ||
+      !status["totalBytes"].is_number_unsigned() || status.value("manifestId", "").empty()) {
+    return std::nullopt;
+  }
+  const Json& spec = object.value("spec", Json::object());
+  const int64_t replication = spec.is_object() && spec.contains("replication") &&
+                                      spec["replication"].is_number_integer()
+                                  ? spec["replication"].get<int64_t>()
+                                  : 1;
+  return status["totalBytes"].get<uint64_t>() * static_cast<uint64_t>(std::max<int64_t>(1, replication));
+}
+
+std::optional<QuotaView> QuotaOf(ControllerContext& c, const CachePool& pool, const Dataset& d,
+                                 std::optional<uint64_t> own_bytes) {
+  const NamespaceQuota* quota = nullptr;
+  for (const NamespaceQuota& q : pool.quotas) {
+    if (q.namespace_ == d.namespace_) quota = &q;
+  }
+  if (quota == nullptr) return std::nullopt;
+  QuotaView view;
+  view.quota = quota->bytes;
+  view.own = own_bytes;
+  const std::string own_key = d.namespace_ + "/" + d.name;
+  std::vector<QuotaClaim> claims;
+  claims.push_back({own_key, d.cache.priority, d.creation_timestamp, own_bytes});
+  c.datasets().Visit([&](const Json& object) {
+    const Json& meta = object["metadata"];
+    if (meta.value("namespace", "") != d.namespace_ || meta.contains("deletionTimestamp") ||
+        object["spec"].value("cachePool", "") != pool.name) {
+      return;
+    }
+    Result<Dataset> peer = ParseDataset(object);
+    if (!peer.ok() || peer->name == d.name) return;
+    claims.push_back(
+        {own_key.substr(0, d.namespace_.size() + 1) + peer->name, peer->cache.priority,
+         peer->creation_timestamp, StatusSize(object)});
+  });
+  for (const QuotaClaim& claim : claims) view.wanted += claim.bytes.value_or(0);
+  view.share = SplitQuota(view.quota, claims)[own_key];
+  return view;
 }
 
 bool ManagedByUs(const Json& object) {
@@ -288,8 +349,8 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   if (!store_or.ok()) return Refuse(c, object, "StoreUnavailable", store_or.status());
   MetadataStore& store = **store_or;
 
-  // The store record: created once, then kept in step with the spec.
-  const DatasetSpec desired = DesiredSpec(d);
+  // The store record: created once, then kept in step with the spec, the
+  // byte limit from the namespace's quota included.
   const DatasetOwner owner{d.run_as_uid, d.run_as_gid};
   const std::string snapshot_request = object["metadata"]
                                            .value("annotations", Json::object())
@@ -297,6 +358,18 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   Json status = object.value("status", Json::object());
   Result<DatasetRecord> record = store.GetDataset(gname);
   bool created = false;
+  // Its size, replicas counted, once a snapshot says (from the manifest).
+  std::optional<uint64_t> own_bytes;
+  if (record.ok() && !record->manifest_id.empty() &&
+      (record->state.phase == DatasetPhase::kStaging ||
+       record->state.phase == DatasetPhase::kReady)) {
+    Result<ManifestSummary> summary = SummaryOf(store, record->manifest_id);
+    if (!summary.ok()) return summary.status();
+    own_bytes = summary->bytes * d.replication;
+  }
+  const std::optional<QuotaView> quota = QuotaOf(c, *pool, d, own_bytes);
+  const DatasetSpec desired =
+      DesiredSpec(d, quota ? std::optional<uint64_t>(quota->share.limit) : std::nullopt);
   if (!record.ok() && record.status().code() == StatusCode::kNotFound) {
     DatasetRecord fresh;
     fresh.name = gname;
@@ -363,6 +436,7 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   status["observedGeneration"] = generation;
   const bool snapshotted = !r.manifest_id.empty() && (r.state.phase == DatasetPhase::kStaging ||
                                                       r.state.phase == DatasetPhase::kReady);
+  bool all_kept = true;
   if (snapshotted) {
     Result<ManifestSummary> summary = SummaryOf(store, r.manifest_id);
     if (!summary.ok()) return summary.status();
@@ -381,6 +455,10 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
     status["stagedPercent"] = static_cast<int64_t>(std::floor(p.fraction() * 100.0));
     status["nodes"] = p.nodes_reporting;
     status["samplesFailed"] = p.total.samples_failed;
+    const int64_t resident = static_cast<int64_t>(std::floor(p.resident_fraction() * 100.0));
+    status["residentPercent"] = resident;
+    status["resident"] = std::to_string(resident) + "%";
+    all_kept = p.all_kept;
   }
   switch (r.state.phase) {
     case DatasetPhase::kPending:
@@ -396,9 +474,42 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
     default:
       SetCondition(conditions, "Snapshotted", true, "Snapshotted",
                    "manifest " + r.manifest_id.substr(0, 12), generation, now);
+      // Ready with part of it kept: what the nodes keep is staged, the rest
+      // is streamed from the source (the cache nodes' message says how much).
       SetCondition(conditions, "Staged", r.state.phase == DatasetPhase::kReady,
-                   r.state.phase == DatasetPhase::kReady ? "Staged" : "Staging", r.state.message,
+                   r.state.phase != DatasetPhase::kReady ? "Staging"
+                   : all_kept                            ? "Staged"
+                                                         : "PartlyResident",
+                   r.state.message, generation, now);
+  }
+  if (!quota) {
+    SetCondition(conditions, "QuotaExceeded", false, "NoQuota",
+                 "CachePool " + d.pool + " sets no quota for namespace " + d.namespace_,
+                 generation, now);
+  } else {
+    const std::string head = "namespace " + d.namespace_ + "'s quota in pool " + d.pool + " is " +
+                             Bytes(quota->quota) + " and its datasets need " +
+                             Bytes(quota->wanted);
+    if (!quota->own) {
+      SetCondition(conditions, "QuotaExceeded", false, "SizeUnknown",
+                   head + ": this one may keep " + Bytes(quota->share.limit) +
+                       ", and its size is known after its snapshot",
                    generation, now);
+    } else if (quota->share.exceeded) {
+      const uint64_t percent =
+          *quota->own == 0 ? 0
+                           : static_cast<uint64_t>(std::floor(
+                                 100.0 * static_cast<double>(quota->share.limit) /
+                                 static_cast<double>(*quota->own)));
+      SetCondition(conditions, "QuotaExceeded", true, "QuotaExceeded",
+                   head + ": this one keeps " + Bytes(quota->share.limit) + " of its " +
+                       Bytes(*quota->own) + " (" + std::to_string(percent) +
+                       "%); the rest is streamed from the source",
+                   generation, now);
+    } else {
+      SetCondition(conditions, "QuotaExceeded", false, "WithinQuota",
+                   head + ": this one keeps all of its " + Bytes(*quota->own), generation, now);
+    }
   }
   const bool ready = r.state.phase == DatasetPhase::kReady;
   SetCondition(conditions, "Ready", ready, ready ? "Ready" : phase, r.state.message, generation,

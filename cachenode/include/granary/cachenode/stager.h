@@ -59,6 +59,7 @@
 // the chunk's hold, so that the next holder can open one).
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -177,6 +178,17 @@ struct StagerProgress {
   uint64_t on_demand_shared = 0;      // FetchSegment calls that shared a read in flight
   uint64_t on_demand_not_stored = 0;  // segments read on demand that could not be stored
   uint64_t refetches = 0;             // DropAndRefetch calls (stored copies found corrupt)
+  // Under a budget (SetBudget): the owned chunks kept (bulk-staged, stored on
+  // demand) and their payload and chunk-file bytes; the rest is streamed.
+  uint64_t chunks_kept = 0;
+  uint64_t bytes_kept = 0;
+  uint64_t file_bytes_kept = 0;
+  std::optional<uint64_t> budget;      // none: every owned chunk is kept
+  uint64_t streamed_segments = 0;      // read from the source for readers, not stored (not kept)
+  uint64_t streamed_bytes = 0;
+  uint64_t reads_from_store = 0;       // NoteReads: items readers got from the store
+  uint64_t reads_from_source = 0;      // NoteReads: items readers waited for the source for
+  int64_t last_read_ms = 0;            // NoteReads: wall clock of the last read, 0 never
   uint64_t source_retries = 0;        // source reads tried again after a transient (kIo) error
   // Why staging is paused or why a chunk failed (kCapacity, kDiskFull, a store
   // error); OK otherwise.
@@ -234,6 +246,22 @@ class Stager {
   // fetches work throughout.
   void Pause();
   void Resume();
+
+  // The bytes of chunk files this dataset may keep on this node; none: every
+  // owned chunk. The kept chunks are the owned ones first in staging order
+  // that fit; staging takes the newly kept ones; what is stored of the others
+  // stays until DropNotKept.
+  void SetBudget(std::optional<uint64_t> budget_bytes);
+  // Drops from the store every owned chunk that is not kept (and no writer
+  // holds: those are dropped at a later call). What it freed:
+  struct Dropped {
+    uint64_t chunks = 0;
+    uint64_t file_bytes = 0;
+  };
+  Dropped DropNotKept();
+  // A read service served `from_store` items from the store and
+  // `from_source` by reading the source, now (wall clock ms).
+  void NoteReads(uint64_t from_store, uint64_t from_source, int64_t now_ms);
 
   // Stops bulk staging and joins the workers: a worker finishes the source
   // read it is in, commits the segments it has read (only whole, read bytes
@@ -318,6 +346,8 @@ class Stager {
     bool active = false;       // a bulk worker has taken it
     bool writer_held = false;  // someone holds (or is opening) its store writer
     bool failed = false;       // the store refused it
+    bool kept = false;         // owned and within the budget (RecomputeKeptLocked)
+    uint64_t file_bytes = 0;   // ChunkBytes of its file, once computed
     uint32_t segment_count = 0;
     uint64_t payload = 0;
     uint64_t present_bytes = 0;
@@ -395,6 +425,8 @@ class Stager {
   // chunks are staged again.
   void ForgetFailureLocked(SampleId sample);
   void RefreshFromStoreLocked(ChunkId chunk);
+  // Sets every chunk's `kept` from owned, chunk_order_ and budget_. mu_ held.
+  void RecomputeKeptLocked();
   void UpdateDoneLocked(ChunkId chunk, std::span<const ChunkSegment> segments,
                         const std::vector<bool>& present);
   StagingState StateLocked() const;
@@ -441,6 +473,12 @@ class Stager {
   uint64_t on_demand_not_stored_ = 0;            // guarded by mu_
   uint64_t refetches_ = 0;                       // guarded by mu_
   uint64_t source_retries_ = 0;                  // guarded by mu_
+  std::optional<uint64_t> budget_;               // guarded by mu_
+  uint64_t streamed_segments_ = 0;               // guarded by mu_
+  uint64_t streamed_bytes_ = 0;                  // guarded by mu_
+  std::atomic<uint64_t> reads_from_store_{0};
+  std::atomic<uint64_t> reads_from_source_{0};
+  std::atomic<int64_t> last_read_ms_{0};
   // Buffers of fills already committed, reused by bulk reads: a fresh
   // allocation per segment cost page faults and zero-filling, a fifth of
   // staging's CPU (docs/benchmarks.md). Emptied when the workers run out of

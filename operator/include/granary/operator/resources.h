@@ -11,10 +11,12 @@
 // Thread safety: plain values and pure functions.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "granary/core/metadata_store.h"
 #include "granary/core/status.h"
 #include "granary/kube/kube_client.h"
 
@@ -24,6 +26,8 @@ inline constexpr std::string_view kGroup = "granary.io";
 inline constexpr std::string_view kVersion = "v1alpha1";
 inline constexpr std::string_view kFieldManager = "granary-operator";
 inline constexpr std::string_view kFinalizer = "granary.io/release-cache";
+// On a CachePool: its deletion waits until no Dataset names it.
+inline constexpr std::string_view kPoolFinalizer = "granary.io/pool-in-use";
 inline constexpr std::string_view kAllowedUidsAnnotation = "granary.io/allowed-uids";
 inline constexpr std::string_view kAllowedGidsAnnotation = "granary.io/allowed-gids";
 
@@ -45,10 +49,20 @@ struct SourceMount {
   std::string mount_path;     // where cache nodes see it (default: host_path)
 };
 
+// spec.quotas[]: the bytes (replicas counted) the Datasets of one namespace
+// may keep in the pool together.
+struct NamespaceQuota {
+  std::string namespace_;
+  uint64_t bytes = 0;
+};
+
 struct CachePool {
   std::string name;
   std::string uid;
   int64_t generation = 0;
+  bool deleting = false;  // deletionTimestamp set
+  std::vector<std::string> finalizers;
+  std::vector<NamespaceQuota> quotas;
   Json node_selector = Json::object();
   Json tolerations = Json::array();
   std::string storage_host_path;
@@ -99,7 +113,37 @@ struct Dataset {
   uint32_t run_as_uid = 0;
   uint32_t run_as_gid = 0;
   std::string phase;  // status.phase as the operator wrote it ("" before its first reconcile)
+  std::string creation_timestamp;  // metadata.creationTimestamp (RFC 3339, sorts by time)
+  // spec.cache; max_resident_bytes is never read from the spec (the operator
+  // computes it from the pool's quota of the namespace: SplitQuota).
+  DatasetCacheSpec cache;
 };
+
+// A duration as Kubernetes writes one (Go's time.ParseDuration, whole
+// seconds): "90s", "30m", "12h", "1h30m", "0s"; h, m and s each at most once
+// and in that order. At most kMaxCacheTtlSeconds. Errors name `field`.
+Result<uint64_t> ParseDurationSeconds(const Json& value, const std::string& field);
+
+// One Dataset of a namespace in a pool with a quota, as SplitQuota ranks it.
+struct QuotaClaim {
+  std::string key;  // "namespace/name"
+  int32_t priority = 0;
+  std::string creation_timestamp;  // RFC 3339
+  // Its size with replicas (total bytes × replication); nullopt before its
+  // snapshot, when the size is not known yet.
+  std::optional<uint64_t> bytes;
+};
+
+struct QuotaShare {
+  uint64_t limit = 0;  // max_resident_bytes: at most this many bytes, replicas counted
+  bool exceeded = false;  // limit is below the dataset's known size
+};
+
+// A namespace's quota divided among its Datasets in a pool, in order of
+// priority (highest first), then creation (oldest first), then key: each gets
+// its size, or what is left of the quota if less. A Dataset of unknown size
+// takes nothing from the others and may keep what is left at its place.
+std::map<std::string, QuotaShare> SplitQuota(uint64_t quota, std::vector<QuotaClaim> claims);
 
 // A Kubernetes quantity of bytes: an integer, or "16Mi", "1G", "1.5Gi",
 // "500k" (binary and decimal suffixes, no exponent forms). Errors name `field`.
