@@ -7,11 +7,13 @@
 // (API server unreachable, metrics address in use), 2 bad command line.
 
 #include <CLI/CLI.hpp>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -281,8 +283,24 @@ int main(int argc, char** argv) {
       "Requests this replica made to the Kubernetes API server, by verb (get, list, watch, "
       "create, update, patch, delete) and resource, as kube-apiserver counts them.",
       {"verb", "resource"});
+  auto quota_bytes = metrics.AddGaugeFamily(
+      "granary_operator_namespace_quota_bytes",
+      "The bytes (replicas counted) a namespace's Datasets may keep in a pool together "
+      "(CachePool spec.quotas), for each namespace with a quota.",
+      {"pool", "namespace"});
+  auto wanted_bytes = metrics.AddGaugeFamily(
+      "granary_operator_namespace_wanted_bytes",
+      "What a namespace's Datasets in a pool would keep if nothing limited them: their "
+      "snapshots' bytes times their replication, summed.",
+      {"pool", "namespace"});
+  auto resident_bytes = metrics.AddGaugeFamily(
+      "granary_operator_namespace_resident_bytes",
+      "What a namespace's Datasets in a pool keep staged on the cache nodes (their "
+      "status.stagedBytes, replicas counted), summed.",
+      {"pool", "namespace"});
   if (!reconciles.ok() || !errors.ok() || !relists.ok() || !leader.ok() || !webhook_requests.ok() ||
-      !datasets.ok() || !api_requests.ok()) {
+      !datasets.ok() || !api_requests.ok() || !quota_bytes.ok() || !wanted_bytes.ok() ||
+      !resident_bytes.ok()) {
     std::fprintf(stderr, "granary-operator: declaring metrics failed\n");
     return granary::kDaemonExitRuntime;
   }
@@ -363,6 +381,8 @@ int main(int argc, char** argv) {
     granary::NameThisThread("exporter");
     granary::kube::Operator::Counters last;
     std::map<granary::kube::RequestKind, uint64_t> last_requests;
+    // (pool, namespace) of the quota, wanted and resident series exported.
+    std::array<std::set<std::pair<std::string, std::string>>, 3> exported;
     while (!done) {
       for (const auto& [kind, count] : (*client)->RequestCounts()) {
         granary::Result<prometheus::Counter*> counter =
@@ -381,6 +401,29 @@ int main(int argc, char** argv) {
         granary::Result<prometheus::Gauge*> gauge = datasets->WithLabels({phase});
         if (gauge.ok()) (*gauge)->Set(static_cast<double>(count));
       }
+      // Per (pool, namespace); series gone since the last round are removed.
+      std::array<std::set<std::pair<std::string, std::string>>, 3> now;
+      const std::array<const granary::MetricFamily<prometheus::Gauge>*, 3> families = {
+          &*quota_bytes, &*wanted_bytes, &*resident_bytes};
+      for (const granary::kube::Operator::NamespaceUsage& u : (*op)->Usage()) {
+        const uint64_t values[3] = {u.quota_bytes, u.wanted_bytes, u.resident_bytes};
+        for (size_t i = 0; i < 3; ++i) {
+          if (i == 0 && u.quota_bytes == 0) continue;  // no quota: no series
+          granary::Result<prometheus::Gauge*> gauge =
+              families[i]->WithLabels({u.pool, u.namespace_});
+          if (!gauge.ok()) continue;
+          (*gauge)->Set(static_cast<double>(values[i]));
+          now[i].insert({u.pool, u.namespace_});
+        }
+      }
+      for (size_t i = 0; i < 3; ++i) {
+        for (const auto& [pool, space] : exported[i]) {
+          if (now[i].count({pool, space}) != 0) continue;
+          granary::Result<prometheus::Gauge*> gauge = families[i]->WithLabels({pool, space});
+          if (gauge.ok()) families[i]->family()->Remove(*gauge);
+        }
+      }
+      exported = std::move(now);
       last = c;
       for (int i = 0; i < 10 && !done; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -134,6 +134,38 @@ TEST(CachePoolTest, RefusesWhatTheSchemaCannotCatch) {
   EXPECT_THAT(ParseCachePool(j).status().message(), HasSubstr("secretRef.name"));
 }
 
+TEST(CachePoolTest, QuotasPerNamespace) {
+  Json j = Pool();
+  Result<CachePool> p = ParseCachePool(j);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(p->quotas.empty());
+  j["spec"]["quotas"] = Json::parse(R"([{"namespace": "team-a", "bytes": "10Gi"},
+                                        {"namespace": "team-b", "bytes": 4096}])");
+  p = ParseCachePool(j);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->quotas.size(), 2u);
+  EXPECT_EQ(p->quotas[0].namespace_, "team-a");
+  EXPECT_EQ(p->quotas[0].bytes, 10ull << 30);
+  EXPECT_EQ(p->quotas[1].bytes, 4096u);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"([{"namespace": "team-a", "bytes": 0}])", "bytes must be more than 0"},
+      {R"([{"namespace": "team-a", "bytes": -5}])", "negative"},
+      {R"([{"namespace": "team-a", "bytes": "lots"}])", "not a byte quantity"},
+      {R"([{"namespace": "team-a"}])", "spec.quotas['team-a'].bytes"},
+      {R"([{"namespace": "Team_A", "bytes": 1}])", ".namespace"},
+      {R"([{"namespace": "team-a", "bytes": 1}, {"namespace": "team-a", "bytes": 2}])",
+       "two quotas"},
+      {R"({"team-a": 1})", "spec.quotas"},
+  };
+  for (const auto& [quotas, says] : bad) {
+    SCOPED_TRACE(quotas);
+    j["spec"]["quotas"] = Json::parse(quotas);
+    p = ParseCachePool(j);
+    ASSERT_FALSE(p.ok());
+    EXPECT_THAT(p.status().message(), HasSubstr(says));
+  }
+}
+
 TEST(MountOfTest, SourceMustLieUnderAMount) {
   CachePool p = *ParseCachePool(Pool());
   EXPECT_EQ(MountOf(p, "/mnt/datasets/imagenet/train")->name, "datasets");
@@ -192,6 +224,117 @@ TEST(DatasetTest, BadSpecsNameTheField) {
     ASSERT_FALSE(d.ok());
     EXPECT_THAT(d.status().message(), HasSubstr(field));
   }
+}
+
+TEST(DatasetTest, CacheSpecMapsToTheStoreRecordsFields) {
+  Result<kube::Dataset> d = ParseDataset(Dataset());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(d->cache.is_default());
+  d = ParseDataset(Dataset(
+      R"({"cache": {"priority": -1000, "pinned": true, "ttl": "1h30m", "minResidentPercent": 100}})"));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->cache.priority, -1000);
+  EXPECT_TRUE(d->cache.pinned);
+  EXPECT_EQ(d->cache.ttl_seconds, 5400u);
+  EXPECT_EQ(d->cache.min_resident_percent, 100u);
+  EXPECT_FALSE(d->cache.max_resident_bytes.has_value());  // only ever from a quota
+}
+
+TEST(DatasetTest, BadCacheSpecsNameTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"cache": {"priority": 1001}})", "spec.cache.priority"},
+      {R"({"cache": {"priority": -1001}})", "spec.cache.priority"},
+      {R"({"cache": {"priority": 99999999999999999999}})", "spec.cache.priority"},
+      {R"({"cache": {"priority": "high"}})", "spec.cache.priority"},
+      {R"({"cache": {"priority": 1.5}})", "spec.cache.priority"},
+      {R"({"cache": {"minResidentPercent": -1}})", "spec.cache.minResidentPercent"},
+      {R"({"cache": {"minResidentPercent": 101}})", "spec.cache.minResidentPercent"},
+      {R"({"cache": {"pinned": "yes"}})", "spec.cache.pinned"},
+      {R"({"cache": {"ttl": "soon"}})", "spec.cache.ttl"},
+      {R"({"cache": {"ttl": 3600}})", "spec.cache.ttl"},
+      {R"({"cache": {"ttl": "87601h"}})", "spec.cache.ttl"},
+      {R"({"cache": {"policy": "lru"}})", "spec.cache.policy"},
+      {R"({"cache": "big"})", "spec.cache"},
+  };
+  for (const auto& [patch, field] : cases) {
+    SCOPED_TRACE(patch);
+    Result<kube::Dataset> d = ParseDataset(Dataset(patch));
+    ASSERT_FALSE(d.ok());
+    EXPECT_THAT(d.status().message(), HasSubstr(field));
+  }
+}
+
+TEST(DurationTest, WholeHoursMinutesAndSecondsInThatOrder) {
+  const std::pair<const char*, uint64_t> good[] = {
+      {"0s", 0},       {"90s", 90},
+      {"30m", 1800},   {"12h", 43200},
+      {"1h30m", 5400}, {"1h0m1s", 3601},
+      {"2m30s", 150},  {"87600h", kMaxCacheTtlSeconds},
+      {"0h", 0},       {"315360000s", kMaxCacheTtlSeconds}};
+  for (const auto& [text, seconds] : good) {
+    SCOPED_TRACE(text);
+    Result<uint64_t> d = ParseDurationSeconds(Json(text), "spec.cache.ttl");
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(*d, seconds);
+  }
+  const char* bad[] = {"",     "12",  "h",    "1d",  "-1h",   "1.5h",     "30m1h",
+                       "1h1h", "1ms", " 1h",  "1h ", "1H",    "87600h1s", "999999999999999h",
+                       "1e3s", "+1s", "1h30", "P1D", "1h-30m"};
+  for (const char* text : bad) {
+    SCOPED_TRACE(text);
+    Result<uint64_t> d = ParseDurationSeconds(Json(text), "spec.cache.ttl");
+    ASSERT_FALSE(d.ok());
+    EXPECT_THAT(d.status().message(), HasSubstr("spec.cache.ttl"));
+  }
+  EXPECT_FALSE(ParseDurationSeconds(Json(60), "spec.cache.ttl").ok());
+  EXPECT_FALSE(ParseDurationSeconds(Json(), "spec.cache.ttl").ok());
+}
+
+TEST(QuotaTest, PriorityThenAgeGetTheQuotaFirst) {
+  constexpr uint64_t kGi = 1ull << 30;
+  // 10Gi among a 6Gi, an 8Gi and a 1Gi dataset: the oldest first at equal priority.
+  std::map<std::string, QuotaShare> s =
+      SplitQuota(10 * kGi, {{"a/late", 0, "2026-01-02T00:00:00Z", 8 * kGi},
+                            {"a/early", 0, "2026-01-01T00:00:00Z", 6 * kGi},
+                            {"a/small", 0, "2026-01-03T00:00:00Z", 1 * kGi}});
+  EXPECT_EQ(s["a/early"].limit, 6 * kGi);
+  EXPECT_FALSE(s["a/early"].exceeded);
+  EXPECT_EQ(s["a/late"].limit, 4 * kGi);
+  EXPECT_TRUE(s["a/late"].exceeded);
+  EXPECT_EQ(s["a/small"].limit, 0u);  // nothing left
+  EXPECT_TRUE(s["a/small"].exceeded);
+  // A higher priority goes first whatever its age.
+  s = SplitQuota(10 * kGi, {{"a/late", 5, "2026-01-02T00:00:00Z", 8 * kGi},
+                            {"a/early", 0, "2026-01-01T00:00:00Z", 6 * kGi}});
+  EXPECT_EQ(s["a/late"].limit, 8 * kGi);
+  EXPECT_FALSE(s["a/late"].exceeded);
+  EXPECT_EQ(s["a/early"].limit, 2 * kGi);
+  EXPECT_TRUE(s["a/early"].exceeded);
+  // Equal priority and age: by key, so every reconcile splits the same way.
+  s = SplitQuota(kGi, {{"a/y", 0, "t", kGi}, {"a/x", 0, "t", kGi}});
+  EXPECT_EQ(s["a/x"].limit, kGi);
+  EXPECT_EQ(s["a/y"].limit, 0u);
+}
+
+TEST(QuotaTest, UnknownSizesTakeNothingAndFitIsNotExceeded) {
+  std::map<std::string, QuotaShare> s =
+      SplitQuota(100, {{"a/new", 10, "2026-01-03T00:00:00Z", std::nullopt},
+                       {"a/old", 0, "2026-01-01T00:00:00Z", 60},
+                       {"a/mid", 0, "2026-01-02T00:00:00Z", 40}});
+  EXPECT_EQ(s["a/new"].limit, 100u);  // before its snapshot: what is left at its place
+  EXPECT_FALSE(s["a/new"].exceeded);
+  EXPECT_EQ(s["a/old"].limit, 60u);
+  EXPECT_EQ(s["a/mid"].limit, 40u);  // exactly the quota: not exceeded
+  EXPECT_FALSE(s["a/mid"].exceeded);
+  EXPECT_TRUE(SplitQuota(100, {}).empty());
+  s = SplitQuota(100, {{"a/zero", 0, "t", 0}});
+  EXPECT_EQ(s["a/zero"].limit, 0u);
+  EXPECT_FALSE(s["a/zero"].exceeded);
+  // Sizes near the top of uint64 do not wrap.
+  s = SplitQuota(UINT64_MAX, {{"a/x", 0, "t", UINT64_MAX}, {"a/y", 0, "u", 5}});
+  EXPECT_EQ(s["a/x"].limit, UINT64_MAX);
+  EXPECT_EQ(s["a/y"].limit, 0u);
+  EXPECT_TRUE(s["a/y"].exceeded);
 }
 
 TEST(GrantTest, NamespaceAnnotationsGrantUidsAndGids) {

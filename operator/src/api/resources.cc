@@ -160,7 +160,8 @@ Result<CachePool> ParseCachePool(const Json& object) {
     quota.namespace_ = Str(q, "namespace");
     const std::string field = what + ": spec.quotas[" + Quoted(quota.namespace_) + "]";
     if (!IsDnsLabel(quota.namespace_)) {
-      return Status::InvalidArgument(field + ".namespace: write a namespace name (a DNS-1123 label)");
+      return Status::InvalidArgument(field +
+                                     ".namespace: write a namespace name (a DNS-1123 label)");
     }
     for (const NamespaceQuota& other : p.quotas) {
       if (other.namespace_ == quota.namespace_) {

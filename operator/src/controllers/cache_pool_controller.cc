@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "controller_context.h"
@@ -67,6 +68,86 @@ Result<std::string> EnsureClusterKey(ControllerContext& c) {
         "cluster-key generate`) or delete the Secret to get a new one");
   }
   return Base64Decode(encoded, "Secret " + options.cluster_key_secret + " key");
+}
+
+// Datasets (any namespace, being deleted or not) that name pool `name`, as
+// "namespace/name", sorted.
+std::vector<std::string> DatasetsOf(ControllerContext& c, const std::string& name) {
+  std::vector<std::string> keys;
+  c.datasets().Visit([&](const Json& d) {
+    if (d["spec"].value("cachePool", "") == name) keys.push_back(Informer::KeyOf(d));
+  });
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+Status SetPoolFinalizers(ControllerContext& c, const Json& object, const Json& finalizers) {
+  const Json& meta = object["metadata"];
+  // The resourceVersion makes the patch a compare-and-set on the list.
+  Json patch = {
+      {"metadata",
+       {{"finalizers", finalizers}, {"resourceVersion", meta.value("resourceVersion", "")}}}};
+  return c.client()
+      .MergePatch("/apis/granary.io/v1alpha1/cachepools/" + meta.value("name", ""), patch)
+      .status();
+}
+
+// A CachePool being deleted: held while Datasets name it (they still need
+// its cache nodes and its store to be released), with condition Deleting and
+// an Event naming them; then the objects made for it are deleted and the
+// finalizer removed.
+Result<std::chrono::milliseconds> FinishDeletion(ControllerContext& c, const Json& object,
+                                                 const std::string& name,
+                                                 const std::vector<std::string>& finalizers) {
+  if (std::find(finalizers.begin(), finalizers.end(), kPoolFinalizer) == finalizers.end()) {
+    return std::chrono::milliseconds(0);
+  }
+  const OperatorOptions& options = c.options();
+  const std::vector<std::string> users = DatasetsOf(c, name);
+  if (!users.empty()) {
+    std::string listed;
+    for (size_t i = 0; i < users.size() && i < 10; ++i) listed += (i ? ", " : "") + users[i];
+    if (users.size() > 10) listed += " (+" + std::to_string(users.size() - 10) + " more)";
+    const std::string message = "deleting CachePool " + name +
+                                " waits until no Dataset uses it: " + listed + "; delete " +
+                                (users.size() == 1 ? "that Dataset" : "those Datasets") +
+                                " (the pool's cache nodes release their cache first)";
+    Json status = object.value("status", Json::object());
+    Json conditions = status.value("conditions", Json::array());
+    SetCondition(conditions, "Deleting", true, "DatasetsStillUseIt", message,
+                 object["metadata"].value("generation", 0), NowRfc3339());
+    status["conditions"] = conditions;
+    c.Event(object, "Warning", "DeletionHeld", message);
+    if (status != object.value("status", Json::object())) {
+      GRANARY_RETURN_IF_ERROR(
+          c.client()
+              .MergePatch("/apis/granary.io/v1alpha1/cachepools/" + name + "/status",
+                          {{"status", status}})
+              .status());
+    }
+    return options.progress_interval;
+  }
+  // What granary-operator made for the pool (owned by it too: the garbage
+  // collector would remove them after the pool, but the cache nodes stop now).
+  const std::string object_name = "granary-cachenode-" + name;
+  const std::string base = "/api/v1/namespaces/" + options.namespace_;
+  for (const std::string& path :
+       {"/apis/apps/v1/namespaces/" + options.namespace_ + "/daemonsets/" + object_name,
+        base + "/services/" + object_name, base + "/configmaps/" + object_name,
+        base + "/secrets/" + object_name + "-store"}) {
+    Status deleted = c.client().Delete(path);
+    if (!deleted.ok() && deleted.code() != StatusCode::kNotFound) {
+      return deleted.WithContext("deleting " + path + " of CachePool " + name);
+    }
+  }
+  Json kept = Json::array();
+  for (const std::string& f : finalizers) {
+    if (f != kPoolFinalizer) kept.push_back(f);
+  }
+  GRANARY_RETURN_IF_ERROR(SetPoolFinalizers(c, object, kept));
+  c.Event(object, "Normal", "Deleted",
+          "no Dataset uses CachePool " + name + " any more: its cache nodes were removed");
+  return std::chrono::milliseconds(0);
 }
 
 }  // namespace
@@ -217,6 +298,20 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
     return std::chrono::milliseconds(options.ready_interval);
   };
 
+  // The finalizer and a held deletion need no usable spec.
+  std::vector<std::string> finalizers;
+  for (const Json& f : (*object)["metadata"].value("finalizers", Json::array())) {
+    if (f.is_string()) finalizers.push_back(f.get<std::string>());
+  }
+  if ((*object)["metadata"].contains("deletionTimestamp")) {
+    return FinishDeletion(c, *object, key, finalizers);
+  }
+  if (std::find(finalizers.begin(), finalizers.end(), kPoolFinalizer) == finalizers.end()) {
+    Json with = (*object)["metadata"].value("finalizers", Json::array());
+    with.push_back(kPoolFinalizer);
+    GRANARY_RETURN_IF_ERROR(SetPoolFinalizers(c, *object, with));
+    return std::chrono::milliseconds(0);  // the update comes back through the watch
+  }
   Result<CachePool> parsed = ParseCachePool(*object);
   if (!parsed.ok()) return fail("InvalidSpec", parsed.status());
   const CachePool& pool = *parsed;

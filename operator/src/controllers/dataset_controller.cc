@@ -103,7 +103,7 @@ std::string Bytes(uint64_t bytes) { return QuantityString(bytes); }
 // the pool sets no quota for the namespace.
 struct QuotaView {
   uint64_t quota = 0;
-  uint64_t wanted = 0;          // the namespace's Datasets of known size in the pool, replicas counted
+  uint64_t wanted = 0;  // the namespace's Datasets of known size in the pool, replicas counted
   std::optional<uint64_t> own;  // this one's size, replicas counted (nullopt before its snapshot)
   QuotaShare share;
 };
@@ -117,11 +117,12 @@ std::optional<uint64_t> StatusSize(const Json& object) {
     return std::nullopt;
   }
   const Json& spec = object.value("spec", Json::object());
-  const int64_t replication = spec.is_object() && spec.contains("replication") &&
-                                      spec["replication"].is_number_integer()
-                                  ? spec["replication"].get<int64_t>()
-                                  : 1;
-  return status["totalBytes"].get<uint64_t>() * static_cast<uint64_t>(std::max<int64_t>(1, replication));
+  const int64_t replication =
+      spec.is_object() && spec.contains("replication") && spec["replication"].is_number_integer()
+          ? spec["replication"].get<int64_t>()
+          : 1;
+  return status["totalBytes"].get<uint64_t>() *
+         static_cast<uint64_t>(std::max<int64_t>(1, replication));
 }
 
 std::optional<QuotaView> QuotaOf(ControllerContext& c, const CachePool& pool, const Dataset& d,
@@ -145,9 +146,8 @@ std::optional<QuotaView> QuotaOf(ControllerContext& c, const CachePool& pool, co
     }
     Result<Dataset> peer = ParseDataset(object);
     if (!peer.ok() || peer->name == d.name) return;
-    claims.push_back(
-        {own_key.substr(0, d.namespace_.size() + 1) + peer->name, peer->cache.priority,
-         peer->creation_timestamp, StatusSize(object)});
+    claims.push_back({d.namespace_ + "/" + peer->name, peer->cache.priority,
+                      peer->creation_timestamp, StatusSize(object)});
   });
   for (const QuotaClaim& claim : claims) view.wanted += claim.bytes.value_or(0);
   view.share = SplitQuota(view.quota, claims)[own_key];
@@ -484,12 +484,11 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   }
   if (!quota) {
     SetCondition(conditions, "QuotaExceeded", false, "NoQuota",
-                 "CachePool " + d.pool + " sets no quota for namespace " + d.namespace_,
-                 generation, now);
+                 "CachePool " + d.pool + " sets no quota for namespace " + d.namespace_, generation,
+                 now);
   } else {
     const std::string head = "namespace " + d.namespace_ + "'s quota in pool " + d.pool + " is " +
-                             Bytes(quota->quota) + " and its datasets need " +
-                             Bytes(quota->wanted);
+                             Bytes(quota->quota) + " and its datasets need " + Bytes(quota->wanted);
     if (!quota->own) {
       SetCondition(conditions, "QuotaExceeded", false, "SizeUnknown",
                    head + ": this one may keep " + Bytes(quota->share.limit) +
@@ -497,15 +496,19 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
                    generation, now);
     } else if (quota->share.exceeded) {
       const uint64_t percent =
-          *quota->own == 0 ? 0
-                           : static_cast<uint64_t>(std::floor(
-                                 100.0 * static_cast<double>(quota->share.limit) /
-                                 static_cast<double>(*quota->own)));
-      SetCondition(conditions, "QuotaExceeded", true, "QuotaExceeded",
-                   head + ": this one keeps " + Bytes(quota->share.limit) + " of its " +
-                       Bytes(*quota->own) + " (" + std::to_string(percent) +
-                       "%); the rest is streamed from the source",
-                   generation, now);
+          *quota->own == 0
+              ? 0
+              : static_cast<uint64_t>(std::floor(100.0 * static_cast<double>(quota->share.limit) /
+                                                 static_cast<double>(*quota->own)));
+      const std::string message = head + ": this one keeps " + Bytes(quota->share.limit) +
+                                  " of its " + Bytes(*quota->own) + " (" + std::to_string(percent) +
+                                  "%); the rest is streamed from the source";
+      bool was = false;
+      for (const Json& cond : conditions) {
+        if (cond.value("type", "") == "QuotaExceeded") was = cond.value("status", "") == "True";
+      }
+      if (!was) c.Event(object, "Warning", "QuotaExceeded", message);
+      SetCondition(conditions, "QuotaExceeded", true, "QuotaExceeded", message, generation, now);
     } else {
       SetCondition(conditions, "QuotaExceeded", false, "WithinQuota",
                    head + ": this one keeps all of its " + Bytes(*quota->own), generation, now);

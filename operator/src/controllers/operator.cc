@@ -48,7 +48,7 @@ class Operator::Impl {
     datasets.resync = options_.resync;
     datasets.count_by = PhaseOf;
     dataset_informer_ = std::make_unique<Informer>(
-        client_, datasets, [this](const std::string& key) { dataset_queue_.Add(key); });
+        client_, datasets, [this](const std::string& key) { OnDataset(key); });
     context_.SetInformers(pool_informer_.get(), dataset_informer_.get());
     // Namespaces: a Dataset's grant (its namespace's annotations) is read
     // from here, and a changed grant reaches the namespace's Datasets at once.
@@ -179,6 +179,43 @@ class Operator::Impl {
     return by_phase;
   }
 
+  std::vector<Operator::NamespaceUsage> Usage() const {
+    std::vector<Operator::NamespaceUsage> out;
+    if (!pool_informer_ || !pool_informer_->synced() || !dataset_informer_->synced()) return out;
+    std::map<std::pair<std::string, std::string>, Operator::NamespaceUsage> by;
+    for (const Json& p : pool_informer_->List()) {
+      Result<CachePool> pool = ParseCachePool(p);
+      if (!pool.ok()) continue;
+      for (const NamespaceQuota& q : pool->quotas) {
+        Operator::NamespaceUsage& u = by[{pool->name, q.namespace_}];
+        u.pool = pool->name;
+        u.namespace_ = q.namespace_;
+        u.quota_bytes = q.bytes;
+      }
+    }
+    dataset_informer_->Visit([&](const Json& d) {
+      const Json& meta = d["metadata"];
+      const std::string pool = d["spec"].value("cachePool", "");
+      const std::string ns = meta.value("namespace", "");
+      if (pool.empty() || ns.empty()) return;
+      Operator::NamespaceUsage& u = by[{pool, ns}];
+      u.pool = pool;
+      u.namespace_ = ns;
+      const Json& st = d.value("status", Json::object());
+      if (!st.is_object()) return;
+      const int64_t replication = d["spec"].value("replication", 1);
+      if (st.contains("totalBytes") && st["totalBytes"].is_number_unsigned()) {
+        u.wanted_bytes += st["totalBytes"].get<uint64_t>() *
+                          static_cast<uint64_t>(std::max<int64_t>(1, replication));
+      }
+      if (st.contains("stagedBytes") && st["stagedBytes"].is_number_unsigned()) {
+        u.resident_bytes += st["stagedBytes"].get<uint64_t>();
+      }
+    });
+    for (auto& [k, u] : by) out.push_back(std::move(u));
+    return out;
+  }
+
   std::optional<Json> CachedDataset(const std::string& key) const {
     if (!dataset_informer_ || !dataset_informer_->synced()) return std::nullopt;
     return dataset_informer_->Get(key);
@@ -203,6 +240,58 @@ class Operator::Impl {
       }
     }
     return "Pending";
+  }
+
+  // A Dataset changed (or went). Besides itself: when what its namespace's
+  // quota split depends on changed (its pool, priority, size, replication,
+  // deletion, or it is gone), the other Datasets of its namespace in pools with a quota
+  // for that namespace; and a pool being deleted that waits for it.
+  void OnDataset(const std::string& key) {
+    dataset_queue_.Add(key);
+    std::optional<Json> d = dataset_informer_->Get(key);
+    std::string fingerprint;
+    std::string pool;
+    if (d) {
+      const Json& spec = (*d)["spec"];
+      const Json& status = d->value("status", Json::object());
+      pool = spec.value("cachePool", "");
+      fingerprint = pool + "|" + spec.value("cache", Json::object()).dump() + "|" +
+                    spec.value("replication", Json(1)).dump() + "|" +
+                    (status.is_object() ? status.value("totalBytes", Json()).dump() : "") + "|" +
+                    ((*d)["metadata"].contains("deletionTimestamp") ? "deleting" : "");
+    }
+    {
+      std::lock_guard lock(fingerprints_mu_);
+      auto it = fingerprints_.find(key);
+      const bool same =
+          d ? (it != fingerprints_.end() && it->second == fingerprint) : it == fingerprints_.end();
+      if (same) return;
+      if (it != fingerprints_.end() && pool.empty()) {
+        pool = it->second.substr(0, it->second.find('|'));  // the pool it was in
+      }
+      if (d) {
+        fingerprints_[key] = fingerprint;
+      } else if (it != fingerprints_.end()) {
+        fingerprints_.erase(it);
+      }
+    }
+    if (pool.empty()) return;
+    std::optional<Json> pool_object = pool_informer_->Get(pool);
+    if (!pool_object) return;
+    if ((*pool_object)["metadata"].contains("deletionTimestamp")) pool_queue_.Add(pool);
+    const std::string ns = key.substr(0, key.find('/'));
+    bool quota = false;
+    Result<CachePool> parsed = ParseCachePool(*pool_object);
+    for (const NamespaceQuota& q : parsed.ok() ? parsed->quotas : std::vector<NamespaceQuota>()) {
+      quota = quota || q.namespace_ == ns;
+    }
+    if (!quota) return;
+    dataset_informer_->Visit([&](const Json& peer) {
+      if (peer["metadata"].value("namespace", "") == ns &&
+          peer["spec"].value("cachePool", "") == pool && Informer::KeyOf(peer) != key) {
+        dataset_queue_.Add(Informer::KeyOf(peer));
+      }
+    });
   }
 
   // The key of the informer of every copy of pool `pool`'s store Secret (in
@@ -437,6 +526,10 @@ class Operator::Impl {
   // By "ns/name" of a pool's store Secret, and by StoreCopiesKey(pool) for
   // the copies of it in every namespace.
   std::map<std::string, std::unique_ptr<Informer>> store_secret_informers_;
+  // By Dataset key: what of it the quota split of its namespace depends on,
+  // as last seen (OnDataset, on the dataset informer's thread).
+  std::mutex fingerprints_mu_;
+  std::map<std::string, std::string> fingerprints_;
   std::unique_ptr<LeaderElector> elector_;
   std::vector<std::thread> workers_;
   std::thread registrar_thread_;
@@ -464,6 +557,7 @@ Status Operator::Ready() const { return impl_->Ready(); }
 Operator::Counters Operator::counters() const { return impl_->counters(); }
 
 std::map<std::string, uint64_t> Operator::DatasetPhases() const { return impl_->DatasetPhases(); }
+std::vector<Operator::NamespaceUsage> Operator::Usage() const { return impl_->Usage(); }
 std::optional<Json> Operator::CachedDataset(const std::string& key) const {
   return impl_->CachedDataset(key);
 }

@@ -34,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "granary/core/status.h"
 #include "granary/kube/kube_client.h"
@@ -95,6 +96,19 @@ class Operator {
   // Staging, Ready, Failed; each present, 0 when none; a Dataset not
   // reconciled yet counts as Pending). All zero until the informer has listed.
   std::map<std::string, uint64_t> DatasetPhases() const;
+  // Per pool and namespace, from the informers' caches: the namespace's
+  // quota in the pool (0: none), what its Datasets there need (status
+  // totalBytes × replication) and hold (status stagedBytes, replicas
+  // counted). Every pair with a quota or a Dataset; empty until the
+  // informers have listed.
+  struct NamespaceUsage {
+    std::string pool;
+    std::string namespace_;
+    uint64_t quota_bytes = 0;
+    uint64_t wanted_bytes = 0;
+    uint64_t resident_bytes = 0;
+  };
+  std::vector<NamespaceUsage> Usage() const;
   // A Dataset ("namespace/name") and a CachePool (name) from the informers'
   // caches: nullopt when not there, or before the informer has listed (the
   // webhook then asks the API server: CachedInjectionLookup).

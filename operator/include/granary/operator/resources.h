@@ -135,7 +135,7 @@ struct QuotaClaim {
 };
 
 struct QuotaShare {
-  uint64_t limit = 0;  // max_resident_bytes: at most this many bytes, replicas counted
+  uint64_t limit = 0;     // max_resident_bytes: at most this many bytes, replicas counted
   bool exceeded = false;  // limit is below the dataset's known size
 };
 
