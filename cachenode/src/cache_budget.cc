@@ -87,9 +87,9 @@ std::vector<CacheGrant> AllocateCacheBudgets(std::span<const CacheClaim> claims,
       uint64_t floor = 0;
       if (pass == 0 && c.cache.pinned) floor = wants[i];
       if (pass == 1) {
-        floor = static_cast<uint64_t>(static_cast<long double>(wants[i]) *
-                                      static_cast<long double>(c.cache.min_resident_percent) /
-                                      100.0L);
+        floor =
+            static_cast<uint64_t>(static_cast<long double>(wants[i]) *
+                                  static_cast<long double>(c.cache.min_resident_percent) / 100.0L);
       }
       const uint64_t give = std::min(floor > granted[i] ? floor - granted[i] : 0, left);
       granted[i] += give;

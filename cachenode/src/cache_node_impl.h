@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cache_node_metrics.h"
+#include "granary/cachenode/cache_budget.h"
 #include "granary/cachenode/cache_node.h"
 #include "granary/cachenode/chunk_read_service.h"
 #include "granary/cachenode/chunk_store.h"
@@ -101,6 +102,15 @@ struct ActiveDataset {
   std::chrono::steady_clock::time_point published_at{};
   DatasetMetrics metrics;
   DatasetMetricState metric_state;  // guarded by CacheNode::Impl::datasets_mu_
+  // The cache policy (cache_budget.h), control thread only: the budget last
+  // applied (none: the whole share), why it is below the share, when the
+  // pool last read it (the latest last_read_ms of the nodes' progress) and
+  // when its newest plan was registered.
+  std::optional<uint64_t> budget;
+  CacheCut cut = CacheCut::kNone;
+  int64_t pool_last_read_ms = 0;
+  int64_t last_plan_ms = 0;
+  int64_t activated_ms = 0;
 };
 
 class CacheNode::Impl {
@@ -140,6 +150,10 @@ class CacheNode::Impl {
   void Deactivate(const std::string& name, bool drop_chunks, const std::string& why);
   Status Restage(ActiveDataset& ds, std::vector<PlanRecord> plans);
   void Reown(ActiveDataset& ds, const Placement& placement);
+  // Shares the store's capacity among the active datasets (cache_budget.h):
+  // shrunk budgets first (their chunks dropped, counted as evictions), then
+  // grown ones.
+  void ApplyCacheBudgets();
   void PublishProgress(ActiveDataset& ds);
   void UpdatePhase(ActiveDataset& ds, const std::vector<NodeRecord>& nodes);
   void SetDatasetMessage(const std::string& name, const std::string& message);

@@ -95,6 +95,40 @@ Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registr
                        "fit), 4 disk full (paused), 5 stopped.",
                        dataset));
 
+  // The cache policy (docs/cachenode.md, "When the cache is full").
+  GRANARY_ASSIGN_OR_RETURN(
+      m.kept_bytes,
+      r.AddGaugeFamily("granary_cachenode_kept_bytes",
+                       "Payload bytes of the owned chunks this node keeps under the dataset's "
+                       "cache budget (the rest is streamed from the source when read).",
+                       dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.budget_bytes,
+      r.AddGaugeFamily("granary_cachenode_budget_bytes",
+                       "Chunk-file bytes the cache policy grants the dataset on this node.",
+                       dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.streamed_bytes,
+      r.AddCounterFamily("granary_cachenode_streamed_bytes_total",
+                         "Bytes read from the source for readers and not kept (outside the "
+                         "dataset's budget).",
+                         dataset));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.dataset_reads,
+      r.AddCounterFamily("granary_cachenode_dataset_reads_total",
+                         "Items read, by where they came from: store (a hit) or source.",
+                         {"dataset", "from"}));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.evicted_bytes,
+      r.AddCounterFamily("granary_cachenode_evicted_bytes_total",
+                         "Chunk-file bytes dropped to fit the cache policy, by reason (limit, "
+                         "ttl, priority, fair_share).",
+                         {"dataset", "reason"}));
+  GRANARY_ASSIGN_OR_RETURN(m.evicted_chunks,
+                           r.AddCounterFamily("granary_cachenode_evicted_chunks_total",
+                                              "Chunks dropped to fit the cache policy, by reason.",
+                                              {"dataset", "reason"}));
+
   // Serving.
   GRANARY_ASSIGN_OR_RETURN(auto requests,
                            r.AddCounterFamily("granary_cachenode_requests_total",
@@ -285,6 +319,16 @@ Result<DatasetMetrics> CacheNodeMetrics::ForDataset(const std::string& dataset) 
   GRANARY_ASSIGN_OR_RETURN(d.queue_chunks, queue_chunks.WithLabels(labels));
   GRANARY_ASSIGN_OR_RETURN(d.sample_errors, sample_errors.WithLabels(labels));
   GRANARY_ASSIGN_OR_RETURN(d.staging_state, staging_state.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.kept_bytes, kept_bytes.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.budget_bytes, budget_bytes.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.streamed_bytes, streamed_bytes.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.reads_from_store, dataset_reads.WithLabels({dataset, "store"}));
+  GRANARY_ASSIGN_OR_RETURN(d.reads_from_source, dataset_reads.WithLabels({dataset, "source"}));
+  for (size_t i = 0; i < kEvictionReasons.size(); ++i) {
+    const std::string reason(kEvictionReasons[i]);
+    GRANARY_ASSIGN_OR_RETURN(d.evicted_bytes[i], evicted_bytes.WithLabels({dataset, reason}));
+    GRANARY_ASSIGN_OR_RETURN(d.evicted_chunks[i], evicted_chunks.WithLabels({dataset, reason}));
+  }
   return d;
 }
 
@@ -364,8 +408,9 @@ void UpdateFabricMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
 }
 
 void ClearDatasetGauges(const DatasetMetrics& m) {
-  for (prometheus::Gauge* g : {m.staged_bytes, m.staged_chunks, m.owned_bytes, m.owned_chunks,
-                               m.queue_chunks, m.sample_errors, m.staging_state}) {
+  for (prometheus::Gauge* g :
+       {m.staged_bytes, m.staged_chunks, m.owned_bytes, m.owned_chunks, m.queue_chunks,
+        m.sample_errors, m.staging_state, m.kept_bytes, m.budget_bytes}) {
     g->Set(0);
   }
 }
@@ -377,6 +422,11 @@ void UpdateDatasetMetrics(const DatasetMetrics& m, DatasetMetricState& last,
   Advance(m.source_read_bytes, source.bytes, &last.bytes);
   Advance(m.staged_samples, source.completed, &last.completed);
   Advance(m.on_demand_fetches, progress.on_demand_fetches, &last.on_demand);
+  Advance(m.streamed_bytes, progress.streamed_bytes, &last.streamed);
+  Advance(m.reads_from_store, progress.reads_from_store, &last.from_store);
+  Advance(m.reads_from_source, progress.reads_from_source, &last.from_source);
+  SetGauge(m.kept_bytes, progress.bytes_kept);
+  SetGauge(m.budget_bytes, progress.budget.value_or(progress.file_bytes_owned));
   for (size_t k = 0; k < kSourceErrorKinds; ++k) {
     Advance(m.source_errors[k], source.errors[k], &last.errors[k]);
   }

@@ -62,7 +62,21 @@ struct DatasetMetrics {
   prometheus::Gauge* queue_chunks = nullptr;
   prometheus::Gauge* sample_errors = nullptr;
   prometheus::Gauge* staging_state = nullptr;
+  // Under the cache policy (cache_budget.h).
+  prometheus::Gauge* kept_bytes = nullptr;
+  prometheus::Gauge* budget_bytes = nullptr;
+  prometheus::Counter* streamed_bytes = nullptr;
+  prometheus::Counter* reads_from_store = nullptr;
+  prometheus::Counter* reads_from_source = nullptr;
+  // By reason, in the order of kEvictionReasons.
+  std::array<prometheus::Counter*, 4> evicted_bytes{};
+  std::array<prometheus::Counter*, 4> evicted_chunks{};
 };
+
+// The reason label of granary_cachenode_evicted_*_total, indexed as
+// DatasetMetrics::evicted_*: CacheCutName of kLimit, kTtl, kPriority, kFairShare.
+inline constexpr std::array<std::string_view, 4> kEvictionReasons = {"limit", "ttl", "priority",
+                                                                     "fair_share"};
 
 // What the counters of one dataset were at the last refresh.
 struct DatasetMetricState {
@@ -71,6 +85,9 @@ struct DatasetMetricState {
   uint64_t bytes = 0;
   uint64_t completed = 0;
   uint64_t on_demand = 0;
+  uint64_t streamed = 0;
+  uint64_t from_store = 0;
+  uint64_t from_source = 0;
   std::array<uint64_t, kSourceErrorKinds> errors{};
 };
 
@@ -97,6 +114,12 @@ struct CacheNodeMetrics {
   MetricFamily<prometheus::Gauge> queue_chunks;
   MetricFamily<prometheus::Gauge> sample_errors;
   MetricFamily<prometheus::Gauge> staging_state;
+  MetricFamily<prometheus::Gauge> kept_bytes;
+  MetricFamily<prometheus::Gauge> budget_bytes;
+  MetricFamily<prometheus::Counter> streamed_bytes;
+  MetricFamily<prometheus::Counter> dataset_reads;   // dataset, from
+  MetricFamily<prometheus::Counter> evicted_bytes;   // dataset, reason
+  MetricFamily<prometheus::Counter> evicted_chunks;  // dataset, reason
 
   prometheus::Counter* requests_hello = nullptr;
   prometheus::Counter* requests_ping = nullptr;

@@ -191,6 +191,7 @@ void CacheNode::Impl::Reconcile() {
   // watcher (activation reads them anyway).
   if (!watcher_) plans_changed_ = true;
   bool plans_read = true;
+  std::vector<std::pair<std::shared_ptr<ActiveDataset>, std::vector<NodeRecord>>> reconciled;
   for (const auto& [name, record] : wanted) {
     std::shared_ptr<ActiveDataset> ds;
     {
@@ -244,10 +245,110 @@ void CacheNode::Impl::Reconcile() {
         }
       }
     }
+    reconciled.emplace_back(ds, std::move(ds_nodes));
+  }
+  if (plans_read) plans_changed_ = false;
+  ApplyCacheBudgets();
+  for (auto& [ds, ds_nodes] : reconciled) {
     PublishProgress(*ds);
     UpdatePhase(*ds, ds_nodes);
   }
-  if (plans_read) plans_changed_ = false;
+}
+
+namespace {
+
+std::string CutReason(CacheCut cut) {
+  switch (cut) {
+    case CacheCut::kLimit:
+      return "its max_resident_bytes (its namespace's quota) allows no more";
+    case CacheCut::kTtl:
+      return "it was not read within its TTL";
+    case CacheCut::kPriority:
+      return "datasets ranked above it (pinned, of higher priority, or in use) need the space";
+    case CacheCut::kFairShare:
+      return "datasets in use of the same priority share the node";
+    case CacheCut::kNone:
+      break;
+  }
+  return "the node is full";
+}
+
+size_t EvictionReasonIndex(CacheCut cut) {
+  const std::string_view name = CacheCutName(cut);
+  for (size_t i = 0; i < kEvictionReasons.size(); ++i) {
+    if (kEvictionReasons[i] == name) return i;
+  }
+  return 2;  // "priority": someone else needed the space
+}
+
+}  // namespace
+
+void CacheNode::Impl::ApplyCacheBudgets() {
+  std::vector<std::shared_ptr<ActiveDataset>> active;
+  {
+    std::lock_guard<std::mutex> lock(datasets_mu_);
+    for (const auto& entry : datasets_) active.push_back(entry.second);
+  }
+  if (active.empty()) return;
+  const int64_t now = cache_node_internal::NowMs();
+  const int64_t idle_after = config_.cache_idle_after.count();
+  std::vector<CacheClaim> claims;
+  claims.reserve(active.size());
+  for (const std::shared_ptr<ActiveDataset>& ds : active) {
+    const StagerProgress p = ds->stager->Progress();
+    CacheClaim c;
+    c.dataset = ds->name;
+    c.cache = ds->record.spec.cache;
+    c.share_bytes = p.file_bytes_owned;
+    c.limit_bytes = ScaledLimit(c.share_bytes, c.cache, ds->manifest->total_bytes(),
+                                std::max<uint32_t>(1, ds->record.spec.replication));
+    const int64_t read = std::max(p.last_read_ms, ds->pool_last_read_ms);
+    const int64_t asked = std::max(read, ds->last_plan_ms);
+    c.last_used_ms = std::max({asked, ds->record.created_ms, ds->activated_ms});
+    c.in_use = asked > 0 && now - asked < idle_after;
+    c.expired = c.cache.ttl_seconds > 0 &&
+                now - c.last_used_ms > static_cast<int64_t>(c.cache.ttl_seconds) * 1000;
+    claims.push_back(std::move(c));
+  }
+  const std::vector<CacheGrant> grants = AllocateCacheBudgets(claims, chunks_->capacity());
+
+  // Shrinks first, so that what they free is there for the growths.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < active.size(); ++i) {
+      ActiveDataset& ds = *active[i];
+      const CacheGrant& grant = grants[i];
+      const std::optional<uint64_t> budget =
+          grant.bytes >= claims[i].share_bytes ? std::nullopt : std::optional(grant.bytes);
+      const bool shrinks = budget.has_value() && (!ds.budget.has_value() || *budget < *ds.budget);
+      if (pass == 0) {
+        if (shrinks) ds.stager->SetBudget(budget);
+        if (!budget.has_value()) continue;
+        // Also what an earlier pass could not drop (a writer held it).
+        const Stager::Dropped dropped = ds.stager->DropNotKept();
+        if (dropped.chunks == 0) continue;
+        const size_t reason = EvictionReasonIndex(grant.cut);
+        ds.metrics.evicted_chunks[reason]->Increment(static_cast<double>(dropped.chunks));
+        ds.metrics.evicted_bytes[reason]->Increment(static_cast<double>(dropped.file_bytes));
+        log_->info("dataset {}: dropped {} ({} bytes) it no longer keeps here: {}", Quoted(ds.name),
+                   Plural(dropped.chunks, "chunk"), dropped.file_bytes, CutReason(grant.cut));
+        continue;
+      }
+      if (!shrinks && budget != ds.budget) {
+        ds.stager->SetBudget(budget);
+        if (ds.stager->Progress().state == StagingState::kCapacity) ds.stager->Resume();
+      }
+      if (budget != ds.budget || grant.cut != ds.cut) {
+        if (budget.has_value()) {
+          log_->info("dataset {}: keeps {} of the {} bytes of its share here: {}", Quoted(ds.name),
+                     *budget, claims[i].share_bytes, CutReason(grant.cut));
+        } else if (ds.budget.has_value()) {
+          log_->info("dataset {}: keeps its whole share here again", Quoted(ds.name));
+        }
+      }
+      ds.budget = budget;
+      ds.cut = grant.cut;
+    }
+  }
 }
 
 Result<std::shared_ptr<ActiveDataset>> CacheNode::Impl::Activate(const DatasetRecord& record,
@@ -297,6 +398,7 @@ Result<std::shared_ptr<ActiveDataset>> CacheNode::Impl::Activate(const DatasetRe
     }
   }
   GRANARY_ASSIGN_OR_RETURN(ds->metrics, metrics_.ForDataset(ds->name));
+  ds->activated_ms = cache_node_internal::NowMs();
 
   Result<std::vector<PlanRecord>> plans = store_->ListPlans(ds->name);
   if (!plans.ok()) return plans.status();
@@ -313,6 +415,8 @@ Status CacheNode::Impl::Restage(ActiveDataset& ds, std::vector<PlanRecord> plans
   options.dataset = ds.name;
   options.threads = config_.source_concurrency;
   const std::string key = PlanFingerprint(plans);
+  for (const PlanRecord& plan : plans)
+    ds.last_plan_ms = std::max(ds.last_plan_ms, plan.registered_ms);
   options.order = PlansReadOrder(ds.name, *ds.manifest, std::move(plans));
   const bool ordered = !options.order.empty();
   if (ds.stager) {
@@ -443,6 +547,8 @@ void CacheNode::Impl::DropDisowned(ActiveDataset& ds, const std::string& why) {
 void CacheNode::Impl::PublishProgress(ActiveDataset& ds) {
   StagingProgress progress = ds.stager->Progress().ToStagingProgress();
   progress.updated_ms = 0;
+  // To the 10 s: a dataset being read is not put again on every pass.
+  progress.last_read_ms -= progress.last_read_ms % 10'000;
   const auto now = std::chrono::steady_clock::now();
   if (ds.published_once && progress == ds.published &&
       now - ds.published_at < config_.progress_refresh_interval) {
@@ -489,14 +595,24 @@ void CacheNode::Impl::UpdatePhase(ActiveDataset& ds, const std::vector<NodeRecor
   // Every node's share adds up to the whole dataset only once they all
   // computed placement over the same membership.
   const bool complete = summary.all_staged && total == ds.manifest->chunk_count() * replicas;
+  ds.pool_last_read_ms = std::max(ds.pool_last_read_ms, summary.total.last_read_ms);
 
   DatasetRecord record = ds.record;
   const DatasetPhase phase = record.state.phase;
   std::string message;
+  // What Ready says when the pool keeps only part of the dataset: the same on
+  // every node (it is computed from the pool's progress alone).
+  const std::string partly =
+      "Ready, " + std::to_string(static_cast<int>(summary.resident_fraction() * 100)) +
+      "% resident (" + std::to_string(bytes) + " of " + std::to_string(summary.total.bytes_total) +
+      " bytes on " + Plural(nodes.size(), "node") +
+      "); the rest is streamed from the source in plan order when read";
   if (complete && phase == DatasetPhase::kStaging) {
     record.state.phase = DatasetPhase::kReady;
-    message = "staged on " + Plural(nodes.size(), "node") + ": " +
-              Plural(ds.manifest->chunk_count(), "chunk") + ", " + std::to_string(bytes) + " bytes";
+    message = summary.all_kept ? "staged on " + Plural(nodes.size(), "node") + ": " +
+                                     Plural(ds.manifest->chunk_count(), "chunk") + ", " +
+                                     std::to_string(bytes) + " bytes"
+                               : partly;
     if (failed > 0) message += "; " + Plural(failed, "sample") + " failed (see the node logs)";
     // Links the source's reads refuse were left out at the snapshot, not
     // failed here: say so, so their absence is not a surprise.
@@ -507,14 +623,22 @@ void CacheNode::Impl::UpdatePhase(ActiveDataset& ds, const std::vector<NodeRecor
     record.state.phase = DatasetPhase::kStaging;
     message = "re-staging after a change of the nodes of pool " + config_.pool + ": " +
               std::to_string(staged) + " of " + std::to_string(total) + " chunks staged";
-  } else if (!complete && mine.state == StagingState::kCapacity &&
-             record.state.message.rfind("does not fit", 0) != 0) {
+  } else if (complete && phase == DatasetPhase::kReady && !summary.all_kept &&
+             record.state.message != partly) {
+    message = partly;  // its budget moved
+  } else if (complete && phase == DatasetPhase::kReady && summary.all_kept &&
+             record.state.message.rfind("Ready, ", 0) == 0) {
+    message = "staged on " + Plural(nodes.size(), "node") + ": " +
+              Plural(ds.manifest->chunk_count(), "chunk") + ", " + std::to_string(bytes) + " bytes";
+  } else if (!complete && mine.state == StagingState::kCapacity) {
+    // Said again whenever its figures move, so it agrees with the progress.
     message = "does not fit: node " + config_.node_id + " holds " +
               std::to_string(mine.chunks_staged) + " of the " + std::to_string(mine.chunks_owned) +
               " chunks it owns (" + std::to_string(mine.bytes_staged) + " of " +
               std::to_string(mine.bytes_owned) + " bytes) within its capacity of " +
               std::to_string(chunks_->capacity()) +
               " bytes; it staged what the plans read first and serves the rest from the source";
+    if (message == record.state.message) message.clear();
   }
   if (complete) DropDisowned(ds, "the dataset is Ready on the new owners");
   if (message.empty()) return;

@@ -253,13 +253,13 @@ void Stager::RecomputeKeptLocked() {
       s.kept = false;
       continue;
     }
-    if (!budget_.has_value()) {
-      s.kept = true;
-      continue;
-    }
     if (s.file_bytes == 0) {
       auto segments = manifest_->Segments(c);
       s.file_bytes = segments.ok() ? store_->ChunkBytes(*segments) : 0;
+    }
+    if (!budget_.has_value()) {
+      s.kept = true;
+      continue;
     }
     // A prefix of the staging order: the chunks the plans read first.
     full = full || used + s.file_bytes > *budget_;
@@ -473,6 +473,7 @@ StagerProgress Stager::Progress() const {
     if (!c.owned) continue;
     ++p.chunks_owned;
     p.bytes_owned += c.payload;
+    p.file_bytes_owned += c.file_bytes;
     p.bytes_staged += c.present_bytes;
     if (c.present_segments == c.segment_count) ++p.chunks_complete;
     if (c.failed) ++p.chunks_failed;

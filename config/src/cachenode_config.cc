@@ -281,6 +281,7 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "drain_timeout", &c->drain_timeout));
   GRANARY_RETURN_IF_ERROR(
       OptionalPositiveDuration(m, "progress_refresh_interval", &c->progress_refresh_interval));
+  GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "cache_idle_after", &c->cache_idle_after));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "startup_timeout", &c->startup_timeout));
   GRANARY_RETURN_IF_ERROR(OptionalPositiveDuration(m, "write_timeout", &c->write_timeout));
   GRANARY_RETURN_IF_ERROR(

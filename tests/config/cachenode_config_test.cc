@@ -450,8 +450,9 @@ TEST(CacheNodeConfigTest, BadCounts) {
 }
 
 TEST(CacheNodeConfigTest, BadDurations) {
-  for (const char* key : {"heartbeat_interval", "heartbeat_ttl", "drain_timeout", "startup_timeout",
-                          "write_timeout", "reply_stall_timeout", "progress_refresh_interval"}) {
+  for (const char* key :
+       {"heartbeat_interval", "heartbeat_ttl", "drain_timeout", "startup_timeout", "write_timeout",
+        "reply_stall_timeout", "progress_refresh_interval", "cache_idle_after"}) {
     ExpectBadValue(key, "0s", "0s is not a positive duration", "e.g. 250ms");
     ExpectBadValue(key, "0", "0s is not a positive duration", "e.g. 250ms");
     for (const char* bad : {"-1s", "5 parsecs", "fast", "2d", "1.2.3s"}) {

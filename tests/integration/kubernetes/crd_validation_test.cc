@@ -161,8 +161,8 @@ TEST_F(CrdValidationTest, ExamplesApplyWithDefaultsColumnsAndStatus) {
   EXPECT_THAT(pools, ::testing::ContainsRegex("NAME +NODES +READY +CAPACITY +USED +DATASETS +AGE"))
       << pools;
   const std::string datasets = MustKubectl({"get", "gds", "-n", "team-a"});
-  EXPECT_THAT(datasets,
-              ::testing::ContainsRegex("NAME +POOL +FILES +TOTAL +CACHED +CACHED% +PHASE +AGE"))
+  EXPECT_THAT(datasets, ::testing::ContainsRegex(
+                            "NAME +POOL +FILES +TOTAL +CACHED +CACHED% +RESIDENT +PHASE +AGE"))
       << datasets;
   const std::string both = MustKubectl({"get", "granary", "-A"});
   EXPECT_THAT(both, HasSubstr("cachepool.granary.io/gpu")) << both;
@@ -240,6 +240,8 @@ TEST_F(CrdValidationTest, ExamplesApplyWithDefaultsColumnsAndStatus) {
                    {"totalBytes", 150323855360},
                    {"stagedBytes", 150323855360},
                    {"stagedPercent", 100},
+                   {"residentPercent", 48},
+                   {"resident", "48%"},
                    {"total", "140Gi"},
                    {"cached", "140Gi"},
                    {"nodes", 2},
@@ -268,8 +270,8 @@ TEST_F(CrdValidationTest, ExamplesApplyWithDefaultsColumnsAndStatus) {
   MustKubectl({"patch", "dataset", "imagenet-train", "-n", "team-a", "--subresource=status",
                "--type=merge", "-p", status.dump()});
   const std::string row = MustKubectl({"get", "gds", "imagenet-train", "-n", "team-a"});
-  EXPECT_THAT(row,
-              ::testing::ContainsRegex("imagenet-train +gpu +1281167 +140Gi +140Gi +100 +Ready"))
+  EXPECT_THAT(
+      row, ::testing::ContainsRegex("imagenet-train +gpu +1281167 +140Gi +140Gi +100 +48% +Ready"))
       << row;
   MustKubectl(
       {"wait", "--for=condition=Ready", "--timeout=10s", "dataset/imagenet-train", "-n", "team-a"});
@@ -288,13 +290,122 @@ TEST_F(CrdValidationTest, ExamplesApplyWithDefaultsColumnsAndStatus) {
   EXPECT_THAT(pool_row, ::testing::ContainsRegex("gpu +2 +1 +1600Gi +140Gi +1")) << pool_row;
 
   // A status the schema does not allow is refused too.
-  json bad_status = {{"status", {{"phase", "Done"}, {"stagedPercent", 101}}}};
+  json bad_status = {
+      {"status", {{"phase", "Done"}, {"stagedPercent", 101}, {"residentPercent", -1}}}};
   KubectlResult r =
       cluster().Kubectl({"patch", "dataset", "imagenet-train", "-n", "team-a",
                          "--subresource=status", "--type=merge", "-p", bad_status.dump()});
   EXPECT_FALSE(r.ok());
   EXPECT_THAT(r.err, HasSubstr("status.phase")) << r.Describe();
   EXPECT_THAT(r.err, HasSubstr("status.stagedPercent")) << r.Describe();
+  EXPECT_THAT(r.err, HasSubstr("status.residentPercent")) << r.Describe();
+}
+
+TEST_F(CrdValidationTest, CacheSettingsAndQuotasAreCheckedNamingTheField) {
+  // Dataset spec.cache: each bad value refused with its field; unknown fields
+  // too (--validate=strict).
+  const json dataset = Example("dataset.yaml");
+  ExpectRefused(
+      cluster(), dataset,
+      {{"priority above 1000",
+        [](json& o) { o["spec"]["cache"]["priority"] = 1001; },
+        {"spec.cache.priority", "less than or equal to 1000"}},
+       {"priority below -1000",
+        [](json& o) { o["spec"]["cache"]["priority"] = -1001; },
+        {"spec.cache.priority", "greater than or equal to -1000"}},
+       {"a huge priority",
+        [](json& o) { o["spec"]["cache"]["priority"] = 9007199254740993LL; },
+        {"spec.cache.priority"}},
+       {"a priority that is not a number",
+        [](json& o) { o["spec"]["cache"]["priority"] = "high"; },
+        {"spec.cache.priority", "integer"}},
+       {"pinned that is not a boolean",
+        [](json& o) { o["spec"]["cache"]["pinned"] = "yes"; },
+        {"spec.cache.pinned", "boolean"}},
+       {"a negative minResidentPercent",
+        [](json& o) { o["spec"]["cache"]["minResidentPercent"] = -1; },
+        {"spec.cache.minResidentPercent", "greater than or equal to 0"}},
+       {"minResidentPercent above 100",
+        [](json& o) { o["spec"]["cache"]["minResidentPercent"] = 101; },
+        {"spec.cache.minResidentPercent", "less than or equal to 100"}},
+       {"a ttl in days",
+        [](json& o) { o["spec"]["cache"]["ttl"] = "2d"; },
+        {"spec.cache.ttl", "should match"}},
+       {"a ttl without a unit",
+        [](json& o) { o["spec"]["cache"]["ttl"] = "3600"; },
+        {"spec.cache.ttl", "should match"}},
+       {"a negative ttl",
+        [](json& o) { o["spec"]["cache"]["ttl"] = "-1h"; },
+        {"spec.cache.ttl", "should match"}},
+       {"a ttl as a number",
+        [](json& o) { o["spec"]["cache"]["ttl"] = 3600; },
+        {"spec.cache.ttl", "string"}},
+       {"a ttl over ten years",
+        [](json& o) { o["spec"]["cache"]["ttl"] = "87601h"; },
+        {"spec.cache.ttl", "at most 87600h"}},
+       {"an empty ttl", [](json& o) { o["spec"]["cache"]["ttl"] = ""; }, {"spec.cache.ttl"}},
+       {"an unknown field in spec.cache",
+        [](json& o) { o["spec"]["cache"]["policy"] = "lru"; },
+        {"spec.cache.policy", "unknown field"}}});
+  const std::vector<std::pair<std::string, std::function<void(json&)>>> good = {
+      {"every setting at its edge",
+       [](json& o) {
+         o["spec"]["cache"] = {
+             {"priority", -1000}, {"pinned", true}, {"ttl", "87600h"}, {"minResidentPercent", 100}};
+       }},
+      {"a pinned dataset that may shrink to half (its quota may still cap it)",
+       [](json& o) {
+         o["spec"]["cache"] = {{"pinned", true}, {"minResidentPercent", 50}};
+       }},
+      {"ttl 1h30m", [](json& o) { o["spec"]["cache"]["ttl"] = "1h30m"; }},
+      {"ttl 0s (never)", [](json& o) { o["spec"]["cache"]["ttl"] = "0s"; }},
+      {"an empty cache object", [](json& o) { o["spec"]["cache"] = json::object(); }},
+  };
+  for (const auto& [what, change] : good) {
+    SCOPED_TRACE(what);
+    json object = dataset;
+    change(object);
+    KubectlResult r = Apply(object, /*dry_run=*/true);
+    EXPECT_TRUE(r.ok()) << r.Describe();
+  }
+
+  // CachePool spec.quotas.
+  const json pool = Example("cachepool.yaml");
+  auto quotas = [](json q) { return [q](json& o) { o["spec"]["quotas"] = q; }; };
+  ExpectRefused(cluster(), pool,
+                {{"a quota of 0 bytes",
+                  quotas({{{"namespace", "team-a"}, {"bytes", 0}}}),
+                  {"spec.quotas[0].bytes", "greater than 0"}},
+                 {"a quota of \"0Gi\"",
+                  quotas({{{"namespace", "team-a"}, {"bytes", "0Gi"}}}),
+                  {"spec.quotas[0].bytes", "greater than 0"}},
+                 {"a negative quota",
+                  quotas({{{"namespace", "team-a"}, {"bytes", -5}}}),
+                  {"spec.quotas[0].bytes"}},
+                 {"a quota that is no quantity",
+                  quotas({{{"namespace", "team-a"}, {"bytes", "lots"}}}),
+                  {"spec.quotas[0].bytes", "not lots"}},
+                 {"a fractional byte count",
+                  quotas({{{"namespace", "team-a"}, {"bytes", "0.5"}}}),
+                  {"spec.quotas[0].bytes"}},
+                 {"two quotas for one namespace",
+                  quotas({{{"namespace", "team-a"}, {"bytes", "1Gi"}},
+                          {{"namespace", "team-a"}, {"bytes", "2Gi"}}}),
+                  {"spec.quotas[1]", "Duplicate value"}},
+                 {"a namespace that is no DNS label",
+                  quotas({{{"namespace", "Team_A"}, {"bytes", "1Gi"}}}),
+                  {"spec.quotas[0].namespace", "should match"}},
+                 {"a quota without bytes",
+                  quotas({{{"namespace", "team-a"}}}),
+                  {"spec.quotas[0].bytes: Required value"}},
+                 {"an unknown field in a quota",
+                  quotas({{{"namespace", "team-a"}, {"bytes", "1Gi"}, {"files", 10}}}),
+                  {"spec.quotas[0].files", "unknown field"}}});
+  json with_quotas = pool;
+  with_quotas["spec"]["quotas"] = {{{"namespace", "team-a"}, {"bytes", "10Gi"}},
+                                   {{"namespace", "team-b"}, {"bytes", 1073741824}}};
+  KubectlResult r = Apply(with_quotas, /*dry_run=*/true);
+  EXPECT_TRUE(r.ok()) << r.Describe();
 }
 
 TEST_F(CrdValidationTest, BadDatasetsAreRefusedWithTheirFieldPath) {

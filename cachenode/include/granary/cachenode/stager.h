@@ -183,13 +183,14 @@ struct StagerProgress {
   uint64_t chunks_kept = 0;
   uint64_t bytes_kept = 0;
   uint64_t file_bytes_kept = 0;
-  std::optional<uint64_t> budget;      // none: every owned chunk is kept
-  uint64_t streamed_segments = 0;      // read from the source for readers, not stored (not kept)
+  uint64_t file_bytes_owned = 0;   // chunk-file bytes of the whole share (what it claims)
+  std::optional<uint64_t> budget;  // none: every owned chunk is kept
+  uint64_t streamed_segments = 0;  // read from the source for readers, not stored (not kept)
   uint64_t streamed_bytes = 0;
-  uint64_t reads_from_store = 0;       // NoteReads: items readers got from the store
-  uint64_t reads_from_source = 0;      // NoteReads: items readers waited for the source for
-  int64_t last_read_ms = 0;            // NoteReads: wall clock of the last read, 0 never
-  uint64_t source_retries = 0;        // source reads tried again after a transient (kIo) error
+  uint64_t reads_from_store = 0;   // NoteReads: items readers got from the store
+  uint64_t reads_from_source = 0;  // NoteReads: items readers waited for the source for
+  int64_t last_read_ms = 0;        // NoteReads: wall clock of the last read, 0 never
+  uint64_t source_retries = 0;     // source reads tried again after a transient (kIo) error
   // Why staging is paused or why a chunk failed (kCapacity, kDiskFull, a store
   // error); OK otherwise.
   Status last_error;

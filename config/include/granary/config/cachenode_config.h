@@ -184,6 +184,11 @@ struct CacheNodeConfig {
   // put again though it did not change, so a record the store lost (a Redis
   // failover before it replicated) comes back; > 0.
   std::chrono::milliseconds progress_refresh_interval{60000};
+  // `cache_idle_after`: a dataset with no read and no plan registered for
+  // this long is idle: when the node is full, idle datasets give up their
+  // chunks before datasets in use (docs/cachenode.md, "When the cache is
+  // full"); > 0.
+  std::chrono::milliseconds cache_idle_after{600000};
   // `startup_timeout`: how long start-up keeps trying to reach the metadata
   // store before the daemon gives up (exit status 1); > 0.
   std::chrono::milliseconds startup_timeout{30000};
