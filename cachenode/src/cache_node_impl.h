@@ -111,6 +111,7 @@ struct ActiveDataset {
   int64_t pool_last_read_ms = 0;
   int64_t last_plan_ms = 0;
   int64_t activated_ms = 0;
+  bool started = false;  // its Stager's bulk staging (after the first budget)
 };
 
 class CacheNode::Impl {

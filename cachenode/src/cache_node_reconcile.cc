@@ -250,6 +250,13 @@ void CacheNode::Impl::Reconcile() {
   if (plans_read) plans_changed_ = false;
   ApplyCacheBudgets();
   for (auto& [ds, ds_nodes] : reconciled) {
+    if (!ds->started) {
+      Status started = ds->stager->Start();
+      if (!started.ok()) {
+        log_->error("starting the staging of dataset {}: {}", Quoted(ds->name), started.ToString());
+      }
+      ds->started = true;
+    }
     PublishProgress(*ds);
     UpdatePhase(*ds, ds_nodes);
   }
@@ -438,8 +445,9 @@ Status CacheNode::Impl::Restage(ActiveDataset& ds, std::vector<PlanRecord> plans
     ds.stager = stager;
     ds.plans_key = key;
   }
+  // Started by Reconcile once the cache policy gave it its budget: started
+  // now, it would stage chunks beyond the budget only to drop them.
   GRANARY_RETURN_IF_ERROR(reads_->Add(ds.manifest, stager));
-  GRANARY_RETURN_IF_ERROR(stager->Start());
   log_->info("dataset {}: staging in {} order", Quoted(ds.name),
              ordered ? "the registered plans'" : "chunk");
   return Status::Ok();

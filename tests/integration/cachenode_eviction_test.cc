@@ -1,0 +1,339 @@
+// The cache policy on real granary-cachenode processes and a real Redis
+// (docs/cachenode.md, "When the cache is full"): nodes whose capacity holds
+// one dataset but not two.
+//
+//  - two datasets in use split the node; the one already staged is shrunk
+//    while a reader reads it, and every byte its reader gets is right; once
+//    it goes idle the other gets its whole share, without an admin;
+//  - a pinned dataset never shrinks, whatever the priority of the other;
+//  - a byte limit (a namespace quota) keeps that fraction, and the dataset
+//    says "Ready, N% resident";
+//  - a TTL drops a dataset nobody reads; reading it again brings it back;
+//  - a restart on the same data dir keeps the resident set: reading the kept
+//    samples opens no source file.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "testing/cachenode_fixture.h"
+#include "testing/test_util.h"
+
+namespace granary::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+using Labels = std::map<std::string, std::string>;
+
+// Sizes chosen so one dataset fits a node and two do not.
+DatasetOptions Small(const std::string& name) {
+  DatasetOptions o;
+  o.name = name;
+  o.files = 600;
+  o.min_size = 2048;
+  o.max_size = 6144;
+  o.chunk_size = 64 * 1024;
+  return o;
+}
+
+// The node's capacity: 1.5 times one dataset's payload.
+uint64_t CapacityFor(const TestDataset& ds) { return ds.total_bytes * 3 / 2; }
+
+// Reads every sample once and counts wrong bytes and errors.
+struct Pass {
+  size_t failed = 0;
+  size_t wrong = 0;
+  std::string first_error;
+};
+Pass ReadAll(MetadataStore& store, const TestDataset& ds) {
+  Pass pass;
+  DatasetReader reader(&store, ds);
+  Status refreshed = reader.Refresh();
+  if (!refreshed.ok()) {
+    pass.failed = ds.sample_count();
+    pass.first_error = refreshed.ToString();
+    return pass;
+  }
+  const std::vector<DatasetReader::Outcome> got = reader.Read(ds.AllIds());
+  for (SampleId id = 0; id < got.size(); ++id) {
+    if (!got[id].status.ok()) {
+      if (pass.failed++ == 0) pass.first_error = got[id].status.ToString();
+    } else if (got[id].bytes != ds.contents[id]) {
+      ++pass.wrong;
+    }
+  }
+  return pass;
+}
+
+StagingProgress ProgressOf(MetadataStore& store, const std::string& dataset) {
+  auto all = store.ListProgress(dataset);
+  StagingProgress sum;
+  if (!all.ok()) return sum;
+  for (const auto& [node, p] : *all) {
+    sum.chunks_total += p.chunks_total;
+    sum.chunks_not_kept += p.chunks_not_kept;
+    sum.bytes_total += p.bytes_total;
+    sum.bytes_staged += p.bytes_staged;
+    sum.bytes_not_kept += p.bytes_not_kept;
+  }
+  return sum;
+}
+
+Status SetCache(MetadataStore& store, const std::string& dataset, const DatasetCacheSpec& cache) {
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, store.GetDataset(dataset));
+    record.spec.cache = cache;
+    Result<DatasetRecord> updated = store.UpdateDataset(record);
+    if (updated.ok()) return Status::Ok();
+    if (updated.status().code() != StatusCode::kFailedPrecondition) return updated.status();
+  }
+  return Status::Unavailable("the record of " + dataset + " kept changing");
+}
+
+class CacheEvictionTest : public ::testing::Test {
+ protected:
+  // One node whose capacity holds `first` and half of another of its size.
+  void StartWith(const TestDataset& sizing, const std::string& extra_yaml = "") {
+    CacheNodeOptions options;
+    options.capacity_bytes = CapacityFor(sizing);
+    options.extra_yaml = "cache_idle_after: 3s\n" + extra_yaml;
+    ASSERT_OK(cluster_->StartNodes(1, options));
+  }
+  void SetUp() override {
+    auto cluster = CacheCluster::Create();
+    ASSERT_OK(cluster);
+    cluster_ = std::move(*cluster);
+  }
+  std::unique_ptr<CacheCluster> cluster_;
+};
+
+TEST_F(CacheEvictionTest, TwoInUseSplitTheNodeUnderAReaderAndTheIdleOneGivesWay) {
+  auto a = cluster_->CreateDataset(Small("first"));
+  ASSERT_OK(a);
+  StartWith(*a);
+  ASSERT_OK(cluster_->WaitForPhase("first", DatasetPhase::kReady, 60s));
+  EXPECT_EQ(ProgressOf(cluster_->store(), "first").chunks_not_kept, 0u)
+      << cluster_->Describe("first");
+
+  // A reader of the first reads pass after pass while the second arrives.
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> passes{0}, failed{0}, wrong{0};
+  std::string first_error;
+  std::thread reader([&] {
+    for (int i = 0; i < 200 && !stop.load(); ++i) {
+      Pass p = ReadAll(cluster_->store(), *a);
+      failed += p.failed;
+      wrong += p.wrong;
+      if (first_error.empty()) first_error = p.first_error;
+      ++passes;
+    }
+  });
+  auto b = cluster_->CreateDataset(Small("second"));
+  ASSERT_OK(b);
+  // The second is read too: both in use, so they split the node, and the
+  // first gives up chunks while its reader reads.
+  std::thread second_reader([&] {
+    for (int i = 0; i < 200 && !stop.load(); ++i) ReadAll(cluster_->store(), *b);
+  });
+  ASSERT_OK(cluster_->WaitForPhase("second", DatasetPhase::kReady, 60s));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return ProgressOf(cluster_->store(), "first").chunks_not_kept > 0 &&
+               ProgressOf(cluster_->store(), "second").chunks_not_kept > 0;
+      },
+      30s))
+      << cluster_->Describe("first") << "\n"
+      << cluster_->Describe("second");
+  CacheNode& node = cluster_->node(0);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto v = node.MetricValue("granary_cachenode_evicted_chunks_total",
+                                  {{"dataset", "first"}, {"reason", "fair_share"}});
+        return v.ok() && *v > 0;
+      },
+      20s));
+  auto used = node.MetricValue("granary_cachenode_used_bytes", {});
+  ASSERT_OK(used);
+  EXPECT_LE(*used, static_cast<double>(CapacityFor(*a)));
+  auto record = cluster_->store().GetDataset("second");
+  ASSERT_OK(record);
+  EXPECT_THAT(record->state.message, HasSubstr("% resident"));
+  EXPECT_THAT(record->state.message, HasSubstr("streamed from the source"));
+
+  // The first's reader stops: it goes idle, and the second (still read) gets
+  // its whole share.
+  stop = true;
+  reader.join();
+  stop = false;
+  std::thread keep_reading([&] {
+    for (int i = 0; i < 400 && !stop.load(); ++i) ReadAll(cluster_->store(), *b);
+  });
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto r = cluster_->store().GetDataset("second");
+        return ProgressOf(cluster_->store(), "second").chunks_not_kept == 0 && r.ok() &&
+               r->state.phase == DatasetPhase::kReady &&
+               r->state.message.rfind("staged on", 0) == 0;
+      },
+      60s))
+      << cluster_->Describe("second");
+  stop = true;
+  keep_reading.join();
+  second_reader.join();
+
+  EXPECT_GT(passes.load(), 0u);
+  EXPECT_EQ(wrong.load(), 0u);
+  EXPECT_EQ(failed.load(), 0u) << first_error;
+  // The first, now mostly streamed, still reads right.
+  Pass after = ReadAll(cluster_->store(), *a);
+  EXPECT_EQ(after.failed, 0u) << after.first_error;
+  EXPECT_EQ(after.wrong, 0u);
+  EXPECT_GT(ProgressOf(cluster_->store(), "first").chunks_not_kept, 0u);
+  auto streamed =
+      node.MetricValue("granary_cachenode_streamed_bytes_total", {{"dataset", "first"}});
+  ASSERT_OK(streamed);
+  EXPECT_GT(*streamed, 0);
+}
+
+TEST_F(CacheEvictionTest, APinnedDatasetNeverShrinksForAHigherPriorityOne) {
+  auto a = cluster_->CreateDataset(Small("pinned"));
+  ASSERT_OK(a);
+  DatasetCacheSpec pin;
+  pin.pinned = true;
+  pin.priority = -100;
+  ASSERT_OK(SetCache(cluster_->store(), "pinned", pin));
+  StartWith(*a);
+  ASSERT_OK(cluster_->WaitForPhase("pinned", DatasetPhase::kReady, 60s));
+  auto b = cluster_->CreateDataset(Small("urgent"));
+  ASSERT_OK(b);
+  DatasetCacheSpec high;
+  high.priority = 500;
+  ASSERT_OK(SetCache(cluster_->store(), "urgent", high));
+  ASSERT_OK(cluster_->WaitForPhase("urgent", DatasetPhase::kReady, 60s));
+  Pass p = ReadAll(cluster_->store(), *b);  // in use, and right
+  EXPECT_EQ(p.failed, 0u) << p.first_error;
+  EXPECT_EQ(p.wrong, 0u);
+  EXPECT_TRUE(
+      WaitFor([&] { return ProgressOf(cluster_->store(), "urgent").chunks_not_kept > 0; }, 30s));
+  EXPECT_EQ(ProgressOf(cluster_->store(), "pinned").chunks_not_kept, 0u);
+  auto evicted = cluster_->node(0).MetricValue("granary_cachenode_evicted_chunks_total",
+                                               {{"dataset", "pinned"}, {"reason", "priority"}});
+  ASSERT_OK(evicted);
+  EXPECT_EQ(*evicted, 0);
+}
+
+TEST_F(CacheEvictionTest, ALimitKeepsItsFractionAndTheStatusSaysSo) {
+  auto a = cluster_->CreateDataset(Small("limited"));
+  ASSERT_OK(a);
+  DatasetCacheSpec limit;
+  limit.max_resident_bytes = a->total_bytes * 2 / 5;  // 40%
+  ASSERT_OK(SetCache(cluster_->store(), "limited", limit));
+  StartWith(*a);
+  auto ready = cluster_->WaitForPhase("limited", DatasetPhase::kReady, 60s);
+  ASSERT_OK(ready);
+  EXPECT_THAT(ready->state.message, HasSubstr("% resident"));
+  const StagingProgress p = ProgressOf(cluster_->store(), "limited");
+  EXPECT_GT(p.chunks_not_kept, 0u);
+  EXPECT_LE(p.bytes_staged, a->total_bytes * 2 / 5);
+  EXPECT_GE(p.bytes_staged, a->total_bytes / 5) << cluster_->Describe("limited");
+  Pass pass = ReadAll(cluster_->store(), *a);
+  EXPECT_EQ(pass.failed, 0u) << pass.first_error;
+  EXPECT_EQ(pass.wrong, 0u);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto kept =
+            cluster_->node(0).MetricValue("granary_cachenode_kept_bytes", {{"dataset", "limited"}});
+        return kept.ok() && *kept == static_cast<double>(p.bytes_total - p.bytes_not_kept);
+      },
+      10s));
+
+  // The limit lifted: the whole dataset is staged.
+  ASSERT_OK(SetCache(cluster_->store(), "limited", DatasetCacheSpec{}));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto r = cluster_->store().GetDataset("limited");
+        return ProgressOf(cluster_->store(), "limited").chunks_not_kept == 0 && r.ok() &&
+               r->state.message.rfind("staged on", 0) == 0;
+      },
+      60s))
+      << cluster_->Describe("limited");
+}
+
+TEST_F(CacheEvictionTest, ATtlDropsAnUnreadDatasetAndAReadBringsItBack) {
+  auto a = cluster_->CreateDataset(Small("ttl"));
+  ASSERT_OK(a);
+  DatasetCacheSpec ttl;
+  ttl.ttl_seconds = 2;
+  ASSERT_OK(SetCache(cluster_->store(), "ttl", ttl));
+  StartWith(*a);
+  ASSERT_OK(cluster_->WaitForPhase("ttl", DatasetPhase::kReady, 60s));
+  CacheNode& node = cluster_->node(0);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto v = node.MetricValue("granary_cachenode_evicted_chunks_total",
+                                  {{"dataset", "ttl"}, {"reason", "ttl"}});
+        auto used = node.MetricValue("granary_cachenode_used_bytes", {});
+        return v.ok() && *v > 0 && used.ok() && *used == 0;
+      },
+      30s))
+      << cluster_->Describe("ttl");
+  auto record = cluster_->store().GetDataset("ttl");
+  ASSERT_OK(record);
+  EXPECT_EQ(record->state.phase, DatasetPhase::kReady);
+  EXPECT_THAT(record->state.message, HasSubstr("0% resident"));
+  // Read again: right bytes (from the source), and it is kept again.
+  Pass pass = ReadAll(cluster_->store(), *a);
+  EXPECT_EQ(pass.failed, 0u) << pass.first_error;
+  EXPECT_EQ(pass.wrong, 0u);
+  EXPECT_TRUE(
+      WaitFor([&] { return ProgressOf(cluster_->store(), "ttl").chunks_not_kept == 0; }, 30s))
+      << cluster_->Describe("ttl");
+}
+
+TEST_F(CacheEvictionTest, ARestartKeepsTheResidentSet) {
+  auto a = cluster_->CreateDataset(Small("kept"));
+  ASSERT_OK(a);
+  DatasetCacheSpec limit;
+  limit.max_resident_bytes = a->total_bytes / 2;
+  ASSERT_OK(SetCache(cluster_->store(), "kept", limit));
+  StartWith(*a);
+  ASSERT_OK(cluster_->WaitForPhase("kept", DatasetPhase::kReady, 60s));
+  CacheNode& node = cluster_->node(0);
+  Result<double> used = 0.0;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        used = node.MetricValue("granary_cachenode_used_bytes", {});
+        return used.ok() && *used > 0;
+      },
+      10s));
+  const StagingProgress before = ProgressOf(cluster_->store(), "kept");
+  ASSERT_GT(before.chunks_not_kept, 0u);
+
+  auto stopped = node.Terminate();
+  ASSERT_OK(stopped);
+  ASSERT_OK(node.StartAndWaitReady());
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto v = node.MetricValue("granary_cachenode_kept_bytes", {{"dataset", "kept"}});
+        return v.ok() && *v == static_cast<double>(before.bytes_total - before.bytes_not_kept);
+      },
+      30s));
+  // Nothing was staged again and nothing dropped: the same files, no source opens.
+  auto again = node.MetricValue("granary_cachenode_used_bytes", {});
+  ASSERT_OK(again);
+  EXPECT_EQ(*again, *used);
+  auto opens = node.MetricValue("granary_cachenode_source_opens_total", {{"dataset", "kept"}});
+  ASSERT_OK(opens);
+  EXPECT_EQ(*opens, 0);
+  auto evicted = node.MetricValue("granary_cachenode_evicted_chunks_total",
+                                  {{"dataset", "kept"}, {"reason", "limit"}});
+  ASSERT_OK(evicted);
+  EXPECT_EQ(*evicted, 0);
+}
+
+}  // namespace
+}  // namespace granary::testing
