@@ -245,6 +245,10 @@ Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registr
   GRANARY_ASSIGN_OR_RETURN(m.creates_no_space,
                            r.AddCounter("granary_cachenode_chunk_creates_no_space_total",
                                         "Chunk creates failed: the file system was full."));
+  GRANARY_ASSIGN_OR_RETURN(
+      m.store_written_bytes,
+      r.AddCounter("granary_cachenode_store_written_bytes_total",
+                   "Payload bytes written into chunk files (staging and on-demand fills)."));
   GRANARY_ASSIGN_OR_RETURN(m.datasets, r.AddGauge("granary_cachenode_datasets",
                                                   "Datasets this node stages and serves."));
   GRANARY_ASSIGN_OR_RETURN(
@@ -389,6 +393,7 @@ void UpdateNodeMetrics(const CacheNodeMetrics& m, NodeMetricState& last,
   SetGauge(m.filesystem_available, store.filesystem_available_bytes);
   SetGauge(m.chunks, store.chunk_count);
   Advance(m.creates_refused, store.creates_refused_total, &last.creates_refused);
+  Advance(m.store_written_bytes, store.bytes_written_total, &last.written);
   Advance(m.creates_no_space, store.creates_no_space_total, &last.creates_no_space);
 }
 

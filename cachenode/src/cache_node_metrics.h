@@ -98,6 +98,7 @@ struct NodeMetricState {
   ChunkReadServiceCounters reads;
   uint64_t creates_refused = 0;
   uint64_t creates_no_space = 0;
+  uint64_t written = 0;
 };
 
 struct CacheNodeMetrics {
@@ -156,6 +157,7 @@ struct CacheNodeMetrics {
   prometheus::Gauge* used = nullptr;
   prometheus::Gauge* filesystem_available = nullptr;
   prometheus::Gauge* chunks = nullptr;
+  prometheus::Counter* store_written_bytes = nullptr;
   prometheus::Counter* creates_refused = nullptr;
   prometheus::Counter* creates_no_space = nullptr;
   prometheus::Gauge* datasets = nullptr;

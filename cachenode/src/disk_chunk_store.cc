@@ -42,7 +42,11 @@ class DiskChunkStore::Writer final : public StoredChunkWriter::Backend {
   Writer(Handle handle, ChunkWriter writer)
       : handle_(std::move(handle)), writer_(std::move(writer)) {}
 
-  Status Put(uint32_t index, std::string_view bytes) override { return writer_.Put(index, bytes); }
+  Status Put(uint32_t index, std::string_view bytes) override {
+    GRANARY_RETURN_IF_ERROR(writer_.Put(index, bytes));
+    handle_.store().bytes_written_.fetch_add(bytes.size(), std::memory_order_relaxed);
+    return Status::Ok();
+  }
   Status Commit() override {
     DiskChunkStore& store = handle_.store();
     GRANARY_RETURN_IF_ERROR(store.CheckNotDropped(*handle_.entry(), "commit", key()));
@@ -513,6 +517,7 @@ ChunkStoreStats DiskChunkStore::Stats() const {
       }
     }
     s.chunks_created_total = chunks_created_;
+    s.bytes_written_total = bytes_written_.load(std::memory_order_relaxed);
     s.chunks_dropped_total = chunks_dropped_;
     s.creates_refused_total = creates_refused_;
     s.creates_no_space_total = creates_no_space_;

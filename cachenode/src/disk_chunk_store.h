@@ -16,6 +16,7 @@
 // which is held only to look up or update it, never across file creation,
 // reads, syncs or unlinks.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -168,6 +169,7 @@ class DiskChunkStore final : public ChunkStore,
   std::set<std::string, std::less<>> dropping_datasets_;           // guarded by mu_
   uint64_t used_bytes_ = 0;                                        // guarded by mu_
   uint64_t chunks_created_ = 0;                                    // guarded by mu_
+  std::atomic<uint64_t> bytes_written_{0};                         // payload bytes put by writers
   uint64_t chunks_dropped_ = 0;                                    // guarded by mu_
   uint64_t creates_refused_ = 0;                                   // guarded by mu_
   uint64_t creates_no_space_ = 0;                                  // guarded by mu_

@@ -96,6 +96,7 @@ struct ChunkStoreStats {
   uint64_t manifest_count = 0;  // (dataset, manifest id) pairs with at least one chunk
   uint64_t present_segments = 0;
   uint64_t chunks_created_total = 0;
+  uint64_t bytes_written_total = 0;  // payload bytes put into chunk files (NVMe writes)
   uint64_t chunks_dropped_total = 0;
   uint64_t creates_refused_total = 0;   // refused: past capacity
   uint64_t creates_no_space_total = 0;  // failed: the file system was full (ENOSPC, EDQUOT)
