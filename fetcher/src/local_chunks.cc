@@ -3,6 +3,8 @@
 
 #include "local_chunks.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -22,6 +24,10 @@ constexpr auto kRetryMissingChunk = std::chrono::milliseconds(250);
 constexpr auto kRefreshInterval = std::chrono::milliseconds(20);
 // Bound on remembered refusals.
 constexpr size_t kMaxRemembered = 4096;
+// How often a kept descriptor is checked for a file the node dropped (its
+// cache policy evicted the chunk): closed then, so the space is freed and the
+// reads go to the node, which streams what it no longer keeps.
+constexpr auto kLinkCheckInterval = std::chrono::seconds(1);
 
 }  // namespace
 
@@ -51,8 +57,22 @@ Result<std::shared_ptr<LocalChunks::Open>> LocalChunks::Get(const FetchDataset& 
     std::lock_guard<std::mutex> lock(mu_);
     auto it = open_.find(key);
     if (it != open_.end()) {
-      lru_.splice(lru_.end(), lru_, it->second.lru);
-      return it->second.open;
+      Open& open = *it->second.open;
+      if (now - open.link_checked < kLinkCheckInterval) {
+        lru_.splice(lru_.end(), lru_, it->second.lru);
+        return it->second.open;
+      }
+      open.link_checked = now;
+      struct stat st {};
+      if (::fstat(open.reader.fd(), &st) != 0 || st.st_nlink > 0) {
+        lru_.splice(lru_.end(), lru_, it->second.lru);
+        return it->second.open;
+      }
+      // Dropped by the node: ask it again (it hands out the file it keeps
+      // now, or refuses and the network path reads it).
+      lru_.erase(it->second.lru);
+      open_.erase(it);
+      dropped_.fetch_add(1, std::memory_order_relaxed);
     }
     if (now < down_until_) return Decline("the cache node's handoff socket is off for a while");
     auto refused = not_before_.find(key);
@@ -118,6 +138,7 @@ Result<std::shared_ptr<LocalChunks::Open>> LocalChunks::Get(const FetchDataset& 
   opens_.fetch_add(1, std::memory_order_relaxed);
   auto open = std::make_shared<Open>(std::move(*reader));
   open->refreshed = now;
+  open->link_checked = now;
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = open_.try_emplace(key);
   if (!inserted) {
@@ -186,6 +207,7 @@ LocalChunksCounters LocalChunks::counters() const {
   c.declined = declined_.load(std::memory_order_relaxed);
   c.corrupt = corrupt_.load(std::memory_order_relaxed);
   c.failures = failures_.load(std::memory_order_relaxed);
+  c.dropped = dropped_.load(std::memory_order_relaxed);
   return c;
 }
 

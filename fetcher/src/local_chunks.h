@@ -16,7 +16,9 @@
 //
 // Bounded: at most `capacity` chunk files open (least recently used closed
 // first). A chunk the node deleted stays readable through the descriptor until
-// it is closed; its bytes are still those of the same manifest, verified.
+// it is closed; its bytes are still those of the same manifest, verified. A
+// kept descriptor is checked at most once a second for a file the node
+// dropped (link count 0) and closed then, so an eviction frees the space.
 //
 // Who calls it: SampleFetcher::Impl (ReadFromNode for the local node).
 //
@@ -48,6 +50,7 @@ struct LocalChunksCounters {
   uint64_t declined = 0;  // pieces passed to the network path
   uint64_t corrupt = 0;   // of those, segments that failed their checksum here
   uint64_t failures = 0;  // handoff socket failures (path switched off for a while)
+  uint64_t dropped = 0;   // kept descriptors of files the node dropped since (closed)
 };
 
 class LocalChunks {
@@ -78,6 +81,7 @@ class LocalChunks {
     std::shared_mutex mu;  // shared: Read; exclusive: Refresh
     ChunkReader reader;
     std::chrono::steady_clock::time_point refreshed;
+    std::chrono::steady_clock::time_point link_checked;  // under LocalChunks::mu_
     explicit Open(ChunkReader r) : reader(std::move(r)) {}
   };
   struct Slot {
@@ -104,6 +108,7 @@ class LocalChunks {
   std::atomic<uint64_t> declined_{0};
   std::atomic<uint64_t> corrupt_{0};
   std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> dropped_{0};
 };
 
 }  // namespace granary::sidecar
