@@ -319,6 +319,20 @@ Status Parse(ConfigMap& m, CacheNodeConfig* c) {
                                    "verify (checksum every staged segment at start-up)");
   }
 
+  std::string policy = "resident";
+  GRANARY_RETURN_IF_ERROR(m.Optional("cache_policy", &policy));
+  if (policy == "resident") {
+    c->cache_lru = false;
+  } else if (policy == "lru") {
+    c->cache_lru = true;
+  } else {
+    return Status::InvalidArgument(
+        m.Where("cache_policy") + ": " + Quoted(policy) +
+        " is not a cache policy; write resident (keep the chunks the plans read first, stream "
+        "the rest: the default) or lru (cache what is read, evict the least recently used: a "
+        "baseline for benchmarks)");
+  }
+
   return m.Finish();
 }
 

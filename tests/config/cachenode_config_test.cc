@@ -143,7 +143,7 @@ TEST(CacheNodeConfigTest, TheExampleSetsEveryKeyTheParserKnows) {
               std::string::npos)
         << key << " not in the example";
   }
-  EXPECT_EQ(keys, 40u) << msg;
+  EXPECT_EQ(keys, 42u) << msg;
 }
 
 TEST(CacheNodeConfigTest, Defaults) {
@@ -506,6 +506,21 @@ TEST(CacheNodeConfigTest, BadLogLevelAndScanMode) {
     ExpectBadValue("scan_mode", bad, "is not a scan mode", "write presence");
   }
   ExpectBadValue("scan_mode", "loud", "'loud'", "or verify");
+}
+
+TEST(CacheNodeConfigTest, CachePolicyAndIdleTime) {
+  auto c = ParseCacheNodeConfig(With("cache_policy", "lru") + "cache_idle_after: 90s\n", "node.yaml");
+  ASSERT_OK(c);
+  EXPECT_TRUE(c->cache_lru);
+  EXPECT_EQ(c->cache_idle_after, std::chrono::seconds(90));
+  auto d = ParseCacheNodeConfig(With("cache_policy", "resident"), "node.yaml");
+  ASSERT_OK(d);
+  EXPECT_FALSE(d->cache_lru);
+  EXPECT_EQ(d->cache_idle_after, std::chrono::minutes(10));
+  for (const char* bad : {"LRU", "lfu", "''", "resident,lru", "1"}) {
+    ExpectBadValue("cache_policy", bad, "is not a cache policy", "write resident");
+  }
+  ExpectBadValue("cache_policy", "[lru]", "expected a single value", "not a list or map");
 }
 
 TEST(CacheNodeConfigTest, UnknownKeys) {

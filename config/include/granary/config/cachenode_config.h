@@ -189,6 +189,11 @@ struct CacheNodeConfig {
   // chunks before datasets in use (docs/cachenode.md, "When the cache is
   // full"); > 0.
   std::chrono::milliseconds cache_idle_after{600000};
+  // `cache_policy`: "resident" (false: a dataset larger than its budget keeps
+  // the chunks its plans read first and streams the rest) or "lru" (true:
+  // what is read is kept and the least recently used chunk is evicted; the
+  // baseline other caches use, for benchmarks).
+  bool cache_lru = false;
   // `startup_timeout`: how long start-up keeps trying to reach the metadata
   // store before the daemon gives up (exit status 1); > 0.
   std::chrono::milliseconds startup_timeout{30000};
