@@ -44,6 +44,7 @@ Result<ScopedFd> CacheNode::Impl::HandOff(const PeerCredentials& peer,
   if (fd < 0) return Status::FromErrno(errno, "duplicate the descriptor of " + what);
   // A same-host reader reads the file itself: the hand-off is its read here.
   ds->stager->NoteReads(1, 0, cache_node_internal::NowMs());
+  ds->stager->TouchChunk(request.chunk);
   return ScopedFd(fd);
 }
 

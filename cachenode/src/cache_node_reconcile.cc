@@ -421,6 +421,7 @@ Status CacheNode::Impl::Restage(ActiveDataset& ds, std::vector<PlanRecord> plans
   StagerOptions options;
   options.dataset = ds.name;
   options.threads = config_.source_concurrency;
+  options.lru = config_.cache_lru;
   const std::string key = PlanFingerprint(plans);
   for (const PlanRecord& plan : plans)
     ds.last_plan_ms = std::max(ds.last_plan_ms, plan.registered_ms);

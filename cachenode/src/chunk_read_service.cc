@@ -406,7 +406,15 @@ Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
   ReadAnswer answer;
   uint64_t from_store = 0;
   uint64_t from_source = 0;
+  const bool lru = served->stager->lru();
   for (const ReadItem& item : request.items) {
+    if (lru) {
+      if (item.kind == ReadKind::kChunkRange) {
+        served->stager->TouchChunk(item.id);
+      } else {
+        served->stager->TouchSample(item.id);
+      }
+    }
     if (reader.TryFileRange(item, answer)) {
       ++from_store;
       items_ok_.fetch_add(1, std::memory_order_relaxed);

@@ -184,7 +184,11 @@ Stager::Stager(std::shared_ptr<const Manifest> manifest, std::shared_ptr<Source>
       clock_(options_.clock != nullptr ? options_.clock : SystemClock::Default()),
       chunk_order_(std::move(chunk_order)),
       order_(options_.order),
-      chunks_(manifest_->chunk_count()) {}
+      chunks_(manifest_->chunk_count()) {
+  if (options_.lru) {
+    last_used_ = std::make_unique<std::atomic<uint64_t>[]>(manifest_->chunk_count());
+  }
+}
 
 Stager::~Stager() { Stop(); }
 
@@ -247,7 +251,15 @@ Status Stager::SetOwnedChunks(std::span<const ChunkId> owned) {
 void Stager::RecomputeKeptLocked() {
   uint64_t used = 0;
   bool full = false;
-  for (ChunkId c : chunk_order_) {
+  std::vector<ChunkId> order = chunk_order_;
+  if (options_.lru && budget_.has_value()) {
+    // The most recently read first; never read ones in staging order.
+    std::stable_sort(order.begin(), order.end(), [&](ChunkId a, ChunkId b) {
+      return last_used_[a].load(std::memory_order_relaxed) >
+             last_used_[b].load(std::memory_order_relaxed);
+    });
+  }
+  for (ChunkId c : order) {
     ChunkState& s = chunks_[c];
     if (!s.owned) {
       s.kept = false;
@@ -313,6 +325,17 @@ Stager::Dropped Stager::DropNotKept() {
   }
   cv_.notify_all();
   return dropped;
+}
+
+void Stager::TouchChunk(ChunkId chunk) {
+  if (!options_.lru || chunk >= manifest_->chunk_count()) return;
+  last_used_[chunk].store(lru_tick_.fetch_add(1, std::memory_order_relaxed) + 1,
+                          std::memory_order_relaxed);
+}
+
+void Stager::TouchSample(SampleId sample) {
+  if (!options_.lru || sample >= manifest_->sample_count()) return;
+  TouchChunk(manifest_->ChunkOf(sample));
 }
 
 void Stager::NoteReads(uint64_t from_store, uint64_t from_source, int64_t now_ms) {

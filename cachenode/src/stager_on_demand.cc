@@ -73,6 +73,17 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
       if (!fill->status.ok()) return fill->status;
       return fill->bytes;
     }
+    if (options_.lru && budget_.has_value() && !chunks_[chunk].kept) {
+      // The LRU baseline: a read chunk is kept, the least recently read ones
+      // give way (dropped below, before this one is stored).
+      TouchChunk(chunk);
+      RecomputeKeptLocked();
+      lock.unlock();
+      DropNotKept();  // room for it, before a bulk worker or this fetch creates its file
+      lock.lock();
+      cursor_ = 0;
+      cv_.notify_all();
+    }
     bool present = false;
     if (!replace) {
       auto bits = store_->PresentSegments(Key(chunk));

@@ -1062,6 +1062,37 @@ TEST_F(StagerTest, AShrunkBudgetDropsTheLastKeptChunksAndAGrownOneStagesThemAgai
   EXPECT_EQ(stager_->Progress().state, StagingState::kComplete);
 }
 
+TEST_F(StagerTest, TheLruBaselineKeepsWhatWasReadLastAndDropsTheLeastRecent) {
+  OpenSourceAndStore();
+  StagerOptions options = Threads(1);
+  options.lru = true;
+  options.read_ahead = 0;
+  CreateStager(AllChunks(), options);
+  const std::vector<ChunkId> chunk_order = stager_->chunk_order();
+  uint64_t budget = 0;
+  for (size_t i = 0; i < 4; ++i) budget += store_->ChunkBytes(*manifest_->Segments(chunk_order[i]));
+  stager_->SetBudget(budget);
+  ASSERT_OK(stager_->Start());
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  for (size_t i = 0; i < chunk_order.size(); ++i) {
+    EXPECT_EQ(store_->HasChunk(Key(chunk_order[i])), i < 4) << "position " << i;
+  }
+  // Read the 2nd, 3rd and 4th kept chunks, then one not kept: the 1st (the
+  // least recently read) gives way to it.
+  for (size_t i = 1; i < 4; ++i) stager_->TouchChunk(chunk_order[i]);
+  const ChunkId later = chunk_order[10];
+  const std::vector<ChunkSegment> segments = *manifest_->Segments(later);
+  auto b = stager_->FetchSegment(later, 0);
+  ASSERT_OK(b);
+  EXPECT_EQ(*b, Expected(segments[0]));
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  EXPECT_FALSE(store_->HasChunk(Key(chunk_order[0])));
+  EXPECT_TRUE(ChunkComplete(later));
+  for (size_t i = 1; i < 4; ++i) EXPECT_TRUE(store_->HasChunk(Key(chunk_order[i]))) << i;
+  EXPECT_LE(store_->used_bytes(), budget);
+  EXPECT_GT(VerifyAll(), 0u);  // every stored byte is right (VerifyChunk checks each)
+}
+
 TEST_F(StagerTest, NewlyOwnedChunksGetStaged) {
   OpenSourceAndStore();
   std::vector<ChunkId> even;

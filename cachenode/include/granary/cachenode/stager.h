@@ -154,6 +154,12 @@ struct StagerOptions {
   // system clock. A test's ManualClock moves it without sleeping; the workers
   // look at the clock at least every kClockRecheck while they wait.
   const Clock* clock = nullptr;
+  // The LRU baseline (cache_policy: lru): under a budget, the chunks kept are
+  // the most recently read ones (TouchChunk) that fit, not the first of the
+  // staging order; a read of a chunk not kept makes it kept (the least
+  // recently read ones are dropped to make room) and bulk staging fills it.
+  // What most caches do; for benchmarks only.
+  bool lru = false;
 };
 
 // How often a worker waiting out the disk-full backoff looks at the clock
@@ -263,6 +269,11 @@ class Stager {
   // A read service served `from_store` items from the store and
   // `from_source` by reading the source, now (wall clock ms).
   void NoteReads(uint64_t from_store, uint64_t from_source, int64_t now_ms);
+  // Under StagerOptions::lru: marks a chunk (the chunk of a sample) as read
+  // now. No-op otherwise, or for an id past the manifest.
+  void TouchChunk(ChunkId chunk);
+  void TouchSample(SampleId sample);
+  bool lru() const { return options_.lru; }
 
   // Stops bulk staging and joins the workers: a worker finishes the source
   // read it is in, commits the segments it has read (only whole, read bytes
@@ -480,6 +491,9 @@ class Stager {
   std::atomic<uint64_t> reads_from_store_{0};
   std::atomic<uint64_t> reads_from_source_{0};
   std::atomic<int64_t> last_read_ms_{0};
+  // Under options_.lru: when each chunk was last read (a tick of lru_tick_).
+  std::unique_ptr<std::atomic<uint64_t>[]> last_used_;
+  std::atomic<uint64_t> lru_tick_{0};
   // Buffers of fills already committed, reused by bulk reads: a fresh
   // allocation per segment cost page faults and zero-filling, a fifth of
   // staging's CPU (docs/benchmarks.md). Emptied when the workers run out of
