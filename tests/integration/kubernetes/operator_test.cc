@@ -194,7 +194,11 @@ TEST_F(OperatorTest, ExampleDatasetStagesAndReportsWhatTheStoreSays) {
   EXPECT_THAT(table, HasSubstr("CACHED%"));
   EXPECT_THAT(table,
               ::testing::ContainsRegex("imagenet-train +gpu +" + std::to_string(files.size()) +
-                                       " +[0-9.]+[KMG]i +[0-9.]+[KMG]i +100 +Ready"));
+                                       " +[0-9.]+[KMG]i +[0-9.]+[KMG]i +100 +100% +Ready"));
+  EXPECT_EQ(st.value("residentPercent", 0), 100);
+  EXPECT_EQ(ConditionField(*d, "Staged", "reason"), "Staged");  // the whole dataset is kept
+  EXPECT_EQ(ConditionField(*d, "QuotaExceeded"), "False");
+  EXPECT_EQ(ConditionField(*d, "QuotaExceeded", "reason"), "NoQuota");
   // The pool's objects: owned by the CachePool, applied by granary-operator.
   for (const char* kind : {"daemonset", "configmap", "service", "secret"}) {
     SCOPED_TRACE(kind);
@@ -363,6 +367,213 @@ TEST_F(OperatorTest, DeletingADatasetDropsItsChunksAndRecordsThenTheFinalizer) {
   EXPECT_EQ((*store)->GetDataset(gname).status().code(), StatusCode::kNotFound);
   ASSERT_OK(cluster().WaitFor([&] { return chunk_files() == 0; }, seconds(30),
                               "the cache node dropping the deleted dataset's chunk files"));
+}
+
+// The cases of a namespace with a quota use their own, granted uid 1000 like
+// team-a, so no other case's Datasets count against it.
+constexpr char kQuotaNamespace[] = "team-q";
+
+Status MakeQuotaNamespace(KubeCluster& cluster) {
+  KubectlResult r = cluster.Kubectl(
+      {"apply", "-f", "-"},
+      std::string("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ") + kQuotaNamespace +
+          "\n  annotations: {granary.io/allowed-uids: \"1000\", granary.io/allowed-gids: "
+          "\"1000\"}\n");
+  return r.ok() ? Status::Ok() : Status::Unavailable(r.Describe());
+}
+
+// The pool's quotas (a JSON list, or null for none).
+void SetQuotas(KubeCluster& cluster, const json& quotas) {
+  cluster.MustKubectl({"patch", "cachepool", "gpu", "--type=merge", "-p",
+                       json({{"spec", {{"quotas", quotas}}}}).dump()});
+}
+
+TEST_F(OperatorTest, CacheSettingsAndTheNamespaceQuotaReachTheStoreRecords) {
+  ASSERT_OK(MakeQuotaNamespace(cluster()));
+  const auto first_files = MakeSource("quota/first", 16, 21);
+  const auto second_files = MakeSource("quota/second", 16, 22);
+  uint64_t first = 0, second = 0;
+  for (const auto& [p, b] : first_files) first += b.size();
+  for (const auto& [p, b] : second_files) second += b.size();
+  // Room for the first and half of the second (their JPEGs: notes.txt is not included).
+  const uint64_t quota = first + second / 2;
+  SetQuotas(cluster(), {{{"namespace", kQuotaNamespace}, {"bytes", quota}}});
+  Kubectl({"apply", "-f", "-"},
+          KubeSuite::DatasetYaml(kQuotaNamespace, "first", suite_->datasets() + "/quota/first",
+                                 "  include: ['*.JPEG']\n"
+                                 "  cache: {pinned: true, ttl: 1h30m, minResidentPercent: 50}\n"));
+  ASSERT_OK(
+      suite_->WaitDatasetCondition(kQuotaNamespace, "first", "Ready", "True", "", seconds(60)));
+  // Created after the first at the same priority: it gets what is left.
+  Kubectl({"apply", "-f", "-"},
+          KubeSuite::DatasetYaml(kQuotaNamespace, "second", suite_->datasets() + "/quota/second",
+                                 "  include: ['*.JPEG']\n"));
+  ASSERT_OK(suite_->WaitDatasetCondition(kQuotaNamespace, "second", "QuotaExceeded", "True",
+                                         "QuotaExceeded", seconds(60)));
+  ASSERT_OK(suite_->WaitDatasetCondition(kQuotaNamespace, "first", "QuotaExceeded", "False",
+                                         "WithinQuota", seconds(30)));
+  Result<json> d = suite_->Dataset(kQuotaNamespace, "second");
+  ASSERT_OK(d);
+  const std::string message = ConditionField(*d, "QuotaExceeded", "message");
+  EXPECT_THAT(message, HasSubstr(std::string("namespace ") + kQuotaNamespace +
+                                 "'s quota in pool gpu is " + kube::QuantityString(quota) +
+                                 " and its datasets need " + kube::QuantityString(first + second)));
+  EXPECT_THAT(message, HasSubstr("this one keeps " + kube::QuantityString(second - second / 2)));
+  EXPECT_THAT(message, HasSubstr("the rest is streamed from the source"));
+  EXPECT_THAT(Kubectl({"get", "events", "-n", kQuotaNamespace, "--field-selector",
+                       "involvedObject.name=second,reason=QuotaExceeded"}),
+              HasSubstr("QuotaExceeded"));
+
+  // The store records: the cache settings as written, the limit from the quota.
+  Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
+  ASSERT_OK(store);
+  auto record = [&](const std::string& name) {
+    return (*store)->GetDataset(kube::GranaryDatasetName(kQuotaNamespace, name));
+  };
+  Result<DatasetRecord> r = record("first");
+  ASSERT_OK(r);
+  EXPECT_TRUE(r->spec.cache.pinned);
+  EXPECT_EQ(r->spec.cache.ttl_seconds, 5400u);
+  EXPECT_EQ(r->spec.cache.min_resident_percent, 50u);
+  EXPECT_EQ(r->spec.cache.priority, 0);
+  EXPECT_EQ(r->spec.cache.max_resident_bytes, std::optional<uint64_t>(first));
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<DatasetRecord> s = record("second");
+        return s.ok() && s->spec.cache.max_resident_bytes == quota - first;
+      },
+      seconds(30), "the second's record to carry what the quota leaves it"));
+
+  // A new priority is a spec change without a new snapshot: the second now
+  // goes first, and the first gets what is left.
+  Kubectl({"patch", "dataset", "-n", kQuotaNamespace, "second", "--type=merge", "-p",
+           R"({"spec": {"cache": {"priority": 10}}})"});
+  ASSERT_OK(suite_->WaitDatasetCondition(kQuotaNamespace, "second", "QuotaExceeded", "False",
+                                         "WithinQuota", seconds(30)));
+  ASSERT_OK(suite_->WaitDatasetCondition(kQuotaNamespace, "first", "QuotaExceeded", "True",
+                                         "QuotaExceeded", seconds(30)));
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<DatasetRecord> f = record("first"), s = record("second");
+        return f.ok() && s.ok() && f->spec.cache.max_resident_bytes == quota - second &&
+               s->spec.cache.max_resident_bytes == second && s->spec.cache.priority == 10;
+      },
+      seconds(30), "the records to follow the new priority"));
+
+  // Raising the quota clears the condition on both.
+  SetQuotas(cluster(), {{{"namespace", kQuotaNamespace}, {"bytes", first + second}}});
+  for (const char* name : {"first", "second"}) {
+    SCOPED_TRACE(name);
+    ASSERT_OK(suite_->WaitDatasetCondition(kQuotaNamespace, name, "QuotaExceeded", "False",
+                                           "WithinQuota", seconds(30)));
+  }
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<DatasetRecord> f = record("first"), s = record("second");
+        return f.ok() && s.ok() && f->spec.cache.max_resident_bytes == first &&
+               s->spec.cache.max_resident_bytes == second;
+      },
+      seconds(30), "the records to get their whole size"));
+  // The operator's gauges (its exporter looks once a second).
+  const std::map<std::string, std::string> labels = {{"pool", "gpu"},
+                                                     {"namespace", kQuotaNamespace}};
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        return OperatorMetric("granary_operator_namespace_quota_bytes", labels) ==
+                   static_cast<double>(first + second) &&
+               OperatorMetric("granary_operator_namespace_wanted_bytes", labels) ==
+                   static_cast<double>(first + second) &&
+               OperatorMetric("granary_operator_namespace_resident_bytes", labels) >=
+                   static_cast<double>(first);  // the first is Ready
+      },
+      seconds(10), "the namespace's quota, wanted and resident bytes"));
+
+  // No quota: no limit in the records.
+  SetQuotas(cluster(), nullptr);
+  ASSERT_OK(suite_->WaitDatasetCondition(kQuotaNamespace, "second", "QuotaExceeded", "False",
+                                         "NoQuota", seconds(30)));
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<DatasetRecord> f = record("first"), s = record("second");
+        return f.ok() && s.ok() && !f->spec.cache.max_resident_bytes &&
+               !s->spec.cache.max_resident_bytes;
+      },
+      seconds(30), "the records to lose their limit"));
+  Kubectl({"delete", "dataset", "-n", kQuotaNamespace, "first", "second", "--timeout=60s"});
+}
+
+TEST_F(OperatorTest, DeletingACachePoolIsHeldWhileADatasetUsesIt) {
+  ASSERT_OK(MakeQuotaNamespace(cluster()));
+  // A second pool like the suite's on no node (no cache node runs for it).
+  Result<json> gpu = cluster().GetJson({"cachepool", "gpu"});
+  ASSERT_OK(gpu);
+  json spare = {{"apiVersion", "granary.io/v1alpha1"},
+                {"kind", "CachePool"},
+                {"metadata", {{"name", "spare"}}},
+                {"spec", (*gpu)["spec"]}};
+  spare["spec"]["nodeSelector"] = {{"granary.io/no-such-label", "true"}};
+  spare["spec"].erase("quotas");
+  Kubectl({"create", "-f", "-"}, spare.dump());
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<json> p = cluster().GetJson({"cachepool", "spare"});
+        Result<json> ds =
+            cluster().GetJson({"daemonset", "-n", "granary", "granary-cachenode-spare"});
+        return p.ok() && ds.ok() &&
+               (*p)["metadata"]
+                       .value("finalizers", json::array())
+                       .dump()
+                       .find("granary.io/pool-in-use") != std::string::npos;
+      },
+      seconds(30), "the pool's finalizer and DaemonSet"));
+  MakeSource("spare", 2, 31);
+  std::string yaml =
+      KubeSuite::DatasetYaml(kQuotaNamespace, "on-spare", suite_->datasets() + "/spare");
+  yaml = ReplaceAll(yaml, "cachePool: gpu", "cachePool: spare");
+  Kubectl({"apply", "-f", "-"}, yaml);
+  const std::string gname = kube::GranaryDatasetName(kQuotaNamespace, "on-spare");
+  Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
+  ASSERT_OK(store);
+  ASSERT_OK(cluster().WaitFor([&] { return (*store)->GetDataset(gname).ok(); }, seconds(30),
+                              "the Dataset's store record"));
+
+  // Deleting the pool: held, saying why.
+  Kubectl({"delete", "cachepool", "spare", "--wait=false"});
+  std::string message;
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<json> p = cluster().GetJson({"cachepool", "spare"});
+        if (!p.ok()) return false;
+        for (const json& c : (*p)["status"].value("conditions", json::array())) {
+          if (c.value("type", "") == "Deleting" && c.value("status", "") == "True" &&
+              c.value("reason", "") == "DatasetsStillUseIt") {
+            message = c.value("message", "");
+            return true;
+          }
+        }
+        return false;
+      },
+      seconds(30), "condition Deleting=True on the pool"));
+  EXPECT_THAT(message, HasSubstr(std::string(kQuotaNamespace) + "/on-spare"));
+  EXPECT_THAT(Kubectl({"get", "events", "-A", "--field-selector",
+                       "involvedObject.name=spare,reason=DeletionHeld"}),
+              HasSubstr("DeletionHeld"));
+  std::this_thread::sleep_for(seconds(3));  // still there a while later, with its cache nodes
+  EXPECT_OK(cluster().GetJson({"cachepool", "spare"}).status());
+  EXPECT_OK(cluster().GetJson({"daemonset", "-n", "granary", "granary-cachenode-spare"}).status());
+
+  // The Dataset goes (its record released through the pool's store), then the pool.
+  Kubectl({"delete", "dataset", "-n", kQuotaNamespace, "on-spare", "--timeout=60s"});
+  EXPECT_EQ((*store)->GetDataset(gname).status().code(), StatusCode::kNotFound);
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<json> p = cluster().GetJson({"cachepool", "spare"});
+        Result<json> ds =
+            cluster().GetJson({"daemonset", "-n", "granary", "granary-cachenode-spare"});
+        return !p.ok() && p.status().code() == StatusCode::kNotFound && !ds.ok() &&
+               ds.status().code() == StatusCode::kNotFound;
+      },
+      seconds(30), "the pool and its DaemonSet to go"));
 }
 
 TEST_F(OperatorTest, OperatorKilledAndApiServerRestartedStatusConvergesWithOneSnapshot) {
