@@ -13,11 +13,13 @@ tests/monitoring/dashboards_lint_test.py checks that both equal this script's
 output, so neither can drift.
 
 Every query uses only metrics granary-cachenode and granary-sidecar export
-(docs/cachenode.md, docs/sidecar.md "Metrics") plus Prometheus' own `up`, with
-their low-cardinality labels (dataset, type, class, from, kind) and the
-`instance`/`job` labels Prometheus adds. The operator exports no metric with a
-dataset's phase (only reconciles, errors, relists and leader), so the overview
-shows the cache nodes' per-dataset staging state instead.
+(docs/cachenode.md, docs/sidecar.md "Metrics"), granary-operator's namespace
+quota gauges (docs/kubernetes.md, "When the pool is full") and Prometheus' own
+`up`, with their low-cardinality labels (dataset, type, class, from, kind,
+reason, pool, namespace) and the `instance`/`job` labels Prometheus adds. The
+operator exports no metric with a dataset's phase (only reconciles, errors,
+relists, leader and the quota gauges), so the overview shows the cache nodes'
+per-dataset staging state instead.
 """
 
 import argparse
@@ -206,6 +208,39 @@ def overview():
               [target(f"sum by (dataset) (rate(granary_cachenode_source_read_bytes_total[{RATE}]))",
                       "{{dataset}}")],
               unit="Bps", w=12),
+        row("When the pool is full"),
+        panel("bargauge", "Resident by dataset",
+              "Of each dataset's bytes the cache nodes own (its shares, replicas counted), "
+              "the part staged on them: sum by dataset of granary_cachenode_staged_bytes over "
+              "granary_cachenode_owned_bytes. Below 1 once staging is done means the cache "
+              "nodes keep only part of it (the pool is full, or its namespace's quota caps it) "
+              "and stream the rest from the source.",
+              [target("sum by (dataset) (granary_cachenode_staged_bytes) / "
+                      "sum by (dataset) (granary_cachenode_owned_bytes)", "{{dataset}}",
+                      instant=True)],
+              unit="percentunit", w=8, minmax=(0, 1)),
+        panel("timeseries", "Evicted by reason",
+              "Chunk-file bytes per second the cache nodes drop to fit their cache policy "
+              "(granary_cachenode_evicted_bytes_total), by reason: priority (for a "
+              "higher-priority dataset), fair_share (for an equal one's share), ttl (not read "
+              "for its TTL), limit (its namespace's quota). 0 when nothing is evicted.",
+              [target(f"sum by (reason) (rate(granary_cachenode_evicted_bytes_total[{RATE}])) "
+                      "or vector(0)", "{{reason}}")],
+              unit="Bps", w=8),
+        panel("timeseries", "Namespace quotas",
+              "Per namespace with a quota in a pool (CachePool spec.quotas), as granary-operator "
+              "reports it: the quota (granary_operator_namespace_quota_bytes), what the "
+              "namespace's Datasets need, bytes times replication "
+              "(granary_operator_namespace_wanted_bytes), and what they hold staged "
+              "(granary_operator_namespace_resident_bytes). Every operator replica reports "
+              "every namespace: max, not sum.",
+              [target("max by (pool, namespace) (granary_operator_namespace_quota_bytes)",
+                      "quota {{namespace}} in {{pool}}"),
+               target("max by (pool, namespace) (granary_operator_namespace_wanted_bytes)",
+                      "wanted {{namespace}} in {{pool}}"),
+               target("max by (pool, namespace) (granary_operator_namespace_resident_bytes)",
+                      "resident {{namespace}} in {{pool}}")],
+              unit="bytes", w=8),
         row("Serving"),
         panel("timeseries", "Bytes by origin",
               "Where the bytes the trainers read came from. 'prefetched': handed out from the "
@@ -281,11 +316,14 @@ def dataset_view():
     sel = 'dataset="$dataset"'
     panels = [
         row("Staging"),
-        panel("stat", "Staged",
+        panel("stat", "Resident",
               "Staged bytes over owned bytes, over every cache node holding a share "
-              "(granary_cachenode_staged_bytes / granary_cachenode_owned_bytes).",
+              "(granary_cachenode_staged_bytes / granary_cachenode_owned_bytes): how much of "
+              "the dataset is read from cache. Below 1 once staging is done means the cache "
+              "nodes keep only part of it (kept bytes, below) and stream the rest from the "
+              "source.",
               [target(f"sum(granary_cachenode_staged_bytes{{{sel}}}) / "
-                      f"sum(granary_cachenode_owned_bytes{{{sel}}})", "staged", instant=True)],
+                      f"sum(granary_cachenode_owned_bytes{{{sel}}})", "resident", instant=True)],
               unit="percentunit", w=6, h=5, minmax=(0, 1)),
         panel("stat", "Sample errors",
               "Samples the cache nodes cannot stage (changed since the snapshot, gone, "
@@ -297,9 +335,12 @@ def dataset_view():
               f"granary_cachenode_staging_state per cache node: {STATE_TEXT}.",
               [target(f"granary_cachenode_staging_state{{{sel}}}", "{{instance}}", instant=True)],
               w=12, h=5, mappings=STATE_MAPPINGS),
-        panel("timeseries", "Staged and owned bytes by node",
-              "The share placement gives each node (owned) and how much of it is staged.",
+        panel("timeseries", "Staged, kept and owned bytes by node",
+              "The share placement gives each node (owned), the part of it the node keeps "
+              "under the dataset's cache budget (granary_cachenode_kept_bytes; the rest is "
+              "streamed from the source when read) and how much is staged.",
               [target(f"granary_cachenode_staged_bytes{{{sel}}}", "staged {{instance}}"),
+               target(f"granary_cachenode_kept_bytes{{{sel}}}", "kept {{instance}}"),
                target(f"granary_cachenode_owned_bytes{{{sel}}}", "owned {{instance}}")],
               unit="bytes", w=12),
         panel("timeseries", "Staging queue",
@@ -307,6 +348,31 @@ def dataset_view():
               "(granary_cachenode_staging_queue_chunks), by node.",
               [target(f"granary_cachenode_staging_queue_chunks{{{sel}}}", "{{instance}}")],
               w=12),
+        row("Cache policy"),
+        panel("timeseries", "Evicted bytes by reason",
+              "Chunk-file bytes per second the cache nodes drop of this dataset to fit their "
+              "cache policy (granary_cachenode_evicted_bytes_total), by reason: priority, "
+              "fair_share, ttl, limit (docs/kubernetes.md, \"When the pool is full\"). 0 when "
+              "nothing is evicted.",
+              [target(f"sum by (reason) "
+                      f"(rate(granary_cachenode_evicted_bytes_total{{{sel}}}[{RATE}])) "
+                      "or vector(0)", "{{reason}}")],
+              unit="Bps", w=8),
+        panel("timeseries", "Evicted chunks by reason",
+              "Chunks per second dropped of this dataset, by reason "
+              "(granary_cachenode_evicted_chunks_total). 0 when nothing is evicted.",
+              [target(f"sum by (reason) "
+                      f"(rate(granary_cachenode_evicted_chunks_total{{{sel}}}[{RATE}])) "
+                      "or vector(0)", "{{reason}}")],
+              unit="ops", w=8),
+        panel("timeseries", "Streamed from the source",
+              "Bytes per second read from the source for readers and not kept, the part of "
+              "the dataset outside its cache budget (granary_cachenode_streamed_bytes_total), "
+              "by node. 0 when the whole dataset is kept.",
+              [target(f"sum by (instance) "
+                      f"(rate(granary_cachenode_streamed_bytes_total{{{sel}}}[{RATE}])) "
+                      "or vector(0)", "{{instance}}")],
+              unit="Bps", w=8),
         row("Source"),
         panel("timeseries", "Source read throughput",
               "Bytes per second read from the dataset's source "

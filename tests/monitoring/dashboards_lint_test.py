@@ -45,10 +45,11 @@ PROMQL_WORDS = {
 }
 GRAFANA_VARIABLES = {"__rate_interval", "__range", "__interval"}
 # Labels a query may match or group on: the daemons' (dataset, type, class,
-# from, kind, result, op), Prometheus' target labels, histogram `le`, and the
-# `state` label count_values makes.
-ALLOWED_LABELS = {"dataset", "type", "class", "from", "kind", "result", "op", "instance", "job",
-                  "le", "state"}
+# from, kind, result, op, the cache policy's eviction reason, and the
+# operator's quota gauges' pool and namespace), Prometheus' target labels,
+# histogram `le`, and the `state` label count_values makes.
+ALLOWED_LABELS = {"dataset", "type", "class", "from", "kind", "result", "op", "reason", "pool",
+                  "namespace", "instance", "job", "le", "state"}
 # Labels whose values depend on the cluster: only ever a template variable.
 VARIABLE_ONLY_LABELS = {"instance", "job", "dataset"}
 
