@@ -229,7 +229,16 @@ Json DatasetJson(const DatasetRecord& d) {
               {"updated_ms", d.updated_ms},
               {"revision", d.revision},
               // null: every node of the pool; a list: only those (maybe none).
-              {"placed_on", d.spec.nodes.has_value() ? Json(*d.spec.nodes) : Json(nullptr)}};
+              {"placed_on", d.spec.nodes.has_value() ? Json(*d.spec.nodes) : Json(nullptr)},
+              // How it keeps its place in a full pool (`dataset update`).
+              {"cache",
+               {{"priority", d.spec.cache.priority},
+                {"pinned", d.spec.cache.pinned},
+                {"ttl_seconds", d.spec.cache.ttl_seconds},
+                {"min_resident_percent", d.spec.cache.min_resident_percent},
+                {"max_resident_bytes", d.spec.cache.max_resident_bytes.has_value()
+                                           ? Json(*d.spec.cache.max_resident_bytes)
+                                           : Json(nullptr)}}}};
 }
 
 Json ProgressJson(const ProgressSummary& s) {
@@ -238,7 +247,9 @@ Json ProgressJson(const ProgressSummary& s) {
               {"chunks_staged", s.total.chunks_staged},
               {"bytes_total", s.total.bytes_total},
               {"bytes_staged", s.total.bytes_staged},
-              {"samples_failed", s.total.samples_failed}};
+              {"samples_failed", s.total.samples_failed},
+              {"bytes_not_kept", s.total.bytes_not_kept},
+              {"resident_fraction", s.resident_fraction()}};
 }
 
 std::string UserName(uint32_t uid) {

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache_options.h"
 #include "cli_context.h"
 #include "granary/core/config.h"
 #include "granary/core/manifest.h"
@@ -118,6 +119,8 @@ class DatasetCommand {
   Status Delete(const std::string& name);
   Status Stage(const std::string& name);
   Status Place(const std::string& name);
+  // dataset update: the cache policy.
+  Status UpdateCache(const std::string& name);
   // --nodes / --no-nodes / --all-nodes as a DatasetSpec::nodes (create: no
   // option is the whole pool).
   Result<std::optional<std::vector<std::string>>> NodesOption(bool required) const;
@@ -157,6 +160,8 @@ class DatasetCommand {
   bool wait_after_ = false;
   std::string timeout_ = "1h";
   std::string wait_for_ = "ready";
+  // dataset create|update: the cache policy
+  CacheOptions cache_;
   // dataset grant|revoke
   std::vector<std::string> users_;
   std::vector<std::string> groups_;
@@ -187,7 +192,14 @@ void DatasetCommand::Add(CLI::App& app) {
       ->check(CLI::Range(1u, 256u));
   create->add_flag("--wait", wait_after_, "Then wait until it is Ready, with progress");
   create->add_option("--timeout", timeout_, "With --wait: give up after this long (exit 5)");
+  cache_.Add(*create);
   c_.OnParsed(create, [this] { return Create(); });
+
+  CLI::App* update =
+      dataset->add_subcommand("update", "Change how a dataset keeps its place in a full pool");
+  update->add_option("name", target_, "Dataset name")->required();
+  cache_.Add(*update);
+  c_.OnParsed(update, [this] { return UpdateCache(target_); });
 
   CLI::App* snapshot = dataset->add_subcommand("snapshot", "Take (or re-take) a snapshot");
   snapshot->add_option("name", target_, "Dataset name")->required();
@@ -363,6 +375,7 @@ Status DatasetCommand::Create() {
   if (replication_ < 1) return Status::InvalidArgument("--replication must be at least 1");
   record.spec.replication = replication_;
   GRANARY_ASSIGN_OR_RETURN(record.spec.nodes, NodesOption(false));
+  GRANARY_ASSIGN_OR_RETURN(record.spec.cache, cache_.Apply(DatasetCacheSpec()));
   record.owner = {static_cast<uint32_t>(getuid()), static_cast<uint32_t>(getgid())};
   if (!owner_.empty()) {
     unsigned long uid = 0;
@@ -472,9 +485,12 @@ Status DatasetCommand::Show(const std::string& name) {
     j["progress"] = ProgressJson(t);
     Json per_node = Json::object();
     for (const auto& [node, p] : progress) {
-      per_node[node] = {{"chunks_total", p.chunks_total},     {"chunks_staged", p.chunks_staged},
-                        {"bytes_total", p.bytes_total},       {"bytes_staged", p.bytes_staged},
-                        {"samples_failed", p.samples_failed}, {"updated_ms", p.updated_ms}};
+      per_node[node] = {
+          {"chunks_total", p.chunks_total},       {"chunks_staged", p.chunks_staged},
+          {"bytes_total", p.bytes_total},         {"bytes_staged", p.bytes_staged},
+          {"samples_failed", p.samples_failed},   {"updated_ms", p.updated_ms},
+          {"chunks_not_kept", p.chunks_not_kept}, {"bytes_not_kept", p.bytes_not_kept},
+          {"last_read_ms", p.last_read_ms}};
     }
     j["nodes"] = per_node;
     j["plans"] = plans.size();
@@ -495,6 +511,7 @@ Status DatasetCommand::Show(const std::string& name) {
       << "\n"
       << "owner:       uid " << d.owner.uid << " gid " << d.owner.gid << "\n"
       << "readers:     " << ReadersText(d) << "\n"
+      << "cache:       " << CacheText(d.spec.cache) << "\n"
       << "manifest:    " << (d.manifest_id.empty() ? "(none yet)" : d.manifest_id) << "\n"
       << "plans:       " << plans.size() << "\n"
       << "staged:      " << HumanBytes(t.total.bytes_staged) << " of "
@@ -502,18 +519,56 @@ Status DatasetCommand::Show(const std::string& name) {
       << " live nodes";
   if (t.total.samples_failed > 0) out << "; " << t.total.samples_failed << " samples failed";
   out << "\n";
+  out << "resident:    " << static_cast<int>(t.resident_fraction() * 100) << "% ("
+      << HumanBytes(t.total.bytes_staged) << " of " << HumanBytes(t.total.bytes_total) << ")";
+  if (!t.all_kept) {
+    out << "; the nodes keep " << HumanBytes(t.total.bytes_kept())
+        << " under their cache budgets and stream the rest from the source";
+  }
+  out << "\n";
   if (!progress.empty()) {
-    std::vector<std::vector<std::string>> rows = {{"NODE", "CHUNKS", "BYTES", "FAILED", "LIVE"}};
+    std::vector<std::vector<std::string>> rows = {
+        {"NODE", "CHUNKS", "BYTES", "KEPT", "FAILED", "LIVE"}};
     for (const auto& [node, p] : progress) {
       const std::string& id = node;  // (clang 14 cannot capture a structured binding)
       const bool live =
           std::any_of(nodes.begin(), nodes.end(), [&](const NodeRecord& n) { return n.id == id; });
       rows.push_back({node, std::to_string(p.chunks_staged) + "/" + std::to_string(p.chunks_total),
                       HumanBytes(p.bytes_staged) + "/" + HumanBytes(p.bytes_total),
-                      std::to_string(p.samples_failed), live ? "yes" : "no"});
+                      HumanBytes(p.bytes_kept()), std::to_string(p.samples_failed),
+                      live ? "yes" : "no"});
     }
     out << "\n";
     PrintTable(out, rows);
+  }
+  return Status::Ok();
+}
+
+Status DatasetCommand::UpdateCache(const std::string& name) {
+  if (!cache_.any()) {
+    return Status::InvalidArgument(
+        "say what to change: --priority, --pin, --no-pin, --ttl, --min-resident or "
+        "--max-resident");
+  }
+  GRANARY_ASSIGN_OR_RETURN(DatasetCacheSpec checked, cache_.Apply(DatasetCacheSpec()));
+  (void)checked;  // the values are good: refused before the store is opened
+  GRANARY_RETURN_IF_ERROR(c_.OpenExistingStore());
+  Status applied = Status::Ok();
+  GRANARY_ASSIGN_OR_RETURN(DatasetRecord record, Update(name, [&](DatasetRecord& r) {
+                             Result<DatasetCacheSpec> cache = cache_.Apply(r.spec.cache);
+                             if (cache.ok()) {
+                               r.spec.cache = *cache;
+                             } else {
+                               applied = cache.status();
+                             }
+                           }));
+  GRANARY_RETURN_IF_ERROR(applied);
+  if (c_.json_output()) {
+    c_.out() << DatasetJson(record).dump(2) << "\n";
+  } else {
+    c_.out() << "dataset " << name << ": cache " << CacheText(record.spec.cache)
+             << "; the cache nodes of pool " << record.spec.pool
+             << " apply it on their next pass\n";
   }
   return Status::Ok();
 }

@@ -327,6 +327,100 @@ TEST_F(CliTest, DatasetsArePlacedOnChosenNodes) {
 
 // Who may read a dataset through a Slurm job: granted and revoked by user or
 // group, by name or id, shown by `dataset show`; bad names refused.
+TEST_F(CliTest, CachePolicyOnCreateAndUpdate) {
+  CliRun r = Run({"dataset", "create", "pets", "--source", source_, "--no-snapshot", "--priority",
+                  "-20", "--ttl", "12h", "--min-resident", "40%", "--max-resident", "2GiB"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  auto stored = Store()->GetDataset("pets");
+  ASSERT_OK(stored);
+  EXPECT_EQ(stored->spec.cache.priority, -20);
+  EXPECT_FALSE(stored->spec.cache.pinned);
+  EXPECT_EQ(stored->spec.cache.ttl_seconds, 12u * 3600);
+  EXPECT_EQ(stored->spec.cache.min_resident_percent, 40u);
+  EXPECT_EQ(stored->spec.cache.max_resident_bytes, std::optional<uint64_t>(2ull << 30));
+  r = Run({"dataset", "show", "pets"});
+  EXPECT_NE(
+      r.out.find("cache:       priority -20; TTL 12h; keeps at least 40%; at most 2.00 GiB\n"),
+      std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("resident:    0%"), std::string::npos) << r.out;
+
+  // update changes only what it names.
+  r = Run({"dataset", "update", "pets", "--pin", "--min-resident", "0.25", "--max-resident", "none",
+           "--ttl", "0"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.out.find("cache priority -20; pinned; keeps at least 25%"), std::string::npos)
+      << r.out;
+  stored = Store()->GetDataset("pets");
+  ASSERT_OK(stored);
+  EXPECT_TRUE(stored->spec.cache.pinned);
+  EXPECT_EQ(stored->spec.cache.priority, -20);
+  EXPECT_EQ(stored->spec.cache.ttl_seconds, 0u);
+  EXPECT_EQ(stored->spec.cache.min_resident_percent, 25u);
+  EXPECT_FALSE(stored->spec.cache.max_resident_bytes.has_value());
+  auto shown = nlohmann::json::parse(Run({"dataset", "show", "pets", "-o", "json"}).out);
+  EXPECT_EQ(shown["cache"]["pinned"], true);
+  EXPECT_EQ(shown["cache"]["max_resident_bytes"], nullptr);
+  EXPECT_EQ(shown["progress"]["resident_fraction"], 0.0);
+  r = Run({"dataset", "update", "pets", "--no-pin", "--priority", "1000"});
+  ASSERT_EQ(r.code, kCliOk) << r.err;
+  stored = Store()->GetDataset("pets");
+  ASSERT_OK(stored);
+  EXPECT_FALSE(stored->spec.cache.pinned);
+  EXPECT_EQ(stored->spec.cache.priority, 1000);
+
+  struct Bad {
+    std::vector<std::string> args;
+    int code;
+    std::string says;
+  } bad[] = {
+      {{"dataset", "update", "pets"}, kCliUsage, "say what to change: --priority"},
+      {{"dataset", "update", "pets", "--priority", "1001"},
+       kCliUsage,
+       "--priority '1001' is not a whole number from -1000 to 1000"},
+      {{"dataset", "update", "pets", "--priority", "high"}, kCliUsage, "--priority 'high'"},
+      {{"dataset", "update", "pets", "--priority", "-5000"}, kCliUsage, "--priority '-5000'"},
+      {{"dataset", "update", "pets", "--priority", "1.5"}, kCliUsage, "--priority '1.5'"},
+      {{"dataset", "update", "pets", "--pin", "--no-pin"}, kCliUsage, "--pin and --no-pin"},
+      {{"dataset", "update", "pets", "--ttl", "-1h"}, kCliUsage, "--ttl '-1h'"},
+      {{"dataset", "update", "pets", "--ttl", "soon"}, kCliUsage, "--ttl 'soon'"},
+      {{"dataset", "update", "pets", "--ttl", "500ms"}, kCliUsage, "whole number of seconds"},
+      {{"dataset", "update", "pets", "--ttl", "99999999999"}, kCliUsage, "--ttl"},
+      {{"dataset", "update", "pets", "--min-resident", "1.5"},
+       kCliUsage,
+       "--min-resident '1.5' is outside 0..100%"},
+      {{"dataset", "update", "pets", "--min-resident", "-10%"}, kCliUsage, "outside 0..100%"},
+      {{"dataset", "update", "pets", "--min-resident", "half"},
+       kCliUsage,
+       "--min-resident 'half' is not a number"},
+      {{"dataset", "update", "pets", "--min-resident", "33.3%"},
+       kCliUsage,
+       "not a whole percentage"},
+      {{"dataset", "update", "pets", "--min-resident", "nan"}, kCliUsage, "is not a number"},
+      {{"dataset", "update", "pets", "--max-resident", "-1GiB"},
+       kCliUsage,
+       "--max-resident '-1GiB'"},
+      {{"dataset", "update", "pets", "--max-resident", "lots"}, kCliUsage, "--max-resident 'lots'"},
+      {{"dataset", "update", "pets", "--max-resident", "99999999999TiB"},
+       kCliUsage,
+       "--max-resident"},
+      {{"dataset", "update", "nope", "--pin"}, kCliNotFound, "nope"},
+      {{"dataset", "create", "other", "--source", source_, "--no-snapshot", "--priority", "x"},
+       kCliUsage,
+       "--priority 'x'"},
+  };
+  for (const Bad& b : bad) {
+    r = Run(b.args);
+    EXPECT_EQ(r.code, b.code) << r.err;
+    EXPECT_NE(r.err.find(b.says), std::string::npos) << r.err;
+  }
+  // Nothing bad was written, and "other" was not created.
+  stored = Store()->GetDataset("pets");
+  ASSERT_OK(stored);
+  EXPECT_EQ(stored->spec.cache.priority, 1000);
+  EXPECT_EQ(Store()->GetDataset("other").status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(CliTest, GrantAndRevokeReaders) {
   CliRun r = Run(
       {"dataset", "create", "pets", "--source", source_, "--no-snapshot", "--owner", "4300:4300"});
