@@ -529,8 +529,27 @@ TEST_F(HelmChartTest, UpgradeRollsTheOperatorAndKeepsTheDataset) {
 
 TEST_F(HelmChartTest, UninstallLeavesWhatTheDocsSay) {
   ASSERT_NE(manifest_id_, nullptr) << "the install case did not get the Dataset Ready";
-  MustHelm({"uninstall", kRelease, "-n", kNamespace, "--wait", "--timeout", "120s"});
+  // Without --wait: the chart's pool is held (below), which --wait would wait
+  // for until its time-out.
+  MustHelm({"uninstall", kRelease, "-n", kNamespace});
   ASSERT_FALSE(HasFailure());
+  // The chart's pool is still named by the Dataset: its deletion is held by the
+  // operator's finalizer, which no operator removes any more, and its cache
+  // node keeps running (docs/kubernetes.md, "Deleting a pool in use").
+  ASSERT_OK(cluster_->WaitFor(
+      [&] {
+        Result<json> pool = cluster_->GetJson({"cachepool", "gpu"});
+        return pool.ok() && (*pool)["metadata"].contains("deletionTimestamp");
+      },
+      seconds(60), "the chart's CachePool to be deleting"));
+  Result<json> held = cluster_->GetJson({"cachepool", "gpu"});
+  ASSERT_OK(held);
+  EXPECT_THAT((*held)["metadata"].value("finalizers", json::array()).dump(),
+              HasSubstr("granary.io/pool-in-use"));
+  EXPECT_TRUE(cluster_->GetJson({"daemonset", "-n", kNamespace, "granary-cachenode-gpu"}).ok());
+  // What the docs say to do without an operator: let it go.
+  cluster_->MustKubectl(
+      {"patch", "cachepool", "gpu", "--type=merge", "-p", R"({"metadata":{"finalizers":null}})"});
   // Gone: everything the chart templated, and (garbage-collected) the pool's objects.
   const std::vector<std::vector<std::string>> gone = {
       {"deployment", "-n", kNamespace, kOperator},
