@@ -95,8 +95,7 @@ DatasetSpec DesiredSpec(const Dataset& d, std::optional<uint64_t> max_resident_b
   return spec;
 }
 
-// "10Gi" for a message; "10 GiB" reads better, but the same text as the
-// printer columns and the spec is easier to match up.
+// Sizes in messages as the printer columns and the spec write them (10Gi).
 std::string Bytes(uint64_t bytes) { return QuantityString(bytes); }
 
 // What the namespace's quota in the pool leaves this Dataset: nullopt when
