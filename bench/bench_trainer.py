@@ -101,6 +101,29 @@ def counts_delta(before, after):
     return {k: after.get(k, 0) - before.get(k, 0) for k in SOURCE_KEYS}
 
 
+def scrape_counters(probes):
+    """The samples of the metrics named in probes (a list of {"url": a /metrics
+    URL, "prefixes": [metric name prefixes]}): {"name{labels}": value}. A
+    daemon that does not answer adds nothing."""
+    import urllib.request
+    out = {}
+    for probe in probes or ():
+        try:
+            with urllib.request.urlopen(probe["url"], timeout=2.0) as r:  # noqa: S310
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("#") or not line.startswith(tuple(probe["prefixes"])):
+                continue
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                pass
+    return out
+
+
 def percentile(values, q):
     if not values:
         return 0.0
@@ -192,18 +215,40 @@ def collate_list(samples):
 
 
 class MdsReader:
-    """Mosaic Streaming: StreamingDataset over MDS shards on the source, a local cache."""
+    """Mosaic Streaming: StreamingDataset over MDS shards on the source, a local cache
+    (bounded by ``cache_limit`` bytes when given: the library evicts the least recently
+    used shards past it)."""
 
-    def __init__(self, remote, local, seed, workers, batch):
+    def __init__(self, remote, local, seed, workers, batch, cache_limit=None):
         import torch.utils.data
         from streaming import StreamingDataset
+        from streaming.base import stream as streaming_stream
         from streaming.base.util import clean_stale_shared_memory
         clean_stale_shared_memory()
+        # Bytes the library writes into its cache directory: every shard it
+        # fetches goes through Stream.prepare_shard, which returns the bytes it
+        # added to the cache (what its cache_limit accounting counts). Counted
+        # in shared memory, so the forked DataLoader workers (which fetch)
+        # add to the same counter.
+        self.written = multiprocessing.Value("q", 0)
+        written = self.written
+        prepare = streaming_stream.Stream.prepare_shard
+        if not getattr(prepare, "_bench_counted", False):
+            def counted_prepare_shard(stream, shard):
+                delta = prepare(stream, shard)
+                with written.get_lock():
+                    written.value += int(delta)
+                return delta
+            counted_prepare_shard._bench_counted = True
+            streaming_stream.Stream.prepare_shard = counted_prepare_shard
         # shuffle_seed fixed: the library reshuffles every epoch by itself.
         self.ds = StreamingDataset(remote=remote, local=local, shuffle=True, shuffle_seed=seed,
-                                   batch_size=batch)
+                                   batch_size=batch, cache_limit=cache_limit)
         self.loader = torch.utils.data.DataLoader(self.ds, batch_size=batch, num_workers=workers,
                                                   collate_fn=collate_list)
+
+    def written_bytes(self):
+        return self.written.value
 
     def batches(self, order, batch, epoch):
         del order, batch, epoch  # the library's own order; each iteration is its next epoch
@@ -453,6 +498,8 @@ def run(spec):
         stalls = []
         check_seconds = 0.0
         first_batch = None
+        probes_before = scrape_counters(probes)
+        written_before = reader.written_bytes() if hasattr(reader, "written_bytes") else None
         before = slowfs_counts(stats_path)
         t0 = time.perf_counter()
         asked = t0
@@ -482,7 +529,13 @@ def run(spec):
         missing = n - sum(1 for v in seen if v)
         if missing:
             violation(f"epoch {epoch}{label}: {missing} samples never delivered")
-        return {
+        extra = {}
+        if probes:
+            after = scrape_counters(probes)
+            extra["counters"] = {k: v - probes_before.get(k, 0.0) for k, v in after.items()}
+        if written_before is not None:
+            extra["cache_written_bytes"] = reader.written_bytes() - written_before
+        return dict(extra, **{
             "epoch": epoch, "seconds": seconds, "samples_per_s": count / seconds,
             "source_opens": source["opens"], "source_stats": source["stats"],
             "source_reads": source["reads"], "source_bytes": source["read_bytes"],
@@ -490,8 +543,9 @@ def run(spec):
             "stall_p50_ms": percentile(stalls, 50) * 1000,
             "stall_p99_ms": percentile(stalls, 99) * 1000,
             "first_batch_s": first_batch or 0.0, "check_seconds": check_seconds,
-        }
+        })
 
+    probes = spec.get("metrics")
     workers = int(spec.get("workers", 0))
     if spec.get("convert"):
         before = slowfs_counts(stats_path)
@@ -515,7 +569,8 @@ def run(spec):
     if spec["reader"] == "granary":
         reader = GranaryReader(spec["dataset"], spec["socket"], seed, index)
     elif spec["reader"] == "mds":
-        reader = MdsReader(spec["remote"], spec["local"], seed, workers, batch)
+        reader = MdsReader(spec["remote"], spec["local"], seed, workers, batch,
+                           spec.get("cache_limit"))
     elif spec["reader"] == "litdata":
         reader = LitDataReader(spec["remote"], spec["local"], seed, workers, batch)
     elif spec["reader"] == "wds":
