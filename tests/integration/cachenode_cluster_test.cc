@@ -516,13 +516,19 @@ TEST(CacheNodeClusterTest, PromtoolAcceptsTheMetricsOfANodeThatStagedAndServed) 
                            "store_errors_total",
                            "snapshots_total",
                            "snapshot_seconds_bucket",
-                           "snapshot_seconds_count"}) {
+                           "snapshot_seconds_count",
+                           "kept_bytes",
+                           "budget_bytes",
+                           "streamed_bytes_total",
+                           "dataset_reads_total",
+                           "store_written_bytes_total"}) {
     EXPECT_TRUE(names.contains(std::string("granary_cachenode_") + name))
         << "granary_cachenode_" << name << " is not exported";
   }
   // Families that only get series once something goes wrong are declared
   // (HELP/TYPE) even if they have no sample yet.
-  for (const char* name : {"source_errors_total", "request_errors_total"}) {
+  for (const char* name : {"source_errors_total", "request_errors_total", "evicted_bytes_total",
+                           "evicted_chunks_total"}) {
     EXPECT_THAT(scraped->body, HasSubstr(std::string("# TYPE granary_cachenode_") + name))
         << "granary_cachenode_" << name << " is not declared";
   }
