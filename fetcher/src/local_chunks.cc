@@ -55,6 +55,22 @@ Result<std::shared_ptr<LocalChunks::Open>> LocalChunks::Get(const FetchDataset& 
   const Clock::time_point now = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (now - swept_ >= kLinkCheckInterval) {
+      // Every kept descriptor, also of chunks no read asks for now (their
+      // samples are in the arena): a dropped file is let go.
+      swept_ = now;
+      for (auto it = open_.begin(); it != open_.end();) {
+        struct stat st {};
+        if (::fstat(it->second.open->reader.fd(), &st) == 0 && st.st_nlink == 0) {
+          lru_.erase(it->second.lru);
+          it = open_.erase(it);
+          dropped_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          it->second.open->link_checked = now;
+          ++it;
+        }
+      }
+    }
     auto it = open_.find(key);
     if (it != open_.end()) {
       Open& open = *it->second.open;

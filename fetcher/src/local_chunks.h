@@ -17,8 +17,9 @@
 // Bounded: at most `capacity` chunk files open (least recently used closed
 // first). A chunk the node deleted stays readable through the descriptor until
 // it is closed; its bytes are still those of the same manifest, verified. A
-// kept descriptor is checked at most once a second for a file the node
-// dropped (link count 0) and closed then, so an eviction frees the space.
+// kept descriptor is checked for a file the node dropped (link count 0) at
+// its first read after a second, and every one at the first Read of each
+// second, and closed then, so an eviction frees the space.
 //
 // Who calls it: SampleFetcher::Impl (ReadFromNode for the local node).
 //
@@ -102,6 +103,7 @@ class LocalChunks {
   std::list<Key> lru_;        // guarded by mu_; front: oldest
   std::map<Key, std::chrono::steady_clock::time_point> not_before_;  // guarded by mu_
   std::chrono::steady_clock::time_point down_until_;                 // guarded by mu_
+  std::chrono::steady_clock::time_point swept_;  // guarded by mu_: last check of every descriptor
 
   std::atomic<uint64_t> opens_{0};
   std::atomic<uint64_t> pieces_{0};

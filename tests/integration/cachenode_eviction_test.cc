@@ -10,16 +10,22 @@
 //    says "Ready, N% resident";
 //  - a TTL drops a dataset nobody reads; reading it again brings it back;
 //  - a restart on the same data dir keeps the resident set: reading the kept
-//    samples opens no source file.
+//    samples opens no source file;
+//  - through a sidecar that reads chunk files itself (the handoff), a dataset
+//    shrunk mid-epoch gives every byte right, and the sidecar lets go of the
+//    dropped files so the node's used bytes fall back under its capacity.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
+#include "granary/client/session.h"
 #include "testing/cachenode_fixture.h"
+#include "testing/sidecar_fixture.h"
 #include "testing/test_util.h"
 
 namespace granary::testing {
@@ -92,6 +98,22 @@ Status SetCache(MetadataStore& store, const std::string& dataset, const DatasetC
     if (updated.status().code() != StatusCode::kFailedPrecondition) return updated.status();
   }
   return Status::Unavailable("the record of " + dataset + " kept changing");
+}
+
+// The files under `under` that process `pid` holds open though they were
+// unlinked.
+std::vector<std::string> DeletedFilesHeldBy(pid_t pid, const std::string& under) {
+  std::vector<std::string> held;
+  std::error_code ec;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), link_ec).string();
+    if (!link_ec && target.ends_with(" (deleted)") && target.starts_with(under)) {
+      held.push_back(target);
+    }
+  }
+  return held;
 }
 
 class CacheEvictionTest : public ::testing::Test {
@@ -333,6 +355,89 @@ TEST_F(CacheEvictionTest, ARestartKeepsTheResidentSet) {
                                   {{"dataset", "kept"}, {"reason", "limit"}});
   ASSERT_OK(evicted);
   EXPECT_EQ(*evicted, 0);
+}
+
+TEST_F(CacheEvictionTest, ThroughTheHandoffAShrunkDatasetReadsRightAndItsFilesAreLetGo) {
+  DatasetOptions larger = Small("handed");
+  larger.min_size = 40 * 1024;  // about 30 MB: more than the sidecar's arena
+  larger.max_size = 60 * 1024;
+  larger.chunk_size = 256 * 1024;
+  auto a = cluster_->CreateDataset(larger);
+  ASSERT_OK(a);
+  const std::string socket = cluster_->dir().path() + "/node.sock";
+  StartWith(*a, "local_socket: " + socket + "\n");
+  ASSERT_OK(cluster_->WaitForPhase("handed", DatasetPhase::kReady, 60s));
+  SidecarOptions o;
+  o.store_url = cluster_->store_url();
+  o.local_node_id = cluster_->node(0).id();
+  // An arena smaller than the dataset: each epoch reads the chunk files again.
+  o.window_bytes = "1MiB";
+  o.arena_bytes = "17MiB";  // the least it may be
+  o.window_samples = 64;
+  o.extra_yaml = "local_node_socket: " + socket + "\n";
+  SidecarProcess sidecar(o, cluster_->dir().path() + "/sidecar");
+  ASSERT_OK(sidecar.StartAndWaitReady());
+  client::SessionOptions options;
+  options.socket_path = sidecar.socket_path();
+  auto session = client::Session::Open(a->name, options);
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+
+  // Epoch 1 with every chunk kept, then a limit of a quarter set mid-epoch 2.
+  size_t wrong = 0;
+  std::string first_error;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (uint32_t id = 0; id < a->sample_count(); ++id) {
+      if (epoch == 1 && id == a->sample_count() / 3) {
+        DatasetCacheSpec quarter;
+        quarter.max_resident_bytes = a->total_bytes / 4;
+        ASSERT_OK(SetCache(cluster_->store(), "handed", quarter));
+      }
+      auto bytes = (*session)->Read(id);
+      if (!bytes.ok()) {
+        if (first_error.empty()) first_error = bytes.status().ToString();
+        ++wrong;
+      } else if (*bytes != a->contents[id]) {
+        ++wrong;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << first_error;
+  auto opens = sidecar.WaitForMetric("granary_sidecar_local_file_opens_total", {},
+                                     [](double v) { return v > 0; });
+  EXPECT_TRUE(opens.ok()) << "the sidecar never read a chunk file itself";
+  CacheNode& node = cluster_->node(0);
+  auto evicted = node.WaitForMetric("granary_cachenode_evicted_chunks_total",
+                                    {{"dataset", "handed"}, {"reason", "limit"}},
+                                    [](double v) { return v > 0; });
+  ASSERT_OK(evicted);
+  // The node counts a dropped file until its last holder closes it: the
+  // sidecar's descriptors of dropped files are closed at its next reads.
+  for (uint32_t id = 0; id < a->sample_count(); ++id) (void)(*session)->Read(id);
+  std::this_thread::sleep_for(1100ms);
+  for (uint32_t id = 0; id < a->sample_count(); ++id) {
+    auto bytes = (*session)->Read(id);
+    ASSERT_TRUE(bytes.ok()) << id << ": " << bytes.status().ToString();
+    ASSERT_EQ(*bytes, a->contents[id]) << "sample " << id;
+  }
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto used = node.MetricValue("granary_cachenode_used_bytes", {});
+        return used.ok() && *used <= static_cast<double>(a->total_bytes) / 4 * 1.1;
+      },
+      20s));
+  // The blocks of a dropped file are freed once no process holds it: the
+  // sidecar holds none of them any more.
+  std::vector<std::string> held;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        // A read now and then: the sidecar looks at its descriptors when it reads.
+        (void)(*session)->Read(0);
+        held = DeletedFilesHeldBy(sidecar.process()->pid(), cluster_->dir().path());
+        return held.empty();
+      },
+      10s))
+      << "the sidecar still holds " << held.size() << " dropped chunk files open, e.g. "
+      << held.front();
 }
 
 }  // namespace
