@@ -509,7 +509,8 @@ TEST(CacheNodeConfigTest, BadLogLevelAndScanMode) {
 }
 
 TEST(CacheNodeConfigTest, CachePolicyAndIdleTime) {
-  auto c = ParseCacheNodeConfig(With("cache_policy", "lru") + "cache_idle_after: 90s\n", "node.yaml");
+  auto c =
+      ParseCacheNodeConfig(With("cache_policy", "lru") + "cache_idle_after: 90s\n", "node.yaml");
   ASSERT_OK(c);
   EXPECT_TRUE(c->cache_lru);
   EXPECT_EQ(c->cache_idle_after, std::chrono::seconds(90));

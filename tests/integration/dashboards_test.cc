@@ -357,7 +357,12 @@ TEST_F(DashboardsTest, EveryPanelAnswersFromRealData) {
         ASSERT_TRUE(answer.ok()) << uid << ": '" << panel["title"].get<std::string>()
                                  << "': " << answer.status().ToString();
         ++queries;
-        EXPECT_FALSE((*answer)["result"].empty())
+        // No granary-operator runs here: its gauges (the namespace quotas) are
+        // checked by operator_test; their queries must only be valid.
+        const bool operator_only = expr.find("granary_operator_") != std::string::npos &&
+                                   expr.find("granary_cachenode_") == std::string::npos &&
+                                   expr.find("granary_sidecar_") == std::string::npos;
+        EXPECT_TRUE(operator_only || !(*answer)["result"].empty())
             << uid << ": '" << panel["title"].get<std::string>() << "' answers nothing: " << expr;
         json t = {
             {"expr", expr}, {"legend", target["legendFormat"]}, {"instant", (*answer)["result"]}};
