@@ -219,7 +219,8 @@ class MdsReader:
     (bounded by ``cache_limit`` bytes when given: the library evicts the least recently
     used shards past it)."""
 
-    def __init__(self, remote, local, seed, workers, batch, cache_limit=None):
+    def __init__(self, remote, local, seed, workers, batch, cache_limit=None,
+                 shuffle_block_size=None):
         import torch.utils.data
         from streaming import StreamingDataset
         from streaming.base import stream as streaming_stream
@@ -243,7 +244,8 @@ class MdsReader:
             streaming_stream.Stream.prepare_shard = counted_prepare_shard
         # shuffle_seed fixed: the library reshuffles every epoch by itself.
         self.ds = StreamingDataset(remote=remote, local=local, shuffle=True, shuffle_seed=seed,
-                                   batch_size=batch, cache_limit=cache_limit)
+                                   batch_size=batch, cache_limit=cache_limit,
+                                   shuffle_block_size=shuffle_block_size)
         self.loader = torch.utils.data.DataLoader(self.ds, batch_size=batch, num_workers=workers,
                                                   collate_fn=collate_list)
 
@@ -570,7 +572,7 @@ def run(spec):
         reader = GranaryReader(spec["dataset"], spec["socket"], seed, index)
     elif spec["reader"] == "mds":
         reader = MdsReader(spec["remote"], spec["local"], seed, workers, batch,
-                           spec.get("cache_limit"))
+                           spec.get("cache_limit"), spec.get("shuffle_block_size"))
     elif spec["reader"] == "litdata":
         reader = LitDataReader(spec["remote"], spec["local"], seed, workers, batch)
     elif spec["reader"] == "wds":
