@@ -513,6 +513,54 @@ TEST_F(SlurmClusterTest, PersistentDwJobReadsAStagedDatasetWithoutTheSource) {
   std::filesystem::rename(src + ".moved", src);
 }
 
+// A persistentdw dataset takes part in the cache policy like any other: an
+// admin gives it a byte limit with `granary dataset update`, its job reads
+// every sample (the part the node does not keep from the source), and the
+// limit lifted, the whole dataset is kept.
+TEST_F(SlurmClusterTest, PersistentDwDatasetUnderAByteLimitIsReadWholeByItsJob) {
+  SKIP_IF_ASAN();
+  const std::string src = slurm_->dir() + "/src-part";
+  MakeSource(src, 150);
+  uint64_t bytes = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(src)) {
+    if (e.is_regular_file()) bytes += e.file_size();
+  }
+  ASSERT_OK(Cli({"dataset", "create", "part", "--source", src, "--pool", "default", "--owner",
+                 std::to_string(kNobody) + ":" + std::to_string(kNobody), "--chunk-size", "64KiB",
+                 "--max-resident", std::to_string(bytes / 3)}));
+  Result<DatasetRecord> ready = cache_->WaitForPhase("part", DatasetPhase::kReady, seconds(60));
+  ASSERT_OK(ready);
+  EXPECT_NE(ready->state.message.find("% resident"), std::string::npos) << ready->state.message;
+  std::string shown;
+  ASSERT_OK(Cli({"dataset", "show", "part"}, &shown));
+  EXPECT_NE(shown.find("under their cache budgets"), std::string::npos) << shown;
+
+  const std::string script = WriteScript(
+      "part.sh", JobHeader("part") + "#DW persistentdw name=part\nset -e\n" + TrainerLine(src, ""));
+  Result<std::string> job = slurm_->Submit(script);
+  ASSERT_OK(job);
+  Result<std::map<std::string, std::string>> end =
+      slurm_->WaitForJobState(*job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, seconds(120));
+  ASSERT_OK(end);
+  const std::string output = JobOutput("part", *job);
+  EXPECT_EQ((*end)["JobState"], "COMPLETED") << output;
+  EXPECT_NE(output.find("trainer OK: 150 samples"), std::string::npos) << output;
+  const std::map<std::string, std::string> kPart = {{"dataset", "part"}};
+  EXPECT_OK(cache_->node(0).WaitForMetric("granary_cachenode_streamed_bytes_total", kPart,
+                                          [](double v) { return v > 0; }));
+  ExpectNothingLeft(*job);
+
+  ASSERT_OK(Cli({"dataset", "update", "part", "--max-resident", "none"}));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        Result<DatasetRecord> r = cache_->store().GetDataset("part");
+        return r.ok() && r->state.phase == DatasetPhase::kReady &&
+               r->state.message.rfind("staged on", 0) == 0;
+      },
+      seconds(60)))
+      << cache_->Describe("part");
+}
+
 }  // namespace
 }  // namespace granary::testing
 
