@@ -523,6 +523,19 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
             .MergePatch(DatasetPath(d.namespace_, d.name) + "/status", {{"status", status}})
             .status());
   }
+  // The pool took chunks of a Ready dataset for others (the cache nodes'
+  // cache policy): say so where its users look.
+  const Json& old_status = object.value("status", Json::object());
+  if (phase == old_phase && r.state.phase == DatasetPhase::kReady &&
+      old_status.contains("residentPercent") && status.contains("residentPercent") &&
+      status["residentPercent"].get<int64_t>() < old_status["residentPercent"].get<int64_t>()) {
+    c.Event(object, "Normal", "Evicted",
+            "now " + status["resident"].get<std::string>() + " resident (was " +
+                std::to_string(old_status["residentPercent"].get<int64_t>()) +
+                "%): the cache nodes gave its space to datasets ranked above it, a quota or its "
+                "TTL; the rest is streamed from the source. " +
+                r.state.message);
+  }
   if (phase != old_phase) {
     if (r.state.phase == DatasetPhase::kReady) {
       c.Event(object, "Normal", "Ready", r.state.message);

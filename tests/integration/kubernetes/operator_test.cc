@@ -459,6 +459,16 @@ TEST_F(OperatorTest, CacheSettingsAndTheNamespaceQuotaReachTheStoreRecords) {
                s->spec.cache.max_resident_bytes == second && s->spec.cache.priority == 10;
       },
       seconds(30), "the records to follow the new priority"));
+  // The cache node gives up part of the first: its status and Events say so.
+  ASSERT_OK(suite_->WaitDatasetCondition(kQuotaNamespace, "first", "Staged", "True",
+                                         "PartlyResident", seconds(30)));
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        return Kubectl({"get", "events", "-n", kQuotaNamespace, "--field-selector",
+                        "involvedObject.name=first,reason=Evicted"})
+                   .find("resident (was 100%)") != std::string::npos;
+      },
+      seconds(30), "an Evicted Event on the first"));
 
   // Raising the quota clears the condition on both.
   SetQuotas(cluster(), {{{"namespace", kQuotaNamespace}, {"bytes", first + second}}});
