@@ -407,6 +407,17 @@ Result<ReadAnswer> ChunkReadService::Read(const ReadRequest& request) {
   uint64_t from_store = 0;
   uint64_t from_source = 0;
   const bool lru = served->stager->lru();
+  if (request.items.size() > 1) {
+    // The samples this READ asks for that are not stored yet are read from
+    // the source together, not one after another as the loop below reaches
+    // them (a cold epoch's first batches).
+    std::vector<SampleId> samples;
+    samples.reserve(request.items.size());
+    for (const ReadItem& item : request.items) {
+      if (item.kind == ReadKind::kSample) samples.push_back(item.id);
+    }
+    served->stager->ReadAhead(samples);
+  }
   for (const ReadItem& item : request.items) {
     if (lru) {
       if (item.kind == ReadKind::kChunkRange) {

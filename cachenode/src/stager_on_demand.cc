@@ -176,30 +176,39 @@ void Stager::LeadInLocked() {
   if (options_.read_ahead == 0 || stopping_ || capacity_ || disk_full_) return;
   const size_t end = std::min<size_t>(order_.size(), options_.read_ahead);
   const size_t queued = wanted_.size();
-  for (size_t q = 0; q < end; ++q) {
-    const SampleId t = order_[q];
-    if (failed_samples_.contains(t)) continue;
-    const ChunkId first = manifest_->ChunkOf(t);
-    const uint64_t pieces = PieceCount(*manifest_, t);
-    for (uint64_t p = 0; p < pieces; ++p) {
-      const ChunkId c = first + static_cast<ChunkId>(p);
-      if (c >= chunks_.size() || !chunks_[c].kept || chunks_[c].done || chunks_[c].failed) {
-        continue;
-      }
-      auto segments = manifest_->Segments(c);
-      if (!segments.ok()) continue;
-      auto it = std::find_if(segments->begin(), segments->end(),
-                             [&](const ChunkSegment& s) { return s.sample == t; });
-      if (it == segments->end()) continue;
-      const auto index = static_cast<uint32_t>(it - segments->begin());
-      if (fills_.contains({c, index})) continue;
-      auto bits = store_->PresentSegments(Key(c));
-      if (bits.ok() && index < bits->size() && (*bits)[index]) continue;
-      fills_.emplace(FillKey{c, index}, std::make_shared<Fill>());
-      wanted_.push_back({c, index});
-      ++on_demand_pending_;  // ahead of bulk reads, as an on-demand read
+  for (size_t q = 0; q < end; ++q) QueueReadAheadLocked(order_[q]);
+  if (wanted_.size() > queued) lead_in_cv_.notify_all();
+}
+
+void Stager::QueueReadAheadLocked(SampleId t) {
+  if (t >= manifest_->sample_count() || failed_samples_.contains(t)) return;
+  const ChunkId first = manifest_->ChunkOf(t);
+  const uint64_t pieces = PieceCount(*manifest_, t);
+  for (uint64_t p = 0; p < pieces; ++p) {
+    const ChunkId c = first + static_cast<ChunkId>(p);
+    if (c >= chunks_.size() || !chunks_[c].kept || chunks_[c].done || chunks_[c].failed) {
+      continue;
     }
+    auto segments = manifest_->Segments(c);
+    if (!segments.ok()) continue;
+    auto it = std::find_if(segments->begin(), segments->end(),
+                           [&](const ChunkSegment& s) { return s.sample == t; });
+    if (it == segments->end()) continue;
+    const auto index = static_cast<uint32_t>(it - segments->begin());
+    if (fills_.contains({c, index})) continue;
+    auto bits = store_->PresentSegments(Key(c));
+    if (bits.ok() && index < bits->size() && (*bits)[index]) continue;
+    fills_.emplace(FillKey{c, index}, std::make_shared<Fill>());
+    wanted_.push_back({c, index});
+    ++on_demand_pending_;  // ahead of bulk reads, as an on-demand read
   }
+}
+
+void Stager::ReadAhead(std::span<const SampleId> samples) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (options_.read_ahead == 0 || stopping_ || !started_ || capacity_ || disk_full_) return;
+  const size_t queued = wanted_.size();
+  for (SampleId t : samples) QueueReadAheadLocked(t);
   if (wanted_.size() > queued) lead_in_cv_.notify_all();
 }
 

@@ -1093,6 +1093,34 @@ TEST_F(StagerTest, TheLruBaselineKeepsWhatWasReadLastAndDropsTheLeastRecent) {
   EXPECT_GT(VerifyAll(), 0u);  // every stored byte is right (VerifyChunk checks each)
 }
 
+TEST_F(StagerTest, ReadAheadOfAReadsSamplesReadsThemTogetherAndOnce) {
+  OpenSourceAndStore();
+  CreateStager(AllChunks(), Threads(1));
+  stager_->Pause();  // no bulk staging: only what is asked for is read
+  ASSERT_OK(stager_->Start());
+  // Eight small samples of one chunk, as a READ of a cold batch names them.
+  const ChunkId chunk = *FirstChunkWithSegments(*manifest_, 8);
+  const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk);
+  std::vector<SampleId> batch;
+  for (size_t i = 0; i < 8; ++i) batch.push_back(segments[i].sample);
+  gated_->HoldIf([](const SourceFile&, uint64_t) { return true; });
+  stager_->ReadAhead(batch);
+  // Read together: the lead-in threads all wait at the gate at once.
+  EXPECT_TRUE(WaitFor([&] { return gated_->held() == static_cast<int>(kReadAheadThreads); }, 10s))
+      << gated_->held() << " reads in flight";
+  gated_->Open();
+  for (SampleId s : batch) {
+    auto b = stager_->FetchSample(s);
+    ASSERT_OK(b);
+    EXPECT_EQ(*b, Bytes(manifest_->PathOf(s), manifest_->SizeOf(s)));
+  }
+  for (SampleId s : batch) EXPECT_EQ(ReadsOf(manifest_->PathOf(s)), 1) << manifest_->PathOf(s);
+  // Asked again: stored, nothing read. Bad ids are skipped.
+  stager_->ReadAhead(batch);
+  stager_->ReadAhead(std::vector<SampleId>{static_cast<SampleId>(manifest_->sample_count()), 0});
+  for (SampleId s : batch) EXPECT_EQ(ReadsOf(manifest_->PathOf(s)), 1) << manifest_->PathOf(s);
+}
+
 TEST_F(StagerTest, NewlyOwnedChunksGetStaged) {
   OpenSourceAndStore();
   std::vector<ChunkId> even;

@@ -316,6 +316,14 @@ class Stager {
   Result<std::string> DropAndRefetch(ChunkId chunk, uint32_t index);
   // The whole sample: FetchSegment of each of its pieces, concatenated.
   Result<std::string> FetchSample(SampleId sample);
+  // Starts reading, on the lead-in threads, the segments of `samples` that
+  // are in kept chunks and neither stored nor being read, so that the
+  // FetchSegment calls that follow (one per item of a READ) share reads
+  // already in flight instead of waiting for one source read after another:
+  // a cold epoch's first batches. Ids past the manifest are skipped. No-op
+  // before Start, after Stop, without lead-in threads (read_ahead 0), or
+  // while staging is paused for capacity or a full disk.
+  void ReadAhead(std::span<const SampleId> samples);
 
   // Stages in a new order from now on (StagerOptions::order's meaning), in
   // place: the chunks being filled go on, nothing read is dropped, and the
@@ -427,6 +435,9 @@ class Stager {
   // Queues reads of the first read_ahead samples of order_ that are owned
   // and not staged, failed or in flight. mu_ held.
   void LeadInLocked();
+  // Queues a lead-in read of each missing segment of `sample` in a kept
+  // chunk (LeadInLocked, ReadAhead). mu_ held; the caller notifies.
+  void QueueReadAheadLocked(SampleId sample);
   // A lead-in thread: reads wanted_ segments, stores them like an on-demand
   // fetch (or hands them to the chunk's holder).
   void LeadInLoop();
