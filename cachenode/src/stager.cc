@@ -296,6 +296,16 @@ Stager::Dropped Stager::DropNotKept() {
   std::vector<ChunkId> victims;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Read-ahead bytes parked for chunks no longer kept: no holder will put them.
+    for (auto it = fills_.begin(); it != fills_.end();) {
+      Fill& f = *it->second;
+      if (f.parked && f.done && !f.put && f.waiters == 0 && !chunks_[it->first.first].kept) {
+        parked_bytes_ -= f.bytes.size();
+        it = fills_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (size_t c = 0; c < chunks_.size(); ++c) {
       ChunkState& s = chunks_[c];
       if (!s.owned || s.kept || s.writer_held || s.active) continue;

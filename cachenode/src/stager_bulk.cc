@@ -411,6 +411,7 @@ Status Stager::DrainAndRelease(ChunkId chunk, std::span<const ChunkSegment> segm
       Fill& f = *it->second;
       if (f.done && f.status.ok() && (f.put || broken)) {
         if (broken) ++on_demand_not_stored_;
+        if (f.parked) parked_bytes_ -= f.bytes.size();
         // Unless an on-demand reader still waits to copy them (Fetch).
         if (f.waiters == 0) GiveBackLocked(std::move(f.bytes));
         it = fills_.erase(it);

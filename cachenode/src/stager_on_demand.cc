@@ -234,6 +234,20 @@ void Stager::LeadInLoop() {
     Status read = ReadFromSource(segment, &bytes, /*bulk=*/false, options_.io_retries);
     lock.lock();
     --on_demand_pending_;
+    if (read.ok() && !stopping_ && !chunks_[key.first].writer_held &&
+        parked_bytes_ + bytes.size() <= kParkedFillBytes) {
+      // Parked, not stored now: the bulk worker that takes the chunk puts it
+      // with the chunk's other segments and commits them once, and readers
+      // share it meanwhile. Stored one by one, each read ahead cost a commit
+      // of its own (docs/benchmarks.md).
+      parked_bytes_ += bytes.size();
+      fill->bytes = std::move(bytes);
+      fill->status = read;
+      fill->done = true;
+      fill->parked = true;
+      cv_.notify_all();
+      continue;
+    }
     const bool hold = FinishFillLocked(key, *fill, segment.sample, std::move(bytes), read);
     cv_.notify_all();
     if (hold) {

@@ -114,6 +114,10 @@ inline constexpr std::chrono::milliseconds kWriterRetry{5};
 // SetOrder on kReadAheadThreads threads of their own (StagerOptions::read_ahead).
 inline constexpr uint32_t kReadAheadSamples = 64;
 inline constexpr uint32_t kReadAheadThreads = 4;
+// Bytes read ahead (the lead-in, ReadAhead) one Stager keeps in memory for the
+// bulk worker that stages their chunks, at most; past it they are stored at
+// once, each with a commit of its own.
+inline constexpr uint64_t kParkedFillBytes = 64ull << 20;
 // Read buffers kept for reuse by one Stager, at most (bytes of capacity).
 inline constexpr uint64_t kSpareBufferBytes = 64ull << 20;
 
@@ -354,6 +358,7 @@ class Stager {
     bool done = false;
     bool put = false;      // handed to the chunk's writer (present after its commit)
     bool replace = false;  // the stored copy failed its checksum: drop it before the put
+    bool parked = false;   // read ahead, kept here until its chunk's holder puts it
     // Threads waiting for `done` (to copy `bytes`, or the holder to put them):
     // its reader wakes the others only then. `bytes` stay while any waits.
     uint32_t waiters = 0;
@@ -496,6 +501,7 @@ class Stager {
   uint64_t on_demand_not_stored_ = 0;            // guarded by mu_
   uint64_t refetches_ = 0;                       // guarded by mu_
   uint64_t source_retries_ = 0;                  // guarded by mu_
+  uint64_t parked_bytes_ = 0;                    // guarded by mu_: bytes of parked fills
   std::optional<uint64_t> budget_;               // guarded by mu_
   uint64_t streamed_segments_ = 0;               // guarded by mu_
   uint64_t streamed_bytes_ = 0;                  // guarded by mu_
