@@ -207,7 +207,10 @@ Status Stager::Start() {
       WorkerLoop();
     });
   }
-  for (uint32_t i = 0; options_.read_ahead > 0 && i < kReadAheadThreads; ++i) {
+  // As many as the bulk workers (at least kReadAheadThreads): what a dataset
+  // does not keep is streamed through them at the source's concurrency.
+  const uint32_t lead_in = std::max(kReadAheadThreads, options_.threads);
+  for (uint32_t i = 0; options_.read_ahead > 0 && i < lead_in; ++i) {
     ++workers_running_;
     workers_.emplace_back([this] {
       NameThisThread("stager-lead");

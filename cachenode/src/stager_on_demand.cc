@@ -71,6 +71,17 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
       cv_.wait(lock, [&] { return fill->done; });
       --fill->waiters;
       if (!fill->status.ok()) return fill->status;
+      if (fill->parked && !fill->put && !chunks_[chunk].kept) {
+        // Read ahead for this READ and not kept here: served once, not stored.
+        if (auto again = fills_.find({chunk, index});
+            again != fills_.end() && again->second == fill) {
+          parked_bytes_ -= fill->bytes.size();
+          fills_.erase(again);
+          ++streamed_segments_;
+          streamed_bytes_ += fill->bytes.size();
+        }
+        if (fill->waiters == 0) return std::move(fill->bytes);
+      }
       return fill->bytes;
     }
     if (options_.lru && budget_.has_value() && !chunks_[chunk].kept) {
@@ -176,19 +187,20 @@ void Stager::LeadInLocked() {
   if (options_.read_ahead == 0 || stopping_ || capacity_ || disk_full_) return;
   const size_t end = std::min<size_t>(order_.size(), options_.read_ahead);
   const size_t queued = wanted_.size();
-  for (size_t q = 0; q < end; ++q) QueueReadAheadLocked(order_[q]);
+  for (size_t q = 0; q < end; ++q) QueueReadAheadLocked(order_[q], /*also_not_kept=*/false);
   if (wanted_.size() > queued) lead_in_cv_.notify_all();
 }
 
-void Stager::QueueReadAheadLocked(SampleId t) {
+void Stager::QueueReadAheadLocked(SampleId t, bool also_not_kept) {
   if (t >= manifest_->sample_count() || failed_samples_.contains(t)) return;
   const ChunkId first = manifest_->ChunkOf(t);
   const uint64_t pieces = PieceCount(*manifest_, t);
   for (uint64_t p = 0; p < pieces; ++p) {
     const ChunkId c = first + static_cast<ChunkId>(p);
-    if (c >= chunks_.size() || !chunks_[c].kept || chunks_[c].done || chunks_[c].failed) {
+    if (c >= chunks_.size() || !chunks_[c].owned || chunks_[c].done || chunks_[c].failed) {
       continue;
     }
+    if (!chunks_[c].kept && !also_not_kept) continue;
     auto segments = manifest_->Segments(c);
     if (!segments.ok()) continue;
     auto it = std::find_if(segments->begin(), segments->end(),
@@ -206,9 +218,12 @@ void Stager::QueueReadAheadLocked(SampleId t) {
 
 void Stager::ReadAhead(std::span<const SampleId> samples) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (options_.read_ahead == 0 || stopping_ || !started_ || capacity_ || disk_full_) return;
+  if (options_.read_ahead == 0 || stopping_ || !started_ || disk_full_) return;
+  // Parked bytes are bounded; past the bound the items are read one by one.
+  if (parked_bytes_ >= kParkedFillBytes) return;
   const size_t queued = wanted_.size();
-  for (SampleId t : samples) QueueReadAheadLocked(t);
+  // Not under the LRU baseline: there a read of a chunk not kept makes it kept.
+  for (SampleId t : samples) QueueReadAheadLocked(t, /*also_not_kept=*/!options_.lru);
   if (wanted_.size() > queued) lead_in_cv_.notify_all();
 }
 
@@ -234,8 +249,10 @@ void Stager::LeadInLoop() {
     Status read = ReadFromSource(segment, &bytes, /*bulk=*/false, options_.io_retries);
     lock.lock();
     --on_demand_pending_;
+    // A chunk this node does not keep is never stored: its bytes wait here for
+    // the READ that asked for them (Fetch takes them and lets go).
     if (read.ok() && !stopping_ && !chunks_[key.first].writer_held &&
-        parked_bytes_ + bytes.size() <= kParkedFillBytes) {
+        (parked_bytes_ + bytes.size() <= kParkedFillBytes || !chunks_[key.first].kept)) {
       // Parked, not stored now: the bulk worker that takes the chunk puts it
       // with the chunk's other segments and commits them once, and readers
       // share it meanwhile. Stored one by one, each read ahead cost a commit

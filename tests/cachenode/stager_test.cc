@@ -1121,6 +1121,41 @@ TEST_F(StagerTest, ReadAheadOfAReadsSamplesReadsThemTogetherAndOnce) {
   for (SampleId s : batch) EXPECT_EQ(ReadsOf(manifest_->PathOf(s)), 1) << manifest_->PathOf(s);
 }
 
+TEST_F(StagerTest, ReadAheadStreamsWhatABudgetDoesNotKeepTogetherAndStoresNothing) {
+  OpenSourceAndStore();
+  StagerOptions options = Threads(2);
+  options.read_ahead = 8;
+  CreateStager(AllChunks(), options);
+  stager_->SetBudget(0);  // nothing kept: everything is streamed
+  ASSERT_OK(stager_->Start());
+  const ChunkId chunk = *FirstChunkWithSegments(*manifest_, 8);
+  const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk);
+  std::vector<SampleId> batch;
+  for (size_t i = 0; i < 8; ++i) batch.push_back(segments[i].sample);
+  gated_->HoldIf([](const SourceFile&, uint64_t) { return true; });
+  stager_->ReadAhead(batch);
+  EXPECT_TRUE(WaitFor([&] { return gated_->held() == static_cast<int>(kReadAheadThreads); }, 10s))
+      << gated_->held() << " reads in flight";
+  gated_->Open();
+  for (SampleId s : batch) {
+    auto b = stager_->FetchSample(s);
+    ASSERT_OK(b);
+    EXPECT_EQ(*b, Bytes(manifest_->PathOf(s), manifest_->SizeOf(s)));
+    EXPECT_EQ(ReadsOf(manifest_->PathOf(s)), 1) << manifest_->PathOf(s);
+  }
+  EXPECT_FALSE(store_->HasChunk(Key(chunk)));
+  EXPECT_EQ(store_->used_bytes(), 0u);
+  const StagerProgress p = stager_->Progress();
+  EXPECT_EQ(p.streamed_segments, 8u);
+  // Read again: streamed again (not kept), each read once more.
+  for (SampleId s : batch) {
+    auto b = stager_->FetchSample(s);
+    ASSERT_OK(b);
+    EXPECT_EQ(ReadsOf(manifest_->PathOf(s)), 2) << manifest_->PathOf(s);
+  }
+  EXPECT_EQ(store_->used_bytes(), 0u);
+}
+
 TEST_F(StagerTest, NewlyOwnedChunksGetStaged) {
   OpenSourceAndStore();
   std::vector<ChunkId> even;

@@ -320,13 +320,15 @@ class Stager {
   Result<std::string> DropAndRefetch(ChunkId chunk, uint32_t index);
   // The whole sample: FetchSegment of each of its pieces, concatenated.
   Result<std::string> FetchSample(SampleId sample);
-  // Starts reading, on the lead-in threads, the segments of `samples` that
-  // are in kept chunks and neither stored nor being read, so that the
+  // Starts reading, on the lead-in threads, the segments of `samples` in
+  // owned chunks that are neither stored nor being read (those of chunks not
+  // kept too: streamed, not stored), so that the
   // FetchSegment calls that follow (one per item of a READ) share reads
   // already in flight instead of waiting for one source read after another:
-  // a cold epoch's first batches. Ids past the manifest are skipped. No-op
-  // before Start, after Stop, without lead-in threads (read_ahead 0), or
-  // while staging is paused for capacity or a full disk.
+  // a cold epoch's first batches, and what a dataset larger than its budget
+  // streams. Ids past the manifest are skipped. No-op before Start, after
+  // Stop, without lead-in threads (read_ahead 0), on a full disk, or with
+  // kParkedFillBytes read ahead and not taken yet.
   void ReadAhead(std::span<const SampleId> samples);
 
   // Stages in a new order from now on (StagerOptions::order's meaning), in
@@ -442,7 +444,7 @@ class Stager {
   void LeadInLocked();
   // Queues a lead-in read of each missing segment of `sample` in a kept
   // chunk (LeadInLocked, ReadAhead). mu_ held; the caller notifies.
-  void QueueReadAheadLocked(SampleId sample);
+  void QueueReadAheadLocked(SampleId sample, bool also_not_kept);
   // A lead-in thread: reads wanted_ segments, stores them like an on-demand
   // fetch (or hands them to the chunk's holder).
   void LeadInLoop();
