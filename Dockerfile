@@ -4,8 +4,12 @@
 # The Helm chart's default image (charts/granary, image granary:0.1.0) and a
 # CachePool's default spec.image name this build:
 #
-#   make image                      # docker, podman or buildah, whichever works
-#   docker build -t granary:0.1.0 .
+#   docker build -t granary:0.1.0 .   # with a registry: the base is debian:12-slim
+#   make image                        # buildah or podman, on a Debian base made here
+#                                     # from Debian's packages (scripts/image/build)
+#
+# DEBIAN_IMAGE names the base of both stages: any Debian 12 image whose apt
+# sources work (make image passes one made by debootstrap, scripts/image/debian-base).
 #
 # Stage 1 builds with the release preset (RelWithDebInfo, warnings as errors),
 # without the tests and benchmarks. Stage 2 holds the binaries, the shared
@@ -23,21 +27,24 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config ca-certificates \
       libzstd-dev libxxhash-dev libsqlite3-dev libhiredis-dev \
       libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev \
-      libboost-dev libssl-dev prometheus-cpp-dev libcpp-httplib-dev \
-      libfuse3-dev pybind11-dev python3-dev \
+      libboost-dev libssl-dev libfabric-dev prometheus-cpp-dev libcpp-httplib-dev \
+      libfuse3-dev python3-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
+# granary_python: the stable-ABI module granary._native and the package's .py
+# files, in build/release/python/granary/ (client/CMakeLists.txt).
 RUN cmake --preset release -DGRANARY_BUILD_TESTS=OFF -DGRANARY_BUILD_BENCH=OFF \
     && cmake --build build/release -j"$(nproc)" --target \
          granary-operator granary-cachenode granary-sidecar granary granary_python
-# /out: the binaries, the Python package, and the Debian packages of the shared
+# /out: the binaries and the Python package (without their debug sections), and the Debian packages of the shared
 # libraries they link (usr-merged paths are tried both ways for dpkg -S).
 RUN set -eu; mkdir -p /out/bin /out/python; \
     cp build/release/operator/granary-operator build/release/cachenode/granary-cachenode \
        build/release/sidecar/granary-sidecar build/release/cli/granary /out/bin/; \
     cp -r build/release/python/granary /out/python/; \
     find /out/python -name __pycache__ -prune -exec rm -rf {} +; \
+    strip --strip-debug /out/bin/* /out/python/granary/*.so; \
     for f in /out/bin/* /out/python/granary/*.so; do ldd "$f" | awk '/=> \//{print $3}'; done \
       | sort -u | while read -r lib; do \
           dpkg -S "$lib" 2>/dev/null || dpkg -S "/usr$lib" 2>/dev/null || dpkg -S "${lib#/usr}" \

@@ -22,14 +22,16 @@
 #                     (as root; about a minute, 2 GB in /tmp; ARGS=--small for a smoke run)
 #   make bench        the side-by-side benchmark over a slow source (bench/run-benchmark; ARGS=...)
 #   make bench-smoke  bench/run-benchmark --small on the debug build, every contender (part of make test)
-#   make image        the container image granary:0.1.0 (Dockerfile) with docker, podman or buildah (TAG=...)
+#   make image        the container image granary:0.1.0 (Dockerfile) with docker, or buildah/podman on a
+#                     Debian base made here (TAG=...; LOAD=1 also imports it into containerd)
+#   make image-assemble  the same image from build/release's binaries, no compiling (LOAD=1: into containerd)
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
 
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps-build deps-quickstart deps-slurm deps-kubernetes check test-layout-check image deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-operator bench-client bench-multihost bench bench-smoke clean
+.PHONY: deps-build deps-quickstart deps-slurm deps-kubernetes check test-layout-check image image-assemble deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-operator bench-client bench-multihost bench bench-smoke clean
 
 # What each target needs (scripts/install-deps says what is in each group).
 deps:
@@ -88,10 +90,16 @@ fuzz: deps
 	cmake --build --preset fuzz
 	scripts/run-fuzzers build/fuzz $(FUZZ_SECONDS)
 
-# No deps: the image builds inside the Dockerfile's own Debian stage. Fails,
-# saying why, where no container builder works (scripts/build-image).
+# No deps: the image builds inside the Dockerfile's own Debian stage; without a
+# registry on a Debian base made by debootstrap (scripts/image/build).
 image:
-	scripts/build-image $(TAG)
+	scripts/image/build $(TAG) $(if $(LOAD),--load-containerd)
+
+# The offline recipe: this build's release binaries and their Debian packages.
+image-assemble: deps-build
+	cmake --preset release >/dev/null
+	cmake --build build/release -j2 --target granary-operator granary-cachenode granary-sidecar granary granary_python
+	scripts/image/assemble $(if $(LOAD),--load)
 
 # Includes and links against the allowed graph of docs/architecture.md.
 layering-check: deps-build
