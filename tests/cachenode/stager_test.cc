@@ -141,6 +141,22 @@ class StagerTest : public ::testing::Test {
 
   ChunkKey Key(ChunkId c) const { return ChunkKey{kDataset, manifest_->id(), c}; }
 
+  // Eight samples of one chunk (as a READ of a cold batch names them), asked
+  // for with ReadAhead while every source read is held: checks that the
+  // lead-in threads all wait at the gate at once (read together), then opens it.
+  std::vector<SampleId> ReadAheadHeldTogether() {
+    const ChunkId chunk = *FirstChunkWithSegments(*manifest_, 8);
+    const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk);
+    std::vector<SampleId> batch;
+    for (size_t i = 0; i < 8; ++i) batch.push_back(segments[i].sample);
+    gated_->HoldIf([](const SourceFile&, uint64_t) { return true; });
+    stager_->ReadAhead(batch);
+    EXPECT_TRUE(WaitFor([&] { return gated_->held() == static_cast<int>(kReadAheadThreads); }, 10s))
+        << gated_->held() << " reads in flight";
+    gated_->Open();
+    return batch;
+  }
+
   // Verifies every present segment of `chunk` (checksum and source bytes);
   // returns how many are present.
   size_t VerifyChunk(ChunkId chunk) {
@@ -1099,16 +1115,7 @@ TEST_F(StagerTest, ReadAheadOfAReadsSamplesReadsThemTogetherAndOnce) {
   stager_->Pause();  // no bulk staging: only what is asked for is read
   ASSERT_OK(stager_->Start());
   // Eight small samples of one chunk, as a READ of a cold batch names them.
-  const ChunkId chunk = *FirstChunkWithSegments(*manifest_, 8);
-  const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk);
-  std::vector<SampleId> batch;
-  for (size_t i = 0; i < 8; ++i) batch.push_back(segments[i].sample);
-  gated_->HoldIf([](const SourceFile&, uint64_t) { return true; });
-  stager_->ReadAhead(batch);
-  // Read together: the lead-in threads all wait at the gate at once.
-  EXPECT_TRUE(WaitFor([&] { return gated_->held() == static_cast<int>(kReadAheadThreads); }, 10s))
-      << gated_->held() << " reads in flight";
-  gated_->Open();
+  const std::vector<SampleId> batch = ReadAheadHeldTogether();
   for (SampleId s : batch) {
     auto b = stager_->FetchSample(s);
     ASSERT_OK(b);
@@ -1128,15 +1135,8 @@ TEST_F(StagerTest, ReadAheadStreamsWhatABudgetDoesNotKeepTogetherAndStoresNothin
   CreateStager(AllChunks(), options);
   stager_->SetBudget(0);  // nothing kept: everything is streamed
   ASSERT_OK(stager_->Start());
-  const ChunkId chunk = *FirstChunkWithSegments(*manifest_, 8);
-  const std::vector<ChunkSegment> segments = *manifest_->Segments(chunk);
-  std::vector<SampleId> batch;
-  for (size_t i = 0; i < 8; ++i) batch.push_back(segments[i].sample);
-  gated_->HoldIf([](const SourceFile&, uint64_t) { return true; });
-  stager_->ReadAhead(batch);
-  EXPECT_TRUE(WaitFor([&] { return gated_->held() == static_cast<int>(kReadAheadThreads); }, 10s))
-      << gated_->held() << " reads in flight";
-  gated_->Open();
+  const std::vector<SampleId> batch = ReadAheadHeldTogether();
+  const ChunkId chunk = manifest_->ChunkOf(batch[0]);
   for (SampleId s : batch) {
     auto b = stager_->FetchSample(s);
     ASSERT_OK(b);

@@ -82,14 +82,9 @@ std::vector<std::string> DatasetsOf(ControllerContext& c, const std::string& nam
 }
 
 Status SetPoolFinalizers(ControllerContext& c, const Json& object, const Json& finalizers) {
-  const Json& meta = object["metadata"];
-  // The resourceVersion makes the patch a compare-and-set on the list.
-  Json patch = {
-      {"metadata",
-       {{"finalizers", finalizers}, {"resourceVersion", meta.value("resourceVersion", "")}}}};
-  return c.client()
-      .MergePatch("/apis/granary.io/v1alpha1/cachepools/" + meta.value("name", ""), patch)
-      .status();
+  return c.SetFinalizers(
+      "/apis/granary.io/v1alpha1/cachepools/" + object["metadata"].value("name", ""), object,
+      finalizers);
 }
 
 // A CachePool being deleted: held while Datasets name it (they still need

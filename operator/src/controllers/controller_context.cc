@@ -139,4 +139,14 @@ Status ControllerContext::ApplyIfChanged(const std::string& path, const Json& bo
   return Status::Ok();
 }
 
+Status ControllerContext::SetFinalizers(const std::string& path, const Json& object,
+                                        const Json& finalizers) {
+  const Json& meta = object["metadata"];
+  // The resourceVersion makes the patch a compare-and-set on the list.
+  Json patch = {
+      {"metadata",
+       {{"finalizers", finalizers}, {"resourceVersion", meta.value("resourceVersion", "")}}}};
+  return client().MergePatch(path, patch).status();
+}
+
 }  // namespace granary::kube

@@ -71,6 +71,9 @@ class ControllerContext {
   // within that interval).
   static constexpr std::chrono::minutes kReapplyEvery{2};
   Status ApplyIfChanged(const std::string& path, const Json& body);
+  // Sets `object`'s metadata.finalizers (at API path `path`) to `finalizers`,
+  // as a compare-and-set on its resourceVersion.
+  Status SetFinalizers(const std::string& path, const Json& object, const Json& finalizers);
 
  private:
   KubeClient& client_;

@@ -70,13 +70,8 @@ Result<std::chrono::milliseconds> Refuse(ControllerContext& c, const Json& objec
 
 Status SetFinalizers(ControllerContext& c, const Json& object, const Json& finalizers) {
   const Json& meta = object["metadata"];
-  // The resourceVersion makes the patch a compare-and-set on the list.
-  Json patch = {
-      {"metadata",
-       {{"finalizers", finalizers}, {"resourceVersion", meta.value("resourceVersion", "")}}}};
-  return c.client()
-      .MergePatch(DatasetPath(meta.value("namespace", ""), meta.value("name", "")), patch)
-      .status();
+  return c.SetFinalizers(DatasetPath(meta.value("namespace", ""), meta.value("name", "")), object,
+                         finalizers);
 }
 
 DatasetSpec DesiredSpec(const Dataset& d, std::optional<uint64_t> max_resident_bytes) {
