@@ -261,8 +261,9 @@ def security_probe():
     return ["sh", "-c",
             'echo "uid=$(id -u) gid=$(id -g)"; '
             'grep -E "^(CapPrm|CapEff|CapBnd|NoNewPrivs|Seccomp):" /proc/self/status; '
-            'if touch /granary-probe 2>/dev/null; then echo root=writable; '
-            'else echo root=read-only; fi']
+            # / is root's; /var/lib/granary (the working directory) is uid 65532's.
+            'root=read-only; for d in / /var/lib/granary; do '
+            'touch "$d/.granary-probe" 2>/dev/null && root=writable; done; echo "root=$root"']
 
 
 def check_probe(out, uid, gid, caps_hex):
