@@ -261,6 +261,14 @@ void Stager::RecomputeKeptLocked() {
       return last_used_[a].load(std::memory_order_relaxed) >
              last_used_[b].load(std::memory_order_relaxed);
     });
+  } else if (budget_.has_value()) {
+    // What is stored (or being stored) first, then the staging order: the
+    // resident subset stays put when a plan brings a new order (each epoch's
+    // plan has one), so no epoch drops and re-stages part of it.
+    std::stable_partition(order.begin(), order.end(), [&](ChunkId c) {
+      const ChunkState& s = chunks_[c];
+      return s.present_segments > 0 || s.done || s.active || s.writer_held;
+    });
   }
   for (ChunkId c : order) {
     ChunkState& s = chunks_[c];
@@ -276,7 +284,7 @@ void Stager::RecomputeKeptLocked() {
       s.kept = true;
       continue;
     }
-    // A prefix of the staging order: the chunks the plans read first.
+    // A prefix: what is stored, then the chunks the plans read first.
     full = full || used + s.file_bytes > *budget_;
     s.kept = !full;
     if (s.kept) used += s.file_bytes;

@@ -1022,6 +1022,16 @@ TEST_F(StagerTest, ABudgetKeepsAPrefixOfTheOrderStreamsTheRestAndNeverChurns) {
   for (size_t i = 0; i < chunk_order.size(); ++i) {
     EXPECT_EQ(store_->HasChunk(Key(chunk_order[i])), i < 8) << "position " << i;
   }
+  // A new order (each epoch's plan brings one) keeps the resident subset:
+  // nothing is dropped, nothing staged again.
+  std::vector<SampleId> reversed(order.rbegin(), order.rend());
+  ASSERT_OK(stager_->SetOrder(reversed));
+  EXPECT_EQ(stager_->DropNotKept().chunks, 0u);
+  ASSERT_TRUE(WaitForState(StagingState::kComplete));
+  for (size_t i = 0; i < chunk_order.size(); ++i) {
+    EXPECT_EQ(store_->HasChunk(Key(chunk_order[i])), i < 8) << "position " << i;
+  }
+  EXPECT_EQ(stager_->Progress().chunks_kept, 8u);
   // The kept chunks were read from the source once, whatever the epochs did.
   const auto counts = ReadCounts();
   for (size_t i = 0; i < 8; ++i) {
