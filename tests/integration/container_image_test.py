@@ -171,6 +171,14 @@ class ImageRunner:
             self.c.ctr("containers", "rm", "spec-probe", check=False)
         self.seccomp = info["Spec"]["linux"]["seccomp"]
         self.image_env = info["Spec"]["process"].get("env") or [PATH_ENV]
+        # What `privileged: true` means to containerd: every capability, every
+        # host device, nothing masked.
+        self.c.ctr("containers", "create", "--privileged", self.image, "privileged-probe")
+        try:
+            info = json.loads(self.c.ctr("containers", "info", "privileged-probe").stdout)
+        finally:
+            self.c.ctr("containers", "rm", "privileged-probe", check=False)
+        self.privileged = info["Spec"]
         self.default = json.loads(subprocess.run(["ctr", "oci", "spec"], stdout=subprocess.PIPE,
                                                  check=True).stdout)
 
@@ -191,15 +199,38 @@ class ImageRunner:
         p.pop("terminal", None)
         # A pod's container has no tmpfs /run of its own (ctr's default adds one).
         s["mounts"] = [m for m in s["mounts"] if m["destination"] != "/run"]
-        for src, dst, ro in mounts:
+        for mount in mounts:
+            src, dst, ro = mount[:3]
+            options = ["rbind", "ro" if ro else "rw"]
+            if len(mount) > 3:  # mountPropagation: Bidirectional (rshared), HostToContainer (rslave)
+                options.append(mount[3])
+                if mount[3] == "rshared":
+                    s["linux"]["rootfsPropagation"] = "rshared"
             s["mounts"].append({"destination": dst, "type": "bind", "source": src,
-                                "options": ["rbind", "ro" if ro else "rw"]})
+                                "options": options})
         linux = s["linux"]
         if host_network:  # hostNetwork: true
             linux["namespaces"] = [n for n in linux["namespaces"] if n["type"] != "network"]
         linux.pop("cgroupsPath", None)
         if seccomp:
             linux["seccomp"] = self.seccomp  # seccompProfile: RuntimeDefault
+        return s
+
+    def privileged_spec(self, args, uid, gid, mounts=(), env=()):
+        """privileged: true, as containerd makes it (the sidecar's POSIX view)."""
+        s = self.spec(args, uid, gid, mounts=mounts, env=env, seccomp=False)
+        s["process"]["capabilities"] = self.privileged["process"]["capabilities"]
+        s["process"]["noNewPrivileges"] = False
+        s["process"].pop("apparmorProfile", None)
+        linux, priv = s["linux"], self.privileged["linux"]
+        linux["devices"] = priv.get("devices", [])
+        linux.setdefault("resources", {})["devices"] = priv.get("resources", {}).get("devices", [])
+        linux.pop("maskedPaths", None)
+        linux.pop("readonlyPaths", None)
+        linux.pop("seccomp", None)
+        for m in s["mounts"]:
+            if m["destination"] == "/sys":  # writable sysfs
+                m["options"] = [o for o in m["options"] if o != "ro"] + ["rw"]
         return s
 
     def _write_spec(self, cid, spec):
@@ -307,6 +338,7 @@ class Test:
         self.containerd = Containerd(work)
         self.redis = None
         self.runner = None
+        self.host_mounts = []  # the test's own, detached in teardown
         try:
             self.setup()
             self.run_cases()
@@ -405,6 +437,8 @@ class Test:
         if self.redis and self.redis.poll() is None:
             self.redis.terminate()
             self.redis.wait(timeout=10)
+        for point in reversed(self.host_mounts):
+            subprocess.run(["umount", "-l", point], check=False)
         left = [line.split()[4] for line in open("/proc/self/mountinfo")
                 if line.split()[4].startswith(self.work)]
         for point in sorted(left, key=len, reverse=True):
@@ -432,6 +466,11 @@ class Test:
                          self.sidecar_starts):
             return
         self.case("granary CLI reads every sample through the sidecar byte-exact", self.read_back)
+        if os.path.exists("/dev/fuse"):
+            self.case("POSIX view: a privileged sidecar mounts it, a trainer (uid 65532, "
+                      "no capabilities) reads every file by path byte-exact", self.posix_view)
+        else:
+            say("     no /dev/fuse on this host: the POSIX view case is not run")
         self.case("cachenode and sidecar stop on SIGTERM", self.daemons_stop)
 
     def operator_spec(self, args):
@@ -564,6 +603,72 @@ class Test:
                           f"source's files (first difference at byte "
                           f"{first_difference(got, want)})")
         say(f"     {len(names)} samples, {len(want)} bytes, byte-exact")
+
+    def posix_view(self):
+        p = self.paths
+        view = os.path.join(self.work, "view")
+        run = os.path.join(self.work, "view-sidecar-run")
+        os.makedirs(os.path.join(view, "tiny"))
+        os.makedirs(run)
+        # The kubelet needs a Bidirectional volume's host path on a shared mount.
+        subprocess.run(["mount", "--bind", view, view], check=True)
+        self.host_mounts.append(view)
+        subprocess.run(["mount", "--make-rshared", view], check=True)
+        metrics = free_port()
+        with open(os.path.join(p["config"], "sidecar-view.yaml"), "w") as f:
+            f.write(f"socket: /run/granary/sidecar.sock\nmetadata_store: {self.store}\n"
+                    f"local_node: {NODE_ID}\n"
+                    "local_node_socket: /run/granary-node/cachenode.sock\n"
+                    f"metrics_listen: 127.0.0.1:{metrics}\n"
+                    "cluster_key_file: /etc/granary/cluster-key/key\n"
+                    'mounts: "tiny:/mnt/granary/tiny"\nlog_level: info\n')
+        # The webhook's view sidecar: root with the owner's gid, privileged,
+        # read-only root, the view's volume Bidirectional.
+        log = self.runner.start("sidecar-view", self.runner.privileged_spec(
+            ["granary-sidecar", "--config=/etc/granary/config/sidecar-view.yaml",
+             f"--local-node={NODE_ID}"], uid=0, gid=OWNER,
+            mounts=[(run, "/run/granary", False),
+                    (p["node-socket"], "/run/granary-node", True),
+                    (p["config"], "/etc/granary/config", True),
+                    (os.path.join(p["key"], "root"), "/etc/granary/cluster-key", True),
+                    (view, "/mnt/granary", False, "rshared")]))
+        self.wait_ready("sidecar-view", metrics, log)
+        target = os.path.join(view, "tiny")
+        deadline = time.monotonic() + 20
+        while not any(line.split()[4] == target and " - fuse" in line
+                      for line in open("/proc/self/mountinfo")):
+            if time.monotonic() > deadline:
+                raise Failure(f"the view did not reach the host's {target} (Bidirectional "
+                              f"propagation); the sidecar's log ends:\n{tail(log)}")
+            time.sleep(0.1)
+        # The trainer: unmodified code reading files by path, and the image's
+        # Python package importing its native module.
+        script = ("import hashlib, json, os, sys, granary, granary._native\n"
+                  "out = {}\n"
+                  "for d, _, fs in os.walk('/data/tiny'):\n"
+                  "    for f in fs:\n"
+                  "        path = os.path.join(d, f)\n"
+                  "        with open(path, 'rb') as fh:\n"
+                  "            out[os.path.relpath(path, '/data/tiny')] = "
+                  "hashlib.sha256(fh.read()).hexdigest()\n"
+                  "json.dump(out, sys.stdout)\n")
+        code, out, err = self.runner.run("trainer", self.runner.spec(
+            ["python3", "-c", script], uid=OWNER, gid=OWNER, caps=(),
+            mounts=[(view, "/data", True, "rslave")]))
+        if code != 0:
+            raise Failure(f"the trainer exited {code}: {err}\nsidecar log:\n{tail(log)}")
+        got = json.loads(out)
+        want = {k: hashlib.sha256(v).hexdigest() for k, v in self.samples.items()}
+        if got != want:
+            missing = sorted(set(want) - set(got))[:5]
+            wrong = sorted(k for k in want if k in got and got[k] != want[k])[:5]
+            raise Failure(f"the view served {len(got)} files; missing {missing}, wrong {wrong}")
+        if not self.runner.stop("sidecar-view", timeout=15):
+            raise Failure("the view sidecar did not stop within 15 s of SIGTERM")
+        if any(line.split()[4] == target for line in open("/proc/self/mountinfo")):
+            raise Failure(f"the view is still mounted at {target} after its sidecar stopped")
+        say(f"     {len(got)} files read by path through the view, byte-exact; "
+            "unmounted when the sidecar stopped")
 
     def daemons_stop(self):
         for cid in ("sidecar", "cachenode"):
