@@ -694,13 +694,18 @@ def tail(path, n=3000):
 
 
 class tarfile_index:
-    """The image name an OCI archive carries (index.json's containerd name)."""
+    """The image name an OCI archive carries (index.json's annotations)."""
 
     def __init__(self, path):
         import tarfile  # noqa: PLC0415
         with tarfile.open(path) as t:
             index = json.load(t.extractfile("index.json"))
-        self.name = index["manifests"][0]["annotations"]["io.containerd.image.name"]
+        annotations = index["manifests"][0].get("annotations", {})
+        # scripts/image/oci-archive writes containerd's name; buildah and podman
+        # (`push ... oci-archive:FILE:NAME`) only the OCI ref.name, which ctr
+        # imports as the image's name when it is a whole reference.
+        self.name = (annotations.get("io.containerd.image.name") or
+                     annotations.get("org.opencontainers.image.ref.name"))
 
     def __enter__(self):
         return self.name
