@@ -221,6 +221,58 @@ TEST_F(CacheEvictionTest, TwoInUseSplitTheNodeUnderAReaderAndTheIdleOneGivesWay)
   EXPECT_GT(*streamed, 0);
 }
 
+TEST_F(CacheEvictionTest, ThreeDatasetsByPriorityTheHighestWholeTheNextWhatIsLeftTheLastNothing) {
+  auto high = cluster_->CreateDataset(Small("high"));
+  ASSERT_OK(high);
+  auto mid = cluster_->CreateDataset(Small("mid"));
+  ASSERT_OK(mid);
+  auto low = cluster_->CreateDataset(Small("low"));
+  ASSERT_OK(low);
+  for (const auto& [name, priority] :
+       std::vector<std::pair<std::string, int32_t>>{{"high", 10}, {"mid", 0}, {"low", -10}}) {
+    DatasetCacheSpec cache;
+    cache.priority = priority;
+    ASSERT_OK(SetCache(cluster_->store(), name, cache));
+  }
+  StartWith(*high);  // room for one and a half of them
+  for (const char* name : {"high", "mid", "low"}) {
+    ASSERT_OK(cluster_->WaitForPhase(name, DatasetPhase::kReady, 60s));
+  }
+  EXPECT_EQ(ProgressOf(cluster_->store(), "high").chunks_not_kept, 0u);
+  const StagingProgress m = ProgressOf(cluster_->store(), "mid");
+  EXPECT_GT(m.chunks_not_kept, 0u);
+  EXPECT_LT(m.chunks_not_kept, m.chunks_total);
+  const StagingProgress l = ProgressOf(cluster_->store(), "low");
+  EXPECT_EQ(l.chunks_not_kept, l.chunks_total);
+  EXPECT_EQ(l.bytes_staged, 0u);
+  auto low_record = cluster_->store().GetDataset("low");
+  ASSERT_OK(low_record);
+  EXPECT_THAT(low_record->state.message, HasSubstr("Ready, 0% resident"));
+  // Every byte of each is still served right.
+  for (const TestDataset* ds : {&*high, &*mid, &*low}) {
+    Pass pass = ReadAll(cluster_->store(), *ds);
+    EXPECT_EQ(pass.failed, 0u) << ds->name << ": " << pass.first_error;
+    EXPECT_EQ(pass.wrong, 0u) << ds->name;
+  }
+  // The lowest raised above the others: it takes the space, the middle one
+  // gives it up, the highest keeps its own.
+  DatasetCacheSpec top;
+  top.priority = 100;
+  ASSERT_OK(SetCache(cluster_->store(), "low", top));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return ProgressOf(cluster_->store(), "low").chunks_not_kept == 0 &&
+               ProgressOf(cluster_->store(), "mid").chunks_not_kept ==
+                   ProgressOf(cluster_->store(), "mid").chunks_total;
+      },
+      60s))
+      << cluster_->Describe("low") << "\n"
+      << cluster_->Describe("mid");
+  EXPECT_OK(cluster_->node(0).WaitForMetric("granary_cachenode_evicted_chunks_total",
+                                            {{"dataset", "mid"}, {"reason", "priority"}},
+                                            [](double v) { return v > 0; }));
+}
+
 TEST_F(CacheEvictionTest, APinnedDatasetNeverShrinksForAHigherPriorityOne) {
   auto a = cluster_->CreateDataset(Small("pinned"));
   ASSERT_OK(a);
