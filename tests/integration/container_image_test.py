@@ -29,6 +29,7 @@ root, no containerd, runc or redis-server, no overlay file system.
       [--image ARCHIVE]   # an archive made before (else assembled here)
 """
 import argparse
+import ctypes
 import hashlib
 import json
 import os
@@ -59,6 +60,12 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def die_with_parent():
+    """containerd and redis-server end when the test does, even when killed
+    (a ctest time-out); containerd's shims then stop their containers."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def http_status(port, path):
@@ -108,7 +115,7 @@ class Containerd:
         log = open(self.log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(["containerd", "--config", config], stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         log.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -345,6 +352,9 @@ class Test:
         except Failure as e:
             self.results.append(("setup", False))
             say(f"FAIL setup: {e}")
+        except KeyboardInterrupt:
+            self.results.append(("interrupted", False))
+            say("FAIL interrupted: tearing down")
         finally:
             self.teardown()
         passed = sum(1 for _, ok in self.results if ok)
@@ -418,7 +428,8 @@ class Test:
         self.redis = subprocess.Popen(
             ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", self.work],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent)
         self.store = f"redis://127.0.0.1:{self.redis_port}/0"
         deadline = time.monotonic() + 10
         while True:
@@ -431,6 +442,7 @@ class Test:
                 time.sleep(0.05)
 
     def teardown(self):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut it short
         if self.runner:
             self.runner.teardown()
         self.containerd.stop()
@@ -721,6 +733,8 @@ def main():
     ap.add_argument("--image", help="an OCI archive made before (default: assemble one)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args()
+    # SIGTERM (ctest, Ctrl-C's cousin) unwinds like a failure: teardown runs.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     why = skip_reason()
     if why:
         say(f"SKIPPED: container_image_test: {why}")
