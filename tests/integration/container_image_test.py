@@ -38,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.request
@@ -377,8 +378,7 @@ class Test:
                               f"{r.stdout.decode(errors='replace')[-3000:]}")
         say(f"image archive {image}: {os.path.getsize(image) / 2**20:.1f} MiB "
             f"({time.monotonic() - t0:.1f} s)")
-        with tarfile_index(image) as name:
-            self.image_name = name
+        self.image_name = archive_image_name(image)
         self.containerd.start()
         t0 = time.monotonic()
         self.containerd.ctr("images", "import", image, timeout=300)
@@ -705,25 +705,16 @@ def tail(path, n=3000):
         return "(no log)"
 
 
-class tarfile_index:
-    """The image name an OCI archive carries (index.json's annotations)."""
-
-    def __init__(self, path):
-        import tarfile  # noqa: PLC0415
-        with tarfile.open(path) as t:
-            index = json.load(t.extractfile("index.json"))
-        annotations = index["manifests"][0].get("annotations", {})
-        # scripts/image/oci-archive writes containerd's name; buildah and podman
-        # (`push ... oci-archive:FILE:NAME`) only the OCI ref.name, which ctr
-        # imports as the image's name when it is a whole reference.
-        self.name = (annotations.get("io.containerd.image.name") or
-                     annotations.get("org.opencontainers.image.ref.name"))
-
-    def __enter__(self):
-        return self.name
-
-    def __exit__(self, *exc):
-        return False
+def archive_image_name(path):
+    """The image name an OCI archive carries (index.json's annotations):
+    scripts/image/oci-archive writes containerd's name; buildah and podman
+    (`push ... oci-archive:FILE:NAME`) only the OCI ref.name, which ctr imports
+    as the image's name when it is a whole reference."""
+    with tarfile.open(path) as t:
+        index = json.load(t.extractfile("index.json"))
+    annotations = index["manifests"][0].get("annotations", {})
+    return (annotations.get("io.containerd.image.name") or
+            annotations.get("org.opencontainers.image.ref.name"))
 
 
 def main():
