@@ -58,7 +58,7 @@ COPY --from=build /out/runtime-packages /tmp/runtime-packages
 RUN apt-get update \
     && apt-get install -y --no-install-recommends $(cat /tmp/runtime-packages) \
          python3 python3-numpy fuse3 ca-certificates \
-    && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /tmp/runtime-packages \
     && groupadd --system --gid 65532 granary \
     && useradd --system --uid 65532 --gid 65532 --home-dir /var/lib/granary --create-home \
          --shell /usr/sbin/nologin granary
