@@ -114,6 +114,12 @@ Result<CacheNodeMetrics> CacheNodeMetrics::Declare(prometheus::Registry& registr
                          "dataset's budget).",
                          dataset));
   GRANARY_ASSIGN_OR_RETURN(
+      m.streamed_ahead_bytes,
+      r.AddCounterFamily("granary_cachenode_streamed_ahead_bytes_total",
+                         "Of the streamed bytes, those read ahead of the reader's item (a READ's "
+                         "missing items read together), not on demand.",
+                         dataset));
+  GRANARY_ASSIGN_OR_RETURN(
       m.dataset_reads,
       r.AddCounterFamily("granary_cachenode_dataset_reads_total",
                          "Items read, by where they came from: store (a hit) or source.",
@@ -326,6 +332,7 @@ Result<DatasetMetrics> CacheNodeMetrics::ForDataset(const std::string& dataset) 
   GRANARY_ASSIGN_OR_RETURN(d.kept_bytes, kept_bytes.WithLabels(labels));
   GRANARY_ASSIGN_OR_RETURN(d.budget_bytes, budget_bytes.WithLabels(labels));
   GRANARY_ASSIGN_OR_RETURN(d.streamed_bytes, streamed_bytes.WithLabels(labels));
+  GRANARY_ASSIGN_OR_RETURN(d.streamed_ahead_bytes, streamed_ahead_bytes.WithLabels(labels));
   GRANARY_ASSIGN_OR_RETURN(d.reads_from_store, dataset_reads.WithLabels({dataset, "store"}));
   GRANARY_ASSIGN_OR_RETURN(d.reads_from_source, dataset_reads.WithLabels({dataset, "source"}));
   for (size_t i = 0; i < kEvictionReasons.size(); ++i) {
@@ -428,6 +435,7 @@ void UpdateDatasetMetrics(const DatasetMetrics& m, DatasetMetricState& last,
   Advance(m.staged_samples, source.completed, &last.completed);
   Advance(m.on_demand_fetches, progress.on_demand_fetches, &last.on_demand);
   Advance(m.streamed_bytes, progress.streamed_bytes, &last.streamed);
+  Advance(m.streamed_ahead_bytes, progress.streamed_ahead_bytes, &last.streamed_ahead);
   Advance(m.reads_from_store, progress.reads_from_store, &last.from_store);
   Advance(m.reads_from_source, progress.reads_from_source, &last.from_source);
   SetGauge(m.kept_bytes, progress.bytes_kept);

@@ -66,6 +66,7 @@ struct DatasetMetrics {
   prometheus::Gauge* kept_bytes = nullptr;
   prometheus::Gauge* budget_bytes = nullptr;
   prometheus::Counter* streamed_bytes = nullptr;
+  prometheus::Counter* streamed_ahead_bytes = nullptr;
   prometheus::Counter* reads_from_store = nullptr;
   prometheus::Counter* reads_from_source = nullptr;
   // By reason, in the order of kEvictionReasons.
@@ -86,6 +87,7 @@ struct DatasetMetricState {
   uint64_t completed = 0;
   uint64_t on_demand = 0;
   uint64_t streamed = 0;
+  uint64_t streamed_ahead = 0;
   uint64_t from_store = 0;
   uint64_t from_source = 0;
   std::array<uint64_t, kSourceErrorKinds> errors{};
@@ -118,6 +120,7 @@ struct CacheNodeMetrics {
   MetricFamily<prometheus::Gauge> kept_bytes;
   MetricFamily<prometheus::Gauge> budget_bytes;
   MetricFamily<prometheus::Counter> streamed_bytes;
+  MetricFamily<prometheus::Counter> streamed_ahead_bytes;
   MetricFamily<prometheus::Counter> dataset_reads;   // dataset, from
   MetricFamily<prometheus::Counter> evicted_bytes;   // dataset, reason
   MetricFamily<prometheus::Counter> evicted_chunks;  // dataset, reason

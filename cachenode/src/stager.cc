@@ -531,6 +531,7 @@ StagerProgress Stager::Progress() const {
   p.budget = budget_;
   p.streamed_segments = streamed_segments_;
   p.streamed_bytes = streamed_bytes_;
+  p.streamed_ahead_bytes = streamed_ahead_bytes_;
   p.reads_from_store = reads_from_store_.load(std::memory_order_relaxed);
   p.reads_from_source = reads_from_source_.load(std::memory_order_relaxed);
   p.last_read_ms = last_read_ms_.load(std::memory_order_relaxed);

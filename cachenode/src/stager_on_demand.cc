@@ -79,6 +79,7 @@ Result<std::string> Stager::Fetch(ChunkId chunk, uint32_t index, bool replace) {
           fills_.erase(again);
           ++streamed_segments_;
           streamed_bytes_ += fill->bytes.size();
+          streamed_ahead_bytes_ += fill->bytes.size();
         }
         if (fill->waiters == 0) return std::move(fill->bytes);
       }

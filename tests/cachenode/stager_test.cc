@@ -1157,6 +1157,7 @@ TEST_F(StagerTest, ReadAheadStreamsWhatABudgetDoesNotKeepTogetherAndStoresNothin
   EXPECT_EQ(store_->used_bytes(), 0u);
   const StagerProgress p = stager_->Progress();
   EXPECT_EQ(p.streamed_segments, 8u);
+  EXPECT_EQ(p.streamed_ahead_bytes, p.streamed_bytes);  // all of it read ahead
   // Read again: streamed again (not kept), each read once more.
   for (SampleId s : batch) {
     auto b = stager_->FetchSample(s);
@@ -1164,6 +1165,9 @@ TEST_F(StagerTest, ReadAheadStreamsWhatABudgetDoesNotKeepTogetherAndStoresNothin
     EXPECT_EQ(ReadsOf(manifest_->PathOf(s)), 2) << manifest_->PathOf(s);
   }
   EXPECT_EQ(store_->used_bytes(), 0u);
+  // Those were on demand: streamed, not ahead.
+  EXPECT_EQ(stager_->Progress().streamed_ahead_bytes, p.streamed_ahead_bytes);
+  EXPECT_EQ(stager_->Progress().streamed_bytes, 2 * p.streamed_bytes);
 }
 
 TEST_F(StagerTest, NewlyOwnedChunksGetStaged) {

@@ -520,6 +520,7 @@ TEST(CacheNodeClusterTest, PromtoolAcceptsTheMetricsOfANodeThatStagedAndServed) 
                            "kept_bytes",
                            "budget_bytes",
                            "streamed_bytes_total",
+                           "streamed_ahead_bytes_total",
                            "dataset_reads_total",
                            "store_written_bytes_total"}) {
     EXPECT_TRUE(names.contains(std::string("granary_cachenode_") + name))

@@ -197,10 +197,11 @@ struct StagerProgress {
   std::optional<uint64_t> budget;  // none: every owned chunk is kept
   uint64_t streamed_segments = 0;  // read from the source for readers, not stored (not kept)
   uint64_t streamed_bytes = 0;
-  uint64_t reads_from_store = 0;   // NoteReads: items readers got from the store
-  uint64_t reads_from_source = 0;  // NoteReads: items readers waited for the source for
-  int64_t last_read_ms = 0;        // NoteReads: wall clock of the last read, 0 never
-  uint64_t source_retries = 0;     // source reads tried again after a transient (kIo) error
+  uint64_t streamed_ahead_bytes = 0;  // of those, read ahead of the item (ReadAhead), not on demand
+  uint64_t reads_from_store = 0;      // NoteReads: items readers got from the store
+  uint64_t reads_from_source = 0;     // NoteReads: items readers waited for the source for
+  int64_t last_read_ms = 0;           // NoteReads: wall clock of the last read, 0 never
+  uint64_t source_retries = 0;        // source reads tried again after a transient (kIo) error
   // Why staging is paused or why a chunk failed (kCapacity, kDiskFull, a store
   // error); OK otherwise.
   Status last_error;
@@ -507,6 +508,7 @@ class Stager {
   std::optional<uint64_t> budget_;               // guarded by mu_
   uint64_t streamed_segments_ = 0;               // guarded by mu_
   uint64_t streamed_bytes_ = 0;                  // guarded by mu_
+  uint64_t streamed_ahead_bytes_ = 0;            // guarded by mu_
   std::atomic<uint64_t> reads_from_store_{0};
   std::atomic<uint64_t> reads_from_source_{0};
   std::atomic<int64_t> last_read_ms_{0};
