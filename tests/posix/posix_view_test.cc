@@ -649,7 +649,15 @@ TEST_F(PosixViewTest, ReadaheadFollowsTheEpochTheReaderIsIn) {
   EXPECT_EQ(view_->readahead_order(), "plan 'job-1' (epoch 0)");
   EXPECT_GE(listed.load(), 1);
   const uint64_t used = view_->counters().pinned_ahead_used;
-  for (uint64_t p = 20; p < 40; ++p) read_at(**at0, p);
+  // Each read pins the next ones in the background: a reader on a loaded
+  // machine (the ASan pass beside other suites) gives them a moment, as a
+  // trainer's compute between batches does, so it does not race every pin.
+  for (uint64_t p = 20; p < 40; ++p) {
+    const uint64_t pinned = view_->counters().pinned_ahead;
+    read_at(**at0, p);
+    (void)testing::WaitFor([&] { return view_->counters().pinned_ahead > pinned; },
+                           std::chrono::milliseconds(200));
+  }
   EXPECT_GT(view_->counters().pinned_ahead_used, used);
 
   // Random reads (no order fits): a search or two, backed off; no switch.
