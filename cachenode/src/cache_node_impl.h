@@ -1,13 +1,15 @@
 #pragma once
 
 // CacheNode::Impl: the cache-node daemon's state and threads (cache_node.h
-// says what it does). Private to cachenode/src. Its methods are in four
+// says what it does). Private to cachenode/src. Its methods are in five
 // files, by job:
 //  - cache_node.cc: start and stop, heartbeats, readiness, metrics, and the
 //    CacheNode facade;
 //  - cache_node_reconcile.cc: the control loop: datasets of the pool
 //    activated (manifest, source, Stager), re-owned on placement changes,
 //    re-staged on new plans, dropped, their progress and phase published;
+//  - cache_node_budgets.cc: the capacity shared among the active datasets
+//    (the cache policy, cache_budget.h), evictions counted;
 //  - cache_node_snapshot.cc: snapshots the pool takes, claimed and walked on
 //    the snapshot thread;
 //  - cache_node_handoff.cc: the chunk handoff's resolver (local_socket).

@@ -1,7 +1,7 @@
-// `granary dataset create|snapshot|list|show|delete|stage|place|wait|grant|revoke`
+// `granary dataset create|snapshot|list|show|delete|stage|place|wait|grant|revoke|update`
 // (docs/cli.md).
 //
-// Kept whole at about 670 lines: its one job is the `granary dataset`
+// Kept whole at about 800 lines: its one job is the `granary dataset`
 // subcommands. They are members of one DatasetCommand whose option members
 // CLI11 fills, they call one another (create takes the snapshot and then
 // waits; stage snapshots first if needed) and they share the compare-and-set
