@@ -141,6 +141,21 @@ class StagerTest : public ::testing::Test {
 
   ChunkKey Key(ChunkId c) const { return ChunkKey{kDataset, manifest_->id(), c}; }
 
+  // Every sample once, shuffled with `seed` (a plan's epoch).
+  std::vector<SampleId> ShuffledOrder(uint32_t seed) const {
+    std::vector<SampleId> order(manifest_->sample_count());
+    for (SampleId s = 0; s < order.size(); ++s) order[s] = s;
+    std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+    return order;
+  }
+  // The chunk-file bytes of the first `n` chunks of `chunk_order`.
+  uint64_t FileBytesOfFirst(const std::vector<ChunkId>& chunk_order, size_t n) const {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i)
+      bytes += store_->ChunkBytes(*manifest_->Segments(chunk_order[i]));
+    return bytes;
+  }
+
   // Eight samples of one chunk (as a READ of a cold batch names them), asked
   // for with ReadAhead while every source read is held: checks that the
   // lead-in threads all wait at the gate at once (read together), then opens it.
@@ -288,9 +303,7 @@ TEST_F(StagerTest, StopMidwayLeavesOnlyRightBytesAndARestartReadsOnlyTheRest) {
 
 TEST_F(StagerTest, FollowsTheStagingOrderExactlyWithOneThread) {
   OpenSourceAndStore();
-  std::vector<SampleId> order(manifest_->sample_count());
-  for (SampleId s = 0; s < order.size(); ++s) order[s] = s;
-  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  std::vector<SampleId> order = ShuffledOrder(7);
   order.resize(order.size() / 3);  // chunks it never names come after, in chunk order
   StagerOptions options = Threads(1);
   options.order = order;
@@ -922,9 +935,7 @@ TEST_F(StagerTest, StopWithATimeoutDoesNotWaitForAHungSourceRead) {
 }
 
 TEST_F(StagerTest, CapacityStopsAtAPrefixOfTheOrderAndServingGoesOn) {
-  std::vector<SampleId> order(manifest_->sample_count());
-  for (SampleId s = 0; s < order.size(); ++s) order[s] = s;
-  std::shuffle(order.begin(), order.end(), std::mt19937(3));
+  const std::vector<SampleId> order = ShuffledOrder(3);
   // Room for exactly the first 5 chunks of the order, and a byte short of the 6th.
   OpenSourceAndStore();
   StagerOptions options = Threads(1);
@@ -934,12 +945,8 @@ TEST_F(StagerTest, CapacityStopsAtAPrefixOfTheOrderAndServingGoesOn) {
   options.read_ahead = 0;
   CreateStager(AllChunks(), options);
   const std::vector<ChunkId> chunk_order = stager_->chunk_order();
-  uint64_t capacity = 0;
-  for (size_t i = 0; i < 5; ++i) {
-    capacity += store_->ChunkBytes(*manifest_->Segments(chunk_order[i]));
-  }
-  const uint64_t sixth = store_->ChunkBytes(*manifest_->Segments(chunk_order[5]));
-  capacity += sixth - 1;
+  const uint64_t capacity = FileBytesOfFirst(chunk_order, 5) +
+                            store_->ChunkBytes(*manifest_->Segments(chunk_order[5])) - 1;
   stager_.reset();
   OpenSourceAndStore(capacity);
   CreateStager(AllChunks(), options);
@@ -975,18 +982,15 @@ TEST_F(StagerTest, CapacityStopsAtAPrefixOfTheOrderAndServingGoesOn) {
 }
 
 TEST_F(StagerTest, ABudgetKeepsAPrefixOfTheOrderStreamsTheRestAndNeverChurns) {
-  std::vector<SampleId> order(manifest_->sample_count());
-  for (SampleId s = 0; s < order.size(); ++s) order[s] = s;
-  std::shuffle(order.begin(), order.end(), std::mt19937(5));
+  const std::vector<SampleId> order = ShuffledOrder(5);
   OpenSourceAndStore();
   StagerOptions options = Threads(2);
   options.order = order;
   CreateStager(AllChunks(), options);
   const std::vector<ChunkId> chunk_order = stager_->chunk_order();
   // A budget of the first 8 chunks of the order, and a byte short of the 9th.
-  uint64_t budget = 0;
-  for (size_t i = 0; i < 8; ++i) budget += store_->ChunkBytes(*manifest_->Segments(chunk_order[i]));
-  budget += store_->ChunkBytes(*manifest_->Segments(chunk_order[8])) - 1;
+  const uint64_t budget = FileBytesOfFirst(chunk_order, 8) +
+                          store_->ChunkBytes(*manifest_->Segments(chunk_order[8])) - 1;
   stager_->SetBudget(budget);
   ASSERT_OK(stager_->Start());
   ASSERT_TRUE(WaitForState(StagingState::kComplete));  // what it keeps is staged
@@ -1095,8 +1099,7 @@ TEST_F(StagerTest, TheLruBaselineKeepsWhatWasReadLastAndDropsTheLeastRecent) {
   options.read_ahead = 0;
   CreateStager(AllChunks(), options);
   const std::vector<ChunkId> chunk_order = stager_->chunk_order();
-  uint64_t budget = 0;
-  for (size_t i = 0; i < 4; ++i) budget += store_->ChunkBytes(*manifest_->Segments(chunk_order[i]));
+  const uint64_t budget = FileBytesOfFirst(chunk_order, 4);
   stager_->SetBudget(budget);
   ASSERT_OK(stager_->Start());
   ASSERT_TRUE(WaitForState(StagingState::kComplete));
