@@ -24,6 +24,7 @@ namespace {
 
 int Run(const std::vector<std::string>& args, CliContext& context) {
   CLI::App app{"granary: datasets staged next to the GPUs.", "granary"};
+  app.set_version_flag("--version", std::string("granary ") + GRANARY_VERSION);
   app.footer(ExitCodesHelp());
   app.require_subcommand(1);
   // Global options may also follow the subcommand (`granary dataset list -o json`).

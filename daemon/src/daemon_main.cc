@@ -11,6 +11,7 @@
 namespace granary {
 
 DaemonMain::DaemonMain(std::string name, CLI::App& app) : name_(std::move(name)), app_(app) {
+  app_.set_version_flag("--version", name_ + " " + GRANARY_VERSION);
   app_.add_option("--log-level", log_level_text_,
                   "trace, debug, info, warn, error or off (default: the configuration's "
                   "log_level, else info)");

@@ -817,6 +817,12 @@ TEST_F(CliTest, DoctorOnAnEmbeddedStoreWithoutDaemons) {
   EXPECT_NE(r.out.find("2 failed"), std::string::npos) << r.out;
 }
 
+TEST_F(CliTest, VersionNeedsNoCommand) {
+  CliRun r = Run({"--version"});
+  EXPECT_EQ(r.code, kCliOk) << r.err;
+  EXPECT_NE(r.out.find("granary 0.1.0"), std::string::npos) << r.out;
+}
+
 TEST_F(CliTest, HelpListsTheExitCodesAndEveryCommand) {
   CliRun r = Run({"--help"});
   EXPECT_EQ(r.code, kCliOk);

@@ -54,6 +54,12 @@ TEST(DaemonMainTest, CommandLineExitsZeroForHelpAndTwoWhenBad) {
   EXPECT_THAT(help.out, HasSubstr("--config"));
   EXPECT_THAT(help.out, HasSubstr("docs/test.md"));
 
+  // --version: the daemon's name and the project's version, also without the
+  // configuration that is otherwise required.
+  Parsed version = ParseWith({"--version"}, true);
+  EXPECT_EQ(version.exit, kDaemonExitOk);
+  EXPECT_THAT(version.out, HasSubstr("granary-test 0.1.0"));
+
   EXPECT_EQ(ParseWith({"--bogus-flag"}, false).exit, kDaemonExitUsage);
   EXPECT_EQ(ParseWith({}, true).exit, kDaemonExitUsage) << "--config is required";
   EXPECT_EQ(ParseWith({"--config"}, true).exit, kDaemonExitUsage);
