@@ -190,10 +190,15 @@ class GranaryReader:
         self.sampler = granary.torch.DistributedSampler(self.ds, num_replicas=1, rank=0,
                                                         shuffle=True, seed=seed)
 
-    def batches(self, order, batch, epoch):
+    def prepare(self, order, epoch):
+        """The benchmark's own check that the sampler's order is the plan's, before
+        the epoch's clock starts: no trainer does this."""
         self.sampler.set_epoch(epoch)
         if self.sampler.indices() != order:
             raise RuntimeError(f"epoch {epoch}: DistributedSampler's order differs from the plan's")
+
+    def batches(self, order, batch, epoch):
+        self.sampler.set_epoch(epoch)
         it = iter(self.sampler)  # announces the plan: the sidecar prefetches this order
         while True:
             ids = [i for _, i in zip(range(batch), it)]
@@ -483,6 +488,8 @@ def run(spec):
     root = spec.get("root")
     if spec.get("copy"):
         before = slowfs_counts(stats_path)
+        if hasattr(reader, "prepare"):
+            reader.prepare(order, epoch)  # checks outside the timed epoch
         t0 = time.perf_counter()
         copied, nbytes = copy_tree(spec["copy"]["from"], spec["copy"]["to"], spec["threads"])
         result["setup_seconds"] = time.perf_counter() - t0
@@ -503,6 +510,8 @@ def run(spec):
         probes_before = scrape_counters(probes)
         written_before = reader.written_bytes() if hasattr(reader, "written_bytes") else None
         before = slowfs_counts(stats_path)
+        if hasattr(reader, "prepare"):
+            reader.prepare(order, epoch)  # checks outside the timed epoch
         t0 = time.perf_counter()
         asked = t0
         count = 0
@@ -551,6 +560,8 @@ def run(spec):
     workers = int(spec.get("workers", 0))
     if spec.get("convert"):
         before = slowfs_counts(stats_path)
+        if hasattr(reader, "prepare"):
+            reader.prepare(order, epoch)  # checks outside the timed epoch
         t0 = time.perf_counter()
         if spec["convert"]["format"] == "litdata":
             converted, nbytes = convert_litdata(spec["convert"], int(spec.get("threads", 1)),
