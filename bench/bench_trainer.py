@@ -488,8 +488,6 @@ def run(spec):
     root = spec.get("root")
     if spec.get("copy"):
         before = slowfs_counts(stats_path)
-        if hasattr(reader, "prepare"):
-            reader.prepare(order, epoch)  # checks outside the timed epoch
         t0 = time.perf_counter()
         copied, nbytes = copy_tree(spec["copy"]["from"], spec["copy"]["to"], spec["threads"])
         result["setup_seconds"] = time.perf_counter() - t0
@@ -560,8 +558,6 @@ def run(spec):
     workers = int(spec.get("workers", 0))
     if spec.get("convert"):
         before = slowfs_counts(stats_path)
-        if hasattr(reader, "prepare"):
-            reader.prepare(order, epoch)  # checks outside the timed epoch
         t0 = time.perf_counter()
         if spec["convert"]["format"] == "litdata":
             converted, nbytes = convert_litdata(spec["convert"], int(spec.get("threads", 1)),
