@@ -33,6 +33,13 @@ struct CliRun {
   std::string err;
 };
 
+// A command line that must be refused: its exit code and what its message says.
+struct Refused {
+  std::vector<std::string> args;
+  int code;
+  std::string says;
+};
+
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -56,6 +63,13 @@ class CliTest : public ::testing::Test {
     run.out = out.str();
     run.err = err.str();
     return run;
+  }
+  void ExpectRefused(const std::vector<Refused>& cases) {
+    for (const Refused& c : cases) {
+      const CliRun r = Run(c.args);
+      EXPECT_EQ(r.code, c.code) << r.err;
+      EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    }
   }
 
   std::unique_ptr<MetadataStore> Store() {
@@ -304,11 +318,7 @@ TEST_F(CliTest, DatasetsArePlacedOnChosenNodes) {
   placed = nlohmann::json::parse(Run({"dataset", "show", "pets", "-o", "json"}).out);
   EXPECT_TRUE(placed["placed_on"].is_null()) << placed.dump();
 
-  struct Bad {
-    std::vector<std::string> args;
-    int code;
-    std::string says;
-  } bad[] = {
+  ExpectRefused({
       {{"dataset", "place", "pets"}, kCliUsage, "say where"},
       {{"dataset", "place", "pets", "--no-nodes", "--all-nodes"}, kCliUsage, "choose one"},
       {{"dataset", "place", "pets", "--nodes", "a b"}, kCliUsage, "node id 'a b' is invalid"},
@@ -317,12 +327,7 @@ TEST_F(CliTest, DatasetsArePlacedOnChosenNodes) {
       {{"dataset", "create", "cats", "--source", source_, "--nodes", "g1", "--no-nodes"},
        kCliUsage,
        "choose one"},
-  };
-  for (const Bad& b : bad) {
-    r = Run(b.args);
-    EXPECT_EQ(r.code, b.code) << r.err;
-    EXPECT_NE(r.err.find(b.says), std::string::npos) << r.err;
-  }
+  });
 }
 
 // Who may read a dataset through a Slurm job: granted and revoked by user or
@@ -369,11 +374,7 @@ TEST_F(CliTest, CachePolicyOnCreateAndUpdate) {
   EXPECT_FALSE(stored->spec.cache.pinned);
   EXPECT_EQ(stored->spec.cache.priority, 1000);
 
-  struct Bad {
-    std::vector<std::string> args;
-    int code;
-    std::string says;
-  } bad[] = {
+  ExpectRefused({
       {{"dataset", "update", "pets"}, kCliUsage, "say what to change: --priority"},
       {{"dataset", "update", "pets", "--priority", "1001"},
        kCliUsage,
@@ -408,12 +409,7 @@ TEST_F(CliTest, CachePolicyOnCreateAndUpdate) {
       {{"dataset", "create", "other", "--source", source_, "--no-snapshot", "--priority", "x"},
        kCliUsage,
        "--priority 'x'"},
-  };
-  for (const Bad& b : bad) {
-    r = Run(b.args);
-    EXPECT_EQ(r.code, b.code) << r.err;
-    EXPECT_NE(r.err.find(b.says), std::string::npos) << r.err;
-  }
+  });
   // Nothing bad was written, and "other" was not created.
   stored = Store()->GetDataset("pets");
   ASSERT_OK(stored);
@@ -452,11 +448,7 @@ TEST_F(CliTest, GrantAndRevokeReaders) {
   EXPECT_EQ(stored->readers.uids, std::vector<uint32_t>{4242});
   EXPECT_TRUE(stored->readers.gids.empty());
 
-  struct Bad {
-    std::vector<std::string> args;
-    int code;
-    std::string says;
-  } bad[] = {
+  ExpectRefused({
       {{"dataset", "grant", "pets"}, kCliUsage, "say whom with --user"},
       {{"dataset", "grant", "pets", "--user", "no-such-user-x"},
        kCliUsage,
@@ -468,12 +460,7 @@ TEST_F(CliTest, GrantAndRevokeReaders) {
       {{"dataset", "grant", "pets", "--user", "-1"}, kCliUsage, "no such user"},
       {{"dataset", "grant", "pets", "--user", ""}, kCliUsage, "no such user"},
       {{"dataset", "revoke", "nope", "--user", "nobody"}, kCliNotFound, "nope"},
-  };
-  for (const Bad& b : bad) {
-    r = Run(b.args);
-    EXPECT_EQ(r.code, b.code) << r.err;
-    EXPECT_NE(r.err.find(b.says), std::string::npos) << r.err;
-  }
+  });
   stored = Store()->GetDataset("pets");
   ASSERT_OK(stored);
   EXPECT_EQ(stored->readers.uids, std::vector<uint32_t>{4242}) << "a refused grant changed it";
