@@ -347,6 +347,9 @@ bool ParseArgs(PyObject* args, PyObject* kwargs, const char* function,
     case 7:
       return PyArg_ParseTupleAndKeywords(args, kwargs, format.c_str(), keywords.data(), &o[0],
                                          &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]);
+    case 8:
+      return PyArg_ParseTupleAndKeywords(args, kwargs, format.c_str(), keywords.data(), &o[0],
+                                         &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7]);
     case 10:
       return PyArg_ParseTupleAndKeywords(args, kwargs, format.c_str(), keywords.data(), &o[0],
                                          &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
@@ -548,7 +551,7 @@ PyObject* SessionNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   std::vector<PyObject*> a;
   if (!ParseArgs(args, kwargs, "Session",
                  {"dataset", "socket", "client_name", "connect_timeout", "call_timeout",
-                  "lookahead", "verify_checksums"},
+                  "lookahead", "verify_checksums", "direct_reads"},
                  1, &a)) {
     return nullptr;
   }
@@ -565,6 +568,7 @@ PyObject* SessionNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   if (a[6] != nullptr && !ToBool(a[6], "verify_checksums", &options.verify_checksums)) {
     return nullptr;
   }
+  if (a[7] != nullptr && !ToBool(a[7], "direct_reads", &options.direct_reads)) return nullptr;
   Result<std::unique_ptr<Session>> session =
       WithoutGil([&] { return Session::Open(dataset, options); });
   if (!session.ok()) return SetStatusError(session.status());
@@ -598,9 +602,37 @@ std::optional<SampleView> GetOne(Session& s, PyObject* id_object) {
   return *view;
 }
 
-PyObject* SessionRead(PyObject* self, PyObject* id) {
+// The sample as bytes read straight from its chunk file (the session's
+// direct reads: docs/client.md), with the GIL released for the pread and the
+// check. nullptr with no error set: not readable directly now (use the arena).
+PyObject* ReadDirectBytes(Session& s, uint32_t id) {
+  std::optional<uint64_t> size = s.DirectSize(id);
+  if (!size) {
+    WithoutGil([&] { s.LocateDirect(std::span<const uint32_t>(&id, 1)); });
+    size = s.DirectSize(id);
+    if (!size) return nullptr;
+  }
+  PyObject* bytes = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(*size));
+  if (bytes == nullptr) return nullptr;
+  char* data = PyBytes_AsString(bytes);
+  const Status read = WithoutGil(
+      [&] { return s.ReadDirect(id, std::span<char>(data, static_cast<size_t>(*size))); });
+  if (!read.ok()) {
+    Py_DECREF(bytes);
+    return nullptr;
+  }
+  return bytes;
+}
+
+PyObject* SessionRead(PyObject* self, PyObject* id_object) {
   Session& s = *SessionOf(self);
-  std::optional<SampleView> v = GetOne(s, id);
+  uint32_t id = 0;
+  if (!ToSampleId(id_object, &id)) return nullptr;
+  if (id < s.info().sample_count) {
+    if (PyObject* direct = ReadDirectBytes(s, id)) return direct;
+    if (PyErr_Occurred() != nullptr) return nullptr;
+  }
+  std::optional<SampleView> v = GetOne(s, id_object);
   if (!v) return nullptr;
   PyObject* bytes = BytesOf(*v);
   s.Release(*v);
@@ -636,19 +668,50 @@ std::optional<std::vector<SampleView>> GetMany(Session& s, PyObject* ids_object)
   return out;
 }
 
-PyObject* SessionReadMany(PyObject* self, PyObject* ids) {
+// Copies of many samples: those readable directly from their chunk files
+// (one CHUNK_FILES round trip for the chunks not known yet), the rest in as
+// few GETs as the limits allow.
+PyObject* SessionReadMany(PyObject* self, PyObject* ids_object) {
   Session& s = *SessionOf(self);
-  std::optional<std::vector<SampleView>> views = GetMany(s, ids);
-  if (!views) return nullptr;
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(views->size()));
-  for (size_t i = 0; i < views->size(); ++i) {
-    PyObject* bytes = list != nullptr ? BytesOf((*views)[i]) : nullptr;
-    s.Release((*views)[i]);
+  std::vector<uint32_t> ids;
+  if (!ToSampleIds(ids_object, &ids)) return nullptr;
+  WithoutGil([&] { s.LocateDirect(ids); });
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(ids.size()));
+  if (list == nullptr) return nullptr;
+  std::vector<uint32_t> rest;
+  std::vector<size_t> slots;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    PyObject* bytes = ids[i] < s.info().sample_count ? ReadDirectBytes(s, ids[i]) : nullptr;
+    if (bytes == nullptr && PyErr_Occurred() != nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    if (bytes != nullptr) {
+      PyList_SetItem(list, static_cast<Py_ssize_t>(i), bytes);
+      continue;
+    }
+    rest.push_back(ids[i]);
+    slots.push_back(i);
+  }
+  if (rest.empty()) return list;
+  std::vector<Result<SampleView>> views = WithoutGil([&] { return s.GetMany(rest); });
+  const Status* first_error = nullptr;
+  for (const Result<SampleView>& v : views) {
+    if (!v.ok() && first_error == nullptr) first_error = &v.status();
+  }
+  for (size_t j = 0; j < views.size(); ++j) {
+    if (!views[j].ok()) continue;
+    PyObject* bytes = first_error == nullptr && list != nullptr ? BytesOf(*views[j]) : nullptr;
+    s.Release(*views[j]);
     if (bytes == nullptr) {
       Py_CLEAR(list);
       continue;
     }
-    PyList_SetItem(list, static_cast<Py_ssize_t>(i), bytes);
+    PyList_SetItem(list, static_cast<Py_ssize_t>(slots[j]), bytes);
+  }
+  if (first_error != nullptr) {
+    Py_XDECREF(list);
+    return SetStatusError(*first_error);
   }
   return list;
 }

@@ -259,13 +259,6 @@ std::optional<SampleView> Session::TryGetHinted(uint32_t id) {
   return out;
 }
 
-Result<std::string> Session::Read(uint32_t id) {
-  GRANARY_ASSIGN_OR_RETURN(SampleView view, Get(id));
-  std::string bytes(view.bytes());
-  Release(view);
-  return bytes;
-}
-
 Status Session::SetPlan(const sp::SetPlan& plan) {
   std::lock_guard<std::mutex> lock(mu_);
   GRANARY_RETURN_IF_ERROR(CheckUsable());

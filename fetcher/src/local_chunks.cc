@@ -3,6 +3,7 @@
 
 #include "local_chunks.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -214,6 +215,48 @@ Result<uint64_t> LocalChunks::Read(const FetchDataset& dataset, ChunkId chunk, S
   }
   pieces_.fetch_add(1, std::memory_order_relaxed);
   return open->reader.checksum(index);
+}
+
+Result<LocalChunkFile> LocalChunks::Share(const FetchDataset& dataset, ChunkId chunk) {
+  const Key key{dataset.name, dataset.manifest->id(), chunk};
+  GRANARY_ASSIGN_OR_RETURN(std::shared_ptr<Open> open, Get(dataset, key));
+  {
+    std::unique_lock<std::shared_mutex> write_lock(open->mu);
+    const Clock::time_point now = Clock::now();
+    if (open->reader.present_count() < open->reader.segment_count() &&
+        now - open->refreshed >= kRefreshInterval) {
+      open->refreshed = now;
+      if (Status s = open->reader.Refresh(); !s.ok()) {
+        write_lock.unlock();
+        Forget(key);
+        return Status::NotFound(s.message());
+      }
+    }
+  }
+  std::shared_lock<std::shared_mutex> read_lock(open->mu);
+  LocalChunkFile out;
+  const std::span<const ChunkSegment> segs = open->reader.segments();
+  out.samples.reserve(segs.size());
+  for (uint32_t i = 0; i < segs.size(); ++i) {
+    const ChunkSegment& seg = segs[i];
+    const bool whole = seg.sample_offset == 0 && seg.length == dataset.manifest->SizeOf(seg.sample);
+    Result<uint64_t> offset =
+        whole && open->reader.IsPresent(i) ? open->reader.PayloadOffset(i) : Status::NotFound("");
+    if (!offset.ok()) {
+      if (out.elsewhere.empty() || out.elsewhere.back() != seg.sample) {
+        out.elsewhere.push_back(seg.sample);
+      }
+      continue;
+    }
+    out.samples.push_back({seg.sample, *offset, seg.length, open->reader.checksum(i)});
+  }
+  const int dup = ::fcntl(open->reader.fd(), F_DUPFD_CLOEXEC, 0);
+  if (dup < 0) {
+    return Status::NotFound(ErrnoText(errno) + " duplicating the descriptor of chunk " +
+                            std::to_string(chunk) + " of dataset " + Quoted(dataset.name));
+  }
+  out.fd = ScopedFd(dup);
+  return out;
 }
 
 LocalChunksCounters LocalChunks::counters() const {

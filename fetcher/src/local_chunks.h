@@ -66,6 +66,11 @@ class LocalChunks {
   Result<uint64_t> Read(const FetchDataset& dataset, ChunkId chunk, SampleId sample,
                         uint64_t offset, std::span<char> out);
 
+  // The kept file of `chunk` (opened through the handoff if need be), its
+  // presence re-read if older than the refresh interval, duplicated for a
+  // reader on this host. kNotFound with the reason when it cannot.
+  Result<LocalChunkFile> Share(const FetchDataset& dataset, ChunkId chunk);
+
   LocalChunksCounters counters() const;
 
  private:

@@ -377,6 +377,20 @@ void SampleFetcher::Fetch(const FetchDataset& dataset, std::span<const FetchTarg
   impl_->Fetch(dataset, targets, outcomes);
 }
 
+Result<LocalChunkFile> SampleFetcher::ShareLocalChunk(const FetchDataset& dataset, ChunkId chunk) {
+  if (impl_->local_chunks_ == nullptr) {
+    return Status::NotFound(
+        "this sidecar reads no chunk files of a local cache node (local_node_socket is not set)");
+  }
+  if (dataset.manifest == nullptr || chunk >= dataset.manifest->chunk_count()) {
+    return Status::NotFound("chunk " + std::to_string(chunk) + " is not a chunk of dataset " +
+                            Quoted(dataset.name));
+  }
+  return impl_->local_chunks_->Share(dataset, chunk);
+}
+
+bool SampleFetcher::SharesLocalChunks() const { return impl_->local_chunks_ != nullptr; }
+
 SampleFetcherCounters SampleFetcher::counters() const { return impl_->Counters(); }
 
 }  // namespace granary::sidecar

@@ -50,6 +50,8 @@ inline constexpr uint16_t kTypeOf<Ping> = sf::kTypePing;
 template <>
 inline constexpr uint16_t kTypeOf<Directories> = sf::kTypeDirectories;
 template <>
+inline constexpr uint16_t kTypeOf<ChunkFiles> = sf::kTypeChunkFiles;
+template <>
 inline constexpr uint16_t kTypeOf<HelloReply> = sf::kTypeHelloReply;
 template <>
 inline constexpr uint16_t kTypeOf<OpenReply> = sf::kTypeOpenReply;
@@ -67,6 +69,8 @@ template <>
 inline constexpr uint16_t kTypeOf<Error> = sf::kTypeError;
 template <>
 inline constexpr uint16_t kTypeOf<DirectoriesReply> = sf::kTypeDirectoriesReply;
+template <>
+inline constexpr uint16_t kTypeOf<ChunkFilesReply> = sf::kTypeChunkFilesReply;
 
 // M is T or const T: one description serves the writer and the checker
 // (const) and the reader.
@@ -210,6 +214,19 @@ void Fields(V& v, M& m) {
   v.Rule([&](std::string_view) {
     return CheckIndexRange("first/count", "directories", m.first, m.count);
   });
+}
+
+template <class V, Is<ChunkFiles> M>
+void Fields(V& v, M& m) {
+  v.Count("ids", m.ids, sf::kIdSize);
+  v.Rule([&](std::string_view) {
+    if (m.ids.empty()) return FieldInvalid("ids", "no ids; ask for at least one");
+    if (m.ids.size() <= v.limits().max_items) return Status::Ok();
+    return FieldRange("ids", std::to_string(m.ids.size()) + " ids exceed the limit of " +
+                                 std::to_string(v.limits().max_items) +
+                                 " items (limits.max_items)");
+  });
+  v.Each("ids", m.ids, [&](auto& id) { v.Int("", id); });
 }
 
 // ---- replies --------------------------------------------------------------------
@@ -367,6 +384,50 @@ void Fields(V& v, M& m) {
                                                  " directories announced");
   });
   v.Each("entries", m.entries, [&](auto& e) { Fields(v, e); });
+}
+
+template <class V, Is<DirectSample> M>
+void Fields(V& v, M& d) {
+  v.Int("id", d.id);
+  v.Int("offset", d.offset);
+  v.Int("length", d.length);
+  v.Int("checksum", d.checksum);
+  v.Rule([&](std::string_view f) {
+    if (d.offset <= std::numeric_limits<uint64_t>::max() - d.length) return Status::Ok();
+    return FieldRange(f, "offset " + std::to_string(d.offset) + " + length " +
+                             std::to_string(d.length) + " overflows 64 bits");
+  });
+}
+
+template <class V, Is<ChunkFile> M>
+void Fields(V& v, M& c) {
+  v.Int("chunk", c.chunk);
+  v.WireStatus("status", c.status);
+  v.Count("samples", c.samples, sf::kDirectSampleSize);
+  v.Each("samples", c.samples, [&](auto& d) { Fields(v, d); });
+  v.Count("elsewhere", c.elsewhere, sf::kIdSize);
+  v.Each("elsewhere", c.elsewhere, [&](auto& id) { v.Int("", id); });
+  v.Rule([&](std::string_view f) {
+    if (c.status.ok() || c.samples.empty()) return Status::Ok();
+    return FieldInvalid(f, "chunk " + std::to_string(c.chunk) + " failed (" +
+                               std::string(StatusCodeName(c.status.code())) +
+                               ") but lists samples to read from its file");
+  });
+}
+
+template <class V, Is<ChunkFilesReply> M>
+void Fields(V& v, M& m) {
+  v.FitMessages(m.chunks, 4, sf::kChunkFileMinSize);
+  v.Count("chunks", m.chunks, sf::kChunkFileMinSize);
+  v.Rule([&](std::string_view) {
+    size_t handed = 0;
+    for (const auto& c : m.chunks) handed += c.status.ok() ? size_t{1} : size_t{0};
+    if (handed <= sf::kMaxChunkFilesPerReply) return Status::Ok();
+    return FieldRange("chunks",
+                      std::to_string(handed) + " chunk files handed over, more than the " +
+                          std::to_string(sf::kMaxChunkFilesPerReply) + " one reply may pass");
+  });
+  v.Each("chunks", m.chunks, [&](auto& c) { Fields(v, c); });
 }
 
 }  // namespace granary::sidecar_protocol::fields

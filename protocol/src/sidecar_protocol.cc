@@ -26,8 +26,8 @@ bool IsSpokenVersion(uint16_t v) { return v >= kMinVersion && v <= kMaxVersion; 
 
 std::string VersionRange() { return wire::VersionRange(kMinVersion, kMaxVersion); }
 
-bool IsRequestType(uint16_t t) { return t >= sf::kTypeHello && t <= sf::kTypeDirectories; }
-bool IsReplyType(uint16_t t) { return t >= sf::kTypeHelloReply && t <= sf::kTypeDirectoriesReply; }
+bool IsRequestType(uint16_t t) { return t >= sf::kTypeHello && t <= sf::kTypeChunkFiles; }
+bool IsReplyType(uint16_t t) { return t >= sf::kTypeHelloReply && t <= sf::kTypeChunkFilesReply; }
 bool IsHandshakeType(uint16_t t) { return t == sf::kTypeHello || t == sf::kTypeHelloReply; }
 
 // "GET", or "message type 4242" for a number this build does not know.
@@ -265,6 +265,10 @@ std::string_view MessageTypeName(uint16_t type) {
       return "DIRECTORIES";
     case MessageType::kDirectoriesReply:
       return "DIRECTORIES_REPLY";
+    case MessageType::kChunkFiles:
+      return "CHUNK_FILES";
+    case MessageType::kChunkFilesReply:
+      return "CHUNK_FILES_REPLY";
   }
   return "unknown";
 }
@@ -274,6 +278,9 @@ uint16_t MinVersionOf(uint16_t type) {
     case MessageType::kDirectories:
     case MessageType::kDirectoriesReply:
       return kDirectoriesVersion;
+    case MessageType::kChunkFiles:
+    case MessageType::kChunkFilesReply:
+      return kChunkFilesVersion;
     default:
       return kMinVersion;
   }

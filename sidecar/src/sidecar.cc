@@ -316,6 +316,7 @@ struct Sidecar::Impl {
   void ServeConnection(uint64_t id, int conn) {
     SidecarSession session;
     session.conn = id;
+    if (Result<PeerCredentials> peer = PeerCredentialsOf(conn); peer.ok()) session.uid = peer->uid;
     metrics.sessions_opened->Increment();
     sp::FrameDecoder decoder;
     std::string buffer(kReceiveBuffer, '\0');
@@ -411,8 +412,9 @@ struct Sidecar::Impl {
       log->error("encoding a reply failed: {}", bytes.status().ToString());
       return SendAll(fd, sp::EncodeError(request_id, bytes.status(), false, s.version), {}).ok();
     }
-    std::span<const int> fds;
-    if (answer.fd >= 0) fds = std::span<const int>(&answer.fd, 1);
+    std::vector<int> fds;
+    if (answer.fd >= 0) fds.push_back(answer.fd);
+    for (const ScopedFd& owned : answer.owned_fds) fds.push_back(owned.get());
     return SendAll(fd, *bytes, fds).ok();
   }
 };

@@ -8,9 +8,9 @@
 namespace granary::sidecar {
 namespace {
 
-constexpr const char* kRequestTypes[11] = {"hello", "open",        "set_plan", "get",
-                                           "next",  "release",     "stat",     "lookup",
-                                           "ping",  "directories", "other"};
+constexpr const char* kRequestTypes[12] = {"hello", "open",        "set_plan",    "get",
+                                           "next",  "release",     "stat",        "lookup",
+                                           "ping",  "directories", "chunk_files", "other"};
 
 void Advance(prometheus::Counter* counter, uint64_t now, uint64_t* last) {
   if (now > *last) counter->Increment(static_cast<double>(now - *last));
@@ -63,6 +63,17 @@ Result<SidecarMetrics> SidecarMetrics::Declare(prometheus::Registry& registry) {
       r.AddCounter("granary_sidecar_idle_closes_total",
                    "Client connections closed after idle_timeout with no request or reply in "
                    "progress (their pins dropped)."));
+  GRANARY_ASSIGN_OR_RETURN(
+      auto chunk_files,
+      r.AddCounterFamily("granary_sidecar_chunk_files_total",
+                         "Chunks asked for by clients on this host that read them themselves: "
+                         "handed (a chunk file's descriptor passed), declined (the local node "
+                         "does not hand it over now: read through the arena), refused (the "
+                         "client's uid may not have chunk files of the dataset).",
+                         {"outcome"}));
+  GRANARY_ASSIGN_OR_RETURN(m.chunk_files_handed, chunk_files.WithLabels({"handed"}));
+  GRANARY_ASSIGN_OR_RETURN(m.chunk_files_declined, chunk_files.WithLabels({"declined"}));
+  GRANARY_ASSIGN_OR_RETURN(m.chunk_files_refused, chunk_files.WithLabels({"refused"}));
   GRANARY_ASSIGN_OR_RETURN(
       m.plans, r.AddCounter("granary_sidecar_plans_total", "Plans announced with SET_PLAN."));
   GRANARY_ASSIGN_OR_RETURN(m.store_errors, r.AddCounter("granary_sidecar_store_errors_total",
@@ -170,8 +181,8 @@ Result<SidecarMetrics> SidecarMetrics::Declare(prometheus::Registry& registry) {
 
 void SidecarMetrics::Request(uint16_t type) {
   using T = sidecar_protocol::MessageType;
-  size_t index = 10;
-  if (type >= static_cast<uint16_t>(T::kHello) && type <= static_cast<uint16_t>(T::kDirectories)) {
+  size_t index = 11;
+  if (type >= static_cast<uint16_t>(T::kHello) && type <= static_cast<uint16_t>(T::kChunkFiles)) {
     index = type - static_cast<uint16_t>(T::kHello);
   }
   requests[index]->Increment();

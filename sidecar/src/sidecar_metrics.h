@@ -20,7 +20,7 @@ namespace granary::sidecar {
 
 struct SidecarMetrics {
   // Requests by type ("hello", "get", ...), unknown types under "other".
-  prometheus::Counter* requests[11] = {};
+  prometheus::Counter* requests[12] = {};
   prometheus::Counter* errors_framing = nullptr;
   prometheus::Counter* errors_request = nullptr;
   prometheus::Counter* sessions_opened = nullptr;
@@ -28,6 +28,9 @@ struct SidecarMetrics {
   prometheus::Counter* rejected_clients_uid = nullptr;   // {reason="per_uid"}
   prometheus::Counter* idle_closes = nullptr;
   prometheus::Counter* plans = nullptr;
+  prometheus::Counter* chunk_files_handed = nullptr;    // {outcome="handed"}
+  prometheus::Counter* chunk_files_declined = nullptr;  // {outcome="declined"}
+  prometheus::Counter* chunk_files_refused = nullptr;   // {outcome="refused"}
   prometheus::Counter* store_errors = nullptr;
   // Samples handed to clients, by how they got into the arena.
   prometheus::Counter* served_prefetch_samples = nullptr;

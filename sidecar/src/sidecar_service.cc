@@ -3,6 +3,8 @@
 
 #include "granary/sidecar/sidecar_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 #include <variant>
@@ -177,6 +179,11 @@ SidecarAnswer SidecarService::Handle(SidecarSession& s, const sp::Request& reque
           return AnswerOf(Lookup(s, r));
         } else if constexpr (std::is_same_v<T, sp::Directories>) {
           return AnswerOf(Directories(s, r));
+        } else if constexpr (std::is_same_v<T, sp::ChunkFiles>) {
+          std::vector<ScopedFd> fds;
+          SidecarAnswer a = AnswerOf(ChunkFiles(s, r, &fds));
+          if (a.error.ok()) a.owned_fds = std::move(fds);
+          return a;
         } else {
           static_assert(std::is_same_v<T, sp::Ping>, "a request the service does not answer");
           return AnswerOf(Result<sp::Pong>(sp::Pong{}));
@@ -368,6 +375,81 @@ Result<sp::DirectoriesReply> SidecarService::Directories(SidecarSession& s,
     body += e.path.size() + 8;
     if (body > budget) break;
     reply.entries.push_back(std::move(e));
+  }
+  return reply;
+}
+
+bool SidecarService::MayHaveChunkFiles(uint32_t uid, uint32_t owner_uid) {
+  return uid == 0 || uid == ::geteuid() || uid == owner_uid;
+}
+
+Result<sp::ChunkFilesReply> SidecarService::ChunkFiles(SidecarSession& s,
+                                                       const sp::ChunkFiles& request,
+                                                       std::vector<ScopedFd>* fds) {
+  GRANARY_RETURN_IF_ERROR(NeedOpen(s, "CHUNK_FILES"));
+  const FetchDataset& dataset = s.cache->dataset();
+  const Manifest& m = s.cache->manifest();
+  if (!s.uid.has_value() || !MayHaveChunkFiles(*s.uid, dataset.owner.uid)) {
+    metrics_->chunk_files_refused->Increment();
+    return Status::PermissionDenied(
+        "CHUNK_FILES of dataset " + Quoted(dataset.name) + ": uid " +
+        (s.uid.has_value() ? std::to_string(*s.uid) : std::string("(unknown)")) +
+        " is neither root, the sidecar's own uid nor the dataset's owner (uid " +
+        std::to_string(dataset.owner.uid) +
+        "), so it is not handed chunk files; it reads through the sidecar's arena");
+  }
+  if (!fetcher_->SharesLocalChunks()) {
+    return Status::FailedPrecondition(
+        "CHUNK_FILES of dataset " + Quoted(dataset.name) +
+        ": this sidecar reads no chunk files of a local cache node (local_node_socket is not "
+        "set); samples are read through the arena");
+  }
+  // The distinct chunks of the ids, in the order asked.
+  std::vector<ChunkId> chunks;
+  for (uint32_t id : request.ids) {
+    if (id >= m.sample_count()) {
+      return Status::OutOfRange("CHUNK_FILES: sample " + std::to_string(id) + " is past the " +
+                                std::to_string(m.sample_count()) + " samples of " +
+                                Quoted(dataset.name));
+    }
+    const ChunkId c = m.ChunkOf(id);
+    if (std::find(chunks.begin(), chunks.end(), c) == chunks.end()) chunks.push_back(c);
+    if (chunks.size() >= sp::kMaxChunkFilesPerReply) break;
+  }
+  sp::ChunkFilesReply reply;
+  // Replies are encoded under the default limits; keep well inside them.
+  const size_t budget = sp::kDefaultMaxBodyBytes / 2;
+  size_t body = 64;
+  for (ChunkId c : chunks) {
+    sp::ChunkFile file;
+    file.chunk = c;
+    Result<LocalChunkFile> shared = fetcher_->ShareLocalChunk(dataset, c);
+    if (shared.ok()) {
+      body += 16 + shared->samples.size() * sidecar_protocol_format::kDirectSampleSize +
+              shared->elsewhere.size() * 4;
+      if (body > budget && !reply.chunks.empty()) break;
+      for (const LocalSampleExtent& e : shared->samples) {
+        file.samples.push_back({e.id, e.offset, e.length, e.checksum});
+      }
+      file.elsewhere.assign(shared->elsewhere.begin(), shared->elsewhere.end());
+      fds->push_back(std::move(shared->fd));
+      metrics_->chunk_files_handed->Increment();
+    } else {
+      file.status =
+          Status::NotFound("chunk " + std::to_string(c) + ": " + shared.status().message());
+      Result<std::vector<ChunkSegment>> segments = m.Segments(c);
+      if (segments.ok()) {
+        for (const ChunkSegment& seg : *segments) {
+          if (file.elsewhere.empty() || file.elsewhere.back() != seg.sample) {
+            file.elsewhere.push_back(seg.sample);
+          }
+        }
+      }
+      body += 16 + file.elsewhere.size() * 4 + file.status.message().size();
+      if (body > budget && !reply.chunks.empty()) break;
+      metrics_->chunk_files_declined->Increment();
+    }
+    reply.chunks.push_back(std::move(file));
   }
   return reply;
 }

@@ -196,6 +196,8 @@ std::vector<Request> EveryRequest() {
       Directories{0, 1},
       Directories{kU32Max, 1},
       Directories{kU32Max - kDefaultMaxItems + 1, kDefaultMaxItems},
+      ChunkFiles{{0}},
+      ChunkFiles{{kU32Max, 0, 7, 7}},
   };
 }
 
@@ -231,6 +233,10 @@ std::vector<Reply> EveryReply() {
       DirectoriesReply{kU32Max, kU32Max, {}},
       DirectoriesReply{
           1, 4, {{"a", 0755}, {"a/empty", 0}, {std::string(kMaxPathLength, 'd'), 07777}}},
+      ChunkFilesReply{},
+      ChunkFilesReply{{{kU32Max, Status::Ok(), {{1, 64, 5, kU64Max}, {2, kU64Max - 1, 1, 0}}, {3}},
+                       {0, Status::NotFound("not on the local node"), {}, {0, 1}},
+                       {7, Status::Ok(), {}, {}}}},
   };
 }
 
@@ -285,7 +291,7 @@ TEST(SidecarProtocolTest, ErrorBlamingNoRequestRoundTrips) {
 
 TEST(SidecarProtocolTest, FrameHeaderBytes) {
   std::string bytes = Req(0x0102030405060708ull, Ping{});
-  std::string expected("GRSC\x02\x00\x09\x00\x00\x00\x00\x00\x00\x00\x00\x00", 16);
+  std::string expected("GRSC\x03\x00\x09\x00\x00\x00\x00\x00\x00\x00\x00\x00", 16);
   expected += std::string("\x08\x07\x06\x05\x04\x03\x02\x01", 8);
   EXPECT_EQ(bytes, expected);
 }
@@ -316,6 +322,7 @@ TEST(SidecarProtocolTest, RequestBodiesByteByByte) {
   EXPECT_EQ(body(Req(1, Lookup{{"a/b", "c"}})), Body().U32(2).Str("a/b").Str("c").str());
   EXPECT_EQ(body(Req(1, Ping{})), "");
   EXPECT_EQ(body(Req(1, Directories{5, 6})), Body().U32(5).U32(6).str());
+  EXPECT_EQ(body(Req(1, ChunkFiles{{4, 9}})), Body().U32(2).U32(4).U32(9).str());
 }
 
 TEST(SidecarProtocolTest, ReplyBodiesByteByByte) {
@@ -366,6 +373,26 @@ TEST(SidecarProtocolTest, ReplyBodiesByteByByte) {
             Body().U16(ToWireStatus(StatusCode::kUnavailable)).U16(1).Str("down").str());
   EXPECT_EQ(body(Rep(1, DirectoriesReply{1, 3, {{"a", 0755}, {"a/b", 0}}})),
             Body().U32(1).U32(3).U32(2).U16(0755).Str("a").U16(0).Str("a/b").str());
+  EXPECT_EQ(body(Rep(1, ChunkFilesReply{{{5, Status::Ok(), {{9, 64, 3, 0xabc}}, {10}},
+                                         {6, Status::NotFound("no"), {}, {}}}})),
+            Body()
+                .U32(2)
+                .U32(5)
+                .U16(0)
+                .Str("")
+                .U32(1)
+                .U32(9)
+                .U64(64)
+                .U64(3)
+                .U64(0xabc)
+                .U32(1)
+                .U32(10)
+                .U32(6)
+                .U16(ToWireStatus(StatusCode::kNotFound))
+                .Str("no")
+                .U32(0)
+                .U32(0)
+                .str());
   // The same numbers as the cache node protocol.
   EXPECT_EQ(ToWireStatus(StatusCode::kUnavailable), 11);
 }
@@ -428,20 +455,23 @@ TEST(SidecarProtocolTest, MessageTypeNames) {
   EXPECT_EQ(MessageTypeName(10), "DIRECTORIES");
   EXPECT_EQ(MessageTypeName(109), "DIRECTORIES_REPLY");
   EXPECT_EQ(MessageTypeName(0), "unknown");
-  EXPECT_EQ(MessageTypeName(11), "unknown");
+  EXPECT_EQ(MessageTypeName(11), "CHUNK_FILES");
+  EXPECT_EQ(MessageTypeName(12), "unknown");
   EXPECT_EQ(MessageTypeName(100), "unknown");
-  EXPECT_EQ(MessageTypeName(110), "unknown");
+  EXPECT_EQ(MessageTypeName(110), "CHUNK_FILES_REPLY");
+  EXPECT_EQ(MessageTypeName(111), "unknown");
 }
 
 TEST(SidecarProtocolTest, NegotiateVersion) {
-  EXPECT_EQ(kMaxVersion, 2);
+  EXPECT_EQ(kMaxVersion, 3);
   EXPECT_EQ(*NegotiateVersion(Hello{1, 1, "c"}), 1);  // a client from before DIRECTORIES
   EXPECT_EQ(*NegotiateVersion(Hello{1, 2, "c"}), 2);
   EXPECT_EQ(*NegotiateVersion(Hello{2, 2, "c"}), 2);
   EXPECT_EQ(*NegotiateVersion(Hello{1, 9, "c"}), kMaxVersion);
-  auto newer = NegotiateVersion(Hello{3, 4, "c"});
+  EXPECT_EQ(*NegotiateVersion(Hello{1, 3, "c"}), 3);
+  auto newer = NegotiateVersion(Hello{4, 5, "c"});
   EXPECT_EQ(newer.status().code(), StatusCode::kVersionMismatch);
-  EXPECT_THAT(newer.status().message(), AllOf(HasSubstr("3..4"), HasSubstr("1..2")));
+  EXPECT_THAT(newer.status().message(), AllOf(HasSubstr("4..5"), HasSubstr("1..3")));
   EXPECT_EQ(NegotiateVersion(Hello{0, 1, "c"}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(NegotiateVersion(Hello{2, 1, "c"}).status().code(), StatusCode::kInvalidArgument);
 }
@@ -486,12 +516,28 @@ TEST(SidecarProtocolTest, DirectoriesNeedVersion2) {
   ASSERT_OK(ping1);
   EXPECT_EQ(ping1->header.version, 1);
   ASSERT_OK(DecodeRequest(*ping1));
-  auto dirs2 = DecodeFrame(Req(4, Directories{3, 4}));
+  auto dirs2 = DecodeFrame(*EncodeRequest(4, Directories{3, 4}, {}, 2));
   ASSERT_OK(dirs2);
   EXPECT_EQ(dirs2->header.version, 2);
   auto back = DecodeRequest(*dirs2);
   ASSERT_OK(back);
   EXPECT_EQ(std::get<Directories>(*back), (Directories{3, 4}));
+}
+
+// CHUNK_FILES came with version 3: refused at version 2 on both sides.
+TEST(SidecarProtocolTest, ChunkFilesNeedVersion3) {
+  EXPECT_EQ(MinVersionOf(T(MessageType::kChunkFiles)), 3);
+  EXPECT_EQ(MinVersionOf(T(MessageType::kChunkFilesReply)), 3);
+  auto req = EncodeRequest(1, ChunkFiles{{1}}, {}, 2);
+  EXPECT_EQ(req.status().code(), StatusCode::kVersionMismatch);
+  EXPECT_THAT(req.status().message(), AllOf(HasSubstr("CHUNK_FILES"), HasSubstr("version 3")));
+  EXPECT_EQ(EncodeReply(1, ChunkFilesReply{}, {}, 2).status().code(), StatusCode::kVersionMismatch);
+  auto old_req =
+      DecodeReqBytes(RawFrame(T(MessageType::kChunkFiles), 1, Body().U32(1).U32(0).str(), 2));
+  EXPECT_EQ(old_req.status().code(), StatusCode::kVersionMismatch);
+  auto three = DecodeFrame(Req(4, ChunkFiles{{3}}));
+  ASSERT_OK(three);
+  EXPECT_EQ(three->header.version, 3);
 }
 
 // Random bodies under the DIRECTORIES types (and truncations of valid ones)
@@ -656,6 +702,9 @@ std::vector<BadRequest> BadRequests() {
       {"directories count over", Directories{0, kDefaultMaxItems + 1}, StatusCode::kOutOfRange,
        "count"},
       {"directories overflow", Directories{kU32Max, 2}, StatusCode::kOutOfRange, "first/count"},
+      {"chunk files no ids", ChunkFiles{}, StatusCode::kInvalidArgument, "ids"},
+      {"chunk files too many", ChunkFiles{std::vector<uint32_t>(kDefaultMaxItems + 1, 1)},
+       StatusCode::kOutOfRange, "ids"},
   };
 }
 
@@ -690,6 +739,9 @@ std::string BodyBypassingChecks(const Request& m) {
           b.U32(v.first_id).U32(v.count);
         } else if constexpr (std::is_same_v<V, Directories>) {
           b.U32(v.first).U32(v.count);
+        } else if constexpr (std::is_same_v<V, ChunkFiles>) {
+          b.U32(static_cast<uint32_t>(v.ids.size()));
+          for (uint32_t id : v.ids) b.U32(id);
         } else if constexpr (std::is_same_v<V, Lookup>) {
           b.U32(static_cast<uint32_t>(v.paths.size()));
           for (const std::string& p : v.paths) b.Str(p);
@@ -701,9 +753,9 @@ std::string BodyBypassingChecks(const Request& m) {
 
 uint16_t RequestType(const Request& m) {
   static constexpr MessageType kTypes[] = {
-      MessageType::kHello, MessageType::kOpen,       MessageType::kSetPlan, MessageType::kGet,
-      MessageType::kNext,  MessageType::kRelease,    MessageType::kStat,    MessageType::kLookup,
-      MessageType::kPing,  MessageType::kDirectories};
+      MessageType::kHello, MessageType::kOpen,        MessageType::kSetPlan,   MessageType::kGet,
+      MessageType::kNext,  MessageType::kRelease,     MessageType::kStat,      MessageType::kLookup,
+      MessageType::kPing,  MessageType::kDirectories, MessageType::kChunkFiles};
   static_assert(std::size(kTypes) == std::variant_size_v<Request>);
   return T(kTypes[m.index()]);
 }
@@ -890,6 +942,14 @@ TEST(SidecarProtocolTest, BadRepliesAreRefusedByTheEncoder) {
        "entries[0]"},
       {"directories mode", DirectoriesReply{0, 1, {{"a", 010000}}}, StatusCode::kInvalidArgument,
        "entries[0]"},
+      {"chunk failed with samples",
+       ChunkFilesReply{{{1, Status::NotFound("x"), {{1, 0, 1, 0}}, {}}}},
+       StatusCode::kInvalidArgument, "chunks[0]"},
+      {"chunk sample overflow", ChunkFilesReply{{{1, Status::Ok(), {{1, kU64Max, 1, 0}}, {}}}},
+       StatusCode::kOutOfRange, "samples[0]"},
+      {"too many chunk files",
+       ChunkFilesReply{std::vector<ChunkFile>(kMaxChunkFilesPerReply + 1, ChunkFile{})},
+       StatusCode::kOutOfRange, "chunks"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -1196,7 +1256,7 @@ TEST(SidecarProtocolTest, FrameDecoderFramingErrorsAreSticky) {
   std::vector<Case> cases = {
       {"magic", RawFrame(9, 1, "", 1, 0, "GRNW"), StatusCode::kInvalidArgument, "magic"},
       {"version 0", RawFrame(9, 1, "", 0), StatusCode::kVersionMismatch, "version: 0"},
-      {"version 3", RawFrame(9, 1, "", 3), StatusCode::kVersionMismatch, "version: 3"},
+      {"version 4", RawFrame(9, 1, "", 4), StatusCode::kVersionMismatch, "version: 4"},
       {"flags", RawFrame(9, 1, "", 1, 0x80), StatusCode::kInvalidArgument, "flags: 128"},
       {"body", big, StatusCode::kOutOfRange, "body_length: 4194305"},
   };

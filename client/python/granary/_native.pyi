@@ -39,7 +39,8 @@ class Session:
 
     def __init__(self, dataset: str, socket: str = "", client_name: str = "",
                  connect_timeout: float = 10.0, call_timeout: float = 120.0,
-                 lookahead: int = 64, verify_checksums: bool = False) -> None: ...
+                 lookahead: int = 64, verify_checksums: bool = False,
+                 direct_reads: bool = True) -> None: ...
     @property
     def name(self) -> str: ...
     @property

@@ -34,6 +34,27 @@
 // file must be at least as large as the arena (checked with fstat); the client
 // also seals it against shrinking when the descriptor allows it.
 //
+// Direct reads: on the sidecar's host, a staged sample need not cross the
+// sidecar. Read(id) (and the Python binding's copies) first ask the sidecar
+// once per chunk (CHUNK_FILES, protocol version 3) for the local cache node's
+// file of the sample's chunk: a read-only descriptor the node handed the
+// sidecar, passed over the socket (SCM_RIGHTS), with where each staged sample
+// lies in it and its XXH3-64. The sample is then one pread into the result,
+// verified with XXH3 before it is returned; later samples of the same chunk
+// need no round trip. Anything else goes through the arena as before: a
+// sample not staged yet, a chunk the sidecar does not hand over (the node
+// does not have it; the client's uid is not root, the sidecar's or the
+// dataset owner's), a short read, a file the node dropped (let go within a
+// second, so the space is freed), and a checksum mismatch (counted, logged
+// once, the chunk's file let go and the sample read through the sidecar,
+// whose own verified read makes the node repair it). A descriptor is of one
+// chunk of this dataset's snapshot, checked by the sidecar against the
+// manifest; with the per-sample checksum no other bytes can be returned.
+// Samples already known to be direct are read even after the sidecar went
+// away (the bytes are verified); anything needing the sidecar then fails as
+// below. Off with SessionOptions::direct_reads = false. docs/client.md,
+// "Direct reads".
+//
 // Errors: a broken connection (the sidecar closed it, died, sent bytes that
 // are not the protocol, or a call timed out) is kUnavailable naming the socket
 // path, and the session stays broken: every later call fails the same way
@@ -95,6 +116,10 @@ struct SessionOptions {
   // mismatch is a kCorruption item). The sidecar verified it already; this is
   // for tests and for the suspicious.
   bool verify_checksums = false;
+  // Read staged samples straight from the local node's chunk files when the
+  // sidecar hands them over (see "Direct reads" above). Each such sample is
+  // always verified with XXH3, whatever verify_checksums says.
+  bool direct_reads = true;
 
   // Positive timeouts, a lookahead within the cap, a client name the protocol
   // accepts (after defaults are applied). kInvalidArgument naming the field.
@@ -128,6 +153,16 @@ struct SampleView {
   uint64_t token = 0;     // the pin; 0 for a view that holds none
 
   std::string_view bytes() const { return {data, static_cast<size_t>(size)}; }
+};
+
+// What the direct path did (a snapshot; counts since Open).
+struct DirectReadCounters {
+  uint64_t samples = 0;      // read from a chunk file and verified
+  uint64_t bytes = 0;        // their bytes
+  uint64_t chunk_files = 0;  // chunk files the sidecar handed over
+  uint64_t fallbacks = 0;    // direct reads that failed and went through the arena
+  uint64_t corrupt = 0;      // of those, checksum mismatches
+  uint64_t dropped = 0;      // chunk files let go because the node dropped them
 };
 
 class Session {
@@ -170,8 +205,25 @@ class Session {
   // sidecar, so a caller may hold a lock of its own meanwhile (Python's GIL:
   // a hint costs no thread switch).
   std::optional<SampleView> TryGetHinted(uint32_t id);
-  // Copies one sample's bytes and releases it at once.
+  // Copies one sample's bytes: from its chunk file when it can be read
+  // directly (above), else through the arena (released at once).
   Result<std::string> Read(uint32_t id);
+
+  // The direct path in pieces, for callers that bring their own buffer (the
+  // Python binding). DirectSize: the sample's size when it is known to be
+  // readable directly now (no I/O, never waits for another thread's call).
+  // LocateDirect: asks the sidecar for the chunk files of those of `ids` not
+  // known yet (at most one CHUNK_FILES round trip; none when all are known,
+  // direct reads are off or the sidecar cannot hand files over). ReadDirect:
+  // pread of the sample into `out` (exactly DirectSize bytes) and its XXH3
+  // check; any error (kNotFound: not direct now; kCorruption; kIoError) means
+  // "read it through the arena instead" and is counted as a fallback.
+  std::optional<uint64_t> DirectSize(uint32_t id);
+  void LocateDirect(std::span<const uint32_t> ids);
+  Status ReadDirect(uint32_t id, std::span<char> out);
+  // Why direct reads are off (OK while they are on).
+  Status direct_status() const;
+  DirectReadCounters direct_counters() const;
 
   // Announces the session's plan (enables Next and exact prefetch).
   Status SetPlan(const sidecar_protocol::SetPlan& plan);
@@ -247,6 +299,19 @@ class Session {
   void FetchMisses(std::span<const uint32_t> ids, std::span<const size_t> slots,
                    std::vector<Result<SampleView>>* out);
 
+  // Direct reads (session_direct.cc).
+  struct DirectFile;  // one chunk file handed over
+  struct DirectExtent {
+    std::shared_ptr<DirectFile> file;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t checksum = 0;
+  };
+  // Forgets a chunk file and its samples; they go through the arena until
+  // `retry_after` (caller holds direct_mu_).
+  void ForgetDirectFile(const std::shared_ptr<DirectFile>& file, Clock::time_point retry_after);
+  void TurnDirectOff(Status why);  // caller holds direct_mu_
+
   const std::string socket_path_;
   const SessionOptions options_;
   const pid_t pid_;
@@ -275,6 +340,18 @@ class Session {
   std::list<SampleView> hint_order_;      // oldest first
   std::unordered_map<uint32_t, std::list<SampleView>::iterator> hints_;
   uint64_t hint_bytes_ = 0;  // bytes of the views in hints_
+
+  // Guards the direct-read tables below; never held across I/O but a stat.
+  // Taken after mu_ when both are held.
+  mutable std::mutex direct_mu_;
+  Status direct_off_;  // not OK: direct reads are off for the session, and why
+  std::unordered_map<uint32_t, DirectExtent> direct_;  // id -> where it lies
+  // Ids to read through the arena until the time given (bounded).
+  std::unordered_map<uint32_t, Clock::time_point> direct_elsewhere_;
+  std::list<std::shared_ptr<DirectFile>> direct_files_;  // oldest first, bounded
+  Clock::time_point direct_swept_;  // last check of every kept file for a dropped one
+  DirectReadCounters direct_counters_;
+  bool direct_failure_logged_ = false;
 
   mutable std::mutex release_mu_;  // guards the two below; never held across I/O
   std::vector<uint64_t> pending_release_;

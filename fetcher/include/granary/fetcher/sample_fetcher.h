@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "granary/core/file.h"
 #include "granary/core/manifest.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/status.h"
@@ -130,6 +131,26 @@ struct SampleFetcherCounters {
   uint64_t fabric_fallbacks = 0;
 };
 
+// One whole staged sample in a chunk file of the local node: bytes [offset,
+// offset + length) of the file, XXH3-64 `checksum` (from the file's verified
+// header).
+struct LocalSampleExtent {
+  SampleId id = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t checksum = 0;
+};
+
+// A chunk file of the local cache node, shared with a reader on this host
+// (the sidecar passes it to a client session: docs/client.md, "Direct
+// reads"). The descriptor is a duplicate of the one LocalChunks keeps
+// (read-only, checked against the manifest's key and segments).
+struct LocalChunkFile {
+  ScopedFd fd;
+  std::vector<LocalSampleExtent> samples;  // staged now, whole samples only
+  std::vector<SampleId> elsewhere;         // the chunk's other samples (not staged, or pieces)
+};
+
 class SampleFetcher {
  public:
   // `executor`: for source reads as the dataset owner; must outlive the
@@ -150,6 +171,14 @@ class SampleFetcher {
   // failed a checksum.
   void Fetch(const FetchDataset& dataset, std::span<const FetchTarget> targets,
              std::span<FetchOutcome> outcomes);
+
+  // The local node's file of `chunk`, when the chunk handoff is on and the
+  // node hands it over (local_node_socket). kNotFound with the reason
+  // otherwise (off, the node does not have it or refuses, the file does not
+  // check); never blocks longer than one handoff request.
+  Result<LocalChunkFile> ShareLocalChunk(const FetchDataset& dataset, ChunkId chunk);
+  // Whether the chunk handoff is configured (local_node_socket).
+  bool SharesLocalChunks() const;
 
   SampleFetcherCounters counters() const;
 

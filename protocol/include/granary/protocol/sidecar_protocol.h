@@ -24,6 +24,11 @@
 //   DIRECTORIES (first, count)      →    DIRECTORIES_REPLY (path, mode each;
 //                                                   version 2 and later)
 //   PING                            →    PONG
+//   CHUNK_FILES (ids)               →    CHUNK_FILES_REPLY (per chunk of the
+//                                        ids: where its staged samples lie in
+//                                        its file, or which to GET instead)
+//                                        + one read-only descriptor per chunk
+//                                          file handed over (version 3)
 //   anything wrong                  →    ERROR (status; closing or not)
 // One connection is one session over one dataset. Sample payloads never cross
 // the socket: a SAMPLES item names a range of the shared arena (offset,
@@ -80,6 +85,7 @@
 namespace granary::sidecar_protocol {
 
 // The layout's constants (sidecar_protocol_format.h), as this codec's names.
+using sidecar_protocol_format::kChunkFilesVersion;
 using sidecar_protocol_format::kDefaultMaxBodyBytes;
 using sidecar_protocol_format::kDefaultMaxItems;
 using sidecar_protocol_format::kDirectoriesVersion;
@@ -87,6 +93,7 @@ using sidecar_protocol_format::kFrameHeaderSize;
 using sidecar_protocol_format::kHandshakeVersion;
 using sidecar_protocol_format::kMagic;
 using sidecar_protocol_format::kMaxBodyBytesCap;
+using sidecar_protocol_format::kMaxChunkFilesPerReply;
 using sidecar_protocol_format::kMaxDirectoryMode;
 using sidecar_protocol_format::kMaxItemsCap;
 using sidecar_protocol_format::kMaxMessageLength;
@@ -119,6 +126,7 @@ enum class MessageType : uint16_t {
   kLookup = sidecar_protocol_format::kTypeLookup,
   kPing = sidecar_protocol_format::kTypePing,
   kDirectories = sidecar_protocol_format::kTypeDirectories,  // version 2
+  kChunkFiles = sidecar_protocol_format::kTypeChunkFiles,    // version 3
   // replies
   kHelloReply = sidecar_protocol_format::kTypeHelloReply,
   kOpenReply = sidecar_protocol_format::kTypeOpenReply,
@@ -129,6 +137,7 @@ enum class MessageType : uint16_t {
   kPong = sidecar_protocol_format::kTypePong,
   kError = sidecar_protocol_format::kTypeError,
   kDirectoriesReply = sidecar_protocol_format::kTypeDirectoriesReply,  // version 2
+  kChunkFilesReply = sidecar_protocol_format::kTypeChunkFilesReply,    // version 3
 };
 std::string_view MessageTypeName(uint16_t type);  // "HELLO", ..., "unknown"
 // The first protocol version that has message `type` (kDirectoriesVersion for
@@ -217,8 +226,17 @@ struct Directories {
   friend bool operator==(const Directories&, const Directories&) = default;
 };
 
-using Request =
-    std::variant<Hello, Open, SetPlan, Get, Next, Release, Stat, Lookup, Ping, Directories>;
+// The chunk files holding these samples, for a client on the sidecar's host
+// to read them itself (version 3; docs/client.md, "Direct reads"). The
+// sidecar answers for the distinct chunks of the ids, at most
+// kMaxChunkFilesPerReply of them handed over.
+struct ChunkFiles {
+  std::vector<uint32_t> ids;  // at least one
+  friend bool operator==(const ChunkFiles&, const ChunkFiles&) = default;
+};
+
+using Request = std::variant<Hello, Open, SetPlan, Get, Next, Release, Stat, Lookup, Ping,
+                             Directories, ChunkFiles>;
 
 // ---- replies ------------------------------------------------------------------
 
@@ -305,6 +323,36 @@ struct DirectoriesReply {
   friend bool operator==(const DirectoriesReply&, const DirectoriesReply&) = default;
 };
 
+// Where one whole staged sample lies in a chunk file handed over: bytes
+// [offset, offset + length) of the file, whose XXH3-64 is `checksum` (the one
+// the chunk file's verified header records).
+struct DirectSample {
+  uint32_t id = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t checksum = 0;
+  friend bool operator==(const DirectSample&, const DirectSample&) = default;
+};
+
+// One chunk's answer. OK: its file's descriptor comes with the reply (the
+// n-th OK chunk, the n-th descriptor) and `samples` are the ones staged in it
+// now. Not OK: no descriptor, `samples` empty, status says why (the client's
+// uid may not have it, the local node does not hold it, ...). `elsewhere`:
+// samples of the chunk to read through GET for now (not staged yet, pieces of
+// a sample spanning chunks, or the whole chunk when not OK).
+struct ChunkFile {
+  uint32_t chunk = 0;
+  Status status;
+  std::vector<DirectSample> samples;
+  std::vector<uint32_t> elsewhere;
+  friend bool operator==(const ChunkFile&, const ChunkFile&) = default;
+};
+
+struct ChunkFilesReply {
+  std::vector<ChunkFile> chunks;  // at most kMaxChunkFilesPerReply of them OK
+  friend bool operator==(const ChunkFilesReply&, const ChunkFilesReply&) = default;
+};
+
 struct Error {
   Status status;  // never OK
   bool closing = false;
@@ -312,7 +360,7 @@ struct Error {
 };
 
 using Reply = std::variant<HelloReply, OpenReply, Ok, Samples, StatReply, LookupReply, Pong, Error,
-                           DirectoriesReply>;
+                           DirectoriesReply, ChunkFilesReply>;
 
 // ---- frames -----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 #pragma once
 
-// Byte layout of the sidecar's local protocol (versions 1 and 2): what a
+// Byte layout of the sidecar's local protocol (versions 1 to 3): what a
 // training process says to granary-sidecar over a Unix stream socket.
 // docs/protocol.md, "Sidecar protocol", describes every field, the limits,
 // version negotiation and how the sidecar answers bad input;
@@ -37,6 +37,7 @@
 //   LOOKUP       0 paths list of strings
 //   PING, OK, PONG  empty
 //   DIRECTORIES  (version 2) 0 first u32, 4 count u32
+//   CHUNK_FILES  (version 3) 0 ids list of u32
 //   HELLO_REPLY  0 version u16, 2 max_body_bytes u32, 6 max_items u32,
 //                10 sidecar_name string
 //   OPEN_REPLY   0 manifest_id 16 bytes, 16 sample_count u64, 24 total_bytes u64,
@@ -49,6 +50,11 @@
 //   LOOKUP_REPLY 0 items list, each: id u32, status
 //   DIRECTORIES_REPLY (version 2) 0 first u32, 4 total u32, 8 entries list,
 //                each: mode u16, path string
+//   CHUNK_FILES_REPLY (version 3) 0 chunks list, each: chunk u32, status,
+//                samples list (each: id u32, offset u64, length u64, checksum
+//                u64), elsewhere list of u32. One descriptor (SCM_RIGHTS, with
+//                the reply's first byte) per chunk whose status is OK, in list
+//                order; at most kMaxChunkFilesPerReply of them.
 //   ERROR        0 status u16, 2 flags u16 (kErrorFlagClosing), 4 message string
 //
 // Every integer is little-endian. A manifest id is ContentId::ToBytes (low
@@ -66,9 +72,11 @@ inline constexpr char kMagic[4] = {'G', 'R', 'S', 'C'};
 // The versions this build speaks. The fixed header and the HELLO,
 // HELLO_REPLY and ERROR bodies are frozen in every version.
 inline constexpr uint16_t kMinVersion = 1;
-inline constexpr uint16_t kMaxVersion = 2;
+inline constexpr uint16_t kMaxVersion = 3;
 // The first version with DIRECTORIES / DIRECTORIES_REPLY.
 inline constexpr uint16_t kDirectoriesVersion = 2;
+// The first version with CHUNK_FILES / CHUNK_FILES_REPLY (direct reads).
+inline constexpr uint16_t kChunkFilesVersion = 3;
 // HELLO and HELLO_REPLY always carry this version in their frame header (and
 // ERROR may, before a version is agreed), so any two builds can negotiate.
 inline constexpr uint16_t kHandshakeVersion = 1;
@@ -93,6 +101,7 @@ inline constexpr uint16_t kTypeStat = 7;
 inline constexpr uint16_t kTypeLookup = 8;
 inline constexpr uint16_t kTypePing = 9;
 inline constexpr uint16_t kTypeDirectories = 10;  // version 2
+inline constexpr uint16_t kTypeChunkFiles = 11;   // version 3
 inline constexpr uint16_t kTypeHelloReply = 101;
 inline constexpr uint16_t kTypeOpenReply = 102;
 inline constexpr uint16_t kTypeOk = 103;
@@ -102,6 +111,7 @@ inline constexpr uint16_t kTypeLookupReply = 106;
 inline constexpr uint16_t kTypePong = 107;
 inline constexpr uint16_t kTypeError = 108;
 inline constexpr uint16_t kTypeDirectoriesReply = 109;  // version 2
+inline constexpr uint16_t kTypeChunkFilesReply = 110;   // version 3
 
 // Flag bits.
 inline constexpr uint8_t kSampleFlagHint = 0x01;       // SAMPLES item: a lookahead hint
@@ -124,6 +134,9 @@ inline constexpr size_t kMaxPathLength = 4096;        // names.h's kMaxSamplePat
 inline constexpr size_t kMaxMessageLength = 1024;     // status and ERROR messages (cut to this)
 inline constexpr uint16_t kMaxDirectoryMode = 07777;  // st_mode & 07777
 inline constexpr size_t kManifestIdSize = 16;
+// Chunk descriptors one CHUNK_FILES_REPLY passes at most (one sendmsg; the
+// socket helpers pass at most 4 descriptors at once).
+inline constexpr size_t kMaxChunkFilesPerReply = 4;
 
 // Smallest encodings of list elements: a count is accepted only if that many
 // elements could fit in what is left of the body, before anything is reserved.
@@ -137,5 +150,7 @@ inline constexpr size_t kDirectoryItemMinSize = 2 + 2 + 1;        // mode, path 
 inline constexpr size_t kPathMinSize = 2 + 1;                     // length, >= 1 byte
 inline constexpr size_t kSamplesFixedSize = 4 + 1;                // count, end_of_epoch
 inline constexpr size_t kLookupReplyFixedSize = 4;                // count
+inline constexpr size_t kDirectSampleSize = 4 + 8 + 8 + 8;        // id, offset, length, checksum
+inline constexpr size_t kChunkFileMinSize = 4 + kStatusMinSize + 4 + 4;  // chunk, status, 2 counts
 
 }  // namespace granary::sidecar_protocol_format

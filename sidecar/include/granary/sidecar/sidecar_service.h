@@ -18,7 +18,13 @@
 //    a prefetch cursor, and registers the plan in the store (best effort);
 //  - GET, NEXT pin samples for the session (fetching what is missing with the
 //    SampleFetcher, waiting up to wait_timeout); RELEASE unpins; STAT, LOOKUP
-//    and DIRECTORIES answer from the manifest alone.
+//    and DIRECTORIES answer from the manifest alone;
+//  - CHUNK_FILES passes a client on this host the local node's chunk files
+//    of the samples it names (read-only descriptors the node handed the
+//    sidecar, rights-checked there) and where each staged sample lies in
+//    them, so it reads them itself; only to a client whose uid (SO_PEERCRED)
+//    is root, the sidecar's own or the dataset owner's: any other uid reads
+//    through the arena (docs/client.md, "Direct reads").
 // Errors are values: a request refused is an ERROR reply, never an
 // exception; Close drops every pin of the session, however it ended.
 //
@@ -42,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "granary/core/file.h"
 #include "granary/core/log.h"
 #include "granary/core/metadata_store.h"
 #include "granary/core/plan.h"
@@ -74,6 +81,9 @@ struct SidecarSession {
   // Before HELLO, errors go out as the handshake version every client reads.
   uint16_t version = sidecar_protocol::kHandshakeVersion;
   std::string client_name;
+  // The peer's uid (SO_PEERCRED at accept); unset: unknown, never handed a
+  // chunk file.
+  std::optional<uint32_t> uid;
   std::shared_ptr<SampleCache> cache;  // OPEN
   uint64_t client = 0;                 // this session's pins in `cache`
   std::shared_ptr<const Plan> plan;    // SET_PLAN: what NEXT walks
@@ -87,6 +97,8 @@ struct SidecarAnswer {
   bool closing = false;  // with an error: the connection ends after it
   sidecar_protocol::Reply reply = sidecar_protocol::Ok{};
   int fd = -1;  // passed with the reply; owned by the service (the arena's)
+  // Passed with the reply after `fd` (CHUNK_FILES' chunk files); owned here.
+  std::vector<ScopedFd> owned_fds;
 };
 
 class SidecarService {
@@ -125,6 +137,16 @@ class SidecarService {
                                                const sidecar_protocol::Lookup& lookup);
   Result<sidecar_protocol::DirectoriesReply> Directories(SidecarSession& session,
                                                          const sidecar_protocol::Directories& dirs);
+  // The chunk files of the ids' chunks (at most kMaxChunkFilesPerReply handed
+  // over, their descriptors appended to `fds` in the reply's order).
+  // kPermissionDenied for a uid that may not have them, kFailedPrecondition
+  // when this sidecar reads no local node's chunk files.
+  Result<sidecar_protocol::ChunkFilesReply> ChunkFiles(SidecarSession& session,
+                                                       const sidecar_protocol::ChunkFiles& request,
+                                                       std::vector<ScopedFd>* fds);
+  // Whether a client of `uid` may be handed chunk files of a dataset owned
+  // by `owner_uid`: root, this process's effective uid, or the owner.
+  static bool MayHaveChunkFiles(uint32_t uid, uint32_t owner_uid);
 
   // The connection ended: its pins go.
   void Close(SidecarSession& session);
