@@ -324,73 +324,86 @@ KubeCluster::~KubeCluster() {
   PrintLogsIfTestFailed();
 }
 
+Status KubeCluster::RunOpenssl(const std::vector<std::string>& argv) {
+  KubectlResult r = RunProgram(argv, {}, "", dir_.Join("run"), kOpensslTimeout);
+  if (r.exit_code != 0) {
+    std::string cmd;
+    for (const std::string& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+    return Status::Unavailable("make the test cluster's certificates: " + cmd + ": " +
+                               r.Describe() + " (is the openssl command installed?)");
+  }
+  return Status::Ok();
+}
+
+Status KubeCluster::MakeCertificate(const std::string& name, const std::string& subject,
+                                    const std::vector<std::string>& extensions, bool self_signed) {
+  const std::string pki = dir_.Join("pki");
+  std::vector<std::string> argv = {"openssl",
+                                   "req",
+                                   "-x509",
+                                   "-new",
+                                   "-newkey",
+                                   "ec",
+                                   "-pkeyopt",
+                                   "ec_paramgen_curve:prime256v1",
+                                   "-nodes",
+                                   "-keyout",
+                                   pki + "/" + name + ".key",
+                                   "-out",
+                                   pki + "/" + name + ".crt",
+                                   "-days",
+                                   "7",
+                                   "-subj",
+                                   subject};
+  if (!self_signed) argv.insert(argv.end(), {"-CA", pki + "/ca.crt", "-CAkey", pki + "/ca.key"});
+  for (const std::string& e : extensions) {
+    argv.push_back("-addext");
+    argv.push_back(e);
+  }
+  return RunOpenssl(argv);
+}
+
+namespace {
+const std::vector<std::string> kClientCertificate = {
+    "basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
+    "extendedKeyUsage=clientAuth"};
+}  // namespace
+
 Status KubeCluster::MakePki() {
   const std::string pki = dir_.Join("pki");
-  const std::string openssl = "openssl";
-  auto run = [&](const std::vector<std::string>& argv) -> Status {
-    KubectlResult r = RunProgram(argv, {}, "", dir_.Join("run"), kOpensslTimeout);
-    if (r.exit_code != 0) {
-      std::string cmd;
-      for (const std::string& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
-      return Status::Unavailable("make the test cluster's certificates: " + cmd + ": " +
-                                 r.Describe() + " (is the openssl command installed?)");
-    }
-    return Status::Ok();
-  };
-  const std::vector<std::string> ec_key = {"-newkey", "ec", "-pkeyopt",
-                                           "ec_paramgen_curve:prime256v1", "-nodes"};
-  auto req = [&](const std::string& name, const std::string& subject,
-                 const std::vector<std::string>& extensions, bool self_signed) -> Status {
-    std::vector<std::string> argv = {openssl, "req", "-x509", "-new"};
-    argv.insert(argv.end(), ec_key.begin(), ec_key.end());
-    for (const std::string& a :
-         {std::string("-keyout"), pki + "/" + name + ".key", std::string("-out"),
-          pki + "/" + name + ".crt", std::string("-days"), std::string("7"), std::string("-subj"),
-          subject}) {
-      argv.push_back(a);
-    }
-    if (!self_signed) {
-      for (const std::string& a :
-           {std::string("-CA"), pki + "/ca.crt", std::string("-CAkey"), pki + "/ca.key"}) {
-        argv.push_back(a);
-      }
-    }
-    for (const std::string& e : extensions) {
-      argv.push_back("-addext");
-      argv.push_back(e);
-    }
-    return run(argv);
-  };
-  GRANARY_RETURN_IF_ERROR(req("ca", "/CN=granary-test-ca",
-                              {"basicConstraints=critical,CA:TRUE",
-                               "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"},
-                              true));
-  const std::vector<std::string> client = {"basicConstraints=critical,CA:FALSE",
-                                           "keyUsage=critical,digitalSignature,keyEncipherment",
-                                           "extendedKeyUsage=clientAuth"};
   GRANARY_RETURN_IF_ERROR(
-      req("apiserver", "/CN=kube-apiserver",
-          {"basicConstraints=critical,CA:FALSE",
-           "keyUsage=critical,digitalSignature,keyEncipherment", "extendedKeyUsage=serverAuth",
-           "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.96.0.1,DNS:kubernetes,"
-           "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-           "DNS:kubernetes.default.svc.cluster.local"},
-          false));
-  GRANARY_RETURN_IF_ERROR(req("admin", "/O=system:masters/CN=granary-admin", client, false));
-  GRANARY_RETURN_IF_ERROR(req(
-      "controller-manager", "/O=system:masters/CN=system:kube-controller-manager", client, false));
-  GRANARY_RETURN_IF_ERROR(req("scheduler", "/CN=system:kube-scheduler", client, false));
+      MakeCertificate("ca", "/CN=granary-test-ca",
+                      {"basicConstraints=critical,CA:TRUE",
+                       "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"},
+                      true));
+  std::string san =
+      "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.96.0.1,DNS:kubernetes,"
+      "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+      "DNS:kubernetes.default.svc.cluster.local";
+  if (options_.api_address != "127.0.0.1") san += ",IP:" + options_.api_address;
+  GRANARY_RETURN_IF_ERROR(MakeCertificate(
+      "apiserver", "/CN=kube-apiserver",
+      {"basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
+       "extendedKeyUsage=serverAuth", san},
+      false));
+  GRANARY_RETURN_IF_ERROR(
+      MakeCertificate("admin", "/O=system:masters/CN=granary-admin", kClientCertificate, false));
+  GRANARY_RETURN_IF_ERROR(MakeCertificate("controller-manager",
+                                          "/O=system:masters/CN=system:kube-controller-manager",
+                                          kClientCertificate, false));
+  GRANARY_RETURN_IF_ERROR(
+      MakeCertificate("scheduler", "/CN=system:kube-scheduler", kClientCertificate, false));
   // The service-account token signing key pair (ES256).
-  GRANARY_RETURN_IF_ERROR(run({openssl, "genpkey", "-algorithm", "EC", "-pkeyopt",
-                               "ec_paramgen_curve:P-256", "-out", pki + "/sa.key"}));
+  GRANARY_RETURN_IF_ERROR(RunOpenssl({"openssl", "genpkey", "-algorithm", "EC", "-pkeyopt",
+                                      "ec_paramgen_curve:P-256", "-out", pki + "/sa.key"}));
   GRANARY_RETURN_IF_ERROR(
-      run({openssl, "pkey", "-in", pki + "/sa.key", "-pubout", "-out", pki + "/sa.pub"}));
+      RunOpenssl({"openssl", "pkey", "-in", pki + "/sa.key", "-pubout", "-out", pki + "/sa.pub"}));
 
   ca_file_ = pki + "/ca.crt";
   admin_cert_file_ = pki + "/admin.crt";
   admin_key_file_ = pki + "/admin.key";
   api_port_ = FreeTcpPort();
-  server_ = "https://127.0.0.1:" + std::to_string(api_port_);
+  server_ = "https://" + options_.api_address + ":" + std::to_string(api_port_);
   kubeconfig_path_ = dir_.Join("admin.kubeconfig");
   GRANARY_RETURN_IF_ERROR(
       WriteKubeconfig(kubeconfig_path_, "    client-certificate: " + Quoted(admin_cert_file_) +
@@ -402,6 +415,17 @@ Status KubeCluster::MakePki() {
                             "\n    client-key: " + Quoted(pki + "/" + who + ".key") + "\n"));
   }
   return Status::Ok();
+}
+
+Result<std::string> KubeCluster::ClientKubeconfig(const std::string& name,
+                                                  const std::string& subject) {
+  GRANARY_RETURN_IF_ERROR(MakeCertificate(name, subject, kClientCertificate, false));
+  const std::string pki = dir_.Join("pki");
+  const std::string path = dir_.Join(name + ".kubeconfig");
+  GRANARY_RETURN_IF_ERROR(
+      WriteKubeconfig(path, "    client-certificate: " + Quoted(pki + "/" + name + ".crt") +
+                                "\n    client-key: " + Quoted(pki + "/" + name + ".key") + "\n"));
+  return path;
 }
 
 Status KubeCluster::WriteKubeconfig(const std::string& path, const std::string& user_auth) const {
@@ -481,10 +505,11 @@ Status KubeCluster::StartEtcd() {
 Status KubeCluster::StartApiServer() {
   const std::string pki = dir_.Join("pki");
   if (api_server_args_.empty()) {
+    const bool api_on_loopback = options_.api_address == "127.0.0.1";
     api_server_args_ = {
         "--etcd-servers=http://127.0.0.1:" + std::to_string(etcd_client_port_),
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        "--bind-address=" + options_.api_address,
+        "--advertise-address=" + options_.api_address,
         "--secure-port=" + std::to_string(api_port_),
         "--tls-cert-file=" + pki + "/apiserver.crt",
         "--tls-private-key-file=" + pki + "/apiserver.key",
@@ -493,15 +518,18 @@ Status KubeCluster::StartApiServer() {
         "--service-account-signing-key-file=" + pki + "/sa.key",
         std::string("--service-account-issuer=") + kIssuer,
         std::string("--api-audiences=") + kIssuer + ",granary",
-        "--authorization-mode=RBAC",
+        api_on_loopback ? "--authorization-mode=RBAC" : "--authorization-mode=Node,RBAC",
         "--service-cluster-ip-range=10.96.0.0/16",
         "--allow-privileged=true",
         // The "kubernetes" Service's endpoint would be 127.0.0.1, which
         // Endpoints reject (loopback); in-cluster clients here are local
-        // processes that use KUBERNETES_SERVICE_HOST=127.0.0.1 instead.
-        "--endpoint-reconciler-type=none",
+        // processes that use KUBERNETES_SERVICE_HOST=127.0.0.1 instead. With
+        // a real node it is the API server's address on the node's bridge.
+        api_on_loopback ? "--endpoint-reconciler-type=none" : "--endpoint-reconciler-type=lease",
         "--cert-dir=" + pki,
         "--profiling=false",
+        // A real node's name is no DNS name here: logs and exec go to its address.
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
     };
   }
   GRANARY_ASSIGN_OR_RETURN(api_server_, StartDaemon("kube-apiserver", api_server_args_));
@@ -510,7 +538,7 @@ Status KubeCluster::StartApiServer() {
 
 Status KubeCluster::WaitApiServerReady(steady_clock::time_point deadline) {
   std::string last = "no answer";
-  httplib::SSLClient http("127.0.0.1", api_port_, admin_cert_file_, admin_key_file_);
+  httplib::SSLClient http(options_.api_address, api_port_, admin_cert_file_, admin_key_file_);
   http.set_ca_cert_path(ca_file_.c_str());
   http.enable_server_certificate_verification(true);
   http.set_connection_timeout(1, 0);
@@ -699,7 +727,7 @@ Result<nlohmann::json> KubeCluster::GetJson(const std::vector<std::string>& args
 
 Result<nlohmann::json> KubeCluster::ApiRequest(const std::string& method, const std::string& path,
                                                const std::string& body) const {
-  httplib::SSLClient http("127.0.0.1", api_port_, admin_cert_file_, admin_key_file_);
+  httplib::SSLClient http(options_.api_address, api_port_, admin_cert_file_, admin_key_file_);
   http.set_ca_cert_path(ca_file_.c_str());
   http.enable_server_certificate_verification(true);
   http.set_connection_timeout(2, 0);

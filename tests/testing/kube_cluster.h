@@ -99,6 +99,12 @@ struct KubeClusterOptions {
   // report_completion) writes their terminal status, and only then does the
   // Job controller complete or fail the Job.
   bool kwok_completes_job_pods = true;
+  // The address the API server listens on and advertises. 127.0.0.1 for
+  // control-plane-only suites; a real node (testing/kube_node.h) needs one
+  // its pods can reach, the root namespace's address on the node's bridge:
+  // then the `kubernetes` Service's endpoint is that address (the endpoint
+  // reconciler runs) and the Node authorizer is on beside RBAC.
+  std::string api_address = "127.0.0.1";
 };
 
 // What a kubectl command did.
@@ -181,6 +187,12 @@ class KubeCluster {
   // (`kubectl create token`, valid 24 h). The ServiceAccount must exist.
   Result<std::string> ServiceAccountKubeconfig(const std::string& ns, const std::string& sa) const;
 
+  // A kubeconfig (a file in dir()) with a client certificate the cluster's
+  // CA signs for `subject` ("/O=system:nodes/CN=system:node:n1"): how the
+  // kubelet and kube-proxy of a real node authenticate. `name` names the
+  // files.
+  Result<std::string> ClientKubeconfig(const std::string& name, const std::string& subject);
+
   // The last `max_bytes` of the API server's log (for messages).
   std::string ApiServerLogTail(size_t max_bytes = 8192) const;
   // The tails of every daemon's log.
@@ -194,6 +206,11 @@ class KubeCluster {
  private:
   explicit KubeCluster(KubeClusterOptions options);
   Status MakePki();
+  Status RunOpenssl(const std::vector<std::string>& argv);
+  // <dir>/pki/<name>.crt and .key: a P-256 key and a certificate for
+  // `subject`, self-signed or signed by the cluster's CA.
+  Status MakeCertificate(const std::string& name, const std::string& subject,
+                         const std::vector<std::string>& extensions, bool self_signed);
   Status WriteKubeconfig(const std::string& path, const std::string& user_auth) const;
   Status StartEtcd();
   Status StartApiServer();
