@@ -25,13 +25,15 @@
 #   make image        the container image granary:0.1.0 (Dockerfile) with docker, or buildah/podman on a
 #                     Debian base made here (TAG=...; LOAD=1 also imports it into containerd)
 #   make image-assemble  the same image from build/release's binaries, no compiling (LOAD=1: into containerd)
+#   make images-test  that image, the trainer image (PyTorch) and the Redis image the real-node tests run
+#                     (ADDRESS=<containerd socket>: also loads the three there)
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
 
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps-build deps-quickstart deps-slurm deps-kubernetes check test-layout-check image image-assemble deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-operator bench-client bench-multihost bench bench-smoke clean
+.PHONY: deps-build deps-quickstart deps-slurm deps-kubernetes check test-layout-check image image-assemble images-test deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-operator bench-client bench-multihost bench bench-smoke clean
 
 # What each target needs (scripts/install-deps says what is in each group).
 deps:
@@ -100,6 +102,12 @@ image-assemble: deps-build
 	cmake --preset release >/dev/null
 	cmake --build build/release -j2 --target granary-operator granary-cachenode granary-sidecar granary granary_python
 	scripts/image/assemble $(if $(LOAD),--load)
+
+# granary, granary-trainer (PyTorch) and granary.local/redis, all offline (scripts/image/test-images).
+images-test: deps-build
+	cmake --preset release >/dev/null
+	cmake --build build/release -j2 --target granary-operator granary-cachenode granary-sidecar granary granary_python
+	scripts/image/test-images $(if $(ADDRESS),--address $(ADDRESS))
 
 # Includes and links against the allowed graph of docs/architecture.md.
 layering-check: deps-build

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
-"""Granary's image under containerd and runc, each container as the chart runs it.
+"""Granary's images under containerd and runc, each container as the chart runs it.
 
 A private containerd (its own root, state and socket in a temporary directory,
-the CRI plugin off) imports the image that scripts/image/assemble makes from
-the build under test, and runs, through `ctr run` with an OCI spec written here
+the CRI plugin off) imports the three images the real-node tests use, made from
+the build under test by scripts/image/assemble (granary, and with --trainer
+granary-trainer) and scripts/image/redis (granary.local/redis), and runs, through `ctr run` with an OCI spec written here
 from the pod specs' securityContexts (charts/granary/templates/operator-
 deployment.yaml, the operator's generated cache-node DaemonSet and injected
 sidecar):
@@ -18,6 +19,16 @@ sidecar):
              reaching that cache node through its handoff socket.
   granary    the CLI in the image, as uid 65532, creates the dataset and reads
              samples back through the sidecar byte-exact.
+  trainer    the trainer image as uid 65532, no capabilities, read-only root:
+             imports torch and granary and reads two epochs through the
+             sidecar with granary.torch and a DataLoader, byte-exact.
+  redis      the Redis image as the chart's redis and sentinel pods (uid/gid
+             999, no capabilities, read-only root) with the chart's rendered
+             redis.conf (helm template): PING only with AUTH, the AOF in /data;
+             files/redis-start.sh and files/sentinel-start.sh start a primary
+             and a sentinel that sees it up with the password.
+
+Bad command lines of the image scripts are refused with a reason.
 
 The metadata store is a redis-server of the test's on 127.0.0.1 (host network).
 Everything is removed at the end, also on failure: tasks, containers, the image
@@ -26,9 +37,11 @@ looks for granary-test-*). Skips (exit 77) saying why where it cannot run: not
 root, no containerd, runc or redis-server, no overlay file system.
 
   tests/integration/container_image_test.py --source-dir . --build-dir build/release
-      [--image ARCHIVE]   # an archive made before (else assembled here)
+      [--image ARCHIVE] [--trainer-image ARCHIVE] [--redis-image ARCHIVE]
+      # archives made before (else made here)
 """
 import argparse
+import base64
 import ctypes
 import hashlib
 import json
@@ -47,6 +60,28 @@ SKIP = 77
 NODE_ID = "ctr-node"
 OWNER = 65532  # the image's user, and the dataset owner (a Dataset's runAs)
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+REDIS_UID = 999  # the chart's Redis securityContext (runAsUser, runAsGroup, fsGroup)
+
+# What a training Job runs in the trainer image: granary.torch's ImageFolder and
+# DistributedSampler under a DataLoader with worker processes, two epochs; prints
+# each epoch's (path, class, SHA-256) in the order read, as JSON on its last line.
+TRAINER = """
+import hashlib, json, torch, granary
+from granary.torch import DistributedSampler, ImageFolder, bytes_loader
+ds = ImageFolder("tiny", loader=bytes_loader, is_valid_file=lambda p: p.endswith(".bin"))
+sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=7)
+loader = torch.utils.data.DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2,
+                                     collate_fn=list)
+epochs = []
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    items = [item for batch in loader for item in batch]
+    order = sampler.indices(epoch)
+    epochs.append([[ds.samples[i][0], target, hashlib.sha256(data).hexdigest()]
+                   for i, (data, target) in zip(order, items)])
+    assert len(order) == len(items), (len(order), len(items))
+print(json.dumps({"torch": torch.__version__, "classes": ds.classes, "epochs": epochs}))
+"""
 
 
 class Failure(Exception):
@@ -153,11 +188,11 @@ class Containerd:
 class ImageRunner:
     """Runs containers of one image, each with a spec written from a securityContext."""
 
-    def __init__(self, containerd, work, image):
+    def __init__(self, containerd, work, image, rootfs="rootfs"):
         self.c = containerd
         self.work = work
         self.image = image
-        self.rootfs = os.path.join(work, "rootfs")
+        self.rootfs = os.path.join(work, rootfs)
         self.running = []  # detached container ids
         self.mounted = False
         self.seccomp = None
@@ -191,13 +226,13 @@ class ImageRunner:
                                                  check=True).stdout)
 
     def spec(self, args, uid, gid, caps=(), host_network=True, mounts=(), env=(),
-             seccomp=True):
+             seccomp=True, cwd="/var/lib/granary"):
         s = json.loads(json.dumps(self.default))
         s["root"] = {"path": self.rootfs, "readonly": True}  # readOnlyRootFilesystem
         p = s["process"]
         p["args"] = list(args)
         p["env"] = list(self.image_env) + list(env)
-        p["cwd"] = "/var/lib/granary"
+        p["cwd"] = cwd
         p["user"] = {"uid": uid, "gid": gid}
         p["noNewPrivileges"] = True  # allowPrivilegeEscalation: false
         names = [f"CAP_{c}" for c in caps]  # drop: [ALL], add: caps
@@ -261,6 +296,15 @@ class ImageRunner:
         self.c.ctr("run", "--detach", "--log-uri", f"file://{log}", "--config", path, cid)
         self.running.append(cid)
         return log
+
+    def exec(self, cid, args, timeout=30):
+        """A process in a running container, as the kubelet runs an exec probe
+        (the container's user and environment); returns (exit code, stdout, stderr)."""
+        self.exec_count = getattr(self, "exec_count", 0) + 1
+        r = self.c.ctr("tasks", "exec", "--exec-id", f"exec-{self.exec_count}", cid, *args,
+                       check=False, timeout=timeout)
+        return (r.returncode, r.stdout.decode(errors="replace"),
+                r.stderr.decode(errors="replace"))
 
     def alive(self, cid):
         r = self.c.ctr("tasks", "ls", check=False)
@@ -346,6 +390,7 @@ class Test:
         self.containerd = Containerd(work)
         self.redis = None
         self.runner = None
+        self.runners = []  # one per image, each with its view of the image mounted
         self.host_mounts = []  # the test's own, detached in teardown
         try:
             self.setup()
@@ -365,27 +410,43 @@ class Test:
 
     # ---- the fixture ------------------------------------------------------------------
 
-    def setup(self):
-        image = self.args.image
+    def archive(self, given, what, script_args):
+        """An image archive: the one given, or one the image scripts make now."""
         t0 = time.monotonic()
-        if image is None:
-            image = os.path.join(self.work, "image.oci.tar")
-            r = subprocess.run([os.path.join(self.source_dir, "scripts/image/assemble"),
-                                "--build-dir", self.build_dir, "--output", image],
+        path = given
+        if path is None:
+            path = os.path.join(self.work, f"{what}.oci.tar")
+            r = subprocess.run([os.path.join(self.source_dir, "scripts/image", script_args[0]),
+                                *script_args[1:], "--output", path],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
             if r.returncode != 0:
-                raise Failure(f"scripts/image/assemble exited {r.returncode}:\n"
+                raise Failure(f"scripts/image/{' '.join(script_args)} exited {r.returncode}:\n"
                               f"{r.stdout.decode(errors='replace')[-3000:]}")
-        say(f"image archive {image}: {os.path.getsize(image) / 2**20:.1f} MiB "
+        name = archive_image_name(path)
+        say(f"{what} image {name}: {path}, {os.path.getsize(path) / 2**20:.1f} MiB "
             f"({time.monotonic() - t0:.1f} s)")
-        self.image_name = archive_image_name(image)
-        self.containerd.start()
+        return path, name
+
+    def import_image(self, path, name, rootfs):
         t0 = time.monotonic()
-        self.containerd.ctr("images", "import", image, timeout=300)
-        say(f"imported {self.image_name} into a private containerd "
-            f"({time.monotonic() - t0:.1f} s)")
-        self.runner = ImageRunner(self.containerd, self.work, self.image_name)
-        self.runner.prepare()
+        self.containerd.ctr("images", "import", path, timeout=600)
+        say(f"imported {name} into a private containerd ({time.monotonic() - t0:.1f} s)")
+        runner = ImageRunner(self.containerd, self.work, name, rootfs)
+        self.runners.append(runner)
+        runner.prepare()
+        return runner
+
+    def setup(self):
+        build = ["--build-dir", self.build_dir]
+        images = [self.archive(self.args.image, "granary", ["assemble", *build]),
+                  self.archive(self.args.trainer_image, "trainer",
+                               ["assemble", "--trainer", *build]),
+                  self.archive(self.args.redis_image, "redis", ["redis"])]
+        self.image_name = images[0][1]
+        self.containerd.start()
+        self.runner = self.import_image(*images[0], "rootfs")
+        self.trainer = self.import_image(*images[1], "rootfs-trainer")
+        self.redis_image = self.import_image(*images[2], "rootfs-redis")
 
         # The host side of the pods' volumes.
         w = self.work
@@ -443,8 +504,8 @@ class Test:
 
     def teardown(self):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut it short
-        if self.runner:
-            self.runner.teardown()
+        for runner in self.runners:
+            runner.teardown()
         self.containerd.stop()
         if self.redis and self.redis.poll() is None:
             self.redis.terminate()
@@ -466,6 +527,38 @@ class Test:
     # ---- the cases --------------------------------------------------------------------
 
     def run_cases(self):
+        self.case("image scripts refuse bad inputs, saying what to do", self.bad_inputs)
+        self.granary_cases()
+        self.redis_cases()
+
+    def bad_inputs(self):
+        image = os.path.join(self.source_dir, "scripts/image")
+        empty = os.path.join(self.work, "empty-build")
+        os.makedirs(empty)
+        missing = os.path.join(self.work, "no-such-build")
+        cases = [
+            (["assemble", "--build-dir", missing], 2, f"--build-dir {missing}: no such directory"),
+            (["assemble", "--trainer", "--build-dir", missing], 2, "no such directory"),
+            (["assemble", "--build-dir"], 2, "--build-dir needs a value"),
+            (["assemble", "--bogus"], 2, "unknown argument --bogus"),
+            (["assemble", "--build-dir", empty], 1,
+             f"{empty}/operator/granary-operator is missing: build it first"),
+            (["redis", "--bogus"], 2, "unknown argument --bogus"),
+            (["test-images", "--address", missing], 2, f"--address {missing} is not a socket"),
+            (["runtime-layer", "--user", "redis:x:999:/data", "redis-server"], 2,
+             "is not NAME:UID:GID:HOME"),
+        ]
+        for argv, want_code, want_text in cases:
+            r = subprocess.run([os.path.join(image, argv[0]), *argv[1:]], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, check=False, timeout=60)
+            err = r.stderr.decode(errors="replace")
+            if r.returncode != want_code or want_text not in err or r.stdout:
+                raise Failure(f"scripts/image/{' '.join(argv)} exited {r.returncode} (not "
+                              f"{want_code}) saying {err.strip()[:300]!r}, stdout "
+                              f"{r.stdout[:100]!r}; wanted {want_text!r}")
+        say(f"     {len(cases)} bad command lines refused, each saying why")
+
+    def granary_cases(self):
         self.case("operator: uid 65532, read-only root, no capabilities", self.operator_context)
         self.case("operator: --help, and refuses to start without a cluster", self.operator_runs)
         if not self.case("cachenode: root with SETUID/SETGID only, /readyz on the host",
@@ -478,12 +571,21 @@ class Test:
                          self.sidecar_starts):
             return
         self.case("granary CLI reads every sample through the sidecar byte-exact", self.read_back)
+        self.case("trainer image (uid 65532, read-only root, no capabilities): import torch, "
+                  "granary; two epochs through granary.torch and a DataLoader with 2 workers "
+                  "via the sidecar, byte-exact", self.trainer_reads)
         if os.path.exists("/dev/fuse"):
             self.case("POSIX view: a privileged sidecar mounts it, a trainer (uid 65532, "
                       "no capabilities) reads every file by path byte-exact", self.posix_view)
         else:
             say("     no /dev/fuse on this host: the POSIX view case is not run")
         self.case("cachenode and sidecar stop on SIGTERM", self.daemons_stop)
+
+    def redis_cases(self):
+        self.case("redis image (uid/gid 999, read-only root, no capabilities): the chart's "
+                  "redis.conf, PING answered only with AUTH, the AOF in /data", self.redis_auth)
+        self.case("redis image with Sentinel: the chart's redis-start.sh starts a primary, "
+                  "sentinel-start.sh a sentinel that names it", self.redis_sentinel)
 
     def operator_spec(self, args):
         return self.runner.spec(args, uid=OWNER, gid=OWNER, caps=(), host_network=False)
@@ -682,6 +784,219 @@ class Test:
         say(f"     {len(got)} files read by path through the view, byte-exact; "
             "unmounted when the sidecar stopped")
 
+    def trainer_reads(self):
+        """A training Job's container: the trainer image as the Dataset's runAs uid, the
+        injected sidecar's socket mounted, granary.torch over the dataset."""
+        mounts = [(self.paths["sidecar-run"], "/run/granary", True)]
+        env = ["GRANARY_SOCKET=/run/granary/sidecar.sock"]
+
+        def spec(args):
+            return self.trainer.spec(args, uid=OWNER, gid=OWNER, caps=(), mounts=mounts,
+                                     env=env)
+
+        code, out, err = self.trainer.run("trainer-probe", spec(security_probe()))
+        if code != 0:
+            raise Failure(f"the probe exited {code}: {err}")
+        check_probe(out, OWNER, OWNER, "0000000000000000")
+        code, out, err = self.trainer.run("trainer-torch", spec(["python3", "-c", TRAINER]),
+                                          timeout=300)
+        if code != 0:
+            raise Failure(f"the trainer exited {code}: {out}{err}\nsidecar log:\n"
+                          f"{tail(self.sidecar_log)}")
+        got = json.loads(out.strip().splitlines()[-1])
+        want_classes = sorted({k.split("/")[0] for k in self.samples})
+        if got["classes"] != want_classes:
+            raise Failure(f"ImageFolder's classes {got['classes']}, not {want_classes}")
+        orders = []
+        for epoch, items in enumerate(got["epochs"]):
+            paths = [path for path, _, _ in items]
+            if sorted(paths) != sorted(f"tiny/{k}" for k in self.samples):
+                raise Failure(f"epoch {epoch} read {len(paths)} samples ({len(set(paths))} "
+                              f"distinct), not each of the {len(self.samples)} once")
+            for path, target, digest in items:
+                rel = path[len("tiny/"):]
+                if digest != hashlib.sha256(self.samples[rel]).hexdigest():
+                    raise Failure(f"epoch {epoch}: {path}'s bytes are not the source's")
+                if target != want_classes.index(rel.split("/")[0]):
+                    raise Failure(f"epoch {epoch}: {path} has class {target}")
+            orders.append(paths)
+        if len(orders) != 2 or orders[0] == orders[1]:
+            raise Failure(f"{len(orders)} epochs, the same order each time: set_epoch did not "
+                          "reshuffle")
+        say(f"     torch {got['torch']}: 2 epochs of {len(orders[0])} samples, shuffled "
+            "differently, byte-exact")
+
+    def chart_redis_secret(self, *sets):
+        """(password, redis.conf) as the chart's Secret <fullname>-redis holds them, from
+        `helm template` of charts/granary with the given --set values."""
+        helm = find_helm(self.source_dir)
+        if helm is None:
+            raise Failure("no helm to render the chart's redis.conf: run scripts/k8s-tools "
+                          "(or set GRANARY_K8S_BIN to its directory)")
+        try:
+            import yaml  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            raise Failure("python3 lacks PyYAML (python3-yaml); run scripts/install-deps") \
+                from None
+        argv = [helm, "template", "t", os.path.join(self.source_dir, "charts/granary"),
+                "--namespace", "granary", "--kube-version", "1.37.2",
+                "--show-only", "templates/redis-secret.yaml"]
+        for s in sets:
+            argv += ["--set", s]
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+        if r.returncode != 0:
+            raise Failure(f"helm template exited {r.returncode}: {r.stderr.decode()}")
+        for doc in yaml.safe_load_all(r.stdout):
+            if doc and "redis.conf" in doc.get("data", {}):
+                data = doc["data"]
+                return (base64.b64decode(data["password"]).decode(),
+                        base64.b64decode(data["redis.conf"]))
+        raise Failure("helm template rendered no Secret with redis.conf")
+
+    def redis_volumes(self, name, conf=None, password=None):
+        """Host directories as the kubelet makes the chart's volumes for uid/gid 999 with
+        fsGroup 999: the Secret's files 0440 group 999, emptyDirs 0777."""
+        d = os.path.join(self.work, name)
+        paths = {}
+        for vol in ("config", "data", "tmp", "run"):
+            paths[vol] = os.path.join(d, vol)
+            os.makedirs(paths[vol])
+            os.chmod(paths[vol], 0o777)
+        os.chmod(paths["config"], 0o755)
+        for file, content in (("redis.conf", conf), ("password", password)):
+            if content is not None:
+                path = os.path.join(paths["config"], file)
+                with open(path, "wb") as f:
+                    f.write(content if isinstance(content, bytes) else content.encode())
+                os.chown(path, 0, REDIS_UID)
+                os.chmod(path, 0o440)
+        return paths
+
+    def redis_spec(self, args, mounts, env, host_network):
+        return self.redis_image.spec(args, uid=REDIS_UID, gid=REDIS_UID, caps=(),
+                                     host_network=host_network, mounts=mounts, env=env,
+                                     cwd="/data")
+
+    def wait_exec(self, cid, args, log, timeout=30):
+        """Runs an exec probe until it exits 0 (the kubelet's readiness); its last output."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.redis_image.alive(cid):
+                raise Failure(f"{cid} exited; its log ends:\n{tail(log)}")
+            code, out, err = self.redis_image.exec(cid, args)
+            if code == 0:
+                return out
+            if time.monotonic() > deadline:
+                raise Failure(f"{' '.join(args)} in {cid} still exits {code} after {timeout} s "
+                              f"({out}{err}); its log ends:\n{tail(log)}")
+            time.sleep(0.2)
+
+    def redis_auth(self):
+        password, conf = self.chart_redis_secret()
+        if f"requirepass {password}".encode() not in conf:
+            raise Failure(f"the chart's redis.conf has no requirepass:\n{conf.decode()}")
+        v = self.redis_volumes("redis", conf=conf)
+        # The redis container as the StatefulSet has it (no sentinel): its own network
+        # namespace, so the conf's port 6379 is its own.
+        mounts = [(v["data"], "/data", False), (v["config"], "/etc/redis", True),
+                  (v["tmp"], "/tmp", False)]
+        env = [f"REDISCLI_AUTH={password}"]
+        spec = self.redis_spec(security_probe(), mounts, env, host_network=False)
+        code, out, err = self.redis_image.run("redis-probe", spec)
+        if code != 0:
+            raise Failure(f"the probe exited {code}: {err}")
+        check_probe(out, REDIS_UID, REDIS_UID, "0000000000000000")
+        log = self.redis_image.start("redis", self.redis_spec(
+            ["redis-server", "/etc/redis/redis.conf"], mounts, env, host_network=False))
+        # The chart's readiness probe, as the kubelet runs it.
+        self.wait_exec("redis", ["sh", "-c", "redis-cli -h 127.0.0.1 -p 6379 ping | grep -q PONG"],
+                       log)
+        code, out, err = self.redis_image.exec("redis", [
+            "sh", "-c", "env -u REDISCLI_AUTH redis-cli -h 127.0.0.1 -p 6379 ping"])
+        if "NOAUTH" not in out + err:
+            raise Failure(f"PING without the password answered {out.strip()!r} {err.strip()!r}, "
+                          "not NOAUTH")
+        code, out, err = self.redis_image.exec("redis", [
+            "redis-cli", "-h", "127.0.0.1", "-p", "6379", "set", "granary:probe", "1"])
+        if code != 0 or out.strip() != "OK":
+            raise Failure(f"SET with AUTH exited {code}: {out}{err}")
+        deadline = time.monotonic() + 10
+        aof = os.path.join(v["data"], "appendonlydir")
+        while not (os.path.isdir(aof) and os.listdir(aof)):
+            if time.monotonic() > deadline:
+                raise Failure(f"no AOF in /data ({os.listdir(v['data'])}); the log ends:\n"
+                              f"{tail(log)}")
+            time.sleep(0.1)
+        owners = {os.stat(os.path.join(aof, f)).st_uid for f in os.listdir(aof)}
+        if owners != {REDIS_UID}:
+            raise Failure(f"the AOF's files are owned by {owners}, not uid {REDIS_UID}")
+        if not self.redis_image.stop("redis", timeout=15):
+            raise Failure("redis-server did not stop within 15 s of SIGTERM")
+        say(f"     {tail(log, 400).strip().splitlines()[-1]}")
+
+    def redis_sentinel(self):
+        password, conf = self.chart_redis_secret(
+            "redis.sentinel.enabled=true", "redis.replicas=2", "redis.persistence.enabled=true")
+        if f"masterauth {password}".encode() not in conf:
+            raise Failure(f"the chart's Sentinel redis.conf has no masterauth:\n{conf.decode()}")
+        scripts = os.path.join(self.source_dir, "charts/granary/files")
+        # Both on the host's network (one loopback for the two pods' names), on free ports.
+        port, sport = free_port(), free_port()
+        common = {"MASTER_NAME": "granary", "SELF_HOST": "127.0.0.1",
+                  "FIRST_PRIMARY": f"127.0.0.1:{port}", "SENTINELS": f"127.0.0.1:{sport}"}
+        v = self.redis_volumes("redis-sentinel-data", conf=conf)
+        # The kubelet's /etc/hosts (sentinel-start.sh waits until the primary resolves).
+        hosts = os.path.join(self.work, "redis-hosts")
+        with open(hosts, "w") as f:
+            f.write("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+        env = {**common, "REDISCLI_AUTH": password, "SELF_IP": "127.0.0.1",
+               "BASE_CONF": "/etc/redis/redis.conf", "RUN_DIR": "/run/redis",
+               "REDIS_PORT": str(port)}
+        log = self.redis_image.start("redis-primary", self.redis_spec(
+            ["sh", "/scripts/redis-start.sh"],
+            [(v["data"], "/data", False), (v["config"], "/etc/redis", True),
+             (v["tmp"], "/tmp", False), (scripts, "/scripts", True),
+             (v["run"], "/run/redis", False), (hosts, "/etc/hosts", True)],
+            [f"{k}={val}" for k, val in env.items()], host_network=True))
+        self.wait_exec("redis-primary", [
+            "sh", "-c", f"redis-cli -h 127.0.0.1 -p {port} ping | grep -q PONG"], log)
+        if "starting 127.0.0.1 as the primary" not in tail(log):
+            raise Failure(f"redis-start.sh did not start it as the primary:\n{tail(log)}")
+        s = self.redis_volumes("redis-sentinel", password=password)
+        env = {**common, "RUN_DIR": "/run/sentinel", "SENTINEL_PORT": str(sport),
+               "SENTINEL_BIND": "127.0.0.1", "QUORUM": "1", "DOWN_AFTER_MS": "1000",
+               "FAILOVER_TIMEOUT_MS": "30000", "PARALLEL_SYNCS": "1",
+               "PASSWORD_FILE": "/etc/redis/password", "RESOLVE_WAIT_SECONDS": "10"}
+        slog = self.redis_image.start("redis-sentinel", self.redis_spec(
+            ["sh", "/scripts/sentinel-start.sh"],
+            [(scripts, "/scripts", True), (s["config"], "/etc/redis", True),
+             (s["run"], "/run/sentinel", False), (hosts, "/etc/hosts", True)],
+            [f"{k}={val}" for k, val in env.items()], host_network=True))
+        # The chart's sentinel readiness probe (on this sentinel's port), then its answer.
+        out = self.wait_exec("redis-sentinel", [
+            "sh", "-c", f'redis-cli -p {sport} sentinel get-master-addr-by-name "$MASTER_NAME" '
+            '| grep .'], slog)
+        if out.split() != ["127.0.0.1", str(port)]:
+            raise Failure(f"the sentinel names {out.split()} as the primary, not "
+                          f"127.0.0.1:{port}")
+        # A sentinel that cannot AUTH (auth-pass from the password file) gets NOAUTH to
+        # its PINGs and counts the primary down (s_down) after DOWN_AFTER_MS (1 s).
+        time.sleep(2.5)
+        code, out, err = self.redis_image.exec("redis-sentinel", [
+            "redis-cli", "-p", str(sport), "sentinel", "master", "granary"])
+        fields = out.splitlines()  # a name, its value, ... (a value may be empty)
+        master = dict(zip(fields[0::2], fields[1::2]))
+        if code != 0 or master.get("flags") != "master" or \
+                int(master.get("last-ok-ping-reply", "1000000")) > 1500:
+            raise Failure(f"the sentinel sees the primary with flags {master.get('flags')!r}, "
+                          f"last ok PING {master.get('last-ok-ping-reply')} ms ago ({out}{err}); "
+                          f"its log ends:\n{tail(slog)}")
+        flags = master["flags"]
+        for cid in ("redis-sentinel", "redis-primary"):
+            if not self.redis_image.stop(cid, timeout=15):
+                raise Failure(f"{cid} did not stop within 15 s of SIGTERM")
+        say(f"     the sentinel on :{sport} names the primary 127.0.0.1:{port}, flags {flags}")
+
     def daemons_stop(self):
         for cid in ("sidecar", "cachenode"):
             t0 = time.monotonic()
@@ -705,6 +1020,20 @@ def tail(path, n=3000):
         return "(no log)"
 
 
+def find_helm(source_dir):
+    """helm from the Kubernetes test tools (GRANARY_K8S_BIN, or scripts/k8s-tools
+    --no-build), else the PATH's."""
+    candidates = []
+    if os.environ.get("GRANARY_K8S_BIN"):
+        candidates.append(os.path.join(os.environ["GRANARY_K8S_BIN"], "helm"))
+    r = subprocess.run([os.path.join(source_dir, "scripts/k8s-tools"), "--no-build"],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False)
+    if r.returncode == 0 and r.stdout.strip():
+        candidates.append(os.path.join(r.stdout.decode().strip(), "helm"))
+    candidates.append(shutil.which("helm") or "")
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
 def archive_image_name(path):
     """The image name an OCI archive carries (index.json's annotations):
     scripts/image/oci-archive writes containerd's name; buildah and podman
@@ -722,6 +1051,10 @@ def main():
     ap.add_argument("--source-dir", required=True)
     ap.add_argument("--build-dir", required=True)
     ap.add_argument("--image", help="an OCI archive made before (default: assemble one)")
+    ap.add_argument("--trainer-image", help="the trainer image's archive made before "
+                    "(default: scripts/image/assemble --trainer)")
+    ap.add_argument("--redis-image", help="the Redis image's archive made before "
+                    "(default: scripts/image/redis)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args()
     # SIGTERM (ctest, Ctrl-C's cousin) unwinds like a failure: teardown runs.

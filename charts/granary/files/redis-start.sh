@@ -37,7 +37,9 @@ if [ -z "$primary" ]; then
 fi
 
 umask 077
-cp "$BASE_CONF" "$conf"
+# Not cp: it would keep the Secret file's mode (0440, so 0400 here), and the
+# append below would be refused to the redis user, which owns it but may not write.
+cat "$BASE_CONF" >"$conf"
 {
   echo  # the Secret's redis.conf does not end with a newline
   echo "port $REDIS_PORT"
