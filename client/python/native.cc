@@ -606,6 +606,7 @@ std::optional<SampleView> GetOne(Session& s, PyObject* id_object) {
 // direct reads: docs/client.md), with the GIL released for the pread and the
 // check. nullptr with no error set: not readable directly now (use the arena).
 PyObject* ReadDirectBytes(Session& s, uint32_t id) {
+  if (!s.direct_reads_on()) return nullptr;
   std::optional<uint64_t> size = s.DirectSize(id);
   if (!size) {
     WithoutGil([&] { s.LocateDirect(std::span<const uint32_t>(&id, 1)); });
@@ -675,7 +676,7 @@ PyObject* SessionReadMany(PyObject* self, PyObject* ids_object) {
   Session& s = *SessionOf(self);
   std::vector<uint32_t> ids;
   if (!ToSampleIds(ids_object, &ids)) return nullptr;
-  WithoutGil([&] { s.LocateDirect(ids); });
+  if (s.direct_reads_on()) WithoutGil([&] { s.LocateDirect(ids); });
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(ids.size()));
   if (list == nullptr) return nullptr;
   std::vector<uint32_t> rest;
@@ -935,6 +936,18 @@ PyObject* SessionProtocolVersion(PyObject* self, void*) {
 
 // NOLINTBEGIN(cppcoreguidelines-pro-type-cstyle-cast): CPython's calling conventions
 #define GRANARY_KW(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f))
+// {"samples", "bytes", "chunk_files", "fallbacks", "corrupt", "dropped"}:
+// what the direct reads did (DirectReadCounters).
+PyObject* SessionDirectCounters(PyObject* self, PyObject*) {
+  const DirectReadCounters c = SessionOf(self)->direct_counters();
+  return Py_BuildValue("{sKsKsKsKsKsK}", "samples", static_cast<unsigned long long>(c.samples),
+                       "bytes", static_cast<unsigned long long>(c.bytes), "chunk_files",
+                       static_cast<unsigned long long>(c.chunk_files), "fallbacks",
+                       static_cast<unsigned long long>(c.fallbacks), "corrupt",
+                       static_cast<unsigned long long>(c.corrupt), "dropped",
+                       static_cast<unsigned long long>(c.dropped));
+}
+
 PyMethodDef kSessionMethods[] = {
     {"read", SessionRead, METH_O, "The sample's bytes (a copy; the pin is released at once)."},
     {"read_many", SessionReadMany, METH_O,
@@ -955,6 +968,8 @@ PyMethodDef kSessionMethods[] = {
     {"directories", SessionDirectories, METH_NOARGS,
      "[(path, mode)] of every directory but the root, sorted by path."},
     {"lookup", SessionLookup, METH_O, "The id of a path relative to the dataset root."},
+    {"direct_counters", SessionDirectCounters, METH_NOARGS,
+     "What direct reads did: samples, bytes, chunk_files, fallbacks, corrupt, dropped."},
     {"in_opening_process", SessionInOpeningProcess, METH_NOARGS,
      "Whether this process opened the session (False in a forked child)."},
     {nullptr, nullptr, 0, nullptr}};

@@ -116,6 +116,7 @@ Result<std::unique_ptr<Session>> Session::Open(std::string_view dataset,
     return fd.status().WithContext(doing);
   }
   std::unique_ptr<Session> session(new Session(std::move(path), std::move(resolved)));
+  session->direct_on_.store(session->options_.direct_reads, std::memory_order_relaxed);
   session->dataset_ = std::string(dataset);
   session->fd_ = std::move(*fd);
   std::lock_guard<std::mutex> lock(session->mu_);

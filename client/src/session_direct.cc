@@ -58,6 +58,7 @@ DirectReadCounters Session::direct_counters() const {
 void Session::TurnDirectOff(Status why) {
   if (!direct_off_.ok()) return;
   direct_off_ = std::move(why);
+  direct_on_.store(false, std::memory_order_relaxed);
   GetLogger("client")->info("direct reads of dataset {} are off: {}", Quoted(dataset_),
                             direct_off_.message());
   direct_.clear();
@@ -164,11 +165,6 @@ void Session::LocateDirect(std::span<const uint32_t> ids) {
       e = DirectExtent{file, d.offset, d.length, d.checksum};
       file->ids.push_back(d.id);
       direct_elsewhere_.erase(d.id);
-    }
-    // A chunk handed over again replaces the old file (its ids now point at
-    // the new one; the old goes with its last reader).
-    for (auto it = direct_files_.begin(); it != direct_files_.end();) {
-      it = (*it)->chunk == c.chunk ? direct_files_.erase(it) : std::next(it);
     }
     direct_files_.push_back(std::move(file));
     ++direct_counters_.chunk_files;

@@ -404,8 +404,10 @@ Result<sp::ChunkFilesReply> SidecarService::ChunkFiles(SidecarSession& s,
         ": this sidecar reads no chunk files of a local cache node (local_node_socket is not "
         "set); samples are read through the arena");
   }
-  // The distinct chunks of the ids, in the order asked.
+  // The distinct chunks of the ids, in the order asked, each with the first
+  // id asked in it.
   std::vector<ChunkId> chunks;
+  std::vector<uint32_t> first_asked;
   for (uint32_t id : request.ids) {
     if (id >= m.sample_count()) {
       return Status::OutOfRange("CHUNK_FILES: sample " + std::to_string(id) + " is past the " +
@@ -413,14 +415,30 @@ Result<sp::ChunkFilesReply> SidecarService::ChunkFiles(SidecarSession& s,
                                 Quoted(dataset.name));
     }
     const ChunkId c = m.ChunkOf(id);
-    if (std::find(chunks.begin(), chunks.end(), c) == chunks.end()) chunks.push_back(c);
+    if (std::find(chunks.begin(), chunks.end(), c) == chunks.end()) {
+      chunks.push_back(c);
+      first_asked.push_back(id);
+    }
     if (chunks.size() >= sp::kMaxChunkFilesPerReply) break;
   }
   sp::ChunkFilesReply reply;
   // Replies are encoded under the default limits; keep well inside them.
   const size_t budget = sp::kDefaultMaxBodyBytes / 2;
   size_t body = 64;
-  for (ChunkId c : chunks) {
+  // A list in the reply holds at most max_items: a chunk of more samples is
+  // described from the first one asked on (the client asks again for the rest).
+  const auto window = [](const auto& list, uint32_t from, auto id_of) {
+    const size_t max = sp::kDefaultMaxItems;
+    using List = std::decay_t<decltype(list)>;
+    if (list.size() <= max) return List(list.begin(), list.end());
+    size_t begin = 0;
+    while (begin < list.size() && id_of(list[begin]) < from) ++begin;
+    begin = std::min(begin, list.size() - max);
+    return List(list.begin() + static_cast<std::ptrdiff_t>(begin),
+                list.begin() + static_cast<std::ptrdiff_t>(begin + max));
+  };
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const ChunkId c = chunks[k];
     sp::ChunkFile file;
     file.chunk = c;
     Result<LocalChunkFile> shared = fetcher_->ShareLocalChunk(dataset, c);
@@ -428,10 +446,13 @@ Result<sp::ChunkFilesReply> SidecarService::ChunkFiles(SidecarSession& s,
       body += 16 + shared->samples.size() * sidecar_protocol_format::kDirectSampleSize +
               shared->elsewhere.size() * 4;
       if (body > budget && !reply.chunks.empty()) break;
-      for (const LocalSampleExtent& e : shared->samples) {
+      for (const LocalSampleExtent& e : window(shared->samples, first_asked[k],
+                                               [](const LocalSampleExtent& e) { return e.id; })) {
         file.samples.push_back({e.id, e.offset, e.length, e.checksum});
       }
-      file.elsewhere.assign(shared->elsewhere.begin(), shared->elsewhere.end());
+      for (SampleId id : window(shared->elsewhere, first_asked[k], [](SampleId i) { return i; })) {
+        file.elsewhere.push_back(id);
+      }
       fds->push_back(std::move(shared->fd));
       metrics_->chunk_files_handed->Increment();
     } else {
@@ -439,11 +460,11 @@ Result<sp::ChunkFilesReply> SidecarService::ChunkFiles(SidecarSession& s,
           Status::NotFound("chunk " + std::to_string(c) + ": " + shared.status().message());
       Result<std::vector<ChunkSegment>> segments = m.Segments(c);
       if (segments.ok()) {
+        std::vector<uint32_t> all;
         for (const ChunkSegment& seg : *segments) {
-          if (file.elsewhere.empty() || file.elsewhere.back() != seg.sample) {
-            file.elsewhere.push_back(seg.sample);
-          }
+          if (all.empty() || all.back() != seg.sample) all.push_back(seg.sample);
         }
+        file.elsewhere = window(all, first_asked[k], [](uint32_t i) { return i; });
       }
       body += 16 + file.elsewhere.size() * 4 + file.status.message().size();
       if (body > budget && !reply.chunks.empty()) break;

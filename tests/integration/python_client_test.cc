@@ -108,6 +108,38 @@ TEST(PythonSamplerTest, AgreesWithTorchsDistributedSampler) {
   ExpectSuccess(p.get());
 }
 
+// Direct reads from Python: a node with a handoff socket and a sidecar that
+// reads its chunk files and hands them to sessions (tests/python/direct_reads.py).
+TEST(PythonDirectReadsTest, ItemsAndBatchesAreReadFromTheChunkFiles) {
+  if (kAsanBuild) {
+    GTEST_SKIP() << "an AddressSanitizer build of the granary module cannot be loaded by "
+                    "/usr/bin/python3";
+  }
+  if (::access(Python().c_str(), X_OK) != 0) GTEST_SKIP() << Python() << " is not installed";
+  auto cluster = CacheCluster::Create();
+  ASSERT_OK(cluster);
+  const std::string handoff = (*cluster)->dir().path() + "/node.sock";
+  CacheNodeOptions node;
+  node.extra_yaml = "local_socket: " + handoff + "\n";
+  ASSERT_OK((*cluster)->StartNodes(1, node));
+  DatasetOptions d;
+  d.name = "ds";
+  d.files = 200;
+  d.min_size = 512;
+  d.max_size = 3 * 1024;
+  d.chunk_size = 32 * 1024;
+  auto ds = (*cluster)->CreateDataset(d);
+  ASSERT_OK(ds);
+  SidecarOptions o;
+  o.local_node_id = (*cluster)->node(0).id();
+  o.extra_yaml = "local_node_socket: " + handoff + "\n";
+  auto sidecar = StartClusterSidecar(**cluster, o);
+  ASSERT_OK(sidecar);
+  auto p = StartPython("direct_reads.py", {"--dataset", ds->name, "--source-root", ds->root},
+                       (*cluster)->dir().path(), (*sidecar)->socket_path());
+  ExpectSuccess(p.get());
+}
+
 class PythonClientTest : public ::testing::Test {
  protected:
   void SetUp() override {

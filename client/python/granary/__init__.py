@@ -69,6 +69,13 @@ class Dataset:
     the end as for a list. ``ds.path(i)`` and ``ds.index(path)`` map between
     ids and paths relative to the dataset root.
 
+    On the sidecar's host, ``ds[i]`` and ``ds.__getitems__`` copies read
+    staged samples straight from the cache node's chunk files the sidecar
+    hands over, each verified with XXH3, and everything else through the
+    sidecar (docs/client.md, "Direct reads"). ``direct_reads=False`` (or
+    ``$GRANARY_DIRECT_READS=0`` when the argument is not given) reads every
+    sample through the sidecar.
+
     The session with the sidecar is opened on first use and re-opened in a
     forked child (a DataLoader worker); it is never pickled, so spawned
     workers open their own.
@@ -76,7 +83,7 @@ class Dataset:
 
     def __init__(self, name: str, socket: Union[str, "os.PathLike[str]", None] = None,
                  zero_copy: bool = False, lookahead: int = 64,
-                 verify_checksums: bool = False) -> None:
+                 verify_checksums: bool = False, direct_reads: Optional[bool] = None) -> None:
         if not isinstance(name, str):
             raise TypeError(f"granary.Dataset name must be a str (the dataset's name, e.g. "
                             f"'imagenet'), not {type(name).__name__}")
@@ -87,6 +94,9 @@ class Dataset:
             if not isinstance(value, bool):
                 raise TypeError(f"granary.Dataset {flag} must be a bool, not "
                                 f"{type(value).__name__}")
+        if direct_reads is not None and not isinstance(direct_reads, bool):
+            raise TypeError(f"granary.Dataset direct_reads must be a bool or None (for "
+                            f"$GRANARY_DIRECT_READS), not {type(direct_reads).__name__}")
         if isinstance(lookahead, bool) or not isinstance(lookahead, int):
             raise TypeError(f"granary.Dataset lookahead must be an int, not "
                             f"{type(lookahead).__name__}")
@@ -97,6 +107,8 @@ class Dataset:
         self.zero_copy = zero_copy
         self.lookahead = lookahead
         self.verify_checksums = verify_checksums
+        self.direct_reads = (direct_reads if direct_reads is not None
+                             else os.environ.get("GRANARY_DIRECT_READS", "1") != "0")
         self._session: Optional[_native.Session] = None
         self._fork: Optional[int] = None  # _forks when the session was opened
         self._len: Optional[int] = None
@@ -114,7 +126,8 @@ class Dataset:
             session = _native.Session(self.name, socket=self.socket or "",
                                       client_name=f"python/{os.getpid()}",
                                       lookahead=self.lookahead,
-                                      verify_checksums=self.verify_checksums)
+                                      verify_checksums=self.verify_checksums,
+                                      direct_reads=self.direct_reads)
             self._session = session
             self._fork = _forks
             self._len = session.sample_count

@@ -74,6 +74,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <list>
@@ -223,6 +224,9 @@ class Session {
   Status ReadDirect(uint32_t id, std::span<char> out);
   // Why direct reads are off (OK while they are on).
   Status direct_status() const;
+  // Whether direct reads may still happen (no lock: for callers that would
+  // otherwise pay for a lock or a GIL switch on every sample).
+  bool direct_reads_on() const { return direct_on_.load(std::memory_order_relaxed); }
   DirectReadCounters direct_counters() const;
 
   // Announces the session's plan (enables Next and exact prefetch).
@@ -344,7 +348,8 @@ class Session {
   // Guards the direct-read tables below; never held across I/O but a stat.
   // Taken after mu_ when both are held.
   mutable std::mutex direct_mu_;
-  Status direct_off_;  // not OK: direct reads are off for the session, and why
+  std::atomic<bool> direct_on_{true};  // options_.direct_reads && direct_off_.ok()
+  Status direct_off_;                  // not OK: direct reads are off for the session, and why
   std::unordered_map<uint32_t, DirectExtent> direct_;  // id -> where it lies
   // Ids to read through the arena until the time given (bounded).
   std::unordered_map<uint32_t, Clock::time_point> direct_elsewhere_;
