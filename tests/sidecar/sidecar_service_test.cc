@@ -243,9 +243,9 @@ TEST_F(SidecarServiceTest, OpenRefusesADatasetOutsideItsDatasetsOption) {
 TEST_F(SidecarServiceTest, RequestsBeforeOpenAreRefused) {
   SidecarSession s;
   ASSERT_OK(service_->Hello(s, HelloFrom("test")));
-  const std::vector<sp::Request> requests = {sp::SetPlan{},    sp::Get{},  sp::Next{},
-                                             sp::Release{},    sp::Stat{}, sp::Lookup{},
-                                             sp::Directories{}};
+  const std::vector<sp::Request> requests = {sp::SetPlan{},     sp::Get{},          sp::Next{},
+                                             sp::Release{},     sp::Stat{},         sp::Lookup{},
+                                             sp::Directories{}, sp::ChunkFiles{{0}}};
   for (const sp::Request& request : requests) {
     SidecarAnswer a = service_->Handle(s, request);
     EXPECT_EQ(a.error.code(), StatusCode::kFailedPrecondition) << request.index();
@@ -402,6 +402,36 @@ TEST_F(SidecarServiceTest, StatLookupAndDirectoriesAnswerFromTheManifest) {
   EXPECT_EQ(names, (std::set<std::string>{"d0", "d1", "d2"}));
   Result<sp::DirectoriesReply> dirs_past = service_->Directories(s, sp::Directories{4, 1});
   EXPECT_EQ(dirs_past.status().code(), StatusCode::kOutOfRange);
+}
+
+// Chunk files go only to root, the sidecar's own uid and the dataset owner;
+// anyone else (or a peer whose uid is unknown) is refused the whole request
+// and handed no descriptor.
+TEST_F(SidecarServiceTest, ChunkFilesAreRefusedToOtherUidsAndWithoutALocalNode) {
+  EXPECT_TRUE(SidecarService::MayHaveChunkFiles(0, 1234));
+  EXPECT_TRUE(SidecarService::MayHaveChunkFiles(::geteuid(), 1234));
+  EXPECT_TRUE(SidecarService::MayHaveChunkFiles(1234, 1234));
+  EXPECT_EQ(SidecarService::MayHaveChunkFiles(1235, 1234), ::geteuid() == 1235);
+
+  SidecarSession s = OpenSession();
+  // Neither root, this process (the sidecar) nor the owner (also this process).
+  s.uid = ::geteuid() == 0 ? 65534u : ::geteuid() + 1;
+  SidecarAnswer refused = service_->Handle(s, sp::ChunkFiles{{0, 1}});
+  EXPECT_EQ(refused.error.code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.error.message(),
+              AllOf(HasSubstr("uid " + std::to_string(*s.uid)), HasSubstr("arena")));
+  EXPECT_TRUE(refused.owned_fds.empty());
+  EXPECT_EQ(metrics_.chunk_files_refused->Value(), 1);
+  s.uid.reset();
+  EXPECT_EQ(service_->Handle(s, sp::ChunkFiles{{0}}).error.code(), StatusCode::kPermissionDenied);
+
+  // The owner, but this sidecar reads no local node's files (no local_node_socket).
+  s.uid = ::getuid();
+  SidecarAnswer off = service_->Handle(s, sp::ChunkFiles{{0}});
+  EXPECT_EQ(off.error.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(off.error.message(), HasSubstr("local_node_socket"));
+  EXPECT_TRUE(off.owned_fds.empty());
+  EXPECT_EQ(metrics_.chunk_files_handed->Value(), 0);
 }
 
 }  // namespace
