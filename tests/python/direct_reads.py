@@ -1,7 +1,7 @@
 """granary.Dataset's direct reads against a real sidecar whose cache node hands
 it chunk files: ds[i] and __getitems__ read staged samples from the chunk
 files (counted by the session), every byte equal to the source's; in a forked
-child too; and nothing is read directly with direct_reads=False or
+child and in spawned DataLoader workers too; and nothing is read directly with direct_reads=False or
 $GRANARY_DIRECT_READS=0."""
 
 import argparse
@@ -10,6 +10,30 @@ import random
 
 import granary
 from granary_test_util import check, read_source
+
+try:
+    import torch.utils.data
+except ImportError:  # the venvs of the pyenv CPythons have the wheel and nothing else
+    torch = None
+
+
+class Probe:
+    """A map-style dataset over granary.Dataset whose items say how many
+    samples the worker's session read directly so far (picklable: spawn)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        data = self.inner[i]
+        return i, data, self.inner.session.direct_counters()["samples"]
+
+
+def as_list(batch):
+    return batch
 
 
 def main():
@@ -46,6 +70,22 @@ def main():
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "forked child's direct reads")
+
+    # Spawned DataLoader workers (each opens its own session from the pickled
+    # dataset) read every sample right, directly where they can.
+    if torch is not None:
+        loader = torch.utils.data.DataLoader(Probe(granary.Dataset(a.dataset)), batch_size=16,
+                                             num_workers=2, multiprocessing_context="spawn",
+                                             collate_fn=as_list)
+        seen = 0
+        direct_in_workers = 0
+        for batch in loader:
+            for i, data, direct in batch:
+                check(data == source[i], f"spawned worker's sample {i}")
+                direct_in_workers = max(direct_in_workers, direct)
+                seen += 1
+        check(seen == n, f"spawned workers delivered {seen} of {n}")
+        check(direct_in_workers > 0, "spawned workers read no chunk file")
 
     # Off: through the arena only.
     off = granary.Dataset(a.dataset, direct_reads=False)
