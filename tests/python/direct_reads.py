@@ -1,8 +1,8 @@
 """granary.Dataset's direct reads against a real sidecar whose cache node hands
 it chunk files: ds[i] and __getitems__ read staged samples from the chunk
 files (counted by the session), every byte equal to the source's; in a forked
-child and in spawned DataLoader workers too; and nothing is read directly with direct_reads=False or
-$GRANARY_DIRECT_READS=0."""
+child and in spawned DataLoader workers too; and nothing is read directly
+with direct_reads=False or $GRANARY_DIRECT_READS=0."""
 
 import argparse
 import os
