@@ -1,7 +1,7 @@
 // granary::operator's pieces that need no API server: quantities, names,
-// grants, mounts, conditions, kubeconfig parsing, the work queue, the
-// webhook's registration (options, renewal decision, objects). The
-// reconcilers against a real control plane: tests/integration/kubernetes/operator_test.cc.
+// grants, mounts, conditions, why cache-node pods do not run, kubeconfig parsing, the work queue,
+// the webhook's registration (options, renewal decision, objects). The reconcilers against a real
+// control plane: tests/integration/kubernetes/operator_test.cc.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include "granary/core/metadata_store.h"
 #include "granary/kube/base64.h"
 #include "granary/kube/kube_config.h"
+#include "granary/operator/cache_node_pods.h"
 #include "granary/operator/resources.h"
 #include "granary/operator/webhook_cert.h"
 #include "granary/operator/webhook_registration.h"
@@ -23,6 +24,7 @@ namespace granary::kube {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(Base64Test, RoundTripsAndRefusesNonBase64) {
   for (const std::string& s :
@@ -368,6 +370,200 @@ TEST(ConditionTest, KeepsTransitionTimeWhileStatusHolds) {
   SetCondition(conditions, "Ready", true, "Ready", "done", 2, "t3");
   EXPECT_EQ(conditions[0]["lastTransitionTime"], "t3");
   EXPECT_EQ(conditions[0]["status"], "True");
+}
+
+// A cache-node pod of pool "gpu" as the API server returns it, with
+// `status` as the kubelet wrote it.
+Json CacheNodePod(const std::string& name, const Json& status) {
+  return {{"metadata",
+           {{"name", name},
+            {"namespace", "granary"},
+            {"uid", "uid-" + name},
+            {"labels", {{"granary.io/pool", "gpu"}}}}},
+          {"spec", {{"nodeName", "node-" + name}}},
+          {"status", status}};
+}
+
+Json Waiting(const std::string& reason, const std::string& message, const Json& last = nullptr) {
+  Json cs = {{"name", "cachenode"},
+             {"image", "registry.example/granary:9"},
+             {"restartCount", 3},
+             {"state", {{"waiting", {{"reason", reason}, {"message", message}}}}}};
+  if (!last.is_null()) cs["lastState"] = {{"terminated", last}};
+  return {{"phase", "Running"}, {"containerStatuses", Json::array({cs})}};
+}
+
+CachePool PoolForPods() {
+  CachePool pool;
+  pool.name = "gpu";
+  pool.image = "registry.example/granary:9";
+  pool.image_pull_policy = "IfNotPresent";
+  pool.storage_host_path = "/nvme/granary";
+  pool.node_socket_host_path = "/var/run/granary/gpu";
+  pool.source_mounts.push_back({"shared", "/mnt/shared", "", "", "/mnt/shared"});
+  pool.source_mounts.push_back({"claims", "", "data-claim", "", "/mnt/claims"});
+  return pool;
+}
+
+TEST(CacheNodePodsTest, RunningAndStartingPodsHaveNoTrouble) {
+  const CachePool pool = PoolForPods();
+  const Json running = {
+      {"phase", "Running"},
+      {"containerStatuses",
+       Json::array({{{"name", "cachenode"},
+                     {"restartCount", 1},
+                     {"state", {{"running", Json::object()}}},
+                     {"lastState", {{"terminated", {{"exitCode", 1}, {"message", "old"}}}}}}})}};
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", running)}, {}), std::nullopt);
+  const Json creating = {
+      {"phase", "Pending"},
+      {"containerStatuses",
+       Json::array({{{"name", "cachenode"},
+                     {"state", {{"waiting", {{"reason", "ContainerCreating"}}}}}}})}};
+  EXPECT_TRUE(CreatingContainers(CacheNodePod("b", creating)));
+  EXPECT_FALSE(CreatingContainers(CacheNodePod("a", running)));
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("b", creating)}, {}), std::nullopt);
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {}, {}), std::nullopt);
+}
+
+TEST(CacheNodePodsTest, AnImageThatCannotBePulledNamesTheImageTheNodeAndWhatToDo) {
+  const CachePool pool = PoolForPods();
+  const std::string error =
+      "failed to pull and unpack image \"registry.example/granary:9\": not found";
+  std::optional<CacheNodeTrouble> pull =
+      DiagnoseCacheNodePods(pool, {CacheNodePod("a", Waiting("ErrImagePull", error))}, {});
+  ASSERT_TRUE(pull.has_value());
+  EXPECT_EQ(pull->reason, "ImagePullFailed");
+  EXPECT_EQ(pull->pod, "granary/a");
+  EXPECT_EQ(pull->node, "node-a");
+  EXPECT_THAT(pull->message, HasSubstr("granary/a on node node-a cannot pull image "
+                                       "'registry.example/granary:9': " +
+                                       error));
+  EXPECT_THAT(pull->message, HasSubstr("spec.image"));
+  // Backing off between pulls says the same, so the condition holds still.
+  std::optional<CacheNodeTrouble> backoff = DiagnoseCacheNodePods(
+      pool,
+      {CacheNodePod("a", Waiting("ImagePullBackOff",
+                                 "Back-off pulling image \"registry.example/granary:9\": "
+                                 "ErrImagePull: " +
+                                     error))},
+      {});
+  ASSERT_TRUE(backoff.has_value());
+  EXPECT_EQ(backoff->message, pull->message);
+  CachePool never = pool;
+  never.image_pull_policy = "Never";
+  EXPECT_THAT(
+      DiagnoseCacheNodePods(never, {CacheNodePod("a", Waiting("ErrImageNeverPull", "x"))}, {})
+          ->message,
+      HasSubstr("imagePullPolicy is Never"));
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", Waiting("InvalidImageName", "x"))}, {})
+                ->reason,
+            "ImagePullFailed");
+}
+
+TEST(CacheNodePodsTest, AContainerThatExitsShowsItsLastWords) {
+  const CachePool pool = PoolForPods();
+  const std::string words =
+      "2026-12-02T14:47:22.304 info [store] created metadata store\n"
+      "granary-cachenode: PermissionDenied: opening the chunk store (`data_dir`): open chunk "
+      "store /nvme/granary/gpu: create the directory: Permission denied\n";
+  std::optional<CacheNodeTrouble> crash = DiagnoseCacheNodePods(
+      pool,
+      {CacheNodePod("a", Waiting("CrashLoopBackOff", "back-off 40s restarting failed container",
+                                 {{"exitCode", 1}, {"reason", "Error"}, {"message", words}}))},
+      {});
+  ASSERT_TRUE(crash.has_value());
+  EXPECT_EQ(crash->reason, "CacheNodeCrashing");
+  EXPECT_THAT(crash->message,
+              HasSubstr("granary/a on node node-a exits with exit code 1 (Error): "
+                        "granary-cachenode: PermissionDenied: opening the chunk store"));
+  EXPECT_THAT(crash->message, Not(HasSubstr("created metadata store")));  // the last line only
+  EXPECT_THAT(crash->message, Not(HasSubstr("back-off 40s")));  // changes with every restart
+  // Terminated now (before the back-off), without a message: where its log is.
+  Json ended = {
+      {"phase", "Running"},
+      {"containerStatuses",
+       Json::array({{{"name", "cachenode"}, {"state", {{"terminated", {{"exitCode", 2}}}}}}})}};
+  EXPECT_THAT(DiagnoseCacheNodePods(pool, {CacheNodePod("a", ended)}, {})->message,
+              HasSubstr("exit code 2 and left no message; `kubectl logs -n granary a --previous`"));
+  // A clean exit (a stop) is no trouble.
+  ended["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 0;
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", ended)}, {}), std::nullopt);
+  EXPECT_THAT(DiagnoseCacheNodePods(
+                  pool,
+                  {CacheNodePod("a", Waiting("CrashLoopBackOff", "",
+                                             {{"exitCode", 137}, {"reason", "OOMKilled"}}))},
+                  {})
+                  ->message,
+              HasSubstr("(OOMKilled): it ran out of its memory limit; raise the CachePool's "
+                        "spec.resources.limits.memory"));
+  std::optional<CacheNodeTrouble> config = DiagnoseCacheNodePods(
+      pool,
+      {CacheNodePod("a", Waiting("CreateContainerConfigError",
+                                 "secret \"granary-cachenode-gpu-store\" not found"))},
+      {});
+  ASSERT_TRUE(config.has_value());
+  EXPECT_EQ(config->reason, "CacheNodeNotCreated");
+  EXPECT_THAT(config->message, HasSubstr("(CreateContainerConfigError: secret "
+                                         "\"granary-cachenode-gpu-store\" not found)"));
+}
+
+TEST(CacheNodePodsTest, AVolumeTheKubeletCannotMountIsNamedAsTheSpecNamesIt) {
+  const CachePool pool = PoolForPods();
+  const Json creating = {{"phase", "Pending"}};
+  const std::string source =
+      "MountVolume.SetUp failed for volume \"source-shared\" : hostPath type check failed: "
+      "/mnt/shared is not a directory";
+  std::optional<CacheNodeTrouble> t = DiagnoseCacheNodePods(
+      pool, {CacheNodePod("a", creating)}, {{"granary/a", {"older message", source}}});
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->reason, "SourceMountFailed");
+  EXPECT_EQ(t->source_mount, "shared");
+  EXPECT_THAT(t->message, HasSubstr("granary/a on node node-a cannot mount "
+                                    "spec.sourceMounts['shared'] (hostPath /mnt/shared at "
+                                    "/mnt/shared): " +
+                                    source));
+  EXPECT_THAT(t->message, Not(HasSubstr("older message")));  // the newest Event
+  t = DiagnoseCacheNodePods(pool, {CacheNodePod("a", creating)},
+                            {{"granary/a",
+                              {"MountVolume.SetUp failed for volume \"source-claims\" : claim "
+                               "gone"}}});
+  EXPECT_EQ(t->source_mount, "claims");
+  EXPECT_THAT(t->message, HasSubstr("persistentVolumeClaim 'data-claim' at /mnt/claims"));
+  t = DiagnoseCacheNodePods(
+      pool, {CacheNodePod("a", creating)},
+      {{"granary/a", {"MountVolume.SetUp failed for volume \"data\" : read-only file system"}}});
+  EXPECT_EQ(t->reason, "VolumeMountFailed");
+  EXPECT_EQ(t->source_mount, "");
+  EXPECT_THAT(t->message, HasSubstr("cannot mount spec.storage.hostPath /nvme/granary: "));
+  // A pod that runs had its mounts: old Events of it say nothing now.
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", {{"phase", "Running"}})},
+                                  {{"granary/a", {source}}}),
+            std::nullopt);
+}
+
+TEST(CacheNodePodsTest, SeveralFailingPodsTheFirstByNameIsDescribedAndTheOthersCounted) {
+  const CachePool pool = PoolForPods();
+  Json deleting = CacheNodePod("a", Waiting("ErrImagePull", "gone"));
+  deleting["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z";
+  std::optional<CacheNodeTrouble> t = DiagnoseCacheNodePods(
+      pool,
+      {CacheNodePod("d", Waiting("ErrImagePull", "x")), CacheNodePod("c", {{"phase", "Running"}}),
+       deleting,
+       CacheNodePod("b", Waiting("CrashLoopBackOff", "", {{"exitCode", 1}, {"message", "m"}}))},
+      {});
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->pod, "granary/b");
+  EXPECT_EQ(t->reason, "CacheNodeCrashing");
+  EXPECT_EQ(t->pods_failing, 2);
+  EXPECT_THAT(t->message, HasSubstr("(and 1 more of the pool's 3 cache-node pods do not run)"));
+}
+
+TEST(CacheNodePodsTest, LastLineOfATerminationMessage) {
+  EXPECT_EQ(LastLine(""), "");
+  EXPECT_EQ(LastLine("one"), "one");
+  EXPECT_EQ(LastLine("one\ntwo\n\n"), "two");
+  EXPECT_EQ(LastLine(std::string(700, 'x')).size(), 600u);
 }
 
 TEST(KubeConfigTest, ReadsContextsCertificatesAndTokens) {

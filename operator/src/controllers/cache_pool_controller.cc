@@ -151,6 +151,14 @@ namespace {
 
 // The cache node's ports: data, metrics, and the fabric's with transport
 // libfabric.
+bool IsCacheNodeTrouble(const std::string& reason) {
+  for (std::string_view r : {kImagePullFailed, kCacheNodeCrashing, kCacheNodeNotCreated,
+                             kVolumeMountFailed, kSourceMountFailed}) {
+    if (reason == r) return true;
+  }
+  return false;
+}
+
 Json ContainerPorts(const CachePool& pool) {
   Json ports = Json::array(
       {{{"name", "data"}, {"containerPort", pool.data_port}, {"protocol", "TCP"}},
@@ -246,6 +254,9 @@ Json CacheNodeDaemonSet(const CachePool& pool, const OperatorOptions& options,
         {"periodSeconds", 10},
         {"failureThreshold", 6}}},
       {"volumeMounts", mounts},
+      // A cache node that cannot start says why on stderr and exits: its
+      // last lines become the termination message the pool's status shows.
+      {"terminationMessagePolicy", "FallbackToLogsOnError"},
       // Root, to take each dataset owner's identity when reading its source
       // (setuid/setgid) and to own the chunk store; nothing else.
       {"securityContext",
@@ -407,9 +418,31 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
     }
   }
   const bool all_ready = desired > 0 && ready == desired;
-  SetCondition(conditions, "Ready", all_ready, all_ready ? "NodesReady" : "NodesNotReady",
-               std::to_string(ready) + " of " + std::to_string(desired) + " cache nodes ready",
-               generation, now);
+  const std::string counts =
+      std::to_string(ready) + " of " + std::to_string(desired) + " cache nodes ready";
+  // What the kubelet says of pods that do not run: the reason replaces
+  // NodesNotReady, with an Event when it changes.
+  std::optional<CacheNodeTrouble> trouble = c.CacheNodeTroubleOf(pool);
+  std::string was_reason, was_message;
+  for (const Json& cond : conditions) {
+    if (cond.value("type", "") != "Ready") continue;
+    was_reason = cond.value("reason", "");
+    was_message = cond.value("message", "");
+  }
+  if (all_ready || !trouble) {
+    SetCondition(conditions, "Ready", all_ready, all_ready ? "NodesReady" : "NodesNotReady", counts,
+                 generation, now);
+    if (all_ready && IsCacheNodeTrouble(was_reason)) {
+      c.Event(*object, "Normal", "NodesReady",
+              counts + ": the cache-node pods run again (they had " + was_reason + ")");
+    }
+  } else {
+    const std::string message = trouble->message + " (" + counts + ")";
+    if (trouble->reason != was_reason || message != was_message) {
+      c.Event(*object, "Warning", trouble->reason, message);
+    }
+    SetCondition(conditions, "Ready", false, trouble->reason, message, generation, now);
+  }
   status["conditions"] = conditions;
   status["observedGeneration"] = generation;
   if (status != object->value("status", Json::object())) {

@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+
 #include "granary/core/log.h"
 #include "granary/core/names.h"
 #include "granary/kube/base64.h"
@@ -147,6 +149,59 @@ Status ControllerContext::SetFinalizers(const std::string& path, const Json& obj
       {"metadata",
        {{"finalizers", finalizers}, {"resourceVersion", meta.value("resourceVersion", "")}}}};
   return client().MergePatch(path, patch).status();
+}
+
+std::optional<CacheNodeTrouble> ControllerContext::CacheNodeTroubleOf(const CachePool& pool) {
+  std::vector<Json> pods;
+  if (pods_ != nullptr && pods_->synced()) {
+    pods_->Visit([&](const Json& pod) {
+      const Json& meta = pod["metadata"];
+      if (meta.value("labels", Json::object()).value("granary.io/pool", "") == pool.name) {
+        pods.push_back(pod);
+      }
+    });
+  }
+  // The kubelet says why it cannot mount a volume only in Events on the pod.
+  std::map<std::string, std::vector<std::string>> failed_mounts;
+  int asked = 0;
+  for (const Json& pod : pods) {
+    if (!CreatingContainers(pod) || ++asked > 3) continue;
+    const Json& meta = pod["metadata"];
+    const std::string ns = meta.value("namespace", "");
+    const std::string name = meta.value("name", "");
+    Result<Json> events = client_.Get(
+        "/api/v1/namespaces/" + ns + "/events?fieldSelector=" +
+        UrlEncode("involvedObject.kind=Pod,involvedObject.name=" + name + ",reason=FailedMount"));
+    if (!events.ok()) continue;  // without the right to list Events: the counts only
+    std::vector<std::pair<std::string, std::string>> said;  // (when, message)
+    for (const Json& e : events->value("items", Json::array())) {
+      if (e.value("involvedObject", Json::object()).value("uid", "") != meta.value("uid", "")) {
+        continue;  // a pod of the same name before this one
+      }
+      std::string when =
+          e.value("lastTimestamp", Json()).is_string() ? e["lastTimestamp"].get<std::string>()
+          : e.value("eventTime", Json()).is_string()   ? e["eventTime"].get<std::string>()
+                                                     : e["metadata"].value("creationTimestamp", "");
+      said.emplace_back(when, e.value("message", ""));
+    }
+    std::sort(said.begin(), said.end());
+    for (auto& [when, message] : said) failed_mounts[ns + "/" + name].push_back(message);
+  }
+  std::optional<CacheNodeTrouble> trouble = DiagnoseCacheNodePods(pool, pods, failed_mounts);
+  std::lock_guard lock(mu_);
+  if (trouble) {
+    troubles_[pool.name] = *trouble;
+  } else {
+    troubles_.erase(pool.name);
+  }
+  return trouble;
+}
+
+std::optional<CacheNodeTrouble> ControllerContext::LastCacheNodeTrouble(const std::string& pool) {
+  std::lock_guard lock(mu_);
+  auto it = troubles_.find(pool);
+  if (it == troubles_.end()) return std::nullopt;
+  return it->second;
 }
 
 }  // namespace granary::kube

@@ -19,6 +19,7 @@
 
 #include "granary/core/metadata_store.h"
 #include "granary/kube/kube_client.h"
+#include "granary/operator/cache_node_pods.h"
 #include "granary/operator/informer.h"
 #include "granary/operator/operator.h"
 #include "granary/operator/resources.h"
@@ -39,6 +40,9 @@ class ControllerContext {
   Informer& pools() { return *pools_; }
   Informer& datasets() { return *datasets_; }
   void SetNamespaces(Informer* namespaces) { namespaces_ = namespaces; }
+  // The cache-node pods of the operator's namespace (what the kubelet says
+  // of them: CacheNodeTroubleOf).
+  void SetPods(Informer* pods) { pods_ = pods; }
   // Where Secret(ns, name) looks first: an answer (the object, or kNotFound)
   // when an informer that has listed holds that Secret's collection; nullopt
   // when none does (then the API server is asked).
@@ -58,6 +62,15 @@ class ControllerContext {
   Result<MetadataStore*> StoreFor(const CachePool& pool);
   // The store at `url` (StoreUrl's answer), opened once and kept.
   Result<MetadataStore*> StoreAt(const std::string& url, const CachePool& pool);
+
+  // Why pool `pool`'s cache-node pods do not run (cache_node_pods.h), from
+  // the pod informer and, for a pod still creating its containers, its
+  // FailedMount Events (one list per such pod, at most a few pods). nullopt
+  // when none has a trouble, or the pod informer has not listed (an
+  // operator without the RBAC to watch pods reports only the counts). The
+  // answer is kept for the pool's Datasets: LastCacheNodeTrouble.
+  std::optional<CacheNodeTrouble> CacheNodeTroubleOf(const CachePool& pool);
+  std::optional<CacheNodeTrouble> LastCacheNodeTrouble(const std::string& pool);
 
   // Records a core/v1 Event about `object` (deduplicated: the same reason and
   // message for the same object at most once per 10 minutes).
@@ -81,10 +94,13 @@ class ControllerContext {
   Informer* pools_ = nullptr;
   Informer* datasets_ = nullptr;
   Informer* namespaces_ = nullptr;
+  Informer* pods_ = nullptr;
   SecretCache secret_cache_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<MetadataStore>> stores_;  // by URL; guarded by mu_
   std::map<std::string, std::chrono::steady_clock::time_point> events_;
+  // By pool name: CacheNodeTroubleOf's last answer; guarded by mu_.
+  std::map<std::string, CacheNodeTrouble> troubles_;
   // path -> (hash of the body applied, when); guarded by mu_.
   std::map<std::string, std::pair<uint64_t, std::chrono::steady_clock::time_point>> applied_;
 };

@@ -316,6 +316,23 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
   if (!pool.ok()) return Refuse(c, object, "PoolInvalid", pool.status());
   Result<SourceMount> mount = MountOf(*pool, d.source);
   if (!mount.ok()) return Refuse(c, object, "SourceNotMounted", mount.status());
+  // The mount is in the pool's spec but its cache nodes cannot mount it
+  // (the pool's reconcile read that from the kubelet): nothing can be read.
+  if (std::optional<CacheNodeTrouble> trouble = c.LastCacheNodeTrouble(d.pool);
+      trouble && trouble->reason == kSourceMountFailed && trouble->source_mount == mount->name) {
+    std::string mounts;
+    for (const SourceMount& m : pool->source_mounts) {
+      mounts += (mounts.empty() ? "" : ", ") + Quoted(m.name) + " (" +
+                (m.host_path.empty() ? "claim " + m.pvc_claim : m.host_path) + " at " +
+                m.mount_path + ")";
+    }
+    return Refuse(
+        c, object, std::string(kSourceMountFailed),
+        Status::FailedPrecondition("spec.source " + Quoted(d.source) + " is under source mount " +
+                                   Quoted(mount->name) + " of CachePool " + Quoted(d.pool) +
+                                   " (its sourceMounts: " + mounts +
+                                   "), which its cache nodes cannot mount: " + trouble->message));
+  }
   Result<Json> ns = c.Namespace(d.namespace_);
   if (!ns.ok()) return ns.status();
   Status granted = CheckGrant(*ns, d.run_as_uid, d.run_as_gid);

@@ -64,6 +64,25 @@ class Operator::Impl {
           });
         });
     context_.SetNamespaces(namespace_informer_.get());
+    // The cache-node pods of the operator's namespace: what the kubelet says
+    // of them (an image it cannot pull, a container that exits) reaches
+    // their pool's status at once.
+    InformerOptions pods;
+    pods.collection_path = "/api/v1/namespaces/" + options_.namespace_ + "/pods";
+    pods.label_selector = "app.kubernetes.io/name=granary-cachenode";
+    pods.resync = options_.resync;
+    pod_informer_ = std::make_unique<Informer>(client_, pods, [this](const std::string& key) {
+      std::optional<Json> pod = pod_informer_->Get(key);
+      const std::string pool =
+          pod ? (*pod)["metadata"].value("labels", Json::object()).value("granary.io/pool", "")
+              : "";
+      if (!pool.empty()) {
+        pool_queue_.Add(pool);
+      } else {
+        for (const std::string& k : pool_informer_->Keys()) pool_queue_.Add(k);  // a pod went
+      }
+    });
+    context_.SetPods(pod_informer_.get());
     // The cluster key's Secret (one Secret, by a field selector): a rotated
     // key reaches every pool's cache nodes at once.
     InformerOptions cluster_key;
@@ -93,6 +112,7 @@ class Operator::Impl {
     dataset_informer_->Start();
     namespace_informer_->Start();
     cluster_key_informer_->Start();
+    pod_informer_->Start();
     if (options_.leader_elect) {
       LeaderElectionOptions le;
       le.lease_namespace = options_.namespace_;
@@ -143,6 +163,7 @@ class Operator::Impl {
     if (webhook_secret_informer_) webhook_secret_informer_->Stop();
     if (namespace_informer_) namespace_informer_->Stop();
     if (cluster_key_informer_) cluster_key_informer_->Stop();
+    if (pod_informer_) pod_informer_->Stop();
     std::map<std::string, std::unique_ptr<Informer>> secrets;
     {
       std::lock_guard lock(store_secrets_mu_);
@@ -521,6 +542,7 @@ class Operator::Impl {
   std::unique_ptr<Informer> webhook_secret_informer_;
   std::unique_ptr<Informer> namespace_informer_;
   std::unique_ptr<Informer> cluster_key_informer_;
+  std::unique_ptr<Informer> pod_informer_;
   std::string served_cert_pem_;  // webhook_secret_informer_'s thread only
   std::mutex store_secrets_mu_;
   // By "ns/name" of a pool's store Secret, and by StoreCopiesKey(pool) for
