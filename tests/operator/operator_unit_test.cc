@@ -479,6 +479,14 @@ TEST(CacheNodePodsTest, AContainerThatExitsShowsItsLastWords) {
                         "granary-cachenode: PermissionDenied: opening the chunk store"));
   EXPECT_THAT(crash->message, Not(HasSubstr("created metadata store")));  // the last line only
   EXPECT_THAT(crash->message, Not(HasSubstr("back-off 40s")));  // changes with every restart
+  // Started again after that exit and not ready yet: still crashing.
+  Json restarted = Waiting("x", "", {{"exitCode", 1}, {"message", words}});
+  restarted["containerStatuses"][0]["state"] = {{"running", Json::object()}};
+  restarted["containerStatuses"][0]["ready"] = false;
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", restarted)}, {})->message,
+            crash->message);
+  restarted["containerStatuses"][0]["ready"] = true;  // and now it serves
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", restarted)}, {}), std::nullopt);
   // Terminated now (before the back-off), without a message: where its log is.
   Json ended = {
       {"phase", "Running"},

@@ -91,7 +91,12 @@ std::optional<PodTrouble> TroubleOf(const CachePool& pool, const Json& pod,
                                  ? Field(state, "terminated")
                                  : Field(Field(cs, "lastState"), "terminated");
     const int64_t code = terminated.value("exitCode", int64_t{0});
-    if (reason == "CrashLoopBackOff" || (!Field(state, "terminated").empty() && code != 0)) {
+    // Started again after exiting, and not ready yet: still the crash the
+    // kubelet reported a moment ago (the condition holds while it loops).
+    const bool restarting = !Field(state, "running").empty() && !cs.value("ready", false) &&
+                            !Field(Field(cs, "lastState"), "terminated").empty() && code != 0;
+    if (reason == "CrashLoopBackOff" || (!Field(state, "terminated").empty() && code != 0) ||
+        restarting) {
       std::string what = where + " exits";
       if (!terminated.empty()) {
         what += " with exit code " + std::to_string(code);

@@ -417,31 +417,33 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
                    generation, now);
     }
   }
-  const bool all_ready = desired > 0 && ready == desired;
+  // What the kubelet says of pods that do not run: the reason replaces
+  // NodesNotReady, with an Event when it changes. A pod's trouble counts
+  // before the DaemonSet's counts catch up with it.
+  std::optional<CacheNodeTrouble> trouble = c.CacheNodeTroubleOf(pool);
+  const bool all_ready = desired > 0 && ready == desired && !trouble;
   const std::string counts =
       std::to_string(ready) + " of " + std::to_string(desired) + " cache nodes ready";
-  // What the kubelet says of pods that do not run: the reason replaces
-  // NodesNotReady, with an Event when it changes.
-  std::optional<CacheNodeTrouble> trouble = c.CacheNodeTroubleOf(pool);
   std::string was_reason, was_message;
   for (const Json& cond : conditions) {
     if (cond.value("type", "") != "Ready") continue;
     was_reason = cond.value("reason", "");
     was_message = cond.value("message", "");
   }
-  if (all_ready || !trouble) {
+  if (!trouble) {
     SetCondition(conditions, "Ready", all_ready, all_ready ? "NodesReady" : "NodesNotReady", counts,
                  generation, now);
-    if (all_ready && IsCacheNodeTrouble(was_reason)) {
-      c.Event(*object, "Normal", "NodesReady",
-              counts + ": the cache-node pods run again (they had " + was_reason + ")");
+    if (IsCacheNodeTrouble(was_reason)) {
+      c.Event(*object, "Normal", "CacheNodesRecovered",
+              "the cache-node pods no longer report " + was_reason + " (" + counts + ")");
     }
   } else {
-    const std::string message = trouble->message + " (" + counts + ")";
-    if (trouble->reason != was_reason || message != was_message) {
-      c.Event(*object, "Warning", trouble->reason, message);
+    // The counts are in status.nodesReady, kept out of the message: it then
+    // changes only with what the kubelet says.
+    if (trouble->reason != was_reason || trouble->message != was_message) {
+      c.Event(*object, "Warning", trouble->reason, trouble->message);
     }
-    SetCondition(conditions, "Ready", false, trouble->reason, message, generation, now);
+    SetCondition(conditions, "Ready", false, trouble->reason, trouble->message, generation, now);
   }
   status["conditions"] = conditions;
   status["observedGeneration"] = generation;

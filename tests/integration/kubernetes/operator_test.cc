@@ -6,7 +6,9 @@
 // granary-cachenode process (PodRunner), a real Redis as the metadata store,
 // and the operator itself a real process (or, for the informer's relist, the
 // library in process). The cases add the example Dataset and Datasets of
-// their own in team-a, replicas of the operator, and kill and restart them.
+// their own in team-a, replicas of the operator, and kill and restart them;
+// one adds a pool whose pod kwok fakes and writes that pod's status as the
+// kubelet would (an image it cannot pull, a crash, a mount it cannot make).
 // The last cases run the operator with its sidecar webhook (certificate,
 // registration) and check the store Secret it copies to the Datasets'
 // namespaces.
@@ -339,6 +341,214 @@ TEST_F(OperatorTest, BadDatasetsGetAConditionAndAnEventAndStageNothing) {
   ASSERT_OK(WaitCondition("missing", "Ready", "True", "", seconds(60)));
   Kubectl({"delete", "dataset", "-n", "team-a", "no-pool", "outside", "missing", "unreadable",
            "--timeout=60s"});
+}
+
+// A pool whose cache-node pod does not run, as the kubelet reports it: kwok
+// does not pull images, so the test writes the pod's status through its
+// status subresource the way the kubelet does (waiting ErrImagePull, then
+// CrashLoopBackOff with the real cache node's last words about a data
+// directory it cannot create, then running again, then creating its
+// containers with a FailedMount Event). The pool's image names no Granary
+// image, so PodRunner leaves its pod to kwok; the example pool gpu and its
+// Dataset are not touched.
+TEST_F(OperatorTest, CacheNodePodsThatDoNotRunGiveThePoolAReasonAndRecovery) {
+  const auto files = MakeSource("unaffected", 3, 11);
+  Kubectl({"apply", "-f", "-"}, DatasetYaml("unaffected", suite_->datasets() + "/unaffected"));
+  ASSERT_OK(WaitCondition("unaffected", "Ready", "True", "", seconds(60)));
+  auto ready_since = [&](const Result<json>& object) {
+    return object.ok() ? ConditionField(*object, "Ready", "lastTransitionTime") : "";
+  };
+  const std::string gpu_since = ready_since(cluster().GetJson({"cachepool", "gpu"}));
+  const std::string unaffected_since = ready_since(Dataset("unaffected"));
+  ASSERT_NE(gpu_since, "");
+
+  const std::string image = "registry.invalid/no-such-image:1";
+  const std::string missing_mount = suite_->Join("no-such-mount");
+  Kubectl({"apply", "--validate=strict", "-f", "-"},
+          "apiVersion: granary.io/v1alpha1\nkind: CachePool\nmetadata: {name: broken}\nspec:\n"
+          "  nodeSelector: {granary.io/nvme: \"true\"}\n"
+          "  storage: {hostPath: " +
+              suite_->Join("broken-nvme") +
+              ", capacity: 1Gi}\n"
+              "  sourceMounts: [{name: shared, hostPath: " +
+              missing_mount +
+              "}]\n"
+              "  metadataStore: {secretRef: {name: granary-store, namespace: granary, key: url}}\n"
+              "  nodeSocketHostPath: " +
+              suite_->Join("broken-socket") +
+              "\n"
+              "  image: " +
+              image +
+              "\n"
+              "  ports: {data: " +
+              std::to_string(FreeTcpPort()) + ", metrics: " + std::to_string(FreeTcpPort()) +
+              "}\n");
+  auto pool = [&](const std::string& field, const std::string& type = "Ready") {
+    Result<json> p = cluster().GetJson({"cachepool", "broken"});
+    return p.ok() ? ConditionField(*p, type, field) : "";
+  };
+  auto wait_pool = [&](const std::string& status, const std::string& reason) {
+    Status s =
+        cluster().WaitFor([&] { return pool("status") == status && pool("reason") == reason; },
+                          seconds(30), "CachePool broken Ready=" + status + " " + reason);
+    if (s.ok()) return s;
+    return Status(s.code(),
+                  s.message() + "\n" +
+                      cluster().Kubectl({"get", "cachepool", "broken", "-o", "yaml"}).out +
+                      suite_->OperatorLogs());
+  };
+  // kwok reports the pod Running and Ready first, as a node that pulled it.
+  ASSERT_OK(wait_pool("True", "NodesReady"));
+  Result<json> pods = cluster().GetJson({"pods", "-n", "granary", "-l", "granary.io/pool=broken"});
+  ASSERT_OK(pods);
+  ASSERT_EQ((*pods)["items"].size(), 1u) << pods->dump(1);
+  const json pod = (*pods)["items"][0];
+  const std::string pod_name = pod["metadata"].value("name", "");
+  const std::string node = pod["spec"].value("nodeName", "");
+  ASSERT_EQ(node, "gpu-node-1");
+  EXPECT_EQ(pod["spec"]["containers"][0].value("terminationMessagePolicy", ""),
+            "FallbackToLogsOnError");
+  // Writes the pod's status as the kubelet would: `ready` and one container
+  // status; podIP stays, so kwok leaves the pod alone.
+  auto write_status = [&](const std::string& phase, bool ready, const json& container) {
+    json c = {{"name", "cachenode"}, {"image", image},    {"imageID", ""},
+              {"ready", ready},      {"restartCount", 0}, {"started", ready}};
+    c.update(container);
+    const std::string r = ready ? "True" : "False";
+    json patch = {{"status",
+                   {{"phase", phase},
+                    {"conditions", json::array({{{"type", "PodScheduled"}, {"status", "True"}},
+                                                {{"type", "Initialized"}, {"status", "True"}},
+                                                {{"type", "ContainersReady"}, {"status", r}},
+                                                {{"type", "Ready"}, {"status", r}}})},
+                    {"containerStatuses", json::array({c})}}}};
+    Kubectl({"patch", "pod", "-n", "granary", pod_name, "--subresource=status", "--type=merge",
+             "-p", patch.dump()});
+  };
+  auto pool_events = [&](const std::string& reason) {
+    Result<json> events = cluster().GetJson(
+        {"events", "-n", "default", "--field-selector",
+         "involvedObject.kind=CachePool,involvedObject.name=broken,reason=" + reason});
+    return events.ok() ? (*events)["items"].size() : 0;
+  };
+
+  // 1. The image cannot be pulled.
+  const std::string pull_error = "failed to pull and unpack image \"" + image +
+                                 "\": failed to resolve reference: no such host";
+  write_status("Pending", false,
+               {{"state", {{"waiting", {{"reason", "ErrImagePull"}, {"message", pull_error}}}}}});
+  ASSERT_OK(wait_pool("False", "ImagePullFailed"));
+  const std::string pull_message = pool("message");
+  EXPECT_THAT(pull_message, HasSubstr("granary/" + pod_name +
+                                      " on node gpu-node-1 cannot pull "
+                                      "image '" +
+                                      image + "': " + pull_error));
+  EXPECT_THAT(pull_message, HasSubstr("spec.image"));
+  // Backing off says the same: no new message, no second Event.
+  const std::string backoff =
+      "Back-off pulling image \"" + image + "\": ErrImagePull: " + pull_error;
+  const json backoff_state = {{"waiting", {{"reason", "ImagePullBackOff"}, {"message", backoff}}}};
+  write_status("Pending", false, {{"state", backoff_state}});
+  std::this_thread::sleep_for(seconds(2));  // several reconciles at --progress-interval=300ms
+  EXPECT_EQ(pool("reason"), "ImagePullFailed");
+  EXPECT_EQ(pool("message"), pull_message);
+  EXPECT_EQ(pool_events("ImagePullFailed"), 1u);
+
+  // 2. It runs and exits: the real cache node's last words, with a data
+  // directory it cannot create (under a regular file), as
+  // FallbackToLogsOnError hands them to the status.
+  suite_->WriteFile("broken-file", "not a directory");
+  suite_->WriteFile("broken-cachenode.yaml",
+                    "pool: broken\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\n"
+                    "data_dir: " +
+                        suite_->Join("broken-file") +
+                        "/broken\ncapacity: 1000000\n"
+                        "metadata_store: " +
+                        suite_->redis().url() + "\nserve_without_authentication: true\n");
+  KubectlResult exited = Run({std::string(GRANARY_POD_BIN_DIR) + "/granary-cachenode",
+                              "--config=" + suite_->Join("broken-cachenode.yaml"),
+                              "--node-id=broken-1", "--advertise=127.0.0.1:1"});
+  ASSERT_EQ(exited.exit_code, 1) << exited.Describe();
+  ASSERT_THAT(exited.err, HasSubstr("data_dir"));
+  write_status(
+      "Running", false,
+      {{"restartCount", 3},
+       {"state",
+        {{"waiting",
+          {{"reason", "CrashLoopBackOff"},
+           {"message", "back-off 40s restarting failed container"}}}}},
+       {"lastState",
+        {{"terminated", {{"exitCode", 1}, {"reason", "Error"}, {"message", exited.err}}}}}});
+  ASSERT_OK(wait_pool("False", "CacheNodeCrashing"));
+  const std::string crash_message = pool("message");
+  EXPECT_THAT(crash_message, HasSubstr("on node gpu-node-1 exits with exit code 1 (Error): "));
+  EXPECT_THAT(crash_message, HasSubstr(suite_->Join("broken-file") + "/broken"));
+  EXPECT_THAT(crash_message, HasSubstr("chunk store"));
+  EXPECT_EQ(pool_events("CacheNodeCrashing"), 1u);
+
+  // 3. It runs again: the reason clears, with a Normal Event.
+  write_status("Running", true, {{"state", {{"running", {{"startedAt", kube::NowRfc3339()}}}}}});
+  ASSERT_OK(wait_pool("True", "NodesReady"));
+  EXPECT_EQ(pool("message"), "1 of 1 cache nodes ready");
+  EXPECT_EQ(pool_events("CacheNodesRecovered"), 1u);
+
+  // 4. A source mount the node cannot mount: the kubelet keeps the pod
+  // creating its containers and says why in a FailedMount Event.
+  write_status("Pending", false, {{"state", {{"waiting", {{"reason", "ContainerCreating"}}}}}});
+  const std::string mount_error =
+      "MountVolume.SetUp failed for volume \"source-shared\" : "
+      "hostPath type check failed: " +
+      missing_mount + " is not a directory";
+  const json event = {{"apiVersion", "v1"},
+                      {"kind", "Event"},
+                      {"metadata", {{"name", pod_name + ".failedmount"}, {"namespace", "granary"}}},
+                      {"involvedObject",
+                       {{"apiVersion", "v1"},
+                        {"kind", "Pod"},
+                        {"name", pod_name},
+                        {"namespace", "granary"},
+                        {"uid", pod["metadata"].value("uid", "")}}},
+                      {"reason", "FailedMount"},
+                      {"type", "Warning"},
+                      {"message", mount_error},
+                      {"source", {{"component", "kubelet"}, {"host", node}}},
+                      {"firstTimestamp", kube::NowRfc3339()},
+                      {"lastTimestamp", kube::NowRfc3339()},
+                      {"count", 1}};
+  Kubectl({"create", "-f", "-"}, event.dump());
+  ASSERT_OK(wait_pool("False", "SourceMountFailed"));
+  EXPECT_THAT(pool("message"),
+              HasSubstr("cannot mount spec.sourceMounts['shared'] (hostPath " + missing_mount +
+                        " at " + missing_mount + "): " + mount_error));
+  // A Dataset under that mount says so, and nothing of it reaches the store.
+  Kubectl({"apply", "-f", "-"}, ReplaceAll(DatasetYaml("unmountable", missing_mount + "/train"),
+                                           "cachePool: gpu", "cachePool: broken"));
+  ASSERT_OK(WaitCondition("unmountable", "Ready", "False", "SourceMountFailed", seconds(30)));
+  const std::string dataset_message = ConditionField(*Dataset("unmountable"), "Ready", "message");
+  EXPECT_THAT(dataset_message, HasSubstr("spec.source '" + missing_mount + "/train'"));
+  EXPECT_THAT(dataset_message, HasSubstr("source mount 'shared' of CachePool 'broken' (its "
+                                         "sourceMounts: 'shared' (" +
+                                         missing_mount + " at " + missing_mount + "))"));
+  EXPECT_THAT(dataset_message, HasSubstr(mount_error));
+  Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
+  ASSERT_OK(store);
+  EXPECT_EQ((*store)->GetDataset(kube::GranaryDatasetName("team-a", "unmountable")).status().code(),
+            StatusCode::kNotFound);
+
+  // Nothing else changed: the example pool and its Dataset stayed Ready
+  // throughout (a transition would have moved lastTransitionTime).
+  Result<json> gpu = cluster().GetJson({"cachepool", "gpu"});
+  ASSERT_OK(gpu);
+  EXPECT_EQ(ConditionField(*gpu, "Ready"), "True");
+  EXPECT_EQ(ConditionField(*gpu, "Ready", "reason"), "NodesReady");
+  EXPECT_EQ(ready_since(gpu), gpu_since);
+  Result<json> unaffected = Dataset("unaffected");
+  ASSERT_OK(unaffected);
+  EXPECT_EQ(ConditionField(*unaffected, "Ready"), "True");
+  EXPECT_EQ(ready_since(unaffected), unaffected_since);
+
+  Kubectl({"delete", "dataset", "-n", "team-a", "unmountable", "unaffected", "--timeout=60s"});
+  Kubectl({"delete", "cachepool", "broken", "--timeout=60s"});
 }
 
 TEST_F(OperatorTest, DeletingADatasetDropsItsChunksAndRecordsThenTheFinalizer) {

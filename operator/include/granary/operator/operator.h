@@ -7,8 +7,9 @@
 //     apply, fieldManager granary-operator): a Secret with the store URL
 //     copied from the pool's secretRef, a ConfigMap with the cache nodes'
 //     configuration, a DaemonSet of granary-cachenode on the pool's nodes, a
-//     headless Service for their metrics; status from the DaemonSet and the
-//     store's node records.
+//     headless Service for their metrics; status from the DaemonSet, the
+//     store's node records and what the kubelet says of the pool's pods
+//     (cache_node_pods.h).
 //   Dataset → a dataset record in the pool's metadata store, named by
 //     GranaryDatasetName (unique across namespaces), snapshotted by the
 //     pool's cache nodes as the Dataset's runAs identity and staged by them;
