@@ -368,16 +368,27 @@ bool ParseArgs(PyObject* args, PyObject* kwargs, const char* function,
 // are counted: like mmap.close(), release() refuses while any is alive, so no
 // view ever shows bytes the sidecar may have reused. (A buffer holds a
 // reference to its Sample, so garbage collection never releases one early.)
+// A Sample of a chunk file read directly (MappedSample) holds the file's map
+// instead of a pin: its bytes never change, and release() drops the map. It
+// is verified (XXH3) when its bytes are first used (a buffer, tobytes, a
+// comparison, pickling), so the check reads them into the CPU caches right
+// before the caller does; a mismatch swaps in the arena's copy (EnsureVerified).
 struct SampleState {
   std::shared_ptr<Session> session;
   SampleView view;
+  std::shared_ptr<const void> mapping;  // set for a sample of a mapped chunk file
+  bool verified = true;                 // false: a mapped sample not checked yet
   bool released = false;
   size_t exports = 0;  // buffers handed out and not yet released
 
   void Unpin() {
     if (released) return;
     released = true;
-    session->Release(view);
+    if (mapping != nullptr) {
+      mapping.reset();
+    } else {
+      session->Release(view);
+    }
   }
 };
 
@@ -386,6 +397,15 @@ struct SampleObject {
 };
 
 SampleState& StateOf(PyObject* self) { return *reinterpret_cast<SampleObject*>(self)->state; }
+
+PyObject* NewMappedSample(const std::shared_ptr<Session>& session, MappedSample&& mapped) {
+  PyObject* obj = PyType_GenericAlloc(reinterpret_cast<PyTypeObject*>(g_sample_type), 0);
+  if (obj == nullptr) return nullptr;
+  const SampleView view{mapped.id, mapped.data, mapped.size, mapped.checksum, 0};
+  reinterpret_cast<SampleObject*>(obj)->state =
+      new SampleState{session, view, std::move(mapped.mapping), /*verified=*/false};
+  return obj;
+}
 
 PyObject* NewSample(const std::shared_ptr<Session>& session, const SampleView& view) {
   PyObject* obj = PyType_GenericAlloc(reinterpret_cast<PyTypeObject*>(g_sample_type), 0);
@@ -423,10 +443,39 @@ bool CheckNotReleased(const SampleState& s) {
   return false;
 }
 
+// Checks a mapped sample's bytes before their first use. On a mismatch the
+// sample becomes the arena's copy of it (a GET, GIL released; the sidecar's
+// own verified read has the node repair the file); a Python error only when
+// that fails too. No buffer can exist yet (this runs before the first).
+bool EnsureVerified(SampleState& s) {
+  if (s.verified) return true;
+  const MappedSample mapped{s.view.id, s.view.data, s.view.size, s.view.checksum, s.mapping};
+  Status checked = WithoutGil([&] { return s.session->VerifyMapped(mapped); });
+  // Another thread may have released it while the GIL was released.
+  if (!CheckNotReleased(s)) return false;
+  if (checked.ok()) {
+    s.verified = true;
+    return true;
+  }
+  Result<SampleView> arena = WithoutGil([&] { return s.session->Get(s.view.id); });
+  if (!arena.ok()) {
+    SetStatusError(arena.status());
+    return false;
+  }
+  if (s.released) {  // by another thread meanwhile
+    s.session->Release(*arena);
+    return CheckNotReleased(s);
+  }
+  s.mapping.reset();
+  s.view = *arena;
+  s.verified = true;
+  return true;
+}
+
 int SampleGetBuffer(PyObject* self, GranaryPyBuffer* view, int flags) {
   SampleState& s = StateOf(self);
   if (view != nullptr) view->obj = nullptr;
-  if (!CheckNotReleased(s)) return -1;
+  if (!CheckNotReleased(s) || !EnsureVerified(s)) return -1;
   // Read-only: a request for a writable buffer fails with BufferError.
   if (PyBuffer_FillInfo(view, self, const_cast<char*>(s.view.data),
                         static_cast<Py_ssize_t>(s.view.size), 1, flags) != 0) {
@@ -456,7 +505,7 @@ PyObject* SampleRelease(PyObject* self, PyObject*) {
 
 PyObject* SampleToBytes(PyObject* self, PyObject*) {
   SampleState& s = StateOf(self);
-  if (!CheckNotReleased(s)) return nullptr;
+  if (!CheckNotReleased(s) || !EnsureVerified(s)) return nullptr;
   return BytesOf(s.view);
 }
 
@@ -475,7 +524,7 @@ PyObject* SampleExit(PyObject* self, PyObject*) {
 PyObject* SampleReduce(PyObject* self, PyObject*) {
   // Pickles (e.g. from a DataLoader worker) as a copy of the bytes.
   SampleState& s = StateOf(self);
-  if (!CheckNotReleased(s)) return nullptr;
+  if (!CheckNotReleased(s) || !EnsureVerified(s)) return nullptr;
   PyObject* bytes_type = reinterpret_cast<PyObject*>(&PyBytes_Type);
   return Py_BuildValue("(O(N))", bytes_type, BytesOf(s.view));
 }
@@ -490,7 +539,7 @@ PyObject* SampleRichCompare(PyObject* self, PyObject* other, int op) {
     PyErr_Clear();
     Py_RETURN_NOTIMPLEMENTED;
   }
-  if (!CheckNotReleased(s)) {
+  if (!CheckNotReleased(s) || !EnsureVerified(s)) {
     PyBuffer_Release(&buffer);
     return nullptr;
   }
@@ -602,27 +651,32 @@ std::optional<SampleView> GetOne(Session& s, PyObject* id_object) {
   return *view;
 }
 
-// The sample as bytes read straight from its chunk file (the session's
-// direct reads: docs/client.md), with the GIL released for the pread and the
-// check. nullptr with no error set: not readable directly now (use the arena).
+// The sample verified in its chunk file's map (the session's direct reads:
+// docs/client.md), asking the sidecar for the chunk's file first when it is
+// not known (GIL released for that and for the check). nullopt: not readable
+// directly now (use the arena); never sets a Python error.
+// `verify` false: for a Sample, which checks it on first use (EnsureVerified).
+std::optional<MappedSample> MapDirect(Session& s, uint32_t id, bool verify = true) {
+  if (!s.direct_reads_on() || id >= s.info().sample_count) return std::nullopt;
+  auto map = [&] { return verify ? s.MapDirect(id) : s.MapDirectUnverified(id); };
+  Result<MappedSample> mapped = WithoutGil([&] {
+    Result<MappedSample> m = map();
+    if (!m.ok() && m.status().code() == StatusCode::kNotFound) {
+      s.LocateDirect(std::span<const uint32_t>(&id, 1));
+      m = map();
+    }
+    return m;
+  });
+  if (!mapped.ok()) return std::nullopt;
+  return std::move(mapped).value();
+}
+
+// The sample as bytes copied out of its chunk file's map (verified), or
+// nullptr with no error set: not readable directly now (use the arena).
 PyObject* ReadDirectBytes(Session& s, uint32_t id) {
-  if (!s.direct_reads_on()) return nullptr;
-  std::optional<uint64_t> size = s.DirectSize(id);
-  if (!size) {
-    WithoutGil([&] { s.LocateDirect(std::span<const uint32_t>(&id, 1)); });
-    size = s.DirectSize(id);
-    if (!size) return nullptr;
-  }
-  PyObject* bytes = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(*size));
-  if (bytes == nullptr) return nullptr;
-  char* data = PyBytes_AsString(bytes);
-  const Status read = WithoutGil(
-      [&] { return s.ReadDirect(id, std::span<char>(data, static_cast<size_t>(*size))); });
-  if (!read.ok()) {
-    Py_DECREF(bytes);
-    return nullptr;
-  }
-  return bytes;
+  std::optional<MappedSample> mapped = MapDirect(s, id);
+  if (!mapped) return nullptr;
+  return PyBytes_FromStringAndSize(mapped->data, static_cast<Py_ssize_t>(mapped->size));
 }
 
 PyObject* SessionRead(PyObject* self, PyObject* id_object) {
@@ -642,31 +696,14 @@ PyObject* SessionRead(PyObject* self, PyObject* id_object) {
 
 PyObject* SessionGet(PyObject* self, PyObject* id) {
   const std::shared_ptr<Session>& s = SessionOf(self);
+  uint32_t sample = 0;
+  if (!ToSampleId(id, &sample)) return nullptr;
+  if (std::optional<MappedSample> mapped = MapDirect(*s, sample, /*verify=*/false)) {
+    return NewMappedSample(s, std::move(*mapped));
+  }
   std::optional<SampleView> v = GetOne(*s, id);
   if (!v) return nullptr;
   return NewSample(s, *v);
-}
-
-// GET of many ids (GIL released); every view released if any failed.
-std::optional<std::vector<SampleView>> GetMany(Session& s, PyObject* ids_object) {
-  std::vector<uint32_t> ids;
-  if (!ToSampleIds(ids_object, &ids)) return std::nullopt;
-  std::vector<Result<SampleView>> views = WithoutGil([&] { return s.GetMany(ids); });
-  const Status* first_error = nullptr;
-  for (const Result<SampleView>& v : views) {
-    if (!v.ok() && first_error == nullptr) first_error = &v.status();
-  }
-  if (first_error != nullptr) {
-    for (const Result<SampleView>& v : views) {
-      if (v.ok()) s.Release(*v);
-    }
-    SetStatusError(*first_error);
-    return std::nullopt;
-  }
-  std::vector<SampleView> out;
-  out.reserve(views.size());
-  for (Result<SampleView>& v : views) out.push_back(*v);
-  return out;
 }
 
 // Copies of many samples: those readable directly from their chunk files
@@ -717,20 +754,61 @@ PyObject* SessionReadMany(PyObject* self, PyObject* ids_object) {
   return list;
 }
 
-PyObject* SessionGetMany(PyObject* self, PyObject* ids) {
+// Zero-copy samples: those readable directly as views of their chunk files'
+// maps (one CHUNK_FILES round trip for the chunks not known yet, each sample
+// verified), the rest pinned in the arena in as few GETs as the limits allow.
+PyObject* SessionGetMany(PyObject* self, PyObject* ids_object) {
   const std::shared_ptr<Session>& s = SessionOf(self);
-  std::optional<std::vector<SampleView>> views = GetMany(*s, ids);
-  if (!views) return nullptr;
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(views->size()));
-  for (size_t i = 0; i < views->size(); ++i) {
+  std::vector<uint32_t> ids;
+  if (!ToSampleIds(ids_object, &ids)) return nullptr;
+  const uint64_t n = s->info().sample_count;
+  std::vector<std::optional<MappedSample>> mapped(ids.size());
+  if (s->direct_reads_on()) {
+    WithoutGil([&] {
+      s->LocateDirect(ids);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] >= n) continue;
+        Result<MappedSample> m = s->MapDirectUnverified(ids[i]);  // checked on first use
+        if (m.ok()) mapped[i] = std::move(m).value();
+      }
+    });
+  }
+  std::vector<uint32_t> rest;
+  std::vector<size_t> slots;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (mapped[i]) continue;
+    rest.push_back(ids[i]);
+    slots.push_back(i);
+  }
+  std::vector<Result<SampleView>> views;
+  if (!rest.empty()) views = WithoutGil([&] { return s->GetMany(rest); });
+  const Status* first_error = nullptr;
+  for (const Result<SampleView>& v : views) {
+    if (!v.ok() && first_error == nullptr) first_error = &v.status();
+  }
+  PyObject* list =
+      first_error == nullptr ? PyList_New(static_cast<Py_ssize_t>(ids.size())) : nullptr;
+  for (size_t j = 0; j < views.size(); ++j) {
+    if (!views[j].ok()) continue;
     if (list == nullptr) {
-      s->Release((*views)[i]);
+      s->Release(*views[j]);
       continue;
     }
-    PyObject* sample = NewSample(s, (*views)[i]);  // releases the view when it fails
+    PyObject* sample = NewSample(s, *views[j]);  // releases the view when it fails
     if (sample == nullptr) {
       Py_CLEAR(list);
       continue;
+    }
+    PyList_SetItem(list, static_cast<Py_ssize_t>(slots[j]), sample);
+  }
+  if (first_error != nullptr) return SetStatusError(*first_error);
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!mapped[i]) continue;
+    PyObject* sample = NewMappedSample(s, std::move(*mapped[i]));
+    if (sample == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
     }
     PyList_SetItem(list, static_cast<Py_ssize_t>(i), sample);
   }

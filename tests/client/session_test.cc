@@ -492,6 +492,74 @@ TEST_F(SessionTest, OverflowingRangesAreMalformed) {
   }
 }
 
+// Direct reads from a "chunk file" the fake hands over (its arena memfd, so
+// the samples' bytes are in it at their offsets): a sample said to lie past
+// the end of the file is never touched (a mapping read there would be SIGBUS)
+// and comes through the arena (an extent that overflows 64 bits does not pass
+// the protocol's decoder); bytes that
+// fail their checksum are never returned and the arena's are; a view of the
+// map stays readable after the session is gone.
+TEST_F(SessionTest, DirectReadsStayInsideTheChunkFileAndFallBackOnBadBytes) {
+  const uint64_t arena = fake_->arena_bytes();
+  std::vector<sp::DirectSample> described = {
+      {0, fake_->OffsetOf(0), fake_->BytesOf(0).size(), Checksum64(fake_->BytesOf(0))},
+      {1, arena - 8, fake_->BytesOf(1).size(), Checksum64(fake_->BytesOf(1))},
+      {2, fake_->OffsetOf(2), fake_->BytesOf(2).size(), Checksum64(fake_->BytesOf(2)) ^ 1},
+      {4, fake_->OffsetOf(4), fake_->BytesOf(4).size(), Checksum64(fake_->BytesOf(4))},
+  };
+  fake_->set_override(
+      [described](uint64_t rid, const sp::Request& r) -> std::optional<std::vector<Action>> {
+        if (!std::holds_alternative<sp::ChunkFiles>(r)) return std::nullopt;
+        sp::ChunkFile c;
+        c.chunk = 0;
+        c.samples = described;
+        Action a = FakeSidecar::ReplyAction(rid, sp::ChunkFilesReply{{c}});
+        a.with_fd = true;
+        return std::vector<Action>{a};
+      });
+  auto session = Open();
+  ASSERT_NE(session, nullptr);
+
+  auto zero = session->Read(0);
+  ASSERT_OK(zero);
+  EXPECT_EQ(*zero, fake_->BytesOf(0));
+  DirectReadCounters c = session->direct_counters();
+  EXPECT_EQ(c.chunk_files, 1u);
+  EXPECT_EQ(c.samples, 1u);
+  EXPECT_EQ(c.fallbacks, 1u) << "sample 1 lies past the end of the file";
+  EXPECT_TRUE(RequestsOf<sp::Get>().empty()) << "sample 0 was read from the file";
+
+  auto mapped = session->MapDirect(4);
+  ASSERT_OK(mapped);
+  EXPECT_EQ(mapped->bytes(), fake_->BytesOf(4));
+  EXPECT_EQ(session->MapDirect(1).status().code(), StatusCode::kNotFound);
+
+  auto one = session->Read(1);
+  ASSERT_OK(one);
+  EXPECT_EQ(*one, fake_->BytesOf(1));
+  EXPECT_EQ(RequestsOf<sp::Get>().size(), 1u) << "1 through the arena";
+
+  // Unverified, then checked: the mismatch is kCorruption, counted, and the
+  // file let go; Read returns the arena's bytes.
+  auto unchecked = session->MapDirectUnverified(2);
+  ASSERT_OK(unchecked);
+  Status checked = session->VerifyMapped(*unchecked);
+  EXPECT_EQ(checked.code(), StatusCode::kCorruption) << checked.ToString();
+  EXPECT_EQ(session->direct_counters().corrupt, 1u);
+  auto two = session->Read(2);
+  ASSERT_OK(two);
+  EXPECT_EQ(*two, fake_->BytesOf(2));
+  EXPECT_EQ(session->MapDirect(0).status().code(), StatusCode::kNotFound)
+      << "the file is let go after a mismatch";
+  c = session->direct_counters();
+  EXPECT_EQ(c.samples, 2u) << "0 and 4; never the bad bytes";
+  EXPECT_EQ(c.corrupt, 1u);
+
+  // The view holds the map: readable after the session (and its table) went.
+  session.reset();
+  EXPECT_EQ(mapped->bytes(), fake_->BytesOf(4));
+}
+
 TEST_F(SessionTest, ChecksumsAreVerifiedWhenAsked) {
   SessionOptions o = NoHints();
   o.verify_checksums = true;

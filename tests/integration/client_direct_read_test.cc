@@ -24,6 +24,8 @@
 #include <iostream>
 #include <memory>
 #include <random>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -321,9 +323,14 @@ TEST_F(DirectReadTest, ForkedReadersStayByteExactWhileChunksAreDroppedRestagedAn
       },
       30s))
       << "a reader still holds chunk files the node dropped";
-  uint64_t dropped = 0;
-  for (size_t r = 0; r < kReaders; ++r) dropped += progress[r].dropped.load();
-  EXPECT_GT(dropped, 0u) << "no reader saw a dropped chunk file";
+  // Each reader publishes its counters every 32 reads: waited for.
+  const auto dropped = [&] {
+    uint64_t n = 0;
+    for (size_t r = 0; r < kReaders; ++r) n += progress[r].dropped.load();
+    return n;
+  };
+  EXPECT_TRUE(testing::WaitFor([&] { return dropped() > 0; }, 10s))
+      << "no reader saw a dropped chunk file";
   EXPECT_TRUE(all_read_on(300));
 
   // The node goes away (the readers read what they hold, the sidecar the
@@ -368,6 +375,66 @@ TEST_F(DirectReadTest, ForkedReadersStayByteExactWhileChunksAreDroppedRestagedAn
               << " errors, " << p.direct.load() << " direct, " << p.fallbacks.load()
               << " fallbacks, " << p.dropped.load() << " dropped files\n";
   }
+}
+
+// Maps of chunk files this process holds that the node has unlinked (their
+// lines in /proc/self/maps end in ".chunk (deleted)").
+size_t DroppedChunkFilesMappedHere() {
+  std::ifstream maps("/proc/self/maps");
+  std::set<std::string> files;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.ends_with(".chunk (deleted)")) files.insert(line.substr(line.find('/')));
+  }
+  return files.size();
+}
+
+TEST_F(DirectReadTest, MappedSamplesStayByteExactAfterTheNodeDropsTheirFiles) {
+  auto session = Open(ds_.name);
+  ASSERT_NE(session, nullptr);
+  std::vector<uint32_t> all(ds_.sample_count());
+  for (uint32_t id = 0; id < all.size(); ++id) all[id] = id;
+  std::vector<MappedSample> held;
+  for (uint32_t id : all) {
+    session->LocateDirect(std::span<const uint32_t>(&id, 1));
+    auto mapped = session->MapDirect(id);
+    ASSERT_TRUE(mapped.ok()) << id << ": " << mapped.status().ToString();
+    ASSERT_EQ(mapped->bytes(), ds_.contents[id]) << "sample " << id;
+    held.push_back(*std::move(mapped));
+  }
+  EXPECT_EQ(session->direct_counters().chunk_files, ds_.manifest->chunk_count());
+
+  // Every chunk file of the dataset dropped: the node unlinks them (never
+  // truncates), so the maps read on, with the same bytes, and no SIGBUS.
+  DatasetCacheSpec none;
+  none.max_resident_bytes = 1;
+  ASSERT_OK(SetCache(cluster_->store(), ds_.name, none));
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return DroppedChunkFilesMappedHere() == ds_.manifest->chunk_count(); }, 30s))
+      << DroppedChunkFilesMappedHere() << " of " << ds_.manifest->chunk_count()
+      << " mapped chunk files dropped";
+  for (const MappedSample& m : held) {
+    ASSERT_EQ(m.bytes(), ds_.contents[m.id]) << "sample " << m.id << " after its file was dropped";
+  }
+
+  // The session lets the dropped files go (within a second of a read) and
+  // reads on through the arena; the views still hold their maps.
+  ASSERT_OK(SetCache(cluster_->store(), ds_.name, DatasetCacheSpec{}));
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        (void)session->MapDirect(0);
+        return session->direct_counters().dropped > 0;
+      },
+      10s, 100ms));
+  for (uint32_t id : all) {
+    auto bytes = session->Read(id);
+    ASSERT_TRUE(bytes.ok()) << id << ": " << bytes.status().ToString();
+    ASSERT_EQ(*bytes, ds_.contents[id]) << "sample " << id;
+  }
+  EXPECT_EQ(DroppedChunkFilesMappedHere(), ds_.manifest->chunk_count())
+      << "the views hold their files' maps";
+  held.clear();
+  session.reset();
+  EXPECT_EQ(DroppedChunkFilesMappedHere(), 0u) << "a dropped file stayed mapped";
 }
 
 TEST_F(DirectReadTest, ASidecarThatDiesMidEpochFailsClearlyNeverWithWrongBytes) {

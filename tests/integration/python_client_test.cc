@@ -135,7 +135,9 @@ TEST(PythonDirectReadsTest, ItemsAndBatchesAreReadFromTheChunkFiles) {
   o.extra_yaml = "local_node_socket: " + handoff + "\n";
   auto sidecar = StartClusterSidecar(**cluster, o);
   ASSERT_OK(sidecar);
-  auto p = StartPython("direct_reads.py", {"--dataset", ds->name, "--source-root", ds->root},
+  auto p = StartPython("direct_reads.py",
+                       {"--dataset", ds->name, "--source-root", ds->root, "--data-dir",
+                        (*cluster)->node(0).data_dir()},
                        (*cluster)->dir().path(), (*sidecar)->socket_path());
   ExpectSuccess(p.get());
 }

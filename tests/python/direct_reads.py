@@ -1,10 +1,14 @@
 """granary.Dataset's direct reads against a real sidecar whose cache node hands
 it chunk files: ds[i] and __getitems__ read staged samples from the chunk
-files (counted by the session), every byte equal to the source's; in a forked
-child and in spawned DataLoader workers too; and nothing is read directly
-with direct_reads=False or $GRANARY_DIRECT_READS=0."""
+files (counted by the session), every byte equal to the source's; zero-copy
+Samples over the chunk files' maps, checked on first use; a sample damaged on
+disk (with --data-dir, the node's) is never returned, the arena's copy is, in
+a copy and in a zero-copy batch; in a forked child and in spawned DataLoader
+workers too; and nothing is read directly with direct_reads=False or
+$GRANARY_DIRECT_READS=0."""
 
 import argparse
+import glob
 import os
 import random
 
@@ -36,10 +40,24 @@ def as_list(batch):
     return batch
 
 
+def damage(data_dir, sample):
+    """Flips the first 16 bytes of `sample` where the node's chunk files hold it."""
+    for path in glob.glob(os.path.join(data_dir, "**", "*.chunk"), recursive=True):
+        with open(path, "r+b") as f:
+            at = f.read().find(sample)
+            if at < 0:
+                continue
+            f.seek(at)
+            f.write(bytes(b ^ 0xFF for b in sample[:16]))
+            return
+    raise AssertionError(f"no chunk file under {data_dir} holds the sample")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dataset", required=True)
     p.add_argument("--source-root", required=True)
+    p.add_argument("--data-dir", help="the cache node's data directory (to damage a sample)")
     a = p.parse_args()
 
     ds = granary.Dataset(a.dataset)
@@ -61,6 +79,43 @@ def main():
         check(got == [source[i] for i in ids], f"__getitems__ from {start}")
     c = batched.session.direct_counters()
     check(c["samples"] == n, f"every batched sample read from its chunk file: {c}")
+
+    # Zero-copy: Samples over the chunk files' maps, one request per batch for
+    # the chunks not known yet, each sample checked when first used.
+    zc = granary.Dataset(a.dataset, zero_copy=True)
+    for start in range(0, n, 37):
+        ids = order[start:start + 37]
+        got = zc.__getitems__(ids)
+        check([bytes(memoryview(s)) for s in got] == [source[i] for i in ids],
+              f"zero-copy __getitems__ from {start}")
+        for s in got:
+            s.release()
+    c = zc.session.direct_counters()
+    check(c["samples"] == n and c["fallbacks"] == 0,
+          f"every zero-copy sample read from its chunk file's map: {c}")
+    one = zc[order[0]]
+    check(one == source[order[0]] and len(one) == len(source[order[0]]), "zc[i]")
+    one.release()
+    try:
+        bytes(one)
+        check(False, "a released mapped Sample's bytes")
+    except ValueError:
+        pass
+
+    if a.data_dir:
+        # Damaged on disk: the copy and the zero-copy batch get the right
+        # bytes (the arena's: the sidecar's verified read has the node stage
+        # it again), never the damaged ones.
+        for zero_copy, victim in ((False, order[3]), (True, order[11])):
+            damage(a.data_dir, source[victim])
+            fresh = granary.Dataset(a.dataset, zero_copy=zero_copy)
+            ids = order[:16]
+            got = fresh.__getitems__(ids)
+            got = [bytes(s) if zero_copy else s for s in got]
+            check(got == [source[i] for i in ids], f"damaged sample {victim}, zero_copy={zero_copy}")
+            c = fresh.session.direct_counters()
+            check(c["corrupt"] == 1 and 0 < c["samples"] <= 15,
+                  f"the damaged sample was detected, the rest read directly: {c}")
 
     # A forked child opens its own session and reads directly too.
     pid = os.fork()

@@ -39,13 +39,16 @@
 // once per chunk (CHUNK_FILES, protocol version 3) for the local cache node's
 // file of the sample's chunk: a read-only descriptor the node handed the
 // sidecar, passed over the socket (SCM_RIGHTS), with where each staged sample
-// lies in it and its XXH3-64. The sample is then one pread into the result,
-// verified with XXH3 before it is returned; later samples of the same chunk
-// need no round trip. Anything else goes through the arena as before: a
-// sample not staged yet, a chunk the sidecar does not hand over (the node
-// does not have it; the client's uid is not root, the sidecar's or the
-// dataset owner's), a short read, a file the node dropped (let go within a
-// second, so the space is freed), and a checksum mismatch (counted, logged
+// lies in it and its XXH3-64. The client maps the file read-only; a sample is
+// then verified with XXH3 in the map and copied (Read) or handed out as a view
+// of the map (MapDirect: zero-copy); later samples of the same chunk need no
+// round trip. The node unlinks chunk files and never truncates them, so a map
+// (and a MappedSample's bytes) stays readable after the file is dropped.
+// Anything else goes through the arena as before: a sample not staged yet, a
+// chunk the sidecar does not hand over (the node does not have it; the
+// client's uid is not root, the sidecar's or the dataset owner's), a sample
+// said to lie past the end of its file, a file the node dropped (let go within
+// a second, so the space is freed), and a checksum mismatch (counted, logged
 // once, the chunk's file let go and the sample read through the sidecar,
 // whose own verified read makes the node repair it). A descriptor is of one
 // chunk of this dataset's snapshot, checked by the sidecar against the
@@ -156,6 +159,22 @@ struct SampleView {
   std::string_view bytes() const { return {data, static_cast<size_t>(size)}; }
 };
 
+// A sample read directly (see "Direct reads" above): a view of its chunk
+// file's read-only map, verified with XXH3 when it was handed out. `data`
+// stays valid and unchanged while `mapping` is held (also after the session
+// is gone or the node dropped the file: the node unlinks chunk files, never
+// truncates or rewrites verified bytes). Holding it keeps the whole chunk
+// file mapped; it pins nothing in the sidecar.
+struct MappedSample {
+  uint32_t id = 0;
+  const char* data = nullptr;
+  uint64_t size = 0;
+  uint64_t checksum = 0;  // XXH3-64 of the bytes, as the chunk file records it
+  std::shared_ptr<const void> mapping;
+
+  std::string_view bytes() const { return {data, static_cast<size_t>(size)}; }
+};
+
 // What the direct path did (a snapshot; counts since Open).
 struct DirectReadCounters {
   uint64_t samples = 0;      // read from a chunk file and verified
@@ -210,18 +229,25 @@ class Session {
   // directly (above), else through the arena (released at once).
   Result<std::string> Read(uint32_t id);
 
-  // The direct path in pieces, for callers that bring their own buffer (the
-  // Python binding). DirectSize: the sample's size when it is known to be
-  // readable directly now (no I/O, never waits for another thread's call).
-  // LocateDirect: asks the sidecar for the chunk files of those of `ids` not
-  // known yet (at most one CHUNK_FILES round trip; none when all are known,
-  // direct reads are off or the sidecar cannot hand files over). ReadDirect:
-  // pread of the sample into `out` (exactly DirectSize bytes) and its XXH3
-  // check; any error (kNotFound: not direct now; kCorruption; kIoError) means
-  // "read it through the arena instead" and is counted as a fallback.
-  std::optional<uint64_t> DirectSize(uint32_t id);
+  // The direct path in pieces, for callers that want views or bring their
+  // own buffer (the Python binding). LocateDirect: asks the sidecar for the
+  // chunk files of those of `ids` not known yet (at most one CHUNK_FILES round
+  // trip; none when all are known, direct reads are off or the sidecar cannot
+  // hand files over). MapDirect: the sample as a view of its chunk file's
+  // read-only map, verified with XXH3 (no I/O but the page cache's, never
+  // waits for another thread's call); any error (kNotFound: not direct now,
+  // LocateDirect may help; kCorruption: counted as a fallback) means "read it
+  // through the arena instead".
   void LocateDirect(std::span<const uint32_t> ids);
-  Status ReadDirect(uint32_t id, std::span<char> out);
+  Result<MappedSample> MapDirect(uint32_t id);
+  // MapDirect in two steps, for a caller that checks a view when its bytes
+  // are first used rather than when it is handed out (the Python binding's
+  // zero-copy Samples: the check then brings the bytes into the CPU caches
+  // just before the caller reads them). No byte of a view from
+  // MapDirectUnverified may be used before VerifyMapped(view) returned OK;
+  // kCorruption: read it through the arena (counted, the file let go).
+  Result<MappedSample> MapDirectUnverified(uint32_t id);
+  Status VerifyMapped(const MappedSample& sample);
   // Why direct reads are off (OK while they are on).
   Status direct_status() const;
   // Whether direct reads may still happen (no lock: for callers that would
@@ -315,6 +341,14 @@ class Session {
   // `retry_after` (caller holds direct_mu_).
   void ForgetDirectFile(const std::shared_ptr<DirectFile>& file, Clock::time_point retry_after);
   void TurnDirectOff(Status why);  // caller holds direct_mu_
+  // Maps a handed-over file whole (read-only); caller holds direct_mu_.
+  Status MapChunkFile(DirectFile& file);
+  void LogDirectFailureOnce(const Status& failed);  // caller holds direct_mu_
+  // One CHUNK_FILES round of LocateDirect: how many of the ids asked about
+  // the reply resolved (now direct, or to read through the arena for now).
+  size_t LocateDirectRound(std::span<const uint32_t> ids);
+  // The sample's extent if it is direct now (and its file not dropped).
+  bool FindDirect(uint32_t id, DirectExtent* extent);
 
   const std::string socket_path_;
   const SessionOptions options_;
