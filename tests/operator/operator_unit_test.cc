@@ -405,16 +405,32 @@ CachePool PoolForPods() {
   return pool;
 }
 
+// The wall clock of the cases: the pods' times are written against it.
+const std::chrono::system_clock::time_point kNow =
+    std::chrono::sys_days{std::chrono::year{2026} / 12 / 2} + std::chrono::hours{15};
+
+// DiagnoseCacheNodePods where the case has a trouble: a failure without one.
+CacheNodeTrouble Diagnose(const CachePool& pool, const std::vector<Json>& pods,
+                          const std::map<std::string, std::vector<std::string>>& mounts = {}) {
+  std::optional<CacheNodeTrouble> t = DiagnoseCacheNodePods(pool, pods, mounts, kNow);
+  if (!t) {
+    ADD_FAILURE() << "no trouble found in " << Json(pods).dump();
+    return {};
+  }
+  return *t;
+}
+
 TEST(CacheNodePodsTest, RunningAndStartingPodsHaveNoTrouble) {
   const CachePool pool = PoolForPods();
   const Json running = {
       {"phase", "Running"},
       {"containerStatuses",
        Json::array({{{"name", "cachenode"},
+                     {"ready", true},
                      {"restartCount", 1},
-                     {"state", {{"running", Json::object()}}},
+                     {"state", {{"running", {{"startedAt", "2026-12-02T00:00:00Z"}}}}},
                      {"lastState", {{"terminated", {{"exitCode", 1}, {"message", "old"}}}}}}})}};
-  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", running)}, {}), std::nullopt);
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", running)}, {}, kNow), std::nullopt);
   const Json creating = {
       {"phase", "Pending"},
       {"containerStatuses",
@@ -422,8 +438,8 @@ TEST(CacheNodePodsTest, RunningAndStartingPodsHaveNoTrouble) {
                      {"state", {{"waiting", {{"reason", "ContainerCreating"}}}}}}})}};
   EXPECT_TRUE(CreatingContainers(CacheNodePod("b", creating)));
   EXPECT_FALSE(CreatingContainers(CacheNodePod("a", running)));
-  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("b", creating)}, {}), std::nullopt);
-  EXPECT_EQ(DiagnoseCacheNodePods(pool, {}, {}), std::nullopt);
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("b", creating)}, {}, kNow), std::nullopt);
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {}, {}, kNow), std::nullopt);
 }
 
 TEST(CacheNodePodsTest, AnImageThatCannotBePulledNamesTheImageTheNodeAndWhatToDo) {
@@ -431,7 +447,7 @@ TEST(CacheNodePodsTest, AnImageThatCannotBePulledNamesTheImageTheNodeAndWhatToDo
   const std::string error =
       "failed to pull and unpack image \"registry.example/granary:9\": not found";
   std::optional<CacheNodeTrouble> pull =
-      DiagnoseCacheNodePods(pool, {CacheNodePod("a", Waiting("ErrImagePull", error))}, {});
+      DiagnoseCacheNodePods(pool, {CacheNodePod("a", Waiting("ErrImagePull", error))}, {}, kNow);
   ASSERT_TRUE(pull.has_value());
   EXPECT_EQ(pull->reason, "ImagePullFailed");
   EXPECT_EQ(pull->pod, "granary/a");
@@ -447,17 +463,14 @@ TEST(CacheNodePodsTest, AnImageThatCannotBePulledNamesTheImageTheNodeAndWhatToDo
                                  "Back-off pulling image \"registry.example/granary:9\": "
                                  "ErrImagePull: " +
                                      error))},
-      {});
+      {}, kNow);
   ASSERT_TRUE(backoff.has_value());
   EXPECT_EQ(backoff->message, pull->message);
   CachePool never = pool;
   never.image_pull_policy = "Never";
-  EXPECT_THAT(
-      DiagnoseCacheNodePods(never, {CacheNodePod("a", Waiting("ErrImageNeverPull", "x"))}, {})
-          ->message,
-      HasSubstr("imagePullPolicy is Never"));
-  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", Waiting("InvalidImageName", "x"))}, {})
-                ->reason,
+  EXPECT_THAT(Diagnose(never, {CacheNodePod("a", Waiting("ErrImageNeverPull", "x"))}, {}).message,
+              HasSubstr("imagePullPolicy is Never"));
+  EXPECT_EQ(Diagnose(pool, {CacheNodePod("a", Waiting("InvalidImageName", "x"))}, {}).reason,
             "ImagePullFailed");
 }
 
@@ -471,7 +484,7 @@ TEST(CacheNodePodsTest, AContainerThatExitsShowsItsLastWords) {
       pool,
       {CacheNodePod("a", Waiting("CrashLoopBackOff", "back-off 40s restarting failed container",
                                  {{"exitCode", 1}, {"reason", "Error"}, {"message", words}}))},
-      {});
+      {}, kNow);
   ASSERT_TRUE(crash.has_value());
   EXPECT_EQ(crash->reason, "CacheNodeCrashing");
   EXPECT_THAT(crash->message,
@@ -480,36 +493,39 @@ TEST(CacheNodePodsTest, AContainerThatExitsShowsItsLastWords) {
   EXPECT_THAT(crash->message, Not(HasSubstr("created metadata store")));  // the last line only
   EXPECT_THAT(crash->message, Not(HasSubstr("back-off 40s")));  // changes with every restart
   // Started again after that exit and not ready yet: still crashing.
-  Json restarted = Waiting("x", "", {{"exitCode", 1}, {"message", words}});
-  restarted["containerStatuses"][0]["state"] = {{"running", Json::object()}};
+  Json restarted = Waiting("x", "", {{"exitCode", 1}, {"reason", "Error"}, {"message", words}});
+  restarted["containerStatuses"][0]["state"] = {
+      {"running", {{"startedAt", "2026-12-02T14:59:50Z"}}}};  // 10 s before kNow
   restarted["containerStatuses"][0]["ready"] = false;
-  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", restarted)}, {})->message,
-            crash->message);
+  EXPECT_EQ(Diagnose(pool, {CacheNodePod("a", restarted)}, {}).message, crash->message);
   restarted["containerStatuses"][0]["ready"] = true;  // and now it serves
-  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", restarted)}, {}), std::nullopt);
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", restarted)}, {}, kNow), std::nullopt);
+  // Running for an hour and not ready: something else than that old exit.
+  restarted["containerStatuses"][0]["ready"] = false;
+  restarted["containerStatuses"][0]["state"]["running"]["startedAt"] = "2026-12-02T14:00:00Z";
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", restarted)}, {}, kNow), std::nullopt);
   // Terminated now (before the back-off), without a message: where its log is.
   Json ended = {
       {"phase", "Running"},
       {"containerStatuses",
        Json::array({{{"name", "cachenode"}, {"state", {{"terminated", {{"exitCode", 2}}}}}}})}};
-  EXPECT_THAT(DiagnoseCacheNodePods(pool, {CacheNodePod("a", ended)}, {})->message,
+  EXPECT_THAT(Diagnose(pool, {CacheNodePod("a", ended)}, {}).message,
               HasSubstr("exit code 2 and left no message; `kubectl logs -n granary a --previous`"));
   // A clean exit (a stop) is no trouble.
   ended["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 0;
-  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", ended)}, {}), std::nullopt);
-  EXPECT_THAT(DiagnoseCacheNodePods(
-                  pool,
-                  {CacheNodePod("a", Waiting("CrashLoopBackOff", "",
-                                             {{"exitCode", 137}, {"reason", "OOMKilled"}}))},
-                  {})
-                  ->message,
+  EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", ended)}, {}, kNow), std::nullopt);
+  EXPECT_THAT(Diagnose(pool,
+                       {CacheNodePod("a", Waiting("CrashLoopBackOff", "",
+                                                  {{"exitCode", 137}, {"reason", "OOMKilled"}}))},
+                       {})
+                  .message,
               HasSubstr("(OOMKilled): it ran out of its memory limit; raise the CachePool's "
                         "spec.resources.limits.memory"));
   std::optional<CacheNodeTrouble> config = DiagnoseCacheNodePods(
       pool,
       {CacheNodePod("a", Waiting("CreateContainerConfigError",
                                  "secret \"granary-cachenode-gpu-store\" not found"))},
-      {});
+      {}, kNow);
   ASSERT_TRUE(config.has_value());
   EXPECT_EQ(config->reason, "CacheNodeNotCreated");
   EXPECT_THAT(config->message, HasSubstr("(CreateContainerConfigError: secret "
@@ -523,7 +539,7 @@ TEST(CacheNodePodsTest, AVolumeTheKubeletCannotMountIsNamedAsTheSpecNamesIt) {
       "MountVolume.SetUp failed for volume \"source-shared\" : hostPath type check failed: "
       "/mnt/shared is not a directory";
   std::optional<CacheNodeTrouble> t = DiagnoseCacheNodePods(
-      pool, {CacheNodePod("a", creating)}, {{"granary/a", {"older message", source}}});
+      pool, {CacheNodePod("a", creating)}, {{"granary/a", {"older message", source}}}, kNow);
   ASSERT_TRUE(t.has_value());
   EXPECT_EQ(t->reason, "SourceMountFailed");
   EXPECT_EQ(t->source_mount, "shared");
@@ -535,18 +551,22 @@ TEST(CacheNodePodsTest, AVolumeTheKubeletCannotMountIsNamedAsTheSpecNamesIt) {
   t = DiagnoseCacheNodePods(pool, {CacheNodePod("a", creating)},
                             {{"granary/a",
                               {"MountVolume.SetUp failed for volume \"source-claims\" : claim "
-                               "gone"}}});
+                               "gone"}}},
+                            kNow);
+  ASSERT_TRUE(t.has_value());
   EXPECT_EQ(t->source_mount, "claims");
   EXPECT_THAT(t->message, HasSubstr("persistentVolumeClaim 'data-claim' at /mnt/claims"));
   t = DiagnoseCacheNodePods(
       pool, {CacheNodePod("a", creating)},
-      {{"granary/a", {"MountVolume.SetUp failed for volume \"data\" : read-only file system"}}});
+      {{"granary/a", {"MountVolume.SetUp failed for volume \"data\" : read-only file system"}}},
+      kNow);
+  ASSERT_TRUE(t.has_value());
   EXPECT_EQ(t->reason, "VolumeMountFailed");
   EXPECT_EQ(t->source_mount, "");
   EXPECT_THAT(t->message, HasSubstr("cannot mount spec.storage.hostPath /nvme/granary: "));
   // A pod that runs had its mounts: old Events of it say nothing now.
   EXPECT_EQ(DiagnoseCacheNodePods(pool, {CacheNodePod("a", {{"phase", "Running"}})},
-                                  {{"granary/a", {source}}}),
+                                  {{"granary/a", {source}}}, kNow),
             std::nullopt);
 }
 
@@ -559,7 +579,7 @@ TEST(CacheNodePodsTest, SeveralFailingPodsTheFirstByNameIsDescribedAndTheOthersC
       {CacheNodePod("d", Waiting("ErrImagePull", "x")), CacheNodePod("c", {{"phase", "Running"}}),
        deleting,
        CacheNodePod("b", Waiting("CrashLoopBackOff", "", {{"exitCode", 1}, {"message", "m"}}))},
-      {});
+      {}, kNow);
   ASSERT_TRUE(t.has_value());
   EXPECT_EQ(t->pod, "granary/b");
   EXPECT_EQ(t->reason, "CacheNodeCrashing");

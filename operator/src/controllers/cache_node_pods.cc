@@ -3,6 +3,8 @@
 #include "granary/operator/cache_node_pods.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <ctime>
 
 #include "granary/core/names.h"
 
@@ -16,6 +18,13 @@ const Json& Field(const Json& object, const char* key) {
   return it != object.end() && it->is_object() ? *it : kEmpty;
 }
 
+// Whether `object` has `key` as an object ({"running": {}} is running).
+bool Has(const Json& object, const char* key) {
+  if (!object.is_object()) return false;
+  auto it = object.find(key);
+  return it != object.end() && it->is_object();
+}
+
 std::string Text(const Json& object, const char* key) {
   if (!object.is_object()) return "";
   auto it = object.find(key);
@@ -24,6 +33,21 @@ std::string Text(const Json& object, const char* key) {
 
 bool OneOf(const std::string& s, std::initializer_list<std::string_view> set) {
   return std::find(set.begin(), set.end(), s) != set.end();
+}
+
+// "2026-12-02T14:47:22Z" (what the kubelet writes; fractions and offsets
+// other than Z are not used for these times), or nullopt.
+std::optional<std::chrono::system_clock::time_point> ParseTime(const std::string& text) {
+  std::tm tm{};
+  char zone = 0;
+  if (std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%c", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &zone) != 7 ||
+      zone != 'Z') {
+    return std::nullopt;
+  }
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return std::chrono::system_clock::from_time_t(timegm(&tm));
 }
 
 // The error in an ImagePullBackOff message, which newer kubelets append to
@@ -59,7 +83,8 @@ struct PodTrouble {
 };
 
 std::optional<PodTrouble> TroubleOf(const CachePool& pool, const Json& pod,
-                                    const std::vector<std::string>* mounts_failed) {
+                                    const std::vector<std::string>* mounts_failed,
+                                    std::chrono::system_clock::time_point now) {
   const Json& meta = Field(pod, "metadata");
   const Json& status = Field(pod, "status");
   const std::string where = "cache node pod " + Text(meta, "namespace") + "/" + Text(meta, "name") +
@@ -87,16 +112,17 @@ std::optional<PodTrouble> TroubleOf(const CachePool& pool, const Json& pod,
       return PodTrouble{std::string(kImagePullFailed), what + "or fix the CachePool's spec.image",
                         ""};
     }
-    const Json& terminated = !Field(state, "terminated").empty()
-                                 ? Field(state, "terminated")
-                                 : Field(Field(cs, "lastState"), "terminated");
+    const Json& terminated = Has(state, "terminated") ? Field(state, "terminated")
+                                                      : Field(Field(cs, "lastState"), "terminated");
     const int64_t code = terminated.value("exitCode", int64_t{0});
     // Started again after exiting, and not ready yet: still the crash the
     // kubelet reported a moment ago (the condition holds while it loops).
-    const bool restarting = !Field(state, "running").empty() && !cs.value("ready", false) &&
-                            !Field(Field(cs, "lastState"), "terminated").empty() && code != 0;
-    if (reason == "CrashLoopBackOff" || (!Field(state, "terminated").empty() && code != 0) ||
-        restarting) {
+    std::optional<std::chrono::system_clock::time_point> started =
+        ParseTime(Text(Field(state, "running"), "startedAt"));
+    const bool restarting = Has(state, "running") && !cs.value("ready", false) &&
+                            Has(Field(cs, "lastState"), "terminated") && code != 0 && started &&
+                            now - *started < kCrashRecentFor;
+    if (reason == "CrashLoopBackOff" || (Has(state, "terminated") && code != 0) || restarting) {
       std::string what = where + " exits";
       if (!terminated.empty()) {
         what += " with exit code " + std::to_string(code);
@@ -173,7 +199,7 @@ bool CreatingContainers(const Json& pod) {
   const Json statuses = status.value("containerStatuses", Json::array());
   for (const Json& cs : statuses.is_array() ? statuses : Json::array()) {
     const Json& state = Field(cs, "state");
-    if (!Field(state, "running").empty() || !Field(state, "terminated").empty()) return false;
+    if (Has(state, "running") || Has(state, "terminated")) return false;
     const std::string reason = Text(Field(state, "waiting"), "reason");
     if (!reason.empty() && reason != "ContainerCreating") return false;
   }
@@ -182,7 +208,8 @@ bool CreatingContainers(const Json& pod) {
 
 std::optional<CacheNodeTrouble> DiagnoseCacheNodePods(
     const CachePool& pool, const std::vector<Json>& pods,
-    const std::map<std::string, std::vector<std::string>>& failed_mounts) {
+    const std::map<std::string, std::vector<std::string>>& failed_mounts,
+    std::chrono::system_clock::time_point now) {
   std::vector<const Json*> sorted;
   for (const Json& pod : pods) {
     if (!Field(pod, "metadata").contains("deletionTimestamp")) sorted.push_back(&pod);
@@ -197,7 +224,7 @@ std::optional<CacheNodeTrouble> DiagnoseCacheNodePods(
     const std::string key = Text(meta, "namespace") + "/" + Text(meta, "name");
     auto mounts = failed_mounts.find(key);
     std::optional<PodTrouble> t =
-        TroubleOf(pool, *pod, mounts == failed_mounts.end() ? nullptr : &mounts->second);
+        TroubleOf(pool, *pod, mounts == failed_mounts.end() ? nullptr : &mounts->second, now);
     if (!t) continue;
     ++failing;
     if (first) continue;

@@ -187,7 +187,8 @@ std::optional<CacheNodeTrouble> ControllerContext::CacheNodeTroubleOf(const Cach
     std::sort(said.begin(), said.end());
     for (auto& [when, message] : said) failed_mounts[ns + "/" + name].push_back(message);
   }
-  std::optional<CacheNodeTrouble> trouble = DiagnoseCacheNodePods(pool, pods, failed_mounts);
+  std::optional<CacheNodeTrouble> trouble =
+      DiagnoseCacheNodePods(pool, pods, failed_mounts, std::chrono::system_clock::now());
   std::lock_guard lock(mu_);
   if (trouble) {
     troubles_[pool.name] = *trouble;

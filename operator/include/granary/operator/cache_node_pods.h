@@ -11,6 +11,7 @@
 //
 // Thread safety: plain values and pure functions.
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -50,9 +51,16 @@ std::string LastLine(const std::string& text);
 // pod has one (pods that run, or are merely starting, have none). With
 // several failing pods, the first by name is described and the others
 // counted. Pods being deleted are left out.
+// A container that started again after exiting with an error and is not
+// ready yet counts as crashing for kCrashRecentFor after its start (the
+// kubelet's longest back-off): the reason then holds while it loops, and an
+// old exit does not hang on a node that runs but is not ready for another
+// cause. `now` is the wall clock (pods' times are RFC 3339).
+inline constexpr std::chrono::minutes kCrashRecentFor{5};
 std::optional<CacheNodeTrouble> DiagnoseCacheNodePods(
     const CachePool& pool, const std::vector<Json>& pods,
-    const std::map<std::string, std::vector<std::string>>& failed_mounts);
+    const std::map<std::string, std::vector<std::string>>& failed_mounts,
+    std::chrono::system_clock::time_point now);
 
 // Whether `pod` is creating its containers (scheduled, not running, no
 // container status that says more): its FailedMount Events may say why.
