@@ -27,13 +27,16 @@
 #   make image-assemble  the same image from build/release's binaries, no compiling (LOAD=1: into containerd)
 #   make images-test  that image, the trainer image (PyTorch) and the Redis image the real-node tests run
 #                     (ADDRESS=<containerd socket>: also loads the three there)
+#   make test-k8s-versions  the Kubernetes suites (and chart_render_test) against the oldest
+#                     Kubernetes the chart claims, v1.34.4 (K8S_VERSIONS=...: others); as root.
+#                     Not in make test: the first build of a release's tools takes about 15 minutes
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
 
 FUZZ_SECONDS ?= 30
 SHELL := /bin/bash
 
-.PHONY: deps-build deps-quickstart deps-slurm deps-kubernetes check test-layout-check image image-assemble images-test deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-operator bench-client bench-multihost bench bench-smoke clean
+.PHONY: deps-build deps-quickstart deps-slurm deps-kubernetes check test-layout-check image image-assemble images-test deps build release quickstart demo demo-slurm demo-k8s test test-debug test-asan test-k8s-versions fuzz format format-check layering-check bench-manifest bench-core bench-cachenode bench-auth bench-operator bench-client bench-multihost bench bench-smoke clean
 
 # What each target needs (scripts/install-deps says what is in each group).
 deps:
@@ -86,6 +89,26 @@ test-asan: deps
 	cmake --build --preset asan
 	k8s_bin=$$(scripts/k8s-tools) && GRANARY_K8S_BIN=$$k8s_bin ctest --preset asan
 	scripts/check-test-leftovers
+
+# The Kubernetes suites (control plane and real node) and chart_render_test
+# on build/debug against other Kubernetes releases than the default v1.37.2
+# that make test runs: the oldest one the chart's kubeVersion claims (the
+# oldest minor the Go module proxy serves). Each release's tools are built by
+# scripts/k8s-tools --kube-version into a cache directory of their own (about
+# 15 minutes the first time, niced), and GRANARY_KUBE_VERSION makes every
+# `scripts/k8s-tools --no-build` a test runs find the same ones.
+K8S_VERSIONS ?= v1.34.4
+test-k8s-versions: deps
+	cmake --preset debug >/dev/null
+	cmake --build --preset debug
+	set -e; for v in $(K8S_VERSIONS); do \
+	  k8s_bin=$$(nice -n 10 scripts/k8s-tools --kube-version $$v --node); \
+	  echo "make test-k8s-versions: Kubernetes $$v ($$k8s_bin)"; \
+	  GRANARY_KUBE_VERSION=$$v GRANARY_K8S_BIN=$$k8s_bin ctest --preset debug -L kubernetes; \
+	  GRANARY_KUBE_VERSION=$$v GRANARY_K8S_BIN=$$k8s_bin ctest --preset debug -R '^chart_render_test$$'; \
+	  scripts/check-test-leftovers; \
+	done
+	@echo "make test-k8s-versions: the Kubernetes suites passed on $(K8S_VERSIONS)"
 
 fuzz: deps
 	cmake --preset fuzz >/dev/null
