@@ -4,6 +4,7 @@
 // are in session.cc, the arena's samples in session_samples.cc.
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,9 +23,21 @@ namespace sp = sidecar_protocol;
 
 namespace {
 
-// Chunk files a session keeps open at most (least recently handed over let
-// go first): bounded descriptors, and bounded tables of their samples.
-constexpr size_t kMaxDirectFiles = 64;
+// Chunk files a session keeps open and mapped at most (least recently handed
+// over let go first): a quarter of the process's descriptor limit, within
+// [64, 16384]. A shuffled epoch reads every chunk about equally often, so a
+// session holding fewer files than the dataset has chunks lets go of one and
+// asks for another (a round trip, a new map and its page faults) on most
+// samples; with Linux's usual limits (1024 soft, more in containers and under
+// systemd) that is 256 files or more: 4 GiB of 16 MiB chunks.
+size_t MaxDirectFiles() {
+  static const size_t limit = [] {
+    rlimit r{};
+    if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return size_t{16384};
+    return std::clamp<size_t>(static_cast<size_t>(r.rlim_cur / 4), 64, 16384);
+  }();
+  return limit;
+}
 // Samples the sidecar said to read through the arena (not staged yet, a
 // chunk it does not hand over) are not asked about again before this.
 constexpr auto kElsewhereFor = std::chrono::milliseconds(1000);
@@ -127,7 +140,7 @@ void Session::LocateDirect(std::span<const uint32_t> ids) {
   // the ids of the others while replies resolve some. Bounded also when the
   // ids span more chunks than a session keeps (the oldest let go may be
   // asked for again).
-  const size_t rounds = std::min(ids.size(), kMaxDirectFiles / sp::kMaxChunkFilesPerReply);
+  const size_t rounds = std::min(ids.size(), MaxDirectFiles() / sp::kMaxChunkFilesPerReply);
   for (size_t round = 0; round < rounds; ++round) {
     if (LocateDirectRound(ids) == 0) return;
   }
@@ -237,7 +250,7 @@ size_t Session::LocateDirectRound(std::span<const uint32_t> ids) {
     direct_files_.push_back(std::move(file));
     ++direct_counters_.chunk_files;
   }
-  while (direct_files_.size() > kMaxDirectFiles) {
+  while (direct_files_.size() > MaxDirectFiles()) {
     std::shared_ptr<DirectFile> oldest = direct_files_.front();
     ForgetDirectFile(oldest, now);  // may be asked for again at once
   }

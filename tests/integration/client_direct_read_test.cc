@@ -189,6 +189,39 @@ TEST_F(DirectReadTest, StagedSamplesAreReadFromTheirChunkFilesReadOnlyAndByteExa
   EXPECT_EQ((*arena)->direct_counters().chunk_files, 0u);
 }
 
+// A dataset of more chunks than the 64 files a session once kept: shuffled
+// passes take each chunk's file once (none is let go and asked for again,
+// which would cost a round trip and a new map per sample).
+TEST_F(DirectReadTest, ShuffledPassesOverManyChunksTakeEachChunkFileOnce) {
+  DatasetOptions d;
+  d.name = "many";
+  d.files = 300;
+  d.min_size = 300;
+  d.max_size = 9000;
+  d.chunk_size = 16 * 1024;
+  auto many = cluster_->CreateDataset(d);
+  ASSERT_OK(many);
+  ASSERT_OK(cluster_->WaitForPhase(d.name, DatasetPhase::kReady));
+  ASSERT_GT(many->manifest->chunk_count(), 64u);
+  auto session = Open(d.name);
+  ASSERT_NE(session, nullptr);
+  std::vector<uint32_t> order(many->sample_count());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::mt19937 rng(3);
+  for (int pass = 0; pass < 3; ++pass) {
+    std::shuffle(order.begin(), order.end(), rng);
+    for (uint32_t id : order) {
+      auto bytes = session->Read(id);
+      ASSERT_TRUE(bytes.ok()) << id << ": " << bytes.status().ToString();
+      ASSERT_EQ(*bytes, many->contents[id]) << "sample " << id;
+    }
+  }
+  const DirectReadCounters c = session->direct_counters();
+  EXPECT_EQ(c.chunk_files, many->manifest->chunk_count());
+  EXPECT_GT(c.samples, 0u);
+  EXPECT_EQ(c.fallbacks, 0u);
+}
+
 // What a reader in a forked child has done so far, in memory shared with the
 // parent (MAP_SHARED before the fork), so the parent waits on progress rather
 // than on time.
