@@ -526,8 +526,25 @@ Result<std::chrono::milliseconds> ReconcileDataset(ControllerContext& c, const s
     }
   }
   const bool ready = r.state.phase == DatasetPhase::kReady;
-  SetCondition(conditions, "Ready", ready, ready ? "Ready" : phase, r.state.message, generation,
-               now);
+  std::string ready_reason = ready ? "Ready" : phase;
+  std::string ready_message = r.state.message;
+  // Pending with no cache node of the pool running, and the kubelet saying
+  // why: nothing will take the snapshot until the pool is fixed.
+  const Json& pool_status = pool_object->value("status", Json::object());
+  if (std::optional<CacheNodeTrouble> trouble = c.LastCacheNodeTrouble(d.pool);
+      trouble && r.state.phase == DatasetPhase::kPending && pool_status.is_object() &&
+      pool_status.value("nodesReady", int64_t{0}) == 0) {
+    ready_reason = kCacheNodesNotRunning;
+    ready_message = "no cache node of CachePool " + Quoted(d.pool) +
+                    " runs, so none takes this Dataset's snapshot: " + trouble->message;
+    bool was = false;
+    for (const Json& cond : conditions) {
+      was = was || (cond.value("type", "") == "Ready" &&
+                    cond.value("reason", "") == kCacheNodesNotRunning);
+    }
+    if (!was) c.Event(object, "Warning", std::string(kCacheNodesNotRunning), ready_message);
+  }
+  SetCondition(conditions, "Ready", ready, ready_reason, ready_message, generation, now);
   status["conditions"] = conditions;
   if (status != object.value("status", Json::object())) {
     GRANARY_RETURN_IF_ERROR(

@@ -8,7 +8,8 @@
 // library in process). The cases add the example Dataset and Datasets of
 // their own in team-a, replicas of the operator, and kill and restart them;
 // one adds a pool whose pod kwok fakes and writes that pod's status as the
-// kubelet would (an image it cannot pull, a crash, a mount it cannot make).
+// kubelet would (an image it cannot pull, a crash, a mount it cannot make)
+// and checks the pool's and its Datasets' conditions.
 // The last cases run the operator with its sidecar webhook (certificate,
 // registration) and check the store Secret it copies to the Datasets'
 // namespaces.
@@ -453,6 +454,16 @@ TEST_F(OperatorTest, CacheNodePodsThatDoNotRunGiveThePoolAReasonAndRecovery) {
   EXPECT_EQ(pool("reason"), "ImagePullFailed");
   EXPECT_EQ(pool("message"), pull_message);
   EXPECT_EQ(pool_events("ImagePullFailed"), 1u);
+  // A Dataset of the pool waits for a snapshot no cache node can take, and
+  // says why.
+  Kubectl({"apply", "-f", "-"}, ReplaceAll(DatasetYaml("waiting", missing_mount + "/waiting"),
+                                           "cachePool: gpu", "cachePool: broken"));
+  ASSERT_OK(WaitCondition("waiting", "Ready", "False", "CacheNodesNotRunning", seconds(30)));
+  EXPECT_THAT(ConditionField(*Dataset("waiting"), "Ready", "message"),
+              HasSubstr("no cache node of CachePool 'broken' runs, so none takes this Dataset's "
+                        "snapshot: " +
+                        pull_message));
+  EXPECT_EQ((*Dataset("waiting"))["status"].value("phase", ""), "Pending");
 
   // 2. It runs and exits: the real cache node's last words, with a data
   // directory it cannot create (under a regular file), as
@@ -491,6 +502,7 @@ TEST_F(OperatorTest, CacheNodePodsThatDoNotRunGiveThePoolAReasonAndRecovery) {
   ASSERT_OK(wait_pool("True", "NodesReady"));
   EXPECT_EQ(pool("message"), "1 of 1 cache nodes ready");
   EXPECT_EQ(pool_events("CacheNodesRecovered"), 1u);
+  ASSERT_OK(WaitCondition("waiting", "Ready", "False", "Pending", seconds(30)));
 
   // 4. A source mount the node cannot mount: the kubelet keeps the pod
   // creating its containers and says why in a FailedMount Event.
@@ -530,6 +542,7 @@ TEST_F(OperatorTest, CacheNodePodsThatDoNotRunGiveThePoolAReasonAndRecovery) {
                                          "sourceMounts: 'shared' (" +
                                          missing_mount + " at " + missing_mount + "))"));
   EXPECT_THAT(dataset_message, HasSubstr(mount_error));
+  ASSERT_OK(WaitCondition("waiting", "Ready", "False", "SourceMountFailed", seconds(30)));
   Result<std::unique_ptr<MetadataStore>> store = suite_->Store();
   ASSERT_OK(store);
   EXPECT_EQ((*store)->GetDataset(kube::GranaryDatasetName("team-a", "unmountable")).status().code(),
@@ -547,7 +560,8 @@ TEST_F(OperatorTest, CacheNodePodsThatDoNotRunGiveThePoolAReasonAndRecovery) {
   EXPECT_EQ(ConditionField(*unaffected, "Ready"), "True");
   EXPECT_EQ(ready_since(unaffected), unaffected_since);
 
-  Kubectl({"delete", "dataset", "-n", "team-a", "unmountable", "unaffected", "--timeout=60s"});
+  Kubectl({"delete", "dataset", "-n", "team-a", "unmountable", "waiting", "unaffected",
+           "--timeout=60s"});
   Kubectl({"delete", "cachepool", "broken", "--timeout=60s"});
 }
 
@@ -739,13 +753,17 @@ TEST_F(OperatorTest, DeletingACachePoolIsHeldWhileADatasetUsesIt) {
         Result<json> p = cluster().GetJson({"cachepool", "spare"});
         Result<json> ds =
             cluster().GetJson({"daemonset", "-n", "granary", "granary-cachenode-spare"});
-        return p.ok() && ds.ok() &&
-               (*p)["metadata"]
-                       .value("finalizers", json::array())
-                       .dump()
-                       .find("granary.io/pool-in-use") != std::string::npos;
+        return p.ok() && ds.ok();
       },
-      seconds(30), "the pool's finalizer and DaemonSet"));
+      seconds(30), "the pool's DaemonSet"));
+  // No Dataset names it yet: no finalizer (deleting it would not wait).
+  Result<json> unused = cluster().GetJson({"cachepool", "spare"});
+  ASSERT_OK(unused);
+  EXPECT_EQ((*unused)["metadata"]
+                .value("finalizers", json::array())
+                .dump()
+                .find("granary.io/pool-in-use"),
+            std::string::npos);
   MakeSource("spare", 2, 31);
   std::string yaml =
       KubeSuite::DatasetYaml(kQuotaNamespace, "on-spare", suite_->datasets() + "/spare");
@@ -756,6 +774,16 @@ TEST_F(OperatorTest, DeletingACachePoolIsHeldWhileADatasetUsesIt) {
   ASSERT_OK(store);
   ASSERT_OK(cluster().WaitFor([&] { return (*store)->GetDataset(gname).ok(); }, seconds(30),
                               "the Dataset's store record"));
+  // A Dataset names it: the finalizer holds it now.
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<json> p = cluster().GetJson({"cachepool", "spare"});
+        return p.ok() && (*p)["metadata"]
+                                 .value("finalizers", json::array())
+                                 .dump()
+                                 .find("granary.io/pool-in-use") != std::string::npos;
+      },
+      seconds(30), "the pool's finalizer once a Dataset names it"));
 
   // Deleting the pool: held, saying why.
   Kubectl({"delete", "cachepool", "spare", "--wait=false"});

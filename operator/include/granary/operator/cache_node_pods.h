@@ -29,6 +29,8 @@ inline constexpr std::string_view kCacheNodeNotCreated = "CacheNodeNotCreated";
 inline constexpr std::string_view kVolumeMountFailed = "VolumeMountFailed";
 // Of a pool and of the Datasets under the mount: a source mount failed.
 inline constexpr std::string_view kSourceMountFailed = "SourceMountFailed";
+// Of a Pending Dataset whose pool has no cache node running, with a trouble.
+inline constexpr std::string_view kCacheNodesNotRunning = "CacheNodesNotRunning";
 
 struct CacheNodeTrouble {
   std::string reason;   // one of the reasons above
