@@ -312,10 +312,20 @@ Result<std::chrono::milliseconds> ReconcileCachePool(ControllerContext& c, const
   if ((*object)["metadata"].contains("deletionTimestamp")) {
     return FinishDeletion(c, *object, key, finalizers);
   }
-  if (std::find(finalizers.begin(), finalizers.end(), kPoolFinalizer) == finalizers.end()) {
-    Json with = (*object)["metadata"].value("finalizers", Json::array());
-    with.push_back(kPoolFinalizer);
-    GRANARY_RETURN_IF_ERROR(SetPoolFinalizers(c, *object, with));
+  // The finalizer is there exactly while Datasets name the pool: a pool no
+  // Dataset uses goes at once when deleted, also with no operator running
+  // (helm uninstall removes the operator and the chart's pools together; its
+  // objects are owned by the pool and garbage-collected).
+  const bool in_use = !DatasetsOf(c, key).empty();
+  const bool held =
+      std::find(finalizers.begin(), finalizers.end(), kPoolFinalizer) != finalizers.end();
+  if (in_use != held) {
+    Json changed = Json::array();
+    for (const Json& f : (*object)["metadata"].value("finalizers", Json::array())) {
+      if (f != kPoolFinalizer) changed.push_back(f);
+    }
+    if (in_use) changed.push_back(kPoolFinalizer);
+    GRANARY_RETURN_IF_ERROR(SetPoolFinalizers(c, *object, changed));
     return std::chrono::milliseconds(0);  // the update comes back through the watch
   }
   Result<CachePool> parsed = ParseCachePool(*object);

@@ -287,8 +287,13 @@ class Operator::Impl {
       const bool same =
           d ? (it != fingerprints_.end() && it->second == fingerprint) : it == fingerprints_.end();
       if (same) return;
-      if (it != fingerprints_.end() && pool.empty()) {
-        pool = it->second.substr(0, it->second.find('|'));  // the pool it was in
+      if (it != fingerprints_.end()) {
+        const std::string before = it->second.substr(0, it->second.find('|'));
+        if (pool.empty()) {
+          pool = before;  // the pool it was in
+        } else if (before != pool && !before.empty()) {
+          pool_queue_.Add(before);  // it left that pool, which may not be in use any more
+        }
       }
       if (d) {
         fingerprints_[key] = fingerprint;
@@ -299,7 +304,9 @@ class Operator::Impl {
     if (pool.empty()) return;
     std::optional<Json> pool_object = pool_informer_->Get(pool);
     if (!pool_object) return;
-    if ((*pool_object)["metadata"].contains("deletionTimestamp")) pool_queue_.Add(pool);
+    // Whether a Dataset names it decides the pool's finalizer, and a pool
+    // being deleted may be waiting for this one.
+    pool_queue_.Add(pool);
     const std::string ns = key.substr(0, key.find('/'));
     bool quota = false;
     Result<CachePool> parsed = ParseCachePool(*pool_object);

@@ -753,13 +753,17 @@ TEST_F(OperatorTest, DeletingACachePoolIsHeldWhileADatasetUsesIt) {
         Result<json> p = cluster().GetJson({"cachepool", "spare"});
         Result<json> ds =
             cluster().GetJson({"daemonset", "-n", "granary", "granary-cachenode-spare"});
-        return p.ok() && ds.ok() &&
-               (*p)["metadata"]
-                       .value("finalizers", json::array())
-                       .dump()
-                       .find("granary.io/pool-in-use") != std::string::npos;
+        return p.ok() && ds.ok();
       },
-      seconds(30), "the pool's finalizer and DaemonSet"));
+      seconds(30), "the pool's DaemonSet"));
+  // No Dataset names it yet: no finalizer (deleting it would not wait).
+  Result<json> unused = cluster().GetJson({"cachepool", "spare"});
+  ASSERT_OK(unused);
+  EXPECT_EQ((*unused)["metadata"]
+                .value("finalizers", json::array())
+                .dump()
+                .find("granary.io/pool-in-use"),
+            std::string::npos);
   MakeSource("spare", 2, 31);
   std::string yaml =
       KubeSuite::DatasetYaml(kQuotaNamespace, "on-spare", suite_->datasets() + "/spare");
@@ -770,6 +774,16 @@ TEST_F(OperatorTest, DeletingACachePoolIsHeldWhileADatasetUsesIt) {
   ASSERT_OK(store);
   ASSERT_OK(cluster().WaitFor([&] { return (*store)->GetDataset(gname).ok(); }, seconds(30),
                               "the Dataset's store record"));
+  // A Dataset names it: the finalizer holds it now.
+  ASSERT_OK(cluster().WaitFor(
+      [&] {
+        Result<json> p = cluster().GetJson({"cachepool", "spare"});
+        return p.ok() && (*p)["metadata"]
+                                 .value("finalizers", json::array())
+                                 .dump()
+                                 .find("granary.io/pool-in-use") != std::string::npos;
+      },
+      seconds(30), "the pool's finalizer once a Dataset names it"));
 
   // Deleting the pool: held, saying why.
   Kubectl({"delete", "cachepool", "spare", "--wait=false"});
