@@ -135,7 +135,11 @@ Result<std::string> PrepareMountPoint(const std::string& dir) {
     return Status::InvalidArgument(what + ": not a directory; mount on an empty directory");
   }
   GRANARY_ASSIGN_OR_RETURN(const std::string mounted, MountedFileSystemAt(path));
-  if (!mounted.empty()) {
+  // A FUSE file system there is a view (or another server) in use. Any other
+  // mount is fine if it is empty (checked below): in a container the view's
+  // directory is always a volume, a bind mount of the kubelet's emptyDir, and
+  // mounting over an empty directory hides nothing.
+  if (mounted.rfind("fuse", 0) == 0) {
     return Status::FailedPrecondition(what + ": something is mounted there already (" +
                                       Quoted(mounted) + "); unmount it first (fusermount3 -u " +
                                       path + " or umount)");

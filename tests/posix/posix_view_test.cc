@@ -793,6 +793,28 @@ TEST(MountPointTest, ChecksTheDirectory) {
   EXPECT_EQ(PrepareMountPoint("").status().code(), StatusCode::kInvalidArgument);
 }
 
+// In a pod the view's directory is a volume: a bind mount of the kubelet's
+// emptyDir. An empty one is a fine mount point; a non-empty one is refused as
+// any non-empty directory is.
+TEST(MountPointTest, AnEmptyBindMountIsAMountPointAndAFullOneIsNot) {
+  if (geteuid() != 0) GTEST_SKIP() << "bind mounts need root";
+  testing::TempDir dir;
+  fs::create_directories(dir.Join("volume"));
+  fs::create_directories(dir.Join("view"));
+  ASSERT_EQ(mount(dir.Join("volume").c_str(), dir.Join("view").c_str(), nullptr, MS_BIND, nullptr),
+            0)
+      << std::strerror(errno);
+  ASSERT_NE(*MountedFileSystemAt(dir.Join("view")), "");
+  auto ok = PrepareMountPoint(dir.Join("view"));
+  EXPECT_OK(ok);
+  dir.WriteFile("volume/left.txt", "x");
+  auto full = PrepareMountPoint(dir.Join("view"));
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(full.status().message().find("left.txt"), std::string::npos);
+  ASSERT_EQ(umount2(dir.Join("view").c_str(), MNT_DETACH), 0);
+}
+
 TEST_F(PosixViewTest, AMountPointInUseIsRefused) {
   MountIt();
   auto busy = PrepareMountPoint(mnt_);
