@@ -137,9 +137,12 @@ void Session::LogDirectFailureOnce(const Status& failed) {
 
 void Session::LocateDirect(std::span<const uint32_t> ids) {
   // A reply describes at most kMaxChunkFilesPerReply chunks: ask again for
-  // the ids of the others while replies resolve some. Bounded also when the
-  // ids span more chunks than a session keeps (the oldest let go may be
-  // asked for again).
+  // the ids of the others while replies hand files over. A round that hands
+  // none (the node has not staged those chunks: a cold epoch) ends it, so a
+  // cold batch waits for one round trip, not one per four chunks; its other
+  // ids are asked about again with a later call. Bounded also when the ids
+  // span more chunks than a session keeps (the oldest let go may be asked
+  // for again).
   const size_t rounds = std::min(ids.size(), MaxDirectFiles() / sp::kMaxChunkFilesPerReply);
   for (size_t round = 0; round < rounds; ++round) {
     if (LocateDirectRound(ids) == 0) return;
@@ -254,11 +257,7 @@ size_t Session::LocateDirectRound(std::span<const uint32_t> ids) {
     std::shared_ptr<DirectFile> oldest = direct_files_.front();
     ForgetDirectFile(oldest, now);  // may be asked for again at once
   }
-  size_t resolved = 0;
-  for (uint32_t id : unknown) {
-    if (direct_.contains(id) || direct_elsewhere_.contains(id)) ++resolved;
-  }
-  return resolved;
+  return handed;
 }
 
 bool Session::FindDirect(uint32_t id, DirectExtent* extent) {

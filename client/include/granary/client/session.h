@@ -344,8 +344,7 @@ class Session {
   // Maps a handed-over file whole (read-only); caller holds direct_mu_.
   Status MapChunkFile(DirectFile& file);
   void LogDirectFailureOnce(const Status& failed);  // caller holds direct_mu_
-  // One CHUNK_FILES round of LocateDirect: how many of the ids asked about
-  // the reply resolved (now direct, or to read through the arena for now).
+  // One CHUNK_FILES round of LocateDirect: how many chunk files it handed over.
   size_t LocateDirectRound(std::span<const uint32_t> ids);
   // The sample's extent if it is direct now (and its file not dropped).
   bool FindDirect(uint32_t id, DirectExtent* extent);
