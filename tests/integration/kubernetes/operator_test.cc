@@ -842,7 +842,9 @@ TEST_F(OperatorTest, OperatorKilledAndApiServerRestartedStatusConvergesWithOneSn
   ASSERT_OK(record);
   EXPECT_EQ(record->manifest_id, (*Dataset("restarts"))["status"].value("manifestId", ""));
   // One snapshot: the cache node walked the source once, and the Events say
-  // Created and Snapshotted once.
+  // Created and Snapshotted at most once. Created may be missing: the kill
+  // can land between the record and its Event (Events are best effort, and
+  // the new operator finds the record made); two would mean it was made twice.
   EXPECT_EQ(SnapshotsOk() - snapshots_before, 1.0);
   const std::string events = Kubectl({"get", "events", "-n", "team-a", "--field-selector",
                                       "involvedObject.name=restarts", "-o", "json"});
@@ -853,7 +855,7 @@ TEST_F(OperatorTest, OperatorKilledAndApiServerRestartedStatusConvergesWithOneSn
     created += e.value("reason", "") == "Created" ? 1 : 0;
   }
   EXPECT_LE(snapshotted, 1) << events;
-  EXPECT_EQ(created, 1) << events;
+  EXPECT_LE(created, 1) << events;
 }
 
 TEST_F(OperatorTest, SpecChangeOfTheBytesTakesANewSnapshot) {
