@@ -1030,8 +1030,11 @@ PyMethodDef kSessionMethods[] = {
     {"read", SessionRead, METH_O, "The sample's bytes (a copy; the pin is released at once)."},
     {"read_many", SessionReadMany, METH_O,
      "Each sample's bytes (copies), in one round trip where possible."},
-    {"get", SessionGet, METH_O, "The sample in shared memory (zero-copy), pinned until released."},
-    {"get_many", SessionGetMany, METH_O, "Many samples in shared memory (zero-copy), pinned."},
+    {"get", SessionGet, METH_O,
+     "The sample without a copy: a view of its mapped chunk file (direct reads, checked on "
+     "first use) or of the sidecar's shared memory, held until released."},
+    {"get_many", SessionGetMany, METH_O,
+     "Many samples without a copy (as get), one request for the chunk files not known yet."},
     {"announce_sampler", GRANARY_KW(SessionAnnounceSampler), METH_VARARGS | METH_KEYWORDS,
      "SET_PLAN for a DistributedSampler over all of the dataset's samples."},
     {"set_plan", GRANARY_KW(SessionSetPlan), METH_VARARGS | METH_KEYWORDS,
@@ -1168,8 +1171,9 @@ PyObject* InitModule() {
       PyExc_RuntimeError, nullptr);
   g_sample_type = MakeType(
       "granary.Sample",
-      "A sample's bytes in the sidecar's shared memory (zero-copy, read-only).\n\n"
-      "Supports the buffer protocol (memoryview(s), numpy.frombuffer(s)); pinned until "
+      "A sample's bytes without a copy (read-only): in its mapped chunk file (direct reads) or "
+      "in the sidecar's shared memory.\n\n"
+      "Supports the buffer protocol (memoryview(s), numpy.frombuffer(s)); held until "
       "release(), the end of a with block, or garbage collection.",
       static_cast<int>(sizeof(SampleObject)),
       {{Py_tp_new, reinterpret_cast<void*>(SampleNew)},

@@ -60,7 +60,8 @@ class Dataset:
     """A Granary dataset, map-style: ``len(ds)``, ``ds[i]``.
 
     ``ds[i]`` is the sample's bytes (a copy), or with ``zero_copy=True`` a
-    :class:`granary.Sample` over the sidecar's shared memory: it supports the
+    :class:`granary.Sample` over its mapped chunk file (direct reads, below) or
+    the sidecar's shared memory: it supports the
     buffer protocol (``memoryview(s)``, ``numpy.frombuffer(s)`` without a
     copy), stays valid until ``s.release()`` (or the end of a ``with`` block,
     or garbage collection), and must not be used after that.
@@ -69,10 +70,10 @@ class Dataset:
     the end as for a list. ``ds.path(i)`` and ``ds.index(path)`` map between
     ids and paths relative to the dataset root.
 
-    On the sidecar's host, ``ds[i]`` and ``ds.__getitems__`` copies read
-    staged samples straight from the cache node's chunk files the sidecar
-    hands over, each verified with XXH3, and everything else through the
-    sidecar (docs/client.md, "Direct reads"). ``direct_reads=False`` (or
+    On the sidecar's host, ``ds[i]`` and ``ds.__getitems__`` (copies and
+    zero-copy) read staged samples straight from the cache node's chunk files
+    the sidecar hands over, mapped read-only, each verified with XXH3, and
+    everything else through the sidecar (docs/client.md, "Direct reads"). ``direct_reads=False`` (or
     ``$GRANARY_DIRECT_READS=0`` when the argument is not given) reads every
     sample through the sidecar.
 
