@@ -12,7 +12,7 @@
 #   make quickstart   single-host Granary + a PyTorch training loop through it (DIR=... for your data)
 #   make demo         stage a generated (or DIR=...) dataset with one cache node
 #   make demo-slurm   a job with #DW jobdw + stage_in on a real one-node Slurm (2,000 files; as root)
-#   make demo-k8s     helm install the chart on a local control plane, a Dataset and a training Job (as root)
+#   make demo-k8s     helm install the chart on a real node here, a Dataset and a training Job (as root; KEEP=1 leaves it up)
 #   make bench-manifest  manifest build/load figures at ImageNet scale
 #   make bench-core   placement and plan micro-benchmarks
 #   make bench-cachenode  cache node staging and serving figures (about 1.5 minutes, 7 GB in /tmp; ARGS=--tls)
@@ -75,13 +75,14 @@ test: deps format-check layering-check test-layout-check test-debug bench-smoke 
 
 # The Kubernetes suites (LABELS kubernetes) run a real control plane built by
 # scripts/k8s-tools into ~/.cache/granary: about 13 minutes the first time
-# (needs Go >= 1.26), instant afterwards.
+# (needs Go >= 1.26), instant afterwards; the debug pass also the real node's
+# kubelet and kube-proxy (--node: about 3 minutes more the first time).
 # After ctest, scripts/check-test-leftovers fails if a test left a FUSE mount
 # (fuse.granary, fuse.granary-slowfs) or a granary-test-* directory behind.
 test-debug: deps
 	cmake --preset debug >/dev/null
 	cmake --build --preset debug
-	k8s_bin=$$(scripts/k8s-tools) && GRANARY_K8S_BIN=$$k8s_bin ctest --preset debug
+	k8s_bin=$$(scripts/k8s-tools --node) && GRANARY_K8S_BIN=$$k8s_bin ctest --preset debug
 	scripts/check-test-leftovers
 
 test-asan: deps
@@ -156,7 +157,7 @@ demo-slurm: deps-slurm release
 	scripts/demo-slurm
 
 demo-k8s: deps-kubernetes release
-	scripts/demo-k8s
+	KEEP=$(KEEP) scripts/demo-k8s
 
 bench-manifest: release
 	build/release/bench/manifest_bench

@@ -330,10 +330,19 @@ void SampleFetcher::Impl::ReadOverNetwork(FetchState& st, uint32_t node,
 std::string SampleFetcher::Impl::NoNodeMessage(const FetchState& st, const Piece& piece) {
   const FetchTarget& target = st.targets[piece.target];
   const FetchDataset& ds = *st.dataset;
+  // Every node that answered refused this reader: running nodes or the
+  // source would not change that, its rights would.
+  bool refused = !piece.attempts.empty();
+  for (const Attempt& a : piece.attempts) {
+    refused = refused && a.status.code() == StatusCode::kPermissionDenied;
+  }
   return "fetching sample " + std::to_string(target.id) + " (" +
          Quoted(ds.manifest->PathOf(target.id)) + ") of dataset " + Quoted(ds.name) +
          ": no cache node delivered it and source fall-through is off; " + AttemptsText(st, piece) +
-         ". Check that the pool's cache nodes are running, or enable source fall-through";
+         (refused ? ". The cache nodes refused this reader (why is said above): read the dataset "
+                    "as an identity it is granted to"
+                  : ". Check that the pool's cache nodes are running, or enable source "
+                    "fall-through");
 }
 
 std::string SampleFetcher::Impl::AttemptsText(const FetchState& st, const Piece& piece) {

@@ -1,7 +1,9 @@
 #include "testing/kube_node.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -137,8 +139,9 @@ std::optional<std::string> KubeNode::Unavailable() {
   return std::nullopt;
 }
 
-Result<std::string> KubeNode::GranaryImage(const std::string& build_dir) {
-  const std::string archive = build_dir + "/image/granary_0.1.0.oci.tar";
+Result<std::string> KubeNode::GranaryImage(const std::string& build_dir, bool trainer) {
+  const std::string archive = build_dir + (trainer ? "/image/granary-trainer_0.1.0.oci.tar"
+                                                   : "/image/granary_0.1.0.oci.tar");
   struct stat image {};
   bool fresh = ::stat(archive.c_str(), &image) == 0;
   for (const char* binary :
@@ -152,9 +155,10 @@ Result<std::string> KubeNode::GranaryImage(const std::string& build_dir) {
     if (fresh && st.st_mtim.tv_sec >= image.st_mtim.tv_sec) fresh = false;
   }
   if (fresh) return archive;
-  Result<std::string> out = RunCommand(
-      {SourceDir() + "/scripts/image/assemble", "--build-dir", build_dir, "--output", archive},
-      milliseconds(900000));
+  std::vector<std::string> argv = {SourceDir() + "/scripts/image/assemble", "--build-dir",
+                                   build_dir, "--output", archive};
+  if (trainer) argv.push_back("--trainer");
+  Result<std::string> out = RunCommand(argv, milliseconds(900000));
   if (!out.ok()) return out.status().WithContext("assemble the image from " + build_dir);
   return archive;
 }
@@ -168,6 +172,7 @@ Result<std::unique_ptr<KubeNode>> KubeNode::Start(KubeNodeOptions options) {
   auto fail = [&](const Status& s) {
     return s.WithContext("start the real node " + node->name() + ":\n" + node->LogTails(3072));
   };
+  if (Status s = node->LockMachine(); !s.ok()) return s;
   if (Status s = node->MakeNetwork(); !s.ok()) return fail(s);
   KubeClusterOptions cluster_options = node->options_.cluster;
   cluster_options.api_address = node->host_ip_;
@@ -195,6 +200,31 @@ KubeNode::~KubeNode() {
   Teardown();
 }
 
+Status KubeNode::LockMachine() {
+  const char* path = "/run/lock/granary-kubenode.lock";
+  lock_fd_ = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) return Status::FromErrno(errno, std::string("open ") + path);
+  const auto deadline = steady_clock::now() + options_.start_timeout;
+  bool said = false;
+  while (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      return Status::FromErrno(errno, std::string("lock ") + path);
+    }
+    if (!said) {
+      std::cerr << "KubeNode: another real node runs on this machine (" << path
+                << " is locked); waiting for it to stop" << std::endl;
+      said = true;
+    }
+    if (steady_clock::now() >= deadline) {
+      return Status::DeadlineExceeded(
+          std::string("another real node (a test or scripts/kubelet-probe) held ") + path +
+          " for longer than the start time-out; one kubelet at a time runs on a machine");
+    }
+    std::this_thread::sleep_for(milliseconds(500));
+  }
+  return Status::Ok();
+}
+
 Status KubeNode::MakeNetwork() {
   GRANARY_ASSIGN_OR_RETURN(network_, NetnsHosts::Create(1));
   netns_ = network_->host(0).netns;
@@ -209,6 +239,13 @@ Status KubeNode::MakeNetwork() {
       return r.status().WithContext("route " + cidr + " to the node (is " + cidr +
                                     " already routed on this machine?)");
     }
+  }
+  // As on any host, a default route: a host-network process's connection to
+  // a Service address needs a route before kube-proxy's rules rewrite it.
+  if (Result<std::string> r =
+          RunCommand({IpBinary(), "-n", netns_, "route", "add", "default", "via", host_ip_});
+      !r.ok()) {
+    return r.status().WithContext("the node's default route");
   }
   // The node forwards between its pods, its link and Services, and its
   // bridge's traffic passes iptables (kube-proxy's rules for pod to Service).
@@ -522,6 +559,8 @@ void KubeNode::Teardown() {
   }
   cluster_.reset();
   network_.reset();
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
+  lock_fd_ = -1;
 }
 
 }  // namespace granary::testing

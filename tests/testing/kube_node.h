@@ -34,8 +34,9 @@
 // anonymous requests on the node's address (a test node only). Its cgroups
 // are the cgroupfs driver's `kubepods` tree (cgroup v1 controllers here:
 // failCgroupV1 false); two KubeNodes cannot run at once on one machine (the
-// ctest RESOURCE_LOCK `kubelet` keeps them apart), nor beside
-// scripts/kubelet-probe.
+// suites run RUN_SERIAL), nor beside scripts/kubelet-probe: Start takes
+// an exclusive lock on /run/lock/granary-kubenode.lock for the node's life,
+// waiting for another test's node to stop (bounded by start_timeout).
 //
 // No registry is reached: the pause image is built by scripts/image/pause,
 // and every image a pod names must be loaded first (options.images, or
@@ -95,8 +96,9 @@ class KubeNode {
   // The image the chart names (granary:0.1.0), assembled by
   // scripts/image/assemble from `build_dir`'s binaries into
   // <build_dir>/image/granary_0.1.0.oci.tar unless that archive is newer
-  // than every binary it holds. Its path.
-  static Result<std::string> GranaryImage(const std::string& build_dir);
+  // than every binary it holds. Its path. `trainer`: the training image
+  // (granary-trainer:0.1.0, the same plus Debian's python3-torch) instead.
+  static Result<std::string> GranaryImage(const std::string& build_dir, bool trainer = false);
 
   // The node's network namespace, the control plane, containerd (with the
   // images loaded), the kubelet and kube-proxy; returns once the Node is
@@ -141,6 +143,7 @@ class KubeNode {
 
  private:
   explicit KubeNode(KubeNodeOptions options);
+  Status LockMachine();
   Status MakeNetwork();
   Status MakeWorkDir();
   Status StartContainerd();
@@ -168,6 +171,7 @@ class KubeNode {
   std::unique_ptr<DaemonProcess> containerd_;
   std::unique_ptr<DaemonProcess> kubelet_;
   std::unique_ptr<DaemonProcess> kube_proxy_;
+  int lock_fd_ = -1;  // the machine-wide lock, held while the node exists
 };
 
 }  // namespace granary::testing

@@ -1,45 +1,50 @@
 // granary-demo-k8s (`make demo-k8s`, scripts/demo-k8s): the Kubernetes side of
-// Granary on this one machine, with the fixtures the Kubernetes suites use and
-// nothing of them faked but the nodes:
+// Granary on this one machine, on a real node, with the fixtures the
+// end-to-end tests use:
 //
-//   1. KubeCluster: etcd, kube-apiserver, kube-controller-manager,
-//      kube-scheduler and kwok (one fake GPU node, gpu-node-1, labelled
-//      granary.io/nvme=true), Jobs' pods left to PodRunner; RedisServer as the
-//      metadata store; PodRunner running the pods of the `granary` images
-//      (pod-bin: the build's daemons) and of `pytorch` (this host's /usr/bin)
-//      as local processes, reporting the end of a Job's pod.
+//   1. KubeNode (tests/testing/kube_node.h): the control plane (etcd,
+//      kube-apiserver, kube-controller-manager, kube-scheduler) and one real
+//      node in a network namespace of its own: containerd with runc, kubelet
+//      and kube-proxy, pod networking from Debian's CNI plugins. The images
+//      granary:0.1.0 and granary-trainer:0.1.0 are assembled from this build
+//      (scripts/image/assemble) and loaded into the node's containerd; no
+//      registry is used. RedisServer as the metadata store, on the address
+//      the node reaches the host at.
 //   2. `helm install granary charts/granary` from the working tree (helm from
-//      scripts/k8s-tools) with values much like helm_chart_test's: the store
-//      from an existing Secret (the Redis above), one operator replica, and
-//      the CachePool `gpu` with this host's paths and free ports. This host
-//      has no kube-proxy, so the API server cannot reach the chart's webhook
-//      Service; a helm post-renderer has the operator register its webhook at
-//      https://127.0.0.1:<port>/mutate instead (--webhook-url for
-//      --webhook-service), which is the only change to what the chart renders.
+//      scripts/k8s-tools): the store from an existing Secret (the Redis
+//      above), both operator replicas, and the CachePool `gpu` with this
+//      host's paths. The API server calls the webhook through the chart's
+//      Service, which kube-proxy routes: nothing of what the chart renders
+//      is changed.
 //   3. The Dataset identity policy (charts/granary/policies), the example
 //      namespaces (examples/kubernetes/namespace.yaml, the store URL made the
 //      Redis'), a generated source of 2,000 files (20 classes x 100, 4-12
 //      KiB) and a Dataset of it in team-a; `kubectl wait` for the operator,
 //      the pool and the Dataset.
-//   4. A Job labelled granary.io/dataset=demo whose container knows nothing
-//      of Granary: the operator's webhook injects the sidecar, PodRunner runs
-//      it and then `python3 train.py` (tests/trainer/check_epochs.py: two
-//      epochs through granary.torch, every sample's SHA-256 checked against
-//      the source, then the same order from the local files), and the Job
+//   4. A Job labelled granary.io/dataset=demo whose container (image
+//      granary-trainer:0.1.0: Python and torch) knows nothing of Granary:
+//      the operator's webhook injects the native sidecar, the kubelet runs it
+//      and then `python3 train.py` (tests/trainer/check_epochs.py: two epochs
+//      through granary.torch, every sample's SHA-256 checked against the
+//      source, then the same order from the local files), and the Job
 //      completes. Prints `kubectl get cachepools,datasets`, the Job and the
 //      trainer's output.
-//   5. Deletes the Dataset, `helm uninstall`s, and stops everything: the
-//      pods' processes, Redis, the control plane, the temp directories.
+//   5. With GRANARY_DEMO_KEEP=1 (`make demo-k8s KEEP=1`), leaves everything
+//      up and prints `export KUBECONFIG=...` and a few kubectl commands to try,
+//      until Ctrl-C.
+//   6. Deletes the Dataset, `helm uninstall`s, and stops everything: the node
+//      (containers, mounts, network, cgroups), Redis, the control plane, the
+//      temp directories.
 //
 // SIGINT and SIGTERM (Ctrl-C) end the step under way within about a second
-// (every wait is polled in short slices) and unwind the same way as step 5,
-// then exit 130. scripts/demo-k8s starts this program in a session of its
-// own and forwards Ctrl-C to it alone: a terminal's SIGINT to the whole
-// process group would also end etcd and the API server at once, and the pods'
-// processes would then be stopped against a dying API server (slowly). The
-// program also gets SIGTERM when its parent (the script) dies. Needs root (PodRunner's mount
-// namespaces) and the tools of scripts/k8s-tools. Exit 0 when the Job completed, 1 on a failure
-// (with the logs of what failed), 130 when interrupted.
+// (every wait is polled in short slices) and unwind the same way as step 6,
+// then exit 130 (0 in KEEP mode, where Ctrl-C is the way to end it).
+// scripts/demo-k8s starts this program in a session of its own and forwards
+// Ctrl-C to it alone: a terminal's SIGINT to the whole process group would
+// also end etcd, the API server and the kubelet at once. The program also
+// gets SIGTERM when its parent (the script) dies. Needs root (the node) and
+// the tools of `scripts/k8s-tools --node`. Exit 0 when the Job completed, 1 on
+// a failure (with the logs of what failed), 130 when interrupted.
 
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -64,8 +69,8 @@
 #include <vector>
 
 #include "testing/kube_cluster.h"
+#include "testing/kube_node.h"
 #include "testing/kube_suite.h"
-#include "testing/pod_runner.h"
 #include "testing/redis_server.h"
 #include "testing/test_util.h"
 
@@ -125,16 +130,14 @@ class Demo {
  public:
   Demo() { ::chmod(work_.path().c_str(), 0755); }  // uid 1000 (runAs) walks to the source
 
-  // The fixtures in reverse start order: the pods' processes, Redis, the
+  // The fixtures in reverse start order: Redis, then the node and the
   // control plane; then the work directory (TempDir).
   ~Demo() {
-    if (runner_ != nullptr) {
-      Step("stopping the pods' processes (PodRunner), Redis and the control plane");
-      runner_->Stop();
+    if (node_ != nullptr) {
+      Step("stopping the node (containers, mounts, network, cgroups), Redis and the control plane");
     }
-    runner_.reset();
     redis_.reset();
-    cluster_.reset();
+    node_.reset();
   }
 
   void Run() {
@@ -145,28 +148,28 @@ class Demo {
     InstallChart();
     ApplyDataset();
     RunJob();
+    if (keep_) Keep();
     TearDownRelease();
   }
 
   // Everything that helps after a failure: the operator's and the pods' logs,
   // the runner's events, the cluster's objects.
   void PrintDiagnostics() {
-    if (cluster_ == nullptr) return;
-    std::cerr
-        << "-- kubectl get pods,jobs,cachepools,datasets -A\n"
-        << cluster_->Kubectl({"get", "pods,jobs,cachepools,datasets", "-A", "-o", "wide"}).out;
-    if (runner_ != nullptr) {
-      for (const RunningContainer& c : runner_->Running()) {
-        std::cerr << "-- running " << c.ns << "/" << c.pod << " " << c.container << ":\n"
-                  << Tail(ReadWhole(c.log_path));
-      }
-      for (const ContainerExit& e : runner_->Exits()) {
-        std::cerr << "-- ended " << e.ns << "/" << e.pod << " " << e.container << " (" << e.status
-                  << "):\n"
-                  << Tail(ReadWhole(e.log_path));
-      }
-      std::cerr << "-- PodRunner's events:\n" << Tail(runner_->EventLog(), 6000);
+    if (node_ == nullptr) return;
+    KubeCluster& cluster = node_->cluster();
+    std::cerr << "-- kubectl get pods,jobs,cachepools,datasets -A\n"
+              << cluster.Kubectl({"get", "pods,jobs,cachepools,datasets", "-A", "-o", "wide"}).out
+              << "-- kubectl get events -A\n"
+              << Tail(cluster.Kubectl({"get", "events", "-A"}).out, 6000);
+    for (const char* ns : {kNamespace, kTeam}) {
+      std::cerr << "-- logs in " << ns << "\n"
+                << Tail(cluster
+                            .Kubectl({"logs", "-n", ns, "--all-containers", "--prefix", "--tail=40",
+                                      "-l", "app.kubernetes.io/name"})
+                            .out,
+                        6000);
     }
+    std::cerr << "-- the node's daemons\n" << node_->LogTails(3000);
   }
 
  private:
@@ -195,7 +198,7 @@ class Demo {
 
   KubectlResult Kubectl(const std::vector<std::string>& args, const std::string& in = "") {
     CheckInterrupted();
-    return cluster_->Kubectl(args, in);
+    return node_->cluster().Kubectl(args, in);
   }
 
   std::string MustKubectl(const std::vector<std::string>& args, const std::string& in = "") {
@@ -237,11 +240,11 @@ class Demo {
   // helm with the cluster's admin kubeconfig and its own home in the work dir.
   KubectlResult Helm(const std::vector<std::string>& args) {
     CheckInterrupted();
-    std::vector<std::string> argv = {cluster_->Tool("helm")};
+    std::vector<std::string> argv = {node_->cluster().Tool("helm")};
     argv.insert(argv.end(), args.begin(), args.end());
     const std::string home = work_.Join("helm-home");
     return RunProgram(argv,
-                      {"KUBECONFIG=" + cluster_->kubeconfig_path(),
+                      {"KUBECONFIG=" + node_->cluster().kubeconfig_path(),
                        "HELM_CACHE_HOME=" + home + "/cache", "HELM_CONFIG_HOME=" + home + "/config",
                        "HELM_DATA_HOME=" + home + "/data", "HOME=" + home},
                       "", work_.path(), seconds(120));
@@ -249,33 +252,38 @@ class Demo {
 
   void StartFixtures() {
     Step(
-        "the control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, "
-        "kwok with one fake GPU node) and Redis");
-    KubeClusterOptions o;
-    o.nodes = {{"gpu-node-1",
-                {{"nvidia.com/gpu.present", "true"},
-                 {"granary.io/nvme", "true"},
-                 {"kubernetes.io/hostname", "gpu-node-1"}}}};
-    o.kwok_completes_job_pods = false;  // PodRunner runs the Job's containers to their end
-    Result<std::unique_ptr<KubeCluster>> cluster = KubeCluster::Start(o);
-    if (!cluster.ok()) throw Failure{"starting the control plane: " + cluster.status().ToString()};
-    cluster_ = std::move(*cluster);
+        "the images granary:0.1.0 and granary-trainer:0.1.0 from this build "
+        "(scripts/image/assemble)");
+    Result<std::string> image = KubeNode::GranaryImage(GRANARY_BUILD_DIR);
+    if (!image.ok()) throw Failure{"assembling the image: " + image.status().ToString()};
     CheckInterrupted();
-    Result<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+    Result<std::string> trainer = KubeNode::GranaryImage(GRANARY_BUILD_DIR, /*trainer=*/true);
+    if (!trainer.ok())
+      throw Failure{"assembling the trainer image: " + trainer.status().ToString()};
+    std::cout << "  " << *image << "\n  " << *trainer << std::endl;
+    CheckInterrupted();
+    Step(
+        "the control plane and a real node (containerd, kubelet, kube-proxy; the images "
+        "loaded into its containerd), and Redis");
+    KubeNodeOptions o;
+    o.labels = {{"granary.io/nvme", "true"}, {"nvidia.com/gpu.present", "true"}};
+    o.images = {{*image, "granary:0.1.0"}, {*trainer, "granary-trainer:0.1.0"}};
+    Result<std::unique_ptr<KubeNode>> node = KubeNode::Start(o);
+    if (!node.ok()) throw Failure{"starting the node: " + node.status().ToString()};
+    node_ = std::move(*node);
+    CheckInterrupted();
+    Result<std::unique_ptr<RedisServer>> redis =
+        RedisServer::Start({"--bind", "127.0.0.1", node_->host_ip()});
     if (!redis.ok()) throw Failure{"starting Redis: " + redis.status().ToString()};
     redis_ = std::move(*redis);
-    std::cout << "  API server " << cluster_->server() << " (kubeconfig "
-              << cluster_->kubeconfig_path() << "), Redis " << redis_->url() << std::endl;
-    std::cout << Indent(MustKubectl({"get", "nodes"}));
+    std::cout << "  API server " << node_->cluster().server() << " (kubeconfig "
+              << node_->cluster().kubeconfig_path() << "), node " << node_->name() << " at "
+              << node_->node_ip() << ", Redis " << RedisUrl() << std::endl;
+    std::cout << Indent(MustKubectl({"get", "nodes", "-o", "wide"}));
+  }
 
-    Step(
-        "PodRunner: the pods of images granary/* (this build's daemons) and pytorch/* "
-        "(python3 of this host) run as local processes");
-    PodRunnerOptions ro;
-    ro.images = {{"granary", GRANARY_POD_BIN_DIR}, {"pytorch", "/usr/bin"}};
-    ro.report_completion = true;
-    runner_ = std::make_unique<PodRunner>(*cluster_, ro);
-    if (Status s = runner_->Start(); !s.ok()) throw Failure{"starting PodRunner: " + s.ToString()};
+  std::string RedisUrl() const {
+    return "redis://" + node_->host_ip() + ":" + std::to_string(redis_->port()) + "/0";
   }
 
   std::string Source() const { return work_.Join("datasets") + "/demo/train"; }
@@ -314,25 +322,18 @@ class Demo {
     std::string namespaces =
         ReadWhole(std::string(GRANARY_SOURCE_DIR) + "/examples/kubernetes/namespace.yaml");
     namespaces = std::regex_replace(namespaces, std::regex("url: \"redis://[^\"]*\""),
-                                    "url: \"" + redis_->url() + "\"");
+                                    "url: \"" + RedisUrl() + "\"");
     std::cout << Indent(MustKubectl({"apply", "--validate=strict", "-f", "-"}, namespaces));
 
-    // This host's paths and free ports; the store from the Secret above.
+    // This host's paths; the store from the Secret above; the image present
+    // on the node.
     const std::string nvme = work_.Join("nvme");
-    const std::string sockets = work_.Join("node-socket");
     std::filesystem::create_directories(nvme);
-    std::filesystem::create_directories(sockets);
-    ::chmod(sockets.c_str(), 0755);
-    webhook_port_ = FreeTcpPort();
-    sidecar_metrics_port_ = FreeTcpPort();
     json values = {
+        {"image", {{"pullPolicy", "Never"}}},
         {"store", {{"existingSecret", "granary-store"}, {"existingSecretKey", "url"}}},
         {"redis", {{"enabled", false}}},
-        {"operator",
-         {{"replicas", 1},
-          {"metricsPort", FreeTcpPort()},
-          {"webhook", {{"port", webhook_port_}}},
-          {"progressInterval", "500ms"}}},
+        {"operator", {{"progressInterval", "1s"}}},
         {"cachePools",
          json::array(
              {{{"name", "gpu"},
@@ -341,31 +342,18 @@ class Demo {
                  {"storage", {{"hostPath", nvme}, {"capacity", "1Gi"}}},
                  {"sourceMounts",
                   json::array({{{"name", "datasets"}, {"hostPath", work_.Join("datasets")}}})},
-                 {"nodeSocketHostPath", sockets},
-                 {"ports", {{"data", FreeTcpPort()}, {"metrics", FreeTcpPort()}}},
-                 {"sidecar", {{"metricsPort", sidecar_metrics_port_}}},
+                 {"nodeSocketHostPath", work_.Join("node-socket")},
+                 {"imagePullPolicy", "Never"},
                  {"resources", {{"requests", {{"cpu", "100m"}, {"memory", "128Mi"}}}}}}}}})}};
     work_.WriteFile("values.yaml", values.dump(2));
-    // No kube-proxy here: the webhook is registered at 127.0.0.1 (see the top).
-    const std::string url = "https://127.0.0.1:" + std::to_string(webhook_port_) + "/mutate";
-    work_.WriteFile("webhook-url.sh",
-                    "#!/bin/sh\n"
-                    "# helm post-renderer: no kube-proxy on this host, so the operator registers\n"
-                    "# its webhook at a URL on 127.0.0.1 instead of the chart's Service.\n"
-                    "exec sed -e 's#- --webhook-service=.*#- --webhook-url=" +
-                        url + "#' -e '/- --webhook-service-port=/d'\n");
-    ::chmod(work_.Join("webhook-url.sh").c_str(), 0755);
 
     Step("helm install " + std::string(kRelease) + " charts/granary -n " + kNamespace +
          " (values: " + work_.Join("values.yaml") + ")");
-    std::cout << "  values: store.existingSecret=granary-store, redis.enabled=false, "
-                 "operator.replicas=1, cachePools[0]: gpu (this host's paths and ports)\n"
-              << "  post-renderer: the operator's --webhook-service=granary-webhook -> "
-                 "--webhook-url="
-              << url << " (no kube-proxy here)" << std::endl;
+    std::cout << "  values: image.pullPolicy=Never, store.existingSecret=granary-store, "
+                 "redis.enabled=false, cachePools[0]: gpu (this host's paths)"
+              << std::endl;
     KubectlResult install =
-        Helm({"install", kRelease, chart, "-n", kNamespace, "-f", work_.Join("values.yaml"),
-              "--post-renderer", work_.Join("webhook-url.sh")});
+        Helm({"install", kRelease, chart, "-n", kNamespace, "-f", work_.Join("values.yaml")});
     if (!install.ok()) throw Failure{"helm install: " + install.Describe() + "\n" + install.out};
     // helm's summary without the NOTES (charts/granary/templates/NOTES.txt).
     std::istringstream lines(install.out);
@@ -377,10 +365,10 @@ class Demo {
         "applied separately as docs/install.md says");
     std::cout << Indent(MustKubectl({"apply", "-f", chart + "/policies/dataset-identity.yaml"}));
 
-    Step("waiting for the operator (PodRunner runs its pod) and the pool's cache node");
+    Step("waiting for the operator's two replicas and the pool's cache node (in containers)");
     KubectlWait({"-n", kNamespace, "--for=condition=Available", "deployment/granary-operator"},
-                seconds(90));
-    KubectlWait({"--for=condition=Ready", "cachepool/gpu"}, seconds(90));
+                seconds(180));
+    KubectlWait({"--for=condition=Ready", "cachepool/gpu"}, seconds(180));
     std::cout << Indent(MustKubectl({"get", "pods", "-n", kNamespace, "-o", "wide"}));
   }
 
@@ -405,7 +393,7 @@ class Demo {
         {"metadata", {{"name", "probe"}, {"labels", {{"granary.io/dataset", kDataset}}}}},
         {"spec",
          {{"containers", json::array({{{"name", "trainer"},
-                                       {"image", "pytorch/pytorch:2.5.1"},
+                                       {"image", "granary-trainer:0.1.0"},
                                        {"command", {"true"}}}})}}}};
     WaitUntil(
         [&] {
@@ -416,17 +404,23 @@ class Demo {
         seconds(60), "the webhook injecting a dry-run pod");
 
     Step(
-        "a training Job: label granary.io/dataset=demo, image pytorch/pytorch:2.5.1, "
-        "python3 train.py (tests/trainer/check_epochs.py, 2 epochs)");
+        "a training Job: label granary.io/dataset=demo, image granary-trainer:0.1.0, "
+        "python3 train.py (tests/trainer/check_epochs.py, 2 epochs), as uid 1000");
     MustKubectl(KubeSuite::TrainerScriptConfigMap(kTeam));
-    const json job = KubeSuite::TrainingJob(kTeam, "train", kDataset, Source(),
-                                            sidecar_metrics_port_, PythonPath(GRANARY_PYTHONPATH));
+    // The pool's default sidecar metrics port (9465): the trainer checks the
+    // handoff served.
+    json job = KubeSuite::TrainingJob(kTeam, "train", kDataset, Source(), 9465, "");
+    json& pod_spec = job["spec"]["template"]["spec"];
+    pod_spec["containers"][0]["image"] = "granary-trainer:0.1.0";
+    pod_spec["containers"][0]["command"] = {"python3", "/app/train.py"};
+    pod_spec["securityContext"] = {{"runAsUser", 1000}, {"runAsGroup", 1000}};
     std::cout << Indent(MustKubectl({"apply", "-f", "-"}, job.dump()));
 
     json pod;
     WaitUntil(
         [&] {
-          Result<json> pods = cluster_->GetJson({"pods", "-n", kTeam, "-l", "job-name=train"});
+          Result<json> pods =
+              node_->cluster().GetJson({"pods", "-n", kTeam, "-l", "job-name=train"});
           if (!pods.ok() || (*pods)["items"].empty()) return false;
           pod = (*pods)["items"][0];
           return !pod["spec"].value("nodeName", "").empty();
@@ -452,18 +446,18 @@ class Demo {
     }
     std::cout << std::flush;
 
-    Step("the Job runs: the injected sidecar, then the trainer (PodRunner)");
+    Step("the Job runs: the kubelet starts the injected sidecar, then the trainer");
     std::cout << "  $ kubectl wait -n team-a --for=condition=Complete job/train" << std::endl;
     std::string done;
     WaitUntil(
         [&] {
-          Result<json> j = cluster_->GetJson({"job", "-n", kTeam, "train"});
+          Result<json> j = node_->cluster().GetJson({"job", "-n", kTeam, "train"});
           if (!j.ok()) return false;
           if (ConditionField(*j, "Failed") == "True") {
             done = "Failed";
             return true;
           }
-          KubectlResult r = cluster_->Kubectl(
+          KubectlResult r = node_->cluster().Kubectl(
               {"wait", "-n", kTeam, "--for=condition=Complete", "job/train", "--timeout=1s"});
           if (r.ok()) {
             std::cout << Indent(r.out);
@@ -473,13 +467,8 @@ class Demo {
         },
         seconds(300), "Job team-a/train finishing");
 
-    std::string trainer_log;
-    for (const ContainerExit& e : runner_->Exits()) {
-      if (e.ns == kTeam && e.container == "trainer") {
-        trainer_log = ReadWhole(e.log_path);
-        std::cout << "  trainer process: " << e.status << "\n";
-      }
-    }
+    const std::string trainer_log =
+        Kubectl({"logs", "-n", kTeam, "job/train", "-c", "trainer"}).out;
     std::cout << "  $ kubectl get jobs,pods -n team-a\n"
               << Indent(MustKubectl({"get", "jobs,pods", "-n", kTeam}));
     Step("the trainer's output");
@@ -493,7 +482,7 @@ class Demo {
         "a Ready pool every 30 s)");
     WaitUntil(
         [&] {
-          Result<json> p = cluster_->GetJson({"cachepool", "gpu"});
+          Result<json> p = node_->cluster().GetJson({"cachepool", "gpu"});
           if (!p.ok()) return false;
           const json st = p->value("status", json::object());
           return st.value("datasets", 0) >= 1 && st.value("usedBytes", uint64_t{0}) > 0;
@@ -503,6 +492,29 @@ class Demo {
               << Indent(MustKubectl({"get", "cachepools,datasets", "-A"})) << std::flush;
   }
 
+  // KEEP=1: everything stays up for a person to look at, until Ctrl-C.
+  void Keep() {
+    Step("KEEP=1: the cluster stays up until Ctrl-C; in another shell, as root:");
+    std::cout << "  export KUBECONFIG=" << node_->cluster().kubeconfig_path() << "\n"
+              << "  export PATH=" << node_->cluster().tools_dir() << ":$PATH\n"
+              << "  kubectl get nodes -o wide\n"
+              << "  kubectl get cachepools,datasets -A\n"
+              << "  kubectl get pods -A -o wide\n"
+              << "  kubectl describe dataset -n team-a demo\n"
+              << "  kubectl logs -n team-a job/train -c granary-sidecar\n"
+              << "  kubectl logs -n granary -l granary.io/pool=gpu\n"
+              << "  helm list -A\n"
+              << "  (the node's containers: ctr --address " << node_->containerd_socket()
+              << " -n k8s.io containers ls)" << std::endl;
+    while (!Interrupted()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    g_signal = 0;  // the end of KEEP, not a failure: tear down as usual
+    kept_ = true;
+  }
+
+ public:
+  bool kept() const { return kept_; }
+
+ private:
   void TearDownRelease() {
     Step("deleting the Dataset (its finalizer needs the operator) and helm uninstall");
     MustKubectl({"delete", "dataset", "-n", kTeam, kDataset, "--wait=false"});
@@ -520,11 +532,13 @@ class Demo {
 
  private:
   TempDir work_;  // destroyed last: the fixtures' processes use it
-  std::unique_ptr<KubeCluster> cluster_;
+  bool kept_ = false;
+  std::unique_ptr<KubeNode> node_;
   std::unique_ptr<RedisServer> redis_;
-  std::unique_ptr<PodRunner> runner_;
-  uint16_t webhook_port_ = 0;
-  uint16_t sidecar_metrics_port_ = 0;
+  const bool keep_ = [] {
+    const char* keep = std::getenv("GRANARY_DEMO_KEEP");
+    return keep != nullptr && std::string(keep) == "1";
+  }();
   bool job_complete_ = false;
 };
 
@@ -537,8 +551,8 @@ int Main() {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // the script that started it died
   if (::geteuid() != 0) {
-    std::cerr << "granary-demo-k8s: run as root (PodRunner runs each container in its own "
-                 "mount namespace)\n";
+    std::cerr << "granary-demo-k8s: run as root (the real node: containerd, the kubelet, "
+                 "network namespaces)\n";
     return 1;
   }
   int rc = 0;

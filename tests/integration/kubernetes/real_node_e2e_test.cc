@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -37,6 +38,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testing/kube_node.h"
@@ -74,9 +76,11 @@ class RealNodeE2eTest : public SharedKubeTest<RealNodeE2eTest> {
 
   static Status StartShared() {
     GRANARY_ASSIGN_OR_RETURN(const std::string image, KubeNode::GranaryImage(GRANARY_BUILD_DIR));
+    GRANARY_ASSIGN_OR_RETURN(const std::string trainer,
+                             KubeNode::GranaryImage(GRANARY_BUILD_DIR, /*trainer=*/true));
     KubeNodeOptions o;
     o.labels = {{"granary.io/nvme", "true"}, {"nvidia.com/gpu.present", "true"}};
-    o.images = {{image, "granary:0.1.0"}};
+    o.images = {{image, "granary:0.1.0"}, {trainer, "granary-trainer:0.1.0"}};
     GRANARY_ASSIGN_OR_RETURN(node_, KubeNode::Start(o));
     GRANARY_ASSIGN_OR_RETURN(redis_, RedisServer::Start({"--bind", "127.0.0.1", node_->host_ip()}));
     work_ = std::make_unique<TempDir>();
@@ -160,7 +164,10 @@ class RealNodeE2eTest : public SharedKubeTest<RealNodeE2eTest> {
                      {"image", "granary:" + tag},
                      {"imagePullPolicy", "Never"},
                      {"resources", {{"requests", {{"cpu", "100m"}, {"memory", "128Mi"}}}}},
-                     {"sidecar", {{"arenaBytes", "64Mi"}, {"windowBytes", "16Mi"}}}}}}})}};
+                     {"sidecar",
+                      {{"arenaBytes", "64Mi"},
+                       {"windowBytes", "16Mi"},
+                       {"allowPosixView", true}}}}}}})}};
   }
 
   static Status InstallChart() {
@@ -194,6 +201,53 @@ class RealNodeE2eTest : public SharedKubeTest<RealNodeE2eTest> {
     Result<json> pods = cluster().GetJson({"pods", "-n", ns, "-l", selector});
     if (!pods.ok()) return {};
     return (*pods)["items"].get<std::vector<json>>();
+  }
+
+  // Waits for Job `name` in `ns` to complete or fail: "Complete", "Failed",
+  // or "" after `timeout`.
+  static std::string WaitJob(const std::string& ns, const std::string& name, milliseconds timeout) {
+    std::string outcome;
+    (void)cluster().WaitFor(
+        [&] {
+          Result<json> j = cluster().GetJson({"job", "-n", ns, name});
+          if (!j.ok()) return false;
+          if (ConditionField(*j, "Complete") == "True") outcome = "Complete";
+          if (ConditionField(*j, "Failed") == "True") outcome = "Failed";
+          return !outcome.empty();
+        },
+        timeout, "Job " + ns + "/" + name);
+    return outcome;
+  }
+
+  // Waits for pod `name` in `ns` to end: its phase, or "" after `timeout`.
+  static std::string WaitPodEnd(const std::string& ns, const std::string& name,
+                                milliseconds timeout) {
+    std::string phase;
+    (void)cluster().WaitFor(
+        [&] {
+          Result<json> p = cluster().GetJson({"pod", "-n", ns, name});
+          if (!p.ok()) return false;
+          phase = (*p)["status"].value("phase", "");
+          return phase == "Succeeded" || phase == "Failed";
+        },
+        timeout, "pod " + ns + "/" + name + " to end");
+    return phase == "Succeeded" || phase == "Failed" ? phase : "";
+  }
+
+  // A sample of the cache node's /metrics (host network: the node's address).
+  static double CacheNodeMetric(const std::string& name, const std::string& labels = "") {
+    KubectlResult r = RunProgram({"curl", "-sf", "http://" + node_->node_ip() + ":9464/metrics"},
+                                 {}, "", work_->path(), seconds(10));
+    double sum = 0;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(name, 0) != 0) continue;
+      const char next = line.size() > name.size() ? line[name.size()] : ' ';
+      if (next != ' ' && next != '{') continue;
+      if (!labels.empty() && line.find(labels) == std::string::npos) continue;
+      sum += std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    return sum;
   }
 
   static bool AllReady(const json& pod) {
@@ -311,6 +365,367 @@ TEST_F(RealNodeE2eTest, ADatasetIsStagedAsItsRunAsUid) {
       {"create", "-n", kTeam, "--dry-run=server", "-o", "json", "-f", "-"}, probe.dump());
   EXPECT_TRUE(dry.ok()) << dry.Describe();
   EXPECT_THAT(dry.out, HasSubstr("granary-sidecar"));
+}
+
+// A Job of the training image, labelled with the Dataset: the webhook injects
+// the native sidecar, the trainer (tests/trainer/check_epochs.py) reads two
+// epochs through granary.torch and checks every sample against the source;
+// the Job completes, and the sidecar stopped after the trainer.
+TEST_F(RealNodeE2eTest, ATrainingJobReadsTwoEpochsThroughTheInjectedNativeSidecar) {
+  cluster().MustKubectl(KubeSuite::TrainerScriptConfigMap(kTeam));
+  json job = KubeSuite::TrainingJob(kTeam, "train", kDataset, Source(), 9465, "");
+  json& pod_spec = job["spec"]["template"]["spec"];
+  json& trainer = pod_spec["containers"][0];
+  trainer["image"] = "granary-trainer:0.1.0";
+  trainer["command"] = {"python3", "/app/train.py"};
+  // The source (mounted as the golden copy) is uid 1000's alone.
+  pod_spec["securityContext"] = {{"runAsUser", 1000}, {"runAsGroup", 1000}};
+  pod_spec["terminationGracePeriodSeconds"] = 5;
+  const auto start = std::chrono::steady_clock::now();
+  cluster().MustKubectl({"apply", "-f", "-"}, job.dump());
+  std::string outcome;
+  Status finished = cluster().WaitFor(
+      [&] {
+        Result<json> j = cluster().GetJson({"job", "-n", kTeam, "train"});
+        if (!j.ok()) return false;
+        if (ConditionField(*j, "Complete") == "True") outcome = "Complete";
+        if (ConditionField(*j, "Failed") == "True") outcome = "Failed";
+        return !outcome.empty();
+      },
+      milliseconds(300000), "Job team-a/train to finish");
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  KubectlResult logs = cluster().Kubectl({"logs", "-n", kTeam, "job/train", "-c", "trainer"});
+  ASSERT_TRUE(finished.ok()) << finished.ToString() << "\n" << logs.out << logs.err;
+  EXPECT_EQ(outcome, "Complete") << logs.out << logs.err;
+  EXPECT_THAT(logs.out, HasSubstr("trainer OK")) << logs.err;
+  std::cout << "training Job: apply to Complete " << took << " s; the trainer said:\n"
+            << logs.out << std::endl;
+
+  std::vector<json> pods = Pods(kTeam, "job-name=train");
+  ASSERT_EQ(pods.size(), 1u);
+  const json& pod = pods[0];
+  EXPECT_EQ(pod["status"].value("phase", ""), "Succeeded");
+  // The injected sidecar is a native sidecar (an init container that runs
+  // alongside), and it ended after the trainer, not before.
+  const json init_statuses = pod["status"].value("initContainerStatuses", json::array());
+  const json* sidecar = nullptr;
+  for (const json& c : init_statuses) {
+    if (c.value("name", "") == "granary-sidecar") sidecar = &c;
+  }
+  ASSERT_NE(sidecar, nullptr) << pod["status"].dump(2);
+  bool restart_always = false;
+  for (const json& c : pod["spec"]["initContainers"]) {
+    if (c.value("name", "") == "granary-sidecar") {
+      restart_always = c.value("restartPolicy", "") == "Always";
+    }
+  }
+  EXPECT_TRUE(restart_always) << pod["spec"].dump(2);
+  const json& trainer_status = pod["status"]["containerStatuses"][0];
+  const std::string trainer_end = trainer_status["state"]["terminated"].value("finishedAt", "");
+  const std::string sidecar_end = (*sidecar)["state"]["terminated"].value("finishedAt", "");
+  ASSERT_FALSE(trainer_end.empty()) << trainer_status.dump(2);
+  ASSERT_FALSE(sidecar_end.empty()) << sidecar->dump(2);
+  EXPECT_GE(sidecar_end, trainer_end);  // RFC 3339 in UTC: ordered as strings
+  EXPECT_EQ(trainer_status["state"]["terminated"].value("exitCode", -1), 0);
+}
+
+// The POSIX view: a pod annotated with a mount path gets the dataset as a
+// read-only file tree there, mounted by its (privileged) sidecar through FUSE
+// and propagated to the app container; unmodified code reads every file by
+// path.
+TEST_F(RealNodeE2eTest, ThePosixViewInAPodServesEveryFileByPath) {
+  const json pod = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata",
+       {{"name", "by-path"},
+        {"namespace", kTeam},
+        {"labels", {{"granary.io/dataset", kDataset}}},
+        {"annotations", {{"granary.io/mount-path", "/data"}}}}},
+      {"spec",
+       {{"restartPolicy", "Never"},
+        {"terminationGracePeriodSeconds", 5},
+        {"securityContext", {{"runAsUser", 1000}, {"runAsGroup", 1000}}},
+        {"containers",
+         json::array({{{"name", "reader"},
+                       {"image", "granary:0.1.0"},
+                       {"command", {"python3", "-c"}},
+                       {"args",
+                        {"import hashlib, os, sys\n"
+                         "n = 0\n"
+                         "for root, _, files in os.walk('/golden'):\n"
+                         "    for f in files:\n"
+                         "        rel = os.path.relpath(os.path.join(root, f), '/golden')\n"
+                         "        want = open(os.path.join('/golden', rel), 'rb').read()\n"
+                         "        got = open(os.path.join('/data', rel), 'rb').read()\n"
+                         "        if got != want: sys.exit('differs: ' + rel)\n"
+                         "        n += 1\n"
+                         "print('read %d files by path' % n)\n"}},
+                       {"volumeMounts", json::array({{{"name", "golden"},
+                                                      {"mountPath", "/golden"},
+                                                      {"readOnly", true}}})}}})},
+        {"volumes", json::array({{{"name", "golden"},
+                                  {"hostPath", {{"path", Source()}, {"type", "Directory"}}}}})}}}};
+  cluster().MustKubectl({"apply", "-f", "-"}, pod.dump());
+  const std::string phase = WaitPodEnd(kTeam, "by-path", milliseconds(180000));
+  KubectlResult logs = cluster().Kubectl({"logs", "-n", kTeam, "by-path", "-c", "reader"});
+  KubectlResult sidecar =
+      cluster().Kubectl({"logs", "-n", kTeam, "by-path", "-c", "granary-sidecar"});
+  EXPECT_EQ(phase, "Succeeded") << logs.out << logs.err << "\nsidecar:\n" << sidecar.out;
+  EXPECT_THAT(logs.out, HasSubstr("read " + std::to_string(kFiles) + " files by path"));
+  cluster().MustKubectl({"delete", "pod", "-n", kTeam, "by-path", "--wait=true"});
+}
+
+// The Job's pod as the webhook made it, for `ns`, without the same-host
+// handoff (its node-socket volume): the sidecar then reads over TCP with the
+// pod's projected ServiceAccount token. Not labelled, so not injected again.
+json CopyWithoutHandoff(const json& injected, const std::string& ns, const std::string& name) {
+  json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata",
+               {{"name", name},
+                {"namespace", ns},
+                {"annotations", injected["metadata"].value("annotations", json::object())}}},
+              {"spec", injected["spec"]}};
+  json& spec = pod["spec"];
+  spec.erase("nodeName");
+  spec["restartPolicy"] = "Never";
+  std::string socket_volume;
+  json volumes = json::array();
+  for (const json& v : spec["volumes"]) {
+    if (v.contains("hostPath") && v.value("name", "").find("node-socket") != std::string::npos) {
+      socket_volume = v.value("name", "");
+      continue;
+    }
+    volumes.push_back(v);
+  }
+  spec["volumes"] = volumes;
+  for (const char* list : {"initContainers", "containers"}) {
+    for (json& c : spec[list]) {
+      json mounts = json::array();
+      for (const json& m : c.value("volumeMounts", json::array())) {
+        if (m.value("name", "") != socket_volume) mounts.push_back(m);
+      }
+      c["volumeMounts"] = mounts;
+    }
+  }
+  // Two epochs, with no demand that the handoff served.
+  json& trainer = spec["containers"][0];
+  trainer["args"] = {"--golden=/golden", "--epochs=2"};
+  return pod;
+}
+
+// The projected token over TCP: a pod whose sidecar cannot use the handoff
+// reads its namespace's Dataset from the cache node's port; the same pod in
+// another namespace (its token says team-b) is refused, naming why.
+TEST_F(RealNodeE2eTest, TheProjectedTokenOverTcpReadsItsOwnNamespaceAndIsRefusedElsewhere) {
+  std::vector<json> pods = Pods(kTeam, "job-name=train");
+  ASSERT_EQ(pods.size(), 1u) << "needs the training Job's pod";
+  const json& injected = pods[0];
+
+  cluster().MustKubectl({"apply", "-f", "-"}, CopyWithoutHandoff(injected, kTeam, "tcp").dump());
+  std::string phase = WaitPodEnd(kTeam, "tcp", milliseconds(180000));
+  KubectlResult logs = cluster().Kubectl({"logs", "-n", kTeam, "tcp", "-c", "trainer"});
+  EXPECT_EQ(phase, "Succeeded") << logs.out << logs.err;
+  EXPECT_THAT(logs.out, HasSubstr("trainer OK"));
+
+  // team-b: what the pod needs besides the token (the script, the store
+  // Secret copy), as an admin who copied them over would have.
+  cluster().MustKubectl({"create", "namespace", "team-b"});
+  cluster().MustKubectl(KubeSuite::TrainerScriptConfigMap("team-b"));
+  for (const json& v : injected["spec"]["volumes"]) {
+    const std::string secret =
+        v.contains("secret") ? v["secret"].value("secretName", "") : std::string();
+    if (secret.empty()) continue;
+    Result<json> copy = cluster().GetJson({"secret", "-n", kTeam, secret});
+    ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+    json body = {{"apiVersion", "v1"},
+                 {"kind", "Secret"},
+                 {"metadata", {{"name", secret}, {"namespace", "team-b"}}},
+                 {"type", (*copy).value("type", "Opaque")},
+                 {"data", (*copy)["data"]}};
+    cluster().MustKubectl({"apply", "-f", "-"}, body.dump());
+  }
+  cluster().MustKubectl({"apply", "-f", "-"},
+                        CopyWithoutHandoff(injected, "team-b", "elsewhere").dump());
+  phase = WaitPodEnd("team-b", "elsewhere", milliseconds(180000));
+  KubectlResult refused = cluster().Kubectl({"logs", "-n", "team-b", "elsewhere", "-c", "trainer"});
+  KubectlResult sidecar =
+      cluster().Kubectl({"logs", "-n", "team-b", "elsewhere", "-c", "granary-sidecar"});
+  EXPECT_NE(phase, "Succeeded") << refused.out;
+  EXPECT_THAT(refused.out + sidecar.out, HasSubstr("team-b")) << "trainer:\n"
+                                                              << refused.out << "\nsidecar:\n"
+                                                              << sidecar.out;
+  EXPECT_THAT(refused.out, ::testing::Not(HasSubstr("trainer OK")));
+  // The reader is told why and what helps: not "check the cache nodes run".
+  EXPECT_THAT(refused.out, HasSubstr("a token reads only its own namespace's datasets"));
+  EXPECT_THAT(refused.out, HasSubstr("The cache nodes refused this reader"));
+  std::cout << "refused in team-b; the trainer said:\n"
+            << refused.out << "the sidecar said:\n"
+            << sidecar.out << std::endl;
+  cluster().MustKubectl({"delete", "namespace", "team-b", "--wait=false"});
+  cluster().MustKubectl({"delete", "pod", "-n", kTeam, "tcp", "--wait=true"});
+}
+
+// A training pod evicted by a drain; the cache node's container killed and
+// the kubelet restarted meanwhile; after uncordon a new Job reads every
+// sample from what the node kept (no source read).
+TEST_F(RealNodeE2eTest, DrainAndUncordonKeepTheStagedChunks) {
+  cluster().MustKubectl({"delete", "job", "-n", kTeam, "train", "--wait=true"});
+  json job = KubeSuite::TrainingJob(kTeam, "long", kDataset, Source(), 9465, "");
+  json& pod_spec = job["spec"]["template"]["spec"];
+  pod_spec["containers"][0]["image"] = "granary-trainer:0.1.0";
+  pod_spec["containers"][0]["command"] = {"sh", "-c",
+                                          "python3 /app/train.py --golden=/golden --epochs=1 && "
+                                          "echo waiting && sleep 600"};
+  pod_spec["containers"][0].erase("args");
+  pod_spec["securityContext"] = {{"runAsUser", 1000}, {"runAsGroup", 1000}};
+  pod_spec["terminationGracePeriodSeconds"] = 2;
+  cluster().MustKubectl({"apply", "-f", "-"}, job.dump());
+  std::string pod_name;
+  ASSERT_TRUE(cluster()
+                  .WaitFor(
+                      [&] {
+                        std::vector<json> pods = Pods(kTeam, "job-name=long");
+                        if (pods.size() != 1) return false;
+                        pod_name = pods[0]["metadata"].value("name", "");
+                        KubectlResult l =
+                            cluster().Kubectl({"logs", "-n", kTeam, pod_name, "-c", "trainer"});
+                        return l.out.find("waiting") != std::string::npos;
+                      },
+                      milliseconds(180000), "the long Job's first epoch")
+                  .ok());
+  const double source_reads =
+      CacheNodeMetric("granary_cachenode_dataset_reads_total", "from=\"source\"");
+
+  // Drain: the training pod is evicted (the operator's replicas, kept by
+  // their PodDisruptionBudget on this one node, and the DaemonSet's cache
+  // node stay).
+  KubectlResult drain =
+      cluster().Kubectl({"drain", node_->name(), "--ignore-daemonsets", "--delete-emptydir-data",
+                         "--pod-selector=app.kubernetes.io/component!=operator", "--timeout=120s"});
+  ASSERT_TRUE(drain.ok()) << drain.Describe() << drain.out;
+  EXPECT_THAT(drain.out, HasSubstr("evicting pod team-a/" + pod_name));
+  ASSERT_TRUE(cluster()
+                  .WaitFor(
+                      [&] {
+                        return !cluster().GetJson({"pod", "-n", kTeam, pod_name}).ok();
+                      },
+                      milliseconds(60000), "the evicted pod gone")
+                  .ok());
+  // The node's maintenance: the kubelet restarts, the cache node's
+  // container is killed (the kubelet starts it again).
+  std::vector<json> cachenodes = Pods(kSystem, "granary.io/pool=gpu");
+  ASSERT_EQ(cachenodes.size(), 1u);
+  const int restarts_before =
+      cachenodes[0]["status"]["containerStatuses"][0].value("restartCount", 0);
+  ASSERT_TRUE(node_->RestartKubelet().ok());
+  std::string id = cachenodes[0]["status"]["containerStatuses"][0].value("containerID", "");
+  id = id.substr(id.find("://") + 3);
+  KubectlResult killed = node_->Ctr({"tasks", "kill", "-s", "SIGKILL", id});
+  ASSERT_TRUE(killed.ok()) << killed.Describe();
+  ASSERT_TRUE(cluster()
+                  .WaitFor(
+                      [&] {
+                        std::vector<json> p = Pods(kSystem, "granary.io/pool=gpu");
+                        return p.size() == 1 && AllReady(p[0]) &&
+                               p[0]["status"]["containerStatuses"][0].value("restartCount", 0) >
+                                   restarts_before;
+                      },
+                      milliseconds(120000), "the cache node restarted and Ready")
+                  .ok());
+  // The operator's replicas did not restart with the kubelet.
+  for (const json& op : Pods(kSystem, "app.kubernetes.io/component=operator")) {
+    EXPECT_EQ(op["status"]["containerStatuses"][0].value("restartCount", -1), 0)
+        << op["metadata"].value("name", "");
+  }
+  cluster().MustKubectl({"uncordon", node_->name()});
+  cluster().MustKubectl({"delete", "job", "-n", kTeam, "long", "--wait=true"});
+
+  json again = KubeSuite::TrainingJob(kTeam, "again", kDataset, Source(), 9465, "");
+  json& again_spec = again["spec"]["template"]["spec"];
+  again_spec["containers"][0]["image"] = "granary-trainer:0.1.0";
+  again_spec["containers"][0]["command"] = {"python3", "/app/train.py"};
+  again_spec["securityContext"] = {{"runAsUser", 1000}, {"runAsGroup", 1000}};
+  cluster().MustKubectl({"apply", "-f", "-"}, again.dump());
+  EXPECT_EQ(WaitJob(kTeam, "again", milliseconds(240000)), "Complete")
+      << cluster().Kubectl({"logs", "-n", kTeam, "job/again", "-c", "trainer"}).out;
+  // The restarted cache node served it from the chunks it kept: its source
+  // reads since the restart are none (its counters start again at 0).
+  EXPECT_EQ(CacheNodeMetric("granary_cachenode_dataset_reads_total", "from=\"source\""), 0)
+      << "before the drain: " << source_reads;
+  EXPECT_GT(CacheNodeMetric("granary_cachenode_dataset_reads_total", "from=\"store\""), 0);
+}
+
+// helm upgrade to a new tag rolls the operator and the cache node, and the
+// Dataset stays Ready throughout.
+TEST_F(RealNodeE2eTest, HelmUpgradeToANewTagRollsEverythingAndTheDatasetStaysReady) {
+  for (const char* name : {"granary:0.1.1", "docker.io/library/granary:0.1.1"}) {
+    KubectlResult tagged = node_->Ctr({"images", "tag", "--force", "granary:0.1.0", name});
+    ASSERT_TRUE(tagged.ok()) << tagged.Describe();
+  }
+  work_->WriteFile("values-0.1.1.yaml", Values("0.1.1").dump(2));
+  std::atomic<bool> done{false};
+  std::atomic<int> polls{0}, not_ready{0};
+  std::thread watcher([&] {
+    while (!done) {
+      Result<json> d = cluster().GetJson({"dataset", "-n", kTeam, kDataset});
+      ++polls;
+      if (!d.ok() || ConditionField(*d, "Ready") != "True") ++not_ready;
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+  });
+  const std::string chart = std::string(GRANARY_SOURCE_DIR) + "/charts/granary";
+  KubectlResult upgrade = Helm({"upgrade", kRelease, chart, "-n", kSystem, "-f",
+                                work_->Join("values-0.1.1.yaml"), "--wait", "--timeout", "240s"});
+  Status rolled = cluster().WaitFor(
+      [&] {
+        std::vector<json> pods = Pods(kSystem, "app.kubernetes.io/component=operator");
+        std::vector<json> nodes = Pods(kSystem, "granary.io/pool=gpu");
+        if (pods.size() != 2 || nodes.size() != 1) return false;
+        for (const json& p : {pods[0], pods[1], nodes[0]}) {
+          if (!AllReady(p) || p["spec"]["containers"][0].value("image", "") != "granary:0.1.1") {
+            return false;
+          }
+        }
+        return true;
+      },
+      milliseconds(240000), "the operator and the cache node on granary:0.1.1");
+  done = true;
+  watcher.join();
+  ASSERT_TRUE(upgrade.ok()) << upgrade.Describe() << upgrade.out;
+  ASSERT_TRUE(rolled.ok()) << rolled.ToString();
+  EXPECT_GT(polls.load(), 5);
+  EXPECT_EQ(not_ready.load(), 0) << "of " << polls.load() << " looks at the Dataset";
+}
+
+// helm uninstall (the Datasets deleted first, as docs/install.md says)
+// leaves what docs/install.md lists, and nothing of the release runs.
+TEST_F(RealNodeE2eTest, HelmUninstallLeavesWhatTheDocsSay) {
+  cluster().MustKubectl(
+      {"delete", "dataset", "-n", kTeam, kDataset, "--wait=true", "--timeout=120s"});
+  KubectlResult uninstall =
+      Helm({"uninstall", kRelease, "-n", kSystem, "--wait", "--timeout", "180s"});
+  ASSERT_TRUE(uninstall.ok()) << uninstall.Describe();
+  Status gone = cluster().WaitFor(
+      [&] {
+        Result<json> pods = cluster().GetJson({"pods", "-n", kSystem});
+        return pods.ok() && (*pods)["items"].empty();
+      },
+      milliseconds(120000), "every pod of the release gone");
+  EXPECT_TRUE(gone.ok()) << cluster().Kubectl({"get", "pods", "-n", kSystem}).out;
+  // What stays: the CRDs, the webhook configuration and its Secret (the
+  // operator made them), the Lease.
+  EXPECT_TRUE(cluster().GetJson({"crd", "datasets.granary.io"}).ok());
+  EXPECT_TRUE(cluster().GetJson({"crd", "cachepools.granary.io"}).ok());
+  EXPECT_TRUE(cluster().GetJson({"mutatingwebhookconfiguration", "granary-sidecar-injector"}).ok());
+  EXPECT_TRUE(cluster().GetJson({"secret", "-n", kSystem, "granary-webhook-tls"}).ok());
+  // What goes: the Deployment, the pool and its DaemonSet, the Services.
+  EXPECT_FALSE(cluster().GetJson({"deployment", "-n", kSystem, "granary-operator"}).ok());
+  EXPECT_FALSE(cluster().GetJson({"cachepool", "gpu"}).ok());
+  EXPECT_FALSE(cluster().GetJson({"daemonset", "-n", kSystem, "granary-cachenode-gpu"}).ok());
+  EXPECT_FALSE(cluster().GetJson({"service", "-n", kSystem, "granary-webhook"}).ok());
 }
 
 }  // namespace
