@@ -658,6 +658,103 @@ TEST_F(RealNodeE2eTest, DrainAndUncordonKeepTheStagedChunks) {
   EXPECT_GT(CacheNodeMetric("granary_cachenode_dataset_reads_total", "from=\"store\""), 0);
 }
 
+// Bad inputs, each a condition with the reason from what the real kubelet
+// says, and nothing of the good pool or its Dataset lost: an image the node
+// does not have, a storage hostPath the cache node cannot write, a source
+// mount whose host directory does not exist (and a Dataset under it).
+TEST_F(RealNodeE2eTest, BadPoolsAndSourcesAreConditionsWithTheReason) {
+  Result<json> gpu = cluster().GetJson({"cachepool", "gpu"});
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  // The cache nodes use the host's network: each pool its own ports.
+  auto pool = [&](const std::string& name, int port_base) {
+    json spec = (*gpu)["spec"];
+    spec["ports"] = {{"data", port_base}, {"metrics", port_base + 1}};
+    spec["nodeSocketHostPath"] = work_->Join("node-socket-" + name);
+    return json{{"apiVersion", "granary.io/v1alpha1"},
+                {"kind", "CachePool"},
+                {"metadata", {{"name", name}}},
+                {"spec", spec}};
+  };
+  json no_image = pool("no-image", 7170);
+  no_image["spec"]["image"] = "granary:no-such-tag";
+  // A directory the cache node's root, with no CAP_DAC_OVERRIDE, may not write.
+  const std::string locked = work_->Join("locked");
+  std::filesystem::create_directories(locked);
+  ASSERT_EQ(::chown(locked.c_str(), 1000, 1000), 0);
+  ASSERT_EQ(::chmod(locked.c_str(), 0555), 0);
+  json read_only = pool("read-only", 7270);
+  read_only["spec"]["storage"]["hostPath"] = locked;
+  json no_source = pool("no-source", 7370);
+  no_source["spec"]["sourceMounts"] =
+      json::array({{{"name", "gone"}, {"hostPath", work_->Join("not-mounted")}}});
+  for (const json& p : {no_image, read_only, no_source}) {
+    cluster().MustKubectl({"apply", "-f", "-"}, p.dump());
+  }
+  cluster().MustKubectl(
+      {"apply", "-f", "-"},
+      ReplaceAll(KubeSuite::DatasetYaml(kTeam, "unmounted", work_->Join("not-mounted") + "/x"),
+                 "cachePool: gpu", "cachePool: no-source"));
+
+  auto wait_reason = [&](const std::vector<std::string>& what, const std::string& reason) {
+    std::string message;
+    Status s = cluster().WaitFor(
+        [&] {
+          Result<json> o = cluster().GetJson(what);
+          if (!o.ok() || ConditionField(*o, "Ready") != "False" ||
+              ConditionField(*o, "Ready", "reason") != reason) {
+            return false;
+          }
+          message = ConditionField(*o, "Ready", "message");
+          return true;
+        },
+        milliseconds(120000), what.back() + " Ready=False " + reason);
+    EXPECT_TRUE(s.ok()) << s.ToString() << "\n"
+                        << cluster()
+                               .Kubectl([&] {
+                                 std::vector<std::string> a = {"describe"};
+                                 a.insert(a.end(), what.begin(), what.end());
+                                 return a;
+                               }())
+                               .out;
+    return message;
+  };
+  const std::string image_message = wait_reason({"cachepool", "no-image"}, "ImagePullFailed");
+  EXPECT_THAT(image_message, HasSubstr("granary:no-such-tag"));
+  EXPECT_THAT(image_message, HasSubstr(node_->name()));
+  const std::string write_message = wait_reason({"cachepool", "read-only"}, "CacheNodeCrashing");
+  EXPECT_THAT(write_message, HasSubstr(locked));
+  EXPECT_THAT(write_message, HasSubstr("ermission denied"));
+  const std::string mount_message = wait_reason({"cachepool", "no-source"}, "SourceMountFailed");
+  EXPECT_THAT(mount_message, HasSubstr(work_->Join("not-mounted")));
+  const std::string dataset_message =
+      wait_reason({"dataset", "-n", kTeam, "unmounted"}, "SourceMountFailed");
+  EXPECT_THAT(dataset_message, HasSubstr("gone"));
+  std::cout << "ImagePullFailed: " << image_message << "\nCacheNodeCrashing: " << write_message
+            << "\nSourceMountFailed (pool): " << mount_message
+            << "\nSourceMountFailed (Dataset): " << dataset_message << std::endl;
+
+  // Nothing lost: the good pool and its Dataset are as they were.
+  Result<json> good = cluster().GetJson({"dataset", "-n", kTeam, kDataset});
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(ConditionField(*good, "Ready"), "True");
+  Result<json> good_pool = cluster().GetJson({"cachepool", "gpu"});
+  ASSERT_TRUE(good_pool.ok());
+  EXPECT_EQ(ConditionField(*good_pool, "Ready"), "True");
+  // And the bad ones go.
+  cluster().MustKubectl(
+      {"delete", "dataset", "-n", kTeam, "unmounted", "--wait=true", "--timeout=120s"});
+  cluster().MustKubectl({"delete", "cachepool", "no-image", "read-only", "no-source", "--wait=true",
+                         "--timeout=120s"});
+  EXPECT_TRUE(
+      cluster()
+          .WaitFor(
+              [&] {
+                return Pods(kSystem, "granary.io/pool in (no-image,read-only,no-source)").empty();
+              },
+              milliseconds(120000), "the bad pools' pods gone")
+          .ok());
+}
+
 // helm upgrade to a new tag rolls the operator and the cache node, and the
 // Dataset stays Ready throughout.
 TEST_F(RealNodeE2eTest, HelmUpgradeToANewTagRollsEverythingAndTheDatasetStaysReady) {
