@@ -80,10 +80,8 @@ Status KubeSuite::ApplyCrdsPolicyAndNamespaces() {
   r = cluster_->Kubectl({"apply", "-f", root + "/charts/granary/policies/dataset-identity.yaml"});
   if (!r.ok()) return Status::Internal("applying the identity policy: " + r.Describe());
   // The example namespaces, with the store Secret naming the test's Redis.
-  std::string namespaces = ReadAll(root + "/examples/kubernetes/namespace.yaml");
-  namespaces = std::regex_replace(namespaces, std::regex("url: \"redis://[^\"]*\""),
-                                  "url: \"" + redis_->url() + "\"");
-  r = cluster_->Kubectl({"apply", "--validate=strict", "-f", "-"}, namespaces);
+  r = cluster_->Kubectl({"apply", "--validate=strict", "-f", "-"},
+                        ExampleNamespaces(root, redis_->url()));
   if (!r.ok()) return Status::Internal("applying namespace.yaml: " + r.Describe());
   // What the chart's cachenode-rbac.yaml makes: the cache nodes' account,
   // which may create TokenReviews (they check the sidecars' tokens).
@@ -243,6 +241,34 @@ json KubeSuite::TrainingJob(const std::string& ns, const std::string& name,
                {{"restartPolicy", "Never"},
                 {"containers", json::array({trainer})},
                 {"volumes", volumes}}}}}}}};
+}
+
+std::string KubeSuite::ExampleNamespaces(const std::string& source_dir,
+                                         const std::string& store_url) {
+  return std::regex_replace(ReadAll(source_dir + "/examples/kubernetes/namespace.yaml"),
+                            std::regex("url: \"redis://[^\"]*\""), "url: \"" + store_url + "\"");
+}
+
+json KubeSuite::RealNodeChartValues(const std::string& dir, const std::string& tag) {
+  return {
+      {"image", {{"tag", tag}, {"pullPolicy", "Never"}}},
+      {"store", {{"existingSecret", "granary-store"}, {"existingSecretKey", "url"}}},
+      {"redis", {{"enabled", false}}},
+      {"operator", {{"progressInterval", "1s"}}},
+      {"cachePools",
+       json::array(
+           {{{"name", "gpu"},
+             {"spec",
+              {{"nodeSelector", {{"granary.io/nvme", "true"}}},
+               {"storage", {{"hostPath", dir + "/nvme"}, {"capacity", "1Gi"}}},
+               {"sourceMounts",
+                json::array({{{"name", "datasets"}, {"hostPath", dir + "/datasets"}}})},
+               {"nodeSocketHostPath", dir + "/node-socket"},
+               {"image", "granary:" + tag},
+               {"imagePullPolicy", "Never"},
+               {"resources", {{"requests", {{"cpu", "100m"}, {"memory", "128Mi"}}}}},
+               {"sidecar",
+                {{"arenaBytes", "64Mi"}, {"windowBytes", "16Mi"}, {"allowPosixView", true}}}}}}})}};
 }
 
 std::vector<std::string> KubeSuite::TrainerScriptConfigMap(const std::string& ns) {

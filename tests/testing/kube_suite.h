@@ -164,6 +164,18 @@ class KubeSuite {
   static nlohmann::json TrainingJob(const std::string& ns, const std::string& name,
                                     const std::string& dataset, const std::string& golden,
                                     uint16_t sidecar_metrics_port, const std::string& python_path);
+  // examples/kubernetes/namespace.yaml of `source_dir` (team-a granted uid
+  // and gid 1000; granary with the store Secret granary-store) with the
+  // Secret's URL replaced by `store_url`.
+  static std::string ExampleNamespaces(const std::string& source_dir, const std::string& store_url);
+  // The chart's values for a release on a real node (testing/kube_node.h):
+  // the image `granary:<tag>` already on the node (pullPolicy Never), the
+  // store from the Secret granary-store, no Redis of the chart's, and one
+  // CachePool `gpu` on the nodes labelled granary.io/nvme=true with its
+  // hostPaths under `dir` (nvme, datasets, node-socket) and the POSIX view
+  // allowed.
+  static nlohmann::json RealNodeChartValues(const std::string& dir, const std::string& tag);
+
   // `kubectl create configmap train-script -n ns` of tests/trainer/check_epochs.py
   // as train.py: the kubectl arguments.
   static std::vector<std::string> TrainerScriptConfigMap(const std::string& ns);

@@ -61,7 +61,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -112,13 +111,6 @@ std::string Indent(const std::string& text, const std::string& prefix = "  ") {
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) out += prefix + line + "\n";
   return out;
-}
-
-std::string ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // A failed step: what, and what helps to see why.
@@ -319,32 +311,14 @@ class Demo {
     Step(
         "the example namespaces (examples/kubernetes/namespace.yaml: team-a granted uid/gid "
         "1000; granary with the store Secret, its URL made the Redis')");
-    std::string namespaces =
-        ReadWhole(std::string(GRANARY_SOURCE_DIR) + "/examples/kubernetes/namespace.yaml");
-    namespaces = std::regex_replace(namespaces, std::regex("url: \"redis://[^\"]*\""),
-                                    "url: \"" + RedisUrl() + "\"");
+    const std::string namespaces = KubeSuite::ExampleNamespaces(GRANARY_SOURCE_DIR, RedisUrl());
     std::cout << Indent(MustKubectl({"apply", "--validate=strict", "-f", "-"}, namespaces));
 
     // This host's paths; the store from the Secret above; the image present
     // on the node.
     const std::string nvme = work_.Join("nvme");
     std::filesystem::create_directories(nvme);
-    json values = {
-        {"image", {{"pullPolicy", "Never"}}},
-        {"store", {{"existingSecret", "granary-store"}, {"existingSecretKey", "url"}}},
-        {"redis", {{"enabled", false}}},
-        {"operator", {{"progressInterval", "1s"}}},
-        {"cachePools",
-         json::array(
-             {{{"name", "gpu"},
-               {"spec",
-                {{"nodeSelector", {{"granary.io/nvme", "true"}}},
-                 {"storage", {{"hostPath", nvme}, {"capacity", "1Gi"}}},
-                 {"sourceMounts",
-                  json::array({{{"name", "datasets"}, {"hostPath", work_.Join("datasets")}}})},
-                 {"nodeSocketHostPath", work_.Join("node-socket")},
-                 {"imagePullPolicy", "Never"},
-                 {"resources", {{"requests", {{"cpu", "100m"}, {"memory", "128Mi"}}}}}}}}})}};
+    const json values = KubeSuite::RealNodeChartValues(work_.path(), "0.1.0");
     work_.WriteFile("values.yaml", values.dump(2));
 
     Step("helm install " + std::string(kRelease) + " charts/granary -n " + kNamespace +

@@ -34,7 +34,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -59,13 +58,6 @@ constexpr char kSystem[] = "granary";
 constexpr char kTeam[] = "team-a";
 constexpr char kDataset[] = "e2e";
 constexpr int kFiles = 300;
-
-std::string ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 class RealNodeE2eTest : public SharedKubeTest<RealNodeE2eTest> {
  public:
@@ -148,36 +140,14 @@ class RealNodeE2eTest : public SharedKubeTest<RealNodeE2eTest> {
   }
 
   static json Values(const std::string& tag) {
-    return {{"image", {{"tag", tag}, {"pullPolicy", "Never"}}},
-            {"store", {{"existingSecret", "granary-store"}, {"existingSecretKey", "url"}}},
-            {"redis", {{"enabled", false}}},
-            {"operator", {{"progressInterval", "1s"}}},
-            {"cachePools",
-             json::array(
-                 {{{"name", "gpu"},
-                   {"spec",
-                    {{"nodeSelector", {{"granary.io/nvme", "true"}}},
-                     {"storage", {{"hostPath", Nvme()}, {"capacity", "1Gi"}}},
-                     {"sourceMounts",
-                      json::array({{{"name", "datasets"}, {"hostPath", work_->Join("datasets")}}})},
-                     {"nodeSocketHostPath", work_->Join("node-socket")},
-                     {"image", "granary:" + tag},
-                     {"imagePullPolicy", "Never"},
-                     {"resources", {{"requests", {{"cpu", "100m"}, {"memory", "128Mi"}}}}},
-                     {"sidecar",
-                      {{"arenaBytes", "64Mi"},
-                       {"windowBytes", "16Mi"},
-                       {"allowPosixView", true}}}}}}})}};
+    return KubeSuite::RealNodeChartValues(work_->path(), tag);
   }
 
   static Status InstallChart() {
     const auto start = std::chrono::steady_clock::now();
-    std::string namespaces =
-        ReadWhole(std::string(GRANARY_SOURCE_DIR) + "/examples/kubernetes/namespace.yaml");
     const std::string url =
         "redis://" + node_->host_ip() + ":" + std::to_string(redis_->port()) + "/0";
-    namespaces = std::regex_replace(namespaces, std::regex("url: \"redis://[^\"]*\""),
-                                    "url: \"" + url + "\"");
+    const std::string namespaces = KubeSuite::ExampleNamespaces(GRANARY_SOURCE_DIR, url);
     KubectlResult applied = cluster().Kubectl({"apply", "-f", "-"}, namespaces);
     if (!applied.ok()) return Status::Unavailable("apply the namespaces: " + applied.Describe());
     work_->WriteFile("values.yaml", Values("0.1.0").dump(2));
