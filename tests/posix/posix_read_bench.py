@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The POSIX view's read figures (docs/posix-view.md, "Figures").
 
-    tests/posix/posix_read_bench.py [--files N] [--build-dir build/release] [--cli BINARY]
+    tests/posix/posix_read_bench.py [--files N] [--pairs P] [--build-dir build/release]
+                                    [--cli BINARY]
 
 Generates an ImageNet-like tree (bench/bench_dataset.py) on local disk, starts
 one granary-cachenode and one granary-sidecar on an SQLite store, creates and
@@ -25,6 +26,11 @@ passes (every file, sorted walk order):
                   forwards to the view every time: one round trip per file)
 Each mount pass is a fresh mount (a fresh kernel cache). The sidecar's arena
 is smaller than the dataset, so a fresh pass finds little of it there.
+Then, on the warm mount, P pairs of warm passes (local, then the mount,
+seconds apart; buffered and raw), whose median ratios hold better on a
+shared machine than one pass each, and the round trip of one ioctl
+(`isatty()`, the only request a warm buffered pass sends) in a loop over
+the mount and over the local file, in microseconds.
 Prints one line per pass and the ratios; everything it starts it stops.
 """
 import argparse
@@ -76,6 +82,23 @@ def read_pass(root, buffering=-1):
     return files, nbytes, time.perf_counter() - t0
 
 
+def ioctl_us(path, n=20000):
+    """Microseconds per isatty() (the ioctl TCGETS) on one open file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            os.isatty(fd)
+        return (time.perf_counter() - t0) / n * 1e6
+    finally:
+        os.close(fd)
+
+
+def median(values):
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
 def order_pass(root, paths, order):
     """Reads paths[i] for i in order under root, unbuffered: (files, bytes, seconds)."""
     nbytes = 0
@@ -89,6 +112,8 @@ def order_pass(root, paths, order):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=3000)
+    ap.add_argument("--pairs", type=int, default=5,
+                    help="paired warm passes (local, mount) on the warm mount")
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build", "release"))
     ap.add_argument("--work", default=None)
     ap.add_argument("--cli", default=None, help="the granary binary (default: the build dir's)")
@@ -137,7 +162,22 @@ def main():
         results["local_warm"] = read_pass(src)
         results["local_warm_raw"] = read_pass(src, 0)
 
-        def mount_passes(name, extra, passes):
+        pairs = {"buffered": [], "raw": []}
+        ioctl = {}
+
+        def warm_pairs(mnt):
+            # Local and mount passes back to back, so both see the same load.
+            for _ in range(args.pairs):
+                for mode, buffering in (("buffered", -1), ("raw", 0)):
+                    local = read_pass(src, buffering)
+                    view = read_pass(mnt, buffering)
+                    pairs[mode].append(local[2] / view[2])
+            first = sorted(os.listdir(src))[0]
+            sample = os.path.join(first, sorted(os.listdir(os.path.join(src, first)))[0])
+            ioctl["local"] = median([ioctl_us(os.path.join(src, sample)) for _ in range(3)])
+            ioctl["mount"] = median([ioctl_us(os.path.join(mnt, sample)) for _ in range(3)])
+
+        def mount_passes(name, extra, passes, after=None):
             mnt = f"{work}/mnt-{name}"
             os.makedirs(mnt, exist_ok=True)
             p = subprocess.Popen(cli + ["mount", "bench", mnt, "--socket", sock, "--foreground"]
@@ -146,6 +186,8 @@ def main():
                 wait_for(lambda: mounted(mnt), 60, "the mount")
                 for label in passes:
                     results[label] = read_pass(mnt, 0 if label.endswith("_raw") else -1)
+                if after is not None:
+                    after(mnt)
             finally:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=30)
@@ -153,7 +195,8 @@ def main():
         mount_passes("noahead", ["--readahead", "off"], ["mount_noahead"])
         mount_passes("nopin", ["--readahead", "manifest", "--pin-ahead", "0"], ["mount_nopin"])
         mount_passes("ahead", ["--readahead", "manifest"],
-                     ["mount_cold", "mount_warm", "mount_warm_raw"])
+                     ["mount_cold", "mount_warm", "mount_warm_raw"],
+                     warm_pairs if args.pairs > 0 else None)
         mount_passes("noahead2", ["--readahead", "off"], ["mount_noahead_2"])
         mount_passes("nopin2", ["--readahead", "manifest", "--pin-ahead", "0"],
                      ["mount_nopin_2"])
@@ -194,6 +237,13 @@ def main():
 
         print(f"mount_warm / local_warm   {speed('mount_warm') / speed('local_warm'):.2f}")
         print(f"mount_warm_raw / local_warm_raw {speed('mount_warm_raw') / speed('local_warm_raw'):.2f}")
+        for mode, ratios in pairs.items():
+            if ratios:
+                print(f"paired warm {mode:8s} mount / local: median {median(ratios):.2f} "
+                      f"({', '.join(f'{r:.2f}' for r in ratios)})")
+        if ioctl:
+            print(f"isatty() round trip: mount {ioctl['mount']:.1f} us, "
+                  f"local {ioctl['local']:.1f} us")
         print(f"mount_cold / local_warm   {speed('mount_cold') / speed('local_warm'):.2f}")
         ahead = (speed("mount_cold") + speed("mount_cold_2")) / 2
         noahead = (speed("mount_noahead") + speed("mount_noahead_2")) / 2
