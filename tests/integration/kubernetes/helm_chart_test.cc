@@ -355,10 +355,13 @@ TEST_F(HelmChartTest, LintsAndRendersTheDefaultsAndTheTestValues) {
                                 std::regex("secretRef:\\s+key: url\\s+name: r-granary-store\\s+"
                                            "namespace: ops")))
       << chart_store.out;
-  // The chart says which Kubernetes it needs.
-  KubectlResult old = Helm({"template", kRelease, ChartDir(), "--kube-version", "1.29.0"});
+  // The chart says which Kubernetes it needs: the oldest release the
+  // Kubernetes suites run on (make test-k8s-versions), 1.34.
+  KubectlResult old = Helm({"template", kRelease, ChartDir(), "--kube-version", "1.33.9"});
   EXPECT_FALSE(old.ok());
   EXPECT_THAT(old.err, HasSubstr("kubeVersion"));
+  KubectlResult oldest = Helm({"template", kRelease, ChartDir(), "--kube-version", "1.34.0"});
+  EXPECT_TRUE(oldest.ok()) << oldest.Describe();
 }
 
 TEST_F(HelmChartTest, SchemaRefusesBadValuesNamingTheField) {
