@@ -29,7 +29,7 @@
 #                     (ADDRESS=<containerd socket>: also loads the three there)
 #   make test-k8s-versions  the Kubernetes suites (and chart_render_test) against the oldest
 #                     Kubernetes the chart claims, v1.34.4 (K8S_VERSIONS=...: others); as root.
-#                     Not in make test: the first build of a release's tools takes about 15 minutes
+#                     Not in make test: the first build of a release's tools takes about 20 minutes
 #   make format       reformat project code with clang-format
 #   make clean        remove build/
 
@@ -96,10 +96,12 @@ test-asan: deps
 # that make test runs: the oldest one the chart's kubeVersion claims (the
 # oldest minor the Go module proxy serves). Each release's tools are built by
 # scripts/k8s-tools --kube-version into a cache directory of their own (about
-# 15 minutes the first time, niced), and GRANARY_KUBE_VERSION makes every
+# 20 minutes the first time here, niced), and GRANARY_KUBE_VERSION makes every
 # `scripts/k8s-tools --no-build` a test runs find the same ones.
+# Only the debug tree: the release build that `deps` makes is not needed.
 K8S_VERSIONS ?= v1.34.4
-test-k8s-versions: deps
+test-k8s-versions:
+	@scripts/install-deps test
 	cmake --preset debug >/dev/null
 	cmake --build --preset debug
 	set -e; for v in $(K8S_VERSIONS); do \
