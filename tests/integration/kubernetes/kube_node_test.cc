@@ -39,6 +39,9 @@ class KubeNodeTest : public SharedKubeTest<KubeNodeTest> {
     GRANARY_ASSIGN_OR_RETURN(const std::string image, KubeNode::GranaryImage(GRANARY_BUILD_DIR));
     KubeNodeOptions o;
     o.images = {{image, "granary:0.1.0"}};
+    // A fake node of kwok's beside the real one, as suites of many nodes
+    // would have.
+    o.cluster.nodes = {{"gpu-fake-1", {{"nvidia.com/gpu.present", "true"}}}};
     const auto start = std::chrono::steady_clock::now();
     GRANARY_ASSIGN_OR_RETURN(node_, KubeNode::Start(o));
     std::cout << "KubeNode::Start took "
@@ -106,6 +109,7 @@ metadata:
   namespace: default
   labels: {app: web}
 spec:
+  nodeName: granary-node-1
   terminationGracePeriodSeconds: 1
   containers:
   - name: web
@@ -148,6 +152,10 @@ TEST_F(KubeNodeTest, TheNodeIsARealKubeletRegisteredWithTheControlPlane) {
     }
   }
   EXPECT_TRUE(internal_ip) << (*node)["status"].dump();
+  // kwok's fake node stands beside it, Ready with its status faked.
+  Result<json> fake = cluster().ApiRequest("GET", "/api/v1/nodes/gpu-fake-1");
+  ASSERT_TRUE(fake.ok()) << fake.status().ToString();
+  EXPECT_EQ((*fake)["metadata"]["annotations"].value("kwok.x-k8s.io/node", ""), "fake");
   // No kwok annotation: nothing fakes this node's status.
   EXPECT_FALSE(
       (*node)["metadata"].value("annotations", json::object()).contains("kwok.x-k8s.io/node"));
@@ -189,6 +197,7 @@ TEST_F(KubeNodeTest, APodReachesTheApiServerThroughTheKubernetesService) {
 kind: Pod
 metadata: {name: in-cluster, namespace: default}
 spec:
+  nodeName: granary-node-1
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
   containers:

@@ -628,6 +628,73 @@ TEST_F(RealNodeE2eTest, DrainAndUncordonKeepTheStagedChunks) {
   EXPECT_GT(CacheNodeMetric("granary_cachenode_dataset_reads_total", "from=\"store\""), 0);
 }
 
+// The cache node's container killed while a trainer reads: the kubelet
+// starts it again, and every epoch completes with the right bytes.
+TEST_F(RealNodeE2eTest, ACacheNodeKilledMidEpochLeavesEveryEpochCorrect) {
+  json job = KubeSuite::TrainingJob(kTeam, "midepoch", kDataset, Source(), 9465, "");
+  json& spec = job["spec"]["template"]["spec"];
+  spec["containers"][0]["image"] = "granary-trainer:0.1.0";
+  spec["containers"][0]["command"] = {"python3", "/app/train.py"};
+  // --compare-local: each epoch says it ended ("epoch N: ...").
+  spec["containers"][0]["args"] = {"--golden=/golden", "--epochs=300", "--compare-local"};
+  spec["securityContext"] = {{"runAsUser", 1000}, {"runAsGroup", 1000}};
+  cluster().MustKubectl({"apply", "-f", "-"}, job.dump());
+  std::string pod_name;
+  ASSERT_TRUE(cluster()
+                  .WaitFor(
+                      [&] {
+                        std::vector<json> pods = Pods(kTeam, "job-name=midepoch");
+                        if (pods.size() != 1) return false;
+                        pod_name = pods[0]["metadata"].value("name", "");
+                        return cluster()
+                                   .Kubectl({"logs", "-n", kTeam, pod_name, "-c", "trainer"})
+                                   .out.find("epoch 2:") != std::string::npos;
+                      },
+                      milliseconds(180000), "the trainer past its first epochs")
+                  .ok());
+  std::vector<json> cachenodes = Pods(kSystem, "granary.io/pool=gpu");
+  ASSERT_EQ(cachenodes.size(), 1u);
+  const json& status = cachenodes[0]["status"]["containerStatuses"][0];
+  const int restarts = status.value("restartCount", 0);
+  std::string id = status.value("containerID", "");
+  id = id.substr(id.find("://") + 3);
+  KubectlResult killed = node_->Ctr({"tasks", "kill", "-s", "SIGKILL", id});
+  ASSERT_TRUE(killed.ok()) << killed.Describe();
+  // It was killed mid-run: the trainer had not finished.
+  const std::string before =
+      cluster().Kubectl({"logs", "-n", kTeam, pod_name, "-c", "trainer"}).out;
+  ASSERT_EQ(before.find("trainer OK"), std::string::npos)
+      << "the trainer finished before the kill; give it more epochs";
+  EXPECT_EQ(WaitJob(kTeam, "midepoch", milliseconds(300000)), "Complete");
+  const std::string log =
+      cluster().Kubectl({"logs", "-n", kTeam, "job/midepoch", "-c", "trainer"}).out;
+  EXPECT_THAT(
+      log, HasSubstr("trainer OK: 300 samples checked through the sidecar in each of 300 epochs"))
+      << log.substr(log.size() > 3000 ? log.size() - 3000 : 0);
+  // The kubelet saw it die and started it again (its status may lag the Job).
+  EXPECT_TRUE(cluster()
+                  .WaitFor(
+                      [&] {
+                        std::vector<json> after = Pods(kSystem, "granary.io/pool=gpu");
+                        return after.size() == 1 &&
+                               after[0]["status"]["containerStatuses"][0].value("restartCount", 0) >
+                                   restarts;
+                      },
+                      milliseconds(60000), "the cache node's restart counted")
+                  .ok());
+  // And the pool says so: Ready again once its cache node is.
+  EXPECT_TRUE(cluster()
+                  .WaitFor(
+                      [&] {
+                        Result<json> pool = cluster().GetJson({"cachepool", "gpu"});
+                        return pool.ok() && ConditionField(*pool, "Ready") == "True";
+                      },
+                      milliseconds(120000), "CachePool gpu Ready again")
+                  .ok())
+      << cluster().Kubectl({"describe", "cachepool", "gpu"}).out;
+  cluster().MustKubectl({"delete", "job", "-n", kTeam, "midepoch", "--wait=true"});
+}
+
 // Bad inputs, each a condition with the reason from what the real kubelet
 // says, and nothing of the good pool or its Dataset lost: an image the node
 // does not have, a storage hostPath the cache node cannot write, a source
