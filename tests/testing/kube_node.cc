@@ -202,6 +202,9 @@ KubeNode::~KubeNode() {
 
 Status KubeNode::LockMachine() {
   const char* path = "/run/lock/granary-kubenode.lock";
+  if (::mkdir("/run/lock", 0755) != 0 && errno != EEXIST) {
+    return Status::FromErrno(errno, "mkdir /run/lock");
+  }
   lock_fd_ = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) return Status::FromErrno(errno, std::string("open ") + path);
   const auto deadline = steady_clock::now() + options_.start_timeout;
