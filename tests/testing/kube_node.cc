@@ -8,10 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -19,6 +17,7 @@
 
 #include "granary/core/file.h"
 #include "testing/daemon_process.h"
+#include "testing/fuse_mounts.h"
 
 namespace granary::testing {
 namespace {
@@ -66,32 +65,6 @@ std::vector<std::string> NetnsList() {
     if (!name.empty()) names.push_back(name);
   }
   return names;
-}
-
-// Mount points at or under `dir`, deepest first.
-std::vector<std::string> MountsUnder(const std::string& dir) {
-  std::vector<std::string> points;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, dev, root, point;
-    fields >> id >> parent >> dev >> root >> point;
-    // mountinfo escapes space, tab, newline and backslash as \ooo.
-    std::string decoded;
-    for (size_t i = 0; i < point.size(); ++i) {
-      if (point[i] == '\\' && i + 3 < point.size()) {
-        decoded += static_cast<char>(std::stoi(point.substr(i + 1, 3), nullptr, 8));
-        i += 3;
-      } else {
-        decoded += point[i];
-      }
-    }
-    if (decoded == dir || decoded.rfind(dir + "/", 0) == 0) points.push_back(decoded);
-  }
-  std::sort(points.begin(), points.end(),
-            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
-  return points;
 }
 
 // Removes a cgroup directory tree bottom-up (cgroup directories are removed
@@ -557,11 +530,7 @@ void KubeNode::Teardown() {
       }
     }
   }
-  for (const std::string& point : MountsUnder(dir_.path())) {
-    if (::umount2(point.c_str(), MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) {
-      ADD_FAILURE() << "detach " << point << ": " << ErrnoText(errno);
-    }
-  }
+  if (Status s = DetachMountsUnder(dir_.path()); !s.ok()) ADD_FAILURE() << s.ToString();
   if (DIR* d = ::opendir("/sys/fs/cgroup")) {
     std::vector<std::string> hierarchies;
     while (dirent* e = ::readdir(d)) {

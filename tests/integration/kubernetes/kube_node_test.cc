@@ -20,6 +20,7 @@
 #include <sstream>
 #include <string>
 
+#include "testing/fuse_mounts.h"
 #include "testing/test_util.h"
 
 namespace granary::testing {
@@ -256,10 +257,10 @@ TEST_F(KubeNodeTest, StoppingTheNodeLeavesNothingBehind) {
   node_.reset();
   struct stat st {};
   EXPECT_NE(::stat(dir.c_str(), &st), 0) << dir << " is still there";
-  std::ifstream mounts("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(mounts, line)) {
-    EXPECT_EQ(line.find(dir), std::string::npos) << "a mount is left: " << line;
+  Result<std::vector<MountEntry>> mounts = ListMounts();
+  ASSERT_TRUE(mounts.ok()) << mounts.status().ToString();
+  for (const MountEntry& m : *mounts) {
+    EXPECT_NE(m.mount_point.rfind(dir, 0), 0u) << "a mount is left: " << m.mount_point;
   }
   Result<std::string> netns_list = RunCommand({IpBinary(), "netns", "list"});
   ASSERT_TRUE(netns_list.ok());
