@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/cachenode_fixture.h"
 #include "testing/kube_node.h"
 #include "testing/kube_suite.h"
 #include "testing/redis_server.h"
@@ -205,19 +206,12 @@ class RealNodeE2eTest : public SharedKubeTest<RealNodeE2eTest> {
   }
 
   // A sample of the cache node's /metrics (host network: the node's address).
-  static double CacheNodeMetric(const std::string& name, const std::string& labels = "") {
-    KubectlResult r = RunProgram({"curl", "-sf", "http://" + node_->node_ip() + ":9464/metrics"},
-                                 {}, "", work_->path(), seconds(10));
-    double sum = 0;
-    std::istringstream in(r.out);
-    for (std::string line; std::getline(in, line);) {
-      if (line.rfind(name, 0) != 0) continue;
-      const char next = line.size() > name.size() ? line[name.size()] : ' ';
-      if (next != ' ' && next != '{') continue;
-      if (!labels.empty() && line.find(labels) == std::string::npos) continue;
-      sum += std::stod(line.substr(line.rfind(' ') + 1));
-    }
-    return sum;
+  static double CacheNodeMetric(const std::string& name, const std::string& from) {
+    Result<HttpResponse> r = HttpGet(node_->node_ip() + ":9464", "/metrics", seconds(10));
+    if (!r.ok() || r->status != 200) return -1;
+    Result<std::vector<MetricSample>> samples = ParsePrometheusText(r->body);
+    if (!samples.ok()) return -1;
+    return SumSamples(*samples, name, {{"from", from}}).value_or(0);
   }
 
   static bool AllReady(const json& pod) {
@@ -566,8 +560,7 @@ TEST_F(RealNodeE2eTest, DrainAndUncordonKeepTheStagedChunks) {
                       },
                       milliseconds(180000), "the long Job's first epoch")
                   .ok());
-  const double source_reads =
-      CacheNodeMetric("granary_cachenode_dataset_reads_total", "from=\"source\"");
+  const double source_reads = CacheNodeMetric("granary_cachenode_dataset_reads_total", "source");
 
   // Drain: the training pod is evicted (the operator's replicas, kept by
   // their PodDisruptionBudget on this one node, and the DaemonSet's cache
@@ -623,9 +616,9 @@ TEST_F(RealNodeE2eTest, DrainAndUncordonKeepTheStagedChunks) {
       << cluster().Kubectl({"logs", "-n", kTeam, "job/again", "-c", "trainer"}).out;
   // The restarted cache node served it from the chunks it kept: its source
   // reads since the restart are none (its counters start again at 0).
-  EXPECT_EQ(CacheNodeMetric("granary_cachenode_dataset_reads_total", "from=\"source\""), 0)
+  EXPECT_EQ(CacheNodeMetric("granary_cachenode_dataset_reads_total", "source"), 0)
       << "before the drain: " << source_reads;
-  EXPECT_GT(CacheNodeMetric("granary_cachenode_dataset_reads_total", "from=\"store\""), 0);
+  EXPECT_GT(CacheNodeMetric("granary_cachenode_dataset_reads_total", "store"), 0);
 }
 
 // The cache node's container killed while a trainer reads: the kubelet
