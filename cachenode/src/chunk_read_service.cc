@@ -172,8 +172,11 @@ class ChunkReadService::ItemReader {
     auto reader = service_.store_->OpenChunkReader(Key(chunk), open.segments);
     if (reader.ok()) {
       open.reader = std::make_shared<StoredChunkReader>(std::move(*reader));
-    } else if (reader.status().code() != StatusCode::kNotFound) {
-      // On demand decides: the store's index says what is present.
+    } else if (reader.status().code() != StatusCode::kNotFound &&
+               reader.status().code() != StatusCode::kUnavailable) {
+      // On demand decides: the store's index says what is present. A chunk
+      // being created (kUnavailable) is a cold epoch's normal case: the
+      // Stager serves its samples until the file can be opened.
       GetLogger("cachenode")
           ->warn("reading {} chunk {}: {}", Name(), chunk, reader.status().ToString());
     }

@@ -253,7 +253,15 @@ std::vector<FetchTarget> SampleCache::TakePrefetchWork(uint32_t max) {
             [](const Cursor* a, const Cursor* b) { return a->ahead_bytes < b->ahead_bytes; });
   for (Cursor* c : order) {
     if (!c->filling) continue;
-    while (work.size() < max && c->next < c->order.size() &&
+    // Slow start: while fewer than `max` positions are scheduled ahead of the
+    // reader (a new plan, or a reader that caught up with prefetch), take a
+    // quarter. A fetch is answered whole, so the reader's next batch waits
+    // for every sample of the fetch holding it; the first batch of a cold
+    // epoch was the last of four fetches of 64 to come back
+    // (docs/benchmarks.md, "The first batch of a cold epoch").
+    size_t cap = max;
+    if (c->next - c->low < max) cap = std::min<size_t>(max, work.size() + std::max(1u, max / 4));
+    while (work.size() < cap && c->next < c->order.size() &&
            c->next < c->low + options_.window_samples && c->ahead_bytes < options_.window_bytes) {
       const SampleId id = c->order[c->next];
       const uint64_t size = manifest().SizeOf(id);
@@ -282,7 +290,7 @@ std::vector<FetchTarget> SampleCache::TakePrefetchWork(uint32_t max) {
         c->ahead_bytes >= options_.window_bytes) {
       c->filling = false;  // full (or at the end): until it drains to its low mark
     }
-    if (work.size() >= max) break;
+    if (work.size() >= cap) break;
   }
   return work;
 }

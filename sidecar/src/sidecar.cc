@@ -554,6 +554,9 @@ void Sidecar::Stop() {
   for (std::thread& t : i.workers) t.join();
   if (i.refresh_thread.joinable()) i.refresh_thread.join();
   i.connections.JoinAll();
+  // No request is left to announce a plan: write those still queued while
+  // the metrics they may count in exist.
+  if (i.service != nullptr) i.service->FlushPlans();
   if (i.observability != nullptr) i.observability->Stop();
   i.log->info("stopped");
 }

@@ -20,7 +20,19 @@ using SteadyClock = std::chrono::steady_clock;
 
 SidecarService::SidecarService(SidecarServiceOptions options, MetadataStore* store,
                                SampleFetcher* fetcher, SidecarMetrics* metrics)
-    : options_(std::move(options)), store_(store), fetcher_(fetcher), metrics_(metrics) {}
+    : options_(std::move(options)),
+      store_(store),
+      fetcher_(fetcher),
+      metrics_(metrics),
+      plans_(store,
+             [this](const std::string& dataset, const PlanRecord& plan, const Status& failed) {
+               // Prefetch works without it; only the cache nodes' staging order misses it.
+               metrics_->store_errors->Increment();
+               log_->warn(
+                   "registering plan {} of {} in the store: {}; the next SET_PLAN of it tries "
+                   "again",
+                   Quoted(plan.plan_id), Quoted(dataset), failed.ToString());
+             }) {}
 
 // ---- datasets ---------------------------------------------------------------------------
 
@@ -246,13 +258,8 @@ Result<sp::Ok> SidecarService::SetPlan(SidecarSession& s, const sp::SetPlan& p) 
   s.next = p.start_position;
   metrics_->plans->Increment();
 
-  Status put = store_->PutPlan(s.cache->dataset().name, PlanRecordOf(p));
-  if (!put.ok()) {
-    // Prefetch works without it; only the cache nodes' staging order misses it.
-    metrics_->store_errors->Increment();
-    log_->warn("registering plan {} of {} in the store: {}", Quoted(p.plan_id),
-               Quoted(s.cache->dataset().name), put.ToString());
-  }
+  // Off the request path: the first batch does not wait for the store.
+  plans_.Register(s.cache->dataset().name, PlanRecordOf(p));
   return sp::Ok{};
 }
 

@@ -296,10 +296,12 @@ TEST_F(SidecarTest, ServesEveryByteStatsLooksUpAndWalksThePlan) {
     if (s.end_of_epoch) break;
   }
   EXPECT_EQ(walked, std::vector<uint32_t>(expected->samples().begin(), expected->samples().end()));
-  // The plan reached the store, for the cache nodes' staging order.
-  auto plans = cluster_->store().ListPlans(ds_.name);
-  ASSERT_TRUE(plans.ok());
-  EXPECT_EQ(plans->size(), 1u);
+  // The plan reached the store, for the cache nodes' staging order (written
+  // after SET_PLAN's answer, off the request path).
+  EXPECT_TRUE(WaitFor([&] {
+    auto plans = cluster_->store().ListPlans(ds_.name);
+    return plans.ok() && plans->size() == 1u;
+  })) << "the plan never reached the store";
   EXPECT_GT(*sidecar_->MetricValue("granary_sidecar_served_samples_total", {{"from", "prefetch"}}),
             0)
       << "samples already in the arena are kept for the plan's window";

@@ -375,8 +375,8 @@ TEST(SampleCacheTest, AFullWindowRefillsOnceAQuarterOfItIsFree) {
   auto plan = Plan::Create(cache->manifest(), spec);
   ASSERT_TRUE(plan.ok());
   cache->SetCursor("p/rank0", *plan, 0);
-  auto work = cache->TakePrefetchWork(10);
-  ASSERT_EQ(work.size(), 10u) << "a batch of the new window";
+  auto work = cache->TakePrefetchWork(40);
+  ASSERT_EQ(work.size(), 10u) << "a quarter of a batch: the window is new";
   auto rest = cache->TakePrefetchWork(100);
   ASSERT_EQ(rest.size(), 6u) << "the window is filled to its bound across calls";
   for (auto* batch : {&work, &rest}) {
@@ -407,6 +407,46 @@ TEST(SampleCacheTest, AFullWindowRefillsOnceAQuarterOfItIsFree) {
   auto ahead = cache->Acquire(client, std::vector<SampleId>{40}, 0, fetch.Fn(), Soon());
   ASSERT_TRUE(ahead[0].status.ok());
   EXPECT_FALSE(ahead[0].prefetched);
+}
+
+// A fetch is answered whole: while the reader is close behind prefetch (a
+// new plan, or a reader that caught up), fetches are a quarter of `max`, so
+// the reader's next batch is not held back by the rest of a large fetch.
+TEST(SampleCacheTest, PrefetchStartsSmallWhileTheReaderIsCloseBehind) {
+  FakeFetch fetch;
+  auto cache = MakeCache(1000, 100, 1 << 20, 512, 1 << 20);
+  PlanSpec spec;
+  spec.mode = PlanMode::kSequential;
+  auto plan = Plan::Create(cache->manifest(), spec);
+  ASSERT_TRUE(plan.ok());
+  cache->SetCursor("p/rank0", *plan, 0);
+  std::vector<std::vector<FetchTarget>> takes;
+  for (int i = 0; i < 6; ++i) takes.push_back(cache->TakePrefetchWork(64));
+  std::vector<size_t> sizes;
+  for (const auto& t : takes) sizes.push_back(t.size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{16, 16, 16, 16, 64, 64}))
+      << "four quarters, then whole fetches once 64 positions are ahead";
+  SampleId expected = 0;
+  for (const auto& t : takes) {
+    for (const FetchTarget& target : t) EXPECT_EQ(target.id, expected++) << "in plan order";
+  }
+  for (auto& t : takes) {
+    std::vector<FetchOutcome> outcomes(t.size());
+    fetch.Fn()(t, outcomes);
+    cache->CompletePrefetch(t, outcomes);
+  }
+
+  // The reader catches up (consumes all 192 scheduled): small fetches again.
+  const uint64_t client = cache->AddClient();
+  for (SampleId id = 0; id < expected; ++id) {
+    auto got = cache->Acquire(client, std::vector<SampleId>{id}, 0, fetch.Fn(), Soon());
+    ASSERT_TRUE(got[0].status.ok());
+    cache->Release(client, std::vector<uint64_t>{got[0].token});
+  }
+  auto again = cache->TakePrefetchWork(64);
+  ASSERT_EQ(again.size(), 16u) << "the reader is at the prefetch edge again";
+  EXPECT_EQ(again.front().id, expected);
+  EXPECT_EQ(cache->TakePrefetchWork(1).size(), 1u) << "a max of 1 still takes one";
 }
 
 TEST(SampleCacheTest, WindowBytesAndResumeStart) {

@@ -21,8 +21,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <unistd.h>
 
+#include <future>
 #include <memory>
 #include <set>
 #include <string>
@@ -67,7 +69,7 @@ class SidecarServiceTest : public ::testing::Test {
     ASSERT_OK(manifest);
     manifest_ = *manifest;
     Result<std::unique_ptr<MetadataStore>> store =
-        OpenMetadataStore("sqlite://" + dir_.Join("granary.db"));
+        OpenMetadataStore("sqlite://" + dir_.Join("granary.db") + "?retry_ms=60000");
     ASSERT_OK(store);
     store_ = std::move(*store);
     ASSERT_OK(store_->PutManifest(manifest_->id().ToHex(), manifest_->Encode()));
@@ -269,7 +271,8 @@ TEST_F(SidecarServiceTest, NextWalksThePlanInOrderThenEndsTheEpoch) {
       << "NEXT before SET_PLAN";
   ASSERT_OK(service_->SetPlan(s, set));
 
-  // Registered in the store as the SET_PLAN gave it.
+  // Registered in the store as the SET_PLAN gave it (off the request path).
+  service_->FlushPlans();
   Result<std::vector<PlanRecord>> plans = store_->ListPlans("images");
   ASSERT_OK(plans);
   ASSERT_EQ(plans->size(), 1u);
@@ -312,6 +315,44 @@ TEST_F(SidecarServiceTest, NextWalksThePlanInOrderThenEndsTheEpoch) {
   EXPECT_EQ(s.cache->Stats().pins, 0u) << "the last NEXT released the rest";
 }
 
+// SET_PLAN is answered once the sidecar's prefetch has the plan; its write to
+// the store (for the cache nodes' staging order) happens after. Here the store
+// is locked by another writer for as long as the test wants (its busy timeout
+// is a minute): SET_PLAN must not wait for it, and the plan reaches the store
+// once the lock is gone.
+TEST_F(SidecarServiceTest, SetPlanDoesNotWaitForTheStore) {
+  SidecarSession s = OpenSession();
+  PlanSpec spec;
+  spec.seed = 11;
+  const sp::SetPlan set = SetPlanFor("job-locked", spec, 0);
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(dir_.Join("granary.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+
+  std::future<Result<sp::Ok>> answered =
+      std::async(std::launch::async, [&] { return service_->SetPlan(s, set); });
+  const bool ready = answered.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  EXPECT_TRUE(ready) << "SET_PLAN waited for the locked store";
+  Result<std::vector<PlanRecord>> before = store_->ListPlans("images");  // WAL: reads go on
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  ASSERT_OK(answered.get());
+  ASSERT_OK(before);
+  EXPECT_TRUE(before->empty()) << "nothing could be written while the store was locked";
+
+  // Prefetch already follows the plan: NEXT walks it.
+  Result<sp::Samples> next = service_->Next(s, sp::Next{{}, 4});
+  ASSERT_OK(next);
+  EXPECT_EQ(next->items.size(), 4u);
+
+  service_->FlushPlans();
+  Result<std::vector<PlanRecord>> after = store_->ListPlans("images");
+  ASSERT_OK(after);
+  ASSERT_EQ(after->size(), 1u);
+  EXPECT_EQ(after->front().plan_id, "job-locked");
+  EXPECT_EQ(metrics_.store_errors->Value(), 0.0);
+}
+
 TEST_F(SidecarServiceTest, SetPlanRefusesARankOutOfRangeAndAStartPastTheShare) {
   SidecarSession s = OpenSession();
   PlanSpec spec;
@@ -331,6 +372,7 @@ TEST_F(SidecarServiceTest, SetPlanRefusesARankOutOfRangeAndAStartPastTheShare) {
   Result<sp::Samples> next = service_->Next(s, sp::Next{{}, 4});
   EXPECT_EQ(next.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(next.status().message(), HasSubstr("NEXT before SET_PLAN"));
+  service_->FlushPlans();
   Result<std::vector<PlanRecord>> plans = store_->ListPlans("images");
   ASSERT_OK(plans);
   EXPECT_TRUE(plans->empty()) << "nothing registered";

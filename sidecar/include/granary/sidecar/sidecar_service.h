@@ -55,6 +55,7 @@
 #include "granary/core/status.h"
 #include "granary/fetcher/sample_fetcher.h"
 #include "granary/protocol/sidecar_protocol.h"
+#include "granary/sidecar/plan_registrar.h"
 #include "granary/sidecar/sample_cache.h"
 
 namespace granary::sidecar {
@@ -159,6 +160,9 @@ class SidecarService {
   std::vector<std::shared_ptr<SampleCache>> Caches() const;
   // Fetches for `cache` with the fetcher (the node list as it is now).
   FetchFn FetchFor(const std::shared_ptr<SampleCache>& cache);
+  // Waits until every plan SET_PLAN announced so far is written to the store
+  // (SET_PLAN answers before that: PlanRegistrar). For tests and shutdown.
+  void FlushPlans() { plans_.Flush(); }
 
  private:
   // kFailedPrecondition "<what> before OPEN" unless the session has a dataset.
@@ -176,6 +180,8 @@ class SidecarService {
   std::mutex open_mu_;  // serialises OpenDataset
   mutable std::mutex caches_mu_;
   std::map<std::string, std::shared_ptr<SampleCache>> caches_;  // guarded by caches_mu_
+  // Last: its thread, which uses log_ and metrics_, stops first.
+  PlanRegistrar plans_;
 };
 
 }  // namespace granary::sidecar

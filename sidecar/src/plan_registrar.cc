@@ -1,0 +1,71 @@
+// PlanRegistrar (plan_registrar.h): SET_PLAN's write to the store, off the
+// request path.
+
+#include "granary/sidecar/plan_registrar.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "granary/core/thread_name.h"
+
+namespace granary::sidecar {
+
+PlanRegistrar::PlanRegistrar(MetadataStore* store, ErrorFn on_error)
+    : store_(store), on_error_(std::move(on_error)), thread_([this] { Loop(); }) {}
+
+PlanRegistrar::~PlanRegistrar() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+}
+
+void PlanRegistrar::Register(std::string dataset, PlanRecord plan) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto same = std::find_if(queue_.begin(), queue_.end(), [&](const Pending& p) {
+      return p.dataset == dataset && p.plan.plan_id == plan.plan_id;
+    });
+    if (same != queue_.end()) {
+      same->plan = std::move(plan);  // not written yet: the newest record wins
+      return;
+    }
+    queue_.push_back(Pending{std::move(dataset), std::move(plan)});
+    ++queued_;
+  }
+  work_cv_.notify_one();
+}
+
+void PlanRegistrar::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t target = queued_;
+  done_cv_.wait(lock, [&] { return completed_ >= target; });
+}
+
+uint64_t PlanRegistrar::completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_;
+}
+
+void PlanRegistrar::Loop() {
+  NameThisThread("plan-registrar");
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    // What is queued is written even when stopping: a plan announced just
+    // before shutdown still reaches the cache nodes.
+    work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    Pending next = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    Status put = store_->PutPlan(next.dataset, next.plan);
+    if (!put.ok() && on_error_) on_error_(next.dataset, next.plan, put);
+    lock.lock();
+    ++completed_;
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace granary::sidecar
