@@ -3,6 +3,8 @@
 
 #include "granary/sidecar/plan_registrar.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -23,6 +25,7 @@ PlanRegistrar::~PlanRegistrar() {
 }
 
 void PlanRegistrar::Register(std::string dataset, PlanRecord plan) {
+  bool refused = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto same = std::find_if(queue_.begin(), queue_.end(), [&](const Pending& p) {
@@ -32,8 +35,24 @@ void PlanRegistrar::Register(std::string dataset, PlanRecord plan) {
       same->plan = std::move(plan);  // not written yet: the newest record wins
       return;
     }
-    queue_.push_back(Pending{std::move(dataset), std::move(plan)});
-    ++queued_;
+    if (queue_.size() >= kMaxPendingPlans) {
+      refused = true;
+    } else {
+      queue_.push_back(Pending{std::move(dataset), std::move(plan)});
+      ++queued_;
+    }
+  }
+  if (refused) {
+    // A store that does not keep up with distinct plans: this one is not
+    // written now (the sidecar's prefetch has it; its next SET_PLAN tries again).
+    if (on_error_) {
+      on_error_(dataset, plan,
+                Status::ResourceExhausted(fmt::format(
+                    "{} plans are already waiting for the store; this one is not registered "
+                    "now (check the store's health and latency)",
+                    kMaxPendingPlans)));
+    }
+    return;
   }
   work_cv_.notify_one();
 }

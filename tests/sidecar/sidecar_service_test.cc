@@ -333,12 +333,12 @@ TEST_F(SidecarServiceTest, SetPlanDoesNotWaitForTheStore) {
       std::async(std::launch::async, [&] { return service_->SetPlan(s, set); });
   const bool ready = answered.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
   EXPECT_TRUE(ready) << "SET_PLAN waited for the locked store";
-  Result<std::vector<PlanRecord>> before = store_->ListPlans("images");  // WAL: reads go on
+  // The store object is the one the registrar writes through: asking it now
+  // would wait behind that write. Nothing is written while the lock is held.
+  EXPECT_EQ(service_->plans_registered(), 0u);
   ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
   sqlite3_close(other);
   ASSERT_OK(answered.get());
-  ASSERT_OK(before);
-  EXPECT_TRUE(before->empty()) << "nothing could be written while the store was locked";
 
   // Prefetch already follows the plan: NEXT walks it.
   Result<sp::Samples> next = service_->Next(s, sp::Next{{}, 4});

@@ -11,11 +11,15 @@
 // Plans queued for the same dataset and plan_id are registered once, the
 // newest record winning (every rank of a job announces the same record).
 // A failed registration is counted (`on_error`) and logged; the next SET_PLAN
-// of that plan tries again. Destruction registers what is queued, then stops.
+// of that plan tries again. At most kMaxPendingPlans wait; past that a plan
+// is refused through `on_error` (a store that stopped answering must not
+// grow the sidecar without bound). Destruction registers what is queued,
+// then stops.
 //
 // Thread safety: every member may be called from any thread.
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -27,6 +31,10 @@
 #include "granary/core/status.h"
 
 namespace granary::sidecar {
+
+// Plans waiting for the store at most; past it a plan is not queued (and
+// `on_error` says so).
+inline constexpr size_t kMaxPendingPlans = 1024;
 
 class PlanRegistrar {
  public:

@@ -163,6 +163,8 @@ class SidecarService {
   // Waits until every plan SET_PLAN announced so far is written to the store
   // (SET_PLAN answers before that: PlanRegistrar). For tests and shutdown.
   void FlushPlans() { plans_.Flush(); }
+  // Plan registrations written (or failed) so far.
+  uint64_t plans_registered() const { return plans_.completed(); }
 
  private:
   // kFailedPrecondition "<what> before OPEN" unless the session has a dataset.
