@@ -57,10 +57,11 @@ void PlanRegistrar::Register(std::string dataset, PlanRecord plan) {
   work_cv_.notify_one();
 }
 
-void PlanRegistrar::Flush() {
+size_t PlanRegistrar::Flush(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t target = queued_;
-  done_cv_.wait(lock, [&] { return completed_ >= target; });
+  done_cv_.wait_until(lock, deadline, [&] { return completed_ >= target; });
+  return completed_ >= target ? 0 : static_cast<size_t>(target - completed_);
 }
 
 uint64_t PlanRegistrar::completed() const {
@@ -68,14 +69,19 @@ uint64_t PlanRegistrar::completed() const {
   return completed_;
 }
 
+size_t PlanRegistrar::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
 void PlanRegistrar::Loop() {
   NameThisThread("plan-registrar");
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    // What is queued is written even when stopping: a plan announced just
-    // before shutdown still reaches the cache nodes.
     work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;
+    // Stopping drops what is queued (the owner flushed first, for as long
+    // as it would wait): a store that stopped answering holds up no exit.
+    if (stopping_) return;
     Pending next = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();

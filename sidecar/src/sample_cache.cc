@@ -253,14 +253,16 @@ std::vector<FetchTarget> SampleCache::TakePrefetchWork(uint32_t max) {
             [](const Cursor* a, const Cursor* b) { return a->ahead_bytes < b->ahead_bytes; });
   for (Cursor* c : order) {
     if (!c->filling) continue;
-    // Slow start: while fewer than `max` positions are scheduled ahead of the
-    // reader (a new plan, or a reader that caught up with prefetch), take a
-    // quarter. A fetch is answered whole, so the reader's next batch waits
-    // for every sample of the fetch holding it; the first batch of a cold
-    // epoch was the last of four fetches of 64 to come back
-    // (docs/benchmarks.md, "The first batch of a cold epoch").
+    // Slow start: while the reader is close behind prefetch (a new plan, or
+    // a reader that caught up: fewer than `max` positions and a quarter of
+    // either window bound scheduled ahead of it), take a quarter of `max`.
+    // A fetch is answered whole, so the reader's next batch waits for every
+    // sample of the fetch that holds it (docs/sidecar.md, "Prefetch").
+    const size_t close_behind = std::min<size_t>(max, std::max(1u, options_.window_samples / 4));
     size_t cap = max;
-    if (c->next - c->low < max) cap = std::min<size_t>(max, work.size() + std::max(1u, max / 4));
+    if (c->next - c->low < close_behind && c->ahead_bytes < options_.window_bytes / 4) {
+      cap = std::min<size_t>(max, work.size() + std::max(1u, max / 4));
+    }
     while (work.size() < cap && c->next < c->order.size() &&
            c->next < c->low + options_.window_samples && c->ahead_bytes < options_.window_bytes) {
       const SampleId id = c->order[c->next];

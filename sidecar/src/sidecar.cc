@@ -56,6 +56,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr size_t kReceiveBuffer = 64 * 1024;
+// How long Stop waits for plans queued for the store to be written.
+constexpr std::chrono::seconds kPlanFlushTimeout{10};
 
 timeval TimevalOf(std::chrono::milliseconds d) {
   timeval tv{};
@@ -76,10 +78,11 @@ struct Sidecar::Impl {
   std::unique_ptr<MetadataStore> store;
   std::unique_ptr<IdentityExecutor> executor;
   std::unique_ptr<SampleFetcher> fetcher;
-  std::unique_ptr<SidecarService> service;  // every request's answer, the open datasets
-
+  // Before the service, which counts in them until it is gone.
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   SidecarMetrics metrics;
+  std::unique_ptr<SidecarService> service;  // every request's answer, the open datasets
+
   std::unique_ptr<ObservabilityServer> observability;
   std::mutex ready_mu;
   Status ready = Status::Unavailable("starting");
@@ -554,9 +557,17 @@ void Sidecar::Stop() {
   for (std::thread& t : i.workers) t.join();
   if (i.refresh_thread.joinable()) i.refresh_thread.join();
   i.connections.JoinAll();
-  // No request is left to announce a plan: write those still queued while
-  // the metrics they may count in exist.
-  if (i.service != nullptr) i.service->FlushPlans();
+  // No request is left to announce a plan: write those still queued, for as
+  // long as a stop may take.
+  if (i.service != nullptr) {
+    const size_t unwritten = i.service->FlushPlans(Clock::now() + kPlanFlushTimeout);
+    if (unwritten > 0) {
+      i.log->warn(
+          "stopping with {} plans not written to the store (it did not answer within "
+          "{} s); the cache nodes stage without them until the jobs announce them again",
+          unwritten, kPlanFlushTimeout.count());
+    }
+  }
   if (i.observability != nullptr) i.observability->Stop();
   i.log->info("stopped");
 }

@@ -2,7 +2,8 @@
 // SQLite store that another connection holds locked, as a store busy with
 // other daemons' writes is: Register returns at once, plans of the same id
 // queued meanwhile are written once (the newest), a full queue refuses with
-// an error that says why, and everything queued is written once the lock goes.
+// an error that says why, Flush gives up at its deadline, destruction drops
+// what is left, and everything queued is written once the lock goes.
 
 #include "granary/sidecar/plan_registrar.h"
 
@@ -14,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "granary/store/open_store.h"
@@ -42,18 +44,28 @@ class PlanRegistrarTest : public ::testing::Test {
     ASSERT_OK(store_->CreateDataset(record).status());
   }
 
-  void Lock() {
-    ASSERT_EQ(sqlite3_open(dir_.Join("granary.db").c_str(), &other_), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(other_, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
-  }
-  void Unlock() {
-    ASSERT_EQ(sqlite3_exec(other_, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
-    sqlite3_close(other_);
-    other_ = nullptr;
-  }
-  void TearDown() override {
-    if (other_ != nullptr) sqlite3_close(other_);
-  }
+  // Another writer holding the store's file locked; let go when it goes
+  // (declared after a registrar, it goes first: a failed assertion does not
+  // leave the registrar's write waiting out the minute).
+  class StoreLock {
+   public:
+    explicit StoreLock(const std::string& path) {
+      EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
+      EXPECT_EQ(sqlite3_exec(db_, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+    }
+    StoreLock(const StoreLock&) = delete;
+    StoreLock& operator=(const StoreLock&) = delete;
+    ~StoreLock() { Unlock(); }
+    void Unlock() {
+      if (db_ == nullptr) return;
+      EXPECT_EQ(sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+      sqlite3_close(db_);
+      db_ = nullptr;
+    }
+
+   private:
+    sqlite3* db_ = nullptr;
+  };
 
   static PlanRecord Plan(const std::string& id, uint64_t seed) {
     PlanRecord plan;
@@ -64,7 +76,6 @@ class PlanRegistrarTest : public ::testing::Test {
 
   TempDir dir_;
   std::unique_ptr<MetadataStore> store_;
-  sqlite3* other_ = nullptr;
   std::mutex errors_mu_;
   std::vector<std::string> errors_;  // "<dataset> <plan_id>: <status>"
   PlanRegistrar::ErrorFn on_error_ = [this](const std::string& dataset, const PlanRecord& plan,
@@ -76,7 +87,7 @@ class PlanRegistrarTest : public ::testing::Test {
 
 TEST_F(PlanRegistrarTest, QueuesWhileTheStoreIsLockedAndWritesTheNewestOfEachPlanOnce) {
   PlanRegistrar registrar(store_.get(), on_error_);
-  Lock();
+  StoreLock lock(dir_.Join("granary.db"));
   registrar.Register("images", Plan("job-a", 1));
   registrar.Register("images", Plan("job-b", 2));
   // While job-a's first write may already wait on the lock, the later
@@ -86,7 +97,7 @@ TEST_F(PlanRegistrarTest, QueuesWhileTheStoreIsLockedAndWritesTheNewestOfEachPla
   // (The store object is the one the registrar writes through: asking it now
   // would wait behind that write.)
   EXPECT_EQ(registrar.completed(), 0u) << "nothing is written while the lock is held";
-  Unlock();
+  lock.Unlock();
 
   registrar.Flush();
   Result<std::vector<PlanRecord>> plans = store_->ListPlans("images");
@@ -101,30 +112,73 @@ TEST_F(PlanRegistrarTest, QueuesWhileTheStoreIsLockedAndWritesTheNewestOfEachPla
 }
 
 TEST_F(PlanRegistrarTest, AFullQueueRefusesWithAnErrorAndAFailedWriteIsReported) {
-  auto registrar = std::make_unique<PlanRegistrar>(store_.get(), on_error_);
-  Lock();
-  // One more than can wait: the first may be taken off the queue by the
-  // thread (and wait on the lock there), so two more than that.
-  for (size_t i = 0; i < kMaxPendingPlans + 2; ++i) {
-    registrar->Register("images", Plan("job-" + std::to_string(i), i));
+  PlanRegistrar registrar(store_.get(), on_error_);
+  StoreLock lock(dir_.Join("granary.db"));
+  // The first is taken off the queue by the registrar's thread, which waits
+  // on the lock with it; then the queue fills, and one more is refused.
+  registrar.Register("images", Plan("job-first", 0));
+  ASSERT_TRUE(testing::WaitFor([&] { return registrar.pending() == 0; }));
+  for (size_t i = 0; i < kMaxPendingPlans; ++i) {
+    registrar.Register("images", Plan("job-" + std::to_string(i), i));
   }
+  EXPECT_EQ(registrar.pending(), kMaxPendingPlans);
   {
-    std::lock_guard<std::mutex> lock(errors_mu_);
-    ASSERT_GE(errors_.size(), 1u);
-    EXPECT_THAT(errors_.back(), HasSubstr("images job-" + std::to_string(kMaxPendingPlans + 1)));
-    EXPECT_THAT(errors_.back(), HasSubstr("plans are already waiting for the store"));
-    EXPECT_THAT(errors_.back(), HasSubstr("check the store's health"));
+    std::lock_guard<std::mutex> errors_lock(errors_mu_);
+    EXPECT_TRUE(errors_.empty());
   }
-  // A plan of a dataset the store does not have: its write fails, reported.
-  Unlock();
-  registrar->Flush();
-  registrar->Register("no-such-dataset", Plan("job-x", 1));
-  registrar.reset();  // writes what is queued, then stops
-  std::lock_guard<std::mutex> lock(errors_mu_);
-  EXPECT_THAT(errors_.back(), HasSubstr("no-such-dataset job-x"));
+  registrar.Register("images", Plan("job-refused", 1));
+  registrar.Register("images", Plan("job-0", 7));  // queued already: replaced, not refused
+  {
+    std::lock_guard<std::mutex> errors_lock(errors_mu_);
+    ASSERT_EQ(errors_.size(), 1u);
+    EXPECT_THAT(errors_[0], HasSubstr("images job-refused"));
+    EXPECT_THAT(errors_[0], HasSubstr("1024 plans are already waiting for the store"));
+    EXPECT_THAT(errors_[0], HasSubstr("check the store's health"));
+  }
+  // Flush gives up at its deadline, saying how many are not written.
+  EXPECT_EQ(registrar.Flush(std::chrono::steady_clock::now() + std::chrono::milliseconds(200)),
+            kMaxPendingPlans + 1);
+
+  lock.Unlock();
+  EXPECT_EQ(registrar.Flush(), 0u);
   Result<std::vector<PlanRecord>> plans = store_->ListPlans("images");
   ASSERT_OK(plans);
-  EXPECT_GE(plans->size(), kMaxPendingPlans);
+  EXPECT_EQ(plans->size(), kMaxPendingPlans + 1) << "every queued plan, none refused";
+  for (const PlanRecord& plan : *plans) {
+    if (plan.plan_id == "job-0") {
+      EXPECT_EQ(plan.seed, 7u);
+    }
+    EXPECT_NE(plan.plan_id, "job-refused");
+  }
+
+  // A plan of a dataset the store does not have: the failed write is reported.
+  registrar.Register("no-such-dataset", Plan("job-x", 1));
+  EXPECT_EQ(registrar.Flush(), 0u);
+  std::lock_guard<std::mutex> errors_lock(errors_mu_);
+  ASSERT_EQ(errors_.size(), 2u);
+  EXPECT_THAT(errors_[1], HasSubstr("no-such-dataset job-x"));
+}
+
+TEST_F(PlanRegistrarTest, DestructionDropsWhatIsQueuedInsteadOfWaitingForTheStore) {
+  auto registrar = std::make_unique<PlanRegistrar>(store_.get(), on_error_);
+  StoreLock lock(dir_.Join("granary.db"));
+  registrar->Register("images", Plan("job-in-flight", 0));
+  ASSERT_TRUE(testing::WaitFor([&] { return registrar->pending() == 0; }));
+  for (int i = 0; i < 10; ++i) registrar->Register("images", Plan("job-" + std::to_string(i), 1));
+  // The write in flight waits on the lock; let it go from another thread
+  // after a moment, so that destruction has one write to wait for and ten
+  // plans to drop.
+  std::thread unlock([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    lock.Unlock();
+  });
+  registrar.reset();
+  unlock.join();
+  Result<std::vector<PlanRecord>> plans = store_->ListPlans("images");
+  ASSERT_OK(plans);
+  ASSERT_EQ(plans->size(), 1u) << "the write in flight finished; the queued ten were dropped";
+  EXPECT_EQ(plans->front().plan_id, "job-in-flight");
+  EXPECT_TRUE(errors_.empty()) << "dropping at destruction is not a failed write";
 }
 
 }  // namespace

@@ -447,6 +447,16 @@ TEST(SampleCacheTest, PrefetchStartsSmallWhileTheReaderIsCloseBehind) {
   ASSERT_EQ(again.size(), 16u) << "the reader is at the prefetch edge again";
   EXPECT_EQ(again.front().id, expected);
   EXPECT_EQ(cache->TakePrefetchWork(1).size(), 1u) << "a max of 1 still takes one";
+
+  // A window that holds fewer than `max` samples ahead (64 KiB of 1000-byte
+  // samples: 66) ends slow start at a quarter of its bytes, not at `max`.
+  auto small = MakeCache(1000, 1000, 4 << 20, 1024, 64 * 1024);
+  small->SetCursor("p/rank0", *Plan::Create(small->manifest(), spec), 0);
+  std::vector<size_t> small_sizes;
+  for (int i = 0; i < 4; ++i) small_sizes.push_back(small->TakePrefetchWork(64).size());
+  EXPECT_EQ(small_sizes, (std::vector<size_t>{16, 16, 34, 0}))
+      << "two quarters (16 KB ahead is a quarter of the window's bytes), then the rest of the "
+         "window in one fetch";
 }
 
 TEST(SampleCacheTest, WindowBytesAndResumeStart) {

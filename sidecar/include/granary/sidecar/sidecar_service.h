@@ -15,7 +15,8 @@
 //    the arena's descriptor; a dataset of another pool, or not Staging or
 //    Ready, is refused saying what to do;
 //  - SET_PLAN turns (plan, epoch, rank, start) into a Plan that NEXT walks and
-//    a prefetch cursor, and registers the plan in the store (best effort);
+//    a prefetch cursor, and queues the plan for the store (PlanRegistrar
+//    writes it after the answer, best effort);
 //  - GET, NEXT pin samples for the session (fetching what is missing with the
 //    SampleFetcher, waiting up to wait_timeout); RELEASE unpins; STAT, LOOKUP
 //    and DIRECTORIES answer from the manifest alone;
@@ -161,8 +162,12 @@ class SidecarService {
   // Fetches for `cache` with the fetcher (the node list as it is now).
   FetchFn FetchFor(const std::shared_ptr<SampleCache>& cache);
   // Waits until every plan SET_PLAN announced so far is written to the store
-  // (SET_PLAN answers before that: PlanRegistrar). For tests and shutdown.
-  void FlushPlans() { plans_.Flush(); }
+  // (SET_PLAN answers before that: PlanRegistrar), or until `deadline`;
+  // returns how many were not. For tests and shutdown.
+  size_t FlushPlans(std::chrono::steady_clock::time_point deadline =
+                        std::chrono::steady_clock::time_point::max()) {
+    return plans_.Flush(deadline);
+  }
   // Plan registrations written (or failed) so far.
   uint64_t plans_registered() const { return plans_.completed(); }
 
