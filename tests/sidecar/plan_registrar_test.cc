@@ -9,7 +9,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sqlite3.h>
 #include <unistd.h>
 
 #include <memory>
@@ -19,11 +18,13 @@
 #include <vector>
 
 #include "granary/store/open_store.h"
+#include "testing/sqlite_lock.h"
 #include "testing/test_util.h"
 
 namespace granary::sidecar {
 namespace {
 
+using ::granary::testing::SqliteWriteLock;
 using ::granary::testing::TempDir;
 using ::testing::HasSubstr;
 
@@ -43,29 +44,6 @@ class PlanRegistrarTest : public ::testing::Test {
     record.owner = DatasetOwner{::getuid(), ::getgid()};
     ASSERT_OK(store_->CreateDataset(record).status());
   }
-
-  // Another writer holding the store's file locked; let go when it goes
-  // (declared after a registrar, it goes first: a failed assertion does not
-  // leave the registrar's write waiting out the minute).
-  class StoreLock {
-   public:
-    explicit StoreLock(const std::string& path) {
-      EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
-      EXPECT_EQ(sqlite3_exec(db_, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
-    }
-    StoreLock(const StoreLock&) = delete;
-    StoreLock& operator=(const StoreLock&) = delete;
-    ~StoreLock() { Unlock(); }
-    void Unlock() {
-      if (db_ == nullptr) return;
-      EXPECT_EQ(sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
-      sqlite3_close(db_);
-      db_ = nullptr;
-    }
-
-   private:
-    sqlite3* db_ = nullptr;
-  };
 
   static PlanRecord Plan(const std::string& id, uint64_t seed) {
     PlanRecord plan;
@@ -87,7 +65,7 @@ class PlanRegistrarTest : public ::testing::Test {
 
 TEST_F(PlanRegistrarTest, QueuesWhileTheStoreIsLockedAndWritesTheNewestOfEachPlanOnce) {
   PlanRegistrar registrar(store_.get(), on_error_);
-  StoreLock lock(dir_.Join("granary.db"));
+  SqliteWriteLock lock(dir_.Join("granary.db"));
   registrar.Register("images", Plan("job-a", 1));
   registrar.Register("images", Plan("job-b", 2));
   // While job-a's first write may already wait on the lock, the later
@@ -113,7 +91,7 @@ TEST_F(PlanRegistrarTest, QueuesWhileTheStoreIsLockedAndWritesTheNewestOfEachPla
 
 TEST_F(PlanRegistrarTest, AFullQueueRefusesWithAnErrorAndAFailedWriteIsReported) {
   PlanRegistrar registrar(store_.get(), on_error_);
-  StoreLock lock(dir_.Join("granary.db"));
+  SqliteWriteLock lock(dir_.Join("granary.db"));
   // The first is taken off the queue by the registrar's thread, which waits
   // on the lock with it; then the queue fills, and one more is refused.
   registrar.Register("images", Plan("job-first", 0));
@@ -161,7 +139,7 @@ TEST_F(PlanRegistrarTest, AFullQueueRefusesWithAnErrorAndAFailedWriteIsReported)
 
 TEST_F(PlanRegistrarTest, DestructionDropsWhatIsQueuedInsteadOfWaitingForTheStore) {
   auto registrar = std::make_unique<PlanRegistrar>(store_.get(), on_error_);
-  StoreLock lock(dir_.Join("granary.db"));
+  SqliteWriteLock lock(dir_.Join("granary.db"));
   registrar->Register("images", Plan("job-in-flight", 0));
   ASSERT_TRUE(testing::WaitFor([&] { return registrar->pending() == 0; }));
   for (int i = 0; i < 10; ++i) registrar->Register("images", Plan("job-" + std::to_string(i), 1));

@@ -21,7 +21,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sqlite3.h>
 #include <unistd.h>
 
 #include <future>
@@ -36,6 +35,7 @@
 #include "granary/store/open_store.h"
 #include "sidecar_metrics.h"
 #include "testing/source_fixture.h"
+#include "testing/sqlite_lock.h"
 #include "testing/test_util.h"
 
 namespace granary::sidecar {
@@ -325,9 +325,7 @@ TEST_F(SidecarServiceTest, SetPlanDoesNotWaitForTheStore) {
   PlanSpec spec;
   spec.seed = 11;
   const sp::SetPlan set = SetPlanFor("job-locked", spec, 0);
-  sqlite3* other = nullptr;
-  ASSERT_EQ(sqlite3_open(dir_.Join("granary.db").c_str(), &other), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  testing::SqliteWriteLock lock(dir_.Join("granary.db"));
 
   std::future<Result<sp::Ok>> answered =
       std::async(std::launch::async, [&] { return service_->SetPlan(s, set); });
@@ -336,8 +334,7 @@ TEST_F(SidecarServiceTest, SetPlanDoesNotWaitForTheStore) {
   // The store object is the one the registrar writes through: asking it now
   // would wait behind that write. Nothing is written while the lock is held.
   EXPECT_EQ(service_->plans_registered(), 0u);
-  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
-  sqlite3_close(other);
+  lock.Unlock();
   ASSERT_OK(answered.get());
 
   // Prefetch already follows the plan: NEXT walks it.
