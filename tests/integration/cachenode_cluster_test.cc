@@ -151,11 +151,21 @@ TEST(CacheNodeClusterTest, ThreeNodesStageEverySampleOnceAndServeTheSourceBytes)
   auto opens = SumOverNodes(nodes, kOpens, of_ds);
   ASSERT_OK(opens);
   EXPECT_EQ(*opens, files);
+  // The gauges are refreshed on the node's metrics interval, so the last
+  // refresh may predate the last chunk's commit; wait for one that follows it.
   for (CacheNode* node : nodes) {
     auto owned = node->MetricValue("granary_cachenode_owned_chunks", of_ds);
     auto staged = node->MetricValue("granary_cachenode_staged_chunks", of_ds);
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          owned = node->MetricValue("granary_cachenode_owned_chunks", of_ds);
+          staged = node->MetricValue("granary_cachenode_staged_chunks", of_ds);
+          return owned.ok() && staged.ok() && *owned > 0 && *owned == *staged;
+        },
+        20s));
     ASSERT_OK(owned);
     ASSERT_OK(staged);
+    EXPECT_GT(*owned, 0) << node->id();
     EXPECT_EQ(*owned, *staged) << node->id();
   }
 
