@@ -343,6 +343,12 @@ TEST(CacheNodeSnapshotTest, FailuresNameTheSourceAndTheUidAndNothingIsStaged) {
   }
   const std::vector<CacheNode*> nodes = AllNodes(**cluster);
   for (CacheNode* node : nodes) EXPECT_TRUE(node->ChunkFiles().empty()) << node->id();
+  // A snapshot is counted after its phase is written: wait for the last one.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return SumOver(nodes, kSnapshots, {{"result", "failed"}}) >= 3;
+      },
+      20s));
   EXPECT_EQ(SumOver(nodes, kSnapshots, {{"result", "failed"}}), 3);
   EXPECT_EQ(SumOver(nodes, kSnapshots, {{"result", "ok"}}), 1);
   EXPECT_EQ(SumOver(nodes, kSnapshots, {}), 4);

@@ -31,6 +31,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "granary/cli/cli.h"
 #include "granary/client/session.h"
@@ -474,9 +475,20 @@ TEST_F(SlurmClusterTest, PersistentDwJobReadsAStagedDatasetWithoutTheSource) {
   Result<double> opens = cache_->node(0).WaitForMetric("granary_cachenode_source_opens_total",
                                                        kKeep, [](double v) { return v >= 150; });
   ASSERT_OK(opens);
-  Result<double> reads =
-      cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total", kKeep);
-  ASSERT_OK(reads);
+  // A file's read calls come after its open: take them once two scrapes a few
+  // refreshes apart agree.
+  Result<double> reads = 0.0;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        reads = cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total", kKeep);
+        if (!reads.ok()) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+        Result<double> later =
+            cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total", kKeep);
+        return later.ok() && *later == *reads;
+      },
+      seconds(20)))
+      << "the source read calls did not settle";
   // The source gone: any source operation now fails the job.
   std::filesystem::rename(src, src + ".moved");
   const std::string script =

@@ -22,6 +22,7 @@
 #include "granary/core/metadata_store.h"
 #include "granary/store/open_store.h"
 #include "testing/child_process.h"
+#include "testing/sqlite_lock.h"
 #include "testing/store_records.h"
 #include "testing/test_util.h"
 
@@ -133,8 +134,7 @@ TEST_F(SqliteStoreTest, LockedFileFailsAfterTheBusyTimeoutThenSucceedsOnceReleas
   ASSERT_NE(store, nullptr);
   ASSERT_OK(store->CreateDataset(MakeDataset("existing")));
 
-  sqlite3* other = RawOpen();
-  RawExec(other, "BEGIN EXCLUSIVE");
+  testing::SqliteWriteLock other(path());
   const auto start = steady_clock::now();
   auto blocked = store->CreateDataset(MakeDataset("blocked"));
   const auto elapsed = steady_clock::now() - start;
@@ -147,9 +147,8 @@ TEST_F(SqliteStoreTest, LockedFileFailsAfterTheBusyTimeoutThenSucceedsOnceReleas
   // WAL: readers are not blocked by a writer.
   EXPECT_OK(store->GetDataset("existing"));
 
-  RawExec(other, "COMMIT");
+  other.Unlock();
   ASSERT_OK(store->CreateDataset(MakeDataset("blocked")));
-  sqlite3_close(other);
 }
 
 // Security: the store is not world-readable (dataset names, owners and
