@@ -383,17 +383,9 @@ TEST_F(CacheEvictionTest, ARestartKeepsTheResidentSet) {
   ASSERT_OK(
       node.WaitForMetric("granary_cachenode_staged_chunks", {{"dataset", "kept"}},
                          [&](double v) { return v == static_cast<double>(before.chunks_staged); }));
-  Result<double> used = 0.0;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        used = node.MetricValue("granary_cachenode_used_bytes", {});
-        if (!used.ok() || *used <= 0) return false;
-        std::this_thread::sleep_for(1200ms);
-        auto later = node.MetricValue("granary_cachenode_used_bytes", {});
-        return later.ok() && *later == *used;
-      },
-      20s))
-      << "used bytes did not settle";
+  Result<double> used =
+      node.WaitForSettledMetric("granary_cachenode_used_bytes", {}, [](double v) { return v > 0; });
+  ASSERT_OK(used);
 
   auto stopped = node.Terminate();
   ASSERT_OK(stopped);

@@ -31,7 +31,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include "granary/cli/cli.h"
 #include "granary/client/session.h"
@@ -477,18 +476,9 @@ TEST_F(SlurmClusterTest, PersistentDwJobReadsAStagedDatasetWithoutTheSource) {
   ASSERT_OK(opens);
   // A file's read calls come after its open: take them once two scrapes a few
   // refreshes apart agree.
-  Result<double> reads = 0.0;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        reads = cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total", kKeep);
-        if (!reads.ok()) return false;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-        Result<double> later =
-            cache_->node(0).MetricValue("granary_cachenode_source_read_calls_total", kKeep);
-        return later.ok() && *later == *reads;
-      },
-      seconds(20)))
-      << "the source read calls did not settle";
+  Result<double> reads = cache_->node(0).WaitForSettledMetric(
+      "granary_cachenode_source_read_calls_total", kKeep, [](double) { return true; });
+  ASSERT_OK(reads);
   // The source gone: any source operation now fails the job.
   std::filesystem::rename(src, src + ".moved");
   const std::string script =

@@ -402,6 +402,25 @@ Result<double> TestDaemon::WaitForMetric(std::string_view name,
                                   std::to_string(timeout.count()) + " ms; " + last);
 }
 
+Result<double> TestDaemon::WaitForSettledMetric(std::string_view name,
+                                                const std::map<std::string, std::string>& labels,
+                                                const std::function<bool(double)>& holds,
+                                                milliseconds gap, milliseconds timeout) const {
+  const auto deadline = steady_clock::now() + timeout;
+  Result<double> first = WaitForMetric(name, labels, holds, timeout);
+  while (first.ok() && steady_clock::now() + gap < deadline) {
+    std::this_thread::sleep_for(gap);
+    Result<double> second = MetricValue(name, labels);
+    if (second.ok() && *second == *first) return first;
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
+    first = second.ok() && holds(*second) ? second : WaitForMetric(name, labels, holds, left);
+  }
+  if (!first.ok()) return first;
+  return Status::DeadlineExceeded(name_ + ": " + std::string(name) + " did not settle within " +
+                                  std::to_string(timeout.count()) + " ms; the last value was " +
+                                  std::to_string(*first));
+}
+
 CacheNode::CacheNode(CacheNodeOptions options, std::string dir)
     : TestDaemon(options.node_id, CacheNodeBinary(), std::move(dir), "cachenode"),
       options_(std::move(options)) {}

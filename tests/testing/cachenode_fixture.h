@@ -181,6 +181,13 @@ class TestDaemon {
                                const std::map<std::string, std::string>& labels,
                                const std::function<bool(double)>& holds,
                                std::chrono::milliseconds timeout = std::chrono::seconds(20)) const;
+  // Waits until two scrapes `gap` apart (more than one refresh) agree on a
+  // value for which `holds`: the value then, once the work behind it stopped.
+  Result<double> WaitForSettledMetric(
+      std::string_view name, const std::map<std::string, std::string>& labels,
+      const std::function<bool(double)>& holds,
+      std::chrono::milliseconds gap = std::chrono::milliseconds(1200),
+      std::chrono::milliseconds timeout = std::chrono::seconds(20)) const;
 
  protected:
   // Picks free ports (the metrics port here; subclasses add theirs).
